@@ -1,0 +1,61 @@
+"""Engine options: one dataclass, resolved once at startup, then read-only."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InvalidRequestError
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    dtype: str = "bfloat16"
+    device: str = "auto"                  # "auto" -> cuda when present, else cpu
+    max_model_len: int | None = None       # default: min(config max positions, 32768)
+    max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
+    max_num_batched_tokens: int = 2048     # tokens per engine step (prefill chunk size)
+    kv_block_size: int = 16
+    kv_cache_gib: float | None = None      # KV budget; default fits max_num_seqs x max_model_len, capped at 4 GiB
+    num_threads: int | None = None         # torch CPU threads; default all cores
+    # Expert memory (see freetoken/experts/).
+    moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
+    expert_cache_slots: int | None = None
+    expert_cache_gib: float | None = None
+    bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
+    record_routing: str | None = None      # write every step's routing to this JSONL file
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in _DTYPES:
+            raise InvalidRequestError(f"dtype: expected one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.moe_backend not in ("resident", "offload", "cpu", "hybrid", "auto"):
+            raise InvalidRequestError(
+                f"moe_backend: expected resident|offload|cpu|hybrid|auto, got {self.moe_backend!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
+            if getattr(self, name) < 1:
+                raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @classmethod
+    def from_options(cls, model: str | os.PathLike, **options) -> "EngineConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidRequestError(f"unknown engine option(s) {unknown}; expected some of {sorted(known - {'model'})}")
+        return cls(model=str(model), **options)

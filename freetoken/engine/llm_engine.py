@@ -1,0 +1,144 @@
+"""The engine: requests in, one scheduler iteration per `step()`, incremental outputs out.
+Not thread-safe: one thread owns it (the server runs it in its own loop thread)."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..config import EngineConfig
+from ..errors import InvalidRequestError, PromptTooLongError
+from ..models.loader import load_model
+from ..sampling_params import SamplingParams
+from ..tokenizer import Tokenizer
+from .block_manager import BlockManager
+from .model_runner import ModelRunner
+from .sampler import sample
+from .scheduler import Scheduler
+from .sequence import Sequence, Status
+
+log = logging.getLogger("freetoken.engine")
+
+
+@dataclass
+class StepOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    finished: bool
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class LLMEngine:
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self.model, self.max_model_len = load_model(cfg)
+        self.tokenizer = Tokenizer(cfg.model)
+        bs = cfg.kv_block_size
+        per_token = sum(2 * h * d for _, h, d in self.model.kv_layers()) * torch.finfo(self.model.dtype).bits // 8
+        want_tokens = cfg.max_num_seqs * self.max_model_len
+        budget_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else 4.0
+        tokens = min(want_tokens, int(budget_gib * (1 << 30) / max(per_token, 1)))
+        num_blocks = max(2, -(-tokens // bs) + 1)
+        self.blocks = BlockManager(num_blocks, bs)
+        self.runner = ModelRunner(self.model, num_blocks, bs)
+        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        self.capacity_tokens = (num_blocks - 1) * bs
+        self.seqs: dict[str, Sequence] = {}
+        self._aborted: list[Sequence] = []
+        self._seed = torch.Generator().manual_seed(cfg.seed)
+        log.info("model %s: %d layers, KV %d blocks x %d tokens (%.1f MiB), max_model_len %d",
+                 cfg.model, self.model.num_layers, num_blocks, bs, self.runner.kv_nbytes / 2**20, self.max_model_len)
+
+    # --- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    want_prompt_logits: bool = False) -> None:
+        if request_id in self.seqs:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        if not prompt_token_ids:
+            raise InvalidRequestError("prompt: expected at least one token")
+        vocab = self.model.vocab_size
+        bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
+        if bad is not None:
+            raise InvalidRequestError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})")
+        limit = min(self.max_model_len, self.capacity_tokens)
+        if len(prompt_token_ids) + 1 > limit:
+            raise PromptTooLongError(f"prompt: {len(prompt_token_ids)} tokens, but the context holds {limit} "
+                                     "(prompt + at least one generated token)")
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed))
+        seq = Sequence(request_id, prompt_token_ids, params, self.tokenizer, seed, want_prompt_logits)
+        self.seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> None:
+        seq = self.seqs.get(request_id)
+        if seq is not None and seq.status is not Status.FINISHED:
+            self.scheduler.finish(seq, "abort")
+            self._aborted.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    # --- one iteration -------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        outputs = [self._output(s, [], "") for s in self._aborted]
+        for s in self._aborted:
+            self.seqs.pop(s.request_id, None)
+        self._aborted = []
+        batch = self.scheduler.schedule()
+        if not batch:
+            if self.scheduler.waiting and not self.scheduler.running:   # cannot fit even alone
+                seq = self.scheduler.waiting[0]
+                log.warning("request %s does not fit the KV cache; finishing it", seq.request_id)
+                self.scheduler.finish(seq, "length")
+                outputs.append(self._output(seq, [], seq.detok.take(True) if seq.detok else ""))
+                self.seqs.pop(seq.request_id, None)
+            return outputs
+        logits, full = self.runner.run(batch)
+        to_sample = []
+        for i, (seq, n) in enumerate(batch):
+            seq.num_computed += n
+            if full[i] is not None:
+                seq.prompt_logits.append(full[i])
+            if seq.num_pending == 0:
+                to_sample.append(i)
+        if not to_sample:
+            return outputs
+        tokens = sample(logits[to_sample], [batch[i][0] for i in to_sample])
+        for i, tok in zip(to_sample, tokens):
+            seq = batch[i][0]
+            seq.append(tok)
+            reason = self._finish_reason(seq, tok)
+            if reason:
+                self.scheduler.finish(seq, reason)
+                self.seqs.pop(seq.request_id, None)
+            text = seq.detok.take(reason is not None) if seq.detok else ""
+            outputs.append(self._output(seq, [tok], text))
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
+        p = seq.params
+        if tok in p.stop_token_ids or (not p.ignore_eos and tok in self.tokenizer.eos_token_ids):
+            return "stop"                        # the stop token itself is not part of the text
+        if seq.detok is not None and seq.detok.add(tok):
+            return "stop"
+        if len(seq.output_ids) >= p.max_tokens or len(seq) >= self.max_model_len:
+            return "length"
+        return None
+
+    @staticmethod
+    def _output(seq: Sequence, new_ids: list[int], text: str) -> StepOutput:
+        return StepOutput(seq.request_id, new_ids, text, seq.status is Status.FINISHED, seq.finish_reason,
+                          len(seq.prompt_ids), len(seq.output_ids))
+
+    def expert_stats(self) -> dict:
+        return self.model.experts.stats() if self.model.experts is not None else {}
+
+    def close(self) -> None:
+        if self.model.experts is not None:
+            self.model.experts.close()

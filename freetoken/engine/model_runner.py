@@ -1,0 +1,73 @@
+"""Turns a scheduled batch into model inputs (ids, positions, paged-attention metadata),
+runs the model, and returns the logits of the positions that are sampled."""
+from __future__ import annotations
+
+import torch
+
+from ..layers.attention import AttentionMetadata, KVCache
+from ..models.context import ForwardContext
+from .sequence import Sequence
+
+_PAD_POS = 1 << 30
+
+
+class ModelRunner:
+    def __init__(self, model, num_blocks: int, block_size: int):
+        self.model = model
+        self.block_size = block_size
+        self.device = model.device
+        slots = num_blocks * block_size
+        self.kv = {i: KVCache(slots, h, d, model.dtype, model.device) for i, h, d in model.kv_layers()}
+        self._arange = torch.arange(block_size)
+
+    @property
+    def kv_nbytes(self) -> int:
+        return sum(c.nbytes for c in self.kv.values())
+
+    def _slots(self, seq: Sequence, upto: int) -> torch.Tensor:
+        table = torch.tensor(seq.block_table, dtype=torch.long)
+        return (table[:, None] * self.block_size + self._arange).reshape(-1)[:upto]
+
+    @torch.inference_mode()
+    def run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Returns (logits of each sequence's last new token [B, V], all-position logits per
+        sequence where it asked for prompt logits, else None)."""
+        ids, pos, slot_map, key_slots, qidx = [], [], [], [], []
+        n_total = sum(n for _, n in batch)
+        qmax = max(n for _, n in batch)
+        kmax = max(s.num_computed + n for s, n in batch)
+        offset = 0
+        for seq, n in batch:
+            start = seq.num_computed
+            all_ids = seq.all_ids
+            ids.extend(all_ids[start:start + n])
+            pos.append(torch.arange(start, start + n))
+            slots = self._slots(seq, start + n)
+            slot_map.append(slots[start:])
+            key_slots.append(torch.nn.functional.pad(slots, (0, kmax - len(slots))))
+            qidx.append(torch.nn.functional.pad(torch.arange(offset, offset + n), (0, qmax - n), value=n_total))
+            offset += n
+            if seq.state is None:
+                seq.state = self.model.make_state()
+        positions = torch.cat(pos)
+        ctx_lens = torch.tensor([s.num_computed + n for s, n in batch])
+        key_pos = torch.arange(kmax).expand(len(batch), kmax)
+        key_pos = torch.where(key_pos < ctx_lens[:, None], key_pos, _PAD_POS)
+        q_index = torch.stack(qidx)
+        q_pos = torch.cat([positions, torch.tensor([-1])])[q_index]
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=torch.cat(slot_map).to(dev), key_slots=torch.stack(key_slots).to(dev),
+                                 key_positions=key_pos.to(dev), query_index=q_index.to(dev),
+                                 query_positions=q_pos.to(dev), num_tokens=n_total)
+        phase = "decode" if qmax == 1 else "prefill"
+        ctx = ForwardContext(attn=meta, kv=self.kv, states=[s.state for s, _ in batch],
+                             query_lens=[n for _, n in batch], phase=phase)
+        hidden = self.model.forward(torch.tensor(ids, device=dev), positions.to(dev), ctx)
+        ends = torch.tensor([int(q_index[i, n - 1]) for i, (_, n) in enumerate(batch)], device=dev)
+        last_logits = self.model.compute_logits(hidden[ends])
+        full: list[torch.Tensor | None] = []
+        offset = 0
+        for seq, n in batch:
+            full.append(self.model.compute_logits(hidden[offset:offset + n]).cpu() if seq.want_prompt_logits else None)
+            offset += n
+        return last_logits, full

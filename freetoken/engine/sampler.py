@@ -1,0 +1,52 @@
+"""Sampling: penalties, temperature, top-k, top-p, min-p, per-request seeded generators."""
+from __future__ import annotations
+
+import torch
+
+from .sequence import Sequence
+
+
+def apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    p = seq.params
+    if p.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.all_ids)), dtype=torch.long, device=logits.device)
+        vals = logits[seen]
+        logits[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
+    if (p.presence_penalty or p.frequency_penalty) and seq.counts:
+        ids = torch.tensor(list(seq.counts), dtype=torch.long, device=logits.device)
+        cnt = torch.tensor(list(seq.counts.values()), dtype=logits.dtype, device=logits.device)
+        logits[ids] -= p.frequency_penalty * cnt + p.presence_penalty
+    return logits
+
+
+def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
+    """logits [V] float32 (modified in place)."""
+    p = seq.params
+    for proc in p.logits_processors:
+        logits = proc(seq.output_ids, logits)
+    logits = apply_penalties(logits, seq)
+    if p.greedy:
+        return int(torch.argmax(logits))
+    logits = logits / p.temperature
+    if p.top_k and p.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, p.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if p.top_p < 1.0:
+        sorted_p, idx = torch.sort(probs, descending=True)
+        cum = torch.cumsum(sorted_p, dim=-1)
+        drop = cum - sorted_p > p.top_p             # keep the smallest prefix reaching top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
+    if p.min_p > 0.0:
+        probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    return int(torch.multinomial(probs.cpu(), 1, generator=seq.generator))
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    """logits [B, V] float32 -> one token per sequence."""
+    plain_greedy = all(s.params.greedy and not s.params.logits_processors and s.params.repetition_penalty == 1.0
+                       and not s.params.presence_penalty and not s.params.frequency_penalty for s in seqs)
+    if plain_greedy:
+        return logits.argmax(dim=-1).tolist()
+    return [sample_one(logits[i].clone(), s) for i, s in enumerate(seqs)]

@@ -1,0 +1,50 @@
+"""One request as the engine sees it."""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from ..sampling_params import SamplingParams
+from .detokenizer import IncrementalDetokenizer
+
+
+class Status(enum.Enum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_ids: list[int], params: SamplingParams, tokenizer,
+                 default_seed: int, want_prompt_logits: bool = False):
+        self.request_id = request_id
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.params = params
+        self.status = Status.WAITING
+        self.block_table: list[int] = []
+        self.num_computed = 0                 # tokens whose K/V (and state) are computed
+        self.state = None                     # recurrent state of hybrid models
+        self.generator = torch.Generator().manual_seed(params.seed if params.seed is not None else default_seed)
+        self.detok = IncrementalDetokenizer(tokenizer, prompt_ids, params.stop) if tokenizer else None
+        self.finish_reason: str | None = None
+        self.want_prompt_logits = want_prompt_logits
+        self.prompt_logits: list[torch.Tensor] = []
+        self.counts: dict[int, int] = {}      # output token -> occurrences (penalties)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    def __len__(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens still to run through the model before the next sample."""
+        return len(self) - self.num_computed
+
+    def append(self, token: int) -> None:
+        self.output_ids.append(token)
+        self.counts[token] = self.counts.get(token, 0) + 1

@@ -1,0 +1,29 @@
+"""The experts seam: a MoE block routes, then hands its tokens to an `Experts` object.
+
+Model files never know where experts live; every backend (resident, offload, cpu,
+hybrid) implements this one interface and must return the same numbers."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+
+class Experts(ABC):
+    @abstractmethod
+    def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        """Gate-weighted sum of the routed experts' outputs.
+
+        layer: MoE-layer ordinal (0..num_moe_layers-1); hidden [T, H];
+        topk_ids [T, K] expert ids within the layer; topk_weights [T, K].
+        Returns [T, H] in hidden's dtype."""
+
+    def begin_step(self, phase: str) -> None:
+        """Called once per model forward with "prefill" or "decode" (the step's dominant phase)."""
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        """Release worker threads / device memory."""

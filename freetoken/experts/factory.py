@@ -1,0 +1,89 @@
+"""Choose and build the experts backend from the engine options.
+
+  resident  every expert on the execution device (no cache)
+  offload   slot cache on the device, every miss filled
+  hybrid    slot cache, misses split between fills and the CPU by q* (planner.py)
+  cpu       every routed expert on the CPU from the host pool
+  auto      CUDA: resident when the pool fits the cache budget, else hybrid;
+            no CUDA: cpu (a cache tier in host memory would only add copies)
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..config import EngineConfig
+from .bandwidth import DEFAULT_PROFILE, BandwidthEstimator, device_id, format_id, load_profile, machine_id
+from .base import Experts
+from .pool import ExpertPool
+from .resident import ResidentExperts
+
+log = logging.getLogger("freetoken.experts")
+
+KV_RESERVE_GIB = 4.0        # VRAM kept for the KV cache when kv_cache_gib is not set
+HEADROOM_GIB = 1.0          # activations, allocator slack, other programs
+
+
+def cache_slots(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> int:
+    """Slots of the expert cache: expert_cache_slots, else expert_cache_gib, else (CUDA) the free
+    VRAM after non-expert weights and a KV reserve, else (host tier) a quarter of the pool."""
+    n, S = pool.num_layers * pool.num_experts, pool.expert_nbytes
+    if cfg.expert_cache_slots is not None:
+        return max(0, min(n, cfg.expert_cache_slots))
+    if cfg.expert_cache_gib is not None:
+        return max(0, min(n, int(cfg.expert_cache_gib * 2**30 // S)))
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else KV_RESERVE_GIB) * 2**30
+        budget = free - non_expert_bytes - kv - HEADROOM_GIB * 2**30
+        return max(0, min(n, int(budget // S)))
+    return min(n, max(2 * pool.num_experts, n // 4))
+
+
+def resolve_backend(pool: ExpertPool, cfg: EngineConfig, device: torch.device) -> str:
+    if cfg.moe_backend != "auto":
+        return cfg.moe_backend
+    if device.type != "cuda":
+        return "cpu"
+    return "resident" if cache_slots(pool, cfg, device) >= pool.num_layers * pool.num_experts else "hybrid"
+
+
+def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device) -> Experts:
+    device = torch.device(device)
+    backend = resolve_backend(pool, cfg, device)
+    if backend in ("offload", "hybrid") and device.type == "cuda" and not _pinned(pool):
+        try:
+            pool.pin()
+        except RuntimeError as e:           # page-locking refused (OS limits): stay deployable
+            log.warning("cannot pin the expert pool (%s); using the cpu backend", e)
+            backend = "cpu"
+    if backend == "resident":
+        experts: Experts = ResidentExperts(pool, device)
+    elif backend == "cpu":
+        from .tiered import CpuExperts
+        experts = CpuExperts(pool, device, _host_executor(pool, cfg))
+    else:
+        from .tiered import TieredExperts
+        prof = load_profile(cfg.bandwidth_profile or DEFAULT_PROFILE, machine_id(), device_id(device), format_id(pool))
+        if prof is None and cfg.bandwidth_profile:
+            log.warning("no bandwidth profile for this machine/device/format in %s; estimating online",
+                        cfg.bandwidth_profile)
+        experts = TieredExperts(pool, device, cache_slots(pool, cfg, device), backend,
+                                host_executor=_host_executor(pool, cfg),
+                                estimator=BandwidthEstimator.from_profile(prof, device))
+    if cfg.record_routing:
+        from .recording import RoutingRecorder
+        experts = RoutingRecorder(experts, cfg.record_routing,
+                                  {"num_layers": pool.num_layers, "num_experts": pool.num_experts,
+                                   "model": cfg.model, "expert_bytes": pool.expert_nbytes})
+    return experts
+
+
+def _host_executor(pool: ExpertPool, cfg: EngineConfig):
+    from .host_exec import make_host_executor
+    return make_host_executor(pool, cfg.num_threads)
+
+
+def _pinned(pool: ExpertPool) -> bool:
+    return all(b.is_pinned() for b in pool.banks.values())

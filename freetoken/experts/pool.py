@@ -1,0 +1,82 @@
+"""The host expert pool: every routed expert of the model, in banks whose leading index
+is the flat id `moe_layer * num_experts + expert`. Rows with the same index across banks
+form one complete expert. This is the source of truth; caches only copy from it.
+
+Bank layouts (N = num_moe_layers * num_experts, I = expert intermediate, H = hidden):
+  float formats: gate_up [N, 2I, H] (gate rows, then up rows), down [N, H, I]
+  mxfp4:         gate_up_blocks [N, 2I, H/32, 16] u8, gate_up_scales [N, 2I, H/32] u8,
+                 down_blocks [N, H, I/32, 16] u8, down_scales [N, H, I/32] u8
+  optional:      gate_up_bias [N, 2I] f32, down_bias [N, H] f32
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ExpertSpec:
+    """What an expert computes: down(act(gate(x)) * up(x)) with this activation."""
+    hidden: int
+    intermediate: int
+    fmt: str = "float"              # float | mxfp4 | fp8 | int8
+    activation: str = "silu"        # silu | swiglu_oai (gpt-oss clamped SwiGLU)
+    alpha: float = 1.702
+    limit: float = 7.0
+
+
+class ExpertPool:
+    def __init__(self, banks: dict[str, torch.Tensor], num_layers: int, num_experts: int, spec: ExpertSpec):
+        n = num_layers * num_experts
+        for name, bank in banks.items():
+            if bank.shape[0] != n:
+                raise ValueError(f"expert bank {name!r} has {bank.shape[0]} rows, expected {n}")
+        self.banks, self.num_layers, self.num_experts, self.spec = banks, num_layers, num_experts, spec
+
+    def flat_ids(self, layer: int, expert_ids: torch.Tensor) -> torch.Tensor:
+        return expert_ids + layer * self.num_experts
+
+    @property
+    def expert_nbytes(self) -> int:
+        """Bytes of one complete expert across all banks."""
+        return sum(b[0].nbytes for b in self.banks.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.banks.values())
+
+    def rows(self, flat_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {k: b.index_select(0, flat_ids) for k, b in self.banks.items()}
+
+    def pin(self) -> None:
+        """Page-lock the banks after they are filled (pinning empty buffers first would fault in
+        and zero every page for nothing). Only meaningful with a CUDA device."""
+        if torch.cuda.is_available():
+            self.banks = {k: b.pin_memory() for k, b in self.banks.items()}
+
+
+class PoolBuilder:
+    """Fills exactly-sized banks expert by expert, straight into their final layout."""
+
+    def __init__(self, num_layers: int, num_experts: int, spec: ExpertSpec):
+        self.num_layers, self.num_experts, self.spec = num_layers, num_experts, spec
+        self.banks: dict[str, torch.Tensor] = {}
+
+    def put(self, bank: str, layer: int, expert: int, value: torch.Tensor, dtype: torch.dtype) -> None:
+        b = self.banks.get(bank)
+        if b is None:
+            n = self.num_layers * self.num_experts
+            b = self.banks[bank] = torch.empty((n, *value.shape), dtype=dtype)
+        b[layer * self.num_experts + expert].copy_(value)
+
+    def put_layer(self, bank: str, layer: int, value: torch.Tensor, dtype: torch.dtype) -> None:
+        """All experts of one layer at once: value [E, ...]."""
+        b = self.banks.get(bank)
+        if b is None:
+            n = self.num_layers * self.num_experts
+            b = self.banks[bank] = torch.empty((n, *value.shape[1:]), dtype=dtype)
+        b[layer * self.num_experts:(layer + 1) * self.num_experts].copy_(value)
+
+    def build(self) -> ExpertPool:
+        return ExpertPool(self.banks, self.num_layers, self.num_experts, self.spec)

@@ -1,0 +1,43 @@
+"""The sparse MoE block: router -> top-k -> the experts seam (+ optional shared expert)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..experts.base import Experts
+from .mlp import GatedMLP
+
+
+class SparseMoE:
+    def __init__(self, moe_layer: int, router: torch.Tensor, experts: Experts, top_k: int,
+                 norm_topk_prob: bool, router_bias: torch.Tensor | None = None,
+                 shared: GatedMLP | None = None, shared_gate: torch.Tensor | None = None,
+                 softmax_after_topk: bool = False, on_route=None):
+        self.moe_layer, self.router, self.router_bias = moe_layer, router, router_bias
+        self.experts, self.top_k, self.norm = experts, top_k, norm_topk_prob
+        self.shared, self.shared_gate = shared, shared_gate
+        self.softmax_after_topk = softmax_after_topk   # gpt-oss: top-k on logits, softmax over the k
+        self.on_route = on_route                       # routing-trace hook: (layer, ids, weights)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(x, self.router, self.router_bias)
+        if self.softmax_after_topk:
+            top, ids = torch.topk(logits, self.top_k, dim=-1)
+            return ids, torch.softmax(top, dim=-1, dtype=torch.float32).to(x.dtype)
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        w, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm:
+            w = w / w.sum(dim=-1, keepdim=True)
+        return ids, w.to(x.dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        ids, w = self.route(x)
+        if self.on_route is not None:
+            self.on_route(self.moe_layer, ids, w)
+        out = self.experts.forward(self.moe_layer, x, ids, w)
+        if self.shared is not None:
+            s = self.shared(x)
+            if self.shared_gate is not None:
+                s = torch.sigmoid(F.linear(x, self.shared_gate)) * s
+            out = out + s
+        return out

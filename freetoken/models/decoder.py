@@ -1,0 +1,219 @@
+"""A decoder-only MoE transformer assembled from shared layers. Architecture files
+describe their differences (names, norms, biases, routing) with an `ArchSpec`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..config import EngineConfig
+from ..errors import CheckpointError
+from ..experts.factory import build_experts
+from ..experts.pool import ExpertSpec, PoolBuilder
+from ..layers.attention import paged_attention
+from ..layers.mlp import GatedMLP
+from ..layers.moe import SparseMoE
+from ..layers.norm import RMSNorm
+from ..layers.rope import Rotary
+from ..weights.checkpoint import Checkpoint
+from .context import ForwardContext
+from .hf_config import HFConfig
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    qk_norm: str | None = None                  # "head": RMSNorm per head; "full": over the whole projection
+    attn_bias_fields: tuple = ("attention_bias",)
+    attn_bias_default: bool = False
+    moe_prefix: str = "mlp"
+    router_name: str = "gate"
+    expert_names: tuple = ("gate_proj", "up_proj", "down_proj")
+    shared_expert: bool = False
+    norm_topk_default: bool = False
+    always_norm_topk: bool = False
+
+
+class Attention:
+    def __init__(self, ck: Checkpoint, p: str, hf: HFConfig, arch: ArchSpec, dtype, device, rotary: Rotary,
+                 window: int | None):
+        self.heads = hf.req("num_attention_heads")
+        self.kv_heads = hf.first("num_key_value_heads", default=self.heads)
+        hidden = hf.req("hidden_size")
+        self.head_dim = hf.first("head_dim", default=hidden // self.heads)
+        bias = any(hf.get(f) for f in arch.attn_bias_fields) if any(
+            f in hf.data for f in arch.attn_bias_fields) else arch.attn_bias_default
+        q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        get = lambda n, s: ck.get_float(n, s, dtype).to(device)  # noqa: E731
+        qkv = [get(f"{p}.{n}_proj.weight", (o, hidden)) for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))]
+        self.qkv = torch.cat(qkv)
+        self.qkv_bias = torch.cat([get(f"{p}.{n}_proj.bias", (o,)) for n, o in
+                                   (("q", q_out), ("k", kv_out), ("v", kv_out))]) if bias else None
+        self.o = get(f"{p}.o_proj.weight", (hidden, q_out))
+        self.o_bias = get(f"{p}.o_proj.bias", (hidden,)) if bias and ck.has(f"{p}.o_proj.bias") else None
+        eps = hf.first("rms_norm_eps", default=1e-6, kind=float)
+        self.q_norm = self.k_norm = None
+        if arch.qk_norm == "head":
+            self.q_norm = RMSNorm(get(f"{p}.q_norm.weight", (self.head_dim,)), eps)
+            self.k_norm = RMSNorm(get(f"{p}.k_norm.weight", (self.head_dim,)), eps)
+        elif arch.qk_norm == "full":
+            self.q_norm = RMSNorm(get(f"{p}.q_norm.weight", (q_out,)), eps)
+            self.k_norm = RMSNorm(get(f"{p}.k_norm.weight", (kv_out,)), eps)
+        self.qk_norm = arch.qk_norm
+        self.clip = hf.get("clip_qkv")
+        self.rotary, self.window = rotary, window
+        self.splits = (q_out, kv_out, kv_out)
+        self.scale = self.head_dim ** -0.5
+
+    def __call__(self, x, cos, sin, cache, meta):
+        n = x.shape[0]
+        q, k, v = F.linear(x, self.qkv, self.qkv_bias).split(self.splits, dim=-1)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.clip is not None:
+            q, k, v = q.clamp(-self.clip, self.clip), k.clamp(-self.clip, self.clip), v.clamp(-self.clip, self.clip)
+        q = q.reshape(n, self.heads, self.head_dim)
+        k = k.reshape(n, self.kv_heads, self.head_dim)
+        v = v.reshape(n, self.kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
+        o = paged_attention(q, k, v, cache, meta, self.scale, self.window)
+        return F.linear(o.reshape(n, -1), self.o, self.o_bias)
+
+
+class DecoderLayer:
+    def __init__(self, attn, mlp, input_norm: RMSNorm, post_norm: RMSNorm):
+        self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
+
+    def __call__(self, idx, x, cos, sin, ctx: ForwardContext):
+        h = x + self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
+        return h + self.mlp(self.post_norm(h))
+
+
+class MoECausalLM:
+    """Embedding -> decoder layers -> final norm -> lm_head, with experts behind the seam."""
+
+    arch = ArchSpec()
+
+    def __init__(self, ck: Checkpoint, cfg: EngineConfig, max_len: int):
+        hf = HFConfig(ck.config, ck.dir / "config.json")
+        self.hf, self.cfg = hf, cfg
+        dtype, device = cfg.torch_dtype, cfg.torch_device
+        self.dtype, self.device = dtype, device
+        self.num_layers = hf.req("num_hidden_layers")
+        self.hidden = hf.req("hidden_size")
+        self.vocab_size = hf.req("vocab_size")
+        self.eps = hf.first("rms_norm_eps", default=1e-6, kind=float)
+        heads = hf.req("num_attention_heads")
+        self.head_dim = hf.first("head_dim", default=self.hidden // heads)
+        self.kv_heads = hf.first("num_key_value_heads", default=heads)
+        self.rotary = Rotary(hf.data, self.head_dim, max_len, dtype, device)
+        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden), dtype).to(device)
+        self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
+        if hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
+            self.lm_head = self.embed
+        else:
+            self.lm_head = self._w(ck, "lm_head.weight", (self.vocab_size, self.hidden))
+        self.moe_layers = [i for i in range(self.num_layers) if self.is_moe_layer(i)]
+        self.experts = self._load_experts(ck) if self.moe_layers else None
+        self.layers = [self._load_layer(ck, i) for i in range(self.num_layers)]
+
+    # --- architecture hooks -------------------------------------------------------------
+    def _w(self, ck, name, shape):
+        return ck.get_float(name, shape, self.dtype).to(self.device)
+
+    def num_experts(self) -> int:
+        return self.hf.first("num_experts", "num_local_experts", default=0)
+
+    def top_k(self) -> int:
+        return self.hf.req("num_experts_per_tok")
+
+    def expert_intermediate(self) -> int:
+        return self.hf.first("moe_intermediate_size", "intermediate_size")
+
+    def is_moe_layer(self, i: int) -> bool:
+        step = self.hf.get("decoder_sparse_step", 1) or 1
+        return (self.num_experts() > 0 and i not in (self.hf.get("mlp_only_layers") or [])
+                and (i + 1) % step == 0)
+
+    def sliding_window(self, i: int) -> int | None:
+        types = self.hf.get("layer_types")
+        if types and types[i] == "sliding_attention":
+            return self.hf.get("sliding_window") or None
+        return None
+
+    def kv_layers(self) -> list[tuple[int, int, int]]:
+        """(layer index, kv heads, head dim) of every layer that keeps paged KV."""
+        return [(i, self.kv_heads, self.head_dim) for i in range(self.num_layers)]
+
+    def make_state(self):
+        """Per-sequence recurrent state (hybrid models); plain attention models keep none."""
+        return None
+
+    # --- loading -------------------------------------------------------------------------
+    def _load_experts(self, ck: Checkpoint):
+        e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
+        b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
+        g, u, d = self.arch.expert_names
+        for m, i in enumerate(self.moe_layers):
+            p = f"model.layers.{i}.{self.arch.moe_prefix}.experts"
+            if ck.has(f"{p}.gate_up_proj"):       # transformers-5 fused layout
+                b.put_layer("gate_up", m, ck.get_float(f"{p}.gate_up_proj", (e, 2 * inter, h), self.dtype), self.dtype)
+                b.put_layer("down", m, ck.get_float(f"{p}.down_proj", (e, h, inter), self.dtype), self.dtype)
+                continue
+            for x in range(e):
+                gate = ck.get_float(f"{p}.{x}.{g}.weight", (inter, h), self.dtype)
+                up = ck.get_float(f"{p}.{x}.{u}.weight", (inter, h), self.dtype)
+                b.put("gate_up", m, x, torch.cat([gate, up]), self.dtype)
+                b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), self.dtype), self.dtype)
+        pool = b.build()
+        pool.pin()
+        self.pool = pool
+        return build_experts(pool, self.cfg, self.device)
+
+    def _load_mlp(self, ck: Checkpoint, i: int):
+        p = f"model.layers.{i}.mlp"
+        inter = self.hf.req("intermediate_size")
+        if not ck.has(f"{p}.gate_proj.weight"):
+            raise CheckpointError(f"{ck.dir}: layer {i} is dense by config but tensor {p}.gate_proj.weight is missing")
+        gate_up = torch.cat([self._w(ck, f"{p}.gate_proj.weight", (inter, self.hidden)),
+                             self._w(ck, f"{p}.up_proj.weight", (inter, self.hidden))])
+        return GatedMLP(gate_up, self._w(ck, f"{p}.down_proj.weight", (self.hidden, inter)))
+
+    def _load_moe(self, ck: Checkpoint, i: int):
+        p = f"model.layers.{i}.{self.arch.moe_prefix}"
+        e = self.num_experts()
+        router = self._w(ck, f"{p}.{self.arch.router_name}.weight", (e, self.hidden))
+        shared = gate = None
+        if self.arch.shared_expert:
+            si = self.hf.req("shared_expert_intermediate_size")
+            sp = f"{p}.shared_expert"
+            shared = GatedMLP(torch.cat([self._w(ck, f"{sp}.gate_proj.weight", (si, self.hidden)),
+                                         self._w(ck, f"{sp}.up_proj.weight", (si, self.hidden))]),
+                              self._w(ck, f"{sp}.down_proj.weight", (self.hidden, si)))
+            gate = self._w(ck, f"{p}.shared_expert_gate.weight", (1, self.hidden))
+        norm = self.arch.always_norm_topk or bool(self.hf.get("norm_topk_prob", self.arch.norm_topk_default))
+        return SparseMoE(self.moe_layers.index(i), router, self.experts, self.top_k(), norm,
+                         shared=shared, shared_gate=gate)
+
+    def _load_layer(self, ck: Checkpoint, i: int) -> DecoderLayer:
+        p = f"model.layers.{i}"
+        attn = Attention(ck, f"{p}.self_attn", self.hf, self.arch, self.dtype, self.device, self.rotary,
+                         self.sliding_window(i))
+        mlp = self._load_moe(ck, i) if i in self.moe_layers else self._load_mlp(ck, i)
+        return DecoderLayer(attn, mlp, RMSNorm(self._w(ck, f"{p}.input_layernorm.weight", (self.hidden,)), self.eps),
+                            RMSNorm(self._w(ck, f"{p}.post_attention_layernorm.weight", (self.hidden,)), self.eps))
+
+    # --- compute -------------------------------------------------------------------------
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        if self.experts is not None:
+            self.experts.begin_step(ctx.phase)
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = self.rotary.tables(positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(i, x, cos, sin, ctx)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()

@@ -1,0 +1,31 @@
+"""HF `architectures` name -> model class."""
+from __future__ import annotations
+
+import importlib
+
+from ..errors import UnsupportedModelError
+
+# name -> (module, class); modules are imported on demand.
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
+    "OlmoeForCausalLM": ("olmoe", "OlmoeForCausalLM"),
+    "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
+    "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
+    "Qwen3_5MoeForConditionalGeneration": ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
+    "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
+}
+
+
+def model_class(config: dict, config_path) -> type:
+    archs = config.get("architectures")
+    if not isinstance(archs, list) or not archs:
+        raise UnsupportedModelError(f"{config_path}: field 'architectures' missing or empty "
+                                    f"(expected one of {sorted(ARCHITECTURES)})")
+    for name in archs:
+        if name in ARCHITECTURES:
+            module, cls = ARCHITECTURES[name]
+            return getattr(importlib.import_module(f"{__package__}.{module}"), cls)
+    raise UnsupportedModelError(f"{config_path}: architecture {archs[0]!r} is not supported "
+                                f"(supported: {', '.join(sorted(ARCHITECTURES))})")

@@ -1,0 +1,47 @@
+"""Per-request sampling options, validated on construction."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import InvalidRequestError
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 = off
+    min_p: float = 0.0
+    seed: int | None = None             # same seed + same prompt => same tokens
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    ignore_eos: bool = False
+    # Each: callable(output_token_ids: list[int], logits: Tensor[vocab] float32) -> Tensor.
+    # Called before sampling; used for constrained decoding.
+    logits_processors: list = field(default_factory=list)
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        checks = [
+            ("max_tokens", self.max_tokens >= 1, "an integer >= 1"),
+            ("temperature", 0.0 <= self.temperature <= 100.0, "a number in [0, 100]"),
+            ("top_p", 0.0 < self.top_p <= 1.0, "a number in (0, 1]"),
+            ("top_k", self.top_k >= 0, "an integer >= 0 (0 = off)"),
+            ("min_p", 0.0 <= self.min_p <= 1.0, "a number in [0, 1]"),
+            ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "a number in [-2, 2]"),
+            ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "a number in [-2, 2]"),
+            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "a number in (0, 10]"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise InvalidRequestError(f"SamplingParams.{name}: got {getattr(self, name)!r}, expected {expected}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

@@ -1,0 +1,105 @@
+"""`freetoken make-tiny`: small random-weight HF checkpoints for every supported
+architecture, with a real byte-level BPE tokenizer (trained here) and a chat template.
+They are the demo model and the test fixtures. Configs come from transformers' own
+config classes and weights are written by transformers' save_pretrained, so the files
+have exactly the layout real checkpoints have."""
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
+                  "</tool_call>", "<tool_response>", "</tool_response>"]
+
+
+def _common(layers, hidden, vocab, heads=4, kv_heads=2):
+    return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, max_position_embeddings=4096, tie_word_embeddings=False)
+
+
+def _moe_inter(hidden):
+    return max(16, hidden // 2)
+
+
+# arch -> (transformers config class, kwargs builder(layers, experts, top_k, hidden, vocab))
+ARCHS = {
+    "qwen3_moe": ("Qwen3MoeConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), head_dim=H // 4, intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+        num_experts=E, num_experts_per_tok=K, norm_topk_prob=True)),
+    "qwen2_moe": ("Qwen2MoeConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+        shared_expert_intermediate_size=H, num_experts=E, num_experts_per_tok=K)),
+    "mixtral": ("MixtralConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), intermediate_size=_moe_inter(H), num_local_experts=E, num_experts_per_tok=K)),
+    "olmoe": ("OlmoeConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), intermediate_size=_moe_inter(H), num_experts=E, num_experts_per_tok=K)),
+    "qwen3_next": ("Qwen3NextConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), head_dim=H // 4, intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+        shared_expert_intermediate_size=H, num_experts=E, num_experts_per_tok=K, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=H // 4, linear_value_head_dim=H // 4,
+        layer_types=["full_attention" if i % 2 else "linear_attention" for i in range(L)])),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), head_dim=H // 4, moe_intermediate_size=_moe_inter(H),
+        shared_expert_intermediate_size=H, num_experts=E, num_experts_per_tok=K, linear_num_key_heads=2,
+        linear_num_value_heads=4, linear_key_head_dim=H // 4, linear_value_head_dim=H // 4,
+        layer_types=["full_attention" if i % 2 else "linear_attention" for i in range(L)])),
+    "gpt_oss": ("GptOssConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), head_dim=H // 4, intermediate_size=_moe_inter(H), num_local_experts=E,
+        num_experts_per_tok=K, sliding_window=8)),
+}
+ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
+
+
+def _corpus() -> list[str]:
+    text = resources.files("freetoken.templates").joinpath("qwen.jinja").read_text()
+    words = ("the quick brown fox jumps over the lazy dog while a model routes every token to a few "
+             "experts and the cache keeps the hot ones close to the compute units hello world def main "
+             "return import json print value list dict function name arguments result error file path")
+    lines = [words, text, "def add(a, b):\n    return a + b\n", '{"name": "get_weather", "arguments": {"city": "Paris"}}']
+    lines += [" ".join(words.split()[i:] + words.split()[:i]) for i in range(0, 60, 3)]
+    return lines * 4
+
+
+def train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return tok
+
+
+def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8, top_k: int = 2,
+              hidden: int = 64, vocab: int = 512, seed: int = 0, dtype: str = "float32", **overrides) -> Path:
+    """Write a random-weight checkpoint of `arch` to out_dir and return its path."""
+    import transformers
+    if arch not in ARCHS:
+        raise ValueError(f"make-tiny: unknown architecture {arch!r} (expected one of {', '.join(sorted(ARCHS))})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_tokenizer(vocab)
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    cls_name, build = ARCHS[arch]
+    kwargs = build(layers, experts, top_k, hidden, vocab)
+    kwargs.update(bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    kwargs.update(overrides)
+    config = getattr(transformers, cls_name)(**kwargs)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.to(getattr(torch, dtype)).save_pretrained(out)
+    if arch.endswith("_mxfp4"):
+        from .models.gpt_oss import quantize_checkpoint_experts
+        quantize_checkpoint_experts(out)
+    tok.save(str(out / "tokenizer.json"))
+    template = resources.files("freetoken.templates").joinpath("qwen.jinja").read_text()
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "model_max_length": 4096, "chat_template": template}, indent=2))
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]], "pad_token_id": ids["<|endoftext|>"]}, indent=2))
+    return out

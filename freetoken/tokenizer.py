@@ -1,0 +1,84 @@
+"""Tokenizer and chat template from a checkpoint's own files.
+
+Encoding uses the `tokenizers` library on tokenizer.json; the chat template (from
+chat_template.jinja or tokenizer_config.json) is rendered in a sandboxed jinja2
+environment with the same helpers transformers provides, so tools and kwargs like
+`enable_thinking` pass straight through to the template."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from .errors import CheckpointError
+
+
+def _raise(message):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+class Tokenizer:
+    def __init__(self, model_dir: str | Path):
+        d = Path(model_dir)
+        path = d / "tokenizer.json"
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing tokenizer.json")
+        try:
+            self.hf = HFTokenizer.from_file(str(path))
+        except Exception as e:
+            raise CheckpointError(f"{path}: not a readable tokenizer ({e})") from None
+        cfg_path = d / "tokenizer_config.json"
+        self.config = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+        template_file = d / "chat_template.jinja"
+        self.chat_template = (template_file.read_text() if template_file.is_file()
+                              else self.config.get("chat_template"))
+        if isinstance(self.chat_template, list):    # [{"name": "default", "template": ...}, ...]
+            named = {t["name"]: t["template"] for t in self.chat_template}
+            self.chat_template = named.get("default", next(iter(named.values()), None))
+        self.bos_token = self._token_str("bos_token")
+        self.eos_token = self._token_str("eos_token")
+        self.eos_token_ids: set[int] = set()
+        gen = d / "generation_config.json"
+        eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+        for e in (eos if isinstance(eos, list) else [eos]):
+            if isinstance(e, int):
+                self.eos_token_ids.add(e)
+        if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
+            self.eos_token_ids.add(self.hf.token_to_id(self.eos_token))
+        self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
+        self._template = None
+
+    def _token_str(self, key: str) -> str | None:
+        t = self.config.get(key)
+        return t.get("content") if isinstance(t, dict) else t
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.hf.token_to_id(token)
+
+    def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, **kwargs) -> str:
+        if not self.chat_template:
+            raise CheckpointError("tokenizer_config.json: no chat_template (and no chat_template.jinja)")
+        if self._template is None:
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = _tojson
+            env.globals["raise_exception"] = _raise
+            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+            self._template = env.from_string(self.chat_template)
+        return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                     bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)

@@ -1,0 +1,91 @@
+"""Reading Hugging Face checkpoints: config.json and safetensors (single file or sharded)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from ..errors import CheckpointError
+
+
+def read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing {what}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: malformed JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object at top level")
+    return data
+
+
+class Checkpoint:
+    """Tensor names -> safetensors files; tensors are read lazily, one at a time."""
+
+    def __init__(self, model_dir: str | Path):
+        self.dir = Path(model_dir)
+        if not self.dir.is_dir():
+            raise CheckpointError(f"{self.dir}: model directory does not exist")
+        self.config = read_json(self.dir / "config.json", "config.json")
+        self._file_of: dict[str, Path] = {}
+        index = self.dir / "model.safetensors.index.json"
+        single = self.dir / "model.safetensors"
+        if index.is_file():
+            weight_map = read_json(index, "shard index").get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise CheckpointError(f"{index}: field 'weight_map' missing or not an object")
+            for name, shard in weight_map.items():
+                path = self.dir / shard
+                if not path.is_file():
+                    raise CheckpointError(f"{path}: shard listed in {index.name} for tensor {name!r} is missing")
+                self._file_of[name] = path
+        elif single.is_file():
+            self._scan(single)
+        else:
+            files = sorted(self.dir.glob("*.safetensors"))
+            if not files:
+                raise CheckpointError(f"{self.dir}: no model.safetensors, model.safetensors.index.json or *.safetensors")
+            for f in files:
+                self._scan(f)
+        self._handles: dict[Path, object] = {}
+
+    def _scan(self, path: Path):
+        try:
+            with safe_open(str(path), "pt") as f:
+                for name in f.keys():
+                    self._file_of[name] = path
+        except Exception as e:  # safetensors raises several error types for bad headers
+            raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
+
+    def names(self) -> list[str]:
+        return list(self._file_of)
+
+    def has(self, name: str) -> bool:
+        return name in self._file_of
+
+    def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """The tensor `name`, checked against `shape` (None entries match anything)."""
+        path = self._file_of.get(name)
+        if path is None:
+            raise CheckpointError(f"{self.dir}: tensor {name!r} not found in the checkpoint")
+        handle = self._handles.get(path)
+        if handle is None:
+            handle = self._handles[path] = safe_open(str(path), "pt")
+        t = handle.get_tensor(name)
+        if shape is not None:
+            ok = len(shape) == t.dim() and all(s is None or s == d for s, d in zip(shape, t.shape))
+            if not ok:
+                raise CheckpointError(f"{path.name}: tensor {name!r} has shape {tuple(t.shape)}, expected {shape}")
+        return t
+
+    def get_float(self, name: str, shape=None, dtype=torch.float32) -> torch.Tensor:
+        t = self.get(name, shape)
+        if not t.is_floating_point():
+            raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")
+        return t.to(dtype)
+
+    def close(self):
+        self._handles.clear()

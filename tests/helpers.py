@@ -1,0 +1,40 @@
+"""Helpers shared by tests (importable as `helpers`: pytest adds tests/ to sys.path)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def save_hf_checkpoint(config, out: Path, tokenizer_from: Path, seed: int = 0, max_shard_size=None) -> Path:
+    """A checkpoint made directly by transformers (config class + save_pretrained), with a tokenizer copied in."""
+    import transformers
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(out, **kw)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tokenizer_from / f, out / f)
+    return out
+
+
+def reference_logits(model_dir: Path, ids: list[int], dtype=torch.float32) -> torch.Tensor:
+    import transformers
+    ref = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    with torch.no_grad():
+        return ref(torch.tensor([ids])).logits[0].float()
+
+
+def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4):
+    scale = max(1.0, ref.abs().max().item())
+    err = (ours - ref).abs().max().item()
+    assert err <= rel * scale, f"max abs logit error {err:.3g} > {rel} x logit scale {scale:.3g}"
+
+
+def top2_margin(logits: torch.Tensor) -> torch.Tensor:
+    top = torch.topk(logits, 2, dim=-1).values
+    return top[..., 0] - top[..., 1]

@@ -1,0 +1,108 @@
+"""Bad checkpoints and requests: one clear line naming the file/field, exit code 2 from the CLI."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from safetensors.torch import load_file, save_file
+
+from freetoken import LLM
+from freetoken.cli import main
+from freetoken.errors import CheckpointError, UnsupportedModelError
+
+
+@pytest.fixture
+def ckpt(tiny_dir, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(tiny_dir("qwen3_moe"), d)
+    return d
+
+
+def _load(d):
+    return LLM(str(d), dtype="float32")
+
+
+def test_missing_config(ckpt):
+    (ckpt / "config.json").unlink()
+    with pytest.raises(CheckpointError, match="config.json"):
+        _load(ckpt)
+
+
+def test_malformed_config(ckpt):
+    (ckpt / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="malformed JSON"):
+        _load(ckpt)
+
+
+def test_config_field_of_wrong_type(ckpt):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["hidden_size"] = "sixty-four"
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="'hidden_size'.*expected int"):
+        _load(ckpt)
+
+
+def test_unsupported_architecture(ckpt):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM.*not supported"):
+        _load(ckpt)
+
+
+def test_tensor_of_wrong_shape(ckpt):
+    tensors = load_file(ckpt / "model.safetensors")
+    name = "model.layers.0.self_attn.o_proj.weight"
+    tensors[name] = tensors[name][:, :-1].contiguous()
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="o_proj.weight.*expected"):
+        _load(ckpt)
+
+
+def test_tensor_of_wrong_dtype(ckpt):
+    tensors = load_file(ckpt / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(dtype=__import__("torch").int32)
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="model.norm.weight.*dtype"):
+        _load(ckpt)
+
+
+def test_missing_shard(tiny_dir, tmp_path):
+    import transformers
+    from helpers import save_hf_checkpoint
+    config = transformers.Qwen3MoeConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=16, num_experts=4, num_experts_per_tok=2,
+                                         moe_intermediate_size=32, intermediate_size=64)
+    d = save_hf_checkpoint(config, tmp_path / "sharded", tiny_dir("qwen3_moe"), max_shard_size="100KB")
+    shard = sorted(d.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=shard.name):
+        _load(d)
+
+
+def test_missing_tensor(ckpt):
+    tensors = load_file(ckpt / "model.safetensors")
+    del tensors["model.layers.1.mlp.experts.3.up_proj.weight"]
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="experts.3.up_proj.weight.*not found"):
+        _load(ckpt)
+
+
+def test_cli_reports_one_line_and_exit_code_2(ckpt, capsys):
+    (ckpt / "config.json").write_text("[]")
+    rc = main(["generate", "--model", str(ckpt), "--prompt", "hi"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "config.json" in err
+
+
+def test_cli_prompt_too_long(tiny_dir, capsys):
+    rc = main(["generate", "--model", str(tiny_dir("qwen3_moe")), "--prompt", "hello " * 50, "--max-model-len", "16"])
+    assert rc == 2 and "context" in capsys.readouterr().err
+
+
+def test_cli_generate_json(tiny_dir, capsys):
+    rc = main(["generate", "--model", str(tiny_dir("qwen3_moe")), "--prompt", "hello", "--max-tokens", "4",
+               "--seed", "3", "--json", "--dtype", "float32"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(out["token_ids"]) <= 4 and isinstance(out["text"], str)
