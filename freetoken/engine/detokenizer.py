@@ -15,6 +15,7 @@ class IncrementalDetokenizer:
         self.emitted = 0
         self.stop = stop
         self.holdback = max((len(s) for s in stop), default=1) - 1
+        self.matched_stop: str | None = None
 
     def add(self, token_id: int) -> bool:
         """Append one token; returns True when a stop string was found (text is cut before it)."""
@@ -32,9 +33,10 @@ class IncrementalDetokenizer:
             self.prefix_offset, self.read_offset = 0, self.read_offset - drop
         if self.stop:
             start = max(0, before - self.holdback)
-            hits = [i for i in (self.text.find(s, start) for s in self.stop) if i >= 0]
+            hits = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stop) if i >= 0]
             if hits:
-                self.text = self.text[:min(hits)]
+                i, self.matched_stop = min(hits)
+                self.text = self.text[:i]
                 return True
         return False
 

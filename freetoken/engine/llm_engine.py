@@ -30,6 +30,7 @@ class StepOutput:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+    stop_reason: str | int | None = None   # the stop string or stop/EOS token id that ended it
 
 
 class LLMEngine:
@@ -133,8 +134,11 @@ class LLMEngine:
 
     @staticmethod
     def _output(seq: Sequence, new_ids: list[int], text: str) -> StepOutput:
+        stop = None
+        if seq.finish_reason == "stop":
+            stop = seq.detok.matched_stop if seq.detok and seq.detok.matched_stop else seq.output_ids[-1]
         return StepOutput(seq.request_id, new_ids, text, seq.status is Status.FINISHED, seq.finish_reason,
-                          len(seq.prompt_ids), len(seq.output_ids))
+                          len(seq.prompt_ids), len(seq.output_ids), stop)
 
     def expert_stats(self) -> dict:
         return self.model.experts.stats() if self.model.experts is not None else {}

@@ -27,7 +27,9 @@ HEADROOM_GIB = 1.0          # activations, allocator slack, other programs
 
 def cache_slots(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> int:
     """Slots of the expert cache: expert_cache_slots, else expert_cache_gib, else (CUDA) the free
-    VRAM after non-expert weights and a KV reserve, else (host tier) a quarter of the pool."""
+    VRAM after non-expert weights and a KV reserve, else (host tier) a quarter of the pool.
+    On CUDA without an explicit size, the backend calls this at its first step, when the
+    non-expert weights are already on the device."""
     n, S = pool.num_layers * pool.num_experts, pool.expert_nbytes
     if cfg.expert_cache_slots is not None:
         return max(0, min(n, cfg.expert_cache_slots))
@@ -41,17 +43,20 @@ def cache_slots(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_e
     return min(n, max(2 * pool.num_experts, n // 4))
 
 
-def resolve_backend(pool: ExpertPool, cfg: EngineConfig, device: torch.device) -> str:
+def resolve_backend(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> str:
     if cfg.moe_backend != "auto":
         return cfg.moe_backend
     if device.type != "cuda":
         return "cpu"
-    return "resident" if cache_slots(pool, cfg, device) >= pool.num_layers * pool.num_experts else "hybrid"
+    fits = cache_slots(pool, cfg, device, non_expert_bytes) >= pool.num_layers * pool.num_experts
+    return "resident" if fits else "hybrid"
 
 
-def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device) -> Experts:
+def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> Experts:
+    """non_expert_bytes: device bytes the engine will still allocate for non-expert weights (CUDA
+    `auto` needs it to know whether the pool fits; the cache itself is sized at the first step)."""
     device = torch.device(device)
-    backend = resolve_backend(pool, cfg, device)
+    backend = resolve_backend(pool, cfg, device, non_expert_bytes)
     if backend in ("offload", "hybrid") and device.type == "cuda" and not _pinned(pool):
         try:
             pool.pin()
@@ -69,7 +74,9 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device) -> 
         if prof is None and cfg.bandwidth_profile:
             log.warning("no bandwidth profile for this machine/device/format in %s; estimating online",
                         cfg.bandwidth_profile)
-        experts = TieredExperts(pool, device, cache_slots(pool, cfg, device), backend,
+        sized = cfg.expert_cache_slots is not None or cfg.expert_cache_gib is not None or device.type != "cuda"
+        slots = cache_slots(pool, cfg, device) if sized else (lambda: cache_slots(pool, cfg, device))
+        experts = TieredExperts(pool, device, slots, backend,
                                 host_executor=_host_executor(pool, cfg),
                                 estimator=BandwidthEstimator.from_profile(prof, device))
     if cfg.record_routing:

@@ -38,6 +38,8 @@ def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torc
     Accumulates in float32; returns the float32 [T, H] accumulator."""
     if out is None:
         out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
+    if x.shape[0] == 1:                      # decode: no grouping needed, keep per-token work small
+        return _run_single(banks, spec, flat_ids[0].tolist(), x, weights[0].float().tolist(), out)
     ids = flat_ids.reshape(-1)
     order = torch.argsort(ids, stable=True)
     sorted_ids = ids[order]
@@ -58,4 +60,16 @@ def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torc
         h = F.linear(xs, gu_w, banks["gate_up_bias"][fid].to(x.dtype) if has_bias else None)
         y = F.linear(activate(h, spec), dn_w, banks["down_bias"][fid].to(x.dtype) if has_bias else None)
         out.index_add_(0, tok, y.float() * w[sl].float().unsqueeze(1))
+    return out
+
+
+def _run_single(banks, spec, fids: list[int], x, ws: list[float], out):
+    has_bias = "gate_up_bias" in banks
+    for fid, w in zip(fids, ws):
+        if fid < 0:
+            continue
+        gu_w, dn_w = dequantized(banks, fid, spec, x.dtype)
+        h = F.linear(x, gu_w, banks["gate_up_bias"][fid].to(x.dtype) if has_bias else None)
+        y = F.linear(activate(h, spec), dn_w, banks["down_bias"][fid].to(x.dtype) if has_bias else None)
+        out.add_(y.float(), alpha=w)
     return out

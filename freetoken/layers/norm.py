@@ -1,12 +1,11 @@
 """RMSNorm, computed in float32 like the reference implementations, then cast back."""
 import torch
+import torch.nn.functional as F
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)   # one fused kernel instead of five ops
+    return weight * h.to(x.dtype)
 
 
 class RMSNorm:

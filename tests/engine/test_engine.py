@@ -95,3 +95,16 @@ def test_score_matches_generate_logits(llm):
     ids = list(range(3, 30))
     a, b = llm.score(ids), llm.score(ids)
     assert torch.equal(a, b) and a.shape[0] == len(ids)
+
+
+def test_step_output_names_what_stopped_it(llm):
+    free = llm.generate(["the quick"], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))[0]
+    stop = free.text[5:8]
+    engine = llm.engine
+    engine.add_request("why", llm.tokenizer.encode("the quick"),
+                       SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, stop=["zzzz", stop]))
+    last = None
+    while engine.has_unfinished():
+        for o in engine.step():
+            last = o
+    assert last.finish_reason == "stop" and last.stop_reason == stop

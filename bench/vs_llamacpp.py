@@ -1,0 +1,152 @@
+"""FreeToken vs llama.cpp on the same random medium Qwen3-MoE, side by side (outside CI).
+
+    .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512] [--decode 128] [--formats bf16,q8_0]
+
+First run installs llama-cpp-python (built from its sdist, ~13 min on 2 cores) into a cached
+venv under ~/.cache/freetoken/llamacpp, and uses the sdist's own convert_hf_to_gguf.py with
+its vendored gguf-py. Home-made tokenizers are mapped to the "qwen2" BPE pre-tokenizer.
+Prints prefill/decode tok/s of both engines and the ratios freetoken/llama.cpp, and how far
+their greedy tokens agree."""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import CACHE, medium_checkpoint  # noqa: E402
+
+LLAMA_DIR = CACHE.parent / "llamacpp"
+VERSION = "0.3.36"
+
+
+def ensure_llamacpp() -> tuple[Path, Path]:
+    """(python of the llama.cpp venv, convert_hf_to_gguf.py)."""
+    py = LLAMA_DIR / "venv" / "bin" / "python"
+    src = LLAMA_DIR / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    ok = py.exists() and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0
+    if not ok:
+        print("installing llama-cpp-python (one-off, several minutes) ...", flush=True)
+        LLAMA_DIR.mkdir(parents=True, exist_ok=True)
+        steps = [
+            [sys.executable, "-m", "venv", str(LLAMA_DIR / "venv")],
+            [py, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+             f"llama-cpp-python=={VERSION}", "-d", str(LLAMA_DIR / "sdist")],
+            ["tar", "xzf", str(LLAMA_DIR / "sdist" / f"llama_cpp_python-{VERSION}.tar.gz"), "-C", str(LLAMA_DIR)],
+            [py, "-m", "pip", "install", "-q", "numpy", "torch==2.13.0", "safetensors", "sentencepiece", "transformers"],
+            [py, "-m", "pip", "install", "-q", str(LLAMA_DIR / "sdist" / f"llama_cpp_python-{VERSION}.tar.gz")],
+        ]
+        for s in steps:
+            subprocess.run(s, check=True)
+    return py, src / "convert_hf_to_gguf.py"
+
+
+CONVERT = textwrap.dedent("""
+    import sys, runpy
+    sys.path.insert(0, {gguf_py!r}); sys.path.insert(0, {src!r})
+    import convert_hf_to_gguf as c
+    orig = c.TextModel.get_vocab_base_pre
+    def pre(self, tokenizer):
+        try:
+            return orig(self, tokenizer)
+        except NotImplementedError:
+            return "qwen2"          # home-made byte-level BPE: same pre-tokenizer as Qwen2
+    c.TextModel.get_vocab_base_pre = pre
+    sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
+    c.main()
+""")
+
+
+def to_gguf(py: Path, converter: Path, model_dir: Path, outtype: str) -> Path:
+    out = model_dir.parent / f"{model_dir.name}-{outtype}.gguf"
+    if not out.exists():
+        script = CONVERT.format(gguf_py=str(converter.parent / "gguf-py"), src=str(converter.parent))
+        subprocess.run([py, "-c", script, str(model_dir), "--outtype", outtype, "--outfile", str(out)], check=True)
+    return out
+
+
+LLAMA_RUN = textwrap.dedent("""
+    import json, sys, time
+    from llama_cpp import Llama
+    path, threads, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    prompt = json.loads(sys.stdin.read())
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512,
+                verbose=False)
+    llm.eval(prompt[:32]); llm.reset()                                   # warm-up
+    t = time.perf_counter(); llm.eval(prompt); t_prefill = time.perf_counter() - t
+    toks = []
+    t = time.perf_counter()
+    for _ in range(n_decode):
+        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        toks.append(tok)
+        llm.eval([tok])
+    t_decode = time.perf_counter() - t
+    print(json.dumps({"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks}))
+""")
+
+
+def run_llamacpp(py: Path, gguf: Path, prompt: list[int], threads: int, n_decode: int) -> dict:
+    r = subprocess.run([py, "-c", LLAMA_RUN, str(gguf), str(threads), str(n_decode)], input=json.dumps(prompt),
+                       capture_output=True, text=True, check=True)
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def run_freetoken(model_dir: Path, prompt: list[int], threads: int, n_decode: int, **opts) -> dict:
+    from freetoken import LLM, SamplingParams
+    llm = LLM(str(model_dir), dtype="bfloat16", num_threads=threads, max_model_len=2048, **opts)
+    g = dict(temperature=0.0, ignore_eos=True)
+    llm.generate([prompt[:32]], SamplingParams(max_tokens=2, **g))
+    t = time.perf_counter()
+    llm.generate([prompt], SamplingParams(max_tokens=1, **g))
+    t_prefill = time.perf_counter() - t
+    engine = llm.engine
+    engine.add_request("d", prompt, SamplingParams(max_tokens=n_decode + 1, **g))
+    toks, t_first = [], None
+    while engine.has_unfinished():
+        for o in engine.step():
+            toks.extend(o.new_token_ids)
+        if t_first is None:
+            t_first = time.perf_counter()
+    t_decode = time.perf_counter() - t_first
+    backend = llm.expert_stats().get("backend", "?")
+    llm.close()
+    return {"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks[1:], "backend": backend}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--formats", default="bf16", help="comma list of bf16, q8_0")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    py, converter = ensure_llamacpp()
+    model = medium_checkpoint()
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, 8000, (args.prompt,), generator=g).tolist()
+    rows = []
+    for fmt in args.formats.split(","):
+        gguf = to_gguf(py, converter, model, fmt)
+        ll = run_llamacpp(py, gguf, prompt, args.threads, args.decode)
+        ft_opts = {} if fmt == "bf16" else {"expert_format": "int8"}
+        ft = run_freetoken(model, prompt, args.threads, args.decode, **ft_opts)
+        same = next((i for i, (a, b) in enumerate(zip(ft["tokens"], ll["tokens"])) if a != b), len(ll["tokens"]))
+        rows.append((fmt, ft, ll, same))
+    print(f"\nmodel {model.name}, batch 1, {args.threads} threads, prompt {args.prompt}, decode {args.decode}")
+    print(f"{'format':8}{'engine':12}{'prefill tok/s':>15}{'decode tok/s':>14}")
+    for fmt, ft, ll, same in rows:
+        print(f"{fmt:8}{'freetoken':12}{ft['prefill']:15.1f}{ft['decode']:14.2f}   (moe backend {ft['backend']})")
+        print(f"{'':8}{'llama.cpp':12}{ll['prefill']:15.1f}{ll['decode']:14.2f}")
+        print(f"{'':8}{'ratio':12}{ft['prefill'] / ll['prefill']:14.2f}x{ft['decode'] / ll['decode']:13.2f}x"
+              f"   greedy tokens agree for the first {same} of {len(ll['tokens'])}")
+
+
+if __name__ == "__main__":
+    main()

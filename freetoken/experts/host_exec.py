@@ -1,0 +1,34 @@
+"""The CPU branch's executor: the fast kernels of `cpu.py` when they are there, else
+torch on the host pool behind the same call shape."""
+from __future__ import annotations
+
+import torch
+
+from .pool import ExpertPool
+from .torch_exec import run_experts
+
+
+class TorchHostExecutor:
+    """`run(x[T,H], flat_ids[T,K] (<0 skip), weights[T,K], out=None) -> float32 [T,H]`."""
+
+    def __init__(self, pool: ExpertPool):
+        self.pool = pool
+
+    def run(self, x, expert_ids, weights, out=None):
+        return run_experts(self.pool.banks, self.pool.spec, torch.as_tensor(expert_ids), x, weights, out=out)
+
+
+def make_host_executor(pool: ExpertPool, num_threads: int | None = None, prefer_fast: bool = True):
+    if prefer_fast:
+        try:
+            from .cpu import CpuExpertExecutor
+        except ImportError:
+            CpuExpertExecutor = None
+        if CpuExpertExecutor is not None:
+            s = pool.spec
+            try:
+                return CpuExpertExecutor(pool.banks, s.fmt, s.hidden, s.intermediate, activation=s.activation,
+                                         alpha=s.alpha, limit=s.limit, num_threads=num_threads)
+            except (ValueError, NotImplementedError):
+                pass                     # a format the kernels do not cover yet
+    return TorchHostExecutor(pool)

@@ -1,0 +1,120 @@
+"""Builds the C expert kernels at first use and loads them with ctypes.
+
+The shared library is compiled with the system C compiler (`$CC`, else cc/gcc/clang) and
+`-march=native`, cached under `$XDG_CACHE_HOME/freetoken/kernels/` (default ~/.cache) keyed
+by a hash of the source, the compiler, the flags and the CPU, and published with an atomic
+rename so concurrent first uses are safe. No compiler -> `load()` returns None and callers
+fall back to torch."""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("moe_cpu.c")
+VARIANTS = {
+    "native": ["-march=native"],
+    "portable": ["-DFT_PORTABLE"],
+}
+_BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-math-errno"]
+_loaded: dict[str, ctypes.CDLL | None] = {}
+
+
+class Desc(ctypes.Structure):
+    _fields_ = [
+        ("fmt", ctypes.c_int32), ("act", ctypes.c_int32), ("H", ctypes.c_int32), ("I", ctypes.c_int32),
+        ("alpha", ctypes.c_float), ("limit", ctypes.c_float), ("n_experts", ctypes.c_int64),
+        ("gu_w", ctypes.c_void_p), ("gu_w_es", ctypes.c_int64), ("gu_w_rs", ctypes.c_int64),
+        ("gu_s", ctypes.c_void_p), ("gu_s_es", ctypes.c_int64), ("gu_s_rs", ctypes.c_int64),
+        ("dn_w", ctypes.c_void_p), ("dn_w_es", ctypes.c_int64), ("dn_w_rs", ctypes.c_int64),
+        ("dn_s", ctypes.c_void_p), ("dn_s_es", ctypes.c_int64), ("dn_s_rs", ctypes.c_int64),
+        ("gu_b", ctypes.c_void_p), ("dn_b", ctypes.c_void_p),
+    ]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "freetoken" / "kernels"
+
+
+def _compiler() -> str | None:
+    for cc in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if cc and shutil.which(cc):
+            return cc
+    return None
+
+
+def _cpu_signature() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.processor() + platform.machine()
+
+
+def _build(cc: str, flags: list[str]) -> Path:
+    src = SOURCE.read_bytes()
+    ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(src + ver.encode() + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()[:16]
+    out = cache_dir() / f"moe_cpu-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        cmd = [cc, *_BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.ft_isa.restype = ctypes.c_char_p
+    lib.ft_pool_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), i64]
+    lib.ft_pool_create.restype = vp
+    lib.ft_pool_destroy.argtypes = [vp]
+    lib.ft_pool_size.argtypes = [vp]
+    lib.ft_moe_run.argtypes = [vp, ctypes.POINTER(Desc), vp, ctypes.c_int, i64, i64, vp, vp, vp]
+    lib.ft_moe_run.restype = ctypes.c_int
+    lib.ft_read_bytes.argtypes = [vp, vp, i64]
+    lib.ft_read_bytes.restype = ctypes.c_double
+    return lib
+
+
+def load(variant: str = "native") -> ctypes.CDLL | None:
+    """The compiled kernel library for `variant` ("native" or "portable"), or None when it
+    cannot be built here (a warning is logged once)."""
+    if variant in _loaded:
+        return _loaded[variant]
+    lib = None
+    cc = _compiler()
+    if cc is None:
+        log.warning("no C compiler found: CPU experts fall back to torch (slow)")
+    else:
+        attempts = [VARIANTS[variant]] + ([[]] if variant == "native" else [])
+        for flags in attempts:
+            try:
+                lib = _bind(ctypes.CDLL(str(_build(cc, flags))))
+                break
+            except (RuntimeError, OSError) as e:
+                log.warning("building CPU expert kernels with %s failed: %s", flags, e)
+    _loaded[variant] = lib
+    return lib

@@ -1,0 +1,81 @@
+"""Prefill: whole-layer double-buffered streaming.
+
+A long prompt routes to nearly every expert of every layer, so fetching on demand would
+stream the whole pool with the device idle. Instead, while layer l computes from its
+full expert set, the copy engine fills layer l+1's full set (no routing needed). The two
+"buffers" are borrowed from the one slot pool: a layer's experts already resident stay
+where they are, the rest take the least-recent slots, and everything stays an ordinary
+cache entry afterwards (what survives prefill serves decode). A streamed layer's slots are
+locked from its issue until its compute is done, so at most two layers are borrowed.
+
+Used when the cache can hold two whole layers and the step routes at least 2*E
+(token, expert) pairs (then ~86% of the layer's experts are expected to be used);
+otherwise, or when two layers cannot be freed (slots locked), the layer falls back to
+on-demand filling and never oversubscribes the cache.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .cache import ExpertCache
+
+
+class LayerStreamer:
+    def __init__(self, cache: ExpertCache, num_layers: int, num_experts: int):
+        self.cache, self.L, self.E = cache, num_layers, num_experts
+        self.issued: dict[int, tuple] = {}    # layer -> (job, slots[E], newly filled mask)
+
+    def worth_it(self, tokens: int, k: int) -> bool:
+        return self.cache.capacity >= 2 * self.E and tokens * k >= 2 * self.E
+
+    def issue(self, layer: int) -> bool:
+        """Start filling all of `layer`'s experts (locked until computed). False: no room."""
+        if layer in self.issued:
+            return True
+        if layer >= self.L:
+            return False
+        cache = self.cache
+        fids = np.arange(layer * self.E, (layer + 1) * self.E)
+        slots = cache.slot_of[fids]
+        have = slots >= 0
+        cache.touch(slots[have])
+        cache.lock(slots[have])
+        need = fids[~have]
+        cands = cache.candidates(len(need))
+        if len(cands) < len(need):
+            cache.unlock(slots[have])
+            return False
+        job = cache.install(need, cands)
+        slots[~have] = cands
+        self.issued[layer] = (job, slots, ~have)
+        return True
+
+    def _land(self, layer: int):
+        job, slots, new = self.issued.pop(layer)
+        if self.cache.pending[slots[~new]].any():     # an older background fill of this layer
+            self.cache.drain()
+        self.cache.ready(job, slots[new])
+        return job, slots, new
+
+    def forward(self, layer, hidden, flat, weights, device_run, stats):
+        """The layer's output from its streamed experts, or None to fall back to on-demand."""
+        if not self.issue(layer):
+            return None
+        self.issue(layer + 1)                       # the second buffer: overlaps this layer
+        job, slots, new = self._land(layer)
+        out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        device_run(self.cache.slot_of[flat], hidden, weights, out)
+        self.cache.unlock(slots)
+        n = int(new.sum())
+        routed = np.unique(flat)
+        was_hit = int((~new[routed - layer * self.E]).sum())
+        stats.add(layer, streamed_layers=1, fills=n, bytes_copied=n * self.cache.pool.expert_nbytes,
+                  hits=was_hit, misses=len(routed) - was_hit)
+        return out
+
+    def release_all(self) -> None:
+        """Drop prefetched layers that were not consumed (end of a forward, resize)."""
+        for layer in list(self.issued):
+            _, slots, _ = self._land(layer)
+            self.cache.unlock(slots)

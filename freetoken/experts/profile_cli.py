@@ -1,0 +1,160 @@
+"""`freetoken profile`: measure B_P and B_H on this machine for one expert format and write
+them to the bandwidth profile the runtime reads (see bandwidth.py).
+
+  B_P  host -> cache copies of whole expert rows (pinned when CUDA is present), 8 at a time
+  B_H  the CPU branch executing one decode token through 8 experts, in weight bytes/s
+  both also measured at the same time (they share the host memory system)
+
+The expert shapes and format come from --model's config.json (random rows of that exact
+layout: bandwidth depends on bytes and layout, not on values), or from --hidden etc.
+"""
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .bandwidth import DEFAULT_PROFILE, BandwidthProfile, device_id, format_id, machine_id, save_profile
+from .host_exec import make_host_executor
+from .pool import ExpertPool, ExpertSpec
+
+BATCH = 8
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("profile", help="measure expert copy (B_P) and CPU (B_H) bandwidth for q*",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model directory: take the expert shapes and format from its config.json")
+    p.add_argument("--out", default=str(DEFAULT_PROFILE), help=f"profile JSON to update (default {DEFAULT_PROFILE})")
+    p.add_argument("--device", default="auto", help="cache device: auto | cpu | cuda[:N]")
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--intermediate", type=int, default=768)
+    p.add_argument("--format", default="bf16", choices=["fp32", "bf16", "fp16", "mxfp4", "fp8", "int8"])
+    p.add_argument("--pool-gib", type=float, default=1.0, help="size of the test pool (larger than the caches)")
+    p.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
+    p.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: all physical cores)")
+    p.add_argument("--link-gbs", type=float, default=None, help="emulate a link of this speed (testing)")
+    p.set_defaults(func=main)
+
+
+def model_format(model_dir: str) -> tuple[int, int, str]:
+    from ..errors import CheckpointError
+    from ..weights.checkpoint import read_json
+    path = Path(model_dir) / "config.json"
+    cfg = read_json(path, "config.json")
+    cfg = cfg.get("text_config", cfg)
+    hidden = cfg.get("hidden_size")
+    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    if not hidden or not inter:
+        raise CheckpointError(f"{path}: needs hidden_size and moe_intermediate_size (or intermediate_size)")
+    quant = (cfg.get("quantization_config") or {}).get("quant_method", "")
+    if quant == "mxfp4":
+        return hidden, inter, "mxfp4"
+    if quant == "fp8":
+        return hidden, inter, "fp8"
+    dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
+    return hidden, inter, {"float32": "fp32", "float16": "fp16"}.get(dtype, "bf16")
+
+
+def synthetic_pool(hidden: int, inter: int, fmt: str, pool_gib: float) -> ExpertPool:
+    from .cpu import quantize_banks
+    one = quantize_banks(torch.randn(1, 2 * inter, hidden) * 0.02, torch.randn(1, hidden, inter) * 0.02, fmt)
+    per = sum(b.nbytes for b in one.values())
+    n = max(2 * BATCH, int(pool_gib * 2**30 // per))
+    banks = {k: v.expand(n, *v.shape[1:]).contiguous() for k, v in one.items()}   # real, distinct memory
+    spec = ExpertSpec(hidden, inter, fmt="float" if fmt in ("fp32", "bf16", "fp16") else fmt)
+    return ExpertPool(banks, 1, n, spec)
+
+
+def _timed(fn, seconds: float) -> tuple[int, float]:
+    calls, t0 = 0, time.perf_counter()
+    while True:
+        fn(calls)
+        calls += 1
+        dt = time.perf_counter() - t0
+        if dt >= seconds:
+            return calls, dt
+
+
+def measure(pool: ExpertPool, device: torch.device, seconds: float = 1.0, threads: int | None = None,
+            link_bytes_per_s: float | None = None) -> BandwidthProfile:
+    from .cache import ExpertCache
+    from .transfer import make_copy_engine
+    if device.type == "cuda":
+        pool.pin()
+    S, N = pool.expert_nbytes, pool.num_experts
+    cache = ExpertCache(pool, 2 * BATCH, device, make_copy_engine(device, link_bytes_per_s))
+    host = make_host_executor(pool, threads)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(N)
+    slots = np.arange(BATCH) % cache.capacity
+
+    def copy_batch(i):
+        ids = order[(i * BATCH + np.arange(BATCH)) % N]
+        cache.owner[:] = -1
+        cache.slot_of[:] = -1
+        job = cache.install(ids, slots)
+        cache.ready(job, slots)
+        cache.unlock(slots)
+        job.wait()
+
+    x = torch.randn(1, pool.spec.hidden)
+    w = torch.full((1, BATCH), 1.0 / BATCH)
+
+    def cpu_batch(i):
+        ids = torch.from_numpy(order[(i * BATCH + N // 2 + np.arange(BATCH)) % N]).view(1, BATCH)
+        host.run(x, ids, w)
+
+    copy_batch(0)
+    cpu_batch(0)
+    n, dt = _timed(copy_batch, seconds)
+    b_p = n * BATCH * S / dt
+    n, dt = _timed(cpu_batch, seconds)
+    b_h = n * BATCH * S / dt
+
+    stop, result = threading.Event(), {}
+
+    def copier():
+        k, t0 = 0, time.perf_counter()
+        while not stop.is_set():
+            copy_batch(k)
+            k += 1
+        result["b_p"] = k * BATCH * S / (time.perf_counter() - t0)
+
+    th = threading.Thread(target=copier)
+    th.start()
+    n, dt = _timed(cpu_batch, seconds)
+    stop.set()
+    th.join()
+    getattr(host, "close", lambda: None)()
+    cache.copy.close()
+    return BandwidthProfile(b_p=b_p, b_h=b_h, b_p_shared=result["b_p"], b_h_shared=n * BATCH * S / dt,
+                            machine=machine_id(), device=device_id(device), fmt=format_id(pool),
+                            expert_nbytes=S, threads=getattr(host, "num_threads", torch.get_num_threads()))
+
+
+def main(args) -> int:
+    hidden, inter, fmt = (model_format(args.model) if args.model
+                          else (args.hidden, args.intermediate, args.format))
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    pool = synthetic_pool(hidden, inter, fmt, args.pool_gib)
+    print(f"profiling {pool.num_experts} experts of {pool.expert_nbytes / 2**20:.2f} MiB ({fmt}, {hidden}x{inter}) "
+          f"on {device_id(device)} ...", flush=True)
+    prof = measure(pool, device, args.seconds, args.threads,
+                   args.link_gbs * 1e9 if args.link_gbs else None)
+    try:
+        from .membw import read_bandwidth
+        prof.read_bw = read_bandwidth(num_threads=args.threads)
+    except Exception:                      # the roofline is informative only
+        prof.read_bw = None
+    save_profile(args.out, prof)
+    print(f"B_P {prof.b_p / 1e9:.1f} GB/s alone, {prof.b_p_shared / 1e9:.1f} GB/s shared\n"
+          f"B_H {prof.b_h / 1e9:.1f} GB/s alone, CPU branch {prof.b_h_shared / 1e9:.1f} GB/s while copying\n"
+          + (f"host read bandwidth {prof.read_bw / 1e9:.1f} GB/s (B_H reaches {prof.b_h / prof.read_bw:.0%})\n"
+             if prof.read_bw else "")
+          + f"q*/m = {prof.b_p / prof.b_h:.2f}   written to {args.out} [{prof.key}]")
+    return 0

@@ -1,0 +1,34 @@
+"""`record_routing`: every step's routing (phase, step, layer, ids, weights) to a trace file
+in the simulator's format (sim/trace_format.py), around any experts backend."""
+from __future__ import annotations
+
+from .base import Experts
+
+
+class RoutingRecorder(Experts):
+    def __init__(self, inner: Experts, path: str, header: dict):
+        self.inner, self.path, self.header = inner, path, header
+        self.writer = None                       # opened at the first forward, when top-k is known
+        self.phase, self.step = "decode", -1
+
+    def begin_step(self, phase: str) -> None:
+        self.phase, self.step = phase, self.step + 1
+        self.inner.begin_step(phase)
+
+    def forward(self, layer, hidden, topk_ids, topk_weights):
+        if self.writer is None:
+            from ..sim.trace_format import TraceWriter
+            self.writer = TraceWriter(self.path, {**self.header, "top_k": int(topk_ids.shape[1])})
+        self.writer.write(self.phase, self.step, layer, topk_ids, topk_weights)
+        return self.inner.forward(layer, hidden, topk_ids, topk_weights)
+
+    def stats(self) -> dict:
+        return {**self.inner.stats(), "routing_trace": self.path}
+
+    def resize_cache(self, slots: int) -> None:
+        self.inner.resize_cache(slots)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.inner.close()

@@ -1,0 +1,59 @@
+"""Expert-memory counters, per MoE layer and in total (`llm.expert_stats()`)."""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+log = logging.getLogger("freetoken.experts")
+
+COUNTS = ("calls", "routed", "hits", "misses", "fills", "warm_fills", "cpu_experts",
+          "bytes_copied", "cpu_bytes", "streamed_layers")
+TIMES = ("fill_s", "cpu_s", "device_s", "wall_s")
+
+
+class ExpertStats:
+    def __init__(self, num_layers: int, backend: str, log_every_s: float = 60.0):
+        self.backend = backend
+        self.c = {k: np.zeros(num_layers, np.int64) for k in COUNTS}
+        self.t = {k: np.zeros(num_layers, np.float64) for k in TIMES}
+        self.q_sum = 0
+        self.m_sum = 0
+        self.steps = {"prefill": 0, "decode": 0}
+        self.log_every_s = log_every_s
+        self._last_log = time.monotonic()
+
+    def add(self, layer: int, **vals) -> None:
+        for k, v in vals.items():
+            (self.c if k in self.c else self.t)[k][layer] += v
+
+    def step(self, phase: str) -> None:
+        self.steps[phase] = self.steps.get(phase, 0) + 1
+        now = time.monotonic()
+        if self.log_every_s and now - self._last_log >= self.log_every_s:
+            self._last_log = now
+            tot = self.totals()
+            log.info("experts[%s]: hit rate %.1f%%, %d fills, %d cpu, %.2f GB copied, %.2f GB read by cpu",
+                     self.backend, 100 * tot["hit_rate"], tot["fills"], tot["cpu_experts"],
+                     tot["bytes_copied"] / 1e9, tot["cpu_bytes"] / 1e9)
+
+    def totals(self) -> dict:
+        out = {k: int(v.sum()) for k, v in self.c.items()}
+        out.update({k: float(v.sum()) for k, v in self.t.items()})
+        looked = out["hits"] + out["misses"]
+        out["hit_rate"] = out["hits"] / looked if looked else 0.0
+        out["mean_q"] = self.q_sum / max(1, self.c["calls"].sum())
+        out["fill_fraction"] = self.q_sum / self.m_sum if self.m_sum else 0.0
+        return out
+
+    def as_dict(self, **extra) -> dict:
+        per_layer = [{**{k: int(v[i]) for k, v in self.c.items()}, **{k: float(v[i]) for k, v in self.t.items()}}
+                     for i in range(len(self.c["calls"]))]
+        return {"backend": self.backend, "steps": dict(self.steps), "total": self.totals(),
+                "per_layer": per_layer, **extra}
+
+    def reset(self) -> None:
+        for v in (*self.c.values(), *self.t.values()):
+            v[:] = 0
+        self.q_sum = self.m_sum = 0

@@ -1,0 +1,275 @@
+"""The tiered backends: `offload` (fill every miss), `hybrid` (q* split) and `cpu`.
+
+One MoE layer of one step (`TieredExperts._forward_planned`):
+  1. deduplicate the routed experts, look them up: hits, in-flight, misses (planner.py)
+  2. lock + touch the hits (a step's hits are never its victims)
+  3. start the CPU branch on its worker thread: experts of C (and in-flight ones) run
+     from the host pool, residency untouched
+  4. the fill branch: take the least-recent candidates in one pass, install the fills and
+     start their copies; run the hits on the device meanwhile; when the copies land run
+     the fills. If fewer slots are free than fills, the fills go in waves.
+  5. sum the gate-weighted partial outputs (exact up to summation order)
+Each branch's time feeds the bandwidth estimator that sets the next q*.
+
+Prefill with many tokens streams whole layers instead (prefill.py).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from .bandwidth import BandwidthEstimator
+from .base import Experts
+from .cache import ExpertCache
+from .host_exec import make_host_executor
+from .planner import MissPlanner, SplitGuard
+from .pool import ExpertPool
+from .prefill import LayerStreamer
+from .stats import ExpertStats
+from .torch_exec import run_experts
+from .transfer import CopyEngine, make_copy_engine
+
+
+class CpuBranch:
+    """A persistent worker thread that runs the host executor beside the device branch."""
+
+    def __init__(self, executor):
+        self.executor = executor
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="freetoken-cpu-branch")
+
+    def run_here(self, x: torch.Tensor, ids: np.ndarray, w: torch.Tensor):
+        """(float32 [T,H] output, seconds) on the calling thread."""
+        t0 = time.perf_counter()
+        out = self.executor.run(x, torch.from_numpy(ids), w)
+        return out, time.perf_counter() - t0
+
+    def submit(self, x: torch.Tensor, ids: np.ndarray, w: torch.Tensor) -> Future:
+        return self._pool.submit(self.run_here, x, ids, w)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class TieredExperts(Experts):
+    def __init__(self, pool: ExpertPool, device: torch.device, slots: int, policy: str = "hybrid",
+                 host_executor=None, copy_engine: CopyEngine | None = None,
+                 estimator: BandwidthEstimator | None = None, stream_prefill: bool = True,
+                 device_executor=run_experts, guard: bool = True):
+        self.pool, self.spec, self.E = pool, pool.spec, pool.num_experts
+        self.device = torch.device(device)
+        # `slots` may be a callable: the size is then decided at the first step, once the
+        # engine has put its other weights (and KV cache) on the device.
+        self._size_later = slots if callable(slots) else None
+        self.cache = ExpertCache(pool, 0 if callable(slots) else slots, self.device,
+                                 copy_engine or make_copy_engine(self.device))
+        self.planner = MissPlanner(pool.num_layers * pool.num_experts, policy)
+        self.est = estimator or BandwidthEstimator.from_profile(None, self.device)
+        self.cpu = CpuBranch(host_executor or make_host_executor(pool))
+        self.run_device = device_executor
+        self.streamer = LayerStreamer(self.cache, pool.num_layers, pool.num_experts) if stream_prefill else None
+        self.stats_ = ExpertStats(pool.num_layers, policy)
+        self.S = pool.expert_nbytes
+        self.phase = "decode"
+        self.guard = SplitGuard() if guard and policy == "hybrid" else None
+        self._decode_policy: str | None = None       # None: the planner's own (q*)
+        self._step_s = 0.0                           # MoE seconds of the current step
+        self._fill_jobs: list = []          # (job, extra device seconds) awaiting their link time
+        self._host_device = self.device.type == "cpu"
+
+    # ---- Experts seam -------------------------------------------------------------------
+    def _ensure_sized(self) -> None:
+        if self._size_later is not None:
+            self.cache.resize(self._size_later())
+            self._size_later = None
+
+    def begin_step(self, phase: str) -> None:
+        self._ensure_sized()
+        if self.streamer is not None:
+            self.streamer.release_all()
+        if self.guard is not None and self.phase == "decode" and self._step_s > 0:
+            self.guard.record(self._step_s)
+        self._step_s = 0.0
+        if self.guard is not None and phase == "decode" and self.planner.fixed_q is None:
+            self._decode_policy = "offload" if self.guard.next_step() == "fill" else None
+        self.phase = phase
+        self.stats_.step(phase)
+        self.planner.end_step()
+        self._harvest()
+
+    def forward(self, layer, hidden, topk_ids, topk_weights):
+        t0 = time.perf_counter()
+        self._ensure_sized()
+        self._harvest()
+        T, K = topk_ids.shape
+        flat = topk_ids.to("cpu", torch.int64).numpy() + layer * self.E
+        out = None
+        if self.phase == "prefill" and self.streamer is not None and self.streamer.worth_it(T, K):
+            out = self.streamer.forward(layer, hidden, flat, topk_weights, self._device_run, self.stats_)
+        if out is None:
+            out = self._forward_planned(layer, hidden, flat, topk_weights)
+        dt = time.perf_counter() - t0
+        self._step_s += dt
+        self.stats_.add(layer, calls=1, routed=T * K, wall_s=dt)
+        return out.to(hidden.dtype)
+
+    def stats(self) -> dict:
+        c = self.cache
+        return self.stats_.as_dict(cache={"slots": c.capacity, "resident": c.resident, "evictions": c.evictions,
+                                          "expert_nbytes": self.S, "gib": c.capacity * self.S / 2**30},
+                                   bandwidth=self.est.snapshot(), policy=self.planner.policy,
+                                   guard=None if self.guard is None else {
+                                       "winner": self.guard.winner, "switches": self.guard.switches,
+                                       "fill_steps": self.guard.fill_steps})
+
+    def resize_cache(self, slots: int) -> None:
+        """Elastic memory: rebuild the cache with `slots` slots at a safe point (between steps)."""
+        if self.streamer is not None:
+            self.streamer.release_all()
+        self.cache.resize(slots)
+
+    def close(self) -> None:
+        if self.streamer is not None:
+            self.streamer.release_all()
+        self.cache.drain()
+        self.cpu.close()
+        self.cache.copy.close()
+        getattr(self.cpu.executor, "close", lambda: None)()
+
+    # ---- one layer ----------------------------------------------------------------------
+    def _device_run(self, slot_ids: np.ndarray, hidden, weights, out) -> None:
+        ids = torch.from_numpy(slot_ids).to(self.device, non_blocking=True)
+        self.run_device(self.cache.banks, self.spec, ids, hidden, weights, out=out)
+
+    def _forward_planned(self, layer, hidden, flat, weights):
+        cache, S = self.cache, self.S
+        uniq, inv, counts = np.unique(flat, return_inverse=True, return_counts=True)
+        inv = inv.reshape(flat.shape)
+        slots = cache.slot_of[uniq]
+        resident = slots >= 0
+        inflight = np.zeros(len(uniq), bool)
+        inflight[resident] = cache.pending[slots[resident]]
+        hit = resident & ~inflight
+        miss = np.flatnonzero(~resident)
+        decode = self.phase != "prefill"
+        plan = self.planner.plan(uniq[miss], counts[miss], self.est.b_p, self.est.b_h,
+                                 link_busy=cache.link_busy(),
+                                 policy=self._decode_policy if decode else self._prefill_policy())
+        self.planner.record(uniq)
+
+        hit_slots = slots[hit]
+        cache.touch(hit_slots)
+        cache.lock(hit_slots)
+        fill = plan.fill
+        cands = cache.candidates(len(fill) if len(fill) else len(plan.warm))
+        warm = plan.warm if len(cands) else plan.warm[:0]
+        overflow = fill if len(cands) == 0 else fill[:0]     # no evictable slot at all: run on the CPU
+        if len(overflow):
+            fill = fill[:0]
+        cpu_ids = np.concatenate([plan.cpu, plan.warm, uniq[inflight], overflow])
+
+        # The CPU branch starts first, on its worker thread, so it runs while this thread copies
+        # and computes the device branch (the device executor may block this thread: on a
+        # host-memory device it computes here; torch_exec syncs to read expert ids).
+        fut = None
+        if len(cpu_ids):
+            on_cpu = np.zeros(len(uniq), bool)
+            on_cpu[np.searchsorted(uniq, cpu_ids)] = True
+            fut = self.cpu.submit(hidden.to("cpu"), np.where(on_cpu[inv], flat, -1), weights.to("cpu"))
+        if len(warm):
+            cache.install(warm, cands[:1], background=True)
+
+        out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        slot_u = np.full(len(uniq), -1, np.int64)
+        job, wave, wave_slots = None, fill[:0], cands[:0]
+        t_fill = time.perf_counter()
+        if len(fill):
+            wave, wave_slots, fill = fill[:len(cands)], cands[:len(fill)], fill[len(cands):]
+            job = cache.install(wave, wave_slots)
+        t_dev = time.perf_counter()
+        if hit.any():
+            slot_u[hit] = hit_slots
+            self._device_run(slot_u[inv], hidden, weights, out)
+        dev_s = hits_s = time.perf_counter() - t_dev
+        n_filled = 0
+        while len(wave):
+            cache.ready(job, wave_slots)                    # waits for the link (host tier)
+            t_w = time.perf_counter()
+            slot_u[:] = -1
+            slot_u[np.searchsorted(uniq, wave)] = wave_slots
+            self._device_run(slot_u[inv], hidden, weights, out)
+            cache.unlock(wave_slots)
+            wave_dev = time.perf_counter() - t_w
+            dev_s += wave_dev
+            self._fill_jobs.append((job, wave_dev if self._host_device else 0.0))
+            n_filled += len(wave)
+            if not len(fill):
+                break
+            cands = cache.candidates(len(fill))
+            wave, wave_slots, fill = fill[:len(cands)], cands, fill[len(cands):]
+            job = cache.install(wave, wave_slots)
+        cache.unlock(hit_slots)
+        fill_s = time.perf_counter() - t_fill - hits_s if n_filled else 0.0
+
+        cpu_s = 0.0
+        if fut is not None:
+            cpu_out, cpu_s = fut.result()
+            out.add_(cpu_out.to(out.device))
+            self.est.observe_cpu(len(cpu_ids) * S, cpu_s)
+        self._harvest()
+
+        st = self.stats_
+        st.add(layer, hits=int(hit.sum()), misses=len(uniq) - int(hit.sum()), fills=n_filled,
+               warm_fills=len(warm), cpu_experts=len(cpu_ids), bytes_copied=(n_filled + len(warm)) * S,
+               cpu_bytes=len(cpu_ids) * S, cpu_s=cpu_s, device_s=dev_s, fill_s=fill_s)
+        if decode:
+            st.q_sum += n_filled
+            st.m_sum += plan.m
+        return out
+
+    def _prefill_policy(self) -> str:
+        # Prefill on demand (the cache cannot free two layers, or few tokens): the device does
+        # the token-heavy work, so every miss fills unless this backend never fills.
+        return "cpu" if self.planner.policy == "cpu" else "offload"
+
+    def _harvest(self) -> None:
+        for job in self.cache.poll():
+            self.est.observe_fill(job.nbytes, job.seconds)
+        still = []
+        for job, extra in self._fill_jobs:
+            if job.done():
+                self.est.observe_fill(job.nbytes, (job.seconds or 0.0) + extra)
+            else:
+                still.append((job, extra))
+        self._fill_jobs = still
+
+
+class CpuExperts(Experts):
+    """`cpu`: every routed expert runs on the CPU from the host pool (also the path when the
+    pool cannot be pinned); only activations cross to and from the device."""
+
+    def __init__(self, pool: ExpertPool, device: torch.device, host_executor=None):
+        self.pool, self.E, self.device = pool, pool.num_experts, torch.device(device)
+        self.host = host_executor or make_host_executor(pool)
+        self.stats_ = ExpertStats(pool.num_layers, "cpu")
+
+    def begin_step(self, phase: str) -> None:
+        self.stats_.step(phase)
+
+    def forward(self, layer, hidden, topk_ids, topk_weights):
+        t0 = time.perf_counter()
+        ids = topk_ids.to("cpu", torch.int64) + layer * self.E
+        out = self.host.run(hidden.to("cpu"), ids, topk_weights.to("cpu"))
+        n = int(torch.unique(ids).numel())
+        dt = time.perf_counter() - t0
+        self.stats_.add(layer, calls=1, routed=ids.numel(), misses=n, cpu_experts=n,
+                        cpu_bytes=n * self.pool.expert_nbytes, cpu_s=dt, wall_s=dt)
+        return out.to(hidden.device, hidden.dtype)
+
+    def stats(self) -> dict:
+        return self.stats_.as_dict()
+
+    def close(self) -> None:
+        getattr(self.host, "close", lambda: None)()

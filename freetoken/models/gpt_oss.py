@@ -1,0 +1,199 @@
+"""gpt-oss: alternating sliding-window and full attention, both with learned sinks and
+q/k/v/o biases; YaRN rope; router with bias, softmax over the top-k logits; experts with
+biases and a clamped SwiGLU, shipped as MXFP4 (kept packed in the expert pool).
+
+Full-attention layers keep paged KV. Sliding-window layers keep only the last `window`
+keys/values of each sequence in its `SlidingWindowKV` state (a ring buffer), so their
+memory is bounded and the state snapshots/restores like a recurrent one."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..experts.factory import build_experts
+from ..experts.pool import ExpertSpec, PoolBuilder
+from ..layers.moe import SparseMoE
+from ..layers.sinks import paged_attention_sinks, window_attention_sinks
+from ..layers.state import SequenceState, SlidingWindowKV, check_positions
+from .context import ForwardContext
+from .decoder import ArchSpec, Attention, MoECausalLM
+
+
+class RMSNormF32:
+    """gpt-oss keeps norm weights in float32 and multiplies before casting back."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        self.weight, self.eps = weight.float(), eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        return (self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+
+
+class SinkAttention(Attention):
+    def __init__(self, ck, p, hf, arch, dtype, device, rotary, window):
+        super().__init__(ck, p, hf, arch, dtype, device, rotary, window)
+        self.sinks = ck.get_float(f"{p}.sinks", (self.heads,)).to(device)
+
+    def project(self, x, cos, sin):
+        n = x.shape[0]
+        q, k, v = F.linear(x, self.qkv, self.qkv_bias).split(self.splits, dim=-1)
+        q = self.rotary.apply(q.reshape(n, self.heads, self.head_dim), cos, sin)
+        k = self.rotary.apply(k.reshape(n, self.kv_heads, self.head_dim), cos, sin)
+        return q, k, v.reshape(n, self.kv_heads, self.head_dim)
+
+    def __call__(self, x, cos, sin, cache, meta):
+        q, k, v = self.project(x, cos, sin)
+        o = paged_attention_sinks(q, k, v, cache, meta, self.scale, self.sinks)
+        return F.linear(o.reshape(x.shape[0], -1), self.o, self.o_bias)
+
+    def windowed(self, x, cos, sin, positions, ctx: ForwardContext, slot: int):
+        q, k, v = self.project(x, cos, sin)
+        out = torch.empty_like(q)
+        start = 0
+        for st, n in zip(ctx.states, ctx.query_lens):
+            if n:
+                sw, sl = st.parts["window"], slice(start, start + n)
+                pk, pv, pp = sw.cached(slot, sw.position)
+                out[sl] = window_attention_sinks(q[sl], k[sl], v[sl], positions[sl], pk, pv, pp,
+                                                 self.scale, self.sinks, self.window)
+                sw.write(slot, sw.position, k[sl], v[sl])
+            start += n
+        return F.linear(out.reshape(x.shape[0], -1), self.o, self.o_bias)
+
+
+class GptOssLayer:
+    def __init__(self, attn: SinkAttention, window_slot: int | None, mlp, input_norm, post_norm):
+        self.attn, self.slot, self.mlp, self.input_norm, self.post_norm = attn, window_slot, mlp, input_norm, post_norm
+
+    def __call__(self, idx, x, cos, sin, ctx: ForwardContext, positions=None):
+        h = self.input_norm(x)
+        if self.slot is None:
+            h = self.attn(h, cos, sin, ctx.kv[idx], ctx.attn)
+        else:
+            h = self.attn.windowed(h, cos, sin, positions, ctx, self.slot)
+        h = x + h
+        return h + self.mlp(self.post_norm(h))
+
+
+class GptOssForCausalLM(MoECausalLM):
+    arch = ArchSpec(attn_bias_default=True, router_name="router")
+
+    def __init__(self, ck, cfg, max_len: int):
+        super().__init__(ck, cfg, max_len)
+        self.norm = RMSNormF32(self.norm.weight, self.eps)
+
+    @property
+    def window_layers(self) -> list[int]:
+        return [i for i in range(self.num_layers) if self.sliding_window(i)]
+
+    def kv_layers(self):
+        return [(i, self.kv_heads, self.head_dim) for i in range(self.num_layers) if not self.sliding_window(i)]
+
+    def make_state(self) -> SequenceState:
+        layers = self.window_layers
+        if not layers:
+            return SequenceState()
+        w = self.sliding_window(layers[0])
+        return SequenceState({"window": SlidingWindowKV(len(layers), w, self.kv_heads, self.head_dim,
+                                                        self.dtype, self.device)})
+
+    def expert_intermediate(self) -> int:
+        return self.hf.req("intermediate_size")
+
+    def _load_experts(self, ck):
+        """Fused [E, H, 2I] float experts (gate/up interleaved on the last dim) or MXFP4
+        `*_blocks`/`*_scales` [E, out, in/32, (16)]; both become gate-rows-then-up-rows banks.
+        MXFP4 rows are only permuted, never dequantized."""
+        e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
+        p0 = f"model.layers.{self.moe_layers[0]}.mlp.experts"
+        fmt = "mxfp4" if ck.has(f"{p0}.gate_up_proj_blocks") else "float"
+        spec = ExpertSpec(hidden=h, intermediate=inter, fmt=fmt, activation="swiglu_oai",
+                          alpha=float(self.hf.get("swiglu_alpha", 1.702)),
+                          limit=float(self.hf.get("swiglu_limit", 7.0)))
+        b = PoolBuilder(len(self.moe_layers), e, spec)
+        deinterleave = lambda t: torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)  # noqa: E731
+        for m, i in enumerate(self.moe_layers):
+            p = f"model.layers.{i}.mlp.experts"
+            if fmt == "mxfp4":
+                for name, out, inn in (("gate_up", 2 * inter, h), ("down", h, inter)):
+                    blocks = ck.get(f"{p}.{name}_proj_blocks", (e, out, inn // 32, 16))
+                    scales = ck.get(f"{p}.{name}_proj_scales", (e, out, inn // 32))
+                    if name == "gate_up":
+                        blocks, scales = deinterleave(blocks), deinterleave(scales)
+                    b.put_layer(f"{name}_blocks", m, blocks, torch.uint8)
+                    b.put_layer(f"{name}_scales", m, scales, torch.uint8)
+            else:
+                gu = ck.get_float(f"{p}.gate_up_proj", (e, h, 2 * inter), self.dtype).transpose(1, 2)
+                b.put_layer("gate_up", m, deinterleave(gu), self.dtype)
+                dn = ck.get_float(f"{p}.down_proj", (e, inter, h), self.dtype).transpose(1, 2)
+                b.put_layer("down", m, dn, self.dtype)
+            b.put_layer("gate_up_bias", m, deinterleave(ck.get_float(f"{p}.gate_up_proj_bias", (e, 2 * inter))),
+                        torch.float32)
+            b.put_layer("down_bias", m, ck.get_float(f"{p}.down_proj_bias", (e, h)), torch.float32)
+        self.pool = b.build()
+        self.pool.pin()
+        return build_experts(self.pool, self.cfg, self.device)
+
+    def _load_moe(self, ck, i: int):
+        p = f"model.layers.{i}.mlp.router"
+        e = self.num_experts()
+        return SparseMoE(self.moe_layers.index(i), self._w(ck, f"{p}.weight", (e, self.hidden)), self.experts,
+                         self.top_k(), False, router_bias=self._w(ck, f"{p}.bias", (e,)), softmax_after_topk=True)
+
+    def _load_layer(self, ck, i: int):
+        p = f"model.layers.{i}"
+        window = self.sliding_window(i)
+        attn = SinkAttention(ck, f"{p}.self_attn", self.hf, self.arch, self.dtype, self.device, self.rotary, window)
+        slot = self.window_layers.index(i) if window else None
+        norms = [RMSNormF32(ck.get_float(f"{p}.{n}.weight", (self.hidden,)).to(self.device), self.eps)
+                 for n in ("input_layernorm", "post_attention_layernorm")]
+        return GptOssLayer(attn, slot, self._load_moe(ck, i), *norms)
+
+    def forward(self, input_ids, positions, ctx: ForwardContext):
+        check_positions(ctx.states, ctx.query_lens, positions)
+        self.experts.begin_step(ctx.phase)
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = self.rotary.tables(positions)
+        for i, layer in enumerate(self.layers):
+            x = layer(i, x, cos, sin, ctx, positions)
+        for st, n in zip(ctx.states, ctx.query_lens):
+            st.advance(n)
+        return self.norm(x)
+
+
+def quantize_checkpoint_experts(model_dir) -> None:
+    """Rewrite a float gpt-oss checkpoint's experts as MXFP4 `*_blocks`/`*_scales`, the layout
+    OpenAI ships (used by make-tiny; transformers reads it back by dequantizing)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from ..weights.mxfp4 import quantize_mxfp4
+
+    d = Path(model_dir)
+    files = sorted(d.glob("*.safetensors"))
+    for f in files:
+        out = {}
+        for name, t in load_file(str(f)).items():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                out[name + "_blocks"], out[name + "_scales"] = quantize_mxfp4(t.transpose(1, 2).contiguous())
+            else:
+                out[name] = t
+        save_file(out, str(f), metadata={"format": "pt"})
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        data = json.loads(index.read_text())
+        wm = {}
+        for name, shard in data["weight_map"].items():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                wm[name + "_blocks"] = wm[name + "_scales"] = shard
+            else:
+                wm[name] = shard
+        data["weight_map"] = wm
+        index.write_text(json.dumps(data, indent=2))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -1,0 +1,51 @@
+"""Qwen3.5 / Qwen3.6 MoE: Qwen3-Next's hybrid layout with separate in_proj_qkv/z/b/a,
+every layer MoE, top-k always renormalised. Also reads the text part of
+`Qwen3_5MoeForConditionalGeneration` checkpoints (config under `text_config`, weights
+under `model.language_model.*`; `model.visual.*` and `mtp.*` are never read). For text
+the multimodal rope (mrope) gives every section the same position, i.e. plain rope."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .qwen3_next import Qwen3NextForCausalLM
+
+
+class LanguageModelView:
+    """A checkpoint seen through its language model: `model.X` reads `model.language_model.X`."""
+
+    def __init__(self, ck):
+        self._ck, self.dir = ck, ck.dir
+        text = dict(ck.config["text_config"])
+        for k in ("tie_word_embeddings",):
+            if k not in text and k in ck.config:
+                text[k] = ck.config[k]
+        self.config = text
+
+    def _name(self, name: str) -> str:
+        return "model.language_model." + name[6:] if name.startswith("model.") else name
+
+    def has(self, name):
+        return self._ck.has(self._name(name))
+
+    def get(self, name, shape=None):
+        return self._ck.get(self._name(name), shape)
+
+    def get_float(self, name, shape=None, dtype=torch.float32):
+        return self._ck.get_float(self._name(name), shape, dtype)
+
+    def names(self):
+        return self._ck.names()
+
+    def close(self):
+        self._ck.close()
+
+
+class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
+    arch = replace(Qwen3NextForCausalLM.arch, always_norm_topk=True)
+
+    def __init__(self, ck, cfg, max_len: int):
+        if isinstance(ck.config.get("text_config"), dict):
+            ck = LanguageModelView(ck)
+        super().__init__(ck, cfg, max_len)

@@ -1,0 +1,1 @@
+"""HTTP serving: OpenAI and Anthropic adapters over one neutral generation layer."""

@@ -1,0 +1,115 @@
+"""The FastAPI application: routes of both adapters, API key, protocol-shaped errors,
+health and metrics. The engine thread starts and stops with the app's lifespan."""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import anthropic_api, openai_api, openai_responses
+from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
+from .generation import GenerationService
+from .server_state import AppState, Settings
+
+log = logging.getLogger("freetoken.server")
+
+OPEN_PATHS = {"/health", "/api/hello"}
+
+
+def _key_from(request: Request) -> str | None:
+    key = request.headers.get("x-api-key") or request.headers.get("api-key")
+    if key:
+        return key
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return None
+
+
+class APIKeyMiddleware:
+    """Plain ASGI (so streaming and disconnects pass straight through)."""
+
+    def __init__(self, app, key: str, metrics):
+        self.app, self.key, self.metrics = app, key.encode(), metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            key = _key_from(Request(scope))
+            if key is None or not hmac.compare_digest(key.encode(), self.key):
+                self.metrics.http_errors.labels("401").inc()
+                resp = error_response(Unauthorized(
+                    "invalid or missing API key: send it as 'Authorization: Bearer KEY' or "
+                    "'x-api-key: KEY'"), scope["path"])
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+def create_app(svc: GenerationService, settings: Settings, *, manage_engine: bool = True) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if manage_engine:
+            svc.start()
+        try:
+            yield
+        finally:
+            if manage_engine:
+                svc.stop()
+
+    app = FastAPI(title="FreeToken", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.freetoken = AppState(svc, settings)
+
+    if settings.api_key:
+        app.add_middleware(APIKeyMiddleware, key=settings.api_key, metrics=svc.metrics)
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError):
+        svc.metrics.http_errors.labels(str(exc.status)).inc()
+        if exc.status >= 500:
+            log.error("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+        else:
+            log.info("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+        return error_response(exc, request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        return await api_error(request, BadRequest(str(exc.errors()[:1])))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 404:
+            err = NotFound(f"no route {request.method} {request.url.path}")
+        else:
+            err = APIError(str(exc.detail), status=exc.status_code)
+        return await api_error(request, err)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        log.exception("%s %s failed", request.method, request.url.path)
+        return await api_error(request, APIError(f"internal error: {type(exc).__name__}: {exc}",
+                                                 status=500))
+
+    @app.get("/health")
+    async def health():
+        loop = svc.loop
+        ok = loop.thread.is_alive()
+        return JSONResponse({"status": "ok" if ok else "engine stopped", "model": settings.model_names[0],
+                             "running": loop.n_running, "waiting": loop.n_waiting},
+                            status_code=200 if ok else 503)
+
+    @app.api_route("/api/hello", methods=["GET", "HEAD"])
+    async def hello():
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    for r in (openai_api.router, openai_responses.router, anthropic_api.router):
+        app.include_router(r)
+    return app

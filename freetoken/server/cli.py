@@ -1,0 +1,231 @@
+"""`freetoken serve` and `freetoken launch`; `register(subparsers)` is called by freetoken.cli."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger("freetoken.server")
+
+DEMO_ARCH = "qwen3_moe"
+DEMO_CONTEXT = 131072     # agent prompts are 20-50k tokens with the demo's small vocabulary
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    try:
+        from freetoken.cli import _add_engine_args
+        _add_engine_args(p)
+    except ImportError:
+        p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+        p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other engine option (see freetoken/config.py), e.g. kv_cache_gib=2")
+
+
+def _engine_options(args) -> dict:
+    try:
+        from freetoken.cli import engine_options
+        opts = engine_options(args)
+    except ImportError:
+        opts = {"dtype": args.dtype, "max_model_len": args.max_model_len}
+    for kv in args.engine_option:
+        k, _, v = kv.partition("=")
+        try:
+            opts[k.strip().replace("-", "_")] = json.loads(v)
+        except ValueError:
+            opts[k.strip().replace("-", "_")] = v
+    opts["max_num_seqs"] = args.max_running_requests
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def register(subparsers) -> None:
+    s = subparsers.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server",
+                              description="Serve a model over OpenAI (/v1/chat/completions, "
+                              "/v1/completions, /v1/responses, /v1/models) and Anthropic "
+                              "(/v1/messages) APIs. Without --model: a random-weight demo model.")
+    s.add_argument("--model", default=None, help="checkpoint directory (default: random-weight demo)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--served-model-name", default=None,
+                   help="model id(s) clients use, comma-separated; the first is the main one")
+    s.add_argument("--api-key", default=os.environ.get("FREETOKEN_API_KEY"),
+                   help="require this key (Authorization: Bearer or x-api-key) on every route but "
+                   "/health (default: $FREETOKEN_API_KEY)")
+    s.add_argument("--max-running-requests", type=int, default=16,
+                   help="requests decoded together by the engine")
+    s.add_argument("--max-waiting-requests", type=int, default=256,
+                   help="queued requests beyond that get 429 with Retry-After")
+    s.add_argument("--model-match", default="auto", choices=["auto", "strict", "any"],
+                   help="unknown model ids: auto = 404 on OpenAI routes, mapped to the served "
+                   "model on Anthropic routes (claude-*); strict = 404 everywhere; any = map all")
+    s.add_argument("--max-tokens-cap", type=int, default=None,
+                   help="upper bound on any request's output tokens")
+    s.add_argument("--strict-max-tokens", action="store_true",
+                   help="reject max_tokens above the room left in the context window (default: "
+                   "lower it to fit, as agents send 32k-128k)")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _engine_args(s)
+    s.set_defaults(func=cmd_serve)
+
+    la = subparsers.add_parser(
+        "launch", help="configure and start an agent CLI against a running server",
+        usage="freetoken launch {claude,opencode,openclaw} [--server URL] [--model ID] [--api-key KEY] "
+              "[--config-dir DIR] [--dry-run] [-- AGENT ARGS...]",
+        description="Write the agent's provider configuration for a running FreeToken server and "
+                    "start the agent with it. Arguments after -- go to the agent.",
+        epilog=launch_parser().format_help().split("\n", 2)[-1],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    la.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    la.set_defaults(func=cmd_launch)
+
+
+def demo_model_dir() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "freetoken"
+    return cache / f"demo-{DEMO_ARCH}-ctx{DEMO_CONTEXT}"
+
+
+def ensure_demo_model() -> Path:
+    d = demo_model_dir()
+    if not (d / "config.json").is_file() or not (d / "tokenizer.json").is_file():
+        from freetoken.tiny import make_tiny
+        log.warning("building the random-weight demo model in %s", d)
+        make_tiny(DEMO_ARCH, d, dtype="float32", max_position_embeddings=DEMO_CONTEXT)
+    return d
+
+
+def architecture_of(model_dir: str | Path) -> str | None:
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    archs = cfg.get("architectures") or []
+    return archs[0] if archs else None
+
+
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def sampling_defaults(model_dir: str | Path) -> dict:
+    """The checkpoint's recommended sampling (generation_config.json), for requests that
+    leave a field out."""
+    try:
+        cfg = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if cfg.get("do_sample") is False:
+        return {"temperature": 0.0}
+    return {k: cfg[k] for k in GENERATION_DEFAULTS if isinstance(cfg.get(k), (int, float))}
+
+
+def build(args):
+    """The engine, service and app for `serve` args (tests call this too)."""
+    from freetoken import LLM
+
+    from .app import create_app
+    from .generation import GenerationService
+    from .server_state import Settings
+
+    model = args.model
+    demo = model is None
+    if demo:
+        model = str(ensure_demo_model())
+        if args.dtype == "bfloat16":
+            args.dtype = "float32"
+    opts = _engine_options(args)
+    if demo:
+        opts.setdefault("max_model_len", DEMO_CONTEXT)
+        opts.setdefault("kv_cache_gib", 0.5)
+    llm = LLM(model, **opts)
+    names = [n.strip() for n in (args.served_model_name or "").split(",") if n.strip()]
+    if not names:
+        names = ["freetoken-demo"] if demo else [Path(model).resolve().name]
+    svc = GenerationService(llm.engine, model_name=names[0], architecture=architecture_of(model),
+                            max_running=args.max_running_requests,
+                            max_waiting=args.max_waiting_requests,
+                            max_tokens_cap=args.max_tokens_cap,
+                            strict_max_tokens=args.strict_max_tokens,
+                            sampling_defaults=sampling_defaults(model))
+    if svc.sampling_defaults:
+        log.info("sampling defaults from generation_config.json: %s", svc.sampling_defaults)
+    app = create_app(svc, Settings(model_names=names, api_key=args.api_key,
+                                   model_match=args.model_match))
+    return llm, svc, app, demo, model
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("freetoken").setLevel(args.log_level.upper())
+    llm, svc, app, demo, model = build(args)
+    if demo:
+        log.warning("NO --model GIVEN: serving a RANDOM-WEIGHT DEMO model (%s, built in %s). "
+                    "Its output is gibberish; pass --model DIR to serve a real checkpoint.",
+                    DEMO_ARCH, model)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None):
+            await super().startup(sockets)
+            if self.should_exit:
+                return
+            port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port
+            url = f"http://{args.host}:{port}"
+            log.warning("FreeToken ready on %s  model=%s%s  (OpenAI base URL %s/v1, Anthropic base "
+                        "URL %s)", url, svc.model_name, " [random-weight demo]" if demo else "",
+                        url, url)
+            print(f"READY {url}", flush=True)
+
+        def handle_exit(self, sig, frame):
+            super().handle_exit(sig, frame)
+            log.warning("signal %d: finishing in-flight requests, then stopping", sig)
+            self._captured_signals.clear()   # a graceful stop exits 0 after our own cleanup
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            timeout_graceful_shutdown=10, access_log=args.log_level == "debug")
+    server = Server(config)
+    try:
+        server.run()
+    finally:
+        llm.close()
+    log.warning("FreeToken server stopped")
+    return 0
+
+
+def launch_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="freetoken launch")
+    p.add_argument("agent", choices=["claude", "opencode", "openclaw"])
+    p.add_argument("--server", default="http://127.0.0.1:8000", help="the FreeToken server URL")
+    p.add_argument("--model", default=None, help="model id (default: the server's first model)")
+    p.add_argument("--api-key", default=os.environ.get("FREETOKEN_API_KEY"))
+    p.add_argument("--config-dir", default=None, help="where to write the agent config "
+                   "(default: ~/.config/freetoken/agents)")
+    p.add_argument("--dry-run", action="store_true", help="print the config and command; run nothing")
+    return p
+
+
+def cmd_launch(args) -> int:
+    from .launch import launch
+    rest = list(args.rest)
+    agent_args = []
+    if "--" in rest:
+        i = rest.index("--")
+        rest, agent_args = rest[:i], rest[i + 1:]
+    largs = launch_parser().parse_args(rest)
+    largs.agent_args = agent_args
+    return launch(largs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m freetoken.server.cli serve ...` (the same as `freetoken serve ...`)."""
+    p = argparse.ArgumentParser(prog="freetoken")
+    register(p.add_subparsers(dest="command", required=True))
+    args = p.parse_args(argv)
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

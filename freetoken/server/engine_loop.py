@@ -1,0 +1,184 @@
+"""The single thread that owns the engine (LLMEngine is not thread-safe).
+
+It admits queued requests up to `max_running`, steps the engine (continuous batching:
+every running request advances together) and hands each StepOutput to the asyncio side.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from .errors import Overloaded
+from .metrics import Metrics
+
+log = logging.getLogger("freetoken.server")
+
+
+@dataclass
+class Job:
+    request_id: str
+    prompt_ids: list[int]
+    params: object
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
+    submitted: float = field(default_factory=time.monotonic)
+
+    def push(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (shutdown)
+            pass
+
+
+class EngineLoop:
+    """The single thread that talks to the engine."""
+
+    def __init__(self, engine, max_running: int, max_waiting: int, metrics: Metrics):
+        self.engine = engine
+        self.max_running = max_running
+        self.max_waiting = max_waiting
+        self.metrics = metrics
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.waiting: collections.deque[Job] = collections.deque()
+        self.running: dict[str, Job] = {}
+        self.lock = threading.Lock()
+        self.n_waiting = 0
+        self.n_running = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="freetoken-engine", daemon=True)
+        self.stats_every = 1.0
+        self._stats_at = 0.0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.stopping.set()
+        self.commands.put(("wake", None))
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        with self.lock:
+            if self.stopping.is_set():
+                raise Overloaded("the server is shutting down", status=503, retry_after=5)
+            if self.n_running + self.n_waiting >= self.max_running + self.max_waiting:
+                raise Overloaded(f"server busy: {self.n_running} running and {self.n_waiting} "
+                                 f"waiting requests; retry later", status=429, retry_after=1)
+            self.n_waiting += 1
+        self._gauges()
+        self.commands.put(("add", job))
+
+    def abort(self, request_id: str) -> None:
+        self.commands.put(("abort", request_id))
+
+    def _gauges(self) -> None:
+        self.metrics.running.set(self.n_running)
+        self.metrics.waiting.set(self.n_waiting)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            cmd = self.commands.get(timeout=0.05) if block else self.commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            kind, arg = cmd
+            if kind == "add":
+                self.waiting.append(arg)
+            elif kind == "abort":
+                self._abort(arg)
+            try:
+                cmd = self.commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _abort(self, request_id: str) -> None:
+        for job in self.waiting:
+            if job.request_id == request_id:
+                self.waiting.remove(job)
+                with self.lock:
+                    self.n_waiting -= 1
+                job.push(_aborted(job))
+                return
+        if request_id in self.running:
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:
+                log.exception("abort_request(%s) failed", request_id)
+
+    def _admit(self) -> None:
+        while self.waiting and self.n_running < self.max_running:
+            job = self.waiting.popleft()
+            with self.lock:
+                self.n_waiting -= 1
+            try:
+                self.engine.add_request(job.request_id, job.prompt_ids, job.params)
+            except Exception as e:  # noqa: BLE001 - reported to that request only
+                job.push(e)
+                continue
+            with self.lock:
+                self.n_running += 1
+            self.running[job.request_id] = job
+
+    def _snapshot_stats(self) -> None:
+        """Copy the engine's expert statistics for /metrics (only this thread calls it)."""
+        now = time.monotonic()
+        stats = getattr(self.engine, "expert_stats", None)
+        if stats is None or now - self._stats_at < self.stats_every:
+            return
+        self._stats_at = now
+        try:
+            self.metrics.engine_stats = stats() or {}
+        except Exception:  # noqa: BLE001 - statistics must never stop serving
+            log.exception("expert_stats() failed")
+            self.stats_every = float("inf")
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self._iteration()
+            except Exception as e:  # noqa: BLE001 - the engine thread must not die
+                log.exception("engine step failed; failing %d running requests", len(self.running))
+                self._fail_running(e)
+        for job in list(self.running.values()) + list(self.waiting):
+            job.push(Overloaded("the server is shutting down", status=503))
+
+    def _iteration(self) -> None:
+        self._drain(block=not self.running and not self.waiting)
+        self._admit()
+        self._gauges()
+        self._snapshot_stats()
+        if not self.running:
+            return
+        for out in self.engine.step():
+            job = self.running.get(out.request_id)
+            if job is None:
+                continue
+            job.push(out)
+            if out.finished:
+                del self.running[out.request_id]
+                with self.lock:
+                    self.n_running -= 1
+
+    def _fail_running(self, e: Exception) -> None:
+        for rid, job in list(self.running.items()):
+            try:
+                self.engine.abort_request(rid)
+            except Exception:  # noqa: BLE001
+                pass
+            job.push(RuntimeError(f"engine error: {e}"))
+        self.running.clear()
+        with self.lock:
+            self.n_running = 0
+
+
+def _aborted(job: Job):
+    return SimpleNamespace(request_id=job.request_id, new_token_ids=[], new_text="", finished=True,
+                           finish_reason="abort", prompt_tokens=len(job.prompt_ids),
+                           completion_tokens=0)

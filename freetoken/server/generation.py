@@ -1,0 +1,190 @@
+"""The neutral generation layer under both HTTP adapters: submit a rendered prompt to
+the engine thread, turn its StepOutputs into neutral events with the model family's
+parser, and account usage, finish reasons, metrics and the per-request log line."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from .engine_loop import EngineLoop, Job
+from .errors import BadRequest, ContextOverflow, Overloaded
+from .events import Done, Event, ToolCallDelta, ToolCallEnd, ToolCallStart
+from .metrics import Metrics
+from .parsers import Parser, PlainParser, parser_for
+
+log = logging.getLogger("freetoken.server")
+
+
+@dataclass
+class GenerationRequest:
+    """What an adapter asks for, after it has rendered its prompt."""
+    prompt_ids: list[int]
+    params: object                     # engine SamplingParams
+    endpoint: str                      # for logs and metrics: "chat", "messages", ...
+    parser: Parser = field(default_factory=PlainParser)
+    tools: bool = False                # the request offered tools: keep tool-call events
+    max_tool_calls: int | None = None  # parallel_tool_calls=false: keep only the first call
+    stop: list[str] = field(default_factory=list)
+
+
+class Generation:
+    """One submitted request: iterate `events()`; closing it early aborts the request."""
+
+    _ids = itertools.count()
+
+    def __init__(self, service: "GenerationService", req: GenerationRequest):
+        self.service = service
+        self.req = req
+        self.request_id = f"{req.endpoint}-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        self.token_ids: list[int] = []
+        self.finished = False
+        self.job = Job(self.request_id, req.prompt_ids, req.params, asyncio.get_running_loop())
+        service.loop.submit(self.job)
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.service.loop.abort(self.request_id)
+
+    async def events(self) -> AsyncIterator[Event]:
+        req, m = self.req, self.service.metrics
+        parser = req.parser
+        first = None
+        n_calls = 0
+        try:
+            while True:
+                out = await self.job.outputs.get()
+                if isinstance(out, Exception):
+                    self.finished = True
+                    if type(out).__name__ == "PromptTooLongError":
+                        raise ContextOverflow(str(out))
+                    if isinstance(out, ValueError):
+                        raise BadRequest(str(out))
+                    if isinstance(out, Overloaded):
+                        raise out
+                    yield Done("error", len(req.prompt_ids), len(self.token_ids), error=str(out))
+                    return
+                if first is None and out.new_token_ids:
+                    first = time.monotonic()
+                self.token_ids += out.new_token_ids
+                events = parser.feed(out.new_text) if out.new_text else []
+                if out.finished:
+                    self.finished = True
+                    events += parser.finish()
+                for ev in events:
+                    if isinstance(ev, (ToolCallStart, ToolCallDelta, ToolCallEnd)):
+                        if not req.tools or (req.max_tool_calls is not None
+                                             and ev.index >= req.max_tool_calls):
+                            continue
+                        n_calls += isinstance(ev, ToolCallStart)
+                    yield ev
+                if out.finished:
+                    done = self._done(out, n_calls, first)
+                    yield done
+                    return
+        finally:
+            if not self.finished:
+                self.abort()
+                m.requests.labels(req.endpoint, "cancelled").inc()
+                log.info("req=%s cancelled by the client after %d tokens", self.request_id,
+                         len(self.token_ids))
+
+    def _done(self, out, n_calls: int, first: float | None) -> Done:
+        svc, m, req = self.service, self.service.metrics, self.req
+        reason = out.finish_reason or "stop"
+        stop_seq = None
+        if reason == "stop" and n_calls:
+            reason = "tool_calls"
+        elif reason == "stop" and isinstance(getattr(out, "stop_reason", None), str):
+            stop_seq = out.stop_reason
+        now = time.monotonic()
+        prompt_tokens = out.prompt_tokens or len(req.prompt_ids)
+        completion = out.completion_tokens or len(self.token_ids)
+        ttft = (first or now) - self.job.submitted
+        tps = (completion - 1) / (now - first) if first and completion > 1 and now > first else 0.0
+        if first:
+            m.ttft.observe(ttft)
+        if tps:
+            m.decode_tps.observe(tps)
+        m.e2e.observe(now - self.job.submitted)
+        m.prompt_tokens.inc(prompt_tokens)
+        m.generation_tokens.inc(completion)
+        m.requests.labels(req.endpoint, reason).inc()
+        log.info("req=%s %s prompt=%d completion=%d ttft=%.3fs decode=%.1f tok/s finish=%s",
+                 self.request_id, req.endpoint, prompt_tokens, completion, ttft, tps, reason)
+        return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq)
+
+
+class GenerationService:
+    """Owns the engine thread; adapters render prompts with it and submit requests."""
+
+    def __init__(self, engine, *, model_name: str, architecture: str | None = None,
+                 max_running: int = 16, max_waiting: int = 256, max_tokens_cap: int | None = None,
+                 strict_max_tokens: bool = False, metrics: Metrics | None = None,
+                 params_cls=None, sampling_defaults: dict | None = None):
+        if params_cls is None:
+            from freetoken import SamplingParams as params_cls
+        self.params_cls = params_cls
+        self.sampling_defaults = dict(sampling_defaults or {})
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        # the context a request may use: the window, or less when the KV cache is smaller
+        self.max_model_len = int(min(engine.max_model_len,
+                                     getattr(engine, "capacity_tokens", engine.max_model_len)))
+        self.model_name = model_name
+        self.architecture = architecture
+        self.parser_cls = parser_for(architecture, getattr(self.tokenizer, "chat_template", None))
+        self.max_tokens_cap = max_tokens_cap
+        self.strict_max_tokens = strict_max_tokens
+        self.eos_ids = set(getattr(self.tokenizer, "eos_token_ids", ()) or ())
+        self.metrics = metrics or Metrics()
+        self.loop = EngineLoop(engine, max_running, max_waiting, self.metrics)
+        self._grammar_tokenizer = None
+        self._grammar_lock = threading.Lock()
+
+    def start(self) -> None:
+        self.loop.start()
+
+    def stop(self) -> None:
+        self.loop.stop()
+
+    def max_tokens_for(self, requested: int | None, n_prompt: int, default: int | None = None) -> int:
+        """Output budget: the request's (or the default) bounded by the context window."""
+        room = self.max_model_len - n_prompt
+        if room < 1:
+            raise ContextOverflow(
+                f"the prompt is {n_prompt} tokens, but this model's context window is "
+                f"{self.max_model_len} tokens (prompt plus at least one output token)")
+        if requested is not None and requested < 1:
+            raise BadRequest(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
+        if requested is not None and requested > room and self.strict_max_tokens:
+            raise BadRequest(
+                f"max_tokens is too large: {requested}. The prompt is {n_prompt} tokens and the "
+                f"context window {self.max_model_len}, so at most {room} tokens can be generated",
+                param="max_tokens")
+        n = requested if requested is not None else (default or room)
+        if self.max_tokens_cap:
+            n = min(n, self.max_tokens_cap)
+        return max(1, min(n, room))
+
+    def grammar_tokenizer(self):
+        """llguidance's view of the vocabulary, built once (about a second)."""
+        with self._grammar_lock:
+            if self._grammar_tokenizer is None:
+                from .grammar import build_tokenizer
+                self._grammar_tokenizer = build_tokenizer(self.tokenizer)
+            return self._grammar_tokenizer
+
+    def submit(self, req: GenerationRequest) -> Generation:
+        return Generation(self, req)
+
+    async def run(self, req: GenerationRequest) -> AsyncIterator[Event]:
+        gen = self.submit(req)
+        async for ev in gen.events():
+            yield ev

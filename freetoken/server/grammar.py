@@ -1,0 +1,101 @@
+"""Constrained decoding with llguidance: JSON schema / JSON object outputs and forced
+tool calls become logits processors that mask every token the grammar cannot take."""
+from __future__ import annotations
+
+import json
+import logging
+
+import torch
+
+from .errors import BadRequest
+
+log = logging.getLogger("freetoken.server")
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def _llguidance():
+    try:
+        import llguidance
+        import llguidance.hf  # noqa: F401
+    except ImportError:
+        raise BadRequest("constrained output (response_format json, forced tool calls) needs the "
+                         "llguidance package on the server: pip install 'llguidance>=1.0'") from None
+    return llguidance
+
+
+def build_tokenizer(tokenizer):
+    """llguidance's tokenizer from ours (a `tokenizers.Tokenizer` or a transformers fast one)."""
+    llguidance = _llguidance()
+    eos = sorted(getattr(tokenizer, "eos_token_ids", ()) or ()) or None
+    hf = tokenizer.hf
+    if hasattr(hf, "to_str"):
+        return llguidance.LLTokenizer(hf.to_str(), n_vocab=tokenizer.vocab_size, eos_token=eos)
+    return llguidance.hf.from_tokenizer(hf, eos_token=eos)
+
+
+def json_schema_grammar(schema: dict | None) -> str:
+    llguidance = _llguidance()
+    return llguidance.LLMatcher.grammar_from_json_schema(
+        schema if schema is not None else {"type": "object"},
+        defaults={"whitespace_flexible": False})
+
+
+def lark_grammar(lark: str) -> str:
+    llguidance = _llguidance()
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def _literal(tag: str, tokenizer, lltok) -> str:
+    """A lark terminal for tag: its special token when the vocabulary has one."""
+    tid = tokenizer.token_to_id(tag) if hasattr(tokenizer, "token_to_id") else None
+    if tid is not None and lltok.is_special_token(tid):
+        return f"<[{tid}]>"
+    return json.dumps(tag)
+
+
+def forced_tool_call_grammar(calls: list[tuple[str, dict]], open_tag: str, close_tag: str,
+                             tokenizer, lltok) -> str:
+    """One tool call in the Qwen JSON form to one of `calls` (name, parameters schema)."""
+    alts = []
+    for i, (name, schema) in enumerate(calls):
+        head = json.dumps('{"name": ' + json.dumps(name) + ', "arguments": ')
+        alts.append(f"call{i}: {head} args{i} \"}}\"\nargs{i}: %json {json.dumps(schema or {'type': 'object'})}")
+    start = " | ".join(f"call{i}" for i in range(len(calls)))
+    open_t, close_t = _literal(open_tag, tokenizer, lltok), _literal(close_tag, tokenizer, lltok)
+    return lark_grammar(f'start: {open_t} "\\n" body "\\n" {close_t}\n'
+                        f"body: {start}\n" + "\n".join(alts) + "\n")
+
+
+class GrammarProcessor:
+    """Logits processor (engine contract: f(output_token_ids, logits[vocab]) -> logits)."""
+
+    def __init__(self, lltok, grammar: str, eos_ids=()):
+        llguidance = _llguidance()
+        self.matcher = llguidance.LLMatcher(lltok, grammar)
+        if self.matcher.is_error():
+            raise BadRequest(f"invalid response format: {self.matcher.get_error()}")
+        self.vocab = lltok.vocab_size
+        self.seen = 0
+        self.eos = sorted(eos_ids)
+        self.mask = torch.full(((self.vocab + 31) // 32,), -1, dtype=torch.int32)
+
+    def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        new = output_token_ids[self.seen:]
+        self.seen = len(output_token_ids)
+        for t in new:
+            if not self.matcher.consume_token(t):
+                log.warning("grammar rejected token %d: %s", t, self.matcher.get_error())
+        out = logits.clone()
+        if self.matcher.is_error():     # cannot continue: end the output
+            if self.eos:
+                keep = out[..., self.eos].clone()
+                out.fill_(float("-inf"))
+                out[..., self.eos] = keep
+            return out
+        self.matcher.unsafe_compute_mask_ptr(self.mask.data_ptr(), self.mask.numel() * 4)
+        allowed = ((self.mask.unsqueeze(1) >> _BITS) & 1).flatten().bool()
+        n = min(logits.shape[-1], allowed.numel())
+        out[..., :n] = out[..., :n].masked_fill(~allowed[:n], float("-inf"))
+        out[..., n:] = float("-inf")
+        return out

@@ -1,0 +1,77 @@
+"""Prometheus metrics. One registry per app, so several servers can live in one process."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TPS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
+
+
+def flatten(stats: dict, prefix: str = "") -> dict[tuple[str, str | None], float]:
+    """{"total": {"hits": 3}, "per_layer": [{"hits": 1}]} -> {("total_hits", None): 3,
+    ("layer_hits", "0"): 1}; strings are skipped."""
+    out: dict[tuple[str, str | None], float] = {}
+    for k, v in stats.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, (int, float)):
+            out[(name, None)] = float(v)
+        elif isinstance(v, dict):
+            out.update(flatten(v, name + "_"))
+        elif isinstance(v, list):
+            for i, item in enumerate(v):
+                if isinstance(item, dict):
+                    for (n, _), x in flatten(item).items():
+                        out[(f"{prefix}layer_{n}" if k == "per_layer" else f"{name}_{n}", str(i))] = x
+    return out
+
+
+class EngineStatsCollector:
+    """Exports the engine's `expert_stats()` (expert-cache hits, misses, fills, CPU-run
+    experts, bytes moved, ...) as freetoken_engine_<name>. The engine thread takes the
+    snapshot (`snapshot()` returns its latest); this collector never touches the engine."""
+
+    def __init__(self, snapshot):
+        self.snapshot = snapshot
+
+    def collect(self):
+        families: dict[str, GaugeMetricFamily] = {}
+        for (name, layer), v in sorted(flatten(self.snapshot() or {}).items(),
+                                       key=lambda kv: (kv[0][0], int(kv[0][1] or -1))):
+            metric = f"freetoken_engine_{name}"
+            fam = families.get(metric)
+            if fam is None:
+                fam = families[metric] = GaugeMetricFamily(
+                    metric, f"engine statistic {name}", labels=["layer"] if layer is not None else None)
+            if layer is None:
+                fam.add_metric([], v)
+            else:
+                fam.add_metric([layer], v)
+        yield from families.values()
+
+
+class Metrics:
+    def __init__(self, engine_stats=None):
+        self.registry = r = CollectorRegistry()
+        self.ttft = Histogram("freetoken_time_to_first_token_seconds", "Time to first token",
+                              buckets=_TTFT_BUCKETS, registry=r)
+        self.decode_tps = Histogram("freetoken_decode_tokens_per_second",
+                                    "Per-request decode speed", buckets=_TPS_BUCKETS, registry=r)
+        self.e2e = Histogram("freetoken_request_duration_seconds", "Request duration",
+                             buckets=_TTFT_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("freetoken_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("freetoken_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter("freetoken_requests", "Finished requests",
+                                ["endpoint", "finish_reason"], registry=r)
+        self.http_errors = Counter("freetoken_http_errors", "Requests answered with an error",
+                                   ["status"], registry=r)
+        self.running = Gauge("freetoken_requests_running", "Requests in the engine", registry=r)
+        self.waiting = Gauge("freetoken_requests_waiting", "Requests queued for the engine",
+                             registry=r)
+        self.engine_stats: dict = {}
+        r.register(EngineStatsCollector(lambda: self.engine_stats))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

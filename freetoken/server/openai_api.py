@@ -1,0 +1,316 @@
+"""OpenAI adapter: /v1/chat/completions, /v1/completions, /v1/models."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+from . import sse
+from .chat import parse_arguments
+from .errors import APIError, BadRequest, error_body
+from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from .prepare import ChatInput, prepare_chat, prepare_text
+from .server_state import collect, parse_body, state, until_disconnected, with_keepalive
+
+router = APIRouter()
+
+FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop",
+          "error": "stop"}
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    messages: list[dict]
+    stream: bool = False
+    stream_options: dict | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    response_format: dict | None = None
+    n: int | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict | None = None
+    logprobs: bool | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    model: str
+    prompt: str | list[int] | list[str]
+    stream: bool = False
+    stream_options: dict | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    n: int | None = None
+
+
+def content_text(content, where: str) -> str:
+    """OpenAI message content (string or parts) as plain text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}.content: expected a string or a list of parts")
+    out = []
+    for p in content:
+        if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, dict) and p.get("type") in ("text", "input_text", "output_text"):
+            out.append(str(p.get("text", "")))
+        elif isinstance(p, dict) and p.get("type") in ("image_url", "input_image", "image"):
+            out.append("[image omitted: this server is text-only]")
+        elif isinstance(p, dict) and p.get("type") == "refusal":
+            out.append(str(p.get("refusal", "")))
+        else:
+            raise BadRequest(f"{where}.content: unsupported part {p!r:.100}")
+    return "".join(out)
+
+
+def openai_messages(messages: list[dict]) -> list[dict]:
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or "role" not in m:
+            raise BadRequest(f"{where}: expected an object with a role", param=where)
+        role = m["role"]
+        if role == "developer":
+            role = "system"
+        if role not in ("system", "user", "assistant", "tool", "function"):
+            raise BadRequest(f"{where}.role: unknown role {role!r}", param=f"{where}.role")
+        msg = {"role": "tool" if role == "function" else role,
+               "content": content_text(m.get("content"), where)}
+        if role == "assistant":
+            calls = []
+            for c in m.get("tool_calls") or []:
+                f = c.get("function") or {}
+                calls.append({"id": c.get("id") or "call_" + uuid.uuid4().hex[:24],
+                              "type": "function",
+                              "function": {"name": f.get("name", ""),
+                                           "arguments": parse_arguments(f.get("arguments"))}})
+            if calls:
+                msg["tool_calls"] = calls
+            reasoning = m.get("reasoning_content") or m.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                msg["reasoning_content"] = reasoning
+        if msg["role"] == "tool":
+            msg["tool_call_id"] = m.get("tool_call_id") or ""
+            if m.get("name"):
+                msg["name"] = m["name"]
+        out.append(msg)
+    if not out:
+        raise BadRequest("messages: expected at least one message", param="messages")
+    return out
+
+
+def openai_tools(tools: list[dict] | None) -> list[dict] | None:
+    if not tools:
+        return None
+    out = []
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or \
+                not isinstance(t.get("function"), dict):
+            raise BadRequest(f"tools[{i}]: expected {{'type': 'function', 'function': {{...}}}}",
+                             param=f"tools[{i}]")
+        out.append({"type": "function", "function": t["function"]})
+    return out
+
+
+def openai_tool_choice(tc) -> str | dict | None:
+    if isinstance(tc, dict):
+        name = (tc.get("function") or {}).get("name") or tc.get("name")
+        return {"name": name}
+    return tc
+
+
+def response_format(rf: dict | None) -> dict | None:
+    if not rf:
+        return None
+    if rf.get("type") == "json_schema":
+        js = rf.get("json_schema") or {}
+        schema = js.get("schema", rf.get("schema"))
+        if schema is not None and not isinstance(schema, dict):
+            raise BadRequest("response_format.json_schema.schema must be an object",
+                             param="response_format")
+        return {"type": "json_schema", "schema": schema}
+    return {"type": rf.get("type")}
+
+
+def _sampling(body) -> dict:
+    return {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "seed",
+                                          "presence_penalty", "frequency_penalty",
+                                          "repetition_penalty")}
+
+
+def _usage(d: Done) -> dict:
+    return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+            "total_tokens": d.prompt_tokens + d.completion_tokens}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request):
+    st = state(request)
+    created = int(st.started)
+    data = [{"id": n, "object": "model", "created": created, "owned_by": "freetoken",
+             "type": "model", "display_name": n, "created_at": st.started_iso,
+             "max_model_len": st.svc.max_model_len} for n in st.settings.model_names]
+    return {"object": "list", "data": data, "has_more": False,
+            "first_id": data[0]["id"], "last_id": data[-1]["id"]}
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request):
+    st = state(request)
+    st.check_model(model_id, anthropic=False)
+    return {"id": model_id, "object": "model", "created": int(st.started), "owned_by": "freetoken",
+            "type": "model", "display_name": model_id, "created_at": st.started_iso}
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    st = state(request)
+    body = await parse_body(request, ChatCompletionRequest)
+    st.check_model(body.model, anthropic=False)
+    if body.n not in (None, 1):
+        raise BadRequest("n > 1 is not supported", param="n")
+    if body.logprobs:
+        raise BadRequest("logprobs are not supported by this server", param="logprobs")
+    kwargs = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort in ("none", "minimal"):
+        kwargs.setdefault("enable_thinking", False)
+    inp = ChatInput(messages=openai_messages(body.messages), endpoint="chat",
+                    tools=openai_tools(body.tools), tool_choice=openai_tool_choice(body.tool_choice),
+                    max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None
+                    else body.max_tokens, stop=body.stop, sampling=_sampling(body),
+                    response_format=response_format(body.response_format), template_kwargs=kwargs)
+    req = await prepare_chat(st.svc, inp)
+    if body.parallel_tool_calls is False:
+        req.max_tool_calls = 1
+    gen = st.svc.submit(req)
+    cid = "chatcmpl-" + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    model = body.model
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(_chat_stream(gen, cid, created, model, usage),
+                                 media_type="text/event-stream", headers=sse.HEADERS)
+    events = await until_disconnected(request, gen, collect(gen))
+    text, reasoning, calls, done = events
+    msg = {"role": "assistant", "content": text if text or not calls else None}
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    if calls:
+        msg["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": args}} for c, args in calls]
+    return {"id": cid, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": msg, "logprobs": None,
+                         "finish_reason": FINISH[done.finish_reason]}],
+            "usage": _usage(done), "system_fingerprint": "freetoken"}
+
+
+async def _chat_stream(gen, cid, created, model, include_usage):
+    base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+            "system_fingerprint": "freetoken"}
+
+    def chunk(delta, finish=None):
+        return sse.data({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                              "finish_reason": finish}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    done = None
+    try:
+        async for ev in with_keepalive(gen.events()):
+            if ev is None:
+                yield ": keep-alive\n\n"
+            elif isinstance(ev, TextDelta):
+                yield chunk({"content": ev.text})
+            elif isinstance(ev, ReasoningDelta):
+                yield chunk({"reasoning_content": ev.text})
+            elif isinstance(ev, ToolCallStart):
+                yield chunk({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
+                                             "function": {"name": ev.name, "arguments": ""}}]})
+            elif isinstance(ev, ToolCallDelta):
+                yield chunk({"tool_calls": [{"index": ev.index,
+                                             "function": {"arguments": ev.arguments}}]})
+            elif isinstance(ev, Done):
+                done = ev
+    except APIError as e:
+        yield sse.data(error_body(e, anthropic=False))
+        yield sse.DONE
+        return
+    if done.error:
+        yield sse.data({"error": {"message": done.error, "type": "server_error", "param": None,
+                                  "code": None}})
+    yield chunk({}, FINISH[done.finish_reason])
+    if include_usage:
+        yield sse.data({**base, "choices": [], "usage": _usage(done)})
+    yield sse.DONE
+
+
+@router.post("/v1/completions")
+async def completions(request: Request):
+    st = state(request)
+    body = await parse_body(request, CompletionRequest)
+    st.check_model(body.model, anthropic=False)
+    if body.n not in (None, 1):
+        raise BadRequest("n > 1 is not supported", param="n")
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise BadRequest("a batch of prompts is not supported; send one", param="prompt")
+        prompt = prompt[0]
+    req = await prepare_text(st.svc, prompt, endpoint="completions", max_tokens=body.max_tokens,
+                             stop=body.stop, sampling=_sampling(body))
+    gen = st.svc.submit(req)
+    cid = "cmpl-" + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    base = {"id": cid, "object": "text_completion", "created": created, "model": body.model}
+    if body.stream:
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+
+        async def stream():
+            done = None
+            try:
+                async for ev in gen.events():
+                    if isinstance(ev, TextDelta):
+                        yield sse.data({**base, "choices": [{"index": 0, "text": ev.text,
+                                                             "logprobs": None, "finish_reason": None}]})
+                    elif isinstance(ev, Done):
+                        done = ev
+            except APIError as e:
+                yield sse.data(error_body(e, anthropic=False))
+                yield sse.DONE
+                return
+            yield sse.data({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+                                                 "finish_reason": FINISH[done.finish_reason]}]})
+            if include_usage:
+                yield sse.data({**base, "choices": [], "usage": _usage(done)})
+            yield sse.DONE
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=sse.HEADERS)
+    text, _, _, done = await until_disconnected(request, gen, collect(gen))
+    return {**base, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                 "finish_reason": FINISH[done.finish_reason]}],
+            "usage": _usage(done)}

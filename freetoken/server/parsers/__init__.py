@@ -1,0 +1,25 @@
+"""Tool-call and reasoning parsers, one file per model family, chosen by HF architecture."""
+from .base import Parser
+from .harmony import HarmonyParser
+from .plain import PlainParser
+from .qwen import QwenParser
+
+
+def parser_for(architecture: str | None, chat_template: str | None = None) -> type[Parser]:
+    """The checkpoint's chat template decides when it shows the markup; else the architecture."""
+    t = chat_template or ""
+    if "<|channel|>" in t:
+        return HarmonyParser
+    if "<tool_call>" in t or "<think>" in t:
+        return QwenParser
+    if t:
+        return PlainParser
+    arch = (architecture or "").lower()
+    if arch.startswith("qwen"):
+        return QwenParser
+    if arch.startswith("gptoss"):
+        return HarmonyParser
+    return PlainParser
+
+
+__all__ = ["Parser", "HarmonyParser", "PlainParser", "QwenParser", "parser_for"]

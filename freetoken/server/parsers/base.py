@@ -1,0 +1,85 @@
+"""Streaming output parsers: model text in, neutral events out.
+
+A parser is fed the detokenized output piece by piece and must give the same events
+however the text is split. Markup that might still turn into a marker is held back.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+
+from ..events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def find_first(buf: str, markers: list[str]) -> tuple[int, str | None]:
+    best, found = -1, None
+    for m in markers:
+        i = buf.find(m)
+        if i >= 0 and (best < 0 or i < best):
+            best, found = i, m
+    return best, found
+
+
+def held_suffix(buf: str, markers: list[str]) -> int:
+    """Length of the longest tail of buf that is a proper prefix of some marker."""
+    n = 0
+    for m in markers:
+        for k in range(min(len(m) - 1, len(buf)), n, -1):
+            if buf.endswith(m[:k]):
+                n = k
+                break
+    return n
+
+
+class Parser:
+    """Base: all text is visible text. Subclasses add reasoning and tool-call markup."""
+
+    def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
+        self.tools = {t["function"]["name"]: t["function"] for t in tools or [] if "function" in t}
+        self.n_calls = 0
+
+    def feed(self, text: str) -> list[Event]:
+        return [TextDelta(text)] if text else []
+
+    def finish(self) -> list[Event]:
+        return []
+
+    def tool_call(self, name: str, arguments: dict | str) -> list[Event]:
+        args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        i = self.n_calls
+        self.n_calls += 1
+        return [ToolCallStart(i, new_call_id(), name), ToolCallDelta(i, args), ToolCallEnd(i, args)]
+
+
+class WhitespaceHold:
+    """Emits text but holds trailing whitespace until more text follows; drops leading
+    whitespace at the start of a section, so markup boundaries never leave stray newlines."""
+
+    def __init__(self, kind: type):
+        self.kind = kind
+        self.ws = ""
+        self.started = False
+
+    def push(self, s: str, out: list[Event]) -> None:
+        if not self.started:
+            s = s.lstrip()
+        if not s:
+            return
+        s = self.ws + s
+        body = s.rstrip()
+        self.ws = s[len(body):]
+        if body:
+            out.append(self.kind(body))
+            self.started = True
+
+    def reset(self) -> None:
+        self.ws = ""
+        self.started = False
+
+
+def text_or_reasoning(reasoning: bool) -> WhitespaceHold:
+    return WhitespaceHold(ReasoningDelta if reasoning else TextDelta)

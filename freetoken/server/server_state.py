@@ -1,0 +1,144 @@
+"""What every route shares: the app's state, body parsing, model-name policy, and
+collecting a generation for non-streaming replies (cancelled if the client leaves)."""
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from .errors import APIError, BadRequest, NotFound
+from .events import Done, ReasoningDelta, TextDelta, ToolCallEnd, ToolCallStart
+from .generation import Generation, GenerationService
+
+
+@dataclass
+class Settings:
+    model_names: list[str]
+    api_key: str | None = None
+    model_match: str = "auto"        # auto: OpenAI routes strict, Anthropic routes map any id
+    max_body_bytes: int = 64 << 20
+
+
+@dataclass
+class AppState:
+    svc: GenerationService
+    settings: Settings
+    started: float = field(default_factory=time.time)
+
+    @property
+    def started_iso(self) -> str:
+        return dt.datetime.fromtimestamp(self.started, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def check_model(self, model: str, anthropic: bool) -> None:
+        if model in self.settings.model_names:
+            return
+        policy = self.settings.model_match
+        if policy == "any" or (policy == "auto" and anthropic):
+            return
+        raise NotFound(f"The model '{model}' does not exist; this server serves "
+                       f"{', '.join(repr(n) for n in self.settings.model_names)}",
+                       code="model_not_found", param="model")
+
+
+def state(request: Request) -> AppState:
+    return request.app.state.freetoken
+
+
+async def parse_body(request: Request, model: type[BaseModel]):
+    raw = await request.body()
+    if len(raw) > state(request).settings.max_body_bytes:
+        raise BadRequest("request body too large", status=413)
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("the request body must be a JSON object")
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise BadRequest(f"{loc}: {err['msg']}" + (f" (and {len(e.errors()) - 1} more errors)"
+                                                   if len(e.errors()) > 1 else ""),
+                         param=loc) from None
+
+
+async def collect(gen: Generation):
+    """Run a generation to the end: (text, reasoning, [(ToolCallStart, arguments)], Done)."""
+    text, reasoning, calls, starts = [], [], [], {}
+    done = None
+    async for ev in gen.events():
+        if isinstance(ev, TextDelta):
+            text.append(ev.text)
+        elif isinstance(ev, ReasoningDelta):
+            reasoning.append(ev.text)
+        elif isinstance(ev, ToolCallStart):
+            starts[ev.index] = ev
+        elif isinstance(ev, ToolCallEnd):
+            calls.append((starts[ev.index], ev.arguments))
+        elif isinstance(ev, Done):
+            done = ev
+    if done.finish_reason == "error":
+        raise APIError(done.error or "generation failed", status=500)
+    return "".join(text), "".join(reasoning), calls, done
+
+
+async def with_keepalive(events, interval: float = 10.0):
+    """Yield the events, and None whenever `interval` seconds pass without one (a long
+    prefill), so the adapter can send a keep-alive."""
+    it = events.__aiter__()
+    nxt = None
+    try:
+        while True:
+            if nxt is None:
+                nxt = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({nxt}, timeout=interval)
+            if not done:
+                yield None
+                continue
+            try:
+                ev = nxt.result()
+            except StopAsyncIteration:
+                return
+            nxt = None
+            yield ev
+    finally:
+        if nxt is not None:
+            nxt.cancel()
+            try:
+                await nxt
+            except BaseException:  # noqa: BLE001 - it was cancelled or finished
+                pass
+        await it.aclose()
+
+
+async def until_disconnected(request: Request, gen: Generation, coro):
+    """Await coro, but abort the generation if the client goes away first."""
+    task = asyncio.ensure_future(coro)
+
+    async def watch():
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        gen.abort()
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass
+        raise asyncio.CancelledError("client disconnected")
+    return task.result()

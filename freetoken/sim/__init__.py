@@ -1,0 +1,1 @@
+"""Routing-trace replay: trace readers, expert-cache policies, hardware projection."""

@@ -1,0 +1,37 @@
+"""What every cache policy implements, and the replay loop that drives it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from freetoken.sim.access import AccessStream
+
+
+class Policy:
+    """A cache of ``slots`` (layer, expert) entries; keys are ``layer * num_experts + expert``.
+
+    The replay calls ``prepare`` once with the whole stream (only offline policies look),
+    ``place`` at the start of the trace and at the end of every prefill (points where
+    placements may be rearranged without counting misses), then ``prefill_access`` / ``access`` per key.
+    """
+
+    name = ""
+
+    def __init__(self, slots: int, num_layers: int, num_experts: int):
+        self.slots = slots
+        self.num_layers = num_layers
+        self.num_experts = num_experts
+
+    def prepare(self, stream: AccessStream) -> None:
+        pass
+
+    def place(self, prompt_counts: Counter) -> None:
+        pass
+
+    def access(self, key: int) -> bool:
+        """Record one decode access; True on a hit."""
+        raise NotImplementedError
+
+    def prefill_access(self, key: int) -> bool:
+        """Record one prefill access (not counted); most policies treat it as any access."""
+        return self.access(key)

@@ -1,0 +1,57 @@
+"""Drive a policy over an access stream and count decode misses."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from freetoken.sim.access import AccessStream
+from freetoken.sim.policies import POLICIES, Policy
+from freetoken.sim.trace import PREFILL
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    policy: str
+    slots: int
+    accesses: int  # decode accesses
+    misses: int
+
+    @property
+    def miss_rate(self) -> float:
+        return self.misses / self.accesses if self.accesses else 0.0
+
+
+def replay_hits(policy: Policy, stream: AccessStream) -> list[tuple[str, bool]]:
+    """(phase, hit) for every access, prefill included, in stream order."""
+    out: list[tuple[str, bool]] = []
+    policy.prepare(stream)
+    policy.place(Counter())
+    for seg in stream.segments:
+        if seg.phase == PREFILL:
+            out += [(PREFILL, policy.prefill_access(k)) for cell in seg.cells for k in cell]
+            policy.place(seg.prompt_counts)
+        else:
+            out += [(seg.phase, policy.access(k)) for cell in seg.cells for k in cell]
+    return out
+
+
+def replay(name: str, stream: AccessStream, slots: int) -> ReplayResult:
+    policy = POLICIES[name](slots, stream.num_layers, stream.num_experts)
+    policy.prepare(stream)
+    policy.place(Counter())
+    accesses = misses = 0
+    for seg in stream.segments:
+        if seg.phase == PREFILL:
+            for cell in seg.cells:
+                for k in cell:
+                    policy.prefill_access(k)
+            policy.place(seg.prompt_counts)
+            continue
+        access = policy.access
+        for cell in seg.cells:
+            accesses += len(cell)
+            for k in cell:
+                if not access(k):
+                    misses += 1
+    return ReplayResult(name, slots, accesses, misses)

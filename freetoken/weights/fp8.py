@@ -1,0 +1,33 @@
+"""FP8 e4m3 weights with one float32 scale per 128x128 block (DeepSeek-V3/R1, Qwen3-FP8 style):
+weight [.., rows, cols] float8_e4m3fn, weight_scale_inv [.., ceil(rows/128), ceil(cols/128)].
+Dequantized value = float(w) * scale_inv of its block."""
+from __future__ import annotations
+
+import torch
+
+BLOCK = 128
+E4M3_MAX = 448.0
+
+
+def dequantize_fp8_block(w: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = torch.float32,
+                         block: int = BLOCK) -> torch.Tensor:
+    """Bit-identical to transformers' `_dequantize_fp8_weight(w, s, [128, 128], dtype)`:
+    both multiply in `dtype` once per element."""
+    rows, cols = w.shape[-2:]
+    s = scale_inv.to(dtype).repeat_interleave(block, dim=-2)[..., :rows, :]
+    s = s.repeat_interleave(block, dim=-1)[..., :cols]
+    return w.to(dtype) * s
+
+
+def quantize_fp8_block(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [.., rows, cols] -> (float8_e4m3fn weights, float32 scale_inv per block), scale = amax/448."""
+    rows, cols = w.shape[-2:]
+    br, bc = -(-rows // block), -(-cols // block)
+    pad = torch.zeros(*w.shape[:-2], br * block, bc * block, dtype=torch.float32, device=w.device)
+    pad[..., :rows, :cols] = w.float()
+    tiles = pad.unflatten(-2, (br, block)).unflatten(-1, (bc, block))   # [.., br, B, bc, B]
+    amax = tiles.abs().amax(dim=(-3, -1))                                # [.., br, bc]
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    full = scale.repeat_interleave(block, -2).repeat_interleave(block, -1)[..., :rows, :cols]
+    q = (w.float() / full).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q.contiguous(), scale.contiguous()

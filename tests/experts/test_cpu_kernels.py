@@ -1,0 +1,224 @@
+"""CPU expert kernels against float64 torch references, on fresh random data every run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken.experts import kernels
+from freetoken.experts.cpu import CpuExpertExecutor, activate, dequantize_expert, quantize_banks, reference_run
+from freetoken.weights.fp8 import dequantize_fp8_block, quantize_fp8_block
+from freetoken.weights.int8 import dequantize_int8, quantize_int8
+from freetoken.weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+# (hidden, intermediate): odd for float formats (SIMD tails), > 128 and ragged for fp8's
+# 128x128 scale blocks, multiples of 32 where the format requires it.
+SHAPES = {"fp32": (200, 72), "bf16": (200, 72), "fp16": (136, 40), "fp8": (300, 136),
+          "int8": (288, 96), "mxfp4": (288, 96)}
+FLOAT_TOL = 2e-5      # exact activations, fp32 accumulation
+QACT_TOL = 4e-2       # int8/mxfp4 quantize activations per 32 like llama.cpp's Q8_0
+ISAS = ["native", "portable"]
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
+
+
+def make_banks(fmt: str, n: int, hidden: int, inter: int, bias: bool, gen: torch.Generator):
+    gu = torch.randn(n, 2 * inter, hidden, generator=gen) * 0.1
+    dn = torch.randn(n, hidden, inter, generator=gen) * 0.1
+    banks = quantize_banks(gu, dn, fmt)
+    if bias:
+        banks["gate_up_bias"] = torch.randn(n, 2 * inter, generator=gen)
+        banks["down_bias"] = torch.randn(n, hidden, generator=gen)
+    return banks
+
+
+def routes(t: int, k: int, n: int, gen: torch.Generator):
+    ids = torch.randint(0, n, (t, k), generator=gen)
+    if t >= 3:
+        ids[: t // 2 + 1, 0] = 1                 # many tokens share one expert
+        ids[1, k - 1] = -1                       # a skipped route
+    if t >= 2 and k >= 2:
+        ids[t - 1, 1] = ids[t - 1, 0]            # the same expert twice for one token
+    return ids, torch.rand(t, k, generator=gen)
+
+
+def q8_act(v: torch.Tensor) -> torch.Tensor:
+    """The kernels' activation quantization (per 32, scale amax/127, round half to even)."""
+    b = v.float().unflatten(-1, (-1, 32))
+    d = b.abs().amax(-1, keepdim=True) / 127.0
+    q = torch.round(b * torch.where(d > 0, 1.0 / d, torch.zeros_like(d)))
+    return (q * d).flatten(-2).double()
+
+
+def dense64(banks, fmt):
+    """All experts dequantized to float64 once: (gate_up [N, 2I, H], down [N, H, I])."""
+    n = next(iter(banks.values())).shape[0]
+    pairs = [dequantize_expert(banks, fmt, e, torch.float64) for e in range(n)]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+def reference64(banks, dense, x, ids, w, act, quantize_act=False, alpha=1.702, limit=7.0):
+    """float64 sum_k w * expert(x); with quantize_act, x and h are quantized like the int8/mxfp4
+    kernels do."""
+    gu_all, dn_all = dense
+    inter = dn_all.shape[2]
+    qa = q8_act if quantize_act else (lambda v: v.double())
+    out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float64)
+    for t in range(ids.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            if e < 0:
+                continue
+            h = gu_all[e] @ qa(x[t])
+            if "gate_up_bias" in banks:
+                h = h + banks["gate_up_bias"][e].double()
+            a = activate(h[:inter], h[inter:], act, alpha, limit)
+            y = dn_all[e] @ qa(a.float() if quantize_act else a)
+            if "down_bias" in banks:
+                y = y + banks["down_bias"][e].double()
+            out[t] += float(w[t, k]) * y
+    return out
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", list(SHAPES))
+def test_executor_matches_float64_reference(fmt, isa):
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    hidden, inter = SHAPES[fmt]
+    n = 6
+    for act, bias in (("silu", False), ("swiglu_oai", True)):
+        banks = make_banks(fmt, n, hidden, inter, bias, gen)
+        ex = CpuExpertExecutor(banks, fmt, hidden, inter, activation=act, isa=isa, gemm_tokens=0)
+        assert ex.isa in ("avx2", "portable") or ex.isa == "torch"
+        dense = dense64(banks, fmt)
+        for t, k in ((1, 1), (1, 4), (3, 2), (9, 3)):
+            ids, w = routes(t, k, n, gen)
+            x = torch.randn(t, hidden, generator=gen)
+            y = ex.run(x, ids, w)
+            ref = reference64(banks, dense, x, ids, w, act)
+            if fmt in ("int8", "mxfp4"):
+                assert rel_err(y, ref) < QACT_TOL, (fmt, act, t, k)
+                assert rel_err(y, reference64(banks, dense, x, ids, w, act, quantize_act=True)) < 2e-3, (fmt, act, t, k)
+            else:
+                assert rel_err(y, ref) < FLOAT_TOL, (fmt, act, t, k)
+            if t == 3:   # the torch reference path of cpu.py agrees too
+                ref2 = reference_run(banks, fmt, x.double(), ids, w.double(), act, dtype=torch.float64)
+                assert rel_err(ref2, ref) < 1e-12
+        ex.close()
+
+
+def test_out_accumulates_and_bf16_input():
+    gen = torch.Generator().manual_seed(1)
+    banks = make_banks("bf16", 4, 64, 32, False, gen)
+    ex = CpuExpertExecutor(banks, "float", 64, 32)
+    assert ex.fmt == "bf16"
+    x = torch.randn(5, 64, generator=gen).bfloat16()
+    ids, w = routes(5, 2, 4, gen)
+    base = torch.randn(5, 64, generator=gen)
+    out = base.clone()
+    assert ex.run(x, ids, w, out) is out
+    ref = reference_run(banks, "bf16", x.double(), ids, w.double(), dtype=torch.float64)
+    assert rel_err(out - base, ref) < FLOAT_TOL
+    assert torch.equal(ex.run(x, torch.full((5, 2), -1), w), torch.zeros(5, 64))
+
+
+def test_prefill_split_matches_kernel():
+    gen = torch.Generator().manual_seed(2)
+    banks = make_banks("fp32", 4, 96, 64, True, gen)
+    x = torch.randn(24, 96, generator=gen)
+    ids, w = routes(24, 2, 4, gen)
+    a = CpuExpertExecutor(banks, "fp32", 96, 64, activation="swiglu_oai", gemm_tokens=0).run(x, ids, w)
+    b = CpuExpertExecutor(banks, "fp32", 96, 64, activation="swiglu_oai", gemm_tokens=8).run(x, ids, w)
+    assert rel_err(a, b) < FLOAT_TOL
+
+
+def test_more_threads_than_work_and_pool_spec():
+    from freetoken.experts.pool import ExpertPool, ExpertSpec
+    gen = torch.Generator().manual_seed(7)
+    banks = make_banks("bf16", 4, 48, 32, True, gen)
+    pool = ExpertPool(banks, 2, 2, ExpertSpec(48, 32, "float", "swiglu_oai"))
+    ex = CpuExpertExecutor.from_pool(pool, num_threads=3)    # I = 32: two threads idle in phase 1
+    x = torch.randn(6, 48, generator=gen)
+    ids, w = routes(6, 2, 4, gen)
+    ref = reference_run(banks, "bf16", x.double(), ids, w.double(), "swiglu_oai", dtype=torch.float64)
+    for _ in range(3):
+        assert rel_err(ex.run(x, ids, w), ref) < FLOAT_TOL
+    ex.close()
+
+
+def test_bad_expert_id_and_bad_banks():
+    gen = torch.Generator().manual_seed(3)
+    banks = make_banks("int8", 2, 64, 32, False, gen)
+    ex = CpuExpertExecutor(banks, "int8", 64, 32)
+    with pytest.raises(IndexError):
+        ex.run(torch.randn(1, 64), torch.tensor([[2]]), torch.ones(1, 1))
+    with pytest.raises(ValueError):
+        CpuExpertExecutor(banks, "int8", 64, 48)
+    with pytest.raises(ValueError):
+        CpuExpertExecutor(make_banks("mxfp4", 2, 48, 32, False, gen), "mxfp4", 48, 32)
+
+
+def test_torch_fallback_without_compiler(monkeypatch):
+    monkeypatch.setattr(kernels, "_compiler", lambda: None)
+    monkeypatch.setattr(kernels, "_loaded", {})
+    gen = torch.Generator().manual_seed(4)
+    banks = make_banks("fp8", 3, 160, 64, True, gen)
+    ex = CpuExpertExecutor(banks, "fp8", 160, 64, activation="swiglu_oai")
+    assert ex.isa == "torch"
+    x = torch.randn(4, 160, generator=gen)
+    ids, w = routes(4, 2, 3, gen)
+    ref = reference_run(banks, "fp8", x.double(), ids, w.double(), "swiglu_oai", dtype=torch.float64)
+    assert rel_err(ex.run(x, ids, w), ref) < 1e-5
+
+
+# ---------------------------------------------------------------- format helpers
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mxfp4_dequant_bit_exact_with_transformers(dtype):
+    from transformers.integrations.mxfp4 import _convert_moe_packed_tensors
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    blocks = torch.randint(0, 256, (3, 40, 5, 16), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(90, 160, (3, 40, 5), dtype=torch.uint8, generator=gen)
+    scales[0, 0, :3] = torch.tensor([0, 127, 254], dtype=torch.uint8)
+    theirs = _convert_moe_packed_tensors(blocks, scales, dtype=dtype).transpose(1, 2)
+    ours = dequantize_mxfp4(blocks, scales, dtype=dtype)
+    assert ours.shape == (3, 40, 160) and ours.dtype == dtype
+    assert torch.equal(bits(ours), bits(theirs.contiguous()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fp8_dequant_bit_exact_with_transformers(dtype):
+    from transformers.integrations.finegrained_fp8 import _dequantize_fp8_weight
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    w = (torch.randn(2, 200, 300, generator=gen) * 100).to(torch.float8_e4m3fn)
+    s = torch.rand(2, 2, 3, generator=gen) * 1e-2
+    theirs = _dequantize_fp8_weight(w, s, [128, 128], dtype)
+    assert torch.equal(bits(dequantize_fp8_block(w, s, dtype)), bits(theirs))
+
+
+def test_fp8_dequant_matches_fp8dequantize_op():
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+    gen = torch.Generator().manual_seed(5)
+    w = (torch.randn(256, 384, generator=gen) * 50).to(torch.float8_e4m3fn)
+    s = torch.rand(2, 3, generator=gen)
+    theirs = Fp8Dequantize(None)._dequantize_one(w, s, torch.float32)
+    assert torch.equal(bits(dequantize_fp8_block(w, s)), bits(theirs))
+
+
+def test_quantizers_round_trip():
+    gen = torch.Generator().manual_seed(6)
+    w = torch.randn(64, 256, generator=gen)
+    q, s = quantize_int8(w)
+    assert q.dtype == torch.int8 and s.shape == (64, 8) and s.dtype == torch.float16
+    assert (dequantize_int8(q, s) - w).abs().max() < w.abs().max() / 100
+    b, e = quantize_mxfp4(w)
+    assert b.shape == (64, 8, 16) and e.shape == (64, 8)
+    assert (dequantize_mxfp4(b, e) - w).abs().max() < w.abs().max() / 4
+    f, si = quantize_fp8_block(w)
+    assert f.dtype == torch.float8_e4m3fn and si.shape == (1, 2)
+    assert (dequantize_fp8_block(f, si) - w).abs().max() < w.abs().max() / 16

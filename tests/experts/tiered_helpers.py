@@ -1,0 +1,52 @@
+"""Tiny random expert pools and a reference for the tiered-backend tests."""
+from __future__ import annotations
+
+import torch
+
+from freetoken.experts.pool import ExpertPool, ExpertSpec
+from freetoken.experts.resident import ResidentExperts
+
+
+def make_pool(layers=3, experts=8, hidden=16, inter=8, bias=False, activation="silu", seed=0,
+              dtype=torch.float32) -> ExpertPool:
+    g = torch.Generator().manual_seed(seed)
+    n = layers * experts
+    banks = {"gate_up": torch.randn(n, 2 * inter, hidden, generator=g, dtype=dtype) / hidden ** 0.5,
+             "down": torch.randn(n, hidden, inter, generator=g, dtype=dtype) / inter ** 0.5}
+    if bias:
+        banks["gate_up_bias"] = torch.randn(n, 2 * inter, generator=g) * 0.1
+        banks["down_bias"] = torch.randn(n, hidden, generator=g) * 0.1
+    return ExpertPool(banks, layers, experts, ExpertSpec(hidden, inter, activation=activation))
+
+
+def random_step(pool: ExpertPool, tokens: int, k: int, g: torch.Generator, hot: int | None = None):
+    """hidden [T,H], topk ids [T,K] (distinct per token; from the first `hot` experts if set), weights."""
+    E = pool.num_experts
+    pick = E if hot is None else max(hot, k)
+    ids = torch.stack([torch.randperm(pick, generator=g)[:k] for _ in range(tokens)])
+    w = torch.softmax(torch.randn(tokens, k, generator=g), -1)
+    x = torch.randn(tokens, pool.spec.hidden, generator=g)
+    return x, ids, w
+
+
+def reference(pool: ExpertPool):
+    return ResidentExperts(pool, torch.device("cpu"))
+
+
+def torch_host(pool: ExpertPool):
+    """The CPU branch on plain torch: deterministic and cheap for the many small cases.
+    (The fast kernels of cpu.py are exercised by the tests that pass fast=True.)"""
+    from freetoken.experts.host_exec import TorchHostExecutor
+    return TorchHostExecutor(pool)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """Tiny tensors: torch's intra-op threads only add barrier waits (badly so on a loaded box)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -1,0 +1,90 @@
+"""`serve` as a process: the demo model when no --model is given, a ready line with the
+URL, the API key, graceful SIGTERM; `launch --dry-run` for each agent."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_model_dir):
+    from freetoken.server import cli
+    cache = tmp_path_factory.mktemp("cache")
+    # the demo model is normally built on first use; reuse the session's tiny checkpoint
+    demo = cache / "freetoken" / cli.demo_model_dir().name
+    demo.parent.mkdir(parents=True)
+    demo.symlink_to(tiny_model_dir, target_is_directory=True)
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "freetoken.server.cli", "serve", "--port", "0",
+                          "--api-key", "sekret", "--max-model-len", "2048"],
+                         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, url = [], None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = p.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("READY "):
+            url = line.split()[1]
+            break
+    assert url, "".join(lines)
+    yield p, url, lines, cache
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
+def test_demo_model_ready_and_key(served):
+    p, url, lines, cache = served
+    log = "".join(lines)
+    assert "RANDOM-WEIGHT DEMO" in log and "ready on http://127.0.0.1:" in log
+    assert list((cache / "freetoken").glob("demo-qwen3_moe*/config.json"))
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+    assert httpx.get(url + "/v1/models").status_code == 401
+    r = httpx.post(url + "/v1/messages", headers={"x-api-key": "sekret"}, timeout=60, json={
+        "model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and r.json()["usage"]["output_tokens"] <= 4
+
+
+def launch(*argv):
+    import argparse
+
+    from freetoken.server.cli import register
+    p = argparse.ArgumentParser()
+    register(p.add_subparsers(dest="command"))
+    args = p.parse_args(["launch", *argv])
+    return args.func(args)
+
+
+@pytest.mark.parametrize("agent", ["claude", "opencode", "openclaw"])
+def test_launch_dry_run(served, agent, tmp_path, capsys):
+    _, url, _, _ = served
+    rc = launch(agent, "--server", url, "--api-key", "sekret", "--config-dir", str(tmp_path),
+                "--dry-run", "--", "-p", "say hi")
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert url in out and "freetoken-demo" in out and "say hi" in out
+    assert "anthropic.com" not in out and "openai.com" not in out
+    assert not list(tmp_path.iterdir()), "--dry-run must not write files"
+
+
+def test_launch_refuses_without_server(tmp_path, capsys):
+    assert launch("claude", "--server", "http://127.0.0.1:9", "--config-dir", str(tmp_path)) == 1
+    assert "Nothing was started" in capsys.readouterr().err
+    assert not tmp_path.exists() or not list(tmp_path.iterdir())
+
+
+def test_sigterm_graceful_shutdown(served):
+    p, url, _, _ = served
+    p.send_signal(signal.SIGTERM)
+    rest = p.communicate(timeout=30)[0]
+    assert p.returncode == 0, rest
+    assert "server stopped" in rest
