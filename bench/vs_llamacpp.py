@@ -51,13 +51,17 @@ CONVERT = textwrap.dedent("""
     import sys, runpy
     sys.path.insert(0, {gguf_py!r}); sys.path.insert(0, {src!r})
     import convert_hf_to_gguf as c
-    orig = c.TextModel.get_vocab_base_pre
+    try:
+        from conversion.base import TextModel          # llama.cpp after the converter split
+    except ImportError:
+        TextModel = c.TextModel
+    orig = TextModel.get_vocab_base_pre
     def pre(self, tokenizer):
         try:
             return orig(self, tokenizer)
         except NotImplementedError:
             return "qwen2"          # home-made byte-level BPE: same pre-tokenizer as Qwen2
-    c.TextModel.get_vocab_base_pre = pre
+    TextModel.get_vocab_base_pre = pre
     sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
     c.main()
 """)
@@ -73,6 +77,7 @@ def to_gguf(py: Path, converter: Path, model_dir: Path, outtype: str) -> Path:
 
 LLAMA_RUN = textwrap.dedent("""
     import json, sys, time
+    import llama_cpp, numpy as np
     from llama_cpp import Llama
     path, threads, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     prompt = json.loads(sys.stdin.read())
@@ -80,14 +85,17 @@ LLAMA_RUN = textwrap.dedent("""
                 verbose=False)
     llm.eval(prompt[:32]); llm.reset()                                   # warm-up
     t = time.perf_counter(); llm.eval(prompt); t_prefill = time.perf_counter() - t
+    last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).tolist()
     toks = []
     t = time.perf_counter()
     for _ in range(n_decode):
-        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),))
+        tok = int(logits.argmax())
         toks.append(tok)
         llm.eval([tok])
     t_decode = time.perf_counter() - t
-    print(json.dumps({"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks}))
+    print(json.dumps({"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks,
+                      "last_logits": last}))
 """)
 
 
@@ -115,8 +123,29 @@ def run_freetoken(model_dir: Path, prompt: list[int], threads: int, n_decode: in
             t_first = time.perf_counter()
     t_decode = time.perf_counter() - t_first
     backend = llm.expert_stats().get("backend", "?")
+    out = {"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks[1:], "backend": backend,
+           "llm": llm}
+    return out
+
+
+def agreement(ft: dict, ll: dict, prompt: list[int]) -> str:
+    """Logit error at the prompt's last position, and whether every greedy disagreement is a near-tie:
+    llama.cpp's tokens are fed to FreeToken (teacher forcing) and its top-2 margin is checked there."""
+    llm = ft.pop("llm")
+    ids = prompt + ll["tokens"][:-1]
+    logits = llm.score(ids)[len(prompt) - 1:]
     llm.close()
-    return {"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks[1:], "backend": backend}
+    ref = torch.tensor(ll["last_logits"])
+    err = (logits[0] - ref).abs().max().item() / ref.abs().max().item()
+    ours = logits.argmax(-1).tolist()
+    top2 = torch.topk(logits, 2, dim=-1).values
+    margins = (top2[:, 0] - top2[:, 1]).tolist()
+    diffs = [i for i, (a, b) in enumerate(zip(ours, ll["tokens"])) if a != b]
+    worst = max((margins[i] for i in diffs), default=0.0)
+    scale = logits.abs().max().item()
+    return (f"last-prompt-position logits: max abs diff {err:.1%} of scale; teacher-forced greedy agrees at "
+            f"{len(ours) - len(diffs)}/{len(ours)} positions, largest top-2 margin among disagreements "
+            f"{worst:.3f} ({worst / scale:.1%} of the logit scale)")
 
 
 def main():
@@ -138,14 +167,15 @@ def main():
         ft_opts = {} if fmt == "bf16" else {"expert_format": "int8"}
         ft = run_freetoken(model, prompt, args.threads, args.decode, **ft_opts)
         same = next((i for i, (a, b) in enumerate(zip(ft["tokens"], ll["tokens"])) if a != b), len(ll["tokens"]))
-        rows.append((fmt, ft, ll, same))
+        rows.append((fmt, ft, ll, same, agreement(ft, ll, prompt)))
     print(f"\nmodel {model.name}, batch 1, {args.threads} threads, prompt {args.prompt}, decode {args.decode}")
     print(f"{'format':8}{'engine':12}{'prefill tok/s':>15}{'decode tok/s':>14}")
-    for fmt, ft, ll, same in rows:
+    for fmt, ft, ll, same, agree in rows:
         print(f"{fmt:8}{'freetoken':12}{ft['prefill']:15.1f}{ft['decode']:14.2f}   (moe backend {ft['backend']})")
         print(f"{'':8}{'llama.cpp':12}{ll['prefill']:15.1f}{ll['decode']:14.2f}")
         print(f"{'':8}{'ratio':12}{ft['prefill'] / ll['prefill']:14.2f}x{ft['decode'] / ll['decode']:13.2f}x"
-              f"   greedy tokens agree for the first {same} of {len(ll['tokens'])}")
+              f"   free-running greedy tokens agree for the first {same} of {len(ll['tokens'])}")
+        print(f"{'':20}{agree}")
 
 
 if __name__ == "__main__":

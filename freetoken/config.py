@@ -18,6 +18,9 @@ class EngineConfig:
     model: str
     dtype: str = "bfloat16"
     device: str = "auto"                  # "auto" -> cuda when present, else cpu
+    # Dense layers and activations: "auto" = dtype, except bf16/fp16 on a CPU without native
+    # half-precision matmul, where they compute in float32 (experts stay in `dtype`).
+    compute_dtype: str = "auto"
     max_model_len: int | None = None       # default: min(config max positions, 32768)
     max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
     max_num_batched_tokens: int = 2048     # tokens per engine step (prefill chunk size)
@@ -28,6 +31,7 @@ class EngineConfig:
     moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
     expert_cache_slots: int | None = None
     expert_cache_gib: float | None = None
+    expert_format: str | None = None       # re-encode float experts at load: int8 | fp8 | mxfp4 | bf16 | ...
     bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
     record_routing: str | None = None      # write every step's routing to this JSONL file
     seed: int = 0
@@ -35,9 +39,13 @@ class EngineConfig:
     def __post_init__(self):
         if self.dtype not in _DTYPES:
             raise InvalidRequestError(f"dtype: expected one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.compute_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise InvalidRequestError(f"compute_dtype: expected auto|float32|bfloat16|float16, got {self.compute_dtype!r}")
         if self.moe_backend not in ("resident", "offload", "cpu", "hybrid", "auto"):
             raise InvalidRequestError(
                 f"moe_backend: expected resident|offload|cpu|hybrid|auto, got {self.moe_backend!r}")
+        if self.expert_format not in (None, "int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"):
+            raise InvalidRequestError(f"expert_format: expected int8|fp8|mxfp4|bf16|fp16|fp32, got {self.expert_format!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")

@@ -28,7 +28,8 @@ def make_host_executor(pool: ExpertPool, num_threads: int | None = None, prefer_
             s = pool.spec
             try:
                 return CpuExpertExecutor(pool.banks, s.fmt, s.hidden, s.intermediate, activation=s.activation,
-                                         alpha=s.alpha, limit=s.limit, num_threads=num_threads)
+                                         alpha=s.alpha, limit=s.limit, num_threads=num_threads,
+                                         spin_us=0)   # spinning workers would steal the cores torch needs next
             except (ValueError, NotImplementedError):
                 pass                     # a format the kernels do not cover yet
     return TorchHostExecutor(pool)

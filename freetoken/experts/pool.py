@@ -10,7 +10,7 @@ Bank layouts (N = num_moe_layers * num_experts, I = expert intermediate, H = hid
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -80,3 +80,16 @@ class PoolBuilder:
 
     def build(self) -> ExpertPool:
         return ExpertPool(self.banks, self.num_layers, self.num_experts, self.spec)
+
+
+def requantize(pool: ExpertPool, fmt: str) -> ExpertPool:
+    """The float pool re-encoded in `fmt` (int8 | fp8 | mxfp4 | bf16 | fp16 | fp32); biases kept.
+    Lets a bf16 checkpoint run with 8-bit or 4-bit experts without a converted checkpoint."""
+    from .cpu import quantize_banks
+    if pool.spec.fmt != "float":
+        raise ValueError(f"expert_format: the checkpoint's experts are already {pool.spec.fmt}; "
+                         "only float experts can be re-encoded")
+    banks = quantize_banks(pool.banks["gate_up"], pool.banks["down"], fmt)
+    banks.update({k: v for k, v in pool.banks.items() if k.endswith("_bias")})
+    spec = replace(pool.spec, fmt="float" if fmt in ("bf16", "fp16", "fp32") else fmt)
+    return ExpertPool(banks, pool.num_layers, pool.num_experts, spec)

@@ -23,13 +23,10 @@ def activate(gate_up: torch.Tensor, spec: ExpertSpec) -> torch.Tensor:
 def dequantized(banks: dict[str, torch.Tensor], fid: int, spec: ExpertSpec, dtype: torch.dtype):
     """(gate_up [2I, H], down [H, I]) of one expert in `dtype`."""
     if spec.fmt == "float":
-        return banks["gate_up"][fid], banks["down"][fid]
-    if spec.fmt == "mxfp4":
-        from ..weights.mxfp4 import dequantize_mxfp4
-        gu = dequantize_mxfp4(banks["gate_up_blocks"][fid], banks["gate_up_scales"][fid], dtype=dtype)
-        dn = dequantize_mxfp4(banks["down_blocks"][fid], banks["down_scales"][fid], dtype=dtype)
-        return gu.reshape(gu.shape[0], -1), dn.reshape(dn.shape[0], -1)
-    raise ValueError(f"torch executor: unsupported expert format {spec.fmt!r}")
+        return banks["gate_up"][fid].to(dtype), banks["down"][fid].to(dtype)
+    from .cpu import dequantize_expert      # one dequantizer per format, shared with the CPU reference
+    gu, dn = dequantize_expert(banks, spec.fmt, fid, dtype)
+    return gu.reshape(gu.shape[0], -1), dn.reshape(dn.shape[0], -1)
 
 
 def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torch.Tensor,
@@ -55,7 +52,7 @@ def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torc
         if fid < 0:
             continue
         tok = tokens[sl]
-        xs = x[tok]
+        xs = x.index_select(0, tok)
         gu_w, dn_w = dequantized(banks, fid, spec, x.dtype)
         h = F.linear(xs, gu_w, banks["gate_up_bias"][fid].to(x.dtype) if has_bias else None)
         y = F.linear(activate(h, spec), dn_w, banks["down_bias"][fid].to(x.dtype) if has_bias else None)

@@ -54,25 +54,46 @@ class KVCache:
         return self.k.nbytes + self.v.nbytes
 
 
+def gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata):
+    """Write the step's K/V into the cache, then lay out per-sequence batches:
+    queries [B, Hq, Qmax, D], keys and values [B, Hkv, Kmax, D]."""
+    cache.k.index_copy_(0, meta.slot_mapping, k)
+    cache.v.index_copy_(0, meta.slot_mapping, v)
+    # index_select, not advanced indexing: the latter takes a slow generic path (measured ~200x slower).
+    b, kmax = meta.key_slots.shape
+    flat_slots = meta.key_slots.reshape(-1)
+    keys = cache.k.index_select(0, flat_slots).view(b, kmax, *cache.k.shape[1:]).transpose(1, 2)
+    values = cache.v.index_select(0, flat_slots).view(b, kmax, *cache.v.shape[1:]).transpose(1, 2)
+    n, hq, d = q.shape
+    q_pad = torch.cat([q, q.new_zeros(1, hq, d)]) if meta.query_index.numel() != n else q
+    qmax = meta.query_index.shape[1]
+    queries = q_pad.index_select(0, meta.query_index.reshape(-1)).view(b, qmax, hq, d).transpose(1, 2)
+    return queries, keys, values
+
+
+def scatter(out: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """[B, Hq, Qmax, D] per-sequence outputs -> [N, Hq, D] in flat token order."""
+    out = out.transpose(1, 2)                           # [B, Qmax, Hq, D]
+    n = meta.num_tokens
+    if meta.key_slots.shape[0] == 1 and meta.query_index.numel() == n:
+        return out.reshape(n, out.shape[2], out.shape[3])
+    flat = out.new_empty(n + 1, out.shape[2], out.shape[3])
+    flat.index_copy_(0, meta.query_index.reshape(-1), out.reshape(-1, out.shape[2], out.shape[3]))
+    return flat[:n]
+
+
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
                     meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]."""
-    cache.k.index_copy_(0, meta.slot_mapping, k)
-    cache.v.index_copy_(0, meta.slot_mapping, v)
-    keys = cache.k[meta.key_slots].transpose(1, 2)      # [B, Hkv, Kmax, D]
-    values = cache.v[meta.key_slots].transpose(1, 2)
-    n, hq, d = q.shape
-    q_pad = torch.cat([q, q.new_zeros(1, hq, d)]) if meta.query_index.numel() != n else q
-    queries = q_pad[meta.query_index].transpose(1, 2)   # [B, Hq, Qmax, D]
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask(window),
-                                         scale=scale, enable_gqa=keys.shape[1] != hq)
-    out = out.transpose(1, 2)                           # [B, Qmax, Hq, D]
-    if meta.query_index.numel() == n:
-        return out.reshape(n, hq, d) if meta.key_slots.shape[0] == 1 else _scatter(out, meta, n)
-    return _scatter(out, meta, n)
-
-
-def _scatter(out: torch.Tensor, meta: AttentionMetadata, n: int) -> torch.Tensor:
-    flat = out.new_empty(n + 1, out.shape[2], out.shape[3])
-    flat[meta.query_index.reshape(-1)] = out.reshape(-1, out.shape[2], out.shape[3])
-    return flat[:n]
+    queries, keys, values = gather(q, k, v, cache, meta)
+    b, _, qmax, _ = queries.shape
+    kmax = keys.shape[2]
+    mask, causal = meta.mask(window), False
+    if b == 1 and (window is None or kmax <= window):
+        if qmax == 1:                       # one sequence decoding: every cached key is visible
+            mask = None
+        elif qmax == kmax:                  # one fresh prompt: plain causal attention (fast kernel path)
+            mask, causal = None, True
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=causal,
+                                         scale=scale, enable_gqa=keys.shape[1] != q.shape[1])
+    return scatter(out, meta)

@@ -10,12 +10,13 @@ import torch.nn.functional as F
 from ..config import EngineConfig
 from ..errors import CheckpointError
 from ..experts.factory import build_experts
-from ..experts.pool import ExpertSpec, PoolBuilder
+from ..experts.pool import ExpertSpec, PoolBuilder, requantize
 from ..layers.attention import paged_attention
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
+from ..platform import compute_dtype
 from ..weights.checkpoint import Checkpoint
 from .context import ForwardContext
 from .hf_config import HFConfig
@@ -99,7 +100,9 @@ class MoECausalLM:
     def __init__(self, ck: Checkpoint, cfg: EngineConfig, max_len: int):
         hf = HFConfig(ck.config, ck.dir / "config.json")
         self.hf, self.cfg = hf, cfg
-        dtype, device = cfg.torch_dtype, cfg.torch_device
+        device = cfg.torch_device
+        self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
+        dtype = compute_dtype(cfg.torch_dtype, device, cfg.compute_dtype)
         self.dtype, self.device = dtype, device
         self.num_layers = hf.req("num_hidden_layers")
         self.hidden = hf.req("hidden_size")
@@ -156,19 +159,21 @@ class MoECausalLM:
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
         b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         g, u, d = self.arch.expert_names
+        dt = self.expert_dtype
         for m, i in enumerate(self.moe_layers):
             p = f"model.layers.{i}.{self.arch.moe_prefix}.experts"
             if ck.has(f"{p}.gate_up_proj"):       # transformers-5 fused layout
-                b.put_layer("gate_up", m, ck.get_float(f"{p}.gate_up_proj", (e, 2 * inter, h), self.dtype), self.dtype)
-                b.put_layer("down", m, ck.get_float(f"{p}.down_proj", (e, h, inter), self.dtype), self.dtype)
+                b.put_layer("gate_up", m, ck.get_float(f"{p}.gate_up_proj", (e, 2 * inter, h), dt), dt)
+                b.put_layer("down", m, ck.get_float(f"{p}.down_proj", (e, h, inter), dt), dt)
                 continue
             for x in range(e):
-                gate = ck.get_float(f"{p}.{x}.{g}.weight", (inter, h), self.dtype)
-                up = ck.get_float(f"{p}.{x}.{u}.weight", (inter, h), self.dtype)
-                b.put("gate_up", m, x, torch.cat([gate, up]), self.dtype)
-                b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), self.dtype), self.dtype)
+                gate = ck.get_float(f"{p}.{x}.{g}.weight", (inter, h), dt)
+                up = ck.get_float(f"{p}.{x}.{u}.weight", (inter, h), dt)
+                b.put("gate_up", m, x, torch.cat([gate, up]), dt)
+                b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
         pool = b.build()
-        pool.pin()
+        if self.cfg.expert_format:
+            pool = requantize(pool, self.cfg.expert_format)
         self.pool = pool
         return build_experts(pool, self.cfg, self.device)
 

@@ -21,16 +21,13 @@ FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort
           "error": "stop"}
 
 
-class ChatCompletionRequest(BaseModel):
+class _SamplingFields(BaseModel):
+    """Fields shared by chat and text completions; unknown fields are accepted and ignored."""
     model_config = ConfigDict(extra="allow")
     model: str
-    messages: list[dict]
     stream: bool = False
     stream_options: dict | None = None
-    tools: list[dict] | None = None
-    tool_choice: str | dict | None = None
     max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -40,31 +37,23 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
-    response_format: dict | None = None
     n: int | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[dict]
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    max_completion_tokens: int | None = None
+    response_format: dict | None = None
     reasoning_effort: str | None = None
     chat_template_kwargs: dict | None = None
     logprobs: bool | None = None
     parallel_tool_calls: bool | None = None
 
 
-class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    model: str
+class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str]
-    stream: bool = False
-    stream_options: dict | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    n: int | None = None
 
 
 def content_text(content, where: str) -> str:

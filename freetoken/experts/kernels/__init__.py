@@ -70,7 +70,13 @@ def _build(cc: str, flags: list[str]) -> Path:
     out = cache_dir() / f"moe_cpu-{key}.so"
     if out.exists():
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:   # read-only home: a per-user temp dir instead
+        out = Path(tempfile.gettempdir()) / f"freetoken-kernels-{os.getuid()}" / out.name
+        if out.exists():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:

@@ -1,0 +1,34 @@
+"""Facts about the machine that decide how to compute, read once."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """torch's CPU bf16 matmul is only fast with native bf16 instructions (AVX512-BF16/AMX, ARM bf16);
+    elsewhere it converts element by element (measured: 2.6 GB/s vs 20 GB/s for fp32 here)."""
+    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def compute_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
+    """Dtype of the dense layers and activations. "auto": the checkpoint dtype, except half types
+    on a CPU without native support, which compute in float32 (weights converted exactly)."""
+    if requested != "auto":
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
+    if device.type == "cpu" and weights in (torch.bfloat16, torch.float16) and not cpu_has_fast_bf16():
+        return torch.float32
+    return weights
