@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata, KVCache
+from .attention import AttentionMetadata, KVCache, gather, scatter
 
 QUERY_BLOCK = 256
 
@@ -34,16 +34,9 @@ def paged_attention_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cac
                           meta: AttentionMetadata, scale: float, sinks: torch.Tensor,
                           window: int | None = None) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]."""
-    cache.k.index_copy_(0, meta.slot_mapping, k)
-    cache.v.index_copy_(0, meta.slot_mapping, v)
-    n, hq, d = q.shape
-    keys = cache.k[meta.key_slots].transpose(1, 2)                # [B, Hkv, Kmax, D]
-    values = cache.v[meta.key_slots].transpose(1, 2)
-    queries = torch.cat([q, q.new_zeros(1, hq, d)])[meta.query_index].transpose(1, 2)
-    out = attend_with_sinks(queries, keys, values, meta.mask(window), sinks, scale).to(q.dtype)
-    flat = out.new_empty(n + 1, hq, d)
-    flat[meta.query_index.reshape(-1)] = out.reshape(-1, hq, d)
-    return flat[:n]
+    queries, keys, values = gather(q, k, v, cache, meta)
+    out = attend_with_sinks(queries, keys, values, meta.mask(window), sinks, scale)   # [B, Qmax, Hq, D]
+    return scatter(out.transpose(1, 2).to(q.dtype), meta)
 
 
 def window_attention_sinks(q, k, v, positions, past_k, past_v, past_positions, scale, sinks, window):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..experts.factory import build_experts
-from ..experts.pool import ExpertSpec, PoolBuilder
+from ..experts.pool import ExpertSpec, PoolBuilder, requantize
 from ..layers.moe import SparseMoE
 from ..layers.sinks import paged_attention_sinks, window_attention_sinks
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
@@ -124,15 +124,16 @@ class GptOssForCausalLM(MoECausalLM):
                     b.put_layer(f"{name}_blocks", m, blocks, torch.uint8)
                     b.put_layer(f"{name}_scales", m, scales, torch.uint8)
             else:
-                gu = ck.get_float(f"{p}.gate_up_proj", (e, h, 2 * inter), self.dtype).transpose(1, 2)
-                b.put_layer("gate_up", m, deinterleave(gu), self.dtype)
-                dn = ck.get_float(f"{p}.down_proj", (e, inter, h), self.dtype).transpose(1, 2)
-                b.put_layer("down", m, dn, self.dtype)
+                dt = self.expert_dtype
+                gu = ck.get_float(f"{p}.gate_up_proj", (e, h, 2 * inter), dt).transpose(1, 2)
+                b.put_layer("gate_up", m, deinterleave(gu), dt)
+                b.put_layer("down", m, ck.get_float(f"{p}.down_proj", (e, inter, h), dt).transpose(1, 2), dt)
             b.put_layer("gate_up_bias", m, deinterleave(ck.get_float(f"{p}.gate_up_proj_bias", (e, 2 * inter))),
                         torch.float32)
             b.put_layer("down_bias", m, ck.get_float(f"{p}.down_proj_bias", (e, h)), torch.float32)
         self.pool = b.build()
-        self.pool.pin()
+        if self.cfg.expert_format and fmt == "float":
+            self.pool = requantize(self.pool, self.cfg.expert_format)
         return build_experts(self.pool, self.cfg, self.device)
 
     def _load_moe(self, ck, i: int):
