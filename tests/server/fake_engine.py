@@ -5,40 +5,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+
+from freetoken import SamplingParams
+from freetoken.engine.llm_engine import StepOutput
 
 
-@dataclass
-class FakeParams:
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    seed: int | None = None
-    stop: list = field(default_factory=list)
-    stop_token_ids: list = field(default_factory=list)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    ignore_eos: bool = False
-    logits_processors: list = field(default_factory=list)
-
-    def __post_init__(self):
-        if self.max_tokens < 1:
-            raise ValueError("SamplingParams.max_tokens: expected an integer >= 1")
-
-
-@dataclass
-class StepOutput:
-    request_id: str
-    new_token_ids: list[int]
-    new_text: str
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    stop_reason: str | int | None = None
+# The scripted engine speaks the real contract: real request parameters, real step outputs.
+FakeParams = SamplingParams
 
 
 class FakeTokenizer:
