@@ -19,14 +19,16 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_has_fast_bf16() -> bool:
-    """torch's CPU bf16 matmul is only fast with native bf16 instructions (AVX512-BF16/AMX, ARM bf16);
-    elsewhere it converts element by element (measured: 2.6 GB/s vs 20 GB/s for fp32 here)."""
+    """Native bf16 matmul instructions (AVX512-BF16/AMX, ARM bf16). Without them torch's bf16
+    GEMM converts element by element: on the AVX2 dev machine a 512-token prefill of the medium
+    Qwen3-MoE ran 68 tok/s with bf16 dense layers against 144 tok/s in fp32 (decode: 16.2 vs 14.6)."""
     return bool(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
 def compute_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
     """Dtype of the dense layers and activations. "auto": the checkpoint dtype, except half types
-    on a CPU without native support, which compute in float32 (weights converted exactly)."""
+    on a CPU without native support, which compute in float32 (weights converted exactly): 2.1x
+    faster prefill (what agent turns wait on) for ~10% slower decode there."""
     if requested != "auto":
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
     if device.type == "cpu" and weights in (torch.bfloat16, torch.float16) and not cpu_has_fast_bf16():
