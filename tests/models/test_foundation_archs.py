@@ -9,17 +9,13 @@ import transformers
 from freetoken import LLM, SamplingParams
 
 from helpers import ARCHS, assert_logits_close, reference_logits, save_hf_checkpoint, top2_margin
-
-
-def _ids(n, seed=0, vocab=500):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n,), generator=g).tolist()
+from model_checks import check_batch_equals_single, check_incremental_equals_full, ids_for
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_logits_match_transformers(tiny_dir, arch):
     d = tiny_dir(arch)
-    ids = _ids(37)
+    ids = ids_for(37)
     ours = LLM(str(d), dtype="float32").score(ids)
     assert ours.shape == (37, 512) and ours.dtype == torch.float32
     assert_logits_close(ours, reference_logits(d, ids))
@@ -58,54 +54,24 @@ def test_config_variants_match_transformers(tiny_dir, tmp_path, name):
     config = getattr(transformers, cls)(**base, **kw)
     d = save_hf_checkpoint(config, tmp_path / name, tiny_dir("qwen3_moe"), max_shard_size="100KB")
     assert (d / "model.safetensors.index.json").exists(), "variant should exercise sharded loading"
-    ids = _ids(29, seed=3)
+    ids = ids_for(29, seed=3)
     assert_logits_close(LLM(str(d), dtype="float32").score(ids), reference_logits(d, ids))
-
-
-def _capture():
-    seen = []
-
-    def proc(out_ids, logits):
-        seen.append(logits.clone())
-        return logits
-    return seen, proc
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_incremental_decode_equals_full_forward(tiny_dir, arch):
-    llm = LLM(str(tiny_dir(arch)), dtype="float32")
-    prompt = _ids(11, seed=5)
-    seen, proc = _capture()
-    out = llm.generate([prompt], SamplingParams(max_tokens=12, temperature=0.0, logits_processors=[proc],
-                                                ignore_eos=True))[0]
-    full = llm.score(prompt + out.token_ids)
-    decoded = torch.stack(seen)                       # logits at each step, computed incrementally
-    assert_logits_close(decoded, full[len(prompt) - 1: len(prompt) - 1 + len(seen)])
+    check_incremental_equals_full(tiny_dir(arch))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_batch_equals_single(tiny_dir, arch):
-    d = str(tiny_dir(arch))
-    prompts = [_ids(n, seed=n) for n in (5, 17, 9, 30)]
-    params = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
-    batched_llm = LLM(d, dtype="float32", max_num_batched_tokens=40)   # forces chunked prefill alongside decode
-    caps = [_capture() for _ in prompts]
-    for (seen, proc), p in zip(caps, prompts):
-        batched_llm.engine.add_request(f"r{len(seen)}-{id(proc)}", p, SamplingParams(logits_processors=[proc], **params))
-    while batched_llm.engine.has_unfinished():
-        batched_llm.engine.step()
-    single_llm = LLM(d, dtype="float32")
-    for (seen_b, _), p in zip(caps, prompts):
-        seen_s, proc = _capture()
-        single_llm.generate([p], SamplingParams(logits_processors=[proc], **params))
-        assert len(seen_b) == len(seen_s) == 8
-        assert_logits_close(torch.stack(seen_b), torch.stack(seen_s))
+    check_batch_equals_single(tiny_dir(arch))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_agrees_with_transformers_where_margins_allow(tiny_dir, arch):
     d = tiny_dir(arch)
-    prompt = _ids(9, seed=11)
+    prompt = ids_for(9, seed=11)
     ref = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32)
     with torch.no_grad():
         theirs = ref.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False,
@@ -122,7 +88,7 @@ def test_greedy_agrees_with_transformers_where_margins_allow(tiny_dir, arch):
 
 def test_bfloat16_close_to_float32(tiny_dir):
     d = str(tiny_dir("qwen3_moe"))
-    ids = _ids(20, seed=2)
+    ids = ids_for(20, seed=2)
     f32 = LLM(d, dtype="float32").score(ids)
     bf16 = LLM(d, dtype="bfloat16").score(ids)
     assert bf16.dtype == torch.float32

@@ -8,7 +8,7 @@ import transformers
 from safetensors import safe_open
 
 from helpers import assert_logits_close, reference_logits
-from hybrid_helpers import (
+from model_checks import (
     check_batch_equals_single,
     check_incremental_equals_full,
     check_snapshot_restore_equals_recompute,

@@ -10,7 +10,7 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from helpers import assert_logits_close, reference_logits
-from hybrid_helpers import (
+from model_checks import (
     check_batch_equals_single,
     check_incremental_equals_full,
     check_snapshot_restore_equals_recompute,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import transformers
 
 from helpers import assert_logits_close, reference_logits, save_hf_checkpoint
-from hybrid_helpers import (
+from model_checks import (
     check_batch_equals_single,
     check_incremental_equals_full,
     check_snapshot_restore_equals_recompute,

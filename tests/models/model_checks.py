@@ -1,4 +1,4 @@
-"""Shared checks for the hybrid architectures (Qwen3-Next, Qwen3.5-MoE, gpt-oss): each
+"""Shared engine-vs-reference checks for every architecture: each
 test file calls these with its own checkpoints. Checkpoints are written by transformers'
 own config classes (via make-tiny or `save_hf_checkpoint`); the reference is transformers."""
 from __future__ import annotations
