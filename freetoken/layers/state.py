@@ -6,12 +6,43 @@ outside inference mode: the runner creates states under it). The prefix
 cache stores snapshots; models only read and write the live tensors.
 """
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
 
 
-class DeltaNetState:
+class TensorState:
+    """A state made of fixed-shape tensors (named in `tensors`) plus an absorbed `position`."""
+
+    tensors: tuple[str, ...] = ()
+    position: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(getattr(self, t).nbytes for t in self.tensors)
+
+    @torch.inference_mode()
+    def snapshot(self):
+        snap = copy.copy(self)
+        for t in self.tensors:
+            setattr(snap, t, getattr(self, t).clone())
+        return snap
+
+    @torch.inference_mode()
+    def restore(self, snap) -> None:
+        for t in self.tensors:
+            getattr(self, t).copy_(getattr(snap, t))
+        self.position = snap.position
+
+    @torch.inference_mode()
+    def reset(self) -> None:
+        for t in self.tensors:
+            getattr(self, t).zero_()
+        self.position = 0
+
+
+class DeltaNetState(TensorState):
     """Conv and recurrent state of every gated-DeltaNet layer of one sequence.
 
     conv [L, C, K-1] in the model dtype, recurrent [L, Hv, Dk, Dv] in fp32."""
@@ -21,30 +52,10 @@ class DeltaNetState:
         self.rec = torch.zeros(num_layers, *rec_shape, dtype=torch.float32, device=device)
         self.position = 0
 
-    @property
-    def nbytes(self) -> int:
-        return self.conv.nbytes + self.rec.nbytes
-
-    @torch.inference_mode()
-    def snapshot(self) -> "DeltaNetState":
-        snap = DeltaNetState.__new__(DeltaNetState)
-        snap.conv, snap.rec, snap.position = self.conv.clone(), self.rec.clone(), self.position
-        return snap
-
-    @torch.inference_mode()
-    def restore(self, snap: "DeltaNetState") -> None:
-        self.conv.copy_(snap.conv)
-        self.rec.copy_(snap.rec)
-        self.position = snap.position
-
-    @torch.inference_mode()
-    def reset(self) -> None:
-        self.conv.zero_()
-        self.rec.zero_()
-        self.position = 0
+    tensors = ("conv", "rec")
 
 
-class SlidingWindowKV:
+class SlidingWindowKV(TensorState):
     """The last `window` keys and values of each sliding-window layer of one sequence,
     as a ring buffer: token at absolute position p lives in slot p % window.
 
@@ -57,25 +68,10 @@ class SlidingWindowKV:
         self.v = torch.zeros_like(self.k)
         self.position = 0
 
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    @torch.inference_mode()
-    def snapshot(self) -> "SlidingWindowKV":
-        snap = SlidingWindowKV.__new__(SlidingWindowKV)
-        snap.window, snap.position = self.window, self.position
-        snap.k, snap.v = self.k.clone(), self.v.clone()
-        return snap
-
-    @torch.inference_mode()
-    def restore(self, snap: "SlidingWindowKV") -> None:
-        self.k.copy_(snap.k)
-        self.v.copy_(snap.v)
-        self.position = snap.position
+    tensors = ("k", "v")
 
     def reset(self) -> None:
-        self.position = 0
+        self.position = 0          # stale slots are never read: `cached` looks back from `position` only
 
     def cached(self, layer: int, start: int):
         """Keys/values of positions [max(0, start - window), start), oldest first,

@@ -178,13 +178,19 @@ async def get_model(model_id: str, request: Request):
             "type": "model", "display_name": model_id, "created_at": st.started_iso}
 
 
-@router.post("/v1/chat/completions")
-async def chat_completions(request: Request):
+async def _parse(request: Request, model: type[_SamplingFields]):
+    """Validate the body, check the model id, reject n > 1: what every completion route does first."""
     st = state(request)
-    body = await parse_body(request, ChatCompletionRequest)
+    body = await parse_body(request, model)
     st.check_model(body.model, anthropic=False)
     if body.n not in (None, 1):
         raise BadRequest("n > 1 is not supported", param="n")
+    return st, body
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request):
+    st, body = await _parse(request, ChatCompletionRequest)
     if body.logprobs:
         raise BadRequest("logprobs are not supported by this server", param="logprobs")
     kwargs = dict(body.chat_template_kwargs or {})
@@ -261,11 +267,7 @@ async def _chat_stream(gen, cid, created, model, include_usage):
 
 @router.post("/v1/completions")
 async def completions(request: Request):
-    st = state(request)
-    body = await parse_body(request, CompletionRequest)
-    st.check_model(body.model, anthropic=False)
-    if body.n not in (None, 1):
-        raise BadRequest("n > 1 is not supported", param="n")
+    st, body = await _parse(request, CompletionRequest)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
