@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -14,15 +16,59 @@ MEDIUM_QWEN3 = dict(layers=5, experts=64, top_k=8, hidden=2048, vocab=8192,
                     moe_intermediate_size=768, intermediate_size=6144, num_attention_heads=32,
                     num_key_value_heads=4, head_dim=128, max_position_embeddings=4096)
 
+# gpt-oss-20b per-layer shapes (hidden/intermediate 2880, 64 heads x 64, 8 kv heads, window 128 on
+# alternate layers, sinks, 32 MXFP4 experts top-4), 4 of its 24 layers: ~2 GB on disk. YaRN as
+# gpt-oss ships it except `truncate`: llama.cpp always rounds the YaRN correction dims
+# (ggml_rope_yarn_corr_dims), so truncate=True makes both engines compute the same function.
+MEDIUM_GPT_OSS = dict(layers=4, experts=32, top_k=4, hidden=2880, vocab=8192, intermediate_size=2880,
+                      num_attention_heads=64, num_key_value_heads=8, head_dim=64, sliding_window=128,
+                      max_position_embeddings=4096,
+                      rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                           beta_slow=1.0, original_max_position_embeddings=4096, truncate=True))
 
-def medium_checkpoint(arch: str = "qwen3_moe", name: str = "qwen3-moe-medium", **shape) -> Path:
+
+def medium_checkpoint(arch: str = "qwen3_moe", name: str = "qwen3-moe-medium", initializer_range: float = 0.1,
+                      **shape) -> Path:
     from freetoken.tiny import make_tiny
     shape = shape or dict(MEDIUM_QWEN3)
     out = CACHE / name
     if not (out / "config.json").exists():
         print(f"building {out} (random weights, bf16) ...", flush=True)
-        make_tiny(arch, out, dtype="bfloat16", initializer_range=0.1, **shape)
+        tmp = out.with_name(out.name + ".partial")      # renamed when complete: a killed build is not a cache hit
+        shutil.rmtree(tmp, ignore_errors=True)
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)     # init in bf16: a float32 copy of the larger ones overflows RAM
+        try:
+            with _mxfp4_per_expert():
+                make_tiny(arch, tmp, dtype="bfloat16", initializer_range=initializer_range, **shape)
+        finally:
+            torch.set_default_dtype(prev)
+        tmp.rename(out)
     return out
+
+
+@contextmanager
+def _mxfp4_per_expert():
+    """quantize_mxfp4 holds ~50 bytes of temporaries per weight (17 GB for one gpt-oss-medium
+    gate_up bank, more than the machine has): run it one expert at a time, same bits."""
+    import freetoken.weights.mxfp4 as mx
+    orig = mx.quantize_mxfp4
+
+    def per_expert(w):
+        if w.dim() < 3:
+            return orig(w)
+        parts = [orig(e) for e in w.split(1)]
+        return torch.cat([b for b, _ in parts]), torch.cat([s for _, s in parts])
+
+    mx.quantize_mxfp4 = per_expert
+    try:
+        yield
+    finally:
+        mx.quantize_mxfp4 = orig
+
+
+def medium_gpt_oss() -> Path:
+    return medium_checkpoint("gpt_oss_mxfp4", "gpt-oss-medium", **MEDIUM_GPT_OSS)
 
 
 def timed(fn, *args, **kw):

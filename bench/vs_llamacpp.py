@@ -1,6 +1,10 @@
-"""FreeToken vs llama.cpp on the same random medium Qwen3-MoE, side by side (outside CI).
+"""FreeToken vs llama.cpp on the same random medium checkpoint, side by side (outside CI).
 
-    .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512] [--decode 128] [--formats bf16,q8_0]
+    .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512] [--decode 128] [--formats bf16,q8_0,mxfp4]
+
+bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts vs llama.cpp's Q8_0 GGUF);
+mxfp4 runs a medium gpt-oss whose experts ship as MXFP4 and stay packed in both engines, the
+rest bf16 in both (converted with --outtype bf16, which keeps the MXFP4 experts as they are).
 
 First run installs llama-cpp-python (built from its sdist, ~13 min on 2 cores) into a cached
 venv under ~/.cache/freetoken/llamacpp, and uses the sdist's own convert_hf_to_gguf.py with
@@ -20,7 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import CACHE, medium_checkpoint  # noqa: E402
+from common import CACHE, medium_checkpoint, medium_gpt_oss  # noqa: E402
 
 LLAMA_DIR = CACHE.parent / "llamacpp"
 VERSION = "0.3.36"
@@ -99,6 +103,14 @@ LLAMA_RUN = textwrap.dedent("""
 """)
 
 
+# format -> (checkpoint builder, GGUF --outtype, FreeToken LLM options)
+FORMATS = {
+    "bf16": (medium_checkpoint, "bf16", {}),
+    "q8_0": (medium_checkpoint, "q8_0", {"expert_format": "int8"}),
+    "mxfp4": (medium_gpt_oss, "bf16", {}),
+}
+
+
 def run_llamacpp(py: Path, gguf: Path, prompt: list[int], threads: int, n_decode: int) -> dict:
     r = subprocess.run([py, "-c", LLAMA_RUN, str(gguf), str(threads), str(n_decode)], input=json.dumps(prompt),
                        capture_output=True, text=True, check=True)
@@ -153,25 +165,26 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=128)
-    ap.add_argument("--formats", default="bf16", help="comma list of bf16, q8_0")
+    ap.add_argument("--formats", default="bf16", help="comma list of " + ", ".join(FORMATS))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     py, converter = ensure_llamacpp()
-    model = medium_checkpoint()
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(100, 8000, (args.prompt,), generator=g).tolist()
+    prompt = torch.randint(100, 8000, (args.prompt,), generator=g).tolist()      # both vocabs are 8192
     rows = []
     for fmt in args.formats.split(","):
-        gguf = to_gguf(py, converter, model, fmt)
+        build, outtype, ft_opts = FORMATS[fmt]
+        model = build()
+        gguf = to_gguf(py, converter, model, outtype)
         ll = run_llamacpp(py, gguf, prompt, args.threads, args.decode)
-        ft_opts = {} if fmt == "bf16" else {"expert_format": "int8"}
         ft = run_freetoken(model, prompt, args.threads, args.decode, **ft_opts)
         same = next((i for i, (a, b) in enumerate(zip(ft["tokens"], ll["tokens"])) if a != b), len(ll["tokens"]))
-        rows.append((fmt, ft, ll, same, agreement(ft, ll, prompt)))
-    print(f"\nmodel {model.name}, batch 1, {args.threads} threads, prompt {args.prompt}, decode {args.decode}")
+        rows.append((fmt, model, ft, ll, same, agreement(ft, ll, prompt)))
+    print(f"\nbatch 1, {args.threads} threads, prompt {args.prompt}, decode {args.decode}")
     print(f"{'format':8}{'engine':12}{'prefill tok/s':>15}{'decode tok/s':>14}")
-    for fmt, ft, ll, same, agree in rows:
-        print(f"{fmt:8}{'freetoken':12}{ft['prefill']:15.1f}{ft['decode']:14.2f}   (moe backend {ft['backend']})")
+    for fmt, model, ft, ll, same, agree in rows:
+        print(f"{fmt:8}{'freetoken':12}{ft['prefill']:15.1f}{ft['decode']:14.2f}   (model {model.name}, "
+              f"moe backend {ft['backend']})")
         print(f"{'':8}{'llama.cpp':12}{ll['prefill']:15.1f}{ll['decode']:14.2f}")
         print(f"{'':8}{'ratio':12}{ft['prefill'] / ll['prefill']:14.2f}x{ft['decode'] / ll['decode']:13.2f}x"
               f"   free-running greedy tokens agree for the first {same} of {len(ll['tokens'])}")

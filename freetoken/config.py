@@ -32,6 +32,9 @@ class EngineConfig:
     expert_cache_slots: int | None = None
     expert_cache_gib: float | None = None
     expert_format: str | None = None       # re-encode float experts at load: int8 | fp8 | mxfp4 | bf16 | ...
+    # Dense layers (attention, dense MLPs, shared experts, lm_head): None keeps `dtype`;
+    # "int8" stores them as int8 + fp16 scale per 32 (llama.cpp Q8_0 size), run by the CPU kernels.
+    dense_format: str | None = None
     bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
     record_routing: str | None = None      # write every step's routing to this JSONL file
     seed: int = 0
@@ -46,6 +49,8 @@ class EngineConfig:
                 f"moe_backend: expected resident|offload|cpu|hybrid|auto, got {self.moe_backend!r}")
         if self.expert_format not in (None, "int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"):
             raise InvalidRequestError(f"expert_format: expected int8|fp8|mxfp4|bf16|fp16|fp32, got {self.expert_format!r}")
+        if self.dense_format not in (None, "int8"):
+            raise InvalidRequestError(f"dense_format: expected int8 or none, got {self.dense_format!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")

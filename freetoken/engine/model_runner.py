@@ -19,6 +19,8 @@ class ModelRunner:
         slots = num_blocks * block_size
         self.kv = {i: KVCache(slots, h, d, model.dtype, model.device) for i, h, d in model.kv_layers()}
         self._arange = torch.arange(block_size)
+        # the CPU kernels' pool of a pure-CPU model (None on CUDA): decode attention runs there
+        self.kernel_pool = getattr(getattr(model, "linear", None), "pool", None)
 
     @property
     def kv_nbytes(self) -> int:
@@ -58,7 +60,8 @@ class ModelRunner:
         dev = self.device
         meta = AttentionMetadata(slot_mapping=torch.cat(slot_map).to(dev), key_slots=torch.stack(key_slots).to(dev),
                                  key_positions=key_pos.to(dev), query_index=q_index.to(dev),
-                                 query_positions=q_pos.to(dev), num_tokens=n_total)
+                                 query_positions=q_pos.to(dev), num_tokens=n_total, context_lens=ctx_lens,
+                                 kernel_pool=self.kernel_pool)
         phase = "decode" if qmax == 1 else "prefill"
         ctx = ForwardContext(attn=meta, kv=self.kv, states=[s.state for s, _ in batch],
                              query_lens=[n for _, n in batch], phase=phase)

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import threading
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -28,7 +25,8 @@ import torch.nn.functional as F
 from ..weights.fp8 import dequantize_fp8_block, quantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
 from ..weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from . import kernels
+from .. import kernels
+from ..kernels.pool import CpuPool, physical_cpus  # noqa: F401  (physical_cpus: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +112,11 @@ def activate(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float
 def reference_run(banks: dict[str, torch.Tensor], fmt: str, x: torch.Tensor, expert_ids: torch.Tensor,
                   weights: torch.Tensor, activation: str = "silu", alpha: float = 1.702, limit: float = 7.0,
                   dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None,
-                  tokens_min: int = 0) -> torch.Tensor:
+                  tokens_min: int = 0, dequant=None) -> torch.Tensor:
     """Dequantize-then-matmul in `dtype`, grouped per expert. Returns [T, H] in float32 (or in
     `dtype` when it is float64); adds into `out` when given. Only experts with at least
-    `tokens_min` routed tokens are computed (the executor's prefill split)."""
+    `tokens_min` routed tokens are computed (the executor's prefill split). `dequant(fid)`
+    replaces `dequantize_expert` (the executor's C dequantization)."""
     fmt = resolve_format(banks, fmt)
     T, K = expert_ids.shape
     if out is None:
@@ -137,7 +136,7 @@ def reference_run(banks: dict[str, torch.Tensor], fmt: str, x: torch.Tensor, exp
         if cnt < tokens_min:
             continue
         tok = sel // K
-        gu_w, dn_w = dequantize_expert(banks, fmt, fid, dtype)
+        gu_w, dn_w = dequant(fid) if dequant else dequantize_expert(banks, fmt, fid, dtype)
         gu_b = banks["gate_up_bias"][fid].to(dtype) if "gate_up_bias" in banks else None
         dn_b = banks["down_bias"][fid].to(dtype) if "down_bias" in banks else None
         h = F.linear(x[tok].to(dtype), gu_w, gu_b)
@@ -146,34 +145,19 @@ def reference_run(banks: dict[str, torch.Tensor], fmt: str, x: torch.Tensor, exp
     return out
 
 
-def physical_cpus() -> list[int]:
-    """One logical CPU per physical core among those this process may run on."""
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    seen, cpus = set(), []
-    for c in allowed:
-        base = f"/sys/devices/system/cpu/cpu{c}/topology/"
-        try:
-            key = tuple(Path(base + f).read_text().strip() for f in ("physical_package_id", "core_id"))
-        except OSError:
-            key = ("?", str(c))
-        if key not in seen:
-            seen.add(key)
-            cpus.append(c)
-    return cpus or [0]
-
-
 class CpuExpertExecutor:
     """Runs routed experts on the CPU from host banks; see the module docstring for layouts.
 
     gemm_tokens: experts receiving at least this many tokens in one call are computed with
     dequantize + torch matmul (prefill); 0 disables the split; None = the format's default.
     isa: "native" (widest SIMD the compiler finds here), "portable" (plain C), or "torch" (no
-    compiled kernel; the reference path)."""
+    compiled kernel; the reference path). pool: a `CpuPool` to share (the engine's one pool for
+    dense layers and experts); None creates a private one with num_threads/pin/spin_us."""
 
     def __init__(self, banks: dict[str, torch.Tensor], fmt: str, hidden: int, intermediate: int,
                  activation: str = "silu", alpha: float = 1.702, limit: float = 7.0,
                  num_threads: int | None = None, *, gemm_tokens: int | None = None, isa: str = "native",
-                 pin: bool = True, spin_us: int = 200):
+                 pin: bool = True, spin_us: int = 200, pool: CpuPool | None = None):
         self.fmt = resolve_format(banks, fmt)
         if activation not in _ACT_CODE:
             raise ValueError(f"unknown expert activation {activation!r}")
@@ -183,20 +167,16 @@ class CpuExpertExecutor:
         if self.fmt in ("mxfp4", "int8") and (hidden % 32 or intermediate % 32):
             raise ValueError(f"{self.fmt} experts need hidden and intermediate to be multiples of 32")
         self._bias = {k: banks[k].float().contiguous() for k in ("gate_up_bias", "down_bias") if k in banks}
-        self._pool = None
-        self._lock = threading.Lock()   # one call at a time per worker pool
         self._desc = self._make_desc()   # validates the banks before any thread starts
         self.lib = None if isa == "torch" else kernels.load(isa)
-        self.num_threads = 1
+        self.num_threads, self._own_pool = 1, pool is None
+        self._pool, self._deq = None, None
         if self.lib is None:
             self.isa = "torch"
             return
         self.isa = self.lib.ft_isa().decode()
-        cpus = physical_cpus()
-        n = num_threads or len(cpus)
-        pinned = (ctypes.c_int * n)(*[cpus[i % len(cpus)] for i in range(n)]) if pin and n <= len(cpus) else None
-        self._pool = self.lib.ft_pool_create(n, pinned, spin_us * 1000)
-        self.num_threads = n
+        self._pool = pool if pool is not None else CpuPool(self.lib, num_threads, pin, spin_us)
+        self.num_threads = self._pool.num_threads
 
     @classmethod
     def from_pool(cls, pool, **kw) -> "CpuExpertExecutor":
@@ -249,19 +229,21 @@ class CpuExpertExecutor:
         w = weights if weights.dtype == torch.float32 else weights.float()
         if self.lib is None:
             return reference_run(self.banks, self.fmt, x, ids, w, self.activation, self.alpha, self.limit, out=out)
+        self.last_experts = 0       # distinct experts this call ran (the expert-memory stats)
         if self.gemm_tokens and ids.numel() >= self.gemm_tokens:
             ids = self._split_big(x, ids, w, out)
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         x, ids, w = x.contiguous(), ids.contiguous(), w.contiguous()
-        with self._lock:
-            rc = self.lib.ft_moe_run(self._pool, ctypes.byref(self._desc), x.data_ptr(),
+        with self._pool.lock:
+            rc = self.lib.ft_moe_run(self._pool.handle, ctypes.byref(self._desc), x.data_ptr(),
                                      0 if x.dtype == torch.float32 else 1, T, ids.shape[1],
                                      ids.data_ptr(), w.data_ptr(), out.data_ptr())
         if rc == -1:
             raise IndexError("expert id out of range of the banks")
-        if rc != 0:
+        if rc < 0:
             raise MemoryError("CPU expert kernel could not allocate its scratch memory")
+        self.last_experts += rc
         return out
 
     def _split_big(self, x, ids, w, out) -> torch.Tensor:
@@ -272,18 +254,26 @@ class CpuExpertExecutor:
         big = counts >= self.gemm_tokens
         if not bool(big.any()):
             return ids
+        self.last_experts = int(big.sum())
         reference_run(self.banks, self.fmt, x, ids, w, self.activation, self.alpha, self.limit,
-                      out=out, tokens_min=self.gemm_tokens)
+                      out=out, tokens_min=self.gemm_tokens, dequant=self._dequantize)
         return torch.where((flat >= 0) & big[flat.clamp_min(0)], -1, flat).reshape(ids.shape)
 
-    def close(self) -> None:
-        if self._pool is not None:
-            with self._lock:
-                self.lib.ft_pool_destroy(self._pool)
-                self._pool = None
+    def _dequantize(self, fid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [2I, H], down [H, I]) of expert `fid` in fp32 by the C kernels, into buffers
+        reused across calls (torch's dequantization of int8/mxfp4/fp8 is several passes)."""
+        d = self._desc
+        if self._deq is None:
+            self._deq = (torch.empty(2 * self.I, self.H), torch.empty(self.H, self.I))
+        with self._pool.lock:
+            for (wp, wes, wrs, sp, ses, srs), rows, cols, buf in (
+                    ((d.gu_w, d.gu_w_es, d.gu_w_rs, d.gu_s, d.gu_s_es, d.gu_s_rs), 2 * self.I, self.H, self._deq[0]),
+                    ((d.dn_w, d.dn_w_es, d.dn_w_rs, d.dn_s, d.dn_s_es, d.dn_s_rs), self.H, self.I, self._deq[1])):
+                self.lib.ft_dequant_rows(self._pool.handle, d.fmt, wp + fid * wes, wrs,
+                                         sp + fid * ses if sp else None, srs, rows, cols, buf.data_ptr())
+        return self._deq
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+    def close(self) -> None:
+        if self._pool is not None and self._own_pool:
+            self._pool.close()
+        self._pool = None

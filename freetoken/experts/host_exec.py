@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.pool import shared_pool
 from .pool import ExpertPool
 from .torch_exec import run_experts
 
@@ -26,10 +27,9 @@ def make_host_executor(pool: ExpertPool, num_threads: int | None = None, prefer_
             CpuExpertExecutor = None
         if CpuExpertExecutor is not None:
             s = pool.spec
-            try:
+            try:   # the process's one kernel pool, shared with the dense layers and attention
                 return CpuExpertExecutor(pool.banks, s.fmt, s.hidden, s.intermediate, activation=s.activation,
-                                         alpha=s.alpha, limit=s.limit, num_threads=num_threads,
-                                         spin_us=0)   # spinning workers would steal the cores torch needs next
+                                         alpha=s.alpha, limit=s.limit, pool=shared_pool(num_threads))
             except (ValueError, NotImplementedError):
                 pass                     # a format the kernels do not cover yet
     return TorchHostExecutor(pool)

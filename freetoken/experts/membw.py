@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from . import kernels
+from .. import kernels
+from ..kernels.pool import CpuPool
 from .cpu import CpuExpertExecutor, weight_keys
 
 
@@ -40,15 +41,11 @@ def read_bandwidth(nbytes: int = 1 << 29, repeats: int = 5, num_threads: int | N
     lib = kernels.load()
     if lib is None:
         return torch_read_bandwidth(buf, repeats, clock)
-    from .cpu import physical_cpus
-    import ctypes
-    cpus = physical_cpus()
-    n = num_threads or len(cpus)
-    pool = lib.ft_pool_create(n, (ctypes.c_int * n)(*[cpus[i % len(cpus)] for i in range(n)]), 200_000)
+    pool = CpuPool(lib, num_threads, spin_us=200)
     try:
-        return _best_rate(lambda: lib.ft_read_bytes(pool, buf.data_ptr(), buf.nbytes), buf.nbytes, repeats, clock)
+        return _best_rate(lambda: lib.ft_read_bytes(pool.handle, buf.data_ptr(), buf.nbytes), buf.nbytes, repeats, clock)
     finally:
-        lib.ft_pool_destroy(pool)
+        pool.close()
 
 
 def torch_read_bandwidth(buf: torch.Tensor | None = None, repeats: int = 5, clock: str = "wall") -> float:

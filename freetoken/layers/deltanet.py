@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import CheckpointError
+from .linear import LinearFactory
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -127,9 +128,10 @@ class GatedDeltaNet:
         self.conv_kernel = conv_weight.shape[-1]
 
     @classmethod
-    def load(cls, get, cfg: dict, dtype, device="cpu") -> "GatedDeltaNet":
+    def load(cls, get, cfg: dict, linear: LinearFactory, device="cpu") -> "GatedDeltaNet":
         """`get(name)` returns this layer's tensor `linear_attn.<name>`; both the Qwen3.5
-        (in_proj_qkv/z/b/a) and the Qwen3-Next (in_proj_qkvz/ba) layouts are accepted."""
+        (in_proj_qkv/z/b/a) and the Qwen3-Next (in_proj_qkvz/ba) layouts are accepted;
+        `linear` builds the projections."""
         hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
         dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
         try:
@@ -139,9 +141,10 @@ class GatedDeltaNet:
             in_proj = qwen3_next_in_proj(get("in_proj_qkvz.weight"), get("in_proj_ba.weight"), hk, hv, dk, dv)
         conv = get("conv1d.weight")
         conv = conv.reshape(conv.shape[0], conv.shape[-1])
-        t = lambda x, dt=dtype: x.to(dt).to(device).contiguous()
-        return cls(t(in_proj), t(conv), t(get("dt_bias"), torch.float32), t(get("A_log"), torch.float32),
-                   t(get("norm.weight")), t(get("out_proj.weight")), hk, dk, dv, cfg.get("rms_norm_eps", 1e-6))
+        t = lambda x, dt=linear.compute_dtype: x.to(dt).to(device).contiguous()
+        lin = lambda x: linear(t(x, linear.storage_dtype))  # noqa: E731
+        return cls(lin(in_proj), t(conv), t(get("dt_bias"), torch.float32), t(get("A_log"), torch.float32),
+                   t(get("norm.weight")), lin(get("out_proj.weight")), hk, dk, dv, cfg.get("rms_norm_eps", 1e-6))
 
     @property
     def conv_state_shape(self):
@@ -155,7 +158,7 @@ class GatedDeltaNet:
         """x [B, T, hidden] -> (out [B, T, hidden], conv_state, rec_state).
         T == 1 uses the recurrent form, longer inputs the chunked one."""
         bsz, t, _ = x.shape
-        proj = F.linear(x, self.in_proj)
+        proj = self.in_proj(x)
         qkv, z, b, a = proj.split([self.conv_dim, self.value_dim, self.hv, self.hv], dim=-1)
         qkv, conv_state = causal_conv1d(qkv.transpose(1, 2), self.conv_weight, conv_state)
         q, k, v = qkv.transpose(1, 2).split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
@@ -167,7 +170,7 @@ class GatedDeltaNet:
         rule = recurrent_gated_delta_rule if t == 1 else chunk_gated_delta_rule
         o, rec_state = rule(q, k, v, g, beta, rec_state)
         o = gated_rms_norm(o, z.reshape(bsz, t, self.hv, self.dv), self.norm_weight, self.eps)
-        return F.linear(o.reshape(bsz, t, self.value_dim), self.out_proj), conv_state, rec_state
+        return self.out_proj(o.reshape(bsz, t, self.value_dim)), conv_state, rec_state
 
 
 def qwen3_next_in_proj(qkvz: torch.Tensor, ba: torch.Tensor, hk: int, hv: int, dk: int, dv: int):

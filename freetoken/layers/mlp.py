@@ -2,12 +2,14 @@
 import torch
 import torch.nn.functional as F
 
+from .linear import Linear
+
 
 class GatedMLP:
-    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
+    def __init__(self, gate_up: Linear, down: Linear):
         self.gate_up, self.down = gate_up, down     # [2I, H], [H, I]
-        self.inter = down.shape[1]
+        self.inter = down.in_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        gu = F.linear(x, self.gate_up)
-        return F.linear(F.silu(gu[..., : self.inter]) * gu[..., self.inter:], self.down)
+        gu = self.gate_up(x)
+        return self.down(F.silu(gu[..., : self.inter]) * gu[..., self.inter:])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata, KVCache, gather, scatter
+from .attention import AttentionMetadata, KVCache, decode_attention, gather, scatter
 
 QUERY_BLOCK = 256
 
@@ -34,6 +34,8 @@ def paged_attention_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cac
                           meta: AttentionMetadata, scale: float, sinks: torch.Tensor,
                           window: int | None = None) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]."""
+    if meta.decode_kernel(q, cache.k.dtype, window):
+        return decode_attention(q, k, v, cache, meta, scale, sinks.float().contiguous())
     queries, keys, values = gather(q, k, v, cache, meta)
     out = attend_with_sinks(queries, keys, values, meta.mask(window), sinks, scale)   # [B, Qmax, Hq, D]
     return scatter(out.transpose(1, 2).to(q.dtype), meta)

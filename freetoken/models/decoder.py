@@ -11,7 +11,9 @@ from ..config import EngineConfig
 from ..errors import CheckpointError
 from ..experts.factory import build_experts
 from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..kernels.pool import shared_pool
 from ..layers.attention import paged_attention
+from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
@@ -36,8 +38,8 @@ class ArchSpec:
 
 
 class Attention:
-    def __init__(self, ck: Checkpoint, p: str, hf: HFConfig, arch: ArchSpec, dtype, device, rotary: Rotary,
-                 window: int | None):
+    def __init__(self, ck: Checkpoint, p: str, hf: HFConfig, arch: ArchSpec, linear: LinearFactory, device,
+                 rotary: Rotary, window: int | None):
         self.heads = hf.req("num_attention_heads")
         self.kv_heads = hf.first("num_key_value_heads", default=self.heads)
         hidden = hf.req("hidden_size")
@@ -45,13 +47,15 @@ class Attention:
         bias = any(hf.get(f) for f in arch.attn_bias_fields) if any(
             f in hf.data for f in arch.attn_bias_fields) else arch.attn_bias_default
         q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        get = lambda n, s: ck.get_float(n, s, dtype).to(device)  # noqa: E731
-        qkv = [get(f"{p}.{n}_proj.weight", (o, hidden)) for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))]
-        self.qkv = torch.cat(qkv)
-        self.qkv_bias = torch.cat([get(f"{p}.{n}_proj.bias", (o,)) for n, o in
-                                   (("q", q_out), ("k", kv_out), ("v", kv_out))]) if bias else None
-        self.o = get(f"{p}.o_proj.weight", (hidden, q_out))
-        self.o_bias = get(f"{p}.o_proj.bias", (hidden,)) if bias and ck.has(f"{p}.o_proj.bias") else None
+        dtype = linear.compute_dtype
+        get = lambda n, s, dt=dtype: ck.get_float(n, s, dt).to(device)  # noqa: E731
+        qkv = [get(f"{p}.{n}_proj.weight", (o, hidden), linear.storage_dtype)
+               for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))]
+        qkv_bias = torch.cat([get(f"{p}.{n}_proj.bias", (o,)) for n, o in
+                              (("q", q_out), ("k", kv_out), ("v", kv_out))]) if bias else None
+        self.qkv = linear(torch.cat(qkv), qkv_bias)
+        o_bias = get(f"{p}.o_proj.bias", (hidden,)) if bias and ck.has(f"{p}.o_proj.bias") else None
+        self.o = linear(get(f"{p}.o_proj.weight", (hidden, q_out), linear.storage_dtype), o_bias)
         eps = hf.first("rms_norm_eps", default=1e-6, kind=float)
         self.q_norm = self.k_norm = None
         if arch.qk_norm == "head":
@@ -68,7 +72,7 @@ class Attention:
 
     def __call__(self, x, cos, sin, cache, meta):
         n = x.shape[0]
-        q, k, v = F.linear(x, self.qkv, self.qkv_bias).split(self.splits, dim=-1)
+        q, k, v = self.qkv(x).split(self.splits, dim=-1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip is not None:
@@ -80,7 +84,7 @@ class Attention:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
         o = paged_attention(q, k, v, cache, meta, self.scale, self.window)
-        return F.linear(o.reshape(n, -1), self.o, self.o_bias)
+        return self.o(o.reshape(n, -1))
 
 
 class DecoderLayer:
@@ -112,12 +116,16 @@ class MoECausalLM:
         self.head_dim = hf.first("head_dim", default=self.hidden // heads)
         self.kv_heads = hf.first("num_key_value_heads", default=heads)
         self.rotary = Rotary(hf.data, self.head_dim, max_len, dtype, device)
-        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden), dtype).to(device)
+        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
+        self.linear = LinearFactory(dtype, cfg.torch_dtype, cfg.dense_format, pool)
+        # the table stays in the storage dtype; looked-up rows are converted (exactly)
+        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
+                                  cfg.torch_dtype).to(device)
         self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
         if hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
-            self.lm_head = self.embed
+            self.lm_head = self.linear(self.embed)
         else:
-            self.lm_head = self._w(ck, "lm_head.weight", (self.vocab_size, self.hidden))
+            self.lm_head = self.linear(self._ws(ck, "lm_head.weight", (self.vocab_size, self.hidden)))
         self.moe_layers = [i for i in range(self.num_layers) if self.is_moe_layer(i)]
         self.experts = self._load_experts(ck) if self.moe_layers else None
         self.layers = [self._load_layer(ck, i) for i in range(self.num_layers)]
@@ -125,6 +133,13 @@ class MoECausalLM:
     # --- architecture hooks -------------------------------------------------------------
     def _w(self, ck, name, shape):
         return ck.get_float(name, shape, self.dtype).to(self.device)
+
+    def _ws(self, ck, name, shape):
+        """A dense weight matrix in its storage dtype (for `self.linear`)."""
+        return ck.get_float(name, shape, self.linear.storage_dtype).to(self.device)
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, self.embed).to(self.dtype)
 
     def num_experts(self) -> int:
         return self.hf.first("num_experts", "num_local_experts", default=0)
@@ -182,9 +197,9 @@ class MoECausalLM:
         inter = self.hf.req("intermediate_size")
         if not ck.has(f"{p}.gate_proj.weight"):
             raise CheckpointError(f"{ck.dir}: layer {i} is dense by config but tensor {p}.gate_proj.weight is missing")
-        gate_up = torch.cat([self._w(ck, f"{p}.gate_proj.weight", (inter, self.hidden)),
-                             self._w(ck, f"{p}.up_proj.weight", (inter, self.hidden))])
-        return GatedMLP(gate_up, self._w(ck, f"{p}.down_proj.weight", (self.hidden, inter)))
+        gate_up = torch.cat([self._ws(ck, f"{p}.gate_proj.weight", (inter, self.hidden)),
+                             self._ws(ck, f"{p}.up_proj.weight", (inter, self.hidden))])
+        return GatedMLP(self.linear(gate_up), self.linear(self._ws(ck, f"{p}.down_proj.weight", (self.hidden, inter))))
 
     def _load_moe(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.{self.arch.moe_prefix}"
@@ -194,9 +209,9 @@ class MoECausalLM:
         if self.arch.shared_expert:
             si = self.hf.req("shared_expert_intermediate_size")
             sp = f"{p}.shared_expert"
-            shared = GatedMLP(torch.cat([self._w(ck, f"{sp}.gate_proj.weight", (si, self.hidden)),
-                                         self._w(ck, f"{sp}.up_proj.weight", (si, self.hidden))]),
-                              self._w(ck, f"{sp}.down_proj.weight", (self.hidden, si)))
+            shared = GatedMLP(self.linear(torch.cat([self._ws(ck, f"{sp}.gate_proj.weight", (si, self.hidden)),
+                                                     self._ws(ck, f"{sp}.up_proj.weight", (si, self.hidden))])),
+                              self.linear(self._ws(ck, f"{sp}.down_proj.weight", (self.hidden, si))))
             gate = self._w(ck, f"{p}.shared_expert_gate.weight", (1, self.hidden))
         norm = self.arch.always_norm_topk or bool(self.hf.get("norm_topk_prob", self.arch.norm_topk_default))
         return SparseMoE(self.moe_layers.index(i), router, self.experts, self.top_k(), norm,
@@ -204,7 +219,7 @@ class MoECausalLM:
 
     def _load_layer(self, ck: Checkpoint, i: int) -> DecoderLayer:
         p = f"model.layers.{i}"
-        attn = Attention(ck, f"{p}.self_attn", self.hf, self.arch, self.dtype, self.device, self.rotary,
+        attn = Attention(ck, f"{p}.self_attn", self.hf, self.arch, self.linear, self.device, self.rotary,
                          self.sliding_window(i))
         mlp = self._load_moe(ck, i) if i in self.moe_layers else self._load_mlp(ck, i)
         return DecoderLayer(attn, mlp, RMSNorm(self._w(ck, f"{p}.input_layernorm.weight", (self.hidden,)), self.eps),
@@ -214,11 +229,11 @@ class MoECausalLM:
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         if self.experts is not None:
             self.experts.begin_step(ctx.phase)
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions)
         for i, layer in enumerate(self.layers):
             x = layer(i, x, cos, sin, ctx)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()

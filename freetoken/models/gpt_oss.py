@@ -31,13 +31,13 @@ class RMSNormF32:
 
 
 class SinkAttention(Attention):
-    def __init__(self, ck, p, hf, arch, dtype, device, rotary, window):
-        super().__init__(ck, p, hf, arch, dtype, device, rotary, window)
+    def __init__(self, ck, p, hf, arch, linear, device, rotary, window):
+        super().__init__(ck, p, hf, arch, linear, device, rotary, window)
         self.sinks = ck.get_float(f"{p}.sinks", (self.heads,)).to(device)
 
     def project(self, x, cos, sin):
         n = x.shape[0]
-        q, k, v = F.linear(x, self.qkv, self.qkv_bias).split(self.splits, dim=-1)
+        q, k, v = self.qkv(x).split(self.splits, dim=-1)
         q = self.rotary.apply(q.reshape(n, self.heads, self.head_dim), cos, sin)
         k = self.rotary.apply(k.reshape(n, self.kv_heads, self.head_dim), cos, sin)
         return q, k, v.reshape(n, self.kv_heads, self.head_dim)
@@ -45,7 +45,7 @@ class SinkAttention(Attention):
     def __call__(self, x, cos, sin, cache, meta):
         q, k, v = self.project(x, cos, sin)
         o = paged_attention_sinks(q, k, v, cache, meta, self.scale, self.sinks)
-        return F.linear(o.reshape(x.shape[0], -1), self.o, self.o_bias)
+        return self.o(o.reshape(x.shape[0], -1))
 
     def windowed(self, x, cos, sin, positions, ctx: ForwardContext, slot: int):
         q, k, v = self.project(x, cos, sin)
@@ -59,7 +59,7 @@ class SinkAttention(Attention):
                                                  self.scale, self.sinks, self.window)
                 sw.write(slot, sw.position, k[sl], v[sl])
             start += n
-        return F.linear(out.reshape(x.shape[0], -1), self.o, self.o_bias)
+        return self.o(out.reshape(x.shape[0], -1))
 
 
 class GptOssLayer:
@@ -145,7 +145,7 @@ class GptOssForCausalLM(MoECausalLM):
     def _load_layer(self, ck, i: int):
         p = f"model.layers.{i}"
         window = self.sliding_window(i)
-        attn = SinkAttention(ck, f"{p}.self_attn", self.hf, self.arch, self.dtype, self.device, self.rotary, window)
+        attn = SinkAttention(ck, f"{p}.self_attn", self.hf, self.arch, self.linear, self.device, self.rotary, window)
         slot = self.window_layers.index(i) if window else None
         norms = [RMSNormF32(ck.get_float(f"{p}.{n}.weight", (self.hidden,)).to(self.device), self.eps)
                  for n in ("input_layernorm", "post_attention_layernorm")]
@@ -154,7 +154,7 @@ class GptOssForCausalLM(MoECausalLM):
     def forward(self, input_ids, positions, ctx: ForwardContext):
         check_positions(ctx.states, ctx.query_lens, positions)
         self.experts.begin_step(ctx.phase)
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions)
         for i, layer in enumerate(self.layers):
             x = layer(i, x, cos, sin, ctx, positions)

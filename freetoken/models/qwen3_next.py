@@ -84,14 +84,14 @@ class Qwen3NextForCausalLM(MoECausalLM):
                  for n in ("input_layernorm", "post_attention_layernorm")]
         if self.layer_types[i] == "linear_attention":
             get = lambda n: ck.get(f"{p}.linear_attn.{n}")  # noqa: E731
-            mixer = GatedDeltaNet.load(get, self.hf.data, self.dtype, self.device)
+            mixer = GatedDeltaNet.load(get, self.hf.data, self.linear, self.device)
             return LinearAttentionLayer(self.linear_layers.index(i), mixer, mlp, *norms)
         if self.layer_types[i] != "full_attention":
             raise CheckpointError(f"{ck.dir}/config.json: layer_types[{i}] is {self.layer_types[i]!r}, "
                                   "expected 'linear_attention' or 'full_attention'")
-        get = lambda n, s: self._w(ck, f"{p}.self_attn.{n}", s)  # noqa: E731
+        get = lambda n, s, dt=None: ck.get_float(f"{p}.self_attn.{n}", s, dt or self.dtype).to(self.device)  # noqa: E731
         heads = self.hf.req("num_attention_heads")
-        attn = GatedAttention(get, heads, self.kv_heads, self.head_dim, self.hidden, self.eps, self.rotary,
+        attn = GatedAttention(get, self.linear, heads, self.kv_heads, self.head_dim, self.hidden, self.eps, self.rotary,
                               bool(self.hf.get("attention_bias", False)))
         return DecoderLayer(attn, mlp, *norms)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freetoken.experts import kernels
+from freetoken import kernels
 from freetoken.experts.cpu import CpuExpertExecutor, activate, dequantize_expert, quantize_banks, reference_run
 from freetoken.weights.fp8 import dequantize_fp8_block, quantize_fp8_block
 from freetoken.weights.int8 import dequantize_int8, quantize_int8
@@ -131,6 +131,23 @@ def test_prefill_split_matches_kernel():
     a = CpuExpertExecutor(banks, "fp32", 96, 64, activation="swiglu_oai", gemm_tokens=0).run(x, ids, w)
     b = CpuExpertExecutor(banks, "fp32", 96, 64, activation="swiglu_oai", gemm_tokens=8).run(x, ids, w)
     assert rel_err(a, b) < FLOAT_TOL
+
+
+@pytest.mark.parametrize("fmt", ["int8", "mxfp4", "fp8", "bf16"])
+def test_prefill_split_dequantizes_exactly(fmt):
+    """Experts with many tokens: C dequantization (bit-exact weights) + fp32 GEMM, so even the
+    int8/mxfp4 banks match the float64 reference to fp32 accuracy (no activation rounding)."""
+    gen = torch.Generator().manual_seed(3)
+    h, inter = SHAPES[fmt]
+    banks = make_banks(fmt, 5, h, inter, True, gen)
+    x = torch.randn(30, h, generator=gen)
+    ids, w = routes(30, 3, 5, gen)
+    ex = CpuExpertExecutor(banks, fmt, h, inter, activation="swiglu_oai", gemm_tokens=1)
+    for fid in range(5):
+        for got, ref in zip(ex._dequantize(fid), dequantize_expert(banks, fmt, fid)):
+            assert torch.equal(got, ref)
+    ref = reference_run(banks, fmt, x.double(), ids, w.double(), "swiglu_oai", dtype=torch.float64)
+    assert rel_err(ex.run(x, ids, w), ref) < FLOAT_TOL
 
 
 def test_more_threads_than_work_and_pool_spec():

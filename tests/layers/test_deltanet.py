@@ -1,12 +1,14 @@
 import pytest
 import torch
 
+from freetoken.kernels.pool import shared_pool
 from freetoken.layers.deltanet import (
     GatedDeltaNet,
     causal_conv1d,
     chunk_gated_delta_rule,
     recurrent_gated_delta_rule,
 )
+from freetoken.layers.linear import LinearFactory
 
 torch.manual_seed(0)
 
@@ -72,7 +74,9 @@ def _hf_layer(arch):
             p.copy_(torch.randn_like(p) * 0.3)
         layer.A_log.copy_(torch.rand(4).log())
     sd = layer.state_dict()
-    ours = GatedDeltaNet.load(lambda n: sd[n], cfg.to_dict(), torch.float32)
+    # the kernels' pool: the CPU GEMV for decode steps, dequantize + GEMM for chunks
+    linear = LinearFactory(torch.float32, torch.float32, None, shared_pool())
+    ours = GatedDeltaNet.load(lambda n: sd[n], cfg.to_dict(), linear)
     return layer, ours
 
 

@@ -1,6 +1,7 @@
 import torch
 
 from freetoken.layers.deltanet import GatedDeltaNet
+from freetoken.layers.linear import Linear
 from freetoken.layers.state import DeltaNetState, SequenceState, SlidingWindowKV
 
 
@@ -8,8 +9,9 @@ def _layer():
     torch.manual_seed(0)
     h, hk, hv, dk, dv, kw = 24, 2, 4, 8, 6, 4
     conv_dim = 2 * hk * dk + hv * dv
-    return GatedDeltaNet(torch.randn(conv_dim + hv * dv + 2 * hv, h) * 0.3, torch.randn(conv_dim, kw) * 0.3,
-                         torch.rand(hv), torch.rand(hv).log(), torch.rand(dv) + 0.5, torch.randn(h, hv * dv) * 0.3,
+    lin = lambda w: Linear(w, compute_dtype=torch.float32)  # noqa: E731
+    return GatedDeltaNet(lin(torch.randn(conv_dim + hv * dv + 2 * hv, h) * 0.3), torch.randn(conv_dim, kw) * 0.3,
+                         torch.rand(hv), torch.rand(hv).log(), torch.rand(dv) + 0.5, lin(torch.randn(h, hv * dv) * 0.3),
                          hk, dk, dv, 1e-6)
 
 

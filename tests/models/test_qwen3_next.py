@@ -65,7 +65,9 @@ def test_only_full_attention_layers_hold_kv(tiny_dir):
 
 
 def test_bfloat16_close_to_float32(tiny_dir):
-    d = str(tiny(tiny_dir))
+    # a bf16 checkpoint: the two runs differ only in how they compute, not in rounded weights
+    # (this chaotic random model turns weight rounding alone into 35% logit changes)
+    d = str(tiny(tiny_dir, dtype="bfloat16"))
     ids = ids_for(20, seed=2)
     f32 = LLM(d, dtype="float32").score(ids)
     bf16 = LLM(d, dtype="bfloat16").score(ids)

@@ -1,4 +1,4 @@
-"""Builds the C expert kernels at first use and loads them with ctypes.
+"""Builds the C kernels (routed experts, dense GEMV, dequantization) at first use and loads them with ctypes.
 
 The shared library is compiled with the system C compiler (`$CC`, else cc/gcc/clang) and
 `-march=native`, cached under `$XDG_CACHE_HOME/freetoken/kernels/` (default ~/.cache) keyed
@@ -19,7 +19,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("moe_cpu.c")
+SOURCE = Path(__file__).with_name("cpu_kernels.c")
 VARIANTS = {
     "native": ["-march=native"],
     "portable": ["-DFT_PORTABLE"],
@@ -67,7 +67,7 @@ def _build(cc: str, flags: list[str]) -> Path:
     src = SOURCE.read_bytes()
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(src + ver.encode() + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()[:16]
-    out = cache_dir() / f"moe_cpu-{key}.so"
+    out = cache_dir() / f"cpu_kernels-{key}.so"
     if out.exists():
         return out
     try:
@@ -102,6 +102,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_moe_run.restype = ctypes.c_int
     lib.ft_read_bytes.argtypes = [vp, vp, i64]
     lib.ft_read_bytes.restype = ctypes.c_double
+    ci = ctypes.c_int
+    lib.ft_linear_run.argtypes = [vp, ci, vp, i64, vp, i64, ci, ci, vp, ci, i64, vp, vp]
+    lib.ft_linear_run.restype = ci
+    lib.ft_dequant_rows.argtypes = [vp, ci, vp, i64, vp, i64, ci, ci, vp]
+    lib.ft_dequant_rows.restype = None
+    lib.ft_decode_attention.argtypes = [vp, vp, ci, ci, ci, ci, vp, vp, ci, vp, i64, vp, ctypes.c_float, vp, vp]
+    lib.ft_decode_attention.restype = ci
+    lib.ft_rms_norm.argtypes = [vp, vp, i64, ci, ctypes.c_float, vp]
+    lib.ft_rms_norm.restype = None
     return lib
 
 

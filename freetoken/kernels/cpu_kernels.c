@@ -842,7 +842,7 @@ static int cmp_route(const void *a, const void *b) {
     return x->idx - y->idx;
 }
 
-/* Returns 0 on success, -1 on a bad expert id, -2 on allocation failure. */
+/* Returns the number of distinct experts run (>= 0), -1 on a bad expert id, -2 on allocation failure. */
 int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
                const int64_t *ids, const float *w, float *out) {
     ft_pool *p = vp;
@@ -886,7 +886,7 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
     moe_job J = {d, x, xt, T, out, G, g_e, g_start, g_n, r_tok, r_w, R, xq, hn, hq};
     moe_ctx C = {&J, p};
     pool_run(p, moe_run_fn, &C);
-    return 0;
+    return G;
 }
 
 /* ------------------------------------------------------------------ bandwidth probe */
@@ -926,4 +926,262 @@ double ft_read_bytes(void *vp, const void *buf, int64_t n) {
     pool_run(p, read_fn, &R);
     double s = 0; for (int i = 0; i < p->n && i < 256; i++) s += sums[i];
     return s;
+}
+
+/* ------------------------------------------------------------------ dense linear (decode)
+ * y[t, r] = <W row r, x[t]> (+ bias[r]) for the few tokens of a decode step: the same dot tiles
+ * as the experts, every thread streaming its own disjoint range of output rows. Weights in any
+ * format above (dense layers use fp32/bf16/fp16/int8; fp8 scales per 128 rows as in the banks). */
+
+typedef struct {
+    int fmt, N, K;
+    const uint8_t *w; int64_t w_rs;
+    const uint8_t *s; int64_t s_rs;
+    const void *x; int xt; int64_t M;
+    const float *bias;
+    float *y;
+    uint8_t *xq; float *tmp;
+    ft_pool *p;
+} lin_job;
+
+static void lin_fn(void *a, int tid) {
+    lin_job *L = a;
+    const int fmt = L->fmt, N = L->N, K = L->K, nth = L->p->n;
+    const int64_t xs = prep_bytes(K);
+    for (int64_t t = tid; t < L->M; t += nth) {   /* prepare the inputs: tokens round-robin */
+        const float *src = (const float *)L->x + t * K;
+        if (L->xt == XT_BF16) {
+            float *tmp = L->tmp + (int64_t)tid * K;
+            const uint16_t *xb = (const uint16_t *)L->x + t * K;
+            for (int k = 0; k < K; k++) tmp[k] = bf16_to_f32(xb[k]);
+            src = tmp;
+        }
+        prep_range(fmt, src, L->xq + t * xs, K, 0, K);
+    }
+    pool_barrier(L->p);
+    int r0, r1;
+    split(N, 16, nth, tid, &r0, &r1);
+    for (int rb = r0; rb < r1; rb += RB)
+    for (int64_t c = 0; c < L->M; c += NTMAX) {
+        const int nt = L->M - c < NTMAX ? (int)(L->M - c) : NTMAX;
+        const int re = rb + RB < r1 ? rb + RB : r1;
+        const uint8_t *xp[NTMAX];
+        for (int t = 0; t < nt; t++) xp[t] = L->xq + (c + t) * xs;
+        const int rr = nt == 1 ? 4 : 2;
+        for (int r = rb; r < re; r += rr) {
+            const int m = r + rr <= re ? rr : re - r;
+            const uint8_t *wr[4], *sr[4];
+            float res[4][NTMAX];
+            for (int q = 0; q < m; q++) {
+                wr[q] = L->w + (int64_t)(r + q) * L->w_rs;
+                sr[q] = scale_row(fmt, L->s, 0, L->s_rs, 0, r + q);
+            }
+            tl_pf = (int64_t)m * L->w_rs;
+            dot_tile(fmt, wr, sr, m, K, xp, nt, res);
+            for (int q = 0; q < m; q++)
+                for (int t = 0; t < nt; t++)
+                    L->y[(c + t) * N + r + q] = L->bias ? res[q][t] + L->bias[r + q] : res[q][t];
+        }
+    }
+}
+
+/* y [M, N] fp32 = x [M, K] (fp32 or bf16) @ W [N, K]^T + bias. Returns 0, or -2 when the
+ * scratch memory cannot be allocated. */
+int ft_linear_run(void *vp, int fmt, const void *w, int64_t w_rs, const void *s, int64_t s_rs,
+                  int N, int K, const void *x, int xt, int64_t M, const float *bias, float *y) {
+    ft_pool *p = vp;
+    if (M <= 0) return 0;
+    size_t sz_xq = (size_t)M * (size_t)prep_bytes(K), sz_tmp = (size_t)p->n * K * 4;
+    uint8_t *buf = scratch(p, (sz_xq + 63) / 64 * 64 + sz_tmp);
+    if (!buf) return -2;
+    lin_job L = {fmt, N, K, w, w_rs, s, s_rs, x, xt, M, bias, y, buf,
+                 (float *)(buf + (sz_xq + 63) / 64 * 64), p};
+    pool_run(p, lin_fn, &L);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ dequantization (prefill)
+ * Rows [0, N) of W in any format -> fp32 [N, K], rows split over the pool: prefill runs big
+ * GEMMs in torch, fed from weights that stay in their compact format in memory. */
+
+typedef struct {
+    int fmt, N, K;
+    const uint8_t *w; int64_t w_rs;
+    const uint8_t *s; int64_t s_rs;
+    float *out; ft_pool *p;
+} deq_job;
+
+static void dequant_row(int fmt, const uint8_t *w, const uint8_t *s, int K, float *o) {
+    switch (fmt) {
+    case FMT_F32: memcpy(o, w, (size_t)K * 4); break;
+    case FMT_BF16: for (int k = 0; k < K; k++) o[k] = bf16_to_f32(((const uint16_t *)w)[k]); break;
+    case FMT_F16: for (int k = 0; k < K; k++) o[k] = f16_to_f32(((const uint16_t *)w)[k]); break;
+    case FMT_FP8:
+        for (int b0 = 0; b0 < K; b0 += 128) {
+            const float sc = ((const float *)s)[b0 / 128] * TWO_POW_120;
+            const int b1 = b0 + 128 < K ? b0 + 128 : K;
+            for (int k = b0; k < b1; k++) o[k] = fp8_scaled(w[k]) * sc;
+        }
+        break;
+    case FMT_INT8:
+        for (int b = 0; b < K / 32; b++) {
+            const float sc = f16_to_f32(((const uint16_t *)s)[b]);
+            for (int k = 0; k < 32; k++) o[32 * b + k] = (float)((const int8_t *)w)[32 * b + k] * sc;
+        }
+        break;
+    case FMT_MXFP4: {
+        static const float E2M1[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                                       -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+        for (int b = 0; b < K / 32; b++) {
+            const float sc = 2.f * E8M0_HALF[s[b]];   /* 2^(s-127) */
+            for (int k = 0; k < 16; k++) {
+                uint8_t v = w[16 * b + k];
+                o[32 * b + 2 * k] = E2M1[v & 15] * sc;
+                o[32 * b + 2 * k + 1] = E2M1[v >> 4] * sc;
+            }
+        }
+        break;
+    }
+    }
+}
+
+static void deq_fn(void *a, int tid) {
+    deq_job *D = a;
+    int r0, r1;
+    split(D->N, 1, D->p->n, tid, &r0, &r1);
+    for (int r = r0; r < r1; r++)
+        dequant_row(D->fmt, D->w + (int64_t)r * D->w_rs, scale_row(D->fmt, D->s, 0, D->s_rs, 0, r),
+                    D->K, D->out + (int64_t)r * D->K);
+}
+
+void ft_dequant_rows(void *vp, int fmt, const void *w, int64_t w_rs, const void *s, int64_t s_rs,
+                     int N, int K, float *out) {
+    ft_pool *p = vp;
+    pthread_once(&tables_once, init_tables);
+    deq_job D = {fmt, N, K, w, w_rs, s, s_rs, out, p};
+    pool_run(p, deq_fn, &D);
+}
+
+/* ------------------------------------------------------------------ decode attention
+ * One new query token per sequence, attending all its keys straight in the paged cache (no
+ * gather copy): out[s, h] = softmax_j(scale * <q[s,h], K[slot_sj, h/G]>) . V[slot_sj, h/G].
+ * Work items are (sequence, kv head) pairs, so each key row is read once for its G query heads.
+ * sinks (gpt-oss): one extra logit per query head in the denominator, its mass dropped. */
+
+typedef struct {
+    const float *q; int S, Hq, Hkv, D;
+    const uint8_t *k, *v; int kvt;          /* XT_F32 or XT_BF16 */
+    const int64_t *slots; int64_t kmax; const int64_t *nkeys;
+    float scale; const float *sinks;
+    float *out; float *scores; int64_t sc_stride;
+    ft_pool *p;
+} att_job;
+
+static inline float kv_dot(const float *q, const uint8_t *row, int kvt, int D) {
+    float s = 0.f;
+    int i = 0;
+#ifdef FT_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    if (kvt == XT_F32) {
+        const float *r = (const float *)row;
+        for (; i + 16 <= D; i += 16) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(r + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(r + i + 8), a1);
+        }
+    } else {
+        const uint16_t *r = (const uint16_t *)row;
+        for (; i + 8 <= D; i += 8) {
+            __m256i b = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + i))), 16);
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_castsi256_ps(b), a0);
+        }
+    }
+    s = hsum8(_mm256_add_ps(a0, a1));
+#endif
+    for (; i < D; i++)
+        s += q[i] * (kvt == XT_F32 ? ((const float *)row)[i] : bf16_to_f32(((const uint16_t *)row)[i]));
+    return s;
+}
+
+static inline void kv_axpy(float *o, float a, const uint8_t *row, int kvt, int D) {
+    int i = 0;
+#ifdef FT_AVX2
+    const __m256 av = _mm256_set1_ps(a);
+    if (kvt == XT_F32) {
+        const float *r = (const float *)row;
+        for (; i + 8 <= D; i += 8)
+            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(r + i), _mm256_loadu_ps(o + i)));
+    } else {
+        const uint16_t *r = (const uint16_t *)row;
+        for (; i + 8 <= D; i += 8) {
+            __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + i))), 16));
+            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(av, b, _mm256_loadu_ps(o + i)));
+        }
+    }
+#endif
+    for (; i < D; i++)
+        o[i] += a * (kvt == XT_F32 ? ((const float *)row)[i] : bf16_to_f32(((const uint16_t *)row)[i]));
+}
+
+static void att_fn(void *a, int tid) {
+    att_job *A = a;
+    const int G = A->Hq / A->Hkv, D = A->D, nth = A->p->n;
+    const int64_t es = A->kvt == XT_F32 ? 4 : 2, row_bytes = (int64_t)A->Hkv * D * es;
+    float *sc = A->scores + (int64_t)tid * A->sc_stride;
+    for (int item = tid; item < A->S * A->Hkv; item += nth) {
+        const int s = item / A->Hkv, h = item % A->Hkv;
+        const int64_t n = A->nkeys[s];
+        const int64_t *slots = A->slots + (int64_t)s * A->kmax;
+        const float *q = A->q + ((int64_t)s * A->Hq + (int64_t)h * G) * D;
+        for (int64_t j = 0; j < n; j++) {
+            const uint8_t *kr = A->k + slots[j] * row_bytes + (int64_t)h * D * es;
+            for (int g = 0; g < G; g++) sc[g * n + j] = kv_dot(q + (int64_t)g * D, kr, A->kvt, D) * A->scale;
+        }
+        for (int g = 0; g < G; g++) {
+            float *r = sc + g * n, m = -INFINITY, sum = 0.f;
+            const float sink = A->sinks ? A->sinks[h * G + g] : -INFINITY;
+            for (int64_t j = 0; j < n; j++) m = r[j] > m ? r[j] : m;
+            m = sink > m ? sink : m;
+            for (int64_t j = 0; j < n; j++) { r[j] = expf(r[j] - m); sum += r[j]; }
+            if (A->sinks) sum += expf(sink - m);
+            const float inv = 1.f / sum;
+            float *o = A->out + ((int64_t)s * A->Hq + (int64_t)h * G + g) * D;
+            memset(o, 0, (size_t)D * 4);
+            for (int64_t j = 0; j < n; j++)
+                kv_axpy(o, r[j] * inv, A->v + slots[j] * row_bytes + (int64_t)h * D * es, A->kvt, D);
+        }
+    }
+}
+
+/* q fp32 [S, Hq, D]; k/v caches [slots, Hkv, D] (fp32 or bf16); slots int64 [S, kmax] with
+ * nkeys[s] valid entries; sinks fp32 [Hq] or NULL; out fp32 [S, Hq, D]. 0, or -2 (memory). */
+int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D, const void *k, const void *v,
+                        int kvt, const int64_t *slots, int64_t kmax, const int64_t *nkeys, float scale,
+                        const float *sinks, float *out) {
+    ft_pool *p = vp;
+    const int64_t stride = (kmax * (Hq / Hkv) + 15) & ~(int64_t)15;
+    float *sc = (float *)scratch(p, (size_t)stride * p->n * 4);
+    if (!sc) return -2;
+    att_job A = {q, S, Hq, Hkv, D, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, sc, stride, p};
+    pool_run(p, att_fn, &A);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ RMSNorm rows
+ * out[r] = w * (x[r] / sqrt(mean(x[r]^2) + eps)) for fp32 rows of length n, in the calling thread
+ * (decode rows are a few KB: a thread hand-off would cost more than the work). */
+void ft_rms_norm(const float *x, const float *w, int64_t rows, int n, float eps, float *out) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        float ss = 0.f;
+        int i = 0;
+#ifdef FT_AVX2
+        __m256 a = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8) { __m256 v = _mm256_loadu_ps(xr + i); a = _mm256_fmadd_ps(v, v, a); }
+        ss = hsum8(a);
+#endif
+        for (; i < n; i++) ss += xr[i] * xr[i];
+        const float inv = 1.f / sqrtf(ss / (float)n + eps);
+        for (i = 0; i < n; i++) o[i] = w[i] * (xr[i] * inv);
+    }
 }

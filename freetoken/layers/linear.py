@@ -1,0 +1,130 @@
+"""Dense linear layers y = x W^T + b (attention projections, dense MLPs, shared experts, lm_head).
+
+On the CPU with the compiled kernels the weight stays in its storage format, the checkpoint's
+bf16/fp16/fp32 or, with `dense_format="int8"`, int8 with one fp16 scale per 32 inputs (the
+size and rounding of llama.cpp's Q8_0). Decode-sized inputs (up to `GEMV_TOKENS` rows) stream
+it through the C GEMV of `freetoken.kernels`, dequantizing inside the dot products, at memory
+bandwidth: a bf16 weight moves half the bytes of the fp32 copy torch would need on CPUs without
+native bf16, where torch's own bf16 GEMV is ~1.7x slower than ours. Larger inputs (prefill) are
+compute bound: the weight is dequantized once per call into a reused fp32 scratch and multiplied
+by torch's fp32 GEMM, which beats both torch's bf16 GEMM (2x slower without native bf16) and
+our dot-product kernel.
+
+Elsewhere (CUDA, no C compiler) it is a plain `F.linear` in the compute dtype, with int8
+weights dequantized at load so that the numerics match the CPU path."""
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.pool import CpuPool
+from ..weights.int8 import dequantize_int8, quantize_int8
+
+# Rows of x from which dequantize + torch GEMM beats streaming the weight through the GEMV
+# (bench/dense_linear.py on the AVX2 dev machine: the GEMV wins up to ~64 tokens).
+GEMV_TOKENS = 64
+DENSE_FORMATS = ("int8",)
+_FMT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_INT8 = 5
+_scratch = threading.local()
+
+
+def _fp32_scratch(numel: int) -> torch.Tensor:
+    """A per-thread fp32 buffer reused across calls: a fresh one per call would page-fault
+    its whole size in on every prefill chunk."""
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.numel() < numel:
+        buf = _scratch.buf = torch.empty(numel, dtype=torch.float32)
+    return buf[:numel]
+
+
+class Linear:
+    """`weight` [N, K] (any float dtype, as loaded), `bias` [N] or None.
+    compute_dtype: dtype of inputs/outputs; fmt: None keeps `storage_dtype`, "int8" quantizes;
+    pool: the kernels' `CpuPool` (None: torch path)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                 compute_dtype: torch.dtype, storage_dtype: torch.dtype | None = None,
+                 fmt: str | None = None, pool: CpuPool | None = None):
+        if fmt is not None and fmt not in DENSE_FORMATS:
+            raise ValueError(f"dense_format {fmt!r} is not supported; expected one of {DENSE_FORMATS} or None")
+        self.out_features, self.in_features = weight.shape
+        self.compute_dtype, self.fmt = compute_dtype, fmt
+        storage = storage_dtype or weight.dtype
+        use_kernel = (pool is not None and weight.device.type == "cpu" and storage in _FMT
+                      and (fmt != "int8" or self.in_features % 32 == 0))
+        self.pool = pool if use_kernel else None
+        self.scales = None
+        if fmt == "int8" and (use_kernel or self.in_features % 32 == 0):
+            q, s = quantize_int8(weight.float())
+            if use_kernel:
+                self.weight, self.scales, self.code = q.contiguous(), s.contiguous(), _INT8
+            else:
+                self.weight = dequantize_int8(q, s, compute_dtype)
+        elif use_kernel:
+            self.weight, self.code = weight.to(storage).contiguous(), _FMT[storage]
+        else:
+            self.weight = weight.to(compute_dtype)
+        if bias is None:
+            self.bias = None
+        else:
+            self.bias = bias.float().contiguous() if use_kernel else bias.to(compute_dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pool is None:
+            return F.linear(x, self.weight, self.bias)
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        y = self._gemv(x2) if x2.shape[0] <= GEMV_TOKENS else self._gemm(x2)
+        return y.to(x.dtype).reshape(*lead, self.out_features)
+
+    def _gemv(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            x = x.float()
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        w, s = self.weight, self.scales
+        with self.pool.lock:
+            rc = self.pool.lib.ft_linear_run(
+                self.pool.handle, self.code, w.data_ptr(), w.stride(0) * w.element_size(),
+                s.data_ptr() if s is not None else None, s.stride(0) * s.element_size() if s is not None else 0,
+                self.out_features, self.in_features, x.data_ptr(), 0 if x.dtype == torch.float32 else 1,
+                x.shape[0], self.bias.data_ptr() if self.bias is not None else None, y.data_ptr())
+        if rc != 0:
+            raise MemoryError("dense GEMV kernel could not allocate its scratch memory")
+        return y
+
+    def dequantized(self, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The weight as fp32 [N, K] (into `out` when given)."""
+        if self.pool is None:
+            return self.weight.float()
+        if out is None:
+            out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
+        w, s = self.weight, self.scales
+        with self.pool.lock:
+            self.pool.lib.ft_dequant_rows(
+                self.pool.handle, self.code, w.data_ptr(), w.stride(0) * w.element_size(),
+                s.data_ptr() if s is not None else None, s.stride(0) * s.element_size() if s is not None else 0,
+                self.out_features, self.in_features, out.data_ptr())
+        return out
+
+    def _gemm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.code == _FMT[torch.float32]:
+            w = self.weight
+        else:
+            w = self.dequantized(_fp32_scratch(self.weight.shape[0] * self.in_features).view(self.out_features, -1))
+        return F.linear(x.float(), w, self.bias)
+
+
+class LinearFactory:
+    """Builds the dense layers of one model with its engine settings."""
+
+    def __init__(self, compute_dtype: torch.dtype, storage_dtype: torch.dtype, fmt: str | None,
+                 pool: CpuPool | None):
+        self.compute_dtype, self.storage_dtype, self.fmt, self.pool = compute_dtype, storage_dtype, fmt, pool
+
+    def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, fmt: str | None = "default") -> Linear:
+        return Linear(weight, bias, compute_dtype=self.compute_dtype, storage_dtype=self.storage_dtype,
+                      fmt=self.fmt if fmt == "default" else fmt, pool=self.pool)

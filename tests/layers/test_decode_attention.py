@@ -1,0 +1,86 @@
+"""The C decode attention over the paged cache against torch SDPA / the sinks reference, and the
+C RMSNorm against torch's."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from freetoken.kernels.pool import shared_pool
+from freetoken.layers.attention import AttentionMetadata, KVCache, paged_attention
+from freetoken.layers.norm import rms_norm
+from freetoken.layers.sinks import attend_with_sinks, paged_attention_sinks
+
+
+def _decode_step(lens, hq, hkv, d, dtype, gen):
+    """A cache holding each sequence's earlier keys on scattered slots, and one new token each."""
+    cache = KVCache(512, hkv, d, dtype, "cpu")
+    cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
+    perm = torch.randperm(500, generator=gen) + 12       # slots 0..11: null block, never used
+    kmax, key_slots, start = max(lens), [], 0
+    for n in lens:
+        key_slots.append(F.pad(perm[start:start + n], (0, kmax - n)))
+        start += n
+    key_slots = torch.stack(key_slots)
+    ctx = torch.tensor(lens)
+    b = len(lens)
+    meta = AttentionMetadata(
+        slot_mapping=key_slots[torch.arange(b), ctx - 1], key_slots=key_slots,
+        key_positions=torch.where(torch.arange(kmax) < ctx[:, None], torch.arange(kmax), 1 << 40),
+        query_index=torch.arange(b)[:, None], query_positions=(ctx - 1)[:, None], num_tokens=b,
+        context_lens=ctx, kernel_pool=shared_pool())
+    q = torch.randn(b, hq, d, generator=gen)
+    k, v = torch.randn(b, hkv, d, generator=gen).to(dtype), torch.randn(b, hkv, d, generator=gen).to(dtype)
+    return q, k, v, cache, meta
+
+
+def _reference(q, cache, meta, scale, sinks=None):
+    """Per sequence: float64 attention over its keys read from the (already written) cache."""
+    outs = []
+    for i, n in enumerate(meta.context_lens.tolist()):
+        s = meta.key_slots[i, :n]
+        keys, values = cache.k[s].double().transpose(0, 1)[None], cache.v[s].double().transpose(0, 1)[None]
+        qi = q[i:i + 1].double().transpose(0, 1)[None]
+        if sinks is None:
+            o = F.scaled_dot_product_attention(qi, keys, values, scale=scale, enable_gqa=True)[0].transpose(0, 1)
+        else:
+            mask = torch.ones(1, 1, 1, n, dtype=torch.bool)
+            o = attend_with_sinks(qi, keys, values, mask, sinks, scale)[0].double()   # computes in fp32
+        outs.append(o[0])
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 64), (4, 4, 36), (6, 1, 20)])
+def test_decode_kernel_matches_reference(dtype, hq, hkv, d):
+    gen = torch.Generator().manual_seed(hq * d)
+    q, k, v, cache, meta = _decode_step([1, 37, 5, 130], hq, hkv, d, dtype, gen)
+    assert meta.decode_kernel(q, cache.k.dtype, None)
+    out = paged_attention(q, k, v, cache, meta, d ** -0.5)
+    ref = _reference(q, cache, meta, d ** -0.5)
+    assert torch.equal(cache.k[meta.slot_mapping], k) and torch.equal(cache.v[meta.slot_mapping], v)
+    torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=2e-5)
+
+
+def test_decode_kernel_with_sinks_matches_reference():
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, cache, meta = _decode_step([3, 64, 1], 8, 2, 32, torch.float32, gen)
+    sinks = torch.randn(8, generator=gen) * 3
+    out = paged_attention_sinks(q, k, v, cache, meta, 32 ** -0.5, sinks)
+    torch.testing.assert_close(out.double(), _reference(q, cache, meta, 32 ** -0.5, sinks), atol=2e-6, rtol=2e-5)
+
+
+def test_decode_kernel_declines_what_it_does_not_cover():
+    gen = torch.Generator().manual_seed(8)
+    q, k, v, cache, meta = _decode_step([20, 9], 4, 2, 16, torch.float32, gen)
+    assert not meta.decode_kernel(q, cache.k.dtype, window=8)      # a window cut: SDPA with a mask
+    assert not meta.decode_kernel(q.bfloat16(), cache.k.dtype, None)
+    meta.kernel_pool = None
+    assert not meta.decode_kernel(q, cache.k.dtype, None)
+
+
+def test_rms_norm_kernel_matches_torch():
+    gen = torch.Generator().manual_seed(9)
+    for shape in ((1, 2048), (3, 5, 36), (7, 13)):
+        x, w = torch.randn(shape, generator=gen), torch.randn(shape[-1], generator=gen)
+        ref = w.double() * F.rms_norm(x.double(), (shape[-1],), eps=1e-6)
+        torch.testing.assert_close(rms_norm(x, w, 1e-6).double(), ref, atol=1e-6, rtol=1e-5)

@@ -1,0 +1,63 @@
+"""Dense linear layers on the C kernels vs a float64 torch reference of the stored weights."""
+import pytest
+import torch
+
+from freetoken.kernels.pool import CpuPool, shared_pool
+from freetoken import kernels
+from freetoken.layers.linear import GEMV_TOKENS, Linear
+from freetoken.weights.int8 import dequantize_int8, quantize_int8
+
+
+def _stored(w: torch.Tensor, storage: torch.dtype, fmt: str | None) -> torch.Tensor:
+    """The weight exactly as the layer holds it, in float64."""
+    if fmt == "int8":
+        return dequantize_int8(*quantize_int8(w), torch.float64)
+    return w.to(storage).double()
+
+
+@pytest.mark.parametrize("isa", ["native", "portable"])
+@pytest.mark.parametrize("storage,fmt,K", [(torch.bfloat16, None, 75), (torch.float16, None, 64),
+                                           (torch.float32, None, 33), (torch.bfloat16, "int8", 96)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matches_float64_reference(isa, storage, fmt, K, bias):
+    g = torch.Generator().manual_seed(K)
+    N = 37                                    # not a multiple of the row tiles or of the thread split
+    w = torch.randn(N, K, generator=g)
+    b = torch.randn(N, generator=g) if bias else None
+    pool = CpuPool(kernels.load(isa), 2) if isa == "portable" else shared_pool()
+    lin = Linear(w, b, compute_dtype=torch.float32, storage_dtype=storage, fmt=fmt, pool=pool)
+    assert lin.pool is pool
+    ref_w = _stored(w, storage, fmt)
+    for M in (1, 2, 3, 5, GEMV_TOKENS, GEMV_TOKENS + 1, 40):   # GEMV tiles and the dequantize+GEMM path
+        x = torch.randn(M, K, generator=g)
+        ref = x.double() @ ref_w.T + (b.double() if bias else 0)
+        tol = 2e-2 if fmt == "int8" else 2e-5       # int8 quantizes activations per 32 in the GEMV
+        err = (lin(x).double() - ref).abs().max() / ref.abs().max()
+        assert err < tol, (M, float(err))
+    if isa == "portable":
+        pool.close()
+
+
+def test_dequantized_is_bit_exact_and_batched_shapes_pass_through():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(70, 64, generator=g)
+    for storage, fmt in ((torch.bfloat16, None), (torch.float16, None), (torch.float32, "int8")):
+        lin = Linear(w, compute_dtype=torch.float32, storage_dtype=storage, fmt=fmt, pool=shared_pool())
+        assert torch.equal(lin.dequantized(), _stored(w, storage, fmt).float())
+    lin = Linear(w, compute_dtype=torch.bfloat16, storage_dtype=torch.bfloat16, pool=shared_pool())
+    x = torch.randn(2, 3, 64, generator=g).to(torch.bfloat16)
+    y = lin(x)
+    assert y.shape == (2, 3, 70) and y.dtype == torch.bfloat16
+    ref = x.double() @ w.to(torch.bfloat16).double().T
+    assert ((y.double() - ref).abs().max() / ref.abs().max()) < 1e-2   # bf16 output rounding
+
+
+def test_torch_path_without_pool_and_int8_numerics_match():
+    g = torch.Generator().manual_seed(2)
+    w, x = torch.randn(40, 64, generator=g), torch.randn(GEMV_TOKENS + 4, 64, generator=g)
+    plain = Linear(w, compute_dtype=torch.float32, fmt="int8")           # e.g. CUDA: dequantized at load
+    fast = Linear(w, compute_dtype=torch.float32, fmt="int8", pool=shared_pool())
+    assert plain.pool is None and torch.equal(plain.weight, dequantize_int8(*quantize_int8(w)))
+    torch.testing.assert_close(plain(x), fast(x), rtol=1e-5, atol=1e-5)   # both: exact weights, fp32 GEMM
+    with pytest.raises(ValueError, match="dense_format"):
+        Linear(w, compute_dtype=torch.float32, fmt="int4")
