@@ -85,8 +85,9 @@ LLAMA_RUN = textwrap.dedent("""
     from llama_cpp import Llama
     path, threads, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     prompt = json.loads(sys.stdin.read())
+    # swa_full=False as llama-cli/llama-server run: sliding-window layers keep only their window
     llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512,
-                verbose=False)
+                swa_full=False, verbose=False)
     llm.eval(prompt[:32]); llm.reset()                                   # warm-up
     t = time.perf_counter(); llm.eval(prompt); t_prefill = time.perf_counter() - t
     last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).tolist()

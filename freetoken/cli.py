@@ -21,6 +21,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-cache-gib", type=float, default=None)
     p.add_argument("--expert-format", default=None, choices=["int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"],
                    help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
+    p.add_argument("--dense-format", default=None, choices=["int8"],
+                   help="store attention/dense/lm_head weights as int8 (with --expert-format int8: a Q8_0-sized model)")
     p.add_argument("--record-routing", default=None, metavar="FILE", help="record every step's routing (JSONL)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -30,7 +32,7 @@ def engine_options(args) -> dict:
     return dict(dtype=args.dtype, device=args.device, moe_backend=args.moe_backend,
                 expert_cache_slots=args.expert_cache_slots, expert_cache_gib=args.expert_cache_gib,
                 max_model_len=args.max_model_len, num_threads=args.threads, expert_format=args.expert_format,
-                record_routing=args.record_routing)
+                dense_format=args.dense_format, record_routing=args.record_routing)
 
 
 def cmd_generate(args) -> int:

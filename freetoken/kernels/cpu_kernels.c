@@ -572,6 +572,7 @@ typedef void (*job_fn)(void *arg, int tid);
 
 struct ft_pool {
     int n;
+    int active;         /* threads taking part in the current job: n, or 1 for small jobs */
     pthread_t *th;
     _Atomic int gen, done, stop, sleepers;
     job_fn fn;
@@ -579,7 +580,7 @@ struct ft_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     _Atomic int bar_count, bar_gen;
-    int64_t spin_ns;
+    int64_t spin_ns, small_bytes;
     uint8_t *scratch;
     size_t scratch_cap;
 };
@@ -599,7 +600,7 @@ static inline int64_t now_ns(void) {
 }
 
 static void pool_barrier(ft_pool *p) {
-    if (p->n == 1) return;
+    if (p->active == 1) return;
     int g = atomic_load(&p->bar_gen);
     if (atomic_fetch_add(&p->bar_count, 1) == p->n - 1) {
         atomic_store(&p->bar_count, 0);
@@ -646,8 +647,11 @@ static void *worker_main(void *a) {
     }
 }
 
-static void pool_run(ft_pool *p, job_fn fn, void *arg) {
-    if (p->n == 1) { fn(arg, 0); return; }
+/* Jobs under p->small_bytes of weights/keys run on the calling thread alone: handing them to
+ * the workers (a wake-up or a spin hand-off, then a join) costs more than the work. */
+static void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes) {
+    if (p->n == 1 || bytes < p->small_bytes) { p->active = 1; fn(arg, 0); return; }
+    p->active = p->n;
     p->fn = fn; p->arg = arg;
     atomic_store(&p->done, 0);
     atomic_fetch_add(&p->gen, 1);
@@ -660,13 +664,17 @@ static void pool_run(ft_pool *p, job_fn fn, void *arg) {
     }
 }
 
-/* cpus: n entries (entry 0, the calling thread, is not pinned); NULL = no pinning. */
-void *ft_pool_create(int n, const int *cpus, int64_t spin_ns) {
+static void pool_run(ft_pool *p, job_fn fn, void *arg) { pool_run_sized(p, fn, arg, INT64_MAX); }
+
+/* cpus: n entries (entry 0, the calling thread, is not pinned); NULL = no pinning.
+ * small_bytes: jobs that read fewer bytes run on the calling thread alone. */
+void *ft_pool_create(int n, const int *cpus, int64_t spin_ns, int64_t small_bytes) {
     pthread_once(&tables_once, init_tables);
     if (n < 1) n = 1;
     ft_pool *p = calloc(1, sizeof *p);
     p->n = n;
     p->spin_ns = spin_ns;
+    p->small_bytes = small_bytes;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     p->th = calloc((size_t)n, sizeof(pthread_t));
@@ -739,7 +747,7 @@ static void moe_run_fn(void *a, int tid) {
     moe_job *J = C->J;
     ft_pool *p = C->p;
     const ft_desc *d = J->d;
-    const int H = d->H, I = d->I, fmt = d->fmt, nth = p->n;
+    const int H = d->H, I = d->I, fmt = d->fmt, nth = p->active;
     const int64_t xs = prep_bytes(H), hs = prep_bytes(I);
 
     /* 0. prepare inputs: tokens round-robin */
@@ -885,7 +893,7 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
 
     moe_job J = {d, x, xt, T, out, G, g_e, g_start, g_n, r_tok, r_w, R, xq, hn, hq};
     moe_ctx C = {&J, p};
-    pool_run(p, moe_run_fn, &C);
+    pool_run_sized(p, moe_run_fn, &C, (int64_t)G * (d->gu_w_es + d->dn_w_es));
     return G;
 }
 
@@ -895,9 +903,9 @@ typedef struct { const uint8_t *buf; int64_t n; double *sums; ft_pool *p; } read
 
 static void read_fn(void *a, int tid) {
     read_job *R = a;
-    int64_t per = (R->n / R->p->n) & ~(int64_t)255;
+    int64_t per = (R->n / R->p->active) & ~(int64_t)255;
     const uint8_t *b = R->buf + per * tid;
-    int64_t n = tid == R->p->n - 1 ? R->n - per * tid : per;
+    int64_t n = tid == R->p->active - 1 ? R->n - per * tid : per;
     double s = 0;
 #ifdef FT_AVX2
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
@@ -946,7 +954,7 @@ typedef struct {
 
 static void lin_fn(void *a, int tid) {
     lin_job *L = a;
-    const int fmt = L->fmt, N = L->N, K = L->K, nth = L->p->n;
+    const int fmt = L->fmt, N = L->N, K = L->K, nth = L->p->active;
     const int64_t xs = prep_bytes(K);
     for (int64_t t = tid; t < L->M; t += nth) {   /* prepare the inputs: tokens round-robin */
         const float *src = (const float *)L->x + t * K;
@@ -996,7 +1004,7 @@ int ft_linear_run(void *vp, int fmt, const void *w, int64_t w_rs, const void *s,
     if (!buf) return -2;
     lin_job L = {fmt, N, K, w, w_rs, s, s_rs, x, xt, M, bias, y, buf,
                  (float *)(buf + (sz_xq + 63) / 64 * 64), p};
-    pool_run(p, lin_fn, &L);
+    pool_run_sized(p, lin_fn, &L, (int64_t)N * w_rs);
     return 0;
 }
 
@@ -1048,7 +1056,7 @@ static void dequant_row(int fmt, const uint8_t *w, const uint8_t *s, int K, floa
 static void deq_fn(void *a, int tid) {
     deq_job *D = a;
     int r0, r1;
-    split(D->N, 1, D->p->n, tid, &r0, &r1);
+    split(D->N, 1, D->p->active, tid, &r0, &r1);
     for (int r = r0; r < r1; r++)
         dequant_row(D->fmt, D->w + (int64_t)r * D->w_rs, scale_row(D->fmt, D->s, 0, D->s_rs, 0, r),
                     D->K, D->out + (int64_t)r * D->K);
@@ -1059,7 +1067,7 @@ void ft_dequant_rows(void *vp, int fmt, const void *w, int64_t w_rs, const void 
     ft_pool *p = vp;
     pthread_once(&tables_once, init_tables);
     deq_job D = {fmt, N, K, w, w_rs, s, s_rs, out, p};
-    pool_run(p, deq_fn, &D);
+    pool_run_sized(p, deq_fn, &D, (int64_t)N * K * 4);
 }
 
 /* ------------------------------------------------------------------ decode attention
@@ -1124,7 +1132,7 @@ static inline void kv_axpy(float *o, float a, const uint8_t *row, int kvt, int D
 
 static void att_fn(void *a, int tid) {
     att_job *A = a;
-    const int G = A->Hq / A->Hkv, D = A->D, nth = A->p->n;
+    const int G = A->Hq / A->Hkv, D = A->D, nth = A->p->active;
     const int64_t es = A->kvt == XT_F32 ? 4 : 2, row_bytes = (int64_t)A->Hkv * D * es;
     float *sc = A->scores + (int64_t)tid * A->sc_stride;
     for (int item = tid; item < A->S * A->Hkv; item += nth) {
@@ -1162,7 +1170,9 @@ int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D,
     float *sc = (float *)scratch(p, (size_t)stride * p->n * 4);
     if (!sc) return -2;
     att_job A = {q, S, Hq, Hkv, D, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, sc, stride, p};
-    pool_run(p, att_fn, &A);
+    int64_t kv_bytes = 0;
+    for (int s = 0; s < S; s++) kv_bytes += nkeys[s];
+    pool_run_sized(p, att_fn, &A, kv_bytes * 2 * Hkv * D * (kvt == XT_F32 ? 4 : 2));
     return 0;
 }
 

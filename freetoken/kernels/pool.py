@@ -32,15 +32,18 @@ def physical_cpus() -> list[int]:
 
 class CpuPool:
     """`num_threads` workers (default: one per physical core); the calling thread is worker 0.
-    After a call the workers spin `spin_us` before sleeping on a condition variable."""
+    After a call the workers spin `spin_us` before sleeping on a condition variable. Calls that
+    read fewer than `small_job_bytes` run on the calling thread alone (tiny layers: the hand-off
+    would cost more than the work; 0 = always split, as the kernel tests want)."""
 
-    def __init__(self, lib: ctypes.CDLL, num_threads: int | None = None, pin: bool = True, spin_us: int = 0):
+    def __init__(self, lib: ctypes.CDLL, num_threads: int | None = None, pin: bool = True, spin_us: int = 0,
+                 small_job_bytes: int = 0):
         cpus = physical_cpus()
         n = num_threads or len(cpus)
         pinned = (ctypes.c_int * n)(*[cpus[i % len(cpus)] for i in range(n)]) if pin and n <= len(cpus) else None
         self.lib, self.num_threads = lib, n
         self.lock = threading.Lock()
-        self.handle = lib.ft_pool_create(n, pinned, spin_us * 1000)
+        self.handle = lib.ft_pool_create(n, pinned, spin_us * 1000, small_job_bytes)
 
     def close(self) -> None:
         with self.lock:
@@ -61,6 +64,7 @@ _shared_lock = threading.Lock()
 # ~4 kernel calls per layer with 20-100 us of Python between them: spinning across those gaps
 # saves a futex wake-up (~10-50 us) per call; between steps the workers go to sleep.
 SPIN_US = int(os.environ.get("FREETOKEN_SPIN_US", "200"))
+SMALL_JOB_BYTES = 256 << 10     # ~10 us of streaming on one core
 
 
 def shared_pool(num_threads: int | None = None, isa: str = "native") -> CpuPool | None:
@@ -72,5 +76,5 @@ def shared_pool(num_threads: int | None = None, isa: str = "native") -> CpuPool 
     key = (isa, num_threads or len(physical_cpus()))
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = CpuPool(lib, key[1], spin_us=SPIN_US)
+            _shared[key] = CpuPool(lib, key[1], spin_us=SPIN_US, small_job_bytes=SMALL_JOB_BYTES)
         return _shared[key]

@@ -4,10 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from freetoken.kernels.pool import shared_pool
+from freetoken import kernels
+from freetoken.kernels.pool import CpuPool
 from freetoken.layers.attention import AttentionMetadata, KVCache, paged_attention
 from freetoken.layers.norm import rms_norm
 from freetoken.layers.sinks import attend_with_sinks, paged_attention_sinks
+
+
+POOL = CpuPool(kernels.load(), 2, small_job_bytes=0)      # split even these small caches
 
 
 def _decode_step(lens, hq, hkv, d, dtype, gen):
@@ -27,7 +31,7 @@ def _decode_step(lens, hq, hkv, d, dtype, gen):
         slot_mapping=key_slots[torch.arange(b), ctx - 1], key_slots=key_slots,
         key_positions=torch.where(torch.arange(kmax) < ctx[:, None], torch.arange(kmax), 1 << 40),
         query_index=torch.arange(b)[:, None], query_positions=(ctx - 1)[:, None], num_tokens=b,
-        context_lens=ctx, kernel_pool=shared_pool())
+        context_lens=ctx, kernel_pool=POOL)
     q = torch.randn(b, hq, d, generator=gen)
     k, v = torch.randn(b, hkv, d, generator=gen).to(dtype), torch.randn(b, hkv, d, generator=gen).to(dtype)
     return q, k, v, cache, meta

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from freetoken.kernels.pool import CpuPool, shared_pool
 from freetoken import kernels
+from freetoken.kernels.pool import CpuPool, shared_pool
 from freetoken.layers.linear import GEMV_TOKENS, Linear
 from freetoken.weights.int8 import dequantize_int8, quantize_int8
 
@@ -24,7 +24,7 @@ def test_matches_float64_reference(isa, storage, fmt, K, bias):
     N = 37                                    # not a multiple of the row tiles or of the thread split
     w = torch.randn(N, K, generator=g)
     b = torch.randn(N, generator=g) if bias else None
-    pool = CpuPool(kernels.load(isa), 2) if isa == "portable" else shared_pool()
+    pool = CpuPool(kernels.load(isa), 2, small_job_bytes=0)     # split even these small shapes
     lin = Linear(w, b, compute_dtype=torch.float32, storage_dtype=storage, fmt=fmt, pool=pool)
     assert lin.pool is pool
     ref_w = _stored(w, storage, fmt)
@@ -34,8 +34,7 @@ def test_matches_float64_reference(isa, storage, fmt, K, bias):
         tol = 2e-2 if fmt == "int8" else 2e-5       # int8 quantizes activations per 32 in the GEMV
         err = (lin(x).double() - ref).abs().max() / ref.abs().max()
         assert err < tol, (M, float(err))
-    if isa == "portable":
-        pool.close()
+    pool.close()
 
 
 def test_dequantized_is_bit_exact_and_batched_shapes_pass_through():
