@@ -107,7 +107,7 @@ LLAMA_RUN = textwrap.dedent("""
 # format -> (checkpoint builder, GGUF --outtype, FreeToken LLM options)
 FORMATS = {
     "bf16": (medium_checkpoint, "bf16", {}),
-    "q8_0": (medium_checkpoint, "q8_0", {"expert_format": "int8"}),
+    "q8_0": (medium_checkpoint, "q8_0", {"expert_format": "int8", "dense_format": "int8"}),   # Q8_0-sized
     "mxfp4": (medium_gpt_oss, "bf16", {}),
 }
 
@@ -136,8 +136,9 @@ def run_freetoken(model_dir: Path, prompt: list[int], threads: int, n_decode: in
             t_first = time.perf_counter()
     t_decode = time.perf_counter() - t_first
     backend = llm.expert_stats().get("backend", "?")
-    out = {"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks[1:], "backend": backend,
-           "llm": llm}
+    # all generated tokens, the prefill's first included: llama.cpp's list starts with that one too
+    out = {"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks[:n_decode],
+           "backend": backend, "llm": llm}
     return out
 
 

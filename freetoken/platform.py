@@ -26,9 +26,10 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def compute_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
-    """Dtype of the dense layers and activations. "auto": the checkpoint dtype, except half types
-    on a CPU without native support, which compute in float32 (weights converted exactly): 2.1x
-    faster prefill (what agent turns wait on) for ~10% slower decode there."""
+    """Dtype of the activations (dense weights keep their storage dtype, see layers/linear.py).
+    "auto": the checkpoint dtype, except half types on a CPU without native support, where
+    activations are float32: torch's bf16 GEMM is 2x slower than fp32 there, and our GEMV reads
+    the bf16 weights either way."""
     if requested != "auto":
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[requested]
     if device.type == "cpu" and weights in (torch.bfloat16, torch.float16) and not cpu_has_fast_bf16():

@@ -626,7 +626,9 @@ static void *worker_main(void *a) {
     for (;;) {
         int64_t t0 = 0;
         for (unsigned k = 0; atomic_load(&p->gen) == seen && !atomic_load(&p->stop); k++) {
-            cpu_relax();
+            /* a few us of pause, then yield: a spinning worker must not hold its core against
+             * another runnable thread (torch's OpenMP workers in prefill, other processes) */
+            if (k < 2048) cpu_relax(); else sched_yield();
             if ((k & 255) == 255) {
                 int64_t t = now_ns();
                 if (!t0) t0 = t;
@@ -1085,49 +1087,109 @@ typedef struct {
     ft_pool *p;
 } att_job;
 
-static inline float kv_dot(const float *q, const uint8_t *row, int kvt, int D) {
-    float s = 0.f;
-    int i = 0;
-#ifdef FT_AVX2
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
-    if (kvt == XT_F32) {
-        const float *r = (const float *)row;
-        for (; i + 16 <= D; i += 16) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(r + i), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(r + i + 8), a1);
-        }
-    } else {
-        const uint16_t *r = (const uint16_t *)row;
-        for (; i + 8 <= D; i += 8) {
-            __m256i b = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + i))), 16);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_castsi256_ps(b), a0);
-        }
-    }
-    s = hsum8(_mm256_add_ps(a0, a1));
-#endif
-    for (; i < D; i++)
-        s += q[i] * (kvt == XT_F32 ? ((const float *)row)[i] : bf16_to_f32(((const uint16_t *)row)[i]));
-    return s;
+static inline float kv_get(const uint8_t *row, int kvt, int i) {
+    return kvt == XT_F32 ? ((const float *)row)[i] : bf16_to_f32(((const uint16_t *)row)[i]);
 }
 
-static inline void kv_axpy(float *o, float a, const uint8_t *row, int kvt, int D) {
-    int i = 0;
 #ifdef FT_AVX2
-    const __m256 av = _mm256_set1_ps(a);
-    if (kvt == XT_F32) {
-        const float *r = (const float *)row;
-        for (; i + 8 <= D; i += 8)
-            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(r + i), _mm256_loadu_ps(o + i)));
-    } else {
-        const uint16_t *r = (const uint16_t *)row;
-        for (; i + 8 <= D; i += 8) {
-            __m256 b = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(r + i))), 16));
-            _mm256_storeu_ps(o + i, _mm256_fmadd_ps(av, b, _mm256_loadu_ps(o + i)));
+FORCE_INLINE __m256 kv_load8(const uint8_t *row, int kvt, int i) {
+    if (kvt == XT_F32) return _mm256_loadu_ps((const float *)row + i);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i))), 16));
+}
+
+/* exp(x) for 8 lanes (Cephes expf: range reduction by ln2, degree-5 polynomial; ~1 ulp);
+ * inputs <= 0 here (scores minus their max), so only the lower clamp matters. */
+FORCE_INLINE __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.33654475f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* sc[j] = scale * <q, K[slot_j]> for j < n: four keys at a time share each q load and one
+ * horizontal reduction. */
+static void att_scores(const float *q, const uint8_t *kb, int64_t row_bytes, int64_t head_off, int kvt,
+                       const int64_t *slots, int64_t n, int D, float scale, float *sc) {
+    int64_t j = 0;
+#ifdef FT_AVX2
+    if (D % 8 == 0) {
+        for (; j + 4 <= n; j += 4) {
+            const uint8_t *r[4];
+            for (int t = 0; t < 4; t++) r[t] = kb + slots[j + t] * row_bytes + head_off;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int i = 0; i < D; i += 8) {
+                __m256 qv = _mm256_loadu_ps(q + i);
+                a0 = _mm256_fmadd_ps(qv, kv_load8(r[0], kvt, i), a0);
+                a1 = _mm256_fmadd_ps(qv, kv_load8(r[1], kvt, i), a1);
+                a2 = _mm256_fmadd_ps(qv, kv_load8(r[2], kvt, i), a2);
+                a3 = _mm256_fmadd_ps(qv, kv_load8(r[3], kvt, i), a3);
+            }
+            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            _mm_storeu_ps(sc + j, _mm_mul_ps(s4, _mm_set1_ps(scale)));
         }
     }
 #endif
-    for (; i < D; i++)
-        o[i] += a * (kvt == XT_F32 ? ((const float *)row)[i] : bf16_to_f32(((const uint16_t *)row)[i]));
+    for (; j < n; j++) {
+        const uint8_t *r = kb + slots[j] * row_bytes + head_off;
+        float acc = 0.f;
+        for (int i = 0; i < D; i++) acc += q[i] * kv_get(r, kvt, i);
+        sc[j] = acc * scale;
+    }
+}
+
+/* p[j] = exp(p[j] - m) in place; returns their sum. */
+static float att_exp(float *p, int64_t n, float m) {
+    int64_t j = 0;
+    float sum = 0.f;
+#ifdef FT_AVX2
+    __m256 acc = _mm256_setzero_ps(), mv = _mm256_set1_ps(m);
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), mv));
+        _mm256_storeu_ps(p + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    sum = hsum8(acc);
+#endif
+    for (; j < n; j++) { p[j] = expf(p[j] - m); sum += p[j]; }
+    return sum;
+}
+
+/* o = sum_j w[j] * V[slot_j] with o held in registers, 64 columns at a time. */
+static void att_values(const float *w, const uint8_t *vb, int64_t row_bytes, int64_t head_off, int kvt,
+                       const int64_t *slots, int64_t n, int D, float *o) {
+    int c0 = 0;
+#ifdef FT_AVX2
+    for (; c0 + 8 <= D; c0 += 64) {
+        const int nv = (D - c0 >= 64 ? 64 : (D - c0) & ~7) / 8;
+        __m256 acc[8];
+        for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+        for (int64_t j = 0; j < n; j++) {
+            const uint8_t *r = vb + slots[j] * row_bytes + head_off;
+            const __m256 wj = _mm256_set1_ps(w[j]);
+            for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(wj, kv_load8(r, kvt, c0 + 8 * u), acc[u]);
+        }
+        for (int u = 0; u < nv; u++) _mm256_storeu_ps(o + c0 + 8 * u, acc[u]);
+        if (nv < 8) { c0 += 8 * nv; break; }
+    }
+#endif
+    for (int c = c0; c < D; c++) {
+        float acc = 0.f;
+        for (int64_t j = 0; j < n; j++) acc += w[j] * kv_get(vb + slots[j] * row_bytes + head_off, kvt, c);
+        o[c] = acc;
+    }
 }
 
 static void att_fn(void *a, int tid) {
@@ -1137,25 +1199,19 @@ static void att_fn(void *a, int tid) {
     float *sc = A->scores + (int64_t)tid * A->sc_stride;
     for (int item = tid; item < A->S * A->Hkv; item += nth) {
         const int s = item / A->Hkv, h = item % A->Hkv;
-        const int64_t n = A->nkeys[s];
+        const int64_t n = A->nkeys[s], head_off = (int64_t)h * D * es;
         const int64_t *slots = A->slots + (int64_t)s * A->kmax;
-        const float *q = A->q + ((int64_t)s * A->Hq + (int64_t)h * G) * D;
-        for (int64_t j = 0; j < n; j++) {
-            const uint8_t *kr = A->k + slots[j] * row_bytes + (int64_t)h * D * es;
-            for (int g = 0; g < G; g++) sc[g * n + j] = kv_dot(q + (int64_t)g * D, kr, A->kvt, D) * A->scale;
-        }
-        for (int g = 0; g < G; g++) {
-            float *r = sc + g * n, m = -INFINITY, sum = 0.f;
-            const float sink = A->sinks ? A->sinks[h * G + g] : -INFINITY;
-            for (int64_t j = 0; j < n; j++) m = r[j] > m ? r[j] : m;
-            m = sink > m ? sink : m;
-            for (int64_t j = 0; j < n; j++) { r[j] = expf(r[j] - m); sum += r[j]; }
-            if (A->sinks) sum += expf(sink - m);
+        for (int g = 0; g < G; g++) {   /* K and V rows of this item stay in L2 across its G heads */
+            const int hq = h * G + g;
+            const float *q = A->q + ((int64_t)s * A->Hq + hq) * D;
+            att_scores(q, A->k, row_bytes, head_off, A->kvt, slots, n, D, A->scale, sc);
+            float m = A->sinks ? A->sinks[hq] : -INFINITY;
+            for (int64_t j = 0; j < n; j++) m = sc[j] > m ? sc[j] : m;
+            float sum = att_exp(sc, n, m);
+            if (A->sinks) sum += expf(A->sinks[hq] - m);
             const float inv = 1.f / sum;
-            float *o = A->out + ((int64_t)s * A->Hq + (int64_t)h * G + g) * D;
-            memset(o, 0, (size_t)D * 4);
-            for (int64_t j = 0; j < n; j++)
-                kv_axpy(o, r[j] * inv, A->v + slots[j] * row_bytes + (int64_t)h * D * es, A->kvt, D);
+            for (int64_t j = 0; j < n; j++) sc[j] *= inv;
+            att_values(sc, A->v, row_bytes, head_off, A->kvt, slots, n, D, A->out + ((int64_t)s * A->Hq + hq) * D);
         }
     }
 }
@@ -1166,7 +1222,7 @@ int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D,
                         int kvt, const int64_t *slots, int64_t kmax, const int64_t *nkeys, float scale,
                         const float *sinks, float *out) {
     ft_pool *p = vp;
-    const int64_t stride = (kmax * (Hq / Hkv) + 15) & ~(int64_t)15;
+    const int64_t stride = (kmax + 15) & ~(int64_t)15;
     float *sc = (float *)scratch(p, (size_t)stride * p->n * 4);
     if (!sc) return -2;
     att_job A = {q, S, Hq, Hkv, D, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, sc, stride, p};

@@ -102,14 +102,20 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
     SDPA set-up (torch's CPU flash attention costs ~0.8 ms per layer at 600 keys)."""
     cache.k.index_copy_(0, meta.slot_mapping, k)
     cache.v.index_copy_(0, meta.slot_mapping, v)
+    return attend_rows(meta.kernel_pool, q, cache.k, cache.v, meta.key_slots, meta.context_lens, scale, sinks)
+
+
+def attend_rows(pool: CpuPool, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
+                lens: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """One query token per sequence: q [S, Hq, D] fp32 attends rows slots[s, :lens[s]] of
+    keys/values [rows, Hkv, D] (fp32/bf16, contiguous) -> [S, Hq, D] fp32."""
     n, hq, d = q.shape
     q = q.contiguous()
     out = torch.empty_like(q)
-    pool, slots, lens = meta.kernel_pool, meta.key_slots, meta.context_lens
     with pool.lock:
         rc = pool.lib.ft_decode_attention(
-            pool.handle, q.data_ptr(), n, hq, cache.k.shape[1], d, cache.k.data_ptr(), cache.v.data_ptr(),
-            _KV_CODE[cache.k.dtype], slots.data_ptr(), slots.shape[1], lens.data_ptr(), scale,
+            pool.handle, q.data_ptr(), n, hq, keys.shape[1], d, keys.data_ptr(), values.data_ptr(),
+            _KV_CODE[keys.dtype], slots.data_ptr(), slots.shape[1], lens.data_ptr(), scale,
             sinks.data_ptr() if sinks is not None else None, out.data_ptr())
     if rc != 0:
         raise MemoryError("decode attention kernel could not allocate its scratch memory")

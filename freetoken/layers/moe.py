@@ -5,22 +5,24 @@ import torch
 import torch.nn.functional as F
 
 from ..experts.base import Experts
+from .linear import Linear
 from .mlp import GatedMLP
 
 
 class SparseMoE:
-    def __init__(self, moe_layer: int, router: torch.Tensor, experts: Experts, top_k: int,
-                 norm_topk_prob: bool, router_bias: torch.Tensor | None = None,
-                 shared: GatedMLP | None = None, shared_gate: torch.Tensor | None = None,
+    def __init__(self, moe_layer: int, router: Linear, experts: Experts, top_k: int,
+                 norm_topk_prob: bool, shared: GatedMLP | None = None, shared_gate: torch.Tensor | None = None,
                  softmax_after_topk: bool = False, on_route=None):
-        self.moe_layer, self.router, self.router_bias = moe_layer, router, router_bias
+        # the router is a Linear too: on the CPU its GEMV runs in the kernels' pool, so no torch
+        # op of a decode step starts OpenMP workers that would fight the pool for the cores
+        self.moe_layer, self.router = moe_layer, router
         self.experts, self.top_k, self.norm = experts, top_k, norm_topk_prob
         self.shared, self.shared_gate = shared, shared_gate
         self.softmax_after_topk = softmax_after_topk   # gpt-oss: top-k on logits, softmax over the k
         self.on_route = on_route                       # routing-trace hook: (layer, ids, weights)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = F.linear(x, self.router, self.router_bias)
+        logits = self.router(x)
         if self.softmax_after_topk:
             top, ids = torch.topk(logits, self.top_k, dim=-1)
             return ids, torch.softmax(top, dim=-1, dtype=torch.float32).to(x.dtype)

@@ -204,7 +204,7 @@ class MoECausalLM:
     def _load_moe(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.{self.arch.moe_prefix}"
         e = self.num_experts()
-        router = self._w(ck, f"{p}.{self.arch.router_name}.weight", (e, self.hidden))
+        router = self.linear(self._ws(ck, f"{p}.{self.arch.router_name}.weight", (e, self.hidden)), fmt=None)
         shared = gate = None
         if self.arch.shared_expert:
             si = self.hf.req("shared_expert_intermediate_size")

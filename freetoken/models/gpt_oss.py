@@ -8,11 +8,12 @@ memory is bounded and the state snapshots/restores like a recurrent one."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ..experts.factory import build_experts
 from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..layers.attention import attend_rows
 from ..layers.moe import SparseMoE
+from ..layers.norm import rms_norm
 from ..layers.sinks import paged_attention_sinks, window_attention_sinks
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
 from .context import ForwardContext
@@ -26,6 +27,8 @@ class RMSNormF32:
         self.weight, self.eps = weight.float(), eps
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return rms_norm(x, self.weight, self.eps)     # the same math (one C call on the CPU)
         h = x.float()
         return (self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps))).to(x.dtype)
 
@@ -49,6 +52,9 @@ class SinkAttention(Attention):
 
     def windowed(self, x, cos, sin, positions, ctx: ForwardContext, slot: int):
         q, k, v = self.project(x, cos, sin)
+        pool = ctx.attn.kernel_pool
+        if pool is not None and ctx.attn.query_index.shape[1] == 1 and q.dtype == torch.float32:
+            return self.o(self._windowed_decode(pool, q, k, v, ctx, slot).reshape(x.shape[0], -1))
         out = torch.empty_like(q)
         start = 0
         for st, n in zip(ctx.states, ctx.query_lens):
@@ -60,6 +66,20 @@ class SinkAttention(Attention):
                 sw.write(slot, sw.position, k[sl], v[sl])
             start += n
         return self.o(out.reshape(x.shape[0], -1))
+
+    def _windowed_decode(self, pool, q, k, v, ctx: ForwardContext, slot: int):
+        """One new token per sequence, on the CPU: write it into the ring, whose last `window`
+        rows are then exactly the visible keys, and let the C kernel read them in place."""
+        out = torch.empty_like(q)
+        sinks = self.sinks.float().contiguous()
+        for i, st in enumerate(ctx.states):
+            sw = st.parts["window"]
+            sw.write(slot, sw.position, k[i:i + 1], v[i:i + 1])
+            lo = max(0, sw.position + 1 - sw.window)
+            rows = (torch.arange(lo, sw.position + 1) % sw.window)[None]
+            out[i] = attend_rows(pool, q[i:i + 1], sw.k[slot], sw.v[slot], rows, torch.tensor([rows.shape[1]]),
+                                 self.scale, sinks)[0]
+        return out
 
 
 class GptOssLayer:
@@ -139,8 +159,8 @@ class GptOssForCausalLM(MoECausalLM):
     def _load_moe(self, ck, i: int):
         p = f"model.layers.{i}.mlp.router"
         e = self.num_experts()
-        return SparseMoE(self.moe_layers.index(i), self._w(ck, f"{p}.weight", (e, self.hidden)), self.experts,
-                         self.top_k(), False, router_bias=self._w(ck, f"{p}.bias", (e,)), softmax_after_topk=True)
+        router = self.linear(self._ws(ck, f"{p}.weight", (e, self.hidden)), self._w(ck, f"{p}.bias", (e,)), fmt=None)
+        return SparseMoE(self.moe_layers.index(i), router, self.experts, self.top_k(), False, softmax_after_topk=True)
 
     def _load_layer(self, ck, i: int):
         p = f"model.layers.{i}"

@@ -96,7 +96,7 @@ class Generation:
                          len(self.token_ids))
 
     def _done(self, out, n_calls: int, first: float | None) -> Done:
-        svc, m, req = self.service, self.service.metrics, self.req
+        m, req = self.service.metrics, self.req
         reason = out.finish_reason or "stop"
         stop_seq = None
         if reason == "stop" and n_calls:

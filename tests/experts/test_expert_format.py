@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from freetoken import LLM
 from freetoken.errors import InvalidRequestError
