@@ -1120,7 +1120,7 @@ FORCE_INLINE __m256 exp8(__m256 x) {
 
 /* sc[j] = scale * <q, K[slot_j]> for j < n: four keys at a time share each q load and one
  * horizontal reduction. */
-static void att_scores(const float *q, const uint8_t *kb, int64_t row_bytes, int64_t head_off, int kvt,
+FORCE_INLINE void att_scores(const float *q, const uint8_t *kb, int64_t row_bytes, int64_t head_off, const int kvt,
                        const int64_t *slots, int64_t n, int D, float scale, float *sc) {
     int64_t j = 0;
 #ifdef FT_AVX2
@@ -1167,52 +1167,77 @@ static float att_exp(float *p, int64_t n, float m) {
     return sum;
 }
 
-/* o = sum_j w[j] * V[slot_j] with o held in registers, 64 columns at a time. */
-static void att_values(const float *w, const uint8_t *vb, int64_t row_bytes, int64_t head_off, int kvt,
-                       const int64_t *slots, int64_t n, int D, float *o) {
+/* o += sum_j w[j] * V[slot_j] with o held in registers: 64 columns at a time (8 accumulators,
+ * a constant count so they stay in registers), then 8 at a time. */
+FORCE_INLINE void att_values(const float *w, const uint8_t *vb, int64_t row_bytes, int64_t head_off, const int kvt,
+                             const int64_t *slots, int64_t n, int D, float *o) {
     int c0 = 0;
 #ifdef FT_AVX2
-    for (; c0 + 8 <= D; c0 += 64) {
-        const int nv = (D - c0 >= 64 ? 64 : (D - c0) & ~7) / 8;
+    for (; c0 + 64 <= D; c0 += 64) {
         __m256 acc[8];
-        for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+        for (int u = 0; u < 8; u++) acc[u] = _mm256_loadu_ps(o + c0 + 8 * u);
         for (int64_t j = 0; j < n; j++) {
             const uint8_t *r = vb + slots[j] * row_bytes + head_off;
             const __m256 wj = _mm256_set1_ps(w[j]);
-            for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(wj, kv_load8(r, kvt, c0 + 8 * u), acc[u]);
+            for (int u = 0; u < 8; u++) acc[u] = _mm256_fmadd_ps(wj, kv_load8(r, kvt, c0 + 8 * u), acc[u]);
         }
-        for (int u = 0; u < nv; u++) _mm256_storeu_ps(o + c0 + 8 * u, acc[u]);
-        if (nv < 8) { c0 += 8 * nv; break; }
+        for (int u = 0; u < 8; u++) _mm256_storeu_ps(o + c0 + 8 * u, acc[u]);
+    }
+    for (; c0 + 8 <= D; c0 += 8) {
+        __m256 acc = _mm256_loadu_ps(o + c0);
+        for (int64_t j = 0; j < n; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(w[j]), kv_load8(vb + slots[j] * row_bytes + head_off, kvt, c0), acc);
+        _mm256_storeu_ps(o + c0, acc);
     }
 #endif
     for (int c = c0; c < D; c++) {
-        float acc = 0.f;
+        float acc = o[c];
         for (int64_t j = 0; j < n; j++) acc += w[j] * kv_get(vb + slots[j] * row_bytes + head_off, kvt, c);
         o[c] = acc;
     }
 }
 
+/* One (sequence, kv head) item. Keys and values are taken in blocks of ATT_BLOCK rows that
+ * serve all G query heads while they sit in L1: the item's K/V (hundreds of KB at long
+ * contexts, rows 2 KB apart in the paged layout) would not stay in a 512 KB L2 across G passes.
+ * sc holds the G x n scores. */
+#define ATT_BLOCK 32
+FORCE_INLINE void att_item(const att_job *A, int s, int h, float *sc, const int kvt) {
+    const int G = A->Hq / A->Hkv, D = A->D;
+    const int64_t es = kvt == XT_F32 ? 4 : 2, row_bytes = (int64_t)A->Hkv * D * es;
+    const int64_t n = A->nkeys[s], head_off = (int64_t)h * D * es;
+    const int64_t *slots = A->slots + (int64_t)s * A->kmax;
+    const float *q = A->q + ((int64_t)s * A->Hq + (int64_t)h * G) * D;
+    float *o = A->out + ((int64_t)s * A->Hq + (int64_t)h * G) * D;
+    for (int64_t j0 = 0; j0 < n; j0 += ATT_BLOCK) {
+        const int64_t nb = n - j0 < ATT_BLOCK ? n - j0 : ATT_BLOCK;
+        for (int g = 0; g < G; g++)
+            att_scores(q + (int64_t)g * D, A->k, row_bytes, head_off, kvt, slots + j0, nb, D, A->scale, sc + g * n + j0);
+    }
+    for (int g = 0; g < G; g++) {
+        float *r = sc + g * n;
+        const int hq = h * G + g;
+        float m = A->sinks ? A->sinks[hq] : -INFINITY;
+        for (int64_t j = 0; j < n; j++) m = r[j] > m ? r[j] : m;
+        float sum = att_exp(r, n, m);
+        if (A->sinks) sum += expf(A->sinks[hq] - m);
+        const float inv = 1.f / sum;
+        for (int64_t j = 0; j < n; j++) r[j] *= inv;
+    }
+    memset(o, 0, (size_t)G * D * 4);
+    for (int64_t j0 = 0; j0 < n; j0 += ATT_BLOCK) {
+        const int64_t nb = n - j0 < ATT_BLOCK ? n - j0 : ATT_BLOCK;
+        for (int g = 0; g < G; g++)
+            att_values(sc + g * n + j0, A->v, row_bytes, head_off, kvt, slots + j0, nb, D, o + (int64_t)g * D);
+    }
+}
+
 static void att_fn(void *a, int tid) {
     att_job *A = a;
-    const int G = A->Hq / A->Hkv, D = A->D, nth = A->p->active;
-    const int64_t es = A->kvt == XT_F32 ? 4 : 2, row_bytes = (int64_t)A->Hkv * D * es;
     float *sc = A->scores + (int64_t)tid * A->sc_stride;
-    for (int item = tid; item < A->S * A->Hkv; item += nth) {
-        const int s = item / A->Hkv, h = item % A->Hkv;
-        const int64_t n = A->nkeys[s], head_off = (int64_t)h * D * es;
-        const int64_t *slots = A->slots + (int64_t)s * A->kmax;
-        for (int g = 0; g < G; g++) {   /* K and V rows of this item stay in L2 across its G heads */
-            const int hq = h * G + g;
-            const float *q = A->q + ((int64_t)s * A->Hq + hq) * D;
-            att_scores(q, A->k, row_bytes, head_off, A->kvt, slots, n, D, A->scale, sc);
-            float m = A->sinks ? A->sinks[hq] : -INFINITY;
-            for (int64_t j = 0; j < n; j++) m = sc[j] > m ? sc[j] : m;
-            float sum = att_exp(sc, n, m);
-            if (A->sinks) sum += expf(A->sinks[hq] - m);
-            const float inv = 1.f / sum;
-            for (int64_t j = 0; j < n; j++) sc[j] *= inv;
-            att_values(sc, A->v, row_bytes, head_off, A->kvt, slots, n, D, A->out + ((int64_t)s * A->Hq + hq) * D);
-        }
+    for (int item = tid; item < A->S * A->Hkv; item += A->p->active) {
+        if (A->kvt == XT_F32) att_item(A, item / A->Hkv, item % A->Hkv, sc, XT_F32);
+        else att_item(A, item / A->Hkv, item % A->Hkv, sc, XT_BF16);
     }
 }
 
@@ -1222,7 +1247,7 @@ int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D,
                         int kvt, const int64_t *slots, int64_t kmax, const int64_t *nkeys, float scale,
                         const float *sinks, float *out) {
     ft_pool *p = vp;
-    const int64_t stride = (kmax + 15) & ~(int64_t)15;
+    const int64_t stride = (kmax * (Hq / Hkv) + 15) & ~(int64_t)15;
     float *sc = (float *)scratch(p, (size_t)stride * p->n * 4);
     if (!sc) return -2;
     att_job A = {q, S, Hq, Hkv, D, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, sc, stride, p};
