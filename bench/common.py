@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -39,32 +38,11 @@ def medium_checkpoint(arch: str = "qwen3_moe", name: str = "qwen3-moe-medium", i
         prev = torch.get_default_dtype()
         torch.set_default_dtype(torch.bfloat16)     # init in bf16: a float32 copy of the larger ones overflows RAM
         try:
-            with _mxfp4_per_expert():
-                make_tiny(arch, tmp, dtype="bfloat16", initializer_range=initializer_range, **shape)
+            make_tiny(arch, tmp, dtype="bfloat16", initializer_range=initializer_range, **shape)
         finally:
             torch.set_default_dtype(prev)
         tmp.rename(out)
     return out
-
-
-@contextmanager
-def _mxfp4_per_expert():
-    """quantize_mxfp4 holds ~50 bytes of temporaries per weight (17 GB for one gpt-oss-medium
-    gate_up bank, more than the machine has): run it one expert at a time, same bits."""
-    import freetoken.weights.mxfp4 as mx
-    orig = mx.quantize_mxfp4
-
-    def per_expert(w):
-        if w.dim() < 3:
-            return orig(w)
-        parts = [orig(e) for e in w.split(1)]
-        return torch.cat([b for b, _ in parts]), torch.cat([s for _, s in parts])
-
-    mx.quantize_mxfp4 = per_expert
-    try:
-        yield
-    finally:
-        mx.quantize_mxfp4 = orig
 
 
 def medium_gpt_oss() -> Path:

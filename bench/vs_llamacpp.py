@@ -1,20 +1,24 @@
 """FreeToken vs llama.cpp on the same random medium checkpoint, side by side (outside CI).
 
-    .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512] [--decode 128] [--formats bf16,q8_0,mxfp4]
+    .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512] [--decode 128] [--rounds 3]
+                                          [--formats bf16,q8_0,mxfp4]
 
-bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts vs llama.cpp's Q8_0 GGUF);
+bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
+`expert_format="int8", dense_format="int8"`, vs llama.cpp's Q8_0 GGUF);
 mxfp4 runs a medium gpt-oss whose experts ship as MXFP4 and stay packed in both engines, the
 rest bf16 in both (converted with --outtype bf16, which keeps the MXFP4 experts as they are).
 
 First run installs llama-cpp-python (built from its sdist, ~13 min on 2 cores) into a cached
 venv under ~/.cache/freetoken/llamacpp, and uses the sdist's own convert_hf_to_gguf.py with
 its vendored gguf-py. Home-made tokenizers are mapped to the "qwen2" BPE pre-tokenizer.
-Prints prefill/decode tok/s of both engines and the ratios freetoken/llama.cpp, and how far
+Prints prefill/decode tok/s of both engines (medians over rounds that alternate which engine
+goes first) and the ratios freetoken/llama.cpp (median of the per-round ratios), and how far
 their greedy tokens agree."""
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -162,11 +166,36 @@ def agreement(ft: dict, ll: dict, prompt: list[int]) -> str:
             f"{worst:.3f} ({worst / scale:.1%} of the logit scale)")
 
 
+def side_by_side(py, gguf, model, prompt, args, ft_opts) -> tuple[dict, dict, list[tuple[float, float]]]:
+    """`args.rounds` rounds, the engines' order alternating (this machine's speed drifts over
+    minutes): the medians of each engine's figures, the last FreeToken run (kept open for the
+    agreement check) and each round's (prefill, decode) ratios."""
+    lls, fts, ratios = [], [], []
+    for r in range(args.rounds):
+        pair = {}
+        for engine in (("llama.cpp", "freetoken") if r % 2 == 0 else ("freetoken", "llama.cpp")):
+            if engine == "llama.cpp":
+                pair[engine] = run_llamacpp(py, gguf, prompt, args.threads, args.decode)
+            else:
+                if fts:
+                    fts[-1].pop("llm").close()
+                pair[engine] = run_freetoken(model, prompt, args.threads, args.decode, **ft_opts)
+        lls.append(pair["llama.cpp"])
+        fts.append(pair["freetoken"])
+        ratios.append((pair["freetoken"]["prefill"] / pair["llama.cpp"]["prefill"],
+                       pair["freetoken"]["decode"] / pair["llama.cpp"]["decode"]))
+    med = lambda runs, k: statistics.median(x[k] for x in runs)  # noqa: E731
+    ll = {**lls[-1], "prefill": med(lls, "prefill"), "decode": med(lls, "decode")}
+    ft = {**fts[-1], "prefill": med(fts, "prefill"), "decode": med(fts, "decode")}
+    return ft, ll, ratios
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3, help="side-by-side rounds per format (median reported)")
     ap.add_argument("--formats", default="bf16", help="comma list of " + ", ".join(FORMATS))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -178,19 +207,20 @@ def main():
         build, outtype, ft_opts = FORMATS[fmt]
         model = build()
         gguf = to_gguf(py, converter, model, outtype)
-        ll = run_llamacpp(py, gguf, prompt, args.threads, args.decode)
-        ft = run_freetoken(model, prompt, args.threads, args.decode, **ft_opts)
+        ft, ll, ratios = side_by_side(py, gguf, model, prompt, args, ft_opts)
         same = next((i for i, (a, b) in enumerate(zip(ft["tokens"], ll["tokens"])) if a != b), len(ll["tokens"]))
-        rows.append((fmt, model, ft, ll, same, agreement(ft, ll, prompt)))
-    print(f"\nbatch 1, {args.threads} threads, prompt {args.prompt}, decode {args.decode}")
+        rows.append((fmt, model, ft, ll, ratios, same, agreement(ft, ll, prompt)))
+    print(f"\nbatch 1, {args.threads} threads, prompt {args.prompt}, decode {args.decode}, "
+          f"median of {args.rounds} alternating rounds")
     print(f"{'format':8}{'engine':12}{'prefill tok/s':>15}{'decode tok/s':>14}")
-    for fmt, model, ft, ll, same, agree in rows:
+    for fmt, model, ft, ll, ratios, same, agree in rows:
         print(f"{fmt:8}{'freetoken':12}{ft['prefill']:15.1f}{ft['decode']:14.2f}   (model {model.name}, "
               f"moe backend {ft['backend']})")
         print(f"{'':8}{'llama.cpp':12}{ll['prefill']:15.1f}{ll['decode']:14.2f}")
-        print(f"{'':8}{'ratio':12}{ft['prefill'] / ll['prefill']:14.2f}x{ft['decode'] / ll['decode']:13.2f}x"
-              f"   free-running greedy tokens agree for the first {same} of {len(ll['tokens'])}")
-        print(f"{'':20}{agree}")
+        rp, rd = statistics.median(r[0] for r in ratios), statistics.median(r[1] for r in ratios)
+        print(f"{'':8}{'ratio':12}{rp:14.2f}x{rd:13.2f}x   per round: "
+              + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in ratios))
+        print(f"{'':20}free-running greedy tokens agree for the first {same} of {len(ll['tokens'])}; {agree}")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ Bank layouts (N = num_moe_layers * num_experts, I = expert intermediate, H = hid
 """
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass, replace
 
 import torch
@@ -37,9 +39,9 @@ class ExpertPool:
     def flat_ids(self, layer: int, expert_ids: torch.Tensor) -> torch.Tensor:
         return expert_ids + layer * self.num_experts
 
-    @property
+    @functools.cached_property
     def expert_nbytes(self) -> int:
-        """Bytes of one complete expert across all banks."""
+        """Bytes of one complete expert across all banks (banks are fixed once built)."""
         return sum(b[0].nbytes for b in self.banks.values())
 
     @property

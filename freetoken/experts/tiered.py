@@ -260,15 +260,17 @@ class CpuExperts(Experts):
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
-        ids = topk_ids.to("cpu", torch.int64) + layer * self.E
-        out = self.host.run(hidden.to("cpu"), ids, topk_weights.to("cpu"))
+        on_host = self.device.type == "cpu"      # the pure-CPU engine: skip the no-op transfers
+        ids = (topk_ids if on_host else topk_ids.to("cpu")).long() + layer * self.E
+        out = self.host.run(hidden if on_host else hidden.to("cpu"), ids,
+                            topk_weights if on_host else topk_weights.to("cpu"))
         n = getattr(self.host, "last_experts", None)    # the C kernels count them for free
         if n is None:
             n = int(torch.unique(ids).numel())
         dt = time.perf_counter() - t0
         self.stats_.add(layer, calls=1, routed=ids.numel(), misses=n, cpu_experts=n,
                         cpu_bytes=n * self.pool.expert_nbytes, cpu_s=dt, wall_s=dt)
-        return out.to(hidden.device, hidden.dtype)
+        return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
     def stats(self) -> dict:
         return self.stats_.as_dict()

@@ -111,7 +111,14 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_decode_attention.restype = ci
     lib.ft_rms_norm.argtypes = [vp, vp, i64, ci, ctypes.c_float, vp]
     lib.ft_rms_norm.restype = None
+    lib.ft_rope.argtypes = [vp, vp, vp, i64, ci, ci, ci, vp]
+    lib.ft_rope.restype = None
     return lib
+
+
+def cpu_kernels() -> ctypes.CDLL | None:
+    """The native library (built on first call), or None: for the small per-op helpers."""
+    return _loaded["native"] if "native" in _loaded else load("native")
 
 
 def load(variant: str = "native") -> ctypes.CDLL | None:

@@ -75,10 +75,11 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.pool is None:
             return F.linear(x, self.weight, self.bias)
-        lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
         y = self._gemv(x2) if x2.shape[0] <= GEMV_TOKENS else self._gemm(x2)
-        return y.to(x.dtype).reshape(*lead, self.out_features)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype not in (torch.float32, torch.bfloat16):

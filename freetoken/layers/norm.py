@@ -1,24 +1,17 @@
 """RMSNorm, computed in float32 like the reference implementations, then cast back."""
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from .. import kernels
-
-
-@functools.cache
-def _lib():
-    return kernels.load()
+from ..kernels import cpu_kernels
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and _lib():
+    if x.dtype == torch.float32 and weight.dtype == torch.float32 and x.device.type == "cpu" and cpu_kernels():
         # decode-sized rows: one C call (~2 us) instead of torch's composite rms_norm (~20 us)
         x = x.contiguous()
         out = torch.empty_like(x)
         n = x.shape[-1]
-        _lib().ft_rms_norm(x.data_ptr(), weight.contiguous().data_ptr(), x.numel() // n, n, eps, out.data_ptr())
+        cpu_kernels().ft_rms_norm(x.data_ptr(), weight.contiguous().data_ptr(), x.numel() // n, n, eps, out.data_ptr())
         return out
     h = F.rms_norm(x.float(), (x.shape[-1],), eps=eps)   # one fused kernel instead of five ops
     return weight * h.to(x.dtype)

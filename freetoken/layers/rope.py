@@ -8,6 +8,7 @@ import math
 import torch
 
 from ..errors import UnsupportedModelError
+from ..kernels import cpu_kernels
 
 
 def rope_parameters(cfg: dict) -> dict:
@@ -102,6 +103,14 @@ class Rotary:
 
     def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [N, heads, head_dim]; cos/sin from `tables` ([N, 1, dim])."""
+        if x.dtype == torch.float32 and cos.dtype == torch.float32 and x.device.type == "cpu" and x.dim() == 3:
+            lib = cpu_kernels()
+            if lib is not None:   # one C call instead of ~8 small torch ops
+                x, cos, sin = x.contiguous(), cos.contiguous(), sin.contiguous()
+                out = torch.empty_like(x)
+                lib.ft_rope(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.shape[0], x.shape[1], x.shape[2],
+                            self.dim, out.data_ptr())
+                return out
         if self.dim == self.head_dim:
             return x * cos + _rotate_half(x) * sin
         rot, rest = x[..., : self.dim], x[..., self.dim:]

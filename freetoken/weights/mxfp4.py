@@ -27,9 +27,24 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
 
 def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """float [..., n] (n % 32 == 0) -> (blocks uint8 [..., n/32, 16], scales uint8 [..., n/32]).
-    Scale = 2^(floor(log2(amax)) - 2), values rounded to the nearest e2m1."""
-    if w.shape[-1] % 32:
+    Scale = 2^(floor(log2(amax)) - 2), values rounded to the nearest e2m1. Runs over chunks of
+    rows: the rounding needs ~50 bytes of temporaries per weight (a 0.5 G-weight bank at once
+    would take 25 GB)."""
+    n = w.shape[-1]
+    if n % 32:
         raise ValueError("mxfp4 needs the input dimension to be a multiple of 32")
+    flat = w.reshape(-1, n)
+    step = max(1, _CHUNK_WEIGHTS // n)
+    parts = [_quantize_rows(flat[i:i + step]) for i in range(0, flat.shape[0], step)]
+    blocks = torch.cat([b for b, _ in parts]) if parts else torch.empty(0, n // 32, 16, dtype=torch.uint8)
+    scales = torch.cat([s for _, s in parts]) if parts else torch.empty(0, n // 32, dtype=torch.uint8)
+    return blocks.reshape(*w.shape[:-1], n // 32, 16), scales.reshape(*w.shape[:-1], n // 32)
+
+
+_CHUNK_WEIGHTS = 1 << 22
+
+
+def _quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x = w.float().reshape(*w.shape[:-1], -1, 32)
     amax = x.abs().amax(-1)
     e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-30))) - 2, torch.full_like(amax, -127))
