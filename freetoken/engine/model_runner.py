@@ -2,6 +2,8 @@
 runs the model, and returns the logits of the positions that are sampled."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..layers.attention import AttentionMetadata, KVCache
@@ -21,7 +23,6 @@ class ModelRunner:
         self._arange = torch.arange(block_size)
         # the CPU kernels' pool of a pure-CPU model (None on CUDA): decode attention runs there
         self.kernel_pool = getattr(getattr(model, "linear", None), "pool", None)
-        self._torch_threads = self._threads_now = torch.get_num_threads()
 
     @property
     def kv_nbytes(self) -> int:
@@ -31,17 +32,21 @@ class ModelRunner:
         table = torch.tensor(seq.block_table, dtype=torch.long)
         return (table[:, None] * self.block_size + self._arange).reshape(-1)[:upto]
 
-    def _set_torch_threads(self, phase: str) -> None:
+    @contextlib.contextmanager
+    def _torch_threads(self, phase: str):
         """Pure-CPU decode: every heavy op runs in the kernels' pool and torch's remaining ops are
-        tiny, so torch gets one thread; with more, its OpenMP workers wake on the pool's cores and
-        both stall (measured on 2 cores: 30.0 -> 21.4 ms per decode step). Prefill chunks get
-        all threads back for torch's GEMMs and attention."""
-        if self.kernel_pool is None:
+        tiny, so torch gets one thread for the step; with more, its OpenMP workers wake on the
+        pool's cores and both stall (measured on 2 cores: 30.0 -> 21.4 ms per decode step).
+        Restored afterwards: the caller's torch setting (and prefill's GEMMs) keep all threads."""
+        if self.kernel_pool is None or phase != "decode":
+            yield
             return
-        want = 1 if phase == "decode" else self._torch_threads
-        if want != self._threads_now:
-            torch.set_num_threads(want)
-            self._threads_now = want
+        n = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(n)
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
@@ -76,12 +81,12 @@ class ModelRunner:
                                  query_positions=q_pos.to(dev), num_tokens=n_total, context_lens=ctx_lens,
                                  kernel_pool=self.kernel_pool)
         phase = "decode" if qmax == 1 else "prefill"
-        self._set_torch_threads(phase)
         ctx = ForwardContext(attn=meta, kv=self.kv, states=[s.state for s, _ in batch],
                              query_lens=[n for _, n in batch], phase=phase)
-        hidden = self.model.forward(torch.tensor(ids, device=dev), positions.to(dev), ctx)
-        ends = torch.tensor([int(q_index[i, n - 1]) for i, (_, n) in enumerate(batch)], device=dev)
-        last_logits = self.model.compute_logits(hidden[ends])
+        with self._torch_threads(phase):
+            hidden = self.model.forward(torch.tensor(ids, device=dev), positions.to(dev), ctx)
+            ends = torch.tensor([int(q_index[i, n - 1]) for i, (_, n) in enumerate(batch)], device=dev)
+            last_logits = self.model.compute_logits(hidden[ends])
         full: list[torch.Tensor | None] = []
         offset = 0
         for seq, n in batch:

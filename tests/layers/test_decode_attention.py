@@ -88,3 +88,14 @@ def test_rms_norm_kernel_matches_torch():
         x, w = torch.randn(shape, generator=gen), torch.randn(shape[-1], generator=gen)
         ref = w.double() * F.rms_norm(x.double(), (shape[-1],), eps=1e-6)
         torch.testing.assert_close(rms_norm(x, w, 1e-6).double(), ref, atol=1e-6, rtol=1e-5)
+
+
+def test_decode_steps_leave_torch_threads_as_they_were(tiny_dir):
+    """The pure-CPU runner drops torch to one thread inside decode steps only."""
+    from freetoken import LLM, SamplingParams
+    before = torch.get_num_threads()
+    llm = LLM(str(tiny_dir("qwen3_moe")), dtype="float32", num_threads=2)
+    n = torch.get_num_threads()
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
+    assert torch.get_num_threads() == n
+    torch.set_num_threads(before)
