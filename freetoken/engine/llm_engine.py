@@ -87,6 +87,12 @@ class LLMEngine:
 
     # --- one iteration -------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        outputs = self._step()
+        if not self.scheduler.has_unfinished():
+            self.runner.idle()
+        return outputs
+
+    def _step(self) -> list[StepOutput]:
         outputs = [self._output(s, [], "") for s in self._aborted]
         for s in self._aborted:
             self.seqs.pop(s.request_id, None)

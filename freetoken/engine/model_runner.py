@@ -2,8 +2,6 @@
 runs the model, and returns the logits of the positions that are sampled."""
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from ..layers.attention import AttentionMetadata, KVCache
@@ -23,6 +21,7 @@ class ModelRunner:
         self._arange = torch.arange(block_size)
         # the CPU kernels' pool of a pure-CPU model (None on CUDA): decode attention runs there
         self.kernel_pool = getattr(getattr(model, "linear", None), "pool", None)
+        self._saved_threads: int | None = None
 
     @property
     def kv_nbytes(self) -> int:
@@ -32,21 +31,26 @@ class ModelRunner:
         table = torch.tensor(seq.block_table, dtype=torch.long)
         return (table[:, None] * self.block_size + self._arange).reshape(-1)[:upto]
 
-    @contextlib.contextmanager
-    def _torch_threads(self, phase: str):
+    def _torch_threads(self, phase: str) -> None:
         """Pure-CPU decode: every heavy op runs in the kernels' pool and torch's remaining ops are
-        tiny, so torch gets one thread for the step; with more, its OpenMP workers wake on the
-        pool's cores and both stall (measured on 2 cores: 30.0 -> 21.4 ms per decode step).
-        Restored afterwards: the caller's torch setting (and prefill's GEMMs) keep all threads."""
-        if self.kernel_pool is None or phase != "decode":
-            yield
+        tiny, so torch gets one thread while decode steps follow each other; with more, its
+        OpenMP workers wake (and spin) on the pool's cores and both stall (measured on 2 cores:
+        30.0 -> 21.4 ms per decode step). Switching back per step is not enough: the OpenMP
+        workers spin on after every multi-threaded op. Prefill steps and `idle()` restore the
+        caller's setting."""
+        if self.kernel_pool is None:
             return
-        n = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(n)
+        if phase == "decode" and self._saved_threads is None:
+            self._saved_threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+        elif phase != "decode":
+            self.idle()
+
+    def idle(self) -> None:
+        """Nothing is decoding: torch gets its threads back."""
+        if self._saved_threads is not None:
+            torch.set_num_threads(self._saved_threads)
+            self._saved_threads = None
 
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
@@ -83,10 +87,10 @@ class ModelRunner:
         phase = "decode" if qmax == 1 else "prefill"
         ctx = ForwardContext(attn=meta, kv=self.kv, states=[s.state for s, _ in batch],
                              query_lens=[n for _, n in batch], phase=phase)
-        with self._torch_threads(phase):
-            hidden = self.model.forward(torch.tensor(ids, device=dev), positions.to(dev), ctx)
-            ends = torch.tensor([int(q_index[i, n - 1]) for i, (_, n) in enumerate(batch)], device=dev)
-            last_logits = self.model.compute_logits(hidden[ends])
+        self._torch_threads(phase)
+        hidden = self.model.forward(torch.tensor(ids, device=dev), positions.to(dev), ctx)
+        ends = torch.tensor([int(q_index[i, n - 1]) for i, (_, n) in enumerate(batch)], device=dev)
+        last_logits = self.model.compute_logits(hidden[ends])
         full: list[torch.Tensor | None] = []
         offset = 0
         for seq, n in batch:
