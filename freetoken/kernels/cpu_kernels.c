@@ -1,8 +1,11 @@
-/* CPU expert execution: out[t] += sum_k w[t,k] * down(act(gate(x[t])) * up(x[t])) for routed
- * experts, streaming the weights straight from the host pool banks and dequantizing inside
- * the dot products (fp32 accumulation).
+/* The C kernels of the pure-CPU engine. Mainly CPU expert execution: out[t] += sum_k w[t,k] *
+ * down(act(gate(x[t])) * up(x[t])) for routed experts, streaming the weights straight from the
+ * host pool banks and dequantizing inside the dot products (fp32 accumulation). Further down,
+ * on the same dot tiles and thread pool: the dense GEMV (ft_linear_run), row dequantization for
+ * prefill GEMMs (ft_dequant_rows), decode attention over the paged KV cache
+ * (ft_decode_attention), and two per-op helpers run on the calling thread (ft_rms_norm, ft_rope).
  *
- * Built at first use by freetoken/experts/kernels/__init__.py with the system C compiler and
+ * Built at first use by freetoken/kernels/__init__.py with the system C compiler and
  * -march=native, so the preprocessor picks the widest SIMD path the machine has:
  *   FT_AVX2:     AVX2 + FMA + F16C (x86-64 since Haswell / Zen 1; also used on AVX-512 CPUs)
  *   otherwise:   portable C (any architecture; the compiler vectorises what it can)
