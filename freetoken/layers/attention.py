@@ -56,11 +56,16 @@ class AttentionMetadata:
 
 
 class KVCache:
-    """K and V for one attention layer: [num_slots, kv_heads, head_dim]; slot 0..block_size-1 is the null block."""
+    """K and V for one attention layer: [num_slots, kv_heads, head_dim]; slot 0..block_size-1 is the null block.
+    The dtype may be narrower than the activations' (bf16 KV under fp32 compute on the CPU)."""
 
     def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype, device):
         self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k.index_copy_(0, slots, k if k.dtype == self.k.dtype else k.to(self.k.dtype))
+        self.v.index_copy_(0, slots, v if v.dtype == self.v.dtype else v.to(self.v.dtype))
 
     @property
     def nbytes(self) -> int:
@@ -70,13 +75,14 @@ class KVCache:
 def gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata):
     """Write the step's K/V into the cache, then lay out per-sequence batches:
     queries [B, Hq, Qmax, D], keys and values [B, Hkv, Kmax, D]."""
-    cache.k.index_copy_(0, meta.slot_mapping, k)
-    cache.v.index_copy_(0, meta.slot_mapping, v)
+    cache.write(meta.slot_mapping, k, v)
     # index_select, not advanced indexing: the latter takes a slow generic path (measured ~200x slower).
     b, kmax = meta.key_slots.shape
     flat_slots = meta.key_slots.reshape(-1)
     keys = cache.k.index_select(0, flat_slots).view(b, kmax, *cache.k.shape[1:]).transpose(1, 2)
     values = cache.v.index_select(0, flat_slots).view(b, kmax, *cache.v.shape[1:]).transpose(1, 2)
+    if keys.dtype != q.dtype:
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
     n, hq, d = q.shape
     q_pad = torch.cat([q, q.new_zeros(1, hq, d)]) if meta.query_index.numel() != n else q
     qmax = meta.query_index.shape[1]
@@ -100,8 +106,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
     """Decode steps on the CPU (see `AttentionMetadata.decode_kernel`): the new K/V go into the
     cache, then the C kernel reads each sequence's keys in place, no gather copies and no
     SDPA set-up (torch's CPU flash attention costs ~0.8 ms per layer at 600 keys)."""
-    cache.k.index_copy_(0, meta.slot_mapping, k)
-    cache.v.index_copy_(0, meta.slot_mapping, v)
+    cache.write(meta.slot_mapping, k, v)
     return attend_rows(meta.kernel_pool, q, cache.k, cache.v, meta.key_slots, meta.context_lens, scale, sinks)
 
 

@@ -108,6 +108,7 @@ class MoECausalLM:
         self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
         dtype = compute_dtype(cfg.torch_dtype, device, cfg.compute_dtype)
         self.dtype, self.device = dtype, device
+        self.kv_dtype = cfg.torch_dtype                      # see engine/model_runner.kv_dtype
         self.num_layers = hf.req("num_hidden_layers")
         self.hidden = hf.req("hidden_size")
         self.vocab_size = hf.req("vocab_size")

@@ -99,3 +99,21 @@ def test_decode_steps_leave_torch_threads_as_they_were(tiny_dir):
     llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
     assert torch.get_num_threads() == n
     torch.set_num_threads(before)
+
+
+def test_bf16_kv_cache_under_fp32_compute(tiny_dir):
+    """A bf16 checkpoint keeps K/V in bf16 while activations are fp32: decode steps (C kernel
+    over bf16 rows) see the logits a full prefill over the same tokens computes (SDPA over the
+    converted keys), and both stay close to an fp32 engine."""
+    from freetoken import LLM, SamplingParams
+    d = str(tiny_dir("qwen3_moe", dtype="bfloat16"))
+    llm = LLM(d, dtype="bfloat16", compute_dtype="float32")
+    assert next(iter(llm.engine.runner.kv.values())).k.dtype == torch.bfloat16
+    prompt, seen = list(range(5, 16)), []
+    out = llm.generate([prompt], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True,
+                                                logits_processors=[lambda ids, lg: seen.append(lg.clone()) or lg]))[0]
+    full = llm.score(prompt + out.token_ids)[len(prompt) - 1:len(prompt) - 1 + len(seen)]
+    assert ((torch.stack(seen) - full).abs().max() / full.abs().max()) < 1e-5   # same bf16 keys either way
+    ref = LLM(d, dtype="float32").score(prompt + out.token_ids)
+    got = llm.score(prompt + out.token_ids)
+    assert ((got - ref).abs().max() / ref.abs().max()) < 2e-2
