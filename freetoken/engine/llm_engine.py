@@ -13,7 +13,7 @@ from ..models.loader import load_model
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
 from .block_manager import BlockManager
-from .model_runner import ModelRunner, kv_dtype
+from .model_runner import ModelRunner
 from .sampler import sample
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -41,7 +41,7 @@ class LLMEngine:
         self.model, self.max_model_len = load_model(cfg)
         self.tokenizer = Tokenizer(cfg.model)
         bs = cfg.kv_block_size
-        per_token = sum(2 * h * d for _, h, d in self.model.kv_layers()) * torch.finfo(kv_dtype(self.model)).bits // 8
+        per_token = sum(2 * h * d for _, h, d in self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
         want_tokens = cfg.max_num_seqs * self.max_model_len
         budget_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else 4.0
         tokens = min(want_tokens, int(budget_gib * (1 << 30) / max(per_token, 1)))

@@ -11,23 +11,16 @@ from .sequence import Sequence
 _PAD_POS = 1 << 30
 
 
-def kv_dtype(model) -> torch.dtype:
-    """The KV cache keeps the checkpoint's precision (`model.kv_dtype`, e.g. bf16) even where
-    activations compute in fp32: half the bytes per decoded token at long contexts, and twice
-    the tokens per `kv_cache_gib`, as a bf16 engine (or llama.cpp's f16 KV) has."""
-    return getattr(model, "kv_dtype", model.dtype)
-
-
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int):
         self.model = model
         self.block_size = block_size
         self.device = model.device
         slots = num_blocks * block_size
-        self.kv = {i: KVCache(slots, h, d, kv_dtype(model), model.device) for i, h, d in model.kv_layers()}
+        self.kv = {i: KVCache(slots, h, d, model.kv_dtype, model.device) for i, h, d in model.kv_layers()}
         self._arange = torch.arange(block_size)
         # the CPU kernels' pool of a pure-CPU model (None on CUDA): decode attention runs there
-        self.kernel_pool = getattr(getattr(model, "linear", None), "pool", None)
+        self.kernel_pool = model.linear.pool
         self._saved_threads: int | None = None
 
     @property

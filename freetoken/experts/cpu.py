@@ -26,7 +26,7 @@ from ..weights.fp8 import dequantize_fp8_block, quantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
 from ..weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from .. import kernels
-from ..kernels.pool import CpuPool, physical_cpus  # noqa: F401  (physical_cpus: re-exported)
+from ..kernels.pool import CpuPool
 
 log = logging.getLogger(__name__)
 

@@ -95,6 +95,13 @@ static inline float fp8_scaled(uint8_t b) {
 }
 #define TWO_POW_120 1.329227995784916e+36f
 
+/* Element k of a row of fp32 / bf16 / fp16 values (XT_F32/XT_BF16 share these codes). */
+static inline float float_at(int fmt, const uint8_t *w, int64_t k) {
+    if (fmt == FMT_F32) return ((const float *)w)[k];
+    if (fmt == FMT_BF16) return bf16_to_f32(((const uint16_t *)w)[k]);
+    return f16_to_f32(((const uint16_t *)w)[k]);
+}
+
 static inline int perm_bf16(int j, int n16) {  /* position of element j in the prepared vector */
 #ifdef FT_AVX2
     if (j < n16) { int q = j & 15; return (j & ~15) + (q & 1) * 8 + (q >> 1); }
@@ -182,12 +189,8 @@ FORCE_INLINE void fdecode16(const int fmt, const uint8_t *w, int i, __m256 *a, _
 }
 
 static inline float fdecode1(int fmt, const uint8_t *w, const uint8_t *s, int k) {
-    switch (fmt) {
-    case FMT_F32: return ((const float *)w)[k];
-    case FMT_F16: return f16_to_f32(((const uint16_t *)w)[k]);
-    case FMT_BF16: return bf16_to_f32(((const uint16_t *)w)[k]);
-    default: return fp8_scaled(w[k]) * (((const float *)s)[k / 128] * TWO_POW_120);  /* fp8 tail block */
-    }
+    if (fmt == FMT_FP8) return fp8_scaled(w[k]) * (((const float *)s)[k / 128] * TWO_POW_120);  /* fp8 tail block */
+    return float_at(fmt, w, k);
 }
 
 /* res[r][t] = <row r, x_t> for an R x NT tile; R*NT*2 independent accumulator chains. */
@@ -446,27 +449,11 @@ FORCE_INLINE void tile(const int fmt, const uint8_t *const *wr, const uint8_t *c
 
 #else /* portable */
 
-FORCE_INLINE void dot_f32_body(const uint8_t *w8, int n, const uint8_t *const *xp, float *res, const int NT) {
-    const float *w = (const float *)w8;
+FORCE_INLINE void dot_float_body(const int fmt, const uint8_t *w, int n, const uint8_t *const *xp, float *res,
+                                 const int NT) {
     for (int t = 0; t < NT; t++) {
         const float *x = (const float *)xp[t]; float r = 0.f;
-        for (int k = 0; k < n; k++) r += w[k] * x[k];
-        res[t] = r;
-    }
-}
-FORCE_INLINE void dot_f16_body(const uint8_t *w8, int n, const uint8_t *const *xp, float *res, const int NT) {
-    const uint16_t *w = (const uint16_t *)w8;
-    for (int t = 0; t < NT; t++) {
-        const float *x = (const float *)xp[t]; float r = 0.f;
-        for (int k = 0; k < n; k++) r += f16_to_f32(w[k]) * x[k];
-        res[t] = r;
-    }
-}
-FORCE_INLINE void dot_bf16_body(const uint8_t *w8, int n, const uint8_t *const *xp, float *res, const int NT) {
-    const uint16_t *w = (const uint16_t *)w8;
-    for (int t = 0; t < NT; t++) {
-        const float *x = (const float *)xp[t]; float r = 0.f;
-        for (int k = 0; k < n; k++) r += bf16_to_f32(w[k]) * x[k];
+        for (int k = 0; k < n; k++) r += float_at(fmt, w, k) * x[k];
         res[t] = r;
     }
 }
@@ -511,9 +498,9 @@ FORCE_INLINE void dot_mxfp4_body(const uint8_t *w, const uint8_t *s, int n, cons
 }
 static void dot_row(int fmt, const uint8_t *w, const uint8_t *s, int n, const uint8_t *const *xp, int nt, float *res) {
     switch (fmt) {
-    case FMT_F32: dot_f32_body(w, n, xp, res, nt); break;
-    case FMT_BF16: dot_bf16_body(w, n, xp, res, nt); break;
-    case FMT_F16: dot_f16_body(w, n, xp, res, nt); break;
+    case FMT_F32: dot_float_body(FMT_F32, w, n, xp, res, nt); break;
+    case FMT_BF16: dot_float_body(FMT_BF16, w, n, xp, res, nt); break;
+    case FMT_F16: dot_float_body(FMT_F16, w, n, xp, res, nt); break;
     case FMT_FP8: dot_fp8_body(w, (const float *)s, n, xp, res, nt); break;
     case FMT_INT8: dot_int8_body(w, (const uint16_t *)s, n, xp, res, nt); break;
     case FMT_MXFP4: dot_mxfp4_body(w, s, n, xp, res, nt); break;
@@ -1027,8 +1014,8 @@ typedef struct {
 static void dequant_row(int fmt, const uint8_t *w, const uint8_t *s, int K, float *o) {
     switch (fmt) {
     case FMT_F32: memcpy(o, w, (size_t)K * 4); break;
-    case FMT_BF16: for (int k = 0; k < K; k++) o[k] = bf16_to_f32(((const uint16_t *)w)[k]); break;
-    case FMT_F16: for (int k = 0; k < K; k++) o[k] = f16_to_f32(((const uint16_t *)w)[k]); break;
+    case FMT_BF16: for (int k = 0; k < K; k++) o[k] = float_at(FMT_BF16, w, k); break;
+    case FMT_F16: for (int k = 0; k < K; k++) o[k] = float_at(FMT_F16, w, k); break;
     case FMT_FP8:
         for (int b0 = 0; b0 < K; b0 += 128) {
             const float sc = ((const float *)s)[b0 / 128] * TWO_POW_120;
@@ -1090,10 +1077,6 @@ typedef struct {
     ft_pool *p;
 } att_job;
 
-static inline float kv_get(const uint8_t *row, int kvt, int i) {
-    return kvt == XT_F32 ? ((const float *)row)[i] : bf16_to_f32(((const uint16_t *)row)[i]);
-}
-
 #ifdef FT_AVX2
 FORCE_INLINE __m256 kv_load8(const uint8_t *row, int kvt, int i) {
     if (kvt == XT_F32) return _mm256_loadu_ps((const float *)row + i);
@@ -1148,7 +1131,7 @@ FORCE_INLINE void att_scores(const float *q, const uint8_t *kb, int64_t row_byte
     for (; j < n; j++) {
         const uint8_t *r = kb + slots[j] * row_bytes + head_off;
         float acc = 0.f;
-        for (int i = 0; i < D; i++) acc += q[i] * kv_get(r, kvt, i);
+        for (int i = 0; i < D; i++) acc += q[i] * float_at(kvt, r, i);
         sc[j] = acc * scale;
     }
 }
@@ -1195,7 +1178,7 @@ FORCE_INLINE void att_values(const float *w, const uint8_t *vb, int64_t row_byte
 #endif
     for (int c = c0; c < D; c++) {
         float acc = o[c];
-        for (int64_t j = 0; j < n; j++) acc += w[j] * kv_get(vb + slots[j] * row_bytes + head_off, kvt, c);
+        for (int64_t j = 0; j < n; j++) acc += w[j] * float_at(kvt, vb + slots[j] * row_bytes + head_off, c);
         o[c] = acc;
     }
 }

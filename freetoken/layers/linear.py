@@ -86,12 +86,9 @@ class Linear:
             x = x.float()
         x = x.contiguous()
         y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
-        w, s = self.weight, self.scales
         with self.pool.lock:
             rc = self.pool.lib.ft_linear_run(
-                self.pool.handle, self.code, w.data_ptr(), w.stride(0) * w.element_size(),
-                s.data_ptr() if s is not None else None, s.stride(0) * s.element_size() if s is not None else 0,
-                self.out_features, self.in_features, x.data_ptr(), 0 if x.dtype == torch.float32 else 1,
+                self.pool.handle, *self._weight_args(), x.data_ptr(), 0 if x.dtype == torch.float32 else 1,
                 x.shape[0], self.bias.data_ptr() if self.bias is not None else None, y.data_ptr())
         if rc != 0:
             raise MemoryError("dense GEMV kernel could not allocate its scratch memory")
@@ -103,13 +100,16 @@ class Linear:
             return self.weight.float()
         if out is None:
             out = torch.empty(self.out_features, self.in_features, dtype=torch.float32)
-        w, s = self.weight, self.scales
         with self.pool.lock:
-            self.pool.lib.ft_dequant_rows(
-                self.pool.handle, self.code, w.data_ptr(), w.stride(0) * w.element_size(),
-                s.data_ptr() if s is not None else None, s.stride(0) * s.element_size() if s is not None else 0,
-                self.out_features, self.in_features, out.data_ptr())
+            self.pool.lib.ft_dequant_rows(self.pool.handle, *self._weight_args(), out.data_ptr())
         return out
+
+    def _weight_args(self) -> tuple:
+        """(format code, weights, row bytes, scales, scale row bytes, N, K) as the C kernels take them."""
+        w, s = self.weight, self.scales
+        return (self.code, w.data_ptr(), w.stride(0) * w.element_size(),
+                s.data_ptr() if s is not None else None, s.stride(0) * s.element_size() if s is not None else 0,
+                self.out_features, self.in_features)
 
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
         if self.code == _FMT[torch.float32]:

@@ -108,7 +108,9 @@ class MoECausalLM:
         self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
         dtype = compute_dtype(cfg.torch_dtype, device, cfg.compute_dtype)
         self.dtype, self.device = dtype, device
-        self.kv_dtype = cfg.torch_dtype                      # see engine/model_runner.kv_dtype
+        # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:
+        # half the bytes per decoded token at long contexts, twice the tokens per kv_cache_gib
+        self.kv_dtype = cfg.torch_dtype
         self.num_layers = hf.req("num_hidden_layers")
         self.hidden = hf.req("hidden_size")
         self.vocab_size = hf.req("vocab_size")

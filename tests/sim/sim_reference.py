@@ -22,18 +22,21 @@ def accesses(stream):
     return out
 
 
+def _lru_access(cache: list, k, cap: int) -> bool:
+    """One access to a list-ordered LRU of capacity cap (oldest first); returns hit."""
+    hit = k in cache
+    if hit:
+        cache.remove(k)
+    elif len(cache) == cap and cap:
+        cache.pop(0)
+    if cap:
+        cache.append(k)
+    return hit
+
+
 def ref_lru(stream, slots):
-    cache, out = [], []
-    for phase, k, _ in accesses(stream):
-        hit = k in cache
-        if hit:
-            cache.remove(k)
-        elif len(cache) == slots and slots:
-            cache.pop(0)
-        if slots:
-            cache.append(k)
-        out.append((phase, hit))
-    return out
+    cache = []
+    return [(phase, _lru_access(cache, k, slots)) for phase, k, _ in accesses(stream)]
 
 
 def ref_per_layer_lru(stream, slots):
@@ -42,15 +45,7 @@ def ref_per_layer_lru(stream, slots):
     caches = [[] for _ in range(L)]
     out = []
     for phase, k, _ in accesses(stream):
-        c, share = caches[k // E], shares[k // E]
-        hit = k in c
-        if hit:
-            c.remove(k)
-        elif len(c) == share and share:
-            c.pop(0)
-        if share:
-            c.append(k)
-        out.append((phase, hit))
+        out.append((phase, _lru_access(caches[k // E], k, shares[k // E])))
     return out
 
 
