@@ -12,8 +12,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
+from ..engine.llm_engine import StepOutput
 from .errors import Overloaded
 from .metrics import Metrics
 
@@ -178,7 +178,5 @@ class EngineLoop:
             self.n_running = 0
 
 
-def _aborted(job: Job):
-    return SimpleNamespace(request_id=job.request_id, new_token_ids=[], new_text="", finished=True,
-                           finish_reason="abort", prompt_tokens=len(job.prompt_ids),
-                           completion_tokens=0)
+def _aborted(job: Job) -> StepOutput:
+    return StepOutput(job.request_id, [], "", True, "abort", len(job.prompt_ids), 0)

@@ -118,7 +118,7 @@ class Generation:
         m.requests.labels(req.endpoint, reason).inc()
         log.info("req=%s %s prompt=%d completion=%d ttft=%.3fs decode=%.1f tok/s finish=%s",
                  self.request_id, req.endpoint, prompt_tokens, completion, ttft, tps, reason)
-        return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq)
+        return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq, cached_tokens=out.num_cached_tokens)
 
 
 class GenerationService:

@@ -156,7 +156,8 @@ def _sampling(body) -> dict:
 
 def _usage(d: Done) -> dict:
     return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
-            "total_tokens": d.prompt_tokens + d.completion_tokens}
+            "total_tokens": d.prompt_tokens + d.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
 
 
 @router.get("/v1/models")
