@@ -94,9 +94,11 @@ def openai_messages(messages: list[dict]) -> list[dict]:
                "content": content_text(m.get("content"), where)}
         if role == "assistant":
             calls = []
-            for c in m.get("tool_calls") or []:
+            for j, c in enumerate(m.get("tool_calls") or []):
                 f = c.get("function") or {}
-                calls.append({"id": c.get("id") or "call_" + uuid.uuid4().hex[:24],
+                # a missing id gets one from its place, not a random one: the same history
+                # must render to the same tokens every time (prefix cache)
+                calls.append({"id": c.get("id") or f"call_{i}_{j}",
                               "type": "function",
                               "function": {"name": f.get("name", ""),
                                            "arguments": parse_arguments(f.get("arguments"))}})
