@@ -1,0 +1,43 @@
+"""Reliability regressions against the real tiny model: one request's bad numbers fail
+that request alone (or are clamped), and the server keeps serving."""
+import json
+import threading
+
+import httpx
+
+OA = "/v1/chat/completions"
+
+
+def chat(url, raw: str = "", **kw):
+    body = {"model": "capture-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    body.update(kw)
+    content = json.dumps(body)[:-1] + raw + "}"     # raw: JSON a dict cannot hold (1e400, NaN)
+    return httpx.post(url + OA, content=content, timeout=120,
+                      headers={"content-type": "application/json"})
+
+
+def test_extreme_sampling_does_not_fail_other_requests(tiny):
+    _, url, _ = tiny
+    results = {}
+
+    def other():
+        with httpx.stream("POST", url + OA, timeout=120, json={
+                "model": "capture-model", "stream": True, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "a long answer please"}]}) as r:
+            results["stream"] = (r.status_code, r.read().decode())
+
+    t = threading.Thread(target=other)
+    t.start()
+    for kw in ({"temperature": 1e-300}, {"temperature": 1e-44}, {"temperature": 1e-3, "top_p": 1e-9}):
+        r = chat(url, **kw)
+        assert r.status_code == 200, (kw, r.text)
+        assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    for raw, kw in (("", {"repetition_penalty": 1e-300}), (', "temperature": 1e400', {}),
+                    (', "top_p": NaN', {}), ("", {"seed": 2**70})):
+        r = chat(url, raw, **kw)
+        assert r.status_code == 400, (kw, r.text)
+        assert r.json()["error"]["type"] == "invalid_request_error"
+    t.join(120)
+    status, text = results["stream"]
+    assert status == 200 and "engine error" not in text and text.rstrip().endswith("data: [DONE]")
+    assert httpx.get(url + "/health").json()["status"] == "ok"
