@@ -162,6 +162,10 @@ def cmd_serve(args) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
     llm, svc, app, demo, model = build(args)
+    try:
+        svc.grammar_tokenizer()   # now, not on the first json_schema request (it holds the GIL)
+    except Exception as e:  # noqa: BLE001 - constrained output is optional
+        log.info("constrained output unavailable: %s", e)
     if demo:
         log.warning("NO --model GIVEN: serving a RANDOM-WEIGHT DEMO model (%s, built in %s). "
                     "Its output is gibberish; pass --model DIR to serve a real checkpoint.",

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from .errors import APIError, BadRequest, NotFound
 from .events import Done, ReasoningDelta, TextDelta, ToolCallEnd, ToolCallStart
 from .generation import Generation, GenerationService
+from .request_limits import parse_json, read_body
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Settings:
     model_names: list[str]
     api_key: str | None = None
     model_match: str = "auto"        # auto: OpenAI routes strict, Anthropic routes map any id
-    max_body_bytes: int = 64 << 20
+    max_body_bytes: int = 32 << 20
 
 
 @dataclass
@@ -50,13 +51,8 @@ def state(request: Request) -> AppState:
 
 
 async def parse_body(request: Request, model: type[BaseModel]):
-    raw = await request.body()
-    if len(raw) > state(request).settings.max_body_bytes:
-        raise BadRequest("request body too large", status=413)
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    raw = await read_body(request, state(request).settings.max_body_bytes)
+    obj = parse_json(raw)
     if not isinstance(obj, dict):
         raise BadRequest("the request body must be a JSON object")
     try:
