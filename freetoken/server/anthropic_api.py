@@ -203,8 +203,7 @@ async def count_tokens(request: Request):
     inp = _chat_input(body, None)
     prompt = await asyncio.to_thread(render, st.svc.tokenizer, inp.messages, inp.tools,
                                      inp.template_kwargs)
-    ids = await asyncio.to_thread(st.svc.tokenizer.encode, prompt)
-    return {"input_tokens": len(ids)}
+    return {"input_tokens": await asyncio.to_thread(st.svc.count_prompt, prompt)}
 
 
 @router.post("/v1/messages")

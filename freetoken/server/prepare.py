@@ -114,7 +114,7 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
                          "supported (use text, json_object or json_schema)", param="response_format")
 
     prompt = await asyncio.to_thread(render, svc.tokenizer, inp.messages, tools, kwargs)
-    ids = await asyncio.to_thread(svc.tokenizer.encode, prompt)
+    ids = await asyncio.to_thread(svc.encode_prompt, prompt)
     max_tokens = svc.max_tokens_for(inp.max_tokens, len(ids), inp.default_max_tokens)
     processors = []
     if grammar is not None:
@@ -131,7 +131,7 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
 async def prepare_text(svc: GenerationService, prompt: str | list[int], *, endpoint: str,
                        max_tokens: int | None, stop, sampling: dict) -> GenerationRequest:
     if isinstance(prompt, str):
-        ids = await asyncio.to_thread(svc.tokenizer.encode, prompt)
+        ids = await asyncio.to_thread(svc.encode_prompt, prompt)
     else:
         ids = list(prompt)
         vocab = getattr(svc.tokenizer, "vocab_size", None)

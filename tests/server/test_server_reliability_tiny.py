@@ -41,3 +41,26 @@ def test_extreme_sampling_does_not_fail_other_requests(tiny):
     status, text = results["stream"]
     assert status == 200 and "engine error" not in text and text.rstrip().endswith("data: [DONE]")
     assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def test_oversized_message_is_refused_without_tokenizing_it_all(tiny):
+    _, url, svc = tiny
+    calls = []
+    encode = svc.tokenizer.encode
+
+    def counting(text, *a, **kw):
+        calls.append(len(text))
+        return encode(text, *a, **kw)
+
+    svc.tokenizer.encode = counting
+    try:
+        big = "the quick brown fox jumps over the lazy dog. " * 180_000       # 8 MB
+        r = chat(url, messages=[{"role": "user", "content": big}])
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:300]
+        assert sum(calls) < len(big) // 4, sum(calls)
+        r = httpx.post(url + "/v1/messages/count_tokens", timeout=120, json={
+            "model": "m", "messages": [{"role": "user", "content": big}]})
+        assert r.status_code == 200 and r.json()["input_tokens"] > svc.max_model_len
+    finally:
+        del svc.tokenizer.encode
+    assert chat(url).status_code == 200
