@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from . import anthropic_api, openai_api, openai_responses
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
 from .generation import GenerationService
+from .request_limits import ClientGone
 from .server_state import AppState, Settings
 
 log = logging.getLogger("freetoken.server")
@@ -87,6 +88,13 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         else:
             err = APIError(str(exc.detail), status=exc.status_code)
         return await api_error(request, err)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        # nobody is listening: no error counted, no traceback; 499 as nginx logs it
+        svc.metrics.client_disconnects.inc()
+        log.info("%s %s: %s", request.method, request.url.path, exc)
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):

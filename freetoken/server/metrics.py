@@ -67,6 +67,9 @@ class Metrics:
                                 ["endpoint", "finish_reason"], registry=r)
         self.http_errors = Counter("freetoken_http_errors", "Requests answered with an error",
                                    ["status"], registry=r)
+        self.client_disconnects = Counter("freetoken_client_disconnects",
+                                          "Clients that left before their reply was sent",
+                                          registry=r)
         self.running = Gauge("freetoken_requests_running", "Requests in the engine", registry=r)
         self.waiting = Gauge("freetoken_requests_waiting", "Requests queued for the engine",
                              registry=r)

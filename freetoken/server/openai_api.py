@@ -268,9 +268,11 @@ async def _chat_stream(gen, cid, created, model, include_usage):
         yield sse.data(error_body(e, anthropic=False))
         yield sse.DONE
         return
-    if done.error:
+    if done.error:     # the error is the last event: no finish_reason after it
         yield sse.data({"error": {"message": done.error, "type": "server_error", "param": None,
                                   "code": None}})
+        yield sse.DONE
+        return
     yield chunk({}, FINISH[done.finish_reason])
     if include_usage:
         yield sse.data({**base, "choices": [], "usage": _usage(done)})
@@ -305,6 +307,11 @@ async def completions(request: Request):
                         done = ev
             except APIError as e:
                 yield sse.data(error_body(e, anthropic=False))
+                yield sse.DONE
+                return
+            if done.error:
+                yield sse.data({"error": {"message": done.error, "type": "server_error",
+                                          "param": None, "code": None}})
                 yield sse.DONE
                 return
             yield sse.data({**base, "choices": [{"index": 0, "text": "", "logprobs": None,

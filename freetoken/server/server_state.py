@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from .errors import APIError, BadRequest, NotFound
 from .events import Done, ReasoningDelta, TextDelta, ToolCallEnd, ToolCallStart
 from .generation import Generation, GenerationService
-from .request_limits import parse_json, read_body
+from .request_limits import ClientGone, parse_json, read_body
 
 
 @dataclass
@@ -130,11 +130,11 @@ async def until_disconnected(request: Request, gen: Generation, coro):
     finally:
         watcher.cancel()
     if not task.done():
-        task.cancel()
-        gen.abort()
+        task.cancel()      # its generation's cleanup aborts the request and counts it cancelled
         try:
             await task
         except (asyncio.CancelledError, Exception):
             pass
-        raise asyncio.CancelledError("client disconnected")
+        gen.abort()
+        raise ClientGone("client disconnected")
     return task.result()
