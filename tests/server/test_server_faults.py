@@ -109,3 +109,16 @@ def test_stream_error_is_the_last_event(server, path, payload):
     assert not any(isinstance(e, dict) and any(c.get("finish_reason") for c in e.get("choices", []))
                    for e in events), "no finish_reason may follow (or stand in for) the error"
     assert httpx.post(url + OA, json=body(max_tokens=3), timeout=30).status_code == 200
+
+
+def test_health_reports_engine_failures_and_recovers(server):
+    _, url, _ = server
+    assert httpx.head(url + "/health").status_code == 200
+    httpx.post(url + OA, json=body("BOOM", max_tokens=20), timeout=30)
+    h = httpx.get(url + "/health")
+    assert h.status_code == 503 and h.json()["status"] == "degraded", h.text
+    assert "kernel exploded" in h.json()["error"]
+    assert httpx.head(url + "/health").status_code == 503
+    assert metric(url, "freetoken_engine_step_failures_total") >= 1
+    assert httpx.post(url + OA, json=body(max_tokens=3), timeout=30).status_code == 200
+    assert httpx.get(url + "/health").json()["status"] == "ok"

@@ -64,3 +64,16 @@ def test_oversized_message_is_refused_without_tokenizing_it_all(tiny):
     finally:
         del svc.tokenizer.encode
     assert chat(url).status_code == 200
+
+
+def test_metrics_show_kv_blocks_and_preemptions(tiny):
+    _, url, svc = tiny
+    assert chat(url).status_code == 200
+    text = httpx.get(url + "/metrics").text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values["freetoken_kv_blocks_total"] == svc.engine.blocks.num_blocks - 1 > 0
+    assert values["freetoken_kv_blocks_in_use"] == 0          # idle: every block is back
+    assert "freetoken_preemptions_total" in values and "freetoken_kv_evictions" in values
+    h = httpx.get(url + "/health").json()
+    assert h["kv_blocks_in_use"] == 0 and h["kv_blocks_total"] > 0
