@@ -165,11 +165,8 @@ class LLMEngine:
                           len(seq.prompt_ids), len(seq.output_ids), stop, seq.num_cached_tokens)
 
     def expert_stats(self) -> dict:
-        """Engine statistics for /metrics: the expert memory's, the KV blocks', the prefix cache's."""
+        """Engine statistics for /metrics: the expert memory's and the prefix cache's."""
         stats = self.model.experts.stats() if self.model.experts is not None else {}
-        b = self.blocks
-        stats["kv"] = {"blocks_total": b.num_blocks - 1, "blocks_used": b.num_used,
-                       "blocks_cached_only": b.reclaimable, "preemptions": self.scheduler.num_preemptions}
         stats["prefix"] = self.prefix.stats_dict()
         return stats
 

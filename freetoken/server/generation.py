@@ -17,6 +17,7 @@ from .errors import BadRequest, ContextOverflow, Overloaded
 from .events import Done, Event, ToolCallDelta, ToolCallEnd, ToolCallStart
 from .metrics import Metrics
 from .parsers import Parser, PlainParser, parser_for
+from .prompt_tokens import encode_bounded
 
 log = logging.getLogger("freetoken.server")
 
@@ -172,6 +173,18 @@ class GenerationService:
         if self.max_tokens_cap:
             n = min(n, self.max_tokens_cap)
         return max(1, min(n, room))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The prompt's ids, or ContextOverflow after tokenizing at most about the window's
+        worth of it (call it off the event loop)."""
+        ids, n = encode_bounded(self.tokenizer, text, self.max_model_len)
+        if ids is None:
+            self.max_tokens_for(None, n)     # raises ContextOverflow with the usual wording
+        return ids
+
+    def count_prompt(self, text: str) -> int:
+        """Tokens in text; beyond 4x the window an early count (the prompt cannot fit anyway)."""
+        return encode_bounded(self.tokenizer, text, 4 * self.max_model_len)[1]
 
     def grammar_tokenizer(self):
         """llguidance's view of the vocabulary, built once (about a second)."""

@@ -65,4 +65,4 @@ def test_cached_tokens_equal_what_the_engine_skipped(tiny):
             break
         time.sleep(0.2)
     assert hits and float(hits[0].split()[-1]) > 0
-    assert "freetoken_engine_kv_blocks_used" in metrics
+    assert "freetoken_kv_blocks_in_use" in metrics
