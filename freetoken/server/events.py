@@ -40,6 +40,7 @@ class Done:
     completion_tokens: int
     stop_sequence: str | None = None
     error: str | None = None
+    context_full: bool = False      # "length" because the context window is full, not max_tokens
 
 
 Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | Done
