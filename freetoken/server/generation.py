@@ -45,6 +45,7 @@ class Generation:
         self.request_id = f"{req.endpoint}-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         self.token_ids: list[int] = []
         self.finished = False
+        self.accounted = False         # metrics and the log line have seen this request
         self.job = Job(self.request_id, req.prompt_ids, req.params, asyncio.get_running_loop())
         service.loop.submit(self.job)
 
@@ -62,7 +63,7 @@ class Generation:
             while True:
                 out = await self.job.outputs.get()
                 if isinstance(out, Exception):
-                    self.finished = True
+                    self.finished = self.accounted = True
                     if type(out).__name__ == "PromptTooLongError":
                         raise ContextOverflow(len(req.prompt_ids), self.service.max_model_len)
                     if isinstance(out, ValueError):
@@ -90,13 +91,14 @@ class Generation:
                     yield done
                     return
         finally:
-            if not self.finished:
+            if not self.accounted:     # the client left (stream closed or request cancelled)
                 self.abort()
                 self._count_cancelled(first)
 
     def _count_cancelled(self, first: float | None) -> None:
         """A request the client left still costs its prefill and the tokens made so far."""
         m, req = self.service.metrics, self.req
+        self.accounted = True
         m.requests.labels(req.endpoint, "cancelled").inc()
         m.generation_tokens.inc(len(self.token_ids))
         if first is not None:
@@ -107,6 +109,7 @@ class Generation:
 
     def _done(self, out, n_calls: int, first: float | None) -> Done:
         m, req = self.service.metrics, self.req
+        self.accounted = True
         reason = out.finish_reason or "stop"
         stop_seq = None
         if reason == "stop" and n_calls:
