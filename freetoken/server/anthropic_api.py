@@ -238,7 +238,11 @@ async def messages(request: Request):
 
 
 def _stop_reason(done: Done) -> str:
-    return "stop_sequence" if done.stop_sequence else STOP[done.finish_reason]
+    if done.stop_sequence:
+        return "stop_sequence"
+    if done.context_full:            # Anthropic's own reason: the window, not max_tokens, ended it
+        return "model_context_window_exceeded"
+    return STOP[done.finish_reason]
 
 
 async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool):

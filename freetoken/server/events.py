@@ -41,6 +41,7 @@ class Done:
     stop_sequence: str | None = None
     error: str | None = None
     cached_tokens: int = 0          # prompt tokens served from the prefix cache (not recomputed)
+    context_full: bool = False      # "length" because the context window is full, not max_tokens
 
 
 Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | Done

@@ -173,13 +173,20 @@ def _usage(d: Done) -> dict:
             "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
 
 
+def limits(svc) -> dict:
+    """What `freetoken launch` (and any client that reads them) configures agents with: the
+    context window, the largest prompt, and the largest reply this server gives."""
+    return {"max_model_len": svc.max_model_len, "max_input_tokens": svc.max_model_len - 1,
+            "max_output_tokens": svc.max_output_tokens}
+
+
 @router.get("/v1/models")
 async def list_models(request: Request):
     st = state(request)
     created = int(st.started)
     data = [{"id": n, "object": "model", "created": created, "owned_by": "freetoken",
              "type": "model", "display_name": n, "created_at": st.started_iso,
-             "max_model_len": st.svc.max_model_len} for n in st.settings.model_names]
+             **limits(st.svc)} for n in st.settings.model_names]
     return {"object": "list", "data": data, "has_more": False,
             "first_id": data[0]["id"], "last_id": data[-1]["id"]}
 
@@ -189,7 +196,8 @@ async def get_model(model_id: str, request: Request):
     st = state(request)
     st.check_model(model_id, anthropic=False)
     return {"id": model_id, "object": "model", "created": int(st.started), "owned_by": "freetoken",
-            "type": "model", "display_name": model_id, "created_at": st.started_iso}
+            "type": "model", "display_name": model_id, "created_at": st.started_iso,
+            **limits(st.svc)}
 
 
 async def _parse(request: Request, model: type[_SamplingFields]):

@@ -275,4 +275,4 @@ async def _stream(gen, b: Builder):
                 for s in b.feed(ev):
                     yield s
     except APIError as e:
-        yield b.ev("error", code=str(e.status), message=e.message, param=None)
+        yield b.ev("error", code=e.code or str(e.status), message=e.message, param=None)
