@@ -66,6 +66,9 @@ def register(subparsers) -> None:
     s.add_argument("--strict-max-tokens", action="store_true",
                    help="reject max_tokens above the room left in the context window (default: "
                    "lower it to fit, as agents send 32k-128k)")
+    s.add_argument("--stall-timeout", type=float, default=30.0,
+                   help="abort a request whose client has read none of its output for this many "
+                   "seconds (default 30)")
     s.add_argument("--max-body-mb", type=float, default=32,
                    help="largest request body accepted; bigger ones get 413 (default 32)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -149,7 +152,8 @@ def build(args):
                             max_waiting=args.max_waiting_requests,
                             max_tokens_cap=args.max_tokens_cap,
                             strict_max_tokens=args.strict_max_tokens,
-                            sampling_defaults=sampling_defaults(model))
+                            sampling_defaults=sampling_defaults(model),
+                            stall_timeout=args.stall_timeout)
     if svc.sampling_defaults:
         log.info("sampling defaults from generation_config.json: %s", svc.sampling_defaults)
     app = create_app(svc, Settings(model_names=names, api_key=args.api_key,

@@ -28,6 +28,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     submitted: float = field(default_factory=time.monotonic)
+    last_read: float = field(default_factory=time.monotonic)   # the consumer's last take
+    stalled: bool = False
 
     def push(self, item) -> None:
         try:
@@ -39,8 +41,11 @@ class Job:
 class EngineLoop:
     """The single thread that talks to the engine."""
 
-    def __init__(self, engine, max_running: int, max_waiting: int, metrics: Metrics):
+    def __init__(self, engine, max_running: int, max_waiting: int, metrics: Metrics,
+                 stall_timeout: float = 30.0):
         self.engine = engine
+        self.stall_timeout = stall_timeout
+        self._stall_check_at = 0.0
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.metrics = metrics
@@ -167,6 +172,7 @@ class EngineLoop:
         self._snapshot_stats()
         if not self.running:
             return
+        self._abort_stalled()
         outs = self.engine.step()
         self.failures = 0
         for out in outs:
@@ -179,6 +185,24 @@ class EngineLoop:
                 with self.lock:
                     self.n_running -= 1
         self._gauges()
+
+    def _abort_stalled(self) -> None:
+        """A client that stops reading must not keep its slot generating to max_tokens:
+        output waiting unread for stall_timeout seconds aborts its request."""
+        now = time.monotonic()
+        if now - self._stall_check_at < min(1.0, self.stall_timeout / 4):
+            return
+        self._stall_check_at = now
+        for rid, job in self.running.items():
+            if not job.stalled and job.outputs.qsize() and now - job.last_read > self.stall_timeout:
+                job.stalled = True
+                log.warning("req=%s: the client has read nothing for %.0fs; aborting it",
+                            rid, now - job.last_read)
+                self.metrics.stalled.inc()
+                try:
+                    self.engine.abort_request(rid)
+                except Exception:  # noqa: BLE001
+                    log.exception("abort_request(%s) failed", rid)
 
     def _fail_running(self, e: Exception) -> None:
         for rid, job in list(self.running.items()):
