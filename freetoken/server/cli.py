@@ -123,6 +123,8 @@ def sampling_defaults(model_dir: str | Path) -> dict:
         cfg = json.loads((Path(model_dir) / "generation_config.json").read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(cfg, dict):
+        return {}
     if cfg.get("do_sample") is False:
         return {"temperature": 0.0}
     return {k: cfg[k] for k in GENERATION_DEFAULTS if isinstance(cfg.get(k), (int, float))}
