@@ -148,7 +148,11 @@ class MoECausalLM:
         return self.hf.first("num_experts", "num_local_experts", default=0)
 
     def top_k(self) -> int:
-        return self.hf.req("num_experts_per_tok")
+        k, n = self.hf.req("num_experts_per_tok"), self.num_experts()
+        if n and not 1 <= k <= n:
+            raise CheckpointError(f"config.json: num_experts_per_tok is {k}, but the model has {n} "
+                                  "experts (expected 1..number of experts)")
+        return k
 
     def expert_intermediate(self) -> int:
         return self.hf.first("moe_intermediate_size", "intermediate_size")
