@@ -18,6 +18,7 @@ import re
 import sys
 from pathlib import Path
 
+import torch
 import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "server"))
@@ -63,6 +64,35 @@ class ScriptedAgentEngine(FakeEngine):
         super().add_request(request_id, prompt_token_ids, params)
 
 
+class ForcedEngine:
+    """A real engine (real prefill, decode, KV and prefix cache, real timings) whose output
+    tokens are forced to the script's text, so a random-weight model can drive an agent."""
+
+    def __init__(self, engine, workspace: Path, rounds: int, sub_at: int | None):
+        self.engine, self.ws, self.rounds, self.sub_at = engine, workspace, rounds, sub_at
+        self.eos = min(engine.tokenizer.eos_token_ids)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def add_request(self, request_id, prompt_token_ids, params):
+        prompt = self.engine.tokenizer.decode(prompt_token_ids)
+        d = decide(prompt, self.ws, self.rounds, self.sub_at)
+        log.info("script req=%s kind=%s round=%d", request_id, d.kind, d.round)
+        target = self.engine.tokenizer.encode(d.text) + [self.eos]
+        params.logits_processors = [*params.logits_processors, force(target)]
+        return self.engine.add_request(request_id, prompt_token_ids, params)
+
+
+def force(target: list[int]):
+    def proc(out_ids, logits):
+        t = target[min(len(out_ids), len(target) - 1)]
+        forced = torch.full_like(logits, float("-inf"))
+        forced[t] = 0.0
+        return forced
+    return proc
+
+
 def call(name: str, args: dict) -> str:
     return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
 
@@ -78,11 +108,20 @@ def main() -> int:
                    help="after this round, start two sub-agents at once (Claude Code)")
     p.add_argument("--max-model-len", type=int, default=1 << 20)
     p.add_argument("--max-tokens-cap", type=int, default=None)
+    p.add_argument("--model", default=None, help="a checkpoint whose real engine runs every "
+                   "request, its output forced to the script (needs --rounds)")
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     ws = Path(args.workspace)
     write_workspace(ws, args.rounds, args.file_bytes)
-    engine = ScriptedAgentEngine(ws, args.rounds, args.sub_at, args.max_model_len)
+    if args.model:
+        from freetoken import LLM
+        opts = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in args.engine_option)}
+        llm = LLM(args.model, dtype="float32", max_model_len=args.max_model_len, **opts)
+        engine = ForcedEngine(llm.engine, ws, args.rounds, args.sub_at)
+    else:
+        engine = ScriptedAgentEngine(ws, args.rounds, args.sub_at, args.max_model_len)
     svc = GenerationService(engine, model_name=args.served_model_name,
                             architecture="Qwen3MoeForCausalLM", params_cls=FakeParams,
                             max_tokens_cap=args.max_tokens_cap)
