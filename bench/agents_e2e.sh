@@ -15,7 +15,8 @@
 # Env:   WORK (scratch dir, default .cache/agents-e2e), PORT (default 8765),
 #        AGENTS (default "claude opencode openclaw"), TURN_TIMEOUT (seconds, default 900),
 #        ROUNDS (13), FILE_BYTES (6000), WINDOW_claude/_opencode/_openclaw (100000/50000/100000)
-#        NODE_VERSION (24.22.3), CLAUDE_CODE_VERSION (2.1.332), OPENCODE_VERSION (1.18.33),
+#        MODEL (--long only: a checkpoint dir whose real engine runs every request, its output
+#        forced to the script: real prefill, KV, timings), NODE_VERSION (24.22.3), CLAUDE_CODE_VERSION (2.1.332), OPENCODE_VERSION (1.18.33),
 #        OPENCLAW_VERSION (2026.9.6)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -106,6 +107,7 @@ for agent in $AGENTS; do
   if [[ $MODE == long ]]; then
     ws="$WORK/ws-$agent"; slog="$LOG/server-$agent.log"; rm -rf "$ws"
     sub=(); [[ $agent == claude ]] && sub=(--sub-at 3)
+    [[ -n "${MODEL:-}" ]] && sub+=(--model "$MODEL")
     start_server "$slog" "$PY" "$ROOT/bench/scripted_server.py" --port "$PORT" --workspace "$ws" \
       --rounds "$ROUNDS" --file-bytes "${FILE_BYTES:-6000}" --max-model-len "${WINDOW[$agent]}" "${sub[@]}"
     echo "== $agent: long session, $ROUNDS rounds, window ${WINDOW[$agent]} tokens"
@@ -126,7 +128,7 @@ for agent in $AGENTS; do
   fi
   if [[ $MODE == long ]]; then
     "$PY" "$ROOT/bench/agent_rounds.py" "$slog" --rounds "$ROUNDS" \
-      ${sub:+--subagents} --stdout "$LOG/$agent.stdout" || { [[ ${RC[$agent]} == 0 ]] && RC[$agent]=98; }
+      $([[ $agent == claude ]] && echo --subagents) --stdout "$LOG/$agent.stdout" || { [[ ${RC[$agent]} == 0 ]] && RC[$agent]=98; }
     stop_server
   fi
   after=$(grep -c "req=.* prompt=" "$slog" || true)
