@@ -17,6 +17,7 @@ from .errors import BadRequest, ContextOverflow, Overloaded
 from .events import Done, Event, ToolCallDelta, ToolCallEnd, ToolCallStart
 from .metrics import Metrics
 from .parsers import Parser, PlainParser, parser_for
+from .prompt_tokens import encode_bounded
 
 log = logging.getLogger("freetoken.server")
 
@@ -131,7 +132,7 @@ class Generation:
         m.requests.labels(req.endpoint, reason).inc()
         log.info("req=%s %s prompt=%d completion=%d ttft=%.3fs decode=%.1f tok/s finish=%s",
                  self.request_id, req.endpoint, prompt_tokens, completion, ttft, tps, reason)
-        return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq,
+        return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq, cached_tokens=out.num_cached_tokens,
                     context_full=reason == "length" and req.window_limited)
 
 
@@ -195,6 +196,18 @@ class GenerationService:
     def max_output_tokens(self) -> int:
         """The most tokens one reply may have: the server's cap, else the whole window."""
         return min(self.max_tokens_cap or self.max_model_len, self.max_model_len - 1)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The prompt's ids, or ContextOverflow after tokenizing at most about the window's
+        worth of it (call it off the event loop)."""
+        ids, n = encode_bounded(self.tokenizer, text, self.max_model_len)
+        if ids is None:
+            self.max_tokens_for(None, n)     # raises ContextOverflow with the usual wording
+        return ids
+
+    def count_prompt(self, text: str) -> int:
+        """Tokens in text; beyond 4x the window an early count (the prompt cannot fit anyway)."""
+        return encode_bounded(self.tokenizer, text, 4 * self.max_model_len)[1]
 
     def grammar_tokenizer(self):
         """llguidance's view of the vocabulary, built once (about a second)."""
