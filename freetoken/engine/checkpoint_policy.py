@@ -49,15 +49,12 @@ class CheckpointPolicy:
         if self.kind != "end":
             marks = self.anchors.positions(token_ids[:prompt_len], start) if self.anchors is not None else []
             last = start
-            for p in sorted(set(marks)) + [prompt_len]:
-                if not start < p <= prompt_len:
-                    continue
+            for p in _cluster_ends(sorted(m for m in set(marks) if start < m < prompt_len), self.min_gap) + [prompt_len]:
                 while p - last > self.period:                # anchor-free stretch: periodic fallback
                     last += self.period
                     chosen.append(last)
-                if p - last >= self.min_gap or p == prompt_len:
-                    chosen.append(p)
-                    last = p
+                chosen.append(p)
+                last = p
         if not chosen or chosen[-1] != prompt_len:
             chosen.append(prompt_len)
         return chosen
@@ -71,3 +68,17 @@ class CheckpointPolicy:
         ranked = sorted(on_path, key=lambda nc: (nc[1].hits > 0 or shared(nc[0]), nc[1].position))
         return ranked[:excess]
 
+
+
+def _cluster_ends(marks: list[int], gap: int) -> list[int]:
+    """Anchors come in clusters (`<|im_end|>`, `<|im_start|>user`, `<tool_response>` a few
+    tokens apart): of each run spanning less than `gap` tokens keep the last, the one right
+    before the content an agent edits."""
+    kept, first = [], None
+    for i, p in enumerate(marks):
+        first = p if first is None else first
+        if i + 1 < len(marks) and marks[i + 1] - first < gap:
+            continue
+        kept.append(p)
+        first = None
+    return kept

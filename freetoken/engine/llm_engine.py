@@ -12,6 +12,7 @@ from ..errors import InvalidRequestError, PromptTooLongError
 from ..models.loader import load_model
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
+from .anchors import AnchorFinder
 from .block_manager import BlockManager
 from .checkpoint_policy import CheckpointPolicy
 from .model_runner import ModelRunner
@@ -51,8 +52,10 @@ class LLMEngine:
         num_blocks = max(2, -(-tokens // bs) + 1)
         self.blocks = BlockManager(num_blocks, bs)
         self.runner = ModelRunner(self.model, num_blocks, bs)
-        self.prefix = PrefixCache(self.blocks, enabled=cfg.prefix_cache, make_state=self._state_factory(),
-                                  policy=CheckpointPolicy(per_session=cfg.state_checkpoints),
+        make_state = self._state_factory()
+        anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and cfg.prefix_cache else None
+        self.prefix = PrefixCache(self.blocks, enabled=cfg.prefix_cache, make_state=make_state,
+                                  policy=CheckpointPolicy(anchors=anchors, per_session=cfg.state_checkpoints),
                                   state_budget_bytes=int(cfg.state_cache_gib * (1 << 30)))
         self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.prefix)
         self.capacity_tokens = (num_blocks - 1) * bs
@@ -165,7 +168,10 @@ class LLMEngine:
                           len(seq.prompt_ids), len(seq.output_ids), stop, seq.num_cached_tokens)
 
     def expert_stats(self) -> dict:
-        return self.model.experts.stats() if self.model.experts is not None else {}
+        """Engine statistics for /metrics: the expert memory's and the prefix cache's."""
+        stats = self.model.experts.stats() if self.model.experts is not None else {}
+        stats["prefix"] = self.prefix.stats_dict()
+        return stats
 
     def close(self) -> None:
         if self.model.experts is not None:

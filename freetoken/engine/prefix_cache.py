@@ -201,8 +201,11 @@ class PrefixCache:
             seq.pending_checkpoints[seq.num_computed] = seq.state.snapshot()
         self._publish(seq, seq.num_computed // self.bs)
 
-    def release(self, seq: Sequence) -> None:
-        """Finish, abort or preemption: leave everything computed in the tree, then let go."""
+    def release(self, seq: Sequence, final: bool = False) -> None:
+        """Finish, abort (`final`) or preemption: leave everything computed in the tree, then let go."""
+        if final:
+            self.stats.hit_tokens += seq.num_cached_tokens
+            self.stats.miss_tokens += seq.prompt_computed
         self.copies_done(seq)
         if self.enabled and seq.num_computed > 0:
             if seq.state is not None and self.make_state is not None:
@@ -213,6 +216,13 @@ class PrefixCache:
         seq.pending_checkpoints = {}
         seq.tree_path = []
         self.blocks.release(seq)
+
+    def stats_dict(self) -> dict:
+        return {"hit_tokens": self.stats.hit_tokens, "miss_tokens": self.stats.miss_tokens,
+                "cached_blocks": self.num_nodes, "evicted_blocks": self.stats.evicted_blocks,
+                "checkpoints": self.num_checkpoints, "checkpoint_bytes": self.checkpoint_bytes,
+                "evicted_checkpoints": self.stats.evicted_checkpoints,
+                "restored_checkpoints": self.stats.restored_checkpoints}
 
     # --- insertion -----------------------------------------------------------------------
     def _publish(self, seq: Sequence, nblocks: int) -> None:

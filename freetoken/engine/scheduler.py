@@ -123,7 +123,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.prefix.release(seq)
+        self.prefix.release(seq, final=True)
         seq.state = None
 
 
