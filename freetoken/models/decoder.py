@@ -67,6 +67,7 @@ class Attention:
         self.qk_norm = arch.qk_norm
         self.clip = hf.get("clip_qkv")
         self.rotary, self.window = rotary, window
+        self.prefill_dtype = linear.gemm_dtype   # bf16 where native bf16 GEMM was measured faster
         self.splits = (q_out, kv_out, kv_out)
         self.scale = self.head_dim ** -0.5
 
@@ -83,7 +84,7 @@ class Attention:
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        o = paged_attention(q, k, v, cache, meta, self.scale, self.window)
+        o = paged_attention(q, k, v, cache, meta, self.scale, self.window, self.prefill_dtype)
         return self.o(o.reshape(n, -1))
 
 
