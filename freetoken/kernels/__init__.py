@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).with_name("c")
 VARIANTS = {
     "native": ["-march=native"],
+    "avx2": ["-march=native", "-DFT_NO_AVX512"],      # the AVX2 paths, on an AVX-512 machine too
     "portable": ["-DFT_PORTABLE"],
 }
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-math-errno"]
@@ -127,7 +128,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
 
 
 def load(variant: str = "native") -> ctypes.CDLL | None:
-    """The compiled kernel library for `variant` ("native" or "portable"), or None when it
+    """The compiled kernel library for `variant` ("native", "avx2" or "portable"), or None when it
     cannot be built here (a warning is logged once)."""
     if variant in _loaded:
         return _loaded[variant]

@@ -3,7 +3,9 @@
 #include "ft_kernels.h"
 
 const char *ft_isa(void) {
-#ifdef FT_AVX2
+#ifdef FT_AVX512
+    return "avx512";
+#elif defined(FT_AVX2)
     return "avx2";
 #else
     return "portable";

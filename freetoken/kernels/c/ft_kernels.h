@@ -10,7 +10,8 @@
  * One file per concept (dots.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
  * all compiled together in one step by freetoken/kernels/__init__.py with the system C compiler
  * and -march=native, so the preprocessor picks the widest SIMD path the machine has:
- *   FT_AVX2:     AVX2 + FMA + F16C (x86-64 since Haswell / Zen 1; also used on AVX-512 CPUs)
+ *   FT_AVX512:   AVX-512 F/BW/VL (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4) beside FT_AVX2
+ *   FT_AVX2:     AVX2 + FMA + F16C (x86-64 since Haswell / Zen 1)
  *   otherwise:   portable C (any architecture; the compiler vectorises what it can)
  *
  * Work split: a persistent pool of pinned threads. Phase 1 gives every thread a disjoint,
@@ -39,6 +40,12 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(FT_PORTABLE)
 #define FT_AVX2 1
 #include <immintrin.h>
+#endif
+/* AVX-512 F/BW/VL: wider paths beside the AVX2 ones (which stay in use for what has no
+ * AVX-512 version); FT_NO_AVX512 builds the AVX2 library on the same machine for the tests. */
+#if defined(FT_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) \
+    && !defined(FT_NO_AVX512)
+#define FT_AVX512 1
 #endif
 
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5 };
