@@ -122,6 +122,16 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def variants_here() -> list[str]:
+    """The kernel variants this CPU runs, widest first: "native", then "avx2" where native is
+    wider (AVX-512) and the CPU has AVX2, then "portable": what the tests check one by one."""
+    native = load("native")
+    out = ["native"]
+    if native is not None and native.ft_isa().decode().startswith("avx512"):
+        out.append("avx2")
+    return out + ["portable"]
+
+
 def cpu_kernels() -> ctypes.CDLL | None:
     """The native library (built on first call), or None: for the small per-op helpers."""
     return _loaded["native"] if "native" in _loaded else load("native")

@@ -5,17 +5,15 @@ import torch
 import torch.nn.functional as F
 
 from freetoken import kernels
-from freetoken.kernels.choices import AVX2
 from freetoken.kernels.pool import CpuPool
 from freetoken.layers.attention import AttentionMetadata, KVCache, paged_attention
 from freetoken.layers.norm import rms_norm
-from freetoken.platform import cpu_flags
 from freetoken.layers.sinks import attend_with_sinks, paged_attention_sinks
 
 
 POOL = CpuPool(kernels.load(), 2, small_job_bytes=0)      # split even these small caches
 # every kernel path this CPU runs (the AVX2 library is built on AVX-512 machines too)
-ISAS = ["native", "portable"] + (["avx2"] if AVX2 <= cpu_flags() and kernels.load().ft_isa() != b"avx2" else [])
+ISAS = kernels.variants_here()
 
 
 def _decode_step(lens, hq, hkv, d, dtype, gen, pool=POOL):

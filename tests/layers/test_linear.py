@@ -15,7 +15,7 @@ def _stored(w: torch.Tensor, storage: torch.dtype, fmt: str | None) -> torch.Ten
     return w.to(storage).double()
 
 
-@pytest.mark.parametrize("isa", ["native", "portable"])
+@pytest.mark.parametrize("isa", kernels.variants_here())
 @pytest.mark.parametrize("storage,fmt,K", [(torch.bfloat16, None, 75), (torch.float16, None, 64),
                                            (torch.float32, None, 33), (torch.bfloat16, "int8", 96)])
 @pytest.mark.parametrize("bias", [False, True])

@@ -134,6 +134,28 @@ FORCE_INLINE float hsum8(__m256 v) {
 }
 #endif
 
+/* Dots of 32 unsigned x 32 signed bytes into 8 int32 lanes (4 products each; dot2: two such
+ * pairs summed): AVX512-VNNI's vpdpbusd where the CPU has it, else maddubs (pairs into int16)
+ * + madd (pairs into int32). Equal results: our operands (|w| <= 128 with x in [-127, 127],
+ * mxfp4's 0..24) never saturate maddubs' int16 pairs. */
+#ifdef FT_AVX2
+#if defined(FT_AVX512) && defined(__AVX512VNNI__)
+#define FT_VNNI 1
+FORCE_INLINE __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+}
+#else
+FORCE_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
+                             _mm256_set1_epi16(1));
+}
+#endif
+#endif
+
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                         const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
 
