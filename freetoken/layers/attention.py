@@ -139,7 +139,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
     if meta.decode_kernel(q, cache.k.dtype, window):
         return decode_attention(q, k, v, cache, meta, scale)
     if (q.device.type == "cpu" and prefill_attention.available() and meta.context_lens is not None
-            and (window is None or meta.key_slots.shape[1] <= window)):
+            and meta.query_index.shape[1] > 1 and (window is None or meta.key_slots.shape[1] <= window)):
         queries, keys, values = gather(q, k, v, cache, meta, convert=False)
         q_lens = (meta.query_positions >= 0).sum(1).tolist()
         out = prefill_attention.causal_batch(queries, keys, values, q_lens, meta.context_lens.tolist(), scale,
