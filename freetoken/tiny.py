@@ -49,6 +49,11 @@ ARCHS = {
     "gpt_oss": ("GptOssConfig", lambda L, E, K, H, V: dict(
         _common(L, H, V), head_dim=H // 4, intermediate_size=_moe_inter(H), num_local_experts=E,
         num_experts_per_tok=K, sliding_window=8)),
+    "glm4_moe": ("Glm4MoeConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), head_dim=H // 4, intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+        n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, first_k_dense_replace=1,
+        n_group=2 if E % 2 == 0 and K <= E // 2 else 1, topk_group=1, routed_scaling_factor=2.5,
+        use_qk_norm=True, norm_topk_prob=True, partial_rotary_factor=0.5)),
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
 
@@ -74,6 +79,14 @@ def train_tokenizer(vocab_size: int):
     return tok
 
 
+def randomize_selection_biases(model) -> None:
+    """Sigmoid routers' correction biases start at zero in transformers; real checkpoints carry
+    learned ones, and zeros would leave their selection-only role untested."""
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.copy_(torch.randn_like(buf) * 0.1)
+
+
 def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8, top_k: int = 2,
               hidden: int = 64, vocab: int = 512, seed: int = 0, dtype: str = "float32", **overrides) -> Path:
     """Write a random-weight checkpoint of `arch` to out_dir and return its path."""
@@ -91,6 +104,7 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
+    randomize_selection_biases(model)
     model.to(getattr(torch, dtype)).save_pretrained(out)
     if arch.endswith("_mxfp4"):
         from .models.gpt_oss import quantize_checkpoint_experts

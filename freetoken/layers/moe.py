@@ -12,7 +12,7 @@ from .mlp import GatedMLP
 class SparseMoE:
     def __init__(self, moe_layer: int, router: Linear, experts: Experts, top_k: int,
                  norm_topk_prob: bool, shared: GatedMLP | None = None, shared_gate: torch.Tensor | None = None,
-                 softmax_after_topk: bool = False, on_route=None):
+                 softmax_after_topk: bool = False, on_route=None, routing=None):
         # the router is a Linear too: on the CPU its GEMV runs in the kernels' pool, so no torch
         # op of a decode step starts OpenMP workers that would fight the pool for the cores
         self.moe_layer, self.router = moe_layer, router
@@ -20,8 +20,12 @@ class SparseMoE:
         self.shared, self.shared_gate = shared, shared_gate
         self.softmax_after_topk = softmax_after_topk   # gpt-oss: top-k on logits, softmax over the k
         self.on_route = on_route                       # routing-trace hook: (layer, ids, weights)
+        self.routing = routing                         # e.g. GroupedSigmoidRouting: fp32 logits -> (ids, weights)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.routing is not None:              # sigmoid routers score in fp32, as the references do
+            ids, w = self.routing(self.router(x.float()))
+            return ids, w.to(x.dtype)
         logits = self.router(x)
         if self.softmax_after_topk:
             top, ids = torch.topk(logits, self.top_k, dim=-1)

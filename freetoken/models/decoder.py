@@ -118,7 +118,7 @@ class MoECausalLM:
         heads = hf.req("num_attention_heads")
         self.head_dim = hf.first("head_dim", default=self.hidden // heads)
         self.kv_heads = hf.first("num_key_value_heads", default=heads)
-        self.rotary = Rotary(hf.data, self.head_dim, max_len, dtype, device)
+        self.rotary = Rotary(self.rope_config(), self.head_dim, max_len, dtype, device)
         pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
         self.linear = LinearFactory(dtype, cfg.torch_dtype, cfg.dense_format, pool)
         # the table stays in the storage dtype; looked-up rows are converted (exactly)
@@ -140,6 +140,10 @@ class MoECausalLM:
     def _ws(self, ck, name, shape):
         """A dense weight matrix in its storage dtype (for `self.linear`)."""
         return ck.get_float(name, shape, self.linear.storage_dtype).to(self.device)
+
+    def rope_config(self) -> dict:
+        """The config fields the rotary tables read (a hook for architectures with implied defaults)."""
+        return self.hf.data
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed).to(self.dtype)
