@@ -54,8 +54,14 @@ ARCHS = {
         n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, first_k_dense_replace=1,
         n_group=2 if E % 2 == 0 and K <= E // 2 else 1, topk_group=1, routed_scaling_factor=2.5,
         use_qk_norm=True, norm_topk_prob=True, partial_rotary_factor=0.5)),
+    "deepseek_v3": ("DeepseekV3Config", lambda L, E, K, H, V: dict(
+        _common(L, H, V, kv_heads=4), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+        n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, n_group=max(1, E // 4),
+        topk_group=max(1, E // 8), first_k_dense_replace=1, kv_lora_rank=H // 2, q_lora_rank=H // 2,
+        qk_nope_head_dim=H // 4, qk_rope_head_dim=H // 8, v_head_dim=H // 4)),
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
+ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks
 
 
 def _corpus() -> list[str]:
@@ -84,7 +90,7 @@ def randomize_selection_biases(model) -> None:
     learned ones, and zeros would leave their selection-only role untested."""
     for name, buf in model.named_buffers():
         if name.endswith("e_score_correction_bias"):
-            buf.copy_(torch.randn_like(buf) * 0.1)
+            buf.uniform_(-0.05, 0.05)
 
 
 def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8, top_k: int = 2,
@@ -109,6 +115,9 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     if arch.endswith("_mxfp4"):
         from .models.gpt_oss import quantize_checkpoint_experts
         quantize_checkpoint_experts(out)
+    if arch.endswith("_fp8"):
+        from .weights.fp8 import quantize_checkpoint_fp8
+        quantize_checkpoint_fp8(out)
     tok.save(str(out / "tokenizer.json"))
     template = resources.files("freetoken.templates").joinpath("qwen.jinja").read_text()
     (out / "tokenizer_config.json").write_text(json.dumps({

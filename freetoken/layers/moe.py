@@ -12,7 +12,7 @@ from .mlp import GatedMLP
 class SparseMoE:
     def __init__(self, moe_layer: int, router: Linear, experts: Experts, top_k: int,
                  norm_topk_prob: bool, shared: GatedMLP | None = None, shared_gate: torch.Tensor | None = None,
-                 softmax_after_topk: bool = False, on_route=None, routing=None):
+                 softmax_after_topk: bool = False, on_route=None):
         # the router is a Linear too: on the CPU its GEMV runs in the kernels' pool, so no torch
         # op of a decode step starts OpenMP workers that would fight the pool for the cores
         self.moe_layer, self.router = moe_layer, router
@@ -20,12 +20,8 @@ class SparseMoE:
         self.shared, self.shared_gate = shared, shared_gate
         self.softmax_after_topk = softmax_after_topk   # gpt-oss: top-k on logits, softmax over the k
         self.on_route = on_route                       # routing-trace hook: (layer, ids, weights)
-        self.routing = routing                         # e.g. GroupedSigmoidRouting: fp32 logits -> (ids, weights)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.routing is not None:              # sigmoid routers score in fp32, as the references do
-            ids, w = self.routing(self.router(x.float()))
-            return ids, w.to(x.dtype)
         logits = self.router(x)
         if self.softmax_after_topk:
             top, ids = torch.topk(logits, self.top_k, dim=-1)
@@ -47,3 +43,44 @@ class SparseMoE:
                 s = torch.sigmoid(F.linear(x, self.shared_gate)) * s
             out = out + s
         return out
+
+
+def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
+                         norm: bool, scale: float, score: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 routing (fp32): scores = sigmoid(logits) (or sqrt(softplus) for V4); experts
+    are chosen on scores + correction bias, only inside the `topk_group` groups whose two best
+    biased scores sum highest; weights are the unbiased scores, optionally renormalised, times
+    `routed_scaling_factor`."""
+    if score == "sigmoid":
+        scores = torch.sigmoid(logits)
+    elif score == "sqrtsoftplus":
+        scores = torch.sqrt(F.softplus(logits))
+    else:
+        raise ValueError(f"scoring_func {score!r} is not supported (expected sigmoid or sqrtsoftplus)")
+    choice = scores + bias
+    if n_group > 1 and topk_group < n_group:
+        n, e = choice.shape
+        groups = choice.view(n, n_group, e // n_group).topk(2, dim=-1)[0].sum(-1)
+        keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, groups.topk(topk_group, dim=-1)[1], True)
+        choice = choice.masked_fill(~keep.repeat_interleave(e // n_group, dim=1), float("-inf"))
+    ids = choice.topk(top_k, dim=-1)[1]
+    w = scores.gather(1, ids)
+    if norm:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return ids, w * scale
+
+
+class BiasCorrectedMoE(SparseMoE):
+    """SparseMoE with DeepSeek's router: fp32 router GEMV, `grouped_sigmoid_topk`, shared experts
+    added unweighted."""
+
+    def __init__(self, moe_layer, router, experts, top_k, norm_topk_prob, bias, n_group, topk_group, scale,
+                 shared=None, score="sigmoid"):
+        super().__init__(moe_layer, router, experts, top_k, norm_topk_prob, shared=shared)
+        self.bias, self.n_group, self.topk_group, self.scale, self.score = bias.float(), n_group, topk_group, scale, score
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.router(x.float()).float()
+        ids, w = grouped_sigmoid_topk(logits, self.bias, self.top_k, self.n_group, self.topk_group, self.norm,
+                                      self.scale, self.score)
+        return ids, w.to(x.dtype)

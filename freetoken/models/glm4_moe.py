@@ -9,10 +9,9 @@ from dataclasses import replace
 
 import torch
 
+from ..errors import CheckpointError
 from ..layers.linear import Linear
-from ..layers.mlp import GatedMLP
-from ..layers.moe import SparseMoE
-from ..layers.router import GroupedSigmoidRouting
+from ..layers.moe import BiasCorrectedMoE
 from .decoder import ArchSpec, MoECausalLM
 
 
@@ -37,21 +36,17 @@ class Glm4MoeForCausalLM(MoECausalLM):
         return self.num_experts() > 0 and i >= self.hf.get("first_k_dense_replace", 1)
 
     def _load_moe(self, ck, i: int):
-        p = f"model.layers.{i}.mlp"
-        e, h = self.num_experts(), self.hidden
-        router = Linear(ck.get_float(f"{p}.gate.weight", (e, h), torch.float32).to(self.device),
-                        compute_dtype=torch.float32, pool=self.linear.pool)
+        p, e = f"model.layers.{i}.mlp", self.num_experts()
+        # routing decides on fp32 scores (transformers keeps the gate and bias in fp32)
+        router = Linear(ck.get_float(f"{p}.gate.weight", (e, self.hidden)).to(self.device),
+                        compute_dtype=torch.float32, storage_dtype=torch.float32, pool=self.linear.pool)
         bias_name = f"{p}.gate.e_score_correction_bias"
-        bias = ck.get_float(bias_name, (e,), torch.float32).to(self.device) if ck.has(bias_name) else None
-        routing = GroupedSigmoidRouting(bias, self.top_k(), self.hf.get("n_group", 1), self.hf.get("topk_group", 1),
-                                        bool(self.hf.get("norm_topk_prob", True)),
-                                        self.hf.first("routed_scaling_factor", default=1.0, kind=float))
-        shared = None
+        bias = (ck.get_float(bias_name, (e,)) if ck.has(bias_name) else torch.zeros(e)).to(self.device)
         n_shared = self.hf.get("n_shared_experts", 1)
-        if n_shared:
-            si, sp = self.expert_intermediate() * n_shared, f"{p}.shared_experts"
-            gate_up = torch.cat([self._ws(ck, f"{sp}.gate_proj.weight", (si, h)),
-                                 self._ws(ck, f"{sp}.up_proj.weight", (si, h))])
-            shared = GatedMLP(self.linear(gate_up), self.linear(self._ws(ck, f"{sp}.down_proj.weight", (h, si))))
-        return SparseMoE(self.moe_layers.index(i), router, self.experts, self.top_k(), True,
-                         shared=shared, routing=routing)
+        shared = self._gated_mlp(ck, f"{p}.shared_experts", self.expert_intermediate() * n_shared) if n_shared else None
+        n_group = self.hf.get("n_group", 1)
+        if e % n_group:
+            raise CheckpointError(f"{ck.dir}/config.json: n_routed_experts {e} is not divisible by n_group {n_group}")
+        return BiasCorrectedMoE(self.moe_layers.index(i), router, self.experts, self.top_k(),
+                                bool(self.hf.get("norm_topk_prob", True)), bias, n_group, self.hf.get("topk_group", 1),
+                                self.hf.first("routed_scaling_factor", default=1.0, kind=float), shared=shared)
