@@ -24,6 +24,13 @@ def _moe_inter(hidden):
     return max(16, hidden // 2)
 
 
+def _deepseek_v3(L, E, K, H, V):
+    return dict(_common(L, H, V, kv_heads=4), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+                n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, n_group=max(1, E // 4),
+                topk_group=max(1, E // 8), first_k_dense_replace=1, kv_lora_rank=H // 2, q_lora_rank=H // 2,
+                qk_nope_head_dim=H // 4, qk_rope_head_dim=H // 8, v_head_dim=H // 4)
+
+
 # arch -> (transformers config class, kwargs builder(layers, experts, top_k, hidden, vocab))
 ARCHS = {
     "qwen3_moe": ("Qwen3MoeConfig", lambda L, E, K, H, V: dict(
@@ -54,11 +61,9 @@ ARCHS = {
         n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, first_k_dense_replace=1,
         n_group=2 if E % 2 == 0 and K <= E // 2 else 1, topk_group=1, routed_scaling_factor=2.5,
         use_qk_norm=True, norm_topk_prob=True, partial_rotary_factor=0.5)),
-    "deepseek_v3": ("DeepseekV3Config", lambda L, E, K, H, V: dict(
-        _common(L, H, V, kv_heads=4), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
-        n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, n_group=max(1, E // 4),
-        topk_group=max(1, E // 8), first_k_dense_replace=1, kv_lora_rank=H // 2, q_lora_rank=H // 2,
-        qk_nope_head_dim=H // 4, qk_rope_head_dim=H // 8, v_head_dim=H // 4)),
+    "deepseek_v3": ("DeepseekV3Config", lambda L, E, K, H, V: _deepseek_v3(L, E, K, H, V)),
+    "deepseek_v32": ("DeepseekV32Config", lambda L, E, K, H, V: dict(
+        _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8)),
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
 ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks

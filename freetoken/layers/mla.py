@@ -9,7 +9,7 @@ W_kb into the query and W_vb into the output instead, so attention reads the cac
 as one shared head:  q_h . k_h = (W_kb,h^T q_nope,h) . c + q_rope,h . k_rope  and
 o_h = W_vb,h (sum_j p_j c_j).  On the CPU that is the C decode kernel over the rows in place.
 
-`select` (DSA, V3.2) restricts each query to chosen key columns; see `layers/dsa.py`.
+With a DSA `indexer` (V3.2) each query attends only the keys the indexer selects; see `layers/dsa.py`.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .attention import AttentionMetadata, KVCache, attend_rows, gather_queries, gather_rows, masked_sdpa, scatter
 from .linear import LinearFactory
@@ -103,50 +104,58 @@ class MLA:
         return torch.cat([lat, k_rope[:, 0]], dim=-1)[:, None]
 
     # --- attention ----------------------------------------------------------------------
-    def __call__(self, x: torch.Tensor, cos, sin, cache: KVCache, meta: AttentionMetadata, select=None):
+    indexer = None          # DSA: an `Indexer` whose keys end each cache row (layers/dsa.py)
+
+    def __call__(self, x: torch.Tensor, cos, sin, cache: KVCache, meta: AttentionMetadata):
         q_nope, q_rope, ql = self.queries(x, cos, sin)
-        cache.write(meta.slot_mapping, self.latent_rows(x, cos, sin))
-        if select is not None:
-            select = select(x, ql, cos, sin, cache, meta)
+        row = self.latent_rows(x, cos, sin)
+        if self.indexer is not None:
+            row = torch.cat([row, self.indexer.keys(x, cos, sin)[:, None].to(row.dtype)], dim=-1)
+        cache.write(meta.slot_mapping, row)
+        chosen = None if self.indexer is None else self.indexer.select(x, ql, cos, sin, cache.k, self.c.row, meta)
         if meta.query_index.shape[1] == 1:
-            o = self.absorbed(q_nope, q_rope, cache, meta, select)
+            o = self.absorbed(q_nope, q_rope, cache, meta, chosen)
         else:
-            o = self.expanded(q_nope, q_rope, cache, meta, select)
+            o = self.expanded(q_nope, q_rope, cache, meta, chosen)
         return self.o(o.reshape(x.shape[0], -1))
 
-    def expanded(self, q_nope, q_rope, cache: KVCache, meta: AttentionMetadata, select=None) -> torch.Tensor:
+    def expanded(self, q_nope, q_rope, cache: KVCache, meta: AttentionMetadata, chosen=None) -> torch.Tensor:
         """Per-head keys and values from each sequence's cached latents -> [N, H, v]."""
         c = self.c
-        rows = gather_rows(cache.k, meta)[:, :, 0].to(q_nope.dtype)             # [B, K, row]
+        rows = gather_rows(cache.k, meta)[:, :, 0, :c.row].to(q_nope.dtype)     # [B, K, row]
         lat, k_rope = rows[..., :c.kv_lora_rank], rows[..., c.kv_lora_rank:]
         kv = torch.einsum("bkc,hdc->bhkd", lat, torch.cat([self.w_kb, self.w_vb], dim=1))
         keys = torch.cat([kv[..., :c.qk_nope_head_dim],
                           k_rope[:, None].expand(-1, c.heads, -1, -1)], dim=-1)   # [B, H, K, nope + rope]
         values = kv[..., c.qk_nope_head_dim:]
         queries = gather_queries(torch.cat([q_nope, q_rope], dim=-1), meta)
-        if select is None:
+        if chosen is None:
             out = masked_sdpa(queries, keys, values, meta, c.scale)
         else:
-            out = torch.nn.functional.scaled_dot_product_attention(
-                queries, keys, values, attn_mask=(meta.mask() & select).to(torch.bool), scale=c.scale)
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=chosen.mask, scale=c.scale)
         return scatter(out, meta)
 
-    def absorbed(self, q_nope, q_rope, cache: KVCache, meta: AttentionMetadata, select=None) -> torch.Tensor:
+    def absorbed(self, q_nope, q_rope, cache: KVCache, meta: AttentionMetadata, chosen=None) -> torch.Tensor:
         """One query per sequence against the latent rows as one shared head -> [N, H, v]."""
         c = self.c
         q = torch.cat([torch.einsum("nhd,hdc->nhc", q_nope, self.w_kb), q_rope], dim=-1)   # [N, H, row]
-        if select is None and meta.decode_kernel(q, cache.k.dtype, None):
-            # values = the same rows: the C kernel's output carries the rope part too, dropped here
-            o = attend_rows(meta.kernel_pool, q, cache.k, cache.k, meta.key_slots, meta.context_lens, c.scale)
-            o = o[..., :c.kv_lora_rank]
+        if meta.decode_kernel(q, cache.k.dtype, None):
+            # the C kernel reads whole cache rows in place: zero query entries past the latent and
+            # rope key leave the scores alone, and the values are the same rows (the latent part is kept)
+            extra = cache.k.shape[-1] - c.row
+            qk = F.pad(q, (0, extra)) if extra else q
+            slots, lens = meta.key_slots, meta.context_lens
+            if chosen is not None:     # sparse: only the indexer's top-k rows are read
+                slots = slots.gather(1, chosen.top[:, 0]).contiguous()
+                lens = lens.clamp(max=chosen.top.shape[-1])
+            o = attend_rows(meta.kernel_pool, qk, cache.k, cache.k, slots, lens, c.scale)[..., :c.kv_lora_rank]
         else:
-            rows = gather_rows(cache.k, meta).transpose(1, 2).to(q.dtype)         # [B, 1, K, row]
+            rows = gather_rows(cache.k, meta).transpose(1, 2)[..., :c.row].to(q.dtype)   # [B, 1, K, row]
             queries = gather_queries(q, meta)
-            if select is None:
+            if chosen is None:
                 o = masked_sdpa(queries, rows, rows[..., :c.kv_lora_rank], meta, c.scale)
             else:
-                o = torch.nn.functional.scaled_dot_product_attention(
-                    queries, rows.expand(-1, c.heads, -1, -1), rows[..., :c.kv_lora_rank].expand(-1, c.heads, -1, -1),
-                    attn_mask=meta.mask() & select, scale=c.scale)
+                o = F.scaled_dot_product_attention(queries, rows, rows[..., :c.kv_lora_rank], attn_mask=chosen.mask,
+                                                   scale=c.scale, enable_gqa=True)
             o = scatter(o, meta)
         return torch.einsum("nhc,hvc->nhv", o, self.w_vb)
