@@ -64,6 +64,9 @@ ARCHS = {
     "deepseek_v3": ("DeepseekV3Config", lambda L, E, K, H, V: _deepseek_v3(L, E, K, H, V)),
     "deepseek_v32": ("DeepseekV32Config", lambda L, E, K, H, V: dict(
         _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8)),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", lambda L, E, K, H, V: dict(
+        _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8,
+        indexer_types=["full" if i % 2 == 0 else "shared" for i in range(L)])),
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
 ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks

@@ -29,8 +29,13 @@ class Selection:
 
 
 class Indexer:
-    def __init__(self, ck, p: str, hf, linear: LinearFactory, rotary: Rotary, dtype, device):
-        """Weights `{p}.wq_b`, `wk`, `k_norm` (LayerNorm weight and bias), `weights_proj` (fp32)."""
+    last: Selection | None = None      # this step's choice, for GLM-5 layers that reuse it
+
+    def __init__(self, ck, p: str, hf, linear: LinearFactory, rotary: Rotary, dtype, device,
+                 interleave: bool = False):
+        """Weights `{p}.wq_b`, `wk`, `k_norm` (LayerNorm weight and bias), `weights_proj` (fp32).
+        interleave: rope dims stored as (x0, x1), (x2, x3) pairs (GLM-5), else half-split (V3.2)."""
+        self.interleave = interleave
         self.heads, self.dim = hf.req("index_n_heads"), hf.req("index_head_dim")
         self.rope, self.topk = hf.req("qk_rope_head_dim"), hf.req("index_topk")
         hidden, q_lora = hf.req("hidden_size"), hf.req("q_lora_rank")
@@ -44,7 +49,10 @@ class Indexer:
                                    compute_dtype=torch.float32, storage_dtype=torch.float32, pool=linear.pool)
 
     def _rope(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
-        return torch.cat([self.rotary.apply(x[..., :self.rope].contiguous(), cos, sin), x[..., self.rope:]], dim=-1)
+        r = x[..., :self.rope]
+        if self.interleave:     # pairs -> halves: the same dot products after a shared permutation
+            r = torch.cat([r[..., 0::2], r[..., 1::2]], dim=-1)
+        return torch.cat([self.rotary.apply(r.contiguous(), cos, sin), x[..., self.rope:]], dim=-1)
 
     def keys(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
         """Indexer keys [N, index_head_dim] of the new tokens."""
@@ -66,4 +74,19 @@ class Indexer:
         index = index.masked_fill(~causal, float("-inf"))
         top = index.topk(min(self.topk, index.shape[-1]), dim=-1).indices
         chosen = torch.zeros_like(causal).scatter_(-1, top, True) & causal
-        return Selection(chosen.unsqueeze(1), top)
+        self.last = Selection(chosen.unsqueeze(1), top)
+        return self.last
+
+
+class SharedSelection:
+    """A GLM-5 "shared" DSA layer: no indexer weights and no indexer keys in its cache rows; it
+    attends the keys the previous full layer's indexer chose for the same queries in this step."""
+
+    def __init__(self, source: Indexer):
+        self.source = source
+
+    def keys(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
+        return x.new_empty(x.shape[0], 0)
+
+    def select(self, *args) -> Selection:
+        return self.source.last
