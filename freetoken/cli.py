@@ -8,6 +8,8 @@ import logging
 import sys
 
 from .errors import FreeTokenError
+from .experts.base import BACKENDS
+from .experts.formats import FORMAT_NAMES
 
 # Subcommands that live with their subsystem: module with register(subparsers).
 _PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli"]
@@ -16,10 +18,10 @@ _PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--moe-backend", default="auto", choices=["auto", "resident", "offload", "cpu", "hybrid"])
+    p.add_argument("--moe-backend", default="auto", choices=["auto", *BACKENDS])
     p.add_argument("--expert-cache-slots", type=int, default=None)
     p.add_argument("--expert-cache-gib", type=float, default=None)
-    p.add_argument("--expert-format", default=None, choices=["int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"],
+    p.add_argument("--expert-format", default=None, choices=FORMAT_NAMES,
                    help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
     p.add_argument("--dense-format", default=None, choices=["int8"],
                    help="store attention/dense/lm_head weights as int8 (with --expert-format int8: a Q8_0-sized model)")

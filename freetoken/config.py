@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InvalidRequestError
+from .experts.base import BACKENDS
+from .experts.formats import FORMAT_NAMES
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -44,11 +46,10 @@ class EngineConfig:
             raise InvalidRequestError(f"dtype: expected one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.compute_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InvalidRequestError(f"compute_dtype: expected auto|float32|bfloat16|float16, got {self.compute_dtype!r}")
-        if self.moe_backend not in ("resident", "offload", "cpu", "hybrid", "auto"):
-            raise InvalidRequestError(
-                f"moe_backend: expected resident|offload|cpu|hybrid|auto, got {self.moe_backend!r}")
-        if self.expert_format not in (None, "int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"):
-            raise InvalidRequestError(f"expert_format: expected int8|fp8|mxfp4|bf16|fp16|fp32, got {self.expert_format!r}")
+        if self.moe_backend not in (*BACKENDS, "auto"):
+            raise InvalidRequestError(f"moe_backend: expected {'|'.join(BACKENDS)}|auto, got {self.moe_backend!r}")
+        if self.expert_format not in (None, *FORMAT_NAMES):
+            raise InvalidRequestError(f"expert_format: expected {'|'.join(FORMAT_NAMES)}, got {self.expert_format!r}")
         if self.dense_format not in (None, "int8"):
             raise InvalidRequestError(f"dense_format: expected int8 or none, got {self.dense_format!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
