@@ -75,3 +75,30 @@ def from_checkpoint(weight: torch.Tensor, weight_scale: torch.Tensor, weight_sca
         raise ValueError(f"nvfp4 weight_scale_2 has {weight_scale_2.numel()} elements, expected one")
     return (weight.reshape(out, half * 2 // GROUP, GROUP // 2), weight_scale.view(torch.uint8),
             weight_scale_2.float().reshape(1).expand(out).contiguous())
+
+
+# --- expert banks: each scale row carries its row's global scale -------------------------------
+# The kernels take one scale pointer per weight row, so an expert bank's scale row is the row's
+# e4m3 bytes followed by its float32 global scale (4 little-endian bytes): [..., out, in/16 + 4].
+
+def pack_scales(scales: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """scales uint8 [..., G], global float32 [...] -> uint8 [..., G + 4]."""
+    g = global_scale.float().expand(scales.shape[:-1]).contiguous().unsqueeze(-1).view(torch.uint8)
+    return torch.cat([scales.view(torch.uint8), g], dim=-1).contiguous()
+
+
+def unpack_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """uint8 [..., G + 4] -> (scales uint8 [..., G], global float32 [...])."""
+    return packed[..., :-4], packed[..., -4:].contiguous().view(torch.float32).squeeze(-1)
+
+
+def quantize_bank(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [N, out, in] -> (blocks [N, out, in/16, 8], packed scales [N, out, in/16 + 4]),
+    one global scale per expert matrix (as ModelOpt writes them)."""
+    blocks, scales, glob = quantize_nvfp4(w)
+    return blocks, pack_scales(scales, glob)
+
+
+def dequantize_bank(blocks: torch.Tensor, packed: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    scales, glob = unpack_scales(packed)
+    return dequantize_nvfp4(blocks, scales, glob, dtype)
