@@ -10,7 +10,7 @@ B_H = bytes of expert weights (and scales) of the distinct experts a call touche
 routes are fresh random top-k sets over --experts experts (banks far larger than the caches).
 Torch baselines (per expert, like transformers' eager MoE loop):
   fp32/bf16/fp16  F.linear on the bank rows;   int8  torch._weight_int8pack_mm (per-channel int8);
-  mxfp4           torch._weight_int4pack_mm_for_cpu (int4, group 32) as the nearest 4-bit op;
+  mxfp4, nvfp4    torch._weight_int4pack_mm_for_cpu (int4, group 32) as the nearest 4-bit op;
   fp8             dequantize + F.linear (torch has no CPU fp8 matmul).
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ class TorchBaseline:
             self.dns = torch.rand(n, hidden) * 1e-3
             self.nbytes = self.gu[0].nbytes + self.dn[0].nbytes + self.gus[0].nbytes + self.dns[0].nbytes
             self.name = "torch _weight_int8pack_mm"
-        elif fmt == "mxfp4":  # int4 group-32 packed weights
+        elif fmt in ("mxfp4", "nvfp4"):  # int4 group-32 packed weights (torch has no e2m1 op)
             self.gu = torch.stack([torch._convert_weight_to_int4pack_for_cpu(
                 torch.randint(0, 16, (2 * inter, hidden), dtype=torch.int32), 1) for _ in range(n)])
             self.dn = torch.stack([torch._convert_weight_to_int4pack_for_cpu(
@@ -75,7 +75,7 @@ class TorchBaseline:
         if self.fmt == "int8":
             h = torch._weight_int8pack_mm(x, self.gu[e], self.gus[e])
             return torch._weight_int8pack_mm((F.silu(h[:, :I]) * h[:, I:]).contiguous(), self.dn[e], self.dns[e])
-        if self.fmt == "mxfp4":
+        if self.fmt in ("mxfp4", "nvfp4"):
             h = torch._weight_int4pack_mm_for_cpu(x, self.gu[e], 32, self.gus[e])
             return torch._weight_int4pack_mm_for_cpu((F.silu(h[:, :I]) * h[:, I:]).contiguous(), self.dn[e], 32, self.dns[e])
         b = self.banks
@@ -102,7 +102,7 @@ class TorchBaseline:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default="bf16,fp8,int8,mxfp4,fp16,fp32")
+    ap.add_argument("--formats", default="bf16,fp8,int8,mxfp4,nvfp4,fp16,fp32")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--inter", type=int, default=768)
     ap.add_argument("--experts", type=int, default=32, help="experts in the bank (bank >> L3)")

@@ -122,7 +122,7 @@ class MoECausalLM:
         heads = hf.req("num_attention_heads")
         self.head_dim = hf.first("head_dim", default=self.hidden // heads)
         self.kv_heads = hf.first("num_key_value_heads", default=heads)
-        self.rotary = Rotary(hf.data, self.head_dim, max_len, dtype, device)
+        self.rotary = Rotary(self.rope_config(), self.rope_dim(), max_len, dtype, device)
         self.linear = LinearFactory(dtype, cfg.torch_dtype, cfg.dense_format, pool, self.choices.prefill_gemm)
         # the table stays in the storage dtype; looked-up rows are converted (exactly)
         self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
@@ -143,6 +143,10 @@ class MoECausalLM:
     def _ws(self, ck, name, shape):
         """A dense weight matrix in its storage dtype (for `self.linear`)."""
         return ck.get_float(name, shape, self.linear.storage_dtype).to(self.device)
+
+    def rope_config(self) -> dict:
+        """The config fields the rotary tables read (a hook for architectures with implied defaults)."""
+        return self.hf.data
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed).to(self.dtype)
@@ -171,7 +175,11 @@ class MoECausalLM:
             return self.hf.get("sliding_window") or None
         return None
 
-    def kv_layers(self) -> list[tuple[int, int, int]]:
+    def rope_dim(self) -> int:
+        """Features per head the rotary tables cover (before partial_rotary_factor)."""
+        return self.head_dim
+
+    def kv_layers(self) -> list[tuple]:
         """(layer index, kv heads, head dim) of every layer that keeps paged KV."""
         return [(i, self.kv_heads, self.head_dim) for i in range(self.num_layers)]
 
@@ -207,9 +215,14 @@ class MoECausalLM:
         inter = self.hf.req("intermediate_size")
         if not ck.has(f"{p}.gate_proj.weight"):
             raise CheckpointError(f"{ck.dir}: layer {i} is dense by config but tensor {p}.gate_proj.weight is missing")
-        gate_up = torch.cat([self._ws(ck, f"{p}.gate_proj.weight", (inter, self.hidden)),
-                             self._ws(ck, f"{p}.up_proj.weight", (inter, self.hidden))])
-        return GatedMLP(self.linear(gate_up), self.linear(self._ws(ck, f"{p}.down_proj.weight", (self.hidden, inter))))
+        return self._gated_mlp(ck, p, inter)
+
+    def _gated_mlp(self, ck: Checkpoint, p: str, inter: int) -> GatedMLP:
+        """`{p}.gate_proj/up_proj/down_proj`, float or FP8 block-scaled."""
+        h, load = self.hidden, self.linear.load
+        return GatedMLP(load(ck, [f"{p}.gate_proj.weight", f"{p}.up_proj.weight"], [(inter, h), (inter, h)],
+                             device=self.device),
+                        load(ck, [f"{p}.down_proj.weight"], [(h, inter)], device=self.device))
 
     def _load_moe(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.{self.arch.moe_prefix}"
@@ -219,9 +232,7 @@ class MoECausalLM:
         if self.arch.shared_expert:
             si = self.hf.req("shared_expert_intermediate_size")
             sp = f"{p}.shared_expert"
-            shared = GatedMLP(self.linear(torch.cat([self._ws(ck, f"{sp}.gate_proj.weight", (si, self.hidden)),
-                                                     self._ws(ck, f"{sp}.up_proj.weight", (si, self.hidden))])),
-                              self.linear(self._ws(ck, f"{sp}.down_proj.weight", (self.hidden, si))))
+            shared = self._gated_mlp(ck, sp, si)
             gate = self._w(ck, f"{p}.shared_expert_gate.weight", (1, self.hidden))
         norm = self.arch.always_norm_topk or bool(self.hf.get("norm_topk_prob", self.arch.norm_topk_default))
         return SparseMoE(self.moe_layers.index(i), router, self.experts, self.top_k(), norm,

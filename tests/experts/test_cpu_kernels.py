@@ -16,7 +16,7 @@ from freetoken.weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 # (hidden, intermediate): odd for float formats (SIMD tails), > 128 and ragged for fp8's
 # 128x128 scale blocks, multiples of 32 where the format requires it.
 SHAPES = {"fp32": (200, 72), "bf16": (200, 72), "fp16": (136, 40), "fp8": (300, 136),
-          "int8": (288, 96), "mxfp4": (288, 96)}
+          "int8": (288, 96), "mxfp4": (288, 96), "nvfp4": (352, 96)}
 FLOAT_TOL = 2e-5      # exact activations, fp32 accumulation
 QACT_TOL = 4e-2       # int8/mxfp4 quantize activations per 32 like llama.cpp's Q8_0
 ISAS = kernels.variants_here()     # native, avx2 on AVX-512 machines, portable
@@ -106,7 +106,7 @@ def test_executor_matches_float64_reference(fmt, isa):
             x = torch.randn(t, hidden, generator=gen)
             y = ex.run(x, ids, w)
             ref = reference64(banks, dense, x, ids, w, act)
-            if fmt in ("int8", "mxfp4"):
+            if fmt in ("int8", "mxfp4", "nvfp4"):
                 assert rel_err(y, ref) < QACT_TOL, (fmt, act, t, k)
                 assert rel_err(y, reference64(banks, dense, x, ids, w, act, quantize_act=True)) < 2e-3, (fmt, act, t, k)
             else:
@@ -142,7 +142,7 @@ def test_prefill_split_matches_kernel():
     assert rel_err(a, b) < FLOAT_TOL
 
 
-@pytest.mark.parametrize("fmt", ["int8", "mxfp4", "fp8", "bf16"])
+@pytest.mark.parametrize("fmt", ["int8", "mxfp4", "nvfp4", "fp8", "bf16"])
 def test_prefill_split_dequantizes_exactly(fmt):
     """Experts with many tokens: C dequantization (bit-exact weights) + fp32 GEMM, so even the
     int8/mxfp4 banks match the float64 reference to fp32 accuracy (no activation rounding)."""

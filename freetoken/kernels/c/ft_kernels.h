@@ -24,6 +24,8 @@
  *   int8/mxfp4:  int8 per 32-block + fp32 block scale (like llama.cpp's Q8_0 activations);
  *                for mxfp4 the int8 values are de-interleaved to match the low/high nibbles
  *                of two blocks loaded at once (perm_mxfp4).
+ *   nvfp4:       as mxfp4 (its 16-element groups are halves of the same 32-byte loads), plus
+ *                one offset correction per 16-element group instead of per 32.
  */
 #ifndef FT_KERNELS_H
 #define FT_KERNELS_H
@@ -48,7 +50,7 @@
 #define FT_AVX512 1
 #endif
 
-enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5 };
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5, FMT_NVFP4 = 6 };
 enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1 };
 enum { XT_F32 = 0, XT_BF16 = 1 };
 #define NTMAX 4
@@ -96,6 +98,10 @@ static inline float fp8_scaled(uint8_t b) {
     float f; memcpy(&f, &u, 4); return f;
 }
 #define TWO_POW_120 1.329227995784916e+36f
+/* nvfp4 scale row: e4m3 bytes per 16 columns, then the row's float32 global scale. */
+static inline float nvfp4_global(const uint8_t *s, int n) {
+    float g; memcpy(&g, s + n / 16, 4); return g;
+}
 
 /* Element k of a row of fp32 / bf16 / fp16 values (XT_F32/XT_BF16 share these codes). */
 static inline float float_at(int fmt, const uint8_t *w, int64_t k) {
