@@ -59,6 +59,14 @@ ARCHS = {
     "deepseek_v3": ("DeepseekV3Config", lambda L, E, K, H, V: _deepseek_v3(L, E, K, H, V)),
     "deepseek_v32": ("DeepseekV32Config", lambda L, E, K, H, V: dict(
         _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8)),
+    "deepseek_v4": ("DeepseekV4Config", lambda L, E, K, H, V: dict(
+        _common(L, H, V, kv_heads=1), head_dim=H // 2, q_lora_rank=H // 2, moe_intermediate_size=_moe_inter(H),
+        n_routed_experts=E, num_experts_per_tok=K, sliding_window=8, o_groups=2, o_lora_rank=H // 4,
+        index_n_heads=16, index_head_dim=H // 4, index_topk=4, hc_mult=2, partial_rotary_factor=0.25,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+        layer_types=[("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")[i % 3]
+                     for i in range(L)],
+        mlp_layer_types=["hash_moe" if i == 0 else "moe" for i in range(L)])),
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
 ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks
@@ -105,6 +113,9 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     for name, buf in model.named_buffers():
         if name.endswith("e_score_correction_bias"):      # zeros at init: make the router use it
             buf.uniform_(-0.05, 0.05)
+        if name.endswith("tid2eid"):                       # zeros at init: a real token -> experts table
+            g = torch.Generator().manual_seed(seed)
+            buf.copy_(torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(buf.shape[0])]))
     model.to(getattr(torch, dtype)).save_pretrained(out)
     if arch.endswith("_mxfp4"):
         from .models.gpt_oss import quantize_checkpoint_experts

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 FORMATS = ("fp32", "bf16", "fp16", "fp8", "mxfp4", "int8")
 _FMT_CODE = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "mxfp4": 4, "int8": 5}
 _FLOAT_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_ACT_CODE = {"silu": 0, "swiglu_oai": 1}
+_ACT_CODE = {"silu": 0, "swiglu_oai": 1, "silu_clamp": 2}
 # Tokens per expert from which dequantize + torch matmul beats the streaming kernel (measured
 # single-threaded on Zen AVX2: fp32 sgemm wins from ~200 tokens per expert for float banks;
 # for quantized banks torch's dequantization costs more than it saves).
@@ -102,6 +102,8 @@ def dequantize_expert(banks: dict[str, torch.Tensor], fmt: str, fid: int,
 def activate(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float, limit: float) -> torch.Tensor:
     if activation == "silu":
         return F.silu(gate) * up
+    if activation == "silu_clamp":   # DeepSeek-V4: gate clamped above, up on both sides
+        return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
     if activation == "swiglu_oai":   # gpt-oss: transformers' GptOssExperts._apply_gate
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)

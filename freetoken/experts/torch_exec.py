@@ -13,6 +13,8 @@ def activate(gate_up: torch.Tensor, spec: ExpertSpec) -> torch.Tensor:
     gate, up = gate_up[..., : spec.intermediate], gate_up[..., spec.intermediate:]
     if spec.activation == "silu":
         return F.silu(gate) * up
+    if spec.activation == "silu_clamp":
+        return F.silu(gate.clamp(max=spec.limit)) * up.clamp(min=-spec.limit, max=spec.limit)
     if spec.activation == "swiglu_oai":
         gate = gate.clamp(max=spec.limit)
         up = up.clamp(min=-spec.limit, max=spec.limit)

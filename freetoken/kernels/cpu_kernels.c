@@ -37,7 +37,7 @@
 #endif
 
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5 };
-enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1 };
+enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1, ACT_SILU_CLAMP = 2 };
 enum { XT_F32 = 0, XT_BF16 = 1 };
 #define NTMAX 4
 #define RB 32   /* weight rows per cache block when many tokens share an expert */
@@ -729,6 +729,7 @@ static inline float act_fn(const ft_desc *d, float g, float u) {
     if (d->act == ACT_SILU) return g / (1.f + expf(-g)) * u;
     g = g < d->limit ? g : d->limit;
     u = u < -d->limit ? -d->limit : (u > d->limit ? d->limit : u);
+    if (d->act == ACT_SILU_CLAMP) return g / (1.f + expf(-g)) * u;     /* DeepSeek-V4 */
     return (u + 1.f) * (g / (1.f + expf(-g * d->alpha)));
 }
 
