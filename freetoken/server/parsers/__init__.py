@@ -1,5 +1,6 @@
 """Tool-call and reasoning parsers, one file per model family, chosen by HF architecture."""
 from .base import Parser
+from .deepseek import DeepSeekParser
 from .harmony import HarmonyParser
 from .plain import PlainParser
 from .qwen import QwenParser
@@ -10,6 +11,8 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
     t = chat_template or ""
     if "<|channel|>" in t:
         return HarmonyParser
+    if "<｜Assistant｜>" in t or "｜DSML｜" in t or "<｜tool▁calls▁begin｜>" in t:
+        return DeepSeekParser
     if "<tool_call>" in t or "<think>" in t:
         return QwenParser
     if t:
@@ -19,7 +22,9 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
         return QwenParser
     if arch.startswith("gptoss"):
         return HarmonyParser
+    if arch.startswith("deepseek"):
+        return DeepSeekParser
     return PlainParser
 
 
-__all__ = ["Parser", "HarmonyParser", "PlainParser", "QwenParser", "parser_for"]
+__all__ = ["Parser", "DeepSeekParser", "HarmonyParser", "PlainParser", "QwenParser", "parser_for"]
