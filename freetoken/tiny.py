@@ -70,6 +70,7 @@ ARCHS = {
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
 ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks
+ARCHS["deepseek_v4_fp4"] = ARCHS["deepseek_v4"]  # V4-Flash's format: FP8/UE8M0 projections, FP4 experts
 
 
 def _corpus() -> list[str]:
@@ -120,6 +121,9 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     if arch.endswith("_mxfp4"):
         from .models.gpt_oss import quantize_checkpoint_experts
         quantize_checkpoint_experts(out)
+    if arch == "deepseek_v4_fp4":
+        from .models.deepseek_v4 import quantize_checkpoint
+        quantize_checkpoint(out)
     if arch.endswith("_fp8"):
         from .weights.fp8 import quantize_checkpoint_fp8
         quantize_checkpoint_fp8(out)

@@ -143,11 +143,11 @@ class V4Indexer:
     from the attention's q latent (`wq_b`), compress-rope on both, head weights `weights_proj`.
     score(s, j) = sum_h w[s, h] / sqrt(H) * relu(q[s, h] . K[j]) / sqrt(d)."""
 
-    def __init__(self, get, linear, p: str, hidden: int, q_lora: int, heads: int, dim: int, rate: int, topk: int,
+    def __init__(self, get, lin, linear, p: str, hidden: int, q_lora: int, heads: int, dim: int, rate: int, topk: int,
                  eps: float, device):
         self.heads, self.dim, self.topk, self.rate = heads, dim, topk, rate
         self.compressor = Compressor(get, f"{p}.compressor", hidden, dim, rate, True, eps, linear.pool)
-        self.wq_b = linear(get(f"{p}.wq_b.weight", (heads * dim, q_lora), linear.storage_dtype))
+        self.wq_b = lin(f"{p}.wq_b.weight", (heads * dim, q_lora))
         self.weights_proj = Linear(get(f"{p}.weights_proj.weight", (heads, hidden)), compute_dtype=torch.float32,
                                    storage_dtype=torch.float32, pool=linear.pool)
 

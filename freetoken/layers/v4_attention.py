@@ -12,24 +12,38 @@ import torch
 
 from .compressor import Compressor, V4Indexer, rope_tail, visible
 from .hyper import unweighted_rms_norm
+from .linear import Linear
 from .norm import RMSNorm
 
 
+def split_rows(w: Linear, groups: int, linear) -> list[Linear]:
+    """One Linear per equal block of rows; FP8 blocks stay packed when the rows of a group
+    fill whole 128-row scale blocks, otherwise the weight is dequantized once."""
+    rows = w.out_features // groups
+    if w.weight.dtype == torch.float8_e4m3fn and w.scales is not None and rows % 128 == 0:
+        sr = rows // 128
+        return [linear(w.weight[g * rows:(g + 1) * rows], scale_inv=w.scales[g * sr:(g + 1) * sr])
+                for g in range(groups)]
+    full = w.dequantized().to(linear.storage_dtype) if w.weight.dtype == torch.float8_e4m3fn or w.scales is not None \
+        else w.weight
+    return [linear(full[g * rows:(g + 1) * rows]) for g in range(groups)]
+
+
 class V4Attention:
-    def __init__(self, get, linear, p: str, c: dict, layer_type: str, device):
-        """`get(name, shape, dtype=float32)` reads a tensor; `c` the config fields."""
+    def __init__(self, get, lin, linear, p: str, c: dict, layer_type: str, device):
+        """`get(name, shape, dtype=float32)` reads a tensor, `lin(name, shape)` a dense Linear
+        (float or FP8 as shipped); `c` the config fields."""
         h, d, hidden, q_lora = c["num_attention_heads"], c["head_dim"], c["hidden_size"], c["q_lora_rank"]
         self.heads, self.dim, self.window, self.eps = h, d, c["sliding_window"], c["rms_norm_eps"]
         self.groups, rank = c["o_groups"], c["o_lora_rank"]
-        sd = linear.storage_dtype
-        self.wq_a = linear(get(f"{p}.wq_a.weight", (q_lora, hidden), sd))
+        self.wq_a = lin(f"{p}.wq_a.weight", (q_lora, hidden))
         self.q_norm = RMSNorm(get(f"{p}.q_norm.weight", (q_lora,)), self.eps)
-        self.wq_b = linear(get(f"{p}.wq_b.weight", (h * d, q_lora), sd))
-        self.wkv = linear(get(f"{p}.wkv.weight", (d, hidden), sd))
+        self.wq_b = lin(f"{p}.wq_b.weight", (h * d, q_lora))
+        self.wkv = lin(f"{p}.wkv.weight", (d, hidden))
         self.kv_norm = RMSNorm(get(f"{p}.norm.weight", (d,)), self.eps)
-        wo_a = get(f"{p}.wo_a.weight", (self.groups * rank, h * d // self.groups), sd)
-        self.wo_a = [linear(w) for w in wo_a.view(self.groups, rank, -1)]       # block-diagonal: one per group
-        self.wo_b = linear(get(f"{p}.wo_b.weight", (hidden, self.groups * rank), sd))
+        wo_a = lin(f"{p}.wo_a.weight", (self.groups * rank, h * d // self.groups))
+        self.wo_a = split_rows(wo_a, self.groups, linear)          # block-diagonal: one Linear per group
+        self.wo_b = lin(f"{p}.wo_b.weight", (hidden, self.groups * rank))
         self.sinks = get(f"{p}.attn_sink", (h,))
         self.scale = d ** -0.5
         self.compressor = self.indexer = None
@@ -38,7 +52,7 @@ class V4Attention:
             csa = layer_type == "compressed_sparse_attention"
             self.compressor = Compressor(get, f"{p}.compressor", hidden, d, rate, csa, self.eps, linear.pool)
             if csa:
-                self.indexer = V4Indexer(get, linear, f"{p}.indexer", hidden, q_lora, c["index_n_heads"],
+                self.indexer = V4Indexer(get, lin, linear, f"{p}.indexer", hidden, q_lora, c["index_n_heads"],
                                          c["index_head_dim"], rate, c["index_topk"], self.eps, device)
         elif layer_type != "sliding_attention":
             raise ValueError(f"layer type {layer_type!r} is not a DeepSeek-V4 attention type")

@@ -126,6 +126,11 @@ class DeepseekV4ForCausalLM(MoECausalLM):
             return ck.get_float(self.prefix + name, shape, dtype).to(self.device)
         return get
 
+    def _linear_loader(self, ck):
+        def lin(name, shape):
+            return self.linear.load(ck, [self.prefix + name], [shape], device=self.device)
+        return lin
+
     def _first(self, ck, names, shape, dtype=torch.float32, optional=False):
         for n in names:
             if ck.has(n):
@@ -158,28 +163,45 @@ class DeepseekV4ForCausalLM(MoECausalLM):
 
     # --- loading ---------------------------------------------------------------------------
     def _load_experts(self, ck):
+        """Float experts, or FP4 as V4-Flash ships them: `w1/w2/w3.weight` int8 [out, in/2] (two
+        e2m1 per byte, low nibble first) with one UE8M0 scale per 32 inputs in `weight_scale_inv`
+        [out, in/32] -- byte for byte the MXFP4 banks, so they stay packed."""
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
-        spec = ExpertSpec(hidden=h, intermediate=inter, activation="silu_clamp", limit=self.limit)
+        p0 = f"{self.prefix}layers.0.ffn.experts.0.w1"
+        fp4 = ck.has(f"{p0}.weight_scale_inv") and ck.get(f"{p0}.weight").dtype in (torch.int8, torch.uint8)
+        spec = ExpertSpec(hidden=h, intermediate=inter, fmt="mxfp4" if fp4 else "float", activation="silu_clamp",
+                          limit=self.limit)
         b, dt = PoolBuilder(self.num_layers, e, spec), self.expert_dtype
         for i in range(self.num_layers):
             p = f"{self.prefix}layers.{i}.ffn.experts"
             for x in range(e):
-                gate = ck.get_float(f"{p}.{x}.w1.weight", (inter, h), dt)
-                up = ck.get_float(f"{p}.{x}.w3.weight", (inter, h), dt)
-                b.put("gate_up", i, x, torch.cat([gate, up]), dt)
-                b.put("down", i, x, ck.get_float(f"{p}.{x}.w2.weight", (h, inter), dt), dt)
+                if fp4:
+                    blk = {n: (ck.get(f"{p}.{x}.{n}.weight", (o, k // 2)).view(torch.uint8).reshape(o, k // 32, 16),
+                               ck.get(f"{p}.{x}.{n}.weight_scale_inv", (o, k // 32)).view(torch.uint8))
+                           for n, o, k in (("w1", inter, h), ("w3", inter, h), ("w2", h, inter))}
+                    b.put("gate_up_blocks", i, x, torch.cat([blk["w1"][0], blk["w3"][0]]), torch.uint8)
+                    b.put("gate_up_scales", i, x, torch.cat([blk["w1"][1], blk["w3"][1]]), torch.uint8)
+                    b.put("down_blocks", i, x, blk["w2"][0], torch.uint8)
+                    b.put("down_scales", i, x, blk["w2"][1], torch.uint8)
+                    continue
+                w = {n: self.linear.load(ck, [f"{p}.{x}.{n}.weight"], [s]).dequantized().to(dt)
+                     if ck.has(f"{p}.{x}.{n}.weight_scale_inv") else ck.get_float(f"{p}.{x}.{n}.weight", s, dt)
+                     for n, s in (("w1", (inter, h)), ("w3", (inter, h)), ("w2", (h, inter)))}
+                b.put("gate_up", i, x, torch.cat([w["w1"], w["w3"]]), dt)
+                b.put("down", i, x, w["w2"], dt)
         self.pool = b.build()
-        if self.cfg.expert_format:
+        if self.cfg.expert_format and not fp4:
             self.pool = requantize(self.pool, self.cfg.expert_format)
         return build_experts(self.pool, self.cfg, self.device)
 
     def _load_layer(self, ck, get, i: int) -> V4Layer:
         p, h, e = f"layers.{i}", self.hidden, self.num_experts()
-        attn = V4Attention(get, self.linear, f"{p}.attn", self.c, self.layer_types[i], self.device)
-        sd, inter = self.linear.storage_dtype, self.expert_intermediate()
-        shared = GatedMLP(self.linear(torch.cat([get(f"{p}.ffn.shared_experts.w1.weight", (inter, h), sd),
-                                                 get(f"{p}.ffn.shared_experts.w3.weight", (inter, h), sd)])),
-                          self.linear(get(f"{p}.ffn.shared_experts.w2.weight", (h, inter), sd)), limit=self.limit)
+        lin = self._linear_loader(ck)
+        attn = V4Attention(get, lin, self.linear, f"{p}.attn", self.c, self.layer_types[i], self.device)
+        inter, sp = self.expert_intermediate(), f"{self.prefix}{p}.ffn.shared_experts"
+        shared = GatedMLP(self.linear.load(ck, [f"{sp}.w1.weight", f"{sp}.w3.weight"], [(inter, h), (inter, h)],
+                                           device=self.device),
+                          lin(f"{p}.ffn.shared_experts.w2.weight", (h, inter)), limit=self.limit)
         router = Linear(get(f"{p}.ffn.gate.weight", (e, h)), compute_dtype=torch.float32,
                         storage_dtype=torch.float32, pool=self.linear.pool)
         scale, score, k = float(self.hf.get("routed_scaling_factor", 1.0)), self.hf.get("scoring_func", "sqrtsoftplus"), \
@@ -211,3 +233,38 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         for st, n in zip(ctx.states, ctx.query_lens):
             st.advance(n)
         return self.norm(self.hc_head(streams))
+
+
+def quantize_checkpoint(model_dir) -> None:
+    """Rewrite a float V4 checkpoint the way V4-Flash ships: attention/indexer/shared-expert
+    projections as FP8 e4m3 with UE8M0 128x128 block scales, routed experts as FP4 (e2m1 pairs
+    in int8, one UE8M0 scale per 32). Used by make-tiny and the tests."""
+    import json
+    import re
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    from ..weights.fp8 import quantize_fp8_block
+    from ..weights.mxfp4 import quantize_mxfp4
+
+    dense = re.compile(r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|ffn\.shared_experts\.w[123])\.weight$")
+    expert = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")
+    d = Path(model_dir)
+    for f in sorted(d.glob("*.safetensors")):
+        out = {}
+        for name, t in load_file(str(f)).items():
+            if dense.search(name):
+                q, s = quantize_fp8_block(t, pow2=True)
+                out[name], out[name + "_scale_inv"] = q, s.to(torch.float8_e8m0fnu)
+            elif expert.search(name):
+                blocks, scales = quantize_mxfp4(t)
+                out[name] = blocks.reshape(t.shape[0], -1).view(torch.int8)
+                out[name + "_scale_inv"] = scales.view(torch.float8_e8m0fnu)
+            else:
+                out[name] = t
+        save_file(out, str(f), metadata={"format": "pt"})
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128], "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))

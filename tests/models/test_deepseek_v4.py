@@ -127,3 +127,44 @@ def test_make_tiny_deepseek_v4(tiny_dir):
     d = tiny_dir("deepseek_v4", layers=4)
     ids = ids_for(40)
     assert_logits_close(LLM(str(d), dtype="float32").score(ids), reference_logits(d, ids))
+
+
+def dequantized_copy(d, out):
+    """transformers' own dequantizer (Fp8Dequantize: FP8 + UE8M0 blocks, FP4 + UE8M0 per 32)
+    applied to the quantized checkpoint; its FP8 loader needs accelerate, absent here."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    shutil.copytree(d, out)
+    t = load_file(str(out / "model.safetensors"))
+    deq = Fp8Dequantize(None)
+    save_file({n: (deq._dequantize_one(w, t[n + "_scale_inv"], torch.float32) if n + "_scale_inv" in t else w)
+               for n, w in t.items() if not n.endswith("_scale_inv")}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["quantization_config"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_fp8_dense_fp4_experts_as_shipped(tiny_dir, tmp_path):
+    """V4-Flash's format: FP8 projections with UE8M0 scales stay packed (wo_a split per group
+    at 128-row blocks), FP4 experts become the MXFP4 banks without a copy through float."""
+    from freetoken.models.deepseek_v4 import quantize_checkpoint
+
+    d = build(tiny_dir, tmp_path, "q", hidden_size=128, q_lora_rank=128, head_dim=64, o_lora_rank=128,
+              moe_intermediate_size=64, index_head_dim=32)
+    quantize_checkpoint(d)
+    ref_dir = dequantized_copy(d, tmp_path / "deq")
+    ids = ids_for(40)
+    ref = reference_logits(ref_dir, ids)
+    exact = LLM(str(d), dtype="float32", moe_backend="resident")
+    model = exact.engine.model
+    assert model.pool.spec.fmt == "mxfp4"
+    attn = model.layers[1].attn
+    assert attn.wq_b.weight.dtype == torch.float8_e4m3fn and attn.wo_a[1].weight.dtype == torch.float8_e4m3fn
+    assert_logits_close(exact.score(ids), ref)                 # dequantize-then-matmul experts: exact
+    # the CPU kernels quantize activations to int8 per 32 for MXFP4 (llama.cpp's Q8_0 scheme)
+    assert_logits_close(LLM(str(d), dtype="float32", moe_backend="cpu").score(ids), ref, rel=2e-2)
