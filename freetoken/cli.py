@@ -10,7 +10,8 @@ import sys
 from .errors import FreeTokenError
 
 # Subcommands that live with their subsystem: module with register(subparsers).
-_PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli"]
+_PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli",
+            "freetoken.weights.convert_cli"]
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -26,13 +27,16 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record-routing", default=None, metavar="FILE", help="record every step's routing (JSONL)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--verify", default="on", choices=["on", "off"],
+                   help="FTW files: verify every tensor's checksum while reading (default on)")
 
 
 def engine_options(args) -> dict:
     return dict(dtype=args.dtype, device=args.device, moe_backend=args.moe_backend,
                 expert_cache_slots=args.expert_cache_slots, expert_cache_gib=args.expert_cache_gib,
                 max_model_len=args.max_model_len, num_threads=args.threads, expert_format=args.expert_format,
-                dense_format=args.dense_format, record_routing=args.record_routing)
+                dense_format=args.dense_format, record_routing=args.record_routing,
+                verify_weights=args.verify == "on")
 
 
 def cmd_generate(args) -> int:
@@ -76,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
-    g.add_argument("--model", required=True)
+    g.add_argument("--model", required=True, help="HF checkpoint directory or FTW file")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.7)
