@@ -102,6 +102,14 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
                              "running": loop.n_running, "waiting": loop.n_waiting},
                             status_code=200 if ok else 503)
 
+    @app.get("/v1/memory")
+    async def memory():
+        """The memory plan the engine was started with (see freetoken/memory/plan.py)."""
+        plan = getattr(svc.engine, "memory_plan", None)
+        if plan is None:
+            raise NotFound("this engine has no memory plan")
+        return JSONResponse(plan.to_json())
+
     @app.api_route("/api/hello", methods=["GET", "HEAD"])
     async def hello():
         return Response(status_code=200)
