@@ -12,7 +12,6 @@ def register(subparsers) -> None:
                               "these options on this machine, and which asked-for sizes it would reduce.")
     p.add_argument("--model", required=True, help="HF checkpoint directory or FTW file")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
-    p.add_argument("--kv-cache-gib", type=float, default=None)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     _add_engine_args(p)
@@ -27,7 +26,7 @@ def main(args) -> int:
     from .plan import resolve_memory
     logging.getLogger("freetoken.memory").setLevel(logging.ERROR)     # warnings are printed below
     opts = {k: v for k, v in engine_options(args).items() if v is not None}
-    for k in ("kv_cache_gib", "max_num_seqs", "max_num_batched_tokens"):
+    for k in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, k) is not None:
             opts[k] = getattr(args, k)
     cfg, plan = resolve_memory(EngineConfig.from_options(args.model, **opts))
