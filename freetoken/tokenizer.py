@@ -28,7 +28,7 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 class Tokenizer:
     def __init__(self, model: str | Path):
         """`model`: a checkpoint directory or an FTW file (which carries the same files)."""
-        from .weights.source import read_model_text
+        from .weights.source import load_json_side_file, read_model_text
         d = Path(model)
         where = d if d.is_dir() else Path(f"{d}:")
         text = read_model_text(d, "tokenizer.json")
@@ -38,8 +38,7 @@ class Tokenizer:
             self.hf = HFTokenizer.from_str(text)
         except Exception as e:
             raise CheckpointError(f"{where / 'tokenizer.json'}: not a readable tokenizer ({e})") from None
-        cfg_text = read_model_text(d, "tokenizer_config.json")
-        self.config = json.loads(cfg_text) if cfg_text is not None else {}
+        self.config = load_json_side_file(d, "tokenizer_config.json") or {}
         template = read_model_text(d, "chat_template.jinja")
         self.chat_template = template if template is not None else self.config.get("chat_template")
         if isinstance(self.chat_template, list):    # [{"name": "default", "template": ...}, ...]
@@ -48,8 +47,8 @@ class Tokenizer:
         self.bos_token = self._token_str("bos_token")
         self.eos_token = self._token_str("eos_token")
         self.eos_token_ids: set[int] = set()
-        gen = read_model_text(d, "generation_config.json")
-        eos = json.loads(gen).get("eos_token_id") if gen is not None else None
+        gen = load_json_side_file(d, "generation_config.json")
+        eos = gen.get("eos_token_id") if gen else None
         for e in (eos if isinstance(eos, list) else [eos]):
             if isinstance(e, int):
                 self.eos_token_ids.add(e)
@@ -57,6 +56,23 @@ class Tokenizer:
             self.eos_token_ids.add(self.hf.token_to_id(self.eos_token))
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
         self._template = None
+        self._template_source = where / ("chat_template.jinja" if template is not None else "tokenizer_config.json")
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise CheckpointError(f"{self._template_source}: chat_template must be a string")
+        if self.chat_template:
+            self._compile_template()       # a broken template is a load error, not a 400 per request
+
+    def _compile_template(self):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(self.chat_template)
+        except jinja2.TemplateSyntaxError as e:
+            raise CheckpointError(f"{self._template_source}: the chat template does not compile "
+                                  f"(line {e.lineno}: {e.message})") from None
 
     def _token_str(self, key: str) -> str | None:
         t = self.config.get(key)
@@ -76,11 +92,6 @@ class Tokenizer:
         if not self.chat_template:
             raise CheckpointError("tokenizer_config.json: no chat_template (and no chat_template.jinja)")
         if self._template is None:
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.filters["tojson"] = _tojson
-            env.globals["raise_exception"] = _raise
-            env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            self._template = env.from_string(self.chat_template)
+            self._compile_template()
         return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)

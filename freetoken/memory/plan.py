@@ -138,8 +138,19 @@ def kv_layer_count(s: ModelShape) -> int:
 
 
 def kv_bytes_per_token(s: ModelShape, cfg: EngineConfig) -> int:
+    b = _dtype_bytes(cfg.dtype)
+    if s.get("kv_lora_rank"):                     # MLA: one latent row per token and layer, no values
+        n = s.get("num_hidden_layers")
+        row = s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)
+        indexed = 0                               # DSA layers also keep their indexer key in the row
+        if s.get("model_type") == "deepseek_v32":
+            indexed = n
+        elif s.get("model_type") == "glm_moe_dsa":
+            from ..models.glm_moe_dsa import indexer_types
+            indexed = indexer_types(s.config, "config.json").count("full")
+        return (n * row + indexed * s.get("index_head_dim", default=0)) * b
     _, kvh, hd = _attn(s)
-    return kv_layer_count(s) * 2 * kvh * hd * _dtype_bytes(cfg.dtype)
+    return kv_layer_count(s) * 2 * kvh * hd * b
 
 
 def state_bytes_per_seq(s: ModelShape, cfg: EngineConfig) -> int:

@@ -113,7 +113,7 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
             body["kv_blocks_in_use"], body["kv_blocks_total"] = kv[1], kv[0]
         if not loop.thread.is_alive():
             body["status"] = "engine stopped"
-        elif loop.stopping.is_set():
+        elif loop.stopping.is_set() or loop.draining.is_set():
             body["status"] = "shutting down"
         elif loop.failures:
             body["status"] = "degraded"

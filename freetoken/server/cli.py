@@ -66,6 +66,12 @@ def register(subparsers) -> None:
     s.add_argument("--strict-max-tokens", action="store_true",
                    help="reject max_tokens above the room left in the context window (default: "
                    "lower it to fit, as agents send 32k-128k)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, let running requests finish for this many seconds; "
+                   "the rest end with a 503 error event (default 30)")
+    s.add_argument("--stall-timeout", type=float, default=30.0,
+                   help="abort a request whose client has read none of its output for this many "
+                   "seconds (default 30)")
     s.add_argument("--max-body-mb", type=float, default=32,
                    help="largest request body accepted; bigger ones get 413 (default 32)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -123,6 +129,8 @@ def sampling_defaults(model: str | Path) -> dict:
         return {}
     if not cfg:
         return {}
+    if not isinstance(cfg, dict):
+        return {}
     if cfg.get("do_sample") is False:
         return {"temperature": 0.0}
     return {k: cfg[k] for k in GENERATION_DEFAULTS if isinstance(cfg.get(k), (int, float))}
@@ -156,7 +164,8 @@ def build(args):
                             max_waiting=args.max_waiting_requests,
                             max_tokens_cap=args.max_tokens_cap,
                             strict_max_tokens=args.strict_max_tokens,
-                            sampling_defaults=sampling_defaults(model))
+                            sampling_defaults=sampling_defaults(model),
+                            stall_timeout=args.stall_timeout)
     if svc.sampling_defaults:
         log.info("sampling defaults from generation_config.json: %s", svc.sampling_defaults)
     app = create_app(svc, Settings(model_names=names, api_key=args.api_key,
@@ -166,8 +175,6 @@ def build(args):
 
 
 def cmd_serve(args) -> int:
-    import uvicorn
-
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
@@ -181,7 +188,9 @@ def cmd_serve(args) -> int:
                     "Its output is gibberish; pass --model DIR to serve a real checkpoint.",
                     DEMO_ARCH, model)
 
-    class Server(uvicorn.Server):
+    from .shutdown import GracefulServer, uvicorn_config
+
+    class Server(GracefulServer):
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.should_exit:
@@ -193,14 +202,9 @@ def cmd_serve(args) -> int:
                         url, url)
             print(f"READY {url}", flush=True)
 
-        def handle_exit(self, sig, frame):
-            super().handle_exit(sig, frame)
-            log.warning("signal %d: finishing in-flight requests, then stopping", sig)
-            self._captured_signals.clear()   # a graceful stop exits 0 after our own cleanup
-
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=10, access_log=args.log_level == "debug")
-    server = Server(config)
+    config = uvicorn_config(app, args.shutdown_timeout, host=args.host, port=args.port,
+                            log_level=args.log_level, access_log=args.log_level == "debug")
+    server = Server(config, svc, args.shutdown_timeout)
     try:
         server.run()
     finally:

@@ -48,11 +48,15 @@ def model_config(path: str | os.PathLike) -> dict:
 
 
 def load_json_side_file(path, name: str) -> dict | None:
+    """A JSON side file as an object; None when absent; one-line error when malformed."""
     text = read_model_text(path, name)
     if text is None:
         return None
+    where = Path(path) / name if Path(path).is_dir() else f"{path}:{name}"
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise CheckpointError(f"{path}: {name}: malformed JSON ({e})") from None
-    return data if isinstance(data, dict) else None
+        raise CheckpointError(f"{where}: malformed JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where}: expected a JSON object at top level")
+    return data

@@ -27,7 +27,8 @@ def machine(free_gib: float, total_gib: float = 4.0, device_free_gib: float | No
 @pytest.mark.parametrize("arch,fmt", [("qwen3_moe", None), ("qwen3_moe", "int8"), ("qwen3_moe", "mxfp4"),
                                       ("qwen3_moe", "fp8"), ("qwen2_moe", "bf16"), ("mixtral", None),
                                       ("olmoe", None), ("qwen3_next", None), ("qwen3_5_moe", "int8"),
-                                      ("gpt_oss", None), ("gpt_oss_mxfp4", None)])
+                                      ("gpt_oss", None), ("gpt_oss_mxfp4", None), ("glm4_moe", "int8"),
+                                      ("deepseek_v3", None), ("deepseek_v32", None), ("glm_moe_dsa", "mxfp4")])
 def test_component_sizes_match_the_engine(tiny_dir, arch, fmt):
     src = tiny_dir(arch)
     llm = LLM(str(src), dtype="float32", expert_format=fmt, max_num_seqs=4)

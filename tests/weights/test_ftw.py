@@ -23,7 +23,8 @@ CASES = [
     ("qwen3_moe", None, "float32"), ("qwen3_moe", "bf16", "bfloat16"), ("qwen3_moe", "int8", "float32"),
     ("qwen3_moe", "mxfp4", "float32"), ("qwen2_moe", None, "float32"), ("mixtral", "int8", "float32"),
     ("olmoe", None, "bfloat16"), ("qwen3_next", None, "float32"), ("qwen3_5_moe", "int8", "float32"),
-    ("gpt_oss", None, "float32"), ("gpt_oss_mxfp4", None, "float32"),
+    ("gpt_oss", None, "float32"), ("gpt_oss_mxfp4", None, "float32"), ("glm4_moe", "int8", "float32"),
+    ("deepseek_v3", None, "float32"), ("deepseek_v32", "mxfp4", "float32"), ("glm_moe_dsa", None, "bfloat16"),
 ]
 
 
