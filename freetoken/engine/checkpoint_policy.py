@@ -14,10 +14,10 @@ Kinds:
 - "end": only the end of each prompt and of each request.
 
 Per session (one root-to-leaf path of the prefix tree) at most `per_session` checkpoints are
-kept. The ones dropped first are those no later request resumed from and that no branch
-shares, shallowest first: agents edit recent history far more often than old history, and
-a checkpoint a request already resumed from (or that sits where histories fork) is the one
-the next edit will need again.
+kept: the newest half always (agents edit recent history far more often than old history);
+of the older ones, those no later request resumed from and that no fork shares go first,
+shallowest first (a checkpoint a request already resumed from, or that sits where
+histories fork, is the one the next edit will need again).
 """
 from __future__ import annotations
 
@@ -61,13 +61,16 @@ class CheckpointPolicy:
 
     def to_drop(self, on_path, shared) -> list:
         """[(node, checkpoint)] on one path -> those to drop to keep `per_session`.
-        `shared(node)` is true where histories fork below that node."""
+        `shared(node)` is true where histories fork below that node. The newest half of the
+        budget is always kept; of the older ones, those no request resumed from and no fork
+        shares go first, shallowest first."""
         excess = len(on_path) - self.per_session
         if excess <= 0:
             return []
-        ranked = sorted(on_path, key=lambda nc: (nc[1].hits > 0 or shared(nc[0]), nc[1].position))
+        by_position = sorted(on_path, key=lambda nc: nc[1].position)
+        older = by_position[:len(by_position) - (self.per_session + 1) // 2]
+        ranked = sorted(older, key=lambda nc: (nc[1].hits > 0 or shared(nc[0]), nc[1].position))
         return ranked[:excess]
-
 
 
 def _cluster_ends(marks: list[int], gap: int) -> list[int]:

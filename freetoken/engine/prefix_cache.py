@@ -239,6 +239,7 @@ class PrefixCache:
             own = seq.block_table[i]
             if node is None:
                 node = self._add(parent, key, own)
+                self._absorb_partial_siblings(parent, node)
             elif node.block != own:            # computed twice: keep the tree's copy
                 self.blocks.incref(node.block)
                 self.blocks.decref(own)
@@ -263,6 +264,22 @@ class PrefixCache:
             node = self._add(parent, key, seq.block_table[len(seq.tree_path)])
         self._touch(node)
         seq.tree_path.append(node)
+
+    def _absorb_partial_siblings(self, parent: Node, full: Node) -> None:
+        """A finished request's tail block is a partial leaf; once a full block extends the
+        same tokens, its checkpoints move there (a match walks the full node) and the partial
+        leaf goes, unless a sequence still holds it."""
+        n = len(full.tokens)
+        for sib in [c for c in parent.children.values() if len(c.tokens) < n and full.tokens[:len(c.tokens)] == c.tokens]:
+            for pos, cp in sib.checkpoints.items():
+                full.checkpoints.setdefault(pos, cp)
+                if full.checkpoints[pos] is not cp:          # (one there already)
+                    self.checkpoint_bytes -= cp.nbytes
+                    self.num_checkpoints -= 1
+            sib.checkpoints = {}
+            if self.blocks.ref[sib.block] == 1:
+                self._evict(sib)
+                self.stats.evicted_blocks -= 1              # merged, not evicted for room
 
     def _add(self, parent: Node, key: tuple, block: int) -> Node:
         node = Node(key, block, parent, parent.end)

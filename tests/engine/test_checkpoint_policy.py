@@ -49,9 +49,12 @@ class Cp:
     hits: int = 0
 
 
-def test_budget_drops_unused_shallow_checkpoints_first():
-    pol = CheckpointPolicy(per_session=3)
-    on_path = [("n1", Cp(10, hits=2)), ("n2", Cp(20)), ("fork", Cp(30)), ("n4", Cp(40)), ("n5", Cp(50))]
+def test_budget_keeps_the_newest_then_drops_unused_shallow_checkpoints_first():
+    pol = CheckpointPolicy(per_session=4)
+    on_path = [("n1", Cp(10, hits=2)), ("n2", Cp(20)), ("fork", Cp(30)), ("n4", Cp(40)),
+               ("n5", Cp(50)), ("n6", Cp(60))]
     dropped = pol.to_drop(on_path, shared=lambda n: n == "fork")
-    assert sorted(c.position for _, c in dropped) == [20, 40]
-    assert pol.to_drop(on_path[:3], shared=lambda n: False) == []
+    assert sorted(c.position for _, c in dropped) == [20, 40]          # 50, 60: the newest half
+    everything_used = [(n, Cp(c.position, hits=1)) for n, c in on_path]
+    assert sorted(c.position for _, c in pol.to_drop(everything_used, lambda n: False)) == [10, 20]
+    assert pol.to_drop(on_path[:4], shared=lambda n: False) == []
