@@ -18,7 +18,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from freetoken.experts.cpu import CpuExpertExecutor, quantize_banks
+from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.formats import quantize_banks
 from freetoken.experts.membw import CLOCKS, expert_nbytes, measure_expert_bandwidth, read_bandwidth, torch_read_bandwidth
 from freetoken.weights.fp8 import dequantize_fp8_block
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InvalidRequestError
+from .experts.base import BACKENDS
+from .experts.formats import FORMAT_NAMES
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -27,6 +29,11 @@ class EngineConfig:
     kv_block_size: int = 16
     kv_cache_gib: float | None = None      # KV budget; default fits max_num_seqs x max_model_len, capped at 4 GiB
     num_threads: int | None = None         # torch CPU threads; default all cores
+    # Prefix cache (engine/prefix_cache.py): finished and running sequences leave their KV
+    # blocks in a radix tree (inside kv_cache_gib); hybrid models also keep state snapshots.
+    prefix_cache: bool = True
+    state_checkpoints: int = 16            # state snapshots kept per session (root-to-leaf path)
+    state_cache_gib: float = 2.0           # all state snapshots together (host memory)
     # Expert memory (see freetoken/experts/).
     moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
     expert_cache_slots: int | None = None
@@ -44,14 +51,15 @@ class EngineConfig:
             raise InvalidRequestError(f"dtype: expected one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.compute_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InvalidRequestError(f"compute_dtype: expected auto|float32|bfloat16|float16, got {self.compute_dtype!r}")
-        if self.moe_backend not in ("resident", "offload", "cpu", "hybrid", "auto"):
-            raise InvalidRequestError(
-                f"moe_backend: expected resident|offload|cpu|hybrid|auto, got {self.moe_backend!r}")
-        if self.expert_format not in (None, "int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"):
-            raise InvalidRequestError(f"expert_format: expected int8|fp8|mxfp4|bf16|fp16|fp32, got {self.expert_format!r}")
+        if self.moe_backend not in (*BACKENDS, "auto"):
+            raise InvalidRequestError(f"moe_backend: expected {'|'.join(BACKENDS)}|auto, got {self.moe_backend!r}")
+        if self.expert_format not in (None, *FORMAT_NAMES):
+            raise InvalidRequestError(f"expert_format: expected {'|'.join(FORMAT_NAMES)}, got {self.expert_format!r}")
         if self.dense_format not in (None, "int8"):
             raise InvalidRequestError(f"dense_format: expected int8 or none, got {self.dense_format!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
+        if self.state_cache_gib < 0:
+            raise InvalidRequestError(f"state_cache_gib: expected >= 0, got {self.state_cache_gib}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
 

@@ -1,8 +1,8 @@
 """Builds the C kernels (routed experts, dense GEMV, dequantization) at first use and loads them with ctypes.
 
-The shared library is compiled with the system C compiler (`$CC`, else cc/gcc/clang) and
-`-march=native`, cached under `$XDG_CACHE_HOME/freetoken/kernels/` (default ~/.cache) keyed
-by a hash of the source, the compiler, the flags and the CPU, and published with an atomic
+The sources in c/ (one file per concept, one shared header) are compiled in one compiler call
+with the system C compiler (`$CC`, else cc/gcc/clang) and `-march=native`, cached under `$XDG_CACHE_HOME/freetoken/kernels/` (default ~/.cache) keyed
+by a hash of the sources, the compiler, the flags and the CPU, and published with an atomic
 rename so concurrent first uses are safe. No compiler -> `load()` returns None and callers
 fall back to torch."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCE_DIR = Path(__file__).with_name("c")
 VARIANTS = {
     "native": ["-march=native"],
     "portable": ["-DFT_PORTABLE"],
@@ -63,8 +63,13 @@ def _cpu_signature() -> str:
     return platform.processor() + platform.machine()
 
 
+def sources() -> list[Path]:
+    """The C files of the one shared library (compiled together in one compiler call)."""
+    return sorted(SOURCE_DIR.glob("*.c"))
+
+
 def _build(cc: str, flags: list[str]) -> Path:
-    src = SOURCE.read_bytes()
+    src = b"".join(p.name.encode() + p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.[ch]")))
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(src + ver.encode() + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()[:16]
     out = cache_dir() / f"cpu_kernels-{key}.so"
@@ -80,7 +85,7 @@ def _build(cc: str, flags: list[str]) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, *_BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"]
+        cmd = [cc, *_BASE_FLAGS, *flags, *map(str, sources()), "-o", tmp, "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")

@@ -19,6 +19,7 @@ import threading
 import torch
 import torch.nn.functional as F
 
+from ..experts.formats import FORMATS
 from ..kernels.pool import CpuPool
 from ..weights.fp8 import block_scales, dequantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
@@ -27,9 +28,9 @@ from ..weights.int8 import dequantize_int8, quantize_int8
 # (bench/dense_linear.py on the AVX2 dev machine: the GEMV wins up to ~64 tokens).
 GEMV_TOKENS = 64
 DENSE_FORMATS = ("int8",)
-_FMT = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-_FP8 = 3
-_INT8 = 5
+_FMT = {f.dtype: f.code for f in FORMATS.values() if f.is_float}   # the C kernels' format codes
+_FP8 = FORMATS["fp8"].code
+_INT8 = FORMATS["int8"].code
 _scratch = threading.local()
 
 

@@ -66,6 +66,8 @@ def register(subparsers) -> None:
     s.add_argument("--strict-max-tokens", action="store_true",
                    help="reject max_tokens above the room left in the context window (default: "
                    "lower it to fit, as agents send 32k-128k)")
+    s.add_argument("--max-body-mb", type=float, default=32,
+                   help="largest request body accepted; bigger ones get 413 (default 32)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _engine_args(s)
     s.set_defaults(func=cmd_serve)
@@ -151,7 +153,8 @@ def build(args):
     if svc.sampling_defaults:
         log.info("sampling defaults from generation_config.json: %s", svc.sampling_defaults)
     app = create_app(svc, Settings(model_names=names, api_key=args.api_key,
-                                   model_match=args.model_match))
+                                   model_match=args.model_match,
+                                   max_body_bytes=int(args.max_body_mb * (1 << 20))))
     return llm, svc, app, demo, model
 
 
@@ -162,6 +165,10 @@ def cmd_serve(args) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
     llm, svc, app, demo, model = build(args)
+    try:
+        svc.grammar_tokenizer()   # now, not on the first json_schema request (it holds the GIL)
+    except Exception as e:  # noqa: BLE001 - constrained output is optional
+        log.info("constrained output unavailable: %s", e)
     if demo:
         log.warning("NO --model GIVEN: serving a RANDOM-WEIGHT DEMO model (%s, built in %s). "
                     "Its output is gibberish; pass --model DIR to serve a real checkpoint.",

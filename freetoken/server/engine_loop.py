@@ -12,8 +12,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
+from ..engine.llm_engine import StepOutput
 from .errors import Overloaded
 from .metrics import Metrics
 
@@ -54,6 +54,9 @@ class EngineLoop:
         self.thread = threading.Thread(target=self._run, name="freetoken-engine", daemon=True)
         self.stats_every = 1.0
         self._stats_at = 0.0
+        self.failures = 0            # engine steps failed in a row; any good step resets it
+        self.last_error = ""
+        _count_preemptions(engine, metrics)
 
     def start(self) -> None:
         self.thread.start()
@@ -81,6 +84,11 @@ class EngineLoop:
     def _gauges(self) -> None:
         self.metrics.running.set(self.n_running)
         self.metrics.waiting.set(self.n_waiting)
+        kv = kv_blocks(self.engine)
+        if kv:
+            self.metrics.kv_blocks_total.set(kv[0])
+            self.metrics.kv_blocks_in_use.set(kv[1])
+            self.metrics.kv_evictions.set(kv[2])
 
     def _drain(self, block: bool) -> None:
         try:
@@ -145,6 +153,9 @@ class EngineLoop:
                 self._iteration()
             except Exception as e:  # noqa: BLE001 - the engine thread must not die
                 log.exception("engine step failed; failing %d running requests", len(self.running))
+                self.failures += 1
+                self.last_error = f"{type(e).__name__}: {e}"[:300]
+                self.metrics.engine_failures.inc()
                 self._fail_running(e)
         for job in list(self.running.values()) + list(self.waiting):
             job.push(Overloaded("the server is shutting down", status=503))
@@ -156,7 +167,9 @@ class EngineLoop:
         self._snapshot_stats()
         if not self.running:
             return
-        for out in self.engine.step():
+        outs = self.engine.step()
+        self.failures = 0
+        for out in outs:
             job = self.running.get(out.request_id)
             if job is None:
                 continue
@@ -165,6 +178,7 @@ class EngineLoop:
                 del self.running[out.request_id]
                 with self.lock:
                     self.n_running -= 1
+        self._gauges()
 
     def _fail_running(self, e: Exception) -> None:
         for rid, job in list(self.running.items()):
@@ -178,7 +192,30 @@ class EngineLoop:
             self.n_running = 0
 
 
-def _aborted(job: Job):
-    return SimpleNamespace(request_id=job.request_id, new_token_ids=[], new_text="", finished=True,
-                           finish_reason="abort", prompt_tokens=len(job.prompt_ids),
-                           completion_tokens=0)
+def kv_blocks(engine) -> tuple[int, int, int] | None:
+    """(usable blocks, blocks held by requests, prefix-cache evictions) of the engine's
+    BlockManager (block 0 is the null block, never handed out; blocks only the prefix
+    cache holds are available, not in use)."""
+    blocks = getattr(engine, "blocks", None)
+    if blocks is None:
+        return None
+    total = blocks.num_blocks - 1
+    prefix = getattr(engine, "prefix", None)
+    return total, total - blocks.available, prefix.stats.evicted_blocks if prefix is not None else 0
+
+
+def _count_preemptions(engine, metrics) -> None:
+    """Count the scheduler's preemptions through its on_preempt hook, when it has a free one."""
+    sched = getattr(engine, "scheduler", None)
+    if sched is None or not hasattr(sched, "on_preempt") or sched.on_preempt is not None:
+        return
+
+    def on_preempt(seq):
+        metrics.preemptions.inc()
+        log.info("preempted request %s (KV cache full): it will be recomputed",
+                 getattr(seq, "request_id", "?"))
+    sched.on_preempt = on_preempt
+
+
+def _aborted(job: Job) -> StepOutput:
+    return StepOutput(job.request_id, [], "", True, "abort", len(job.prompt_ids), 0)

@@ -5,7 +5,10 @@ import pytest
 import torch
 
 from freetoken import kernels
-from freetoken.experts.cpu import CpuExpertExecutor, activate, dequantize_expert, quantize_banks, reference_run
+from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.formats import activate, dequantize_expert, quantize_banks, spec_format
+from freetoken.experts.pool import ExpertSpec
+from freetoken.experts.torch_exec import run_experts
 from freetoken.weights.fp8 import dequantize_fp8_block, quantize_fp8_block
 from freetoken.weights.int8 import dequantize_int8, quantize_int8
 from freetoken.weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
@@ -17,6 +20,12 @@ SHAPES = {"fp32": (200, 72), "bf16": (200, 72), "fp16": (136, 40), "fp8": (300, 
 FLOAT_TOL = 2e-5      # exact activations, fp32 accumulation
 QACT_TOL = 4e-2       # int8/mxfp4 quantize activations per 32 like llama.cpp's Q8_0
 ISAS = ["native", "portable"]
+
+
+def reference_run(banks, fmt, x, ids, w, act="silu", dtype=torch.float64, limit=7.0):
+    """The reference executor in `dtype` over banks in `fmt`."""
+    inter = dequantize_expert(banks, fmt, 0)[1].shape[1]
+    return run_experts(banks, ExpertSpec(x.shape[1], inter, spec_format(fmt), act, limit=limit), ids, x, w, dtype=dtype)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:

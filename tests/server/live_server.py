@@ -46,7 +46,9 @@ def make_fake(engine=None, **service_kw):
               max_waiting=16, params_cls=FakeParams)
     api_key = service_kw.pop("api_key", None)
     model_match = service_kw.pop("model_match", "auto")
+    settings = {k: service_kw.pop(k) for k in ("max_body_bytes",) if k in service_kw}
     kw.update(service_kw)
     svc = GenerationService(engine, **kw)
-    app = create_app(svc, Settings(model_names=MODEL_NAMES, api_key=api_key, model_match=model_match))
+    app = create_app(svc, Settings(model_names=MODEL_NAMES, api_key=api_key, model_match=model_match,
+                                   **settings))
     return engine, svc, app
