@@ -56,9 +56,17 @@ ARCHS = {
     "gpt_oss": ("GptOssConfig", lambda L, E, K, H, V: dict(
         _common(L, H, V), head_dim=H // 4, intermediate_size=_moe_inter(H), num_local_experts=E,
         num_experts_per_tok=K, sliding_window=8)),
+    "glm4_moe": ("Glm4MoeConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), head_dim=H // 4, intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+        n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, first_k_dense_replace=1,
+        n_group=2 if E % 2 == 0 and K <= E // 2 else 1, topk_group=1, routed_scaling_factor=2.5,
+        use_qk_norm=True, norm_topk_prob=True, partial_rotary_factor=0.5)),
     "deepseek_v3": ("DeepseekV3Config", lambda L, E, K, H, V: _deepseek_v3(L, E, K, H, V)),
     "deepseek_v32": ("DeepseekV32Config", lambda L, E, K, H, V: dict(
         _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8)),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", lambda L, E, K, H, V: dict(
+        _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8,
+        indexer_types=["full" if i % 2 == 0 else "shared" for i in range(L)])),
     "deepseek_v4": ("DeepseekV4Config", lambda L, E, K, H, V: dict(
         _common(L, H, V, kv_heads=1), head_dim=H // 2, q_lora_rank=H // 2, moe_intermediate_size=_moe_inter(H),
         n_routed_experts=E, num_experts_per_tok=K, sliding_window=8, o_groups=2, o_lora_rank=H // 4,
@@ -94,6 +102,17 @@ def train_tokenizer(vocab_size: int):
     return tok
 
 
+def randomize_selection_biases(model, seed: int = 0) -> None:
+    """Sigmoid routers' correction biases and DeepSeek-V4's hash-routing table start at zero in
+    transformers; real checkpoints carry learned ones, and zeros would leave them untested."""
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.uniform_(-0.05, 0.05)
+        if name.endswith("tid2eid"):                       # a real token -> experts table
+            g, experts = torch.Generator().manual_seed(seed), model.config.n_routed_experts
+            buf.copy_(torch.stack([torch.randperm(experts, generator=g)[:buf.shape[1]] for _ in range(buf.shape[0])]))
+
+
 def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8, top_k: int = 2,
               hidden: int = 64, vocab: int = 512, seed: int = 0, dtype: str = "float32", **overrides) -> Path:
     """Write a random-weight checkpoint of `arch` to out_dir and return its path."""
@@ -111,12 +130,7 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
-    for name, buf in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):      # zeros at init: make the router use it
-            buf.uniform_(-0.05, 0.05)
-        if name.endswith("tid2eid"):                       # zeros at init: a real token -> experts table
-            g = torch.Generator().manual_seed(seed)
-            buf.copy_(torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(buf.shape[0])]))
+    randomize_selection_biases(model, seed)
     model.to(getattr(torch, dtype)).save_pretrained(out)
     if arch.endswith("_mxfp4"):
         from .models.gpt_oss import quantize_checkpoint_experts

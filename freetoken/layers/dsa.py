@@ -29,6 +29,8 @@ class Selection:
 
 
 class Indexer:
+    last: Selection | None = None      # this step's choice, for GLM-5 layers that reuse it
+
     def __init__(self, ck, p: str, hf, linear: LinearFactory, rotary: Rotary, dtype, device,
                  rope_interleave: bool = False):
         """Weights `{p}.wq_b`, `wk`, `k_norm` (LayerNorm weight and bias), `weights_proj` (fp32).
@@ -72,4 +74,19 @@ class Indexer:
         index = index.masked_fill(~causal, float("-inf"))
         top = index.topk(min(self.topk, index.shape[-1]), dim=-1).indices
         chosen = torch.zeros_like(causal).scatter_(-1, top, True) & causal
-        return Selection(chosen.unsqueeze(1), top)
+        self.last = Selection(chosen.unsqueeze(1), top)
+        return self.last
+
+
+class SharedSelection:
+    """A GLM-5 "shared" DSA layer: no indexer weights and no indexer keys in its cache rows; it
+    attends the keys the previous full layer's indexer chose for the same queries in this step."""
+
+    def __init__(self, source: Indexer):
+        self.source = source
+
+    def keys(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
+        return x.new_empty(x.shape[0], 0)
+
+    def select(self, *args) -> Selection:
+        return self.source.last

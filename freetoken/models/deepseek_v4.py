@@ -15,6 +15,7 @@ import torch
 from ..errors import CheckpointError
 from ..experts.factory import build_experts
 from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
 from ..layers.hyper import HyperConnection, HyperHead
 from ..layers.linear import Linear, LinearFactory
@@ -24,7 +25,6 @@ from ..layers.norm import RMSNorm
 from ..layers.rope import inv_freq_and_scale
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
 from ..layers.v4_attention import V4Attention
-from ..platform import compute_dtype
 from .context import ForwardContext
 from .decoder import MoECausalLM
 from .hf_config import HFConfig
@@ -80,7 +80,10 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         self.hf, self.cfg, self.ck_dir, self.max_len = hf, cfg, ck.dir, max_len
         device = self.device = cfg.torch_device
         self.expert_dtype = self.kv_dtype = cfg.torch_dtype
-        self.dtype = compute_dtype(cfg.torch_dtype, device, cfg.compute_dtype)
+        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
+        self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
+                                       pool.num_threads if pool is not None else 1)
+        self.dtype = self.choices.activations
         self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
         self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-6, kind=float)
         self.layer_types = list(hf.get("layer_types") or [])
@@ -100,8 +103,7 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         if missing:
             raise CheckpointError(f"{hf.path}: field {missing[0]!r} is missing (DeepSeek-V4 needs it)")
         self.hc, self.limit = hf.req("hc_mult"), float(hf.get("swiglu_limit", 10.0))
-        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
-        self.linear = LinearFactory(self.dtype, cfg.torch_dtype, cfg.dense_format, pool)
+        self.linear = LinearFactory(self.dtype, cfg.torch_dtype, cfg.dense_format, pool, self.choices.prefill_gemm)
         self.rope = rope_tables(hf.data, max_len, device)
         self.prefix = "model." if ck.has("model.layers.0.attn.wq_a.weight") else ""
         get = self._getter(ck)

@@ -1,5 +1,6 @@
 """Tool-call and reasoning parsers, one file per model family, chosen by HF architecture."""
 from .base import Parser
+from .glm import GlmParser
 from .deepseek import DeepSeekParser
 from .harmony import HarmonyParser
 from .plain import PlainParser
@@ -11,6 +12,8 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
     t = chat_template or ""
     if "<|channel|>" in t:
         return HarmonyParser
+    if "<arg_key>" in t:
+        return GlmParser
     if "<｜Assistant｜>" in t or "｜DSML｜" in t or "<｜tool▁calls▁begin｜>" in t:
         return DeepSeekParser
     if "<tool_call>" in t or "<think>" in t:
@@ -20,6 +23,8 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
     arch = (architecture or "").lower()
     if arch.startswith("qwen"):
         return QwenParser
+    if arch.startswith("glm"):
+        return GlmParser
     if arch.startswith("gptoss"):
         return HarmonyParser
     if arch.startswith("deepseek"):
@@ -27,4 +32,4 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
     return PlainParser
 
 
-__all__ = ["Parser", "DeepSeekParser", "HarmonyParser", "PlainParser", "QwenParser", "parser_for"]
+__all__ = ["Parser", "DeepSeekParser", "GlmParser", "HarmonyParser", "PlainParser", "QwenParser", "parser_for"]
