@@ -71,6 +71,7 @@ class Tokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             self._template = env.from_string(self.chat_template)
+            self._compiled_from = self.chat_template
         except jinja2.TemplateSyntaxError as e:
             raise CheckpointError(f"{self._template_source}: the chat template does not compile "
                                   f"(line {e.lineno}: {e.message})") from None
@@ -92,7 +93,7 @@ class Tokenizer:
                             add_generation_prompt: bool = True, **kwargs) -> str:
         if not self.chat_template:
             raise CheckpointError("tokenizer_config.json: no chat_template (and no chat_template.jinja)")
-        if self._template is None:
+        if self._template is None or self._compiled_from is not self.chat_template:   # (set after load)
             self._compile_template()
         return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
