@@ -76,6 +76,7 @@ def main():
     greedy = dict(temperature=0.0, ignore_eos=True)
     llm.generate([prompt[:32]], SamplingParams(max_tokens=4, **greedy))                       # warm-up
     t_prefill, _ = timed(llm.generate, [prompt], SamplingParams(max_tokens=1, **greedy))
+    print(f"prefill {len(prompt) / t_prefill:.1f} tok/s", flush=True)
     t_all, _ = timed(llm.generate, [prompt], SamplingParams(max_tokens=args.decode, **greedy))
     prefill, decode = len(prompt) / t_prefill, (args.decode - 1) / (t_all - t_prefill)
     model = llm.engine.model

@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .hyper import unweighted_rms_norm  # noqa: F401  (re-exported for the V4 attention)
 from .linear import Linear
 from .norm import rms_norm
 

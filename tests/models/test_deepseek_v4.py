@@ -20,6 +20,7 @@ from helpers import assert_logits_close, reference_logits
 from model_checks import (
     check_batch_equals_single,
     check_incremental_equals_full,
+    check_prefix_cache_exact,
     check_snapshot_restore_equals_recompute,
     check_state_position_guard,
     ids_for,
@@ -168,3 +169,7 @@ def test_fp8_dense_fp4_experts_as_shipped(tiny_dir, tmp_path):
     assert_logits_close(exact.score(ids), ref)                 # dequantize-then-matmul experts: exact
     # the CPU kernels quantize activations to int8 per 32 for MXFP4 (llama.cpp's Q8_0 scheme)
     assert_logits_close(LLM(str(d), dtype="float32", moe_backend="cpu").score(ids), ref, rel=2e-2)
+
+
+def test_prefix_cache_exact(tiny_dir, tmp_path):
+    check_prefix_cache_exact(build(tiny_dir, tmp_path))
