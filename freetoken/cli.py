@@ -8,6 +8,8 @@ import logging
 import sys
 
 from .errors import FreeTokenError
+from .experts.base import BACKENDS
+from .experts.formats import FORMAT_NAMES
 
 # Subcommands that live with their subsystem: module with register(subparsers).
 _PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli"]
@@ -16,23 +18,31 @@ _PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--moe-backend", default="auto", choices=["auto", "resident", "offload", "cpu", "hybrid"])
+    p.add_argument("--moe-backend", default="auto", choices=["auto", *BACKENDS])
     p.add_argument("--expert-cache-slots", type=int, default=None)
     p.add_argument("--expert-cache-gib", type=float, default=None)
-    p.add_argument("--expert-format", default=None, choices=["int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"],
+    p.add_argument("--expert-format", default=None, choices=FORMAT_NAMES,
                    help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
     p.add_argument("--dense-format", default=None, choices=["int8"],
                    help="store attention/dense/lm_head weights as int8 (with --expert-format int8: a Q8_0-sized model)")
     p.add_argument("--record-routing", default=None, metavar="FILE", help="record every step's routing (JSONL)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache budget, prefix cache included")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="recompute every prompt from its first token (no KV/state reuse across requests)")
+    p.add_argument("--state-checkpoints", type=int, default=16,
+                   help="hybrid models: state snapshots kept per session for prefix reuse")
+    p.add_argument("--state-cache-gib", type=float, default=2.0, help="hybrid models: all state snapshots together")
 
 
 def engine_options(args) -> dict:
     return dict(dtype=args.dtype, device=args.device, moe_backend=args.moe_backend,
                 expert_cache_slots=args.expert_cache_slots, expert_cache_gib=args.expert_cache_gib,
                 max_model_len=args.max_model_len, num_threads=args.threads, expert_format=args.expert_format,
-                dense_format=args.dense_format, record_routing=args.record_routing)
+                dense_format=args.dense_format, record_routing=args.record_routing, kv_cache_gib=args.kv_cache_gib,
+                prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,
+                state_cache_gib=args.state_cache_gib)
 
 
 def cmd_generate(args) -> int:

@@ -8,6 +8,9 @@ from abc import ABC, abstractmethod
 
 import torch
 
+# The experts backends (`moe_backend`; "auto" picks one, see factory.py).
+BACKENDS = ("resident", "offload", "cpu", "hybrid")
+
 
 class Experts(ABC):
     @abstractmethod

@@ -6,13 +6,7 @@ dequantized inside the dot products, fp32 accumulation, a persistent pinned thre
 Experts that receive many tokens in one call (prefill) go through torch GEMMs instead, where
 the weights are reused enough for a blocked matmul to beat streaming dot products.
 
-Bank layouts (leading index = flat id moe_layer*E + expert; I = intermediate, H = hidden):
-  fp32/bf16/fp16: gate_up [N, 2I, H] (gate rows then up rows), down [N, H, I]
-  fp8:   gate_up float8_e4m3fn [N, 2I, H], gate_up_scale_inv f32 [N, ceil(2I/128), ceil(H/128)],
-         down [N, H, I], down_scale_inv [N, ceil(H/128), ceil(I/128)]
-  mxfp4: gate_up_blocks u8 [N, 2I, H/32, 16], gate_up_scales u8 [N, 2I, H/32], down_* likewise
-  int8:  gate_up int8 [N, 2I, H], gate_up_scales f16 [N, 2I, H/32], down / down_scales likewise
-  optional: gate_up_bias f32 [N, 2I], down_bias f32 [N, H]
+Bank layouts and codecs: `formats.py`.
 """
 from __future__ import annotations
 
@@ -20,129 +14,19 @@ import ctypes
 import logging
 
 import torch
-import torch.nn.functional as F
 
-from ..weights.fp8 import dequantize_fp8_block, quantize_fp8_block
-from ..weights.int8 import dequantize_int8, quantize_int8
-from ..weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from .. import kernels
 from ..kernels.pool import CpuPool
+from .formats import ACTIVATIONS, get_format, resolve_format, spec_format, weight_keys
+from .pool import ExpertSpec
+from .torch_exec import run_experts
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("fp32", "bf16", "fp16", "fp8", "mxfp4", "int8")
-_FMT_CODE = {"fp32": 0, "bf16": 1, "fp16": 2, "fp8": 3, "mxfp4": 4, "int8": 5}
-_FLOAT_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-_ACT_CODE = {"silu": 0, "swiglu_oai": 1}
 # Tokens per expert from which dequantize + torch matmul beats the streaming kernel (measured
 # single-threaded on Zen AVX2: fp32 sgemm wins from ~200 tokens per expert for float banks;
 # for quantized banks torch's dequantization costs more than it saves).
 _GEMM_TOKENS = {"fp32": 192, "bf16": 192, "fp16": 192}
-
-
-def weight_keys(fmt: str) -> tuple[str, str, str, str]:
-    """(gate_up weights, gate_up scales, down weights, down scales) bank names; scales '' if none."""
-    if fmt in _FLOAT_DTYPE:
-        return "gate_up", "", "down", ""
-    if fmt == "fp8":
-        return "gate_up", "gate_up_scale_inv", "down", "down_scale_inv"
-    if fmt == "mxfp4":
-        return "gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales"
-    if fmt == "int8":
-        return "gate_up", "gate_up_scales", "down", "down_scales"
-    raise ValueError(f"unknown expert format {fmt!r}; expected one of {FORMATS}")
-
-
-def resolve_format(banks: dict[str, torch.Tensor], fmt: str) -> str:
-    """Accepts the pool's generic "float" and names the concrete float format from the dtype."""
-    if fmt == "float":
-        for name, dt in _FLOAT_DTYPE.items():
-            if banks["gate_up"].dtype == dt:
-                return name
-        raise ValueError(f"float banks of dtype {banks['gate_up'].dtype} are not supported")
-    weight_keys(fmt)
-    return fmt
-
-
-def quantize_banks(gate_up: torch.Tensor, down: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
-    """Float banks gate_up [N, 2I, H] and down [N, H, I] -> banks in `fmt` (biases not included)."""
-    if fmt in _FLOAT_DTYPE:
-        dt = _FLOAT_DTYPE[fmt]
-        return {"gate_up": gate_up.to(dt).contiguous(), "down": down.to(dt).contiguous()}
-    if fmt == "fp8":
-        gu, gus = quantize_fp8_block(gate_up)
-        dn, dns = quantize_fp8_block(down)
-        return {"gate_up": gu, "gate_up_scale_inv": gus, "down": dn, "down_scale_inv": dns}
-    if fmt == "mxfp4":
-        gu, gus = quantize_mxfp4(gate_up)
-        dn, dns = quantize_mxfp4(down)
-        return {"gate_up_blocks": gu, "gate_up_scales": gus, "down_blocks": dn, "down_scales": dns}
-    if fmt == "int8":
-        gu, gus = quantize_int8(gate_up)
-        dn, dns = quantize_int8(down)
-        return {"gate_up": gu, "gate_up_scales": gus, "down": dn, "down_scales": dns}
-    raise ValueError(f"unknown expert format {fmt!r}")
-
-
-def dequantize_expert(banks: dict[str, torch.Tensor], fmt: str, fid: int,
-                      dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gate_up [2I, H], down [H, I]) of flat expert `fid` in `dtype`."""
-    gk, gsk, dk, dsk = weight_keys(fmt)
-    if fmt in _FLOAT_DTYPE:
-        return banks[gk][fid].to(dtype), banks[dk][fid].to(dtype)
-    if fmt == "fp8":
-        return (dequantize_fp8_block(banks[gk][fid], banks[gsk][fid], dtype),
-                dequantize_fp8_block(banks[dk][fid], banks[dsk][fid], dtype))
-    if fmt == "mxfp4":
-        return (dequantize_mxfp4(banks[gk][fid], banks[gsk][fid], dtype),
-                dequantize_mxfp4(banks[dk][fid], banks[dsk][fid], dtype))
-    return dequantize_int8(banks[gk][fid], banks[gsk][fid], dtype), dequantize_int8(banks[dk][fid], banks[dsk][fid], dtype)
-
-
-def activate(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float, limit: float) -> torch.Tensor:
-    if activation == "silu":
-        return F.silu(gate) * up
-    if activation == "swiglu_oai":   # gpt-oss: transformers' GptOssExperts._apply_gate
-        gate = gate.clamp(max=limit)
-        up = up.clamp(min=-limit, max=limit)
-        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
-    raise ValueError(f"unknown expert activation {activation!r}")
-
-
-def reference_run(banks: dict[str, torch.Tensor], fmt: str, x: torch.Tensor, expert_ids: torch.Tensor,
-                  weights: torch.Tensor, activation: str = "silu", alpha: float = 1.702, limit: float = 7.0,
-                  dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None,
-                  tokens_min: int = 0, dequant=None) -> torch.Tensor:
-    """Dequantize-then-matmul in `dtype`, grouped per expert. Returns [T, H] in float32 (or in
-    `dtype` when it is float64); adds into `out` when given. Only experts with at least
-    `tokens_min` routed tokens are computed (the executor's prefill split). `dequant(fid)`
-    replaces `dequantize_expert` (the executor's C dequantization)."""
-    fmt = resolve_format(banks, fmt)
-    T, K = expert_ids.shape
-    if out is None:
-        out = torch.zeros(T, x.shape[1], dtype=torch.float64 if dtype == torch.float64 else torch.float32)
-    flat = expert_ids.reshape(-1)
-    valid = (flat >= 0).nonzero().squeeze(1)
-    if valid.numel() == 0:
-        return out
-    order = valid[torch.argsort(flat[valid], stable=True)]
-    uniq, counts = torch.unique_consecutive(flat[order], return_counts=True)
-    wflat = weights.reshape(-1)
-    I = banks[weight_keys(fmt)[2]].shape[2] if fmt != "mxfp4" else banks["down_blocks"].shape[2] * 32
-    start = 0
-    for fid, cnt in zip(uniq.tolist(), counts.tolist()):
-        sel = order[start:start + cnt]
-        start += cnt
-        if cnt < tokens_min:
-            continue
-        tok = sel // K
-        gu_w, dn_w = dequant(fid) if dequant else dequantize_expert(banks, fmt, fid, dtype)
-        gu_b = banks["gate_up_bias"][fid].to(dtype) if "gate_up_bias" in banks else None
-        dn_b = banks["down_bias"][fid].to(dtype) if "down_bias" in banks else None
-        h = F.linear(x[tok].to(dtype), gu_w, gu_b)
-        y = F.linear(activate(h[:, :I], h[:, I:], activation, alpha, limit), dn_w, dn_b)
-        out.index_add_(0, tok, (y * wflat[sel].to(dtype).unsqueeze(1)).to(out.dtype))
-    return out
 
 
 class CpuExpertExecutor:
@@ -159,13 +43,15 @@ class CpuExpertExecutor:
                  num_threads: int | None = None, *, gemm_tokens: int | None = None, isa: str = "native",
                  pin: bool = True, spin_us: int = 200, pool: CpuPool | None = None):
         self.fmt = resolve_format(banks, fmt)
-        if activation not in _ACT_CODE:
-            raise ValueError(f"unknown expert activation {activation!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown expert activation {activation!r}; expected one of {tuple(ACTIVATIONS)}")
         self.banks, self.H, self.I = banks, hidden, intermediate
         self.activation, self.alpha, self.limit = activation, alpha, limit
+        self.spec = ExpertSpec(hidden, intermediate, spec_format(self.fmt), activation, alpha, limit)
         self.gemm_tokens = _GEMM_TOKENS.get(self.fmt, 0) if gemm_tokens is None else gemm_tokens
-        if self.fmt in ("mxfp4", "int8") and (hidden % 32 or intermediate % 32):
-            raise ValueError(f"{self.fmt} experts need hidden and intermediate to be multiples of 32")
+        block = get_format(self.fmt).block
+        if hidden % block or intermediate % block:
+            raise ValueError(f"{self.fmt} experts need hidden and intermediate to be multiples of {block}")
         self._bias = {k: banks[k].float().contiguous() for k in ("gate_up_bias", "down_bias") if k in banks}
         self._desc = self._make_desc()   # validates the banks before any thread starts
         self.lib = None if isa == "torch" else kernels.load(isa)
@@ -179,10 +65,10 @@ class CpuExpertExecutor:
         self.num_threads = self._pool.num_threads
 
     @classmethod
-    def from_pool(cls, pool, **kw) -> "CpuExpertExecutor":
+    def from_pool(cls, expert_pool, **kw) -> "CpuExpertExecutor":
         """An executor over an `ExpertPool`'s banks with its spec's shapes and activation."""
-        sp = pool.spec
-        return cls(pool.banks, sp.fmt, sp.hidden, sp.intermediate, sp.activation, sp.alpha, sp.limit, **kw)
+        sp = expert_pool.spec
+        return cls(expert_pool.banks, sp.fmt, sp.hidden, sp.intermediate, sp.activation, sp.alpha, sp.limit, **kw)
 
     def _make_desc(self) -> kernels.Desc:
         gk, gsk, dk, dsk = weight_keys(self.fmt)
@@ -204,13 +90,13 @@ class CpuExpertExecutor:
         gs = geom(b[gsk] if gsk else None, -(-2 * I // 128) if fp8 else 2 * I, gsk)
         dw = geom(b[dk], H, dk)
         ds = geom(b[dsk] if dsk else None, -(-H // 128) if fp8 else H, dsk)
-        in_gu = b[gk].shape[2] * (32 if self.fmt == "mxfp4" else 1)
-        in_dn = b[dk].shape[2] * (32 if self.fmt == "mxfp4" else 1)
+        group = get_format(self.fmt).group
+        in_gu, in_dn = b[gk].shape[2] * group, b[dk].shape[2] * group
         if in_gu != H or in_dn != I:
             raise ValueError(f"banks have inputs ({in_gu}, {in_dn}), expected hidden {H}, intermediate {I}")
         gb, db = self._bias.get("gate_up_bias"), self._bias.get("down_bias")
         return kernels.Desc(
-            _FMT_CODE[self.fmt], _ACT_CODE[self.activation], H, I, self.alpha, self.limit, n,
+            get_format(self.fmt).code, ACTIVATIONS[self.activation], H, I, self.alpha, self.limit, n,
             *gw, *gs, *dw, *ds,
             gb.data_ptr() if gb is not None else None, db.data_ptr() if db is not None else None)
 
@@ -228,7 +114,7 @@ class CpuExpertExecutor:
         ids = expert_ids if expert_ids.dtype == torch.int64 else expert_ids.long()
         w = weights if weights.dtype == torch.float32 else weights.float()
         if self.lib is None:
-            return reference_run(self.banks, self.fmt, x, ids, w, self.activation, self.alpha, self.limit, out=out)
+            return run_experts(self.banks, self.spec, ids, x, w, out, dtype=torch.float32)
         self.last_experts = 0       # distinct experts this call ran (the expert-memory stats)
         if self.gemm_tokens and ids.numel() >= self.gemm_tokens:
             ids = self._split_big(x, ids, w, out)
@@ -255,8 +141,8 @@ class CpuExpertExecutor:
         if not bool(big.any()):
             return ids
         self.last_experts = int(big.sum())
-        reference_run(self.banks, self.fmt, x, ids, w, self.activation, self.alpha, self.limit,
-                      out=out, tokens_min=self.gemm_tokens, dequant=self._dequantize)
+        run_experts(self.banks, self.spec, ids, x, w, out, dtype=torch.float32,
+                    tokens_min=self.gemm_tokens, dequant=self._dequantize)
         return torch.where((flat >= 0) & big[flat.clamp_min(0)], -1, flat).reshape(ids.shape)
 
     def _dequantize(self, fid: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.pool import shared_pool
+from .cpu import CpuExpertExecutor
 from .pool import ExpertPool
 from .torch_exec import run_experts
 
@@ -21,15 +22,8 @@ class TorchHostExecutor:
 
 def make_host_executor(pool: ExpertPool, num_threads: int | None = None, prefer_fast: bool = True):
     if prefer_fast:
-        try:
-            from .cpu import CpuExpertExecutor
-        except ImportError:
-            CpuExpertExecutor = None
-        if CpuExpertExecutor is not None:
-            s = pool.spec
-            try:   # the process's one kernel pool, shared with the dense layers and attention
-                return CpuExpertExecutor(pool.banks, s.fmt, s.hidden, s.intermediate, activation=s.activation,
-                                         alpha=s.alpha, limit=s.limit, pool=shared_pool(num_threads))
-            except (ValueError, NotImplementedError):
-                pass                     # a format the kernels do not cover yet
+        try:   # the process's one kernel pool, shared with the dense layers and attention
+            return CpuExpertExecutor.from_pool(pool, pool=shared_pool(num_threads))
+        except (ValueError, NotImplementedError):
+            pass                     # a format the kernels do not cover yet
     return TorchHostExecutor(pool)

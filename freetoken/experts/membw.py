@@ -14,7 +14,8 @@ import torch
 
 from .. import kernels
 from ..kernels.pool import CpuPool
-from .cpu import CpuExpertExecutor, weight_keys
+from .cpu import CpuExpertExecutor
+from .formats import weight_keys
 
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}

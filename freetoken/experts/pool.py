@@ -1,20 +1,16 @@
 """The host expert pool: every routed expert of the model, in banks whose leading index
 is the flat id `moe_layer * num_experts + expert`. Rows with the same index across banks
 form one complete expert. This is the source of truth; caches only copy from it.
-
-Bank layouts (N = num_moe_layers * num_experts, I = expert intermediate, H = hidden):
-  float formats: gate_up [N, 2I, H] (gate rows, then up rows), down [N, H, I]
-  mxfp4:         gate_up_blocks [N, 2I, H/32, 16] u8, gate_up_scales [N, 2I, H/32] u8,
-                 down_blocks [N, H, I/32, 16] u8, down_scales [N, H, I/32] u8
-  optional:      gate_up_bias [N, 2I] f32, down_bias [N, H] f32
+Bank layouts per format: `formats.py`.
 """
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass, replace
 
 import torch
+
+from .formats import quantize_banks, spec_format
 
 
 @dataclass(frozen=True)
@@ -87,11 +83,10 @@ class PoolBuilder:
 def requantize(pool: ExpertPool, fmt: str) -> ExpertPool:
     """The float pool re-encoded in `fmt` (int8 | fp8 | mxfp4 | bf16 | fp16 | fp32); biases kept.
     Lets a bf16 checkpoint run with 8-bit or 4-bit experts without a converted checkpoint."""
-    from .cpu import quantize_banks
     if pool.spec.fmt != "float":
         raise ValueError(f"expert_format: the checkpoint's experts are already {pool.spec.fmt}; "
                          "only float experts can be re-encoded")
     banks = quantize_banks(pool.banks["gate_up"], pool.banks["down"], fmt)
     banks.update({k: v for k, v in pool.banks.items() if k.endswith("_bias")})
-    spec = replace(pool.spec, fmt="float" if fmt in ("bf16", "fp16", "fp32") else fmt)
+    spec = replace(pool.spec, fmt=spec_format(fmt))
     return ExpertPool(banks, pool.num_layers, pool.num_experts, spec)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .bandwidth import DEFAULT_PROFILE, BandwidthProfile, device_id, format_id, machine_id, save_profile
+from .formats import FORMAT_NAMES, quantize_banks, spec_format
 from .host_exec import make_host_executor
 from .pool import ExpertPool, ExpertSpec
 
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", default="auto", help="cache device: auto | cpu | cuda[:N]")
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--intermediate", type=int, default=768)
-    p.add_argument("--format", default="bf16", choices=["fp32", "bf16", "fp16", "mxfp4", "fp8", "int8"])
+    p.add_argument("--format", default="bf16", choices=FORMAT_NAMES)
     p.add_argument("--pool-gib", type=float, default=1.0, help="size of the test pool (larger than the caches)")
     p.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
     p.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: all physical cores)")
@@ -61,12 +62,11 @@ def model_format(model_dir: str) -> tuple[int, int, str]:
 
 
 def synthetic_pool(hidden: int, inter: int, fmt: str, pool_gib: float) -> ExpertPool:
-    from .cpu import quantize_banks
     one = quantize_banks(torch.randn(1, 2 * inter, hidden) * 0.02, torch.randn(1, hidden, inter) * 0.02, fmt)
     per = sum(b.nbytes for b in one.values())
     n = max(2 * BATCH, int(pool_gib * 2**30 // per))
     banks = {k: v.expand(n, *v.shape[1:]).contiguous() for k, v in one.items()}   # real, distinct memory
-    spec = ExpertSpec(hidden, inter, fmt="float" if fmt in ("fp32", "bf16", "fp16") else fmt)
+    spec = ExpertSpec(hidden, inter, fmt=spec_format(fmt))
     return ExpertPool(banks, 1, n, spec)
 
 

@@ -1,72 +1,55 @@
-"""Expert execution with plain torch ops, grouped per expert. This is the `resident`
-backend's compute and the reference every faster executor is tested against."""
+"""The reference expert executor: dequantize, then torch matmuls grouped per expert. It is the
+`resident` backend's compute, the CPU executor's prefill path (experts with many tokens) and
+its no-compiler fallback, and the reference every faster executor is tested against."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from .formats import activate, dequantize_expert
 from .pool import ExpertSpec
 
 
-def activate(gate_up: torch.Tensor, spec: ExpertSpec) -> torch.Tensor:
-    """[.., 2I] gate then up -> [.., I]."""
-    gate, up = gate_up[..., : spec.intermediate], gate_up[..., spec.intermediate:]
-    if spec.activation == "silu":
-        return F.silu(gate) * up
-    if spec.activation == "swiglu_oai":
-        gate = gate.clamp(max=spec.limit)
-        up = up.clamp(min=-spec.limit, max=spec.limit)
-        return (up + 1) * (gate * torch.sigmoid(gate * spec.alpha))
-    raise ValueError(f"unknown expert activation {spec.activation!r}")
-
-
-def dequantized(banks: dict[str, torch.Tensor], fid: int, spec: ExpertSpec, dtype: torch.dtype):
-    """(gate_up [2I, H], down [H, I]) of one expert in `dtype`."""
-    if spec.fmt == "float":
-        return banks["gate_up"][fid].to(dtype), banks["down"][fid].to(dtype)
-    from .cpu import dequantize_expert      # one dequantizer per format, shared with the CPU reference
-    gu, dn = dequantize_expert(banks, spec.fmt, fid, dtype)
-    return gu.reshape(gu.shape[0], -1), dn.reshape(dn.shape[0], -1)
-
-
 def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torch.Tensor,
-                x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+                x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | None = None, *,
+                dtype: torch.dtype | None = None, tokens_min: int = 0, dequant=None) -> torch.Tensor:
     """out[t] += sum_k weights[t,k] * expert_{flat_ids[t,k]}(x[t]); ids < 0 are skipped.
-    Accumulates in float32; returns the float32 [T, H] accumulator."""
+
+    Computes in `dtype` (default x's) and accumulates in float32 (float64 when dtype is);
+    returns the accumulator. Only experts with at least `tokens_min` routed tokens are computed
+    (the CPU executor's prefill split); `dequant(fid)` replaces `dequantize_expert` (the CPU
+    executor's C dequantization)."""
+    dtype = dtype or x.dtype
     if out is None:
-        out = torch.zeros(x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
-    if x.shape[0] == 1:                      # decode: no grouping needed, keep per-token work small
-        return _run_single(banks, spec, flat_ids[0].tolist(), x, weights[0].float().tolist(), out)
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        out = torch.zeros(x.shape[0], x.shape[1], dtype=acc, device=x.device)
+    deq = dequant or (lambda fid: dequantize_expert(banks, spec.fmt, fid, dtype))
+    if x.shape[0] == 1 and tokens_min <= 1:   # decode: no grouping needed, keep per-token work small
+        for fid, w in zip(flat_ids[0].tolist(), weights[0].tolist()):
+            if fid >= 0:
+                out.add_(_expert(banks, spec, fid, x.to(dtype), deq).to(out.dtype), alpha=w)
+        return out
     ids = flat_ids.reshape(-1)
     order = torch.argsort(ids, stable=True)
-    sorted_ids = ids[order]
-    uniq, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
-    k = flat_ids.shape[1]
-    tokens = order // k
+    uniq, counts = torch.unique_consecutive(ids[order], return_counts=True)
+    tokens = order // flat_ids.shape[1]
     w = weights.reshape(-1)[order]
-    has_bias = "gate_up_bias" in banks
     start = 0
     for fid, cnt in zip(uniq.tolist(), counts.tolist()):
         sl = slice(start, start + cnt)
         start += cnt
-        if fid < 0:
+        if fid < 0 or cnt < tokens_min:
             continue
         tok = tokens[sl]
-        xs = x.index_select(0, tok)
-        gu_w, dn_w = dequantized(banks, fid, spec, x.dtype)
-        h = F.linear(xs, gu_w, banks["gate_up_bias"][fid].to(x.dtype) if has_bias else None)
-        y = F.linear(activate(h, spec), dn_w, banks["down_bias"][fid].to(x.dtype) if has_bias else None)
-        out.index_add_(0, tok, y.float() * w[sl].float().unsqueeze(1))
+        y = _expert(banks, spec, fid, x.index_select(0, tok).to(dtype), deq)
+        out.index_add_(0, tok, y.to(out.dtype) * w[sl].to(out.dtype).unsqueeze(1))
     return out
 
 
-def _run_single(banks, spec, fids: list[int], x, ws: list[float], out):
-    has_bias = "gate_up_bias" in banks
-    for fid, w in zip(fids, ws):
-        if fid < 0:
-            continue
-        gu_w, dn_w = dequantized(banks, fid, spec, x.dtype)
-        h = F.linear(x, gu_w, banks["gate_up_bias"][fid].to(x.dtype) if has_bias else None)
-        y = F.linear(activate(h, spec), dn_w, banks["down_bias"][fid].to(x.dtype) if has_bias else None)
-        out.add_(y.float(), alpha=w)
-    return out
+def _expert(banks, spec: ExpertSpec, fid: int, x: torch.Tensor, deq) -> torch.Tensor:
+    gu_w, dn_w = deq(fid)
+    gu_b = banks["gate_up_bias"][fid].to(x.dtype) if "gate_up_bias" in banks else None
+    dn_b = banks["down_bias"][fid].to(x.dtype) if "down_bias" in banks else None
+    h = F.linear(x, gu_w, gu_b)
+    I = spec.intermediate
+    return F.linear(activate(h[..., :I], h[..., I:], spec.activation, spec.alpha, spec.limit), dn_w, dn_b)

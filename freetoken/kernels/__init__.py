@@ -1,8 +1,8 @@
 """Builds the C kernels (routed experts, dense GEMV, dequantization) at first use and loads them with ctypes.
 
-The shared library is compiled with the system C compiler (`$CC`, else cc/gcc/clang) and
-`-march=native`, cached under `$XDG_CACHE_HOME/freetoken/kernels/` (default ~/.cache) keyed
-by a hash of the source, the compiler, the flags and the CPU, and published with an atomic
+The sources in c/ (one file per concept, one shared header) are compiled in one compiler call
+with the system C compiler (`$CC`, else cc/gcc/clang) and `-march=native`, cached under `$XDG_CACHE_HOME/freetoken/kernels/` (default ~/.cache) keyed
+by a hash of the sources, the compiler, the flags and the CPU, and published with an atomic
 rename so concurrent first uses are safe. No compiler -> `load()` returns None and callers
 fall back to torch."""
 from __future__ import annotations
@@ -19,9 +19,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_kernels.c")
+SOURCE_DIR = Path(__file__).with_name("c")
 VARIANTS = {
     "native": ["-march=native"],
+    "avx2": ["-march=native", "-DFT_NO_AVX512"],      # the AVX2 paths, on an AVX-512 machine too
     "portable": ["-DFT_PORTABLE"],
 }
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-math-errno"]
@@ -63,8 +64,13 @@ def _cpu_signature() -> str:
     return platform.processor() + platform.machine()
 
 
+def sources() -> list[Path]:
+    """The C files of the one shared library (compiled together in one compiler call)."""
+    return sorted(SOURCE_DIR.glob("*.c"))
+
+
 def _build(cc: str, flags: list[str]) -> Path:
-    src = SOURCE.read_bytes()
+    src = b"".join(p.name.encode() + p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.[ch]")))
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256(src + ver.encode() + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()[:16]
     out = cache_dir() / f"cpu_kernels-{key}.so"
@@ -80,7 +86,7 @@ def _build(cc: str, flags: list[str]) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, *_BASE_FLAGS, *flags, str(SOURCE), "-o", tmp, "-lm"]
+        cmd = [cc, *_BASE_FLAGS, *flags, *map(str, sources()), "-o", tmp, "-lm"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
@@ -116,13 +122,23 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def variants_here() -> list[str]:
+    """The kernel variants this CPU runs, widest first: "native", then "avx2" where native is
+    wider (AVX-512) and the CPU has AVX2, then "portable": what the tests check one by one."""
+    native = load("native")
+    out = ["native"]
+    if native is not None and native.ft_isa().decode().startswith("avx512"):
+        out.append("avx2")
+    return out + ["portable"]
+
+
 def cpu_kernels() -> ctypes.CDLL | None:
     """The native library (built on first call), or None: for the small per-op helpers."""
     return _loaded["native"] if "native" in _loaded else load("native")
 
 
 def load(variant: str = "native") -> ctypes.CDLL | None:
-    """The compiled kernel library for `variant` ("native" or "portable"), or None when it
+    """The compiled kernel library for `variant` ("native", "avx2" or "portable"), or None when it
     cannot be built here (a warning is logged once)."""
     if variant in _loaded:
         return _loaded[variant]

@@ -186,9 +186,10 @@ def _convert(body: MessagesRequest, max_tokens) -> ChatInput:
                      template_kwargs=_template_kwargs(body))
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+def _usage(input_tokens: int, output_tokens: int, cached: int = 0) -> dict:
+    """Anthropic counts cache reads apart: input_tokens + cache_read_input_tokens = the prompt."""
+    return {"input_tokens": input_tokens - cached, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
 def _tool_id(call_id: str) -> str:
@@ -233,11 +234,15 @@ async def messages(request: Request):
     return {"id": mid, "type": "message", "role": "assistant", "model": body.model,
             "content": content, "stop_reason": _stop_reason(done),
             "stop_sequence": done.stop_sequence,
-            "usage": _usage(done.prompt_tokens, done.completion_tokens)}
+            "usage": _usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)}
 
 
 def _stop_reason(done: Done) -> str:
-    return "stop_sequence" if done.stop_sequence else STOP[done.finish_reason]
+    if done.stop_sequence:
+        return "stop_sequence"
+    if done.context_full:            # Anthropic's own reason: the window, not max_tokens, ended it
+        return "model_context_window_exceeded"
+    return STOP[done.finish_reason]
 
 
 async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool):
@@ -305,5 +310,5 @@ async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool)
     yield sse.event("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": _stop_reason(done),
                                                 "stop_sequence": done.stop_sequence},
-                                      "usage": _usage(done.prompt_tokens, done.completion_tokens)})
+                                      "usage": _usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)})
     yield sse.event("message_stop", {"type": "message_stop"})

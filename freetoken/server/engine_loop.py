@@ -12,8 +12,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
+from ..engine.llm_engine import StepOutput
 from .errors import Overloaded
 from .metrics import Metrics
 
@@ -238,16 +238,15 @@ class EngineLoop:
 
 
 def kv_blocks(engine) -> tuple[int, int, int] | None:
-    """(usable blocks, blocks in use, evictions) read defensively from `engine.blocks`
-    (a BlockManager: block 0 is the null block, never handed out)."""
+    """(usable blocks, blocks held by requests, prefix-cache evictions) of the engine's
+    BlockManager (block 0 is the null block, never handed out; blocks only the prefix
+    cache holds are available, not in use)."""
     blocks = getattr(engine, "blocks", None)
-    try:
-        total = int(blocks.num_blocks) - 1
-        free = int(blocks.num_free)
-    except (AttributeError, TypeError, ValueError):
+    if blocks is None:
         return None
-    evictions = getattr(blocks, "num_evictions", 0)
-    return total, total - free, int(evictions) if isinstance(evictions, int) else 0
+    total = blocks.num_blocks - 1
+    prefix = getattr(engine, "prefix", None)
+    return total, total - blocks.available, prefix.stats.evicted_blocks if prefix is not None else 0
 
 
 def _count_preemptions(engine, metrics) -> None:
@@ -263,7 +262,5 @@ def _count_preemptions(engine, metrics) -> None:
     sched.on_preempt = on_preempt
 
 
-def _aborted(job: Job):
-    return SimpleNamespace(request_id=job.request_id, new_token_ids=[], new_text="", finished=True,
-                           finish_reason="abort", prompt_tokens=len(job.prompt_ids),
-                           completion_tokens=0)
+def _aborted(job: Job) -> StepOutput:
+    return StepOutput(job.request_id, [], "", True, "abort", len(job.prompt_ids), 0)

@@ -95,9 +95,11 @@ def openai_messages(messages: list[dict]) -> list[dict]:
                "content": content_text(m.get("content"), where)}
         if role == "assistant":
             calls = []
-            for c in m.get("tool_calls") or []:
+            for j, c in enumerate(m.get("tool_calls") or []):
                 f = c.get("function") or {}
-                calls.append({"id": c.get("id") or "call_" + uuid.uuid4().hex[:24],
+                # a missing id gets one from its place, not a random one: the same history
+                # must render to the same tokens every time (prefix cache)
+                calls.append({"id": c.get("id") or f"call_{i}_{j}",
                               "type": "function",
                               "function": {"name": f.get("name", ""),
                                            "arguments": parse_arguments(f.get("arguments"))}})
@@ -167,7 +169,15 @@ def _sampling(body) -> dict:
 
 def _usage(d: Done) -> dict:
     return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
-            "total_tokens": d.prompt_tokens + d.completion_tokens}
+            "total_tokens": d.prompt_tokens + d.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
+
+
+def limits(svc) -> dict:
+    """What `freetoken launch` (and any client that reads them) configures agents with: the
+    context window, the largest prompt, and the largest reply this server gives."""
+    return {"max_model_len": svc.max_model_len, "max_input_tokens": svc.max_model_len - 1,
+            "max_output_tokens": svc.max_output_tokens}
 
 
 @router.get("/v1/models")
@@ -176,7 +186,7 @@ async def list_models(request: Request):
     created = int(st.started)
     data = [{"id": n, "object": "model", "created": created, "owned_by": "freetoken",
              "type": "model", "display_name": n, "created_at": st.started_iso,
-             "max_model_len": st.svc.max_model_len} for n in st.settings.model_names]
+             **limits(st.svc)} for n in st.settings.model_names]
     return {"object": "list", "data": data, "has_more": False,
             "first_id": data[0]["id"], "last_id": data[-1]["id"]}
 
@@ -186,7 +196,8 @@ async def get_model(model_id: str, request: Request):
     st = state(request)
     st.check_model(model_id, anthropic=False)
     return {"id": model_id, "object": "model", "created": int(st.started), "owned_by": "freetoken",
-            "type": "model", "display_name": model_id, "created_at": st.started_iso}
+            "type": "model", "display_name": model_id, "created_at": st.started_iso,
+            **limits(st.svc)}
 
 
 async def _parse(request: Request, model: type[_SamplingFields]):

@@ -203,7 +203,7 @@ class Builder:
         out = self._close()
         usage = {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,
                  "total_tokens": done.prompt_tokens + done.completion_tokens,
-                 "input_tokens_details": {"cached_tokens": 0},
+                 "input_tokens_details": {"cached_tokens": done.cached_tokens},
                  "output_tokens_details": {"reasoning_tokens": 0}}
         if done.finish_reason == "length":
             resp = self.response("incomplete", usage, {"reason": "max_output_tokens"})
@@ -275,4 +275,4 @@ async def _stream(gen, b: Builder):
                 for s in b.feed(ev):
                     yield s
     except APIError as e:
-        yield b.ev("error", code=str(e.status), message=e.message, param=None)
+        yield b.ev("error", code=e.code or str(e.status), message=e.message, param=None)

@@ -115,7 +115,7 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
 
     prompt = await asyncio.to_thread(render, svc.tokenizer, inp.messages, tools, kwargs)
     ids = await asyncio.to_thread(svc.encode_prompt, prompt)
-    max_tokens = svc.max_tokens_for(inp.max_tokens, len(ids), inp.default_max_tokens)
+    max_tokens, window_limited = svc.output_budget(inp.max_tokens, len(ids), inp.default_max_tokens)
     processors = []
     if grammar is not None:
         from .grammar import GrammarProcessor
@@ -125,7 +125,8 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
     params = sampling_params(svc, max_tokens, stop, inp.sampling, processors)
     reasoning = starts_in_reasoning(prompt) and grammar is None
     parser = PlainParser() if json_out else parser_cls(tools, reasoning=reasoning)
-    return GenerationRequest(ids, params, inp.endpoint, parser=parser, tools=bool(tools), stop=stop)
+    return GenerationRequest(ids, params, inp.endpoint, parser=parser, tools=bool(tools), stop=stop,
+                             window_limited=window_limited)
 
 
 async def prepare_text(svc: GenerationService, prompt: str | list[int], *, endpoint: str,
@@ -141,7 +142,8 @@ async def prepare_text(svc: GenerationService, prompt: str | list[int], *, endpo
                              param="prompt")
     if not ids:
         raise BadRequest("prompt is empty", param="prompt")
-    n = svc.max_tokens_for(max_tokens, len(ids), 16)
+    n, window_limited = svc.output_budget(max_tokens, len(ids), 16)
     stop = _stop_list(stop)
     params = sampling_params(svc, n, stop, sampling, [])
-    return GenerationRequest(ids, params, endpoint, parser=PlainParser(), stop=stop)
+    return GenerationRequest(ids, params, endpoint, parser=PlainParser(), stop=stop,
+                             window_limited=window_limited)

@@ -31,3 +31,34 @@ def quantize_fp8_block(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tenso
     full = scale.repeat_interleave(block, -2).repeat_interleave(block, -1)[..., :rows, :cols]
     q = (w.float() / full).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.contiguous(), scale.contiguous()
+
+
+def quantize_checkpoint_fp8(model_dir, keep=("embed_tokens", "lm_head", "norm", "mlp.gate.", "indexer.weights_proj")) -> None:
+    """Rewrite a float checkpoint as DeepSeek ships FP8: every 2-D `*.weight` whose name contains
+    none of `keep` becomes float8_e4m3fn plus a `*.weight_scale_inv` per 128x128 block, and
+    config.json gets the matching `quantization_config` (make-tiny and the tests use it;
+    transformers reads it back by dequantizing on the CPU)."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    d = Path(model_dir)
+    index = d / "model.safetensors.index.json"
+    wm = json.loads(index.read_text())["weight_map"] if index.is_file() else None
+    for f in sorted(d.glob("*.safetensors")):
+        out = {}
+        for name, t in load_file(str(f)).items():
+            if name.endswith(".weight") and t.dim() == 2 and not any(k in name for k in keep):
+                out[name], out[name + "_scale_inv"] = quantize_fp8_block(t)
+                if wm is not None:
+                    wm[name + "_scale_inv"] = f.name
+            else:
+                out[name] = t
+        save_file(out, str(f), metadata={"format": "pt"})
+    if wm is not None:
+        index.write_text(json.dumps({"metadata": {}, "weight_map": wm}, indent=2))
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                  "weight_block_size": [128, 128]}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))

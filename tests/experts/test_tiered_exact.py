@@ -110,7 +110,7 @@ def test_bias_and_clamped_swiglu():
 
 
 def _quantized_pool(fmt):
-    from freetoken.experts.cpu import quantize_banks
+    from freetoken.experts.formats import quantize_banks
     H = I = 32
     g = torch.Generator().manual_seed(7)
     gu = torch.randn(L * E, 2 * I, H, generator=g) / H ** 0.5

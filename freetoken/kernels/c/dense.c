@@ -1,0 +1,73 @@
+#include "ft_kernels.h"
+
+/* ------------------------------------------------------------------ dense linear (decode)
+ * y[t, r] = <W row r, x[t]> (+ bias[r]) for the few tokens of a decode step: the same dot tiles
+ * as the experts, every thread streaming its own disjoint range of output rows. Weights in any
+ * format above (dense layers use fp32/bf16/fp16/int8; fp8 scales per 128 rows as in the banks). */
+
+typedef struct {
+    int fmt, N, K;
+    const uint8_t *w; int64_t w_rs;
+    const uint8_t *s; int64_t s_rs;
+    const void *x; int xt; int64_t M;
+    const float *bias;
+    float *y;
+    uint8_t *xq; float *tmp;
+    ft_pool *p;
+} lin_job;
+
+static void lin_fn(void *a, int tid) {
+    lin_job *L = a;
+    const int fmt = L->fmt, N = L->N, K = L->K, nth = L->p->active;
+    const int64_t xs = prep_bytes(K);
+    for (int64_t t = tid; t < L->M; t += nth) {   /* prepare the inputs: tokens round-robin */
+        const float *src = (const float *)L->x + t * K;
+        if (L->xt == XT_BF16) {
+            float *tmp = L->tmp + (int64_t)tid * K;
+            const uint16_t *xb = (const uint16_t *)L->x + t * K;
+            for (int k = 0; k < K; k++) tmp[k] = bf16_to_f32(xb[k]);
+            src = tmp;
+        }
+        prep_range(fmt, src, L->xq + t * xs, K, 0, K);
+    }
+    pool_barrier(L->p);
+    int r0, r1;
+    split(N, 16, nth, tid, &r0, &r1);
+    for (int rb = r0; rb < r1; rb += RB)
+    for (int64_t c = 0; c < L->M; c += NTMAX) {
+        const int nt = L->M - c < NTMAX ? (int)(L->M - c) : NTMAX;
+        const int re = rb + RB < r1 ? rb + RB : r1;
+        const uint8_t *xp[NTMAX];
+        for (int t = 0; t < nt; t++) xp[t] = L->xq + (c + t) * xs;
+        const int rr = nt == 1 ? 4 : 2;
+        for (int r = rb; r < re; r += rr) {
+            const int m = r + rr <= re ? rr : re - r;
+            const uint8_t *wr[4], *sr[4];
+            float res[4][NTMAX];
+            for (int q = 0; q < m; q++) {
+                wr[q] = L->w + (int64_t)(r + q) * L->w_rs;
+                sr[q] = scale_row(fmt, L->s, 0, L->s_rs, 0, r + q);
+            }
+            tl_pf = (int64_t)m * L->w_rs;
+            dot_tile(fmt, wr, sr, m, K, xp, nt, res);
+            for (int q = 0; q < m; q++)
+                for (int t = 0; t < nt; t++)
+                    L->y[(c + t) * N + r + q] = L->bias ? res[q][t] + L->bias[r + q] : res[q][t];
+        }
+    }
+}
+
+/* y [M, N] fp32 = x [M, K] (fp32 or bf16) @ W [N, K]^T + bias. Returns 0, or -2 when the
+ * scratch memory cannot be allocated. */
+int ft_linear_run(void *vp, int fmt, const void *w, int64_t w_rs, const void *s, int64_t s_rs,
+                  int N, int K, const void *x, int xt, int64_t M, const float *bias, float *y) {
+    ft_pool *p = vp;
+    if (M <= 0) return 0;
+    size_t sz_xq = (size_t)M * (size_t)prep_bytes(K), sz_tmp = (size_t)p->n * K * 4;
+    uint8_t *buf = scratch(p, (sz_xq + 63) / 64 * 64 + sz_tmp);
+    if (!buf) return -2;
+    lin_job L = {fmt, N, K, w, w_rs, s, s_rs, x, xt, M, bias, y, buf,
+                 (float *)(buf + (sz_xq + 63) / 64 * 64), p};
+    pool_run_sized(p, lin_fn, &L, (int64_t)N * w_rs);
+    return 0;
+}

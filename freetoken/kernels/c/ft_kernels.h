@@ -1,0 +1,207 @@
+/* ft_kernels.h: what the C kernel files share (types, scalar decoders, the pool, the dot tiles).
+ *
+ * The C kernels of the pure-CPU engine. Mainly CPU expert execution: out[t] += sum_k w[t,k] *
+ * down(act(gate(x[t])) * up(x[t])) for routed experts, streaming the weights straight from the
+ * host pool banks and dequantizing inside the dot products (fp32 accumulation). Further down,
+ * on the same dot tiles and thread pool: the dense GEMV (ft_linear_run), row dequantization for
+ * prefill GEMMs (ft_dequant_rows), decode attention over the paged KV cache
+ * (ft_decode_attention), and two per-op helpers run on the calling thread (ft_rms_norm, ft_rope).
+ *
+ * One file per concept (dots.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
+ * all compiled together in one step by freetoken/kernels/__init__.py with the system C compiler
+ * and -march=native, so the preprocessor picks the widest SIMD path the machine has:
+ *   FT_AVX512:   AVX-512 F/BW/VL (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4) beside FT_AVX2
+ *   FT_AVX2:     AVX2 + FMA + F16C (x86-64 since Haswell / Zen 1)
+ *   otherwise:   portable C (any architecture; the compiler vectorises what it can)
+ *
+ * Work split: a persistent pool of pinned threads. Phase 1 gives every thread a disjoint,
+ * 32-aligned range of the intermediate index j and runs it for all routed experts (gate row j
+ * and up row I+j), phase 2 a disjoint range of output rows of `down`. So each core streams its
+ * own weight rows, and no two threads write the same output element.
+ *
+ * Activations are prepared once per call in the layout each format's kernel wants:
+ *   f32/f16/fp8: fp32;  bf16: fp32, even/odd de-interleaved per 16;
+ *   int8/mxfp4:  int8 per 32-block + fp32 block scale (like llama.cpp's Q8_0 activations);
+ *                for mxfp4 the int8 values are de-interleaved to match the low/high nibbles
+ *                of two blocks loaded at once (perm_mxfp4).
+ *   nvfp4:       as mxfp4 (its 16-element groups are halves of the same 32-byte loads), plus
+ *                one offset correction per 16-element group instead of per 32.
+ */
+#ifndef FT_KERNELS_H
+#define FT_KERNELS_H
+#define _GNU_SOURCE
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(FT_PORTABLE)
+#define FT_AVX2 1
+#include <immintrin.h>
+#endif
+/* AVX-512 F/BW/VL: wider paths beside the AVX2 ones (which stay in use for what has no
+ * AVX-512 version); FT_NO_AVX512 builds the AVX2 library on the same machine for the tests. */
+#if defined(FT_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) \
+    && !defined(FT_NO_AVX512)
+#define FT_AVX512 1
+#endif
+
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5, FMT_NVFP4 = 6 };
+enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1 };
+enum { XT_F32 = 0, XT_BF16 = 1 };
+#define NTMAX 4
+#define RB 32   /* weight rows per cache block when many tokens share an expert */
+/* Internal symbols shared between the kernel files, kept out of the library's exports. */
+#define FT_HIDDEN __attribute__((visibility("hidden")))
+/* Software prefetch of the same position in the rows of the next tile (tl_pf bytes further):
+ * a tile reads its rows in lockstep, so prefetching one tile ahead keeps every stream fed. */
+FT_HIDDEN extern __thread int64_t tl_pf;
+#define PREFETCH(p) __builtin_prefetch((const char *)(p) + tl_pf, 0, 2)
+
+typedef struct {
+    int32_t fmt, act, H, I;
+    float alpha, limit;
+    int64_t n_experts;
+    const uint8_t *gu_w; int64_t gu_w_es, gu_w_rs;   /* base, bytes per expert, bytes per row */
+    const uint8_t *gu_s; int64_t gu_s_es, gu_s_rs;   /* scales (fp8: per 128 rows) */
+    const uint8_t *dn_w; int64_t dn_w_es, dn_w_rs;
+    const uint8_t *dn_s; int64_t dn_s_es, dn_s_rs;
+    const float *gu_b, *dn_b;                        /* [N, 2I], [N, H] or NULL */
+} ft_desc;
+
+/* ------------------------------------------------------------------ scalar helpers */
+
+FT_HIDDEN extern float E8M0_HALF[256]; /* 2^(s-128): mxfp4 int8 lut holds 2*e2m1 */
+FT_HIDDEN extern pthread_once_t tables_once;
+FT_HIDDEN void init_tables(void);
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
+}
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
+    if (e == 0) {
+        float f = ldexpf((float)m, -24);
+        return s ? -f : f;
+    }
+    if (e == 31) u = s | 0x7f800000 | (m << 13);
+    else u = s | ((e + 112) << 23) | (m << 13);
+    float f; memcpy(&f, &u, 4); return f;
+}
+/* e4m3fn byte -> fp32 bits of value * 2^-120 (exact, subnormals included). */
+static inline float fp8_scaled(uint8_t b) {
+    uint32_t u = ((uint32_t)(b & 0x80) << 24) | ((uint32_t)(b & 0x7f) << 20);
+    float f; memcpy(&f, &u, 4); return f;
+}
+#define TWO_POW_120 1.329227995784916e+36f
+/* nvfp4 scale row: e4m3 bytes per 16 columns, then the row's float32 global scale. */
+static inline float nvfp4_global(const uint8_t *s, int n) {
+    float g; memcpy(&g, s + n / 16, 4); return g;
+}
+
+/* Element k of a row of fp32 / bf16 / fp16 values (XT_F32/XT_BF16 share these codes). */
+static inline float float_at(int fmt, const uint8_t *w, int64_t k) {
+    if (fmt == FMT_F32) return ((const float *)w)[k];
+    if (fmt == FMT_BF16) return bf16_to_f32(((const uint16_t *)w)[k]);
+    return f16_to_f32(((const uint16_t *)w)[k]);
+}
+
+static inline int perm_bf16(int j, int n16) {  /* position of element j in the prepared vector */
+#ifdef FT_AVX2
+    if (j < n16) { int q = j & 15; return (j & ~15) + (q & 1) * 8 + (q >> 1); }
+#endif
+    (void)n16; return j;
+}
+/* mxfp4 activations: per pair of 32-blocks [even of b | even of b+1 | odd of b | odd of b+1]
+ * (matching low / high nibbles of a 32-byte load of two blocks); an unpaired last block is
+ * [even | odd]. */
+static inline int perm_mxfp4(int j, int n) {
+    int b = j >> 5, q = j & 31, nb = n >> 5;
+    if ((nb & 1) && b == nb - 1) return (b << 5) + (q & 1) * 16 + (q >> 1);
+    return ((b >> 1) << 6) + (q & 1) * 32 + (b & 1) * 16 + (q >> 1);
+}
+
+/* Prepared-activation layout for a vector of length n. */
+static inline int64_t prep_bytes(int n) { return (int64_t)n * 4; }
+FT_HIDDEN void prep_range(int fmt, const float *src, uint8_t *dst, int n, int j0, int j1);
+
+#define FORCE_INLINE static inline __attribute__((always_inline))
+
+#ifdef FT_AVX2
+FORCE_INLINE float hsum8(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+#endif
+
+/* Dots of 32 unsigned x 32 signed bytes into 8 int32 lanes (4 products each; dot2: two such
+ * pairs summed): AVX512-VNNI's vpdpbusd where the CPU has it, else maddubs (pairs into int16)
+ * + madd (pairs into int32). Equal results: our operands (|w| <= 128 with x in [-127, 127],
+ * mxfp4's 0..24) never saturate maddubs' int16 pairs. */
+#ifdef FT_AVX2
+#if defined(FT_AVX512) && defined(__AVX512VNNI__)
+#define FT_VNNI 1
+FORCE_INLINE __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+}
+#else
+FORCE_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
+                             _mm256_set1_epi16(1));
+}
+#endif
+#endif
+
+FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
+                        const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
+
+/* ------------------------------------------------------------------ thread pool */
+
+typedef struct ft_pool ft_pool;
+typedef void (*job_fn)(void *arg, int tid);
+
+struct ft_pool {
+    int n;
+    int active;         /* threads taking part in the current job: n, or 1 for small jobs */
+    pthread_t *th;
+    _Atomic int gen, done, stop, sleepers;
+    job_fn fn;
+    void *arg;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    _Atomic int bar_count, bar_gen;
+    int64_t spin_ns, small_bytes;
+    uint8_t *scratch;
+    size_t scratch_cap;
+};
+
+FT_HIDDEN void pool_barrier(ft_pool *p);
+FT_HIDDEN void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes);
+FT_HIDDEN void pool_run(ft_pool *p, job_fn fn, void *arg);
+FT_HIDDEN uint8_t *scratch(ft_pool *p, size_t bytes);
+
+/* ------------------------------------------------------------------ work split helpers */
+
+static inline const uint8_t *scale_row(int fmt, const uint8_t *base, int64_t es, int64_t rs, int64_t e, int r) {
+    if (!base) return NULL;
+    return base + e * es + (int64_t)(fmt == FMT_FP8 ? r / 128 : r) * rs;
+}
+
+static inline void split(int n, int unit, int nth, int tid, int *lo, int *hi) {
+    int units = (n + unit - 1) / unit;
+    int per = (units + nth - 1) / nth;
+    int a = tid * per * unit, b = (tid + 1) * per * unit;
+    *lo = a < n ? a : n; *hi = b < n ? b : n;
+}
+
+#endif /* FT_KERNELS_H */

@@ -1,0 +1,181 @@
+#include "ft_kernels.h"
+
+/* ------------------------------------------------------------------ the MoE job
+ * Routed experts straight from the host pool banks (the work split is described in ft_kernels.h). */
+
+typedef struct {
+    const ft_desc *d;
+    const void *x; int xt; int64_t T;
+    float *out;
+    int G;              /* groups (distinct experts) */
+    const int64_t *g_e; const int32_t *g_start; const int32_t *g_n;
+    const int32_t *r_tok; const float *r_w;   /* per slot, sorted by expert */
+    int R;
+    uint8_t *xq;        /* T prepared inputs, stride prep_bytes(H) */
+    float *hn;          /* R x I natural fp32 */
+    uint8_t *hq;        /* R prepared h, stride prep_bytes(I) */
+} moe_job;
+
+static inline float act_fn(const ft_desc *d, float g, float u) {
+    if (d->act == ACT_SILU) return g / (1.f + expf(-g)) * u;
+    g = g < d->limit ? g : d->limit;
+    u = u < -d->limit ? -d->limit : (u > d->limit ? d->limit : u);
+    return (u + 1.f) * (g / (1.f + expf(-g * d->alpha)));
+}
+
+typedef struct { moe_job *J; ft_pool *p; } moe_ctx;
+
+static void moe_run_fn(void *a, int tid) {
+    moe_ctx *C = a;
+    moe_job *J = C->J;
+    ft_pool *p = C->p;
+    const ft_desc *d = J->d;
+    const int H = d->H, I = d->I, fmt = d->fmt, nth = p->active;
+    const int64_t xs = prep_bytes(H), hs = prep_bytes(I);
+
+    /* 0. prepare inputs: tokens round-robin */
+    float *tmp = J->hn + (int64_t)J->R * I;  /* per-thread row of H floats */
+    tmp += (int64_t)tid * H;
+    for (int64_t t = tid; t < J->T; t += nth) {
+        const float *src;
+        if (J->xt == XT_F32) src = (const float *)J->x + t * H;
+        else {
+            const uint16_t *xb = (const uint16_t *)J->x + t * H;
+            for (int k = 0; k < H; k++) tmp[k] = bf16_to_f32(xb[k]);
+            src = tmp;
+        }
+        prep_range(fmt, src, J->xq + t * xs, H, 0, H);
+    }
+    pool_barrier(p);
+
+    /* 1. gate/up + activation over this thread's j range, all experts */
+    int j0, j1;
+    split(I, 32, nth, tid, &j0, &j1);
+    if (j0 < j1) {
+        for (int g = 0; g < J->G; g++) {
+            const int64_t e = J->g_e[g];
+            const int s0 = J->g_start[g], ns = J->g_n[g];
+            const uint8_t *wb = d->gu_w + e * d->gu_w_es;
+            const float *gb = d->gu_b ? d->gu_b + e * 2 * I : NULL;
+            /* blocks of RB rows stay in L2 while every chunk of tokens passes over them */
+            for (int jb = j0; jb < j1; jb += RB)
+            for (int c = 0; c < ns; c += NTMAX) {
+                int nt = ns - c < NTMAX ? ns - c : NTMAX;
+                const int je = jb + RB < j1 ? jb + RB : j1;
+                const uint8_t *xp[NTMAX];
+                for (int t = 0; t < nt; t++) xp[t] = J->xq + (int64_t)J->r_tok[s0 + c + t] * xs;
+                const int jr = nt == 1 ? 2 : 1;   /* rows j..j+jr-1 of gate and of up per tile */
+                for (int j = jb; j < je; j += jr) {
+                    int m = j + jr <= je ? jr : je - j;
+                    const uint8_t *wr[4], *sr[4];
+                    float res[4][NTMAX];
+                    for (int q = 0; q < m; q++) {
+                        wr[q] = wb + (int64_t)(j + q) * d->gu_w_rs;
+                        sr[q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, j + q);
+                        wr[m + q] = wb + (int64_t)(I + j + q) * d->gu_w_rs;
+                        sr[m + q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, I + j + q);
+                    }
+                    tl_pf = (int64_t)m * d->gu_w_rs;
+                    dot_tile(fmt, wr, sr, 2 * m, H, xp, nt, res);
+                    for (int q = 0; q < m; q++)
+                        for (int t = 0; t < nt; t++) {
+                            float gg = res[q][t], uu = res[m + q][t];
+                            if (gb) { gg += gb[j + q]; uu += gb[I + j + q]; }
+                            J->hn[(int64_t)(s0 + c + t) * I + j + q] = act_fn(d, gg, uu);
+                        }
+                }
+            }
+        }
+        for (int s = 0; s < J->R; s++)
+            prep_range(fmt, J->hn + (int64_t)s * I, J->hq + (int64_t)s * hs, I, j0, j1);
+    }
+    pool_barrier(p);
+
+    /* 2. down over this thread's output rows, all experts */
+    int r0, r1;
+    split(H, 16, nth, tid, &r0, &r1);
+    for (int g = 0; g < J->G && r0 < r1; g++) {
+        const int64_t e = J->g_e[g];
+        const int s0 = J->g_start[g], ns = J->g_n[g];
+        const uint8_t *wb = d->dn_w + e * d->dn_w_es;
+        const float *db = d->dn_b ? d->dn_b + e * H : NULL;
+        for (int rb = r0; rb < r1; rb += RB)
+        for (int c = 0; c < ns; c += NTMAX) {
+            int nt = ns - c < NTMAX ? ns - c : NTMAX;
+            const int re = rb + RB < r1 ? rb + RB : r1;
+            const uint8_t *hp[NTMAX];
+            for (int t = 0; t < nt; t++) hp[t] = J->hq + (int64_t)(s0 + c + t) * hs;
+            const int rr = nt == 1 ? 4 : 2;
+            for (int r = rb; r < re; r += rr) {
+                int m = r + rr <= re ? rr : re - r;
+                const uint8_t *wr[4], *sr[4];
+                float y[4][NTMAX];
+                for (int q = 0; q < m; q++) {
+                    wr[q] = wb + (int64_t)(r + q) * d->dn_w_rs;
+                    sr[q] = scale_row(fmt, d->dn_s, d->dn_s_es, d->dn_s_rs, e, r + q);
+                }
+                tl_pf = (int64_t)m * d->dn_w_rs;
+                dot_tile(fmt, wr, sr, m, I, hp, nt, y);
+                for (int q = 0; q < m; q++)
+                    for (int t = 0; t < nt; t++) {
+                        int s = s0 + c + t;
+                        J->out[(int64_t)J->r_tok[s] * H + r + q] += J->r_w[s] * (db ? y[q][t] + db[r + q] : y[q][t]);
+                    }
+            }
+        }
+    }
+}
+
+typedef struct { int64_t e; int32_t idx; } route_key;
+static int cmp_route(const void *a, const void *b) {
+    const route_key *x = a, *y = b;
+    if (x->e != y->e) return x->e < y->e ? -1 : 1;
+    return x->idx - y->idx;
+}
+
+/* Returns the number of distinct experts run (>= 0), -1 on a bad expert id, -2 on allocation failure. */
+int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
+               const int64_t *ids, const float *w, float *out) {
+    ft_pool *p = vp;
+    const int64_t RK = T * K;
+    route_key *keys = malloc(sizeof(route_key) * (size_t)(RK ? RK : 1));
+    if (!keys) return -2;
+    int R = 0;
+    for (int64_t i = 0; i < RK; i++) {
+        if (ids[i] < 0) continue;
+        if (ids[i] >= d->n_experts) { free(keys); return -1; }
+        keys[R].e = ids[i]; keys[R].idx = (int32_t)i; R++;
+    }
+    if (R == 0) { free(keys); return 0; }
+    if (R > 1) qsort(keys, (size_t)R, sizeof *keys, cmp_route);
+
+    const int H = d->H, I = d->I;
+    size_t sz_meta = (size_t)R * (8 + 4 + 4 + 4 + 4);
+    size_t sz_xq = (size_t)T * (size_t)prep_bytes(H);
+    size_t sz_hn = ((size_t)R * I + (size_t)p->n * H) * 4;
+    size_t sz_hq = (size_t)R * (size_t)prep_bytes(I);
+    size_t a64 = 64;
+    #define RUP(v) (((v) + a64 - 1) / a64 * a64)
+    uint8_t *buf = scratch(p, RUP(sz_meta) + RUP(sz_xq) + RUP(sz_hn) + RUP(sz_hq));
+    if (!buf) { free(keys); return -2; }
+    int64_t *g_e = (int64_t *)buf;
+    int32_t *g_start = (int32_t *)(g_e + R), *g_n = g_start + R, *r_tok = g_n + R;
+    float *r_w = (float *)(r_tok + R);
+    uint8_t *xq = buf + RUP(sz_meta);
+    float *hn = (float *)(xq + RUP(sz_xq));
+    uint8_t *hq = (uint8_t *)hn + RUP(sz_hn);
+
+    int G = 0;
+    for (int i = 0; i < R; i++) {
+        if (i == 0 || keys[i].e != keys[i - 1].e) { g_e[G] = keys[i].e; g_start[G] = i; g_n[G] = 0; G++; }
+        g_n[G - 1]++;
+        r_tok[i] = (int32_t)(keys[i].idx / K);
+        r_w[i] = w[keys[i].idx];
+    }
+    free(keys);
+
+    moe_job J = {d, x, xt, T, out, G, g_e, g_start, g_n, r_tok, r_w, R, xq, hn, hq};
+    moe_ctx C = {&J, p};
+    pool_run_sized(p, moe_run_fn, &C, (int64_t)G * (d->gu_w_es + d->dn_w_es));
+    return G;
+}
