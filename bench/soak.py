@@ -131,6 +131,27 @@ async def sampler(client, url: str, pid: int | None, samples: list, stop: asynci
             pass
 
 
+async def stalled_reader(url: str, model: str, deadline: float, api_key: str | None):
+    """A client that sends a streaming request and never reads a byte of the reply (tiny
+    receive buffer); it reconnects every 40 s until the run ends."""
+    import socket
+    host, port = urlparse(url).hostname, urlparse(url).port
+    body = json.dumps({"model": model, "stream": True, "max_tokens": 100_000,
+                       "messages": [{"role": "user", "content": "tell me a very long story"}]}).encode()
+    auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
+    while time.monotonic() < deadline:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(s, (host, port))
+        await loop.sock_sendall(s, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+                                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                % (len(body), body))
+        await asyncio.sleep(min(40.0, max(0.0, deadline - time.monotonic())))
+        s.close()
+
+
 async def client_loop(i: int, client, url: str, deadline: float, budget: list[int], rng: random.Random,
                       outcomes: list[Outcome], model: str):
     while time.monotonic() < deadline and budget[0] > 0:
@@ -173,8 +194,11 @@ async def run(args) -> dict:
         deadline = t0 + args.duration
         budget = [args.max_requests]
         rng = random.Random(args.seed)
+        stalled = [asyncio.ensure_future(stalled_reader(url, model, deadline, args.api_key))
+                   for _ in range(args.stalled)]
         await asyncio.gather(*(client_loop(i, client, url, deadline, budget, random.Random(rng.random()),
                                            outcomes, model) for i in range(args.clients)))
+        await asyncio.gather(*stalled)
         elapsed = time.monotonic() - t0
         settle = time.monotonic() + 15      # cancelled requests leave the engine within a step or two
         while True:
@@ -222,7 +246,8 @@ def report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server)
         checks["server exits 0 on SIGTERM"] = rc == 0
         checks["no traceback in the server log"] = not any("Traceback" in ln for ln in server.log)
     return {
-        "command": " ".join(sys.argv), "clients": args.clients, "duration_s": round(elapsed, 1),
+        "command": " ".join(sys.argv), "clients": args.clients, "stalled_readers": args.stalled,
+        "duration_s": round(elapsed, 1),
         "requests": len(outcomes), "outcomes": by, "errors_by_class": errors,
         "server_counted_cancelled": cancelled_srv,
         "ttft_s": {"p50": percentile(ttft, 0.5), "p99": percentile(ttft, 0.99)},
@@ -237,7 +262,7 @@ def report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server)
 
 
 def print_report(r: dict) -> None:
-    print(f"soak: {r['clients']} clients, {r['duration_s']} s, {r['requests']} requests: {r['outcomes']}")
+    print(f"soak: {r['clients']} clients (+{r['stalled_readers']} that never read), {r['duration_s']} s, {r['requests']} requests: {r['outcomes']}")
     if r["errors_by_class"]:
         print(f"  errors by class: {r['errors_by_class']}")
     print(f"  server counted cancelled: {r['server_counted_cancelled']:.0f}; streamed events: {r['tokens_streamed']}")
@@ -258,6 +283,7 @@ def parse_args(argv=None):
     p.add_argument("--url", default=None, help="a running server on loopback (default: start one)")
     p.add_argument("--pid", type=int, default=None, help="with --url: the server's pid, to sample its RSS")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--stalled", type=int, default=0, help="extra clients that never read their stream")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load (at most 3600)")
     p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")

@@ -24,7 +24,7 @@ def test_short_soak(tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(300)
-def test_bounded_fuzz(fake):
+def test_bounded_fuzz():
     import fuzz
     from live_server import LiveServer, MODEL_NAMES, make_fake
     _, svc, app = make_fake(max_body_bytes=1 << 20)
