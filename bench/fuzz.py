@@ -54,10 +54,14 @@ def fuzz_schema(app, model_names: list[str]) -> dict:
             if not body:
                 continue
             props = body.get("properties", {})
-            if "model" in props:
-                props["model"] = {"enum": model_names + ["claude-fuzz"]}
+            anthropic = path.startswith("/v1/messages")
+            if "model" in props:    # unknown ids are a 404 on OpenAI routes: the hostile cases cover it
+                props["model"] = {"enum": model_names + (["claude-fuzz"] if anthropic else [])}
             if "messages" in props:
-                props["messages"] = {"type": "array", "items": _MESSAGE, "maxItems": 4}
+                msg = copy.deepcopy(_MESSAGE)
+                if anthropic:
+                    msg["properties"]["role"] = {"enum": ["user", "assistant"]}
+                props["messages"] = {"type": "array", "items": msg, "minItems": 1, "maxItems": 4}
             if "input" in props:
                 props["input"] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {}, "maxItems": 4}]}
             if "tools" in props:
