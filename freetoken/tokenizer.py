@@ -55,7 +55,7 @@ class Tokenizer:
         if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
             self.eos_token_ids.add(self.hf.token_to_id(self.eos_token))
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
-        self._template = None
+        self._template = self._compiled_from = None
         self._template_source = template_file if template_file.is_file() else cfg_path
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise CheckpointError(f"{self._template_source}: chat_template must be a string")
@@ -70,6 +70,7 @@ class Tokenizer:
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             self._template = env.from_string(self.chat_template)
+            self._compiled_from = self.chat_template
         except jinja2.TemplateSyntaxError as e:
             raise CheckpointError(f"{self._template_source}: the chat template does not compile "
                                   f"(line {e.lineno}: {e.message})") from None
@@ -91,7 +92,7 @@ class Tokenizer:
                             add_generation_prompt: bool = True, **kwargs) -> str:
         if not self.chat_template:
             raise CheckpointError("tokenizer_config.json: no chat_template (and no chat_template.jinja)")
-        if self._template is None:
+        if self._template is None or self._compiled_from != self.chat_template:   # (it may be replaced)
             self._compile_template()
         return self._template.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                      bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
