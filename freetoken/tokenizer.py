@@ -55,7 +55,7 @@ class Tokenizer:
         if self.eos_token and self.hf.token_to_id(self.eos_token) is not None:
             self.eos_token_ids.add(self.hf.token_to_id(self.eos_token))
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
-        self._template = None
+        self._template = self._compiled_from = None
         self._template_source = where / ("chat_template.jinja" if template is not None else "tokenizer_config.json")
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise CheckpointError(f"{self._template_source}: chat_template must be a string")

@@ -16,7 +16,7 @@ from .errors import APIError, BadRequest, error_body
 from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from .prepare import ChatInput, prepare_chat
 from .request_limits import client_input
-from .server_state import collect, parse_body, state, until_disconnected, with_keepalive
+from .server_state import collect, json_body, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()
 
@@ -196,7 +196,7 @@ def _tool_id(call_id: str) -> str:
     return "toolu_" + call_id.removeprefix("call_")
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest))
 async def count_tokens(request: Request):
     st = state(request)
     body = await parse_body(request, CountTokensRequest)
@@ -207,7 +207,7 @@ async def count_tokens(request: Request):
     return {"input_tokens": await asyncio.to_thread(st.svc.count_prompt, prompt)}
 
 
-@router.post("/v1/messages")
+@router.post("/v1/messages", openapi_extra=json_body(MessagesRequest))
 async def messages(request: Request):
     st = state(request)
     body = await parse_body(request, MessagesRequest)

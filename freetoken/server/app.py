@@ -103,7 +103,6 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         return await api_error(request, APIError(f"internal error: {type(exc).__name__}: {exc}",
                                                  status=500))
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         loop = svc.loop
         body = {"status": "ok", "model": settings.model_names[0], "running": loop.n_running,
@@ -128,9 +127,12 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
             raise NotFound("this engine has no memory plan")
         return JSONResponse(plan.to_json())
 
-    @app.api_route("/api/hello", methods=["GET", "HEAD"])
     async def hello():
         return Response(status_code=200)
+
+    for path, fn in (("/health", health), ("/api/hello", hello)):
+        app.add_api_route(path, fn, methods=["GET"])
+        app.add_api_route(path, fn, methods=["HEAD"], operation_id=f"{fn.__name__}_head")
 
     @app.get("/metrics")
     async def metrics():

@@ -14,7 +14,7 @@ from .errors import APIError, BadRequest, error_body
 from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
 from .prepare import ChatInput, prepare_chat, prepare_text
 from .request_limits import client_input
-from .server_state import collect, parse_body, state, until_disconnected, with_keepalive
+from .server_state import collect, json_body, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()
 
@@ -210,7 +210,7 @@ async def _parse(request: Request, model: type[_SamplingFields]):
     return st, body
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request):
     st, body = await _parse(request, ChatCompletionRequest)
     if body.logprobs:
@@ -290,7 +290,7 @@ async def _chat_stream(gen, cid, created, model, include_usage):
     yield sse.DONE
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
 async def completions(request: Request):
     st, body = await _parse(request, CompletionRequest)
     prompt = body.prompt

@@ -17,7 +17,7 @@ from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd,
 from .openai_api import content_text
 from .prepare import ChatInput, prepare_chat
 from .request_limits import client_input
-from .server_state import parse_body, state, until_disconnected, with_keepalive
+from .server_state import json_body, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()
 
@@ -230,7 +230,7 @@ def _chat_input(body: ResponsesRequest) -> ChatInput:
                      response_format=_format(body.text), template_kwargs=kwargs)
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", openapi_extra=json_body(ResponsesRequest))
 async def responses(request: Request):
     st = state(request)
     body = await parse_body(request, ResponsesRequest)
