@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 SCRIPT = re.compile(r"script req=(\S+) kind=(\w+) round=(\d+)")
-DONE = re.compile(r"req=(\S+) \w+ prompt=(\d+) completion=(\d+) ttft=([\d.]+)s .*finish=(\w+)")
+DONE = re.compile(r"req=(\S+) \w+ prompt=(\d+) (?:cached=\d+ )?completion=(\d+) ttft=([\d.]+)s .*finish=(\w+)")
 CACHED = re.compile(r"cached=(\d+)")
 OVERFLOW = re.compile(r"-> 400 (.*(?:maximum context length|prompt is too long).*)")
 

@@ -131,8 +131,9 @@ class Generation:
         m.prompt_tokens.inc(prompt_tokens)
         m.generation_tokens.inc(completion)
         m.requests.labels(req.endpoint, reason).inc()
-        log.info("req=%s %s prompt=%d completion=%d ttft=%.3fs decode=%.1f tok/s finish=%s",
-                 self.request_id, req.endpoint, prompt_tokens, completion, ttft, tps, reason)
+        log.info("req=%s %s prompt=%d cached=%d completion=%d ttft=%.3fs decode=%.1f tok/s finish=%s",
+                 self.request_id, req.endpoint, prompt_tokens, out.num_cached_tokens, completion,
+                 ttft, tps, reason)
         return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq, cached_tokens=out.num_cached_tokens,
                     context_full=reason == "length" and req.window_limited)
 
