@@ -20,8 +20,9 @@ class EngineConfig:
     model: str
     dtype: str = "bfloat16"
     device: str = "auto"                  # "auto" -> cuda when present, else cpu
-    # Dense layers and activations: "auto" = dtype, except bf16/fp16 on a CPU without native
-    # half-precision matmul, where they compute in float32 (experts stay in `dtype`).
+    # Activations: "auto" = float32 on the CPU with the C kernels (they read bf16 weights and KV in
+    # place), prefill GEMMs in native bf16 where a calibration measures it faster; elsewhere `dtype`.
+    # An explicit dtype holds everywhere. See freetoken/kernels/choices.py.
     compute_dtype: str = "auto"
     max_model_len: int | None = None       # default: min(config max positions, 32768)
     max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
@@ -44,6 +45,7 @@ class EngineConfig:
     dense_format: str | None = None
     bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
     record_routing: str | None = None      # write every step's routing to this JSONL file
+    verify_weights: bool = True            # FTW files: check every tensor's checksum while reading
     seed: int = 0
 
     def __post_init__(self):

@@ -9,6 +9,7 @@ import torch
 
 from ..config import EngineConfig
 from ..errors import InvalidRequestError, PromptTooLongError
+from ..layers.attention import kv_values_per_token
 from ..models.loader import load_model
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
@@ -39,13 +40,15 @@ class StepOutput:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
+        from ..memory.plan import resolve_memory
+        cfg, self.memory_plan = resolve_memory(cfg)     # sizes that cannot fit are reduced here
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.model, self.max_model_len = load_model(cfg)
         self.tokenizer = Tokenizer(cfg.model)
         bs = cfg.kv_block_size
-        per_token = sum(2 * h * d for _, h, d in self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
+        per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
         want_tokens = cfg.max_num_seqs * self.max_model_len
         budget_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else 4.0
         tokens = min(want_tokens, int(budget_gib * (1 << 30) / max(per_token, 1)))

@@ -17,7 +17,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = model.device
         slots = num_blocks * block_size
-        self.kv = {i: KVCache(slots, h, d, model.kv_dtype, model.device) for i, h, d in model.kv_layers()}
+        # kv_layers(): (layer, kv heads, head dim) or (layer, 1, row size, False) for a latent
+        # cache that keeps one row per token and no values (MLA)
+        self.kv = {i: KVCache(slots, h, d, model.kv_dtype, model.device, *rest) for i, h, d, *rest in model.kv_layers()}
         self._arange = torch.arange(block_size)
         # the CPU kernels' pool of a pure-CPU model (None on CUDA): decode attention runs there
         self.kernel_pool = model.linear.pool

@@ -227,6 +227,10 @@ class PrefixCache:
     # --- insertion -----------------------------------------------------------------------
     def _publish(self, seq: Sequence, nblocks: int) -> None:
         """Insert the sequence's full blocks [len(tree_path), nblocks) under its path."""
+        if nblocks <= len(seq.tree_path):
+            if seq.pending_checkpoints:
+                self._attach_checkpoints(seq)
+            return
         tokens, bs = seq.all_ids, self.bs
         parent = seq.tree_path[-1] if seq.tree_path else self.root
         for i in range(len(seq.tree_path), nblocks):
@@ -270,7 +274,7 @@ class PrefixCache:
 
     def _attach_checkpoints(self, seq: Sequence) -> None:
         """Hang pending snapshots on the path nodes that now hold their last token."""
-        path = seq.tree_path
+        path, added = seq.tree_path, False
         for pos in sorted(seq.pending_checkpoints):
             idx = (pos - 1) // self.bs
             if idx >= len(path) or path[idx].end < pos:
@@ -281,8 +285,10 @@ class PrefixCache:
                 node.checkpoints[pos] = Checkpoint(pos, snap, snap.nbytes, next(self._tick))
                 self.checkpoint_bytes += snap.nbytes
                 self.num_checkpoints += 1
-        self._trim_path(path)
-        self._trim_budget()
+                added = True
+        if added:
+            self._trim_path(path)
+            self._trim_budget()
 
     # --- checkpoint budget ---------------------------------------------------------------
     def _drop_checkpoint(self, node: Node, pos: int) -> None:

@@ -63,6 +63,7 @@ class Generation:
         try:
             while True:
                 out = await self.job.outputs.get()
+                self.job.last_read = time.monotonic()
                 if isinstance(out, Exception):
                     self.finished = self.accounted = True
                     if type(out).__name__ == "PromptTooLongError":
@@ -142,7 +143,8 @@ class GenerationService:
     def __init__(self, engine, *, model_name: str, architecture: str | None = None,
                  max_running: int = 16, max_waiting: int = 256, max_tokens_cap: int | None = None,
                  strict_max_tokens: bool = False, metrics: Metrics | None = None,
-                 params_cls=None, sampling_defaults: dict | None = None):
+                 params_cls=None, sampling_defaults: dict | None = None,
+                 stall_timeout: float = 30.0):
         if params_cls is None:
             from freetoken import SamplingParams as params_cls
         self.params_cls = params_cls
@@ -159,7 +161,7 @@ class GenerationService:
         self.strict_max_tokens = strict_max_tokens
         self.eos_ids = set(getattr(self.tokenizer, "eos_token_ids", ()) or ())
         self.metrics = metrics or Metrics()
-        self.loop = EngineLoop(engine, max_running, max_waiting, self.metrics)
+        self.loop = EngineLoop(engine, max_running, max_waiting, self.metrics, stall_timeout)
         self._grammar_tokenizer = None
         self._grammar_lock = threading.Lock()
 

@@ -30,6 +30,7 @@ NPM_PACKAGE = {"claude": "@anthropic-ai/claude-code", "opencode": "opencode-ai",
                "openclaw": "openclaw"}
 ASSUMED_CONTEXT = 32768     # --dry-run without a server only
 MAX_AGENT_OUTPUT = 8192     # a reply budget that leaves most of the window to the history
+CLAUDE_MIN_COMPACT_WINDOW = 100_000   # Claude Code raises a smaller auto-compact window to this
 
 
 class LaunchError(Exception):
@@ -87,10 +88,11 @@ def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
                    ANTHROPIC_DEFAULT_OPUS_MODEL=model, ANTHROPIC_DEFAULT_SONNET_MODEL=model,
                    ANTHROPIC_DEFAULT_HAIKU_MODEL=model, ANTHROPIC_SMALL_FAST_MODEL=model,
                    # the window of a model id Claude Code does not know (else it assumes 1M
-                   # and never compacts), the window it compacts at, and its reply budget
+                   # and never compacts) and its reply budget
                    CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(context),
-                   CLAUDE_CODE_AUTO_COMPACT_WINDOW=str(context),
                    CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(output))
+        if context >= CLAUDE_MIN_COMPACT_WINDOW:    # below, Claude Code ignores it with a warning
+            env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(context)
         files[settings] = json.dumps({"env": env, "model": model}, indent=2) + "\n"
         cmd = ["claude", "--settings", str(settings), *agent_args]
     elif agent == "opencode":
@@ -153,6 +155,11 @@ def launch(args) -> int:
               f"(model {limits.model}, context {limits.context}, output {limits.output}), not the "
               f"server's.", file=sys.stderr)
         print("# WARNING: no server answered; model, context and output below are assumptions")
+    if args.agent == "claude" and limits.context < CLAUDE_MIN_COMPACT_WINDOW:
+        print(f"freetoken launch: note: Claude Code compacts its history on its own only in a "
+              f"window of {CLAUDE_MIN_COMPACT_WINDOW} tokens or more; this server's is "
+              f"{limits.context}. For long sessions serve with --max-model-len "
+              f"{CLAUDE_MIN_COMPACT_WINDOW} or more.", file=sys.stderr)
     cfg_dir = Path(args.config_dir or Path.home() / ".config" / "freetoken" / "agents")
     agent_args = [a for a in args.agent_args if a != "--"]
     env, files, cmd = plan(args.agent, args.server, limits, key, cfg_dir, agent_args)

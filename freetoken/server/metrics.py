@@ -70,6 +70,8 @@ class Metrics:
         self.client_disconnects = Counter("freetoken_client_disconnects",
                                           "Clients that left before their reply was sent",
                                           registry=r)
+        self.stalled = Counter("freetoken_stalled_clients", "Requests aborted because their client "
+                               "stopped reading (serve --stall-timeout)", registry=r)
         self.kv_blocks_total = Gauge("freetoken_kv_blocks_total", "KV cache blocks (usable)",
                                      registry=r)
         self.kv_blocks_in_use = Gauge("freetoken_kv_blocks_in_use", "KV cache blocks held by requests",

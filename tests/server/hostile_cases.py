@@ -53,6 +53,9 @@ CASES: list[tuple[str, str, object]] = [
         "schema": {"$ref": "#/nowhere"}}})),
     ("response_format-huge-regex", OA, _oa(response_format={"type": "json_schema", "json_schema": {
         "schema": {"type": "string", "pattern": "(a|aa)*" * 200 + "[" * 50}}})),
+    ("response_format-8000-anyOf", OA, _oa(response_format={"type": "json_schema", "json_schema": {
+        "schema": {"anyOf": [{"type": "object", "properties": {f"k{i}": {"const": i}}, "required": [f"k{i}"]}
+                             for i in range(8000)]}}})),
     ("tool-invalid-schema-forced", OA, _oa(tools=BAD_SCHEMA_TOOL, tool_choice="required")),
     ("tool-unknown-forced", OA, _oa(tools=BAD_SCHEMA_TOOL, tool_choice={"type": "function",
                                                                          "function": {"name": "nope"}})),

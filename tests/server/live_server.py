@@ -19,14 +19,18 @@ MODEL_NAMES = ["capture-model", "capture-reasoner"]   # the ids the captured cli
 
 
 class LiveServer:
-    def __init__(self, app):
+    def __init__(self, app, make_server=None):
+        """make_server(config kwargs) -> a uvicorn.Server; default a plain one."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                                    timeout_graceful_shutdown=2))
+        if make_server is None:
+            self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                                        timeout_graceful_shutdown=2))
+        else:
+            self.server = make_server(dict(log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60

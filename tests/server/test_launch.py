@@ -67,7 +67,8 @@ def test_launch_passes_the_servers_limits(keyed, agent, tmp_path):
     # the cap (512) is below a quarter of the window (1024): agents are told the cap
     if agent == "claude":
         assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "4096"
-        assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "4096"
+        assert "CLAUDE_CODE_AUTO_COMPACT_WINDOW" not in env    # Claude Code's floor is 100k
+        assert "compacts its history on its own only in a window of 100000" in r.stderr
         assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "512"
         assert env["ANTHROPIC_BASE_URL"] == keyed and env["ANTHROPIC_AUTH_TOKEN"] == "sekret"
     elif agent == "opencode":
@@ -79,6 +80,12 @@ def test_launch_passes_the_servers_limits(keyed, agent, tmp_path):
         conf = json.loads(Path(env["OPENCLAW_CONFIG_PATH"]).read_text())
         row = conf["models"]["providers"]["freetoken"]["models"][0]
         assert (row["contextWindow"], row["maxTokens"]) == (4096, 512)
+
+
+def test_claude_gets_its_compact_window_from_100k(tmp_path):
+    from freetoken.server.launch import Limits, plan
+    env, _, _ = plan("claude", "http://127.0.0.1:1", Limits("m", 131072, 8192), "k", tmp_path, [])
+    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "131072"
 
 
 def test_an_older_key_file_becomes_private(keyed, tmp_path):

@@ -122,3 +122,27 @@ def test_health_reports_engine_failures_and_recovers(server):
     assert metric(url, "freetoken_engine_step_failures_total") >= 1
     assert httpx.post(url + OA, json=body(max_tokens=3), timeout=30).status_code == 200
     assert httpx.get(url + "/health").json()["status"] == "ok"
+
+
+def test_client_that_stops_reading_is_aborted_and_others_keep_going():
+    engine = FakeEngine(chars_per_step=4000, step_delay=0.002, max_model_len=1 << 27)
+    engine.default = "z" * 40_000_000      # 10,000 steps, 40 MB: more than any socket buffers
+    engine, svc, app = make_fake(engine, stall_timeout=0.5)
+    srv = LiveServer(app)
+    try:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", srv.port))
+        req = json.dumps(body("stall", stream=True, max_tokens=50_000_000)).encode()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(req), req))     # ...and never read
+        deadline = time.monotonic() + 30
+        while not engine.aborted:
+            assert time.monotonic() < deadline and not engine.finished, "the stalled request kept generating"
+            time.sleep(0.05)
+        assert metric(srv.url, "freetoken_stalled_clients_total") == 1
+        r = httpx.post(srv.url + OA, json=body(max_tokens=5, stream=True), timeout=30)
+        assert r.status_code == 200 and r.text.rstrip().endswith("[DONE]")
+        s.close()
+    finally:
+        srv.stop()
