@@ -3,7 +3,8 @@ KV blocks, per-sequence states, activations) from the model's sizes, the options
 memory the machine has free. Asked-for sizes that cannot fit are reduced in this order, one
 warning line each, and boot goes on:
 
-  1. expert cache slots   (speed only: misses are filled or run on the CPU)
+  1. expert cache slots   (speed only: misses are filled or run on the CPU), then the
+     state-checkpoint budget of hybrid models (prefix reuse: speed only)
   2. KV pool              (down to one sequence of max_model_len tokens)
   3. prefill chunk        (max_num_batched_tokens, halved down to 256: activations)
   4. max_model_len        (down to what the remaining KV pool holds)
@@ -11,7 +12,7 @@ warning line each, and boot goes on:
 Weights themselves are never reduced: when they alone do not fit, the plan says so (one
 warning) and boots anyway. `resolve_memory(cfg)` returns the options with the planned sizes
 written in (max_model_len, kv_cache_gib, expert_cache_slots, max_num_batched_tokens,
-moe_backend), so the engine sizes everything from one decision."""
+moe_backend, state_cache_gib), so the engine sizes everything from one decision."""
 from __future__ import annotations
 
 import dataclasses
@@ -237,9 +238,16 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         warn(f"{compute}: the weights alone need {fixed / GiB:.2f} GiB but {budget / GiB:.2f} GiB is free; "
              "booting with minimum sizes (expect swapping or an OOM kill)")
     act = activation_bytes(s, cfg, chunk, max_len, dev)
+    # prefix cache of hybrid models: state snapshots, in host memory
+    ckpt = int(cfg.state_cache_gib * GiB) if states and cfg.prefix_cache else 0
+    if compute != "host" and ckpt and pool + ckpt > host_avail:
+        new = max(0, host_avail - pool)
+        warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit in host memory; reduced to {new / GiB:.2f} GiB")
+        ckpt = new
 
     def over() -> int:
-        return cache + kv_blocks(kv_tokens) * bs * per_tok + states + act - max(0, room)
+        host_ckpt = ckpt if compute == "host" else 0
+        return cache + host_ckpt + kv_blocks(kv_tokens) * bs * per_tok + states + act - max(0, room)
 
     # 1. expert cache slots
     if over() > 0 and cache:
@@ -253,6 +261,11 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
             warn(f"expert cache: {slots} slots ({cache / GiB:.2f} GiB) do not fit; reduced to {new} slots "
                  f"({new * S / GiB:.2f} GiB)")
         slots, cache = new, new * S
+    # 1b. the state-checkpoint budget (prefix reuse for hybrid models: speed only)
+    if over() > 0 and ckpt and compute == "host":
+        new = max(0, ckpt - over())
+        warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit; reduced to {new / GiB:.2f} GiB")
+        ckpt = new
     # 2. KV pool, down to one full-length sequence
     asked_kv = kv_blocks(kv_tokens) * bs * per_tok
     if over() > 0 and kv_tokens > max_len:
@@ -302,6 +315,10 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
                                f"{slots} slots, moe_backend {backend}"))
     if states:
         plan.items.append(Item(compute, "sequence states", states, note=f"recurrent/window state x {cfg.max_num_seqs}"))
+    if ckpt or (states and cfg.prefix_cache):
+        asked = int(cfg.state_cache_gib * GiB)
+        plan.items.append(Item("host", "state checkpoints", ckpt, asked if ckpt < asked else None,
+                               "prefix cache: recurrent-state snapshots (budget)"))
     plan.items.append(Item(compute, "activations", act, note=f"chunk {chunk} tokens, rope tables (estimate)"))
 
     # the engine turns kv_cache_gib back into floor(bytes / per_token) tokens: half a token of slack
@@ -311,6 +328,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         resolved["moe_backend"] = backend
     if backend in ("offload", "hybrid"):
         resolved["expert_cache_slots"] = slots
+    if states and cfg.prefix_cache and ckpt < int(cfg.state_cache_gib * GiB):
+        resolved["state_cache_gib"] = ckpt / GiB
     plan.options = resolved
     return dataclasses.replace(cfg, **resolved), plan
 
