@@ -14,7 +14,7 @@ from ..layers.linear import Linear
 from ..layers.mla import MLA, MLAConfig
 from ..layers.moe import BiasCorrectedMoE
 from ..layers.norm import RMSNorm
-from ..weights.fp8 import dequantize_fp8_block
+from ..weights.fp8 import block_scales, dequantize_fp8_block
 from .decoder import DecoderLayer, MoECausalLM
 
 
@@ -53,7 +53,7 @@ class DeepseekV3ForCausalLM(MoECausalLM):
         for m, i in enumerate(self.moe_layers):
             p = f"model.layers.{i}.mlp.experts"
             for x in range(e):
-                parts = {n: (ck.get(f"{p}.{x}.{n}.weight", s), ck.get_float(f"{p}.{x}.{n}.weight_scale_inv", sc(*s)))
+                parts = {n: (ck.get(f"{p}.{x}.{n}.weight", s), block_scales(ck.get(f"{p}.{x}.{n}.weight_scale_inv", sc(*s))))
                          for n, s in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter)))}
                 if packed:
                     b.put("gate_up", m, x, torch.cat([parts["gate_proj"][0], parts["up_proj"][0]]), torch.float8_e4m3fn)
