@@ -140,6 +140,8 @@ def kv_layer_count(s: ModelShape) -> int:
 
 def kv_bytes_per_token(s: ModelShape, cfg: EngineConfig) -> int:
     b = _dtype_bytes(cfg.dtype)
+    if s.get("model_type") == "deepseek_v4":      # no paged KV: windows and compressed rows are states
+        return 0
     if s.get("kv_lora_rank"):                     # MLA: one latent row per token and layer, no values
         n = s.get("num_hidden_layers")
         row = s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)
@@ -220,7 +222,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
 
     max_pos = int(s.get("max_position_embeddings", default=32768) or 32768)
     max_len = cfg.max_model_len or min(max_pos, 32768)
-    per_tok = max(1, kv_bytes_per_token(s, cfg))
+    kv_tok_bytes = kv_bytes_per_token(s, cfg)
+    per_tok = max(1, kv_tok_bytes)                    # tokens per byte of budget, as the engine counts
     bs = cfg.kv_block_size
     kv_blocks = lambda tokens: -(-tokens // bs) + 1  # noqa: E731  (+1: the null block)
     states = state_bytes_per_seq(s, cfg) * cfg.max_num_seqs
@@ -247,7 +250,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
 
     def over() -> int:
         host_ckpt = ckpt if compute == "host" else 0
-        return cache + host_ckpt + kv_blocks(kv_tokens) * bs * per_tok + states + act - max(0, room)
+        return cache + host_ckpt + kv_blocks(kv_tokens) * bs * kv_tok_bytes + states + act - max(0, room)
 
     # 1. expert cache slots
     if over() > 0 and cache:
@@ -267,11 +270,11 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit; reduced to {new / GiB:.2f} GiB")
         ckpt = new
     # 2. KV pool, down to one full-length sequence
-    asked_kv = kv_blocks(kv_tokens) * bs * per_tok
-    if over() > 0 and kv_tokens > max_len:
+    asked_kv = kv_blocks(kv_tokens) * bs * kv_tok_bytes
+    if over() > 0 and kv_tokens > max_len and kv_tok_bytes:
         new_tokens = max(max_len, kv_tokens - -(-over() // per_tok))
         warn(f"KV cache: {kv_tokens} tokens ({asked_kv / GiB:.2f} GiB) do not fit; reduced to {new_tokens} tokens "
-             f"({kv_blocks(new_tokens) * bs * per_tok / GiB:.2f} GiB)")
+             f"({kv_blocks(new_tokens) * bs * kv_tok_bytes / GiB:.2f} GiB)")
         kv_tokens = new_tokens
     # 3. prefill chunk
     if over() > 0 and chunk > MIN_CHUNK:
@@ -288,10 +291,10 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         max_len, kv_tokens = new_len, max(kv_tokens, new_len)
         chunk = min(chunk, max_len)
         act = activation_bytes(s, cfg, chunk, max_len, dev)
-    elif over() > 0 and kv_tokens > 2 * bs:
+    elif over() > 0 and kv_tokens > 2 * bs and kv_tok_bytes:
         def fits(n: int) -> bool:
             a = activation_bytes(s, cfg, min(chunk, n), n, dev)
-            return cache + kv_blocks(n) * bs * per_tok + states + a <= max(0, room)
+            return cache + kv_blocks(n) * bs * kv_tok_bytes + states + a <= max(0, room)
         lo, hi = 2 * bs, min(max_len, kv_tokens)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -303,7 +306,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     if over() > 0 and room >= 0:
         warn(f"{compute}: even at minimum sizes the plan needs {over() / GiB:.2f} GiB more than is free; "
              "booting anyway")
-    kv = kv_blocks(kv_tokens) * bs * per_tok
+    kv = kv_blocks(kv_tokens) * bs * kv_tok_bytes
     if kv_tokens < want_tokens and cfg.kv_cache_gib is None and kv_tokens == int(kv_gib * GiB / per_tok):
         kv_note = f"{kv_tokens} tokens (default cap {DEFAULT_KV_GIB:g} GiB)"
     else:
