@@ -13,7 +13,7 @@ from .experts.formats import FORMAT_NAMES
 
 # Subcommands that live with their subsystem: module with register(subparsers).
 _PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli",
-            "freetoken.weights.convert_cli", "freetoken.memory.plan_cli"]
+            "freetoken.weights.convert_cli", "freetoken.memory.plan_cli", "freetoken.memory.check_cli"]
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:

@@ -76,6 +76,16 @@ class Tokenizer:
             raise CheckpointError(f"{self._template_source}: the chat template does not compile "
                                   f"(line {e.lineno}: {e.message})") from None
 
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, text: str | None) -> None:
+        """Replacing the template (tests, --chat-template) drops the compiled one."""
+        self._chat_template = text
+        self._template = None
+
     def _token_str(self, key: str) -> str | None:
         t = self.config.get(key)
         return t.get("content") if isinstance(t, dict) else t

@@ -3,7 +3,8 @@ KV blocks, per-sequence states, activations) from the model's sizes, the options
 memory the machine has free. Asked-for sizes that cannot fit are reduced in this order, one
 warning line each, and boot goes on:
 
-  1. expert cache slots   (speed only: misses are filled or run on the CPU)
+  1. expert cache slots   (speed only: misses are filled or run on the CPU), then the
+     state-checkpoint budget of hybrid models (prefix reuse: speed only)
   2. KV pool              (down to one sequence of max_model_len tokens)
   3. prefill chunk        (max_num_batched_tokens, halved down to 256: activations)
   4. max_model_len        (down to what the remaining KV pool holds)
@@ -11,7 +12,7 @@ warning line each, and boot goes on:
 Weights themselves are never reduced: when they alone do not fit, the plan says so (one
 warning) and boots anyway. `resolve_memory(cfg)` returns the options with the planned sizes
 written in (max_model_len, kv_cache_gib, expert_cache_slots, max_num_batched_tokens,
-moe_backend), so the engine sizes everything from one decision."""
+moe_backend, state_cache_gib), so the engine sizes everything from one decision."""
 from __future__ import annotations
 
 import dataclasses
@@ -139,6 +140,8 @@ def kv_layer_count(s: ModelShape) -> int:
 
 def kv_bytes_per_token(s: ModelShape, cfg: EngineConfig) -> int:
     b = _dtype_bytes(cfg.dtype)
+    if s.get("model_type") == "deepseek_v4":      # no paged KV: windows and compressed rows are states
+        return 0
     if s.get("kv_lora_rank"):                     # MLA: one latent row per token and layer, no values
         n = s.get("num_hidden_layers")
         row = s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)
@@ -219,7 +222,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
 
     max_pos = int(s.get("max_position_embeddings", default=32768) or 32768)
     max_len = cfg.max_model_len or min(max_pos, 32768)
-    per_tok = max(1, kv_bytes_per_token(s, cfg))
+    kv_tok_bytes = kv_bytes_per_token(s, cfg)
+    per_tok = max(1, kv_tok_bytes)                    # tokens per byte of budget, as the engine counts
     bs = cfg.kv_block_size
     kv_blocks = lambda tokens: -(-tokens // bs) + 1  # noqa: E731  (+1: the null block)
     states = state_bytes_per_seq(s, cfg) * cfg.max_num_seqs
@@ -237,9 +241,16 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         warn(f"{compute}: the weights alone need {fixed / GiB:.2f} GiB but {budget / GiB:.2f} GiB is free; "
              "booting with minimum sizes (expect swapping or an OOM kill)")
     act = activation_bytes(s, cfg, chunk, max_len, dev)
+    # prefix cache of hybrid models: state snapshots, in host memory
+    ckpt = int(cfg.state_cache_gib * GiB) if states and cfg.prefix_cache else 0
+    if compute != "host" and ckpt and pool + ckpt > host_avail:
+        new = max(0, host_avail - pool)
+        warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit in host memory; reduced to {new / GiB:.2f} GiB")
+        ckpt = new
 
     def over() -> int:
-        return cache + kv_blocks(kv_tokens) * bs * per_tok + states + act - max(0, room)
+        host_ckpt = ckpt if compute == "host" else 0
+        return cache + host_ckpt + kv_blocks(kv_tokens) * bs * kv_tok_bytes + states + act - max(0, room)
 
     # 1. expert cache slots
     if over() > 0 and cache:
@@ -253,12 +264,17 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
             warn(f"expert cache: {slots} slots ({cache / GiB:.2f} GiB) do not fit; reduced to {new} slots "
                  f"({new * S / GiB:.2f} GiB)")
         slots, cache = new, new * S
+    # 1b. the state-checkpoint budget (prefix reuse for hybrid models: speed only)
+    if over() > 0 and ckpt and compute == "host":
+        new = max(0, ckpt - over())
+        warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit; reduced to {new / GiB:.2f} GiB")
+        ckpt = new
     # 2. KV pool, down to one full-length sequence
-    asked_kv = kv_blocks(kv_tokens) * bs * per_tok
-    if over() > 0 and kv_tokens > max_len:
+    asked_kv = kv_blocks(kv_tokens) * bs * kv_tok_bytes
+    if over() > 0 and kv_tokens > max_len and kv_tok_bytes:
         new_tokens = max(max_len, kv_tokens - -(-over() // per_tok))
         warn(f"KV cache: {kv_tokens} tokens ({asked_kv / GiB:.2f} GiB) do not fit; reduced to {new_tokens} tokens "
-             f"({kv_blocks(new_tokens) * bs * per_tok / GiB:.2f} GiB)")
+             f"({kv_blocks(new_tokens) * bs * kv_tok_bytes / GiB:.2f} GiB)")
         kv_tokens = new_tokens
     # 3. prefill chunk
     if over() > 0 and chunk > MIN_CHUNK:
@@ -275,10 +291,10 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         max_len, kv_tokens = new_len, max(kv_tokens, new_len)
         chunk = min(chunk, max_len)
         act = activation_bytes(s, cfg, chunk, max_len, dev)
-    elif over() > 0 and kv_tokens > 2 * bs:
+    elif over() > 0 and kv_tokens > 2 * bs and kv_tok_bytes:
         def fits(n: int) -> bool:
             a = activation_bytes(s, cfg, min(chunk, n), n, dev)
-            return cache + kv_blocks(n) * bs * per_tok + states + a <= max(0, room)
+            return cache + kv_blocks(n) * bs * kv_tok_bytes + states + a <= max(0, room)
         lo, hi = 2 * bs, min(max_len, kv_tokens)
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -290,7 +306,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     if over() > 0 and room >= 0:
         warn(f"{compute}: even at minimum sizes the plan needs {over() / GiB:.2f} GiB more than is free; "
              "booting anyway")
-    kv = kv_blocks(kv_tokens) * bs * per_tok
+    kv = kv_blocks(kv_tokens) * bs * kv_tok_bytes
     if kv_tokens < want_tokens and cfg.kv_cache_gib is None and kv_tokens == int(kv_gib * GiB / per_tok):
         kv_note = f"{kv_tokens} tokens (default cap {DEFAULT_KV_GIB:g} GiB)"
     else:
@@ -302,6 +318,10 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
                                f"{slots} slots, moe_backend {backend}"))
     if states:
         plan.items.append(Item(compute, "sequence states", states, note=f"recurrent/window state x {cfg.max_num_seqs}"))
+    if ckpt or (states and cfg.prefix_cache):
+        asked = int(cfg.state_cache_gib * GiB)
+        plan.items.append(Item("host", "state checkpoints", ckpt, asked if ckpt < asked else None,
+                               "prefix cache: recurrent-state snapshots (budget)"))
     plan.items.append(Item(compute, "activations", act, note=f"chunk {chunk} tokens, rope tables (estimate)"))
 
     # the engine turns kv_cache_gib back into floor(bytes / per_token) tokens: half a token of slack
@@ -311,6 +331,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         resolved["moe_backend"] = backend
     if backend in ("offload", "hybrid"):
         resolved["expert_cache_slots"] = slots
+    if states and cfg.prefix_cache and ckpt < int(cfg.state_cache_gib * GiB):
+        resolved["state_cache_gib"] = ckpt / GiB
     plan.options = resolved
     return dataclasses.replace(cfg, **resolved), plan
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from ..errors import CheckpointError
-from ..experts.factory import build_experts
 from ..experts.pool import ExpertSpec, PoolBuilder, requantize
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
@@ -164,7 +163,7 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         return SequenceState(parts)
 
     # --- loading ---------------------------------------------------------------------------
-    def _load_experts(self, ck):
+    def build_pool(self, ck):
         """Float experts, or FP4 as V4-Flash ships them: `w1/w2/w3.weight` int8 [out, in/2] (two
         e2m1 per byte, low nibble first) with one UE8M0 scale per 32 inputs in `weight_scale_inv`
         [out, in/32] -- byte for byte the MXFP4 banks, so they stay packed."""
@@ -191,10 +190,8 @@ class DeepseekV4ForCausalLM(MoECausalLM):
                      for n, s in (("w1", (inter, h)), ("w3", (inter, h)), ("w2", (h, inter)))}
                 b.put("gate_up", i, x, torch.cat([w["w1"], w["w3"]]), dt)
                 b.put("down", i, x, w["w2"], dt)
-        self.pool = b.build()
-        if self.cfg.expert_format and not fp4:
-            self.pool = requantize(self.pool, self.cfg.expert_format)
-        return build_experts(self.pool, self.cfg, self.device)
+        pool = b.build()
+        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format and not fp4 else pool
 
     def _load_layer(self, ck, get, i: int) -> V4Layer:
         p, h, e = f"layers.{i}", self.hidden, self.num_experts()

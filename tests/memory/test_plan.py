@@ -16,7 +16,7 @@ from freetoken.memory.plan import expert_nbytes, expert_format, make_plan, state
 from freetoken.memory.probe import GiB, MachineMemory, cgroup_room, probe
 from freetoken.weights.ftw_writer import convert
 
-ORDER = ["expert cache", "KV cache", "prefill chunk", "max_model_len"]
+ORDER = ["expert cache", "state checkpoints", "KV cache", "prefill chunk", "max_model_len"]
 
 
 def machine(free_gib: float, total_gib: float = 4.0, device_free_gib: float | None = None) -> MachineMemory:
@@ -82,6 +82,16 @@ def test_reductions_in_stated_order_and_fit(tiny_dir, free_mib, kv_gib, max_len,
     kv = next(i for i in plan.items if i.name == "KV cache")
     per_tok = plan_mod.kv_bytes_per_token(read_model_shape(src), cfg)
     assert kv.nbytes // per_tok >= resolved.max_model_len                  # one full-length sequence fits
+
+
+def test_state_checkpoints_reduced_before_kv(tiny_dir):
+    src = tiny_dir("qwen3_next")
+    cfg = EngineConfig(model=str(src), dtype="float32", state_cache_gib=64.0, kv_cache_gib=64.0,
+                       max_model_len=10**6)
+    resolved, plan = make_plan(cfg, read_model_shape(src), machine(1.0, 4))
+    assert plan.warnings[0].startswith("state checkpoints") and resolved.state_cache_gib < 64
+    assert [w.split(":")[0] for w in plan.warnings][:2] == ["state checkpoints", "KV cache"]
+    assert _fits(plan, "host")
 
 
 def test_cuda_plan_auto_resident_or_hybrid(tiny_dir):

@@ -25,6 +25,7 @@ CASES = [
     ("olmoe", None, "bfloat16"), ("qwen3_next", None, "float32"), ("qwen3_5_moe", "int8", "float32"),
     ("gpt_oss", None, "float32"), ("gpt_oss_mxfp4", None, "float32"), ("glm4_moe", "int8", "float32"),
     ("deepseek_v3", None, "float32"), ("deepseek_v32", "mxfp4", "float32"), ("glm_moe_dsa", None, "bfloat16"),
+    ("deepseek_v4", "int8", "float32"), ("deepseek_v4_fp4", None, "float32"),
 ]
 
 
