@@ -189,6 +189,16 @@ class MoECausalLM:
 
     # --- loading -------------------------------------------------------------------------
     def _load_experts(self, ck: Checkpoint):
+        """The expert pool in its final layout: prebuilt by an FTW file, else built here from the
+        checkpoint's tensors (`reading("experts")` lets `freetoken convert` tell them apart)."""
+        pool = ck.prebuilt_experts()
+        if pool is None:
+            with ck.reading("experts"):
+                pool = self.build_pool(ck)
+        self.pool = pool
+        return build_experts(pool, self.cfg, self.device)
+
+    def build_pool(self, ck: Checkpoint):
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
         b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         g, u, d = self.arch.expert_names
@@ -205,10 +215,7 @@ class MoECausalLM:
                 b.put("gate_up", m, x, torch.cat([gate, up]), dt)
                 b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
         pool = b.build()
-        if self.cfg.expert_format:
-            pool = requantize(pool, self.cfg.expert_format)
-        self.pool = pool
-        return build_experts(pool, self.cfg, self.device)
+        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool
 
     def _load_mlp(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.mlp"
