@@ -69,6 +69,7 @@ ARCHS = {
         indexer_types=["full" if i % 2 == 0 else "shared" for i in range(L)])),
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
+ARCHS["glm4_moe_nvfp4"] = ARCHS["glm4_moe"]    # same model, routed experts as ModelOpt NVFP4
 ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks
 
 
@@ -120,6 +121,9 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     model = transformers.AutoModelForCausalLM.from_config(config)
     randomize_selection_biases(model)
     model.to(getattr(torch, dtype)).save_pretrained(out)
+    if arch.endswith("_nvfp4"):
+        from .weights.modelopt import quantize_checkpoint
+        quantize_checkpoint(out, lambda name: ".experts." in name)
     if arch.endswith("_mxfp4"):
         from .models.gpt_oss import quantize_checkpoint_experts
         quantize_checkpoint_experts(out)

@@ -82,6 +82,9 @@ class Checkpoint:
         return t
 
     def get_float(self, name: str, shape=None, dtype=torch.float32) -> torch.Tensor:
+        from . import modelopt
+        if shape is not None and len(shape) == 2 and None not in shape and modelopt.is_nvfp4(self, name):
+            return modelopt.dequantize(self, name, shape, dtype)     # NVFP4 dense linears: float once at load
         t = self.get(name, shape)
         if not t.is_floating_point():
             raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")
