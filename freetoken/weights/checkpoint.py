@@ -86,6 +86,9 @@ class Checkpoint:
         if shape is not None and len(shape) == 2 and None not in shape and modelopt.is_nvfp4(self, name):
             return modelopt.dequantize(self, name, shape, dtype)     # NVFP4 dense linears: float once at load
         t = self.get(name, shape)
+        if t.dtype == torch.float8_e4m3fn and self.has(f"{name}_scale_inv"):   # FP8 128x128 blocks: never the raw e4m3
+            from .fp8 import dequantize_fp8_block
+            return dequantize_fp8_block(t, self.get(f"{name}_scale_inv").float()).to(dtype)
         if not t.is_floating_point():
             raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")
         return t.to(dtype)

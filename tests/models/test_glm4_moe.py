@@ -92,3 +92,19 @@ def test_glm4_7_flash_lite_matches_transformers(tiny_dir, tmp_path, kw):
     assert_logits_close(LLM(str(d), dtype="float32").score(ids), reference_logits(d, ids))
     if not kw:
         check_incremental_equals_full(d)
+
+
+def test_fp8_checkpoint_matches_transformers(tiny_dir, tmp_path):
+    """GLM-4.5-FP8 style (e4m3 weights, 128x128 block scales): every FP8 tensor is read with its
+    scales, never as raw e4m3 values."""
+    import shutil
+
+    from freetoken.weights.fp8 import quantize_checkpoint_fp8
+    from test_deepseek_v3 import dequantized_copy
+
+    d = tmp_path / "fp8"
+    shutil.copytree(tiny(tiny_dir), d)
+    quantize_checkpoint_fp8(d)
+    ids = ids_for(30)
+    ref = reference_logits(dequantized_copy(d, tmp_path / "deq"), ids)
+    assert_logits_close(LLM(str(d), dtype="float32").score(ids), ref)
