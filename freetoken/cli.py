@@ -28,13 +28,21 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record-routing", default=None, metavar="FILE", help="record every step's routing (JSONL)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache budget, prefix cache included")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="recompute every prompt from its first token (no KV/state reuse across requests)")
+    p.add_argument("--state-checkpoints", type=int, default=16,
+                   help="hybrid models: state snapshots kept per session for prefix reuse")
+    p.add_argument("--state-cache-gib", type=float, default=2.0, help="hybrid models: all state snapshots together")
 
 
 def engine_options(args) -> dict:
     return dict(dtype=args.dtype, device=args.device, moe_backend=args.moe_backend,
                 expert_cache_slots=args.expert_cache_slots, expert_cache_gib=args.expert_cache_gib,
                 max_model_len=args.max_model_len, num_threads=args.threads, expert_format=args.expert_format,
-                dense_format=args.dense_format, record_routing=args.record_routing)
+                dense_format=args.dense_format, record_routing=args.record_routing, kv_cache_gib=args.kv_cache_gib,
+                prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,
+                state_cache_gib=args.state_cache_gib)
 
 
 def cmd_generate(args) -> int:

@@ -20,8 +20,9 @@ class EngineConfig:
     model: str
     dtype: str = "bfloat16"
     device: str = "auto"                  # "auto" -> cuda when present, else cpu
-    # Dense layers and activations: "auto" = dtype, except bf16/fp16 on a CPU without native
-    # half-precision matmul, where they compute in float32 (experts stay in `dtype`).
+    # Activations: "auto" = float32 on the CPU with the C kernels (they read bf16 weights and KV in
+    # place), prefill GEMMs in native bf16 where a calibration measures it faster; elsewhere `dtype`.
+    # An explicit dtype holds everywhere. See freetoken/kernels/choices.py.
     compute_dtype: str = "auto"
     max_model_len: int | None = None       # default: min(config max positions, 32768)
     max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
@@ -29,6 +30,11 @@ class EngineConfig:
     kv_block_size: int = 16
     kv_cache_gib: float | None = None      # KV budget; default fits max_num_seqs x max_model_len, capped at 4 GiB
     num_threads: int | None = None         # torch CPU threads; default all cores
+    # Prefix cache (engine/prefix_cache.py): finished and running sequences leave their KV
+    # blocks in a radix tree (inside kv_cache_gib); hybrid models also keep state snapshots.
+    prefix_cache: bool = True
+    state_checkpoints: int = 16            # state snapshots kept per session (root-to-leaf path)
+    state_cache_gib: float = 2.0           # all state snapshots together (host memory)
     # Expert memory (see freetoken/experts/).
     moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
     expert_cache_slots: int | None = None
@@ -52,7 +58,9 @@ class EngineConfig:
             raise InvalidRequestError(f"expert_format: expected {'|'.join(FORMAT_NAMES)}, got {self.expert_format!r}")
         if self.dense_format not in (None, "int8"):
             raise InvalidRequestError(f"dense_format: expected int8 or none, got {self.dense_format!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
+        if self.state_cache_gib < 0:
+            raise InvalidRequestError(f"state_cache_gib: expected >= 0, got {self.state_cache_gib}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
 

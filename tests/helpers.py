@@ -7,7 +7,10 @@ from pathlib import Path
 import torch
 
 ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# ../shared/data next to the checkout (found from a git worktree one level deeper too)
+SHARED_DATA = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4]
+                    if (p / "shared" / "data").is_dir()),
+                   Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
 def save_hf_checkpoint(config, out: Path, tokenizer_from: Path, seed: int = 0, max_shard_size=None,

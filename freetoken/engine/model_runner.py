@@ -33,6 +33,16 @@ class ModelRunner:
         table = torch.tensor(seq.block_table, dtype=torch.long)
         return (table[:, None] * self.block_size + self._arange).reshape(-1)[:upto]
 
+    @torch.inference_mode()
+    def copy_rows(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy the first `rows` token rows of block src into block dst in every KV layer
+        (a prefix that ends inside a shared block continues in a private copy)."""
+        bs = self.block_size
+        for src, dst, rows in copies:
+            for c in self.kv.values():
+                c.k[dst * bs:dst * bs + rows] = c.k[src * bs:src * bs + rows]
+                c.v[dst * bs:dst * bs + rows] = c.v[src * bs:src * bs + rows]
+
     def _torch_threads(self, phase: str) -> None:
         """Pure-CPU decode: every heavy op runs in the kernels' pool and torch's remaining ops are
         tiny, so torch gets one thread while decode steps follow each other; with more, its

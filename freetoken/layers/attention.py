@@ -3,8 +3,10 @@
 The runner describes one engine step as `AttentionMetadata`: where each new token's K/V
 is written (`slot_mapping`) and, per sequence in the batch, which cache slots hold its
 keys (`key_slots`, padded with the null slot 0) and which flat tokens are its queries
-(`query_index`, padded with a dummy row). Attention is then one batched SDPA with a
-boolean mask, so prefill chunks and decode tokens of many sequences run in one call.
+(`query_index`, padded with a dummy row). On the CPU, decode steps run the C kernel over the
+cache in place and prefill chunks the blockwise causal attention of `prefill_attention` (no
+mask); elsewhere (CUDA, sliding windows) it is one batched SDPA with a boolean mask, so prefill
+chunks and decode tokens of many sequences run in one call.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
+from . import prefill_attention
 
 _KV_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -98,12 +101,13 @@ def gather_queries(q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
     return q_pad.index_select(0, meta.query_index.reshape(-1)).view(b, qmax, hq, d).transpose(1, 2)
 
 
-def gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata):
+def gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
+           convert: bool = True):
     """Write the step's K/V into the cache, then lay out per-sequence batches:
-    queries [B, Hq, Qmax, D], keys and values [B, Hkv, Kmax, D]."""
+    queries [B, Hq, Qmax, D], keys and values [B, Hkv, Kmax, D] (in q's dtype when `convert`)."""
     cache.write(meta.slot_mapping, k, v)
     keys, values = gather_rows(cache.k, meta).transpose(1, 2), gather_rows(cache.v, meta).transpose(1, 2)
-    if keys.dtype != q.dtype:
+    if convert and keys.dtype != q.dtype:
         keys, values = keys.to(q.dtype), values.to(q.dtype)
     return gather_queries(q, meta), keys, values
 
@@ -146,10 +150,19 @@ def attend_rows(pool: CpuPool, q: torch.Tensor, keys: torch.Tensor, values: torc
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
-                    meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
-    """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]."""
+                    meta: AttentionMetadata, scale: float, window: int | None = None,
+                    prefill_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]. prefill_dtype: what
+    the CPU prefill attention multiplies in (default q's dtype)."""
     if meta.decode_kernel(q, cache.k.dtype, window):
         return decode_attention(q, k, v, cache, meta, scale)
+    if (q.device.type == "cpu" and prefill_attention.available() and meta.context_lens is not None
+            and meta.query_index.shape[1] > 1 and (window is None or meta.key_slots.shape[1] <= window)):
+        queries, keys, values = gather(q, k, v, cache, meta, convert=False)
+        q_lens = (meta.query_positions >= 0).sum(1).tolist()
+        out = prefill_attention.causal_batch(queries, keys, values, q_lens, meta.context_lens.tolist(), scale,
+                                             prefill_dtype or q.dtype)
+        return scatter(out, meta)
     queries, keys, values = gather(q, k, v, cache, meta)
     return scatter(masked_sdpa(queries, keys, values, meta, scale, window), meta)
 

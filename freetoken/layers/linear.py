@@ -8,7 +8,9 @@ bandwidth: a bf16 weight moves half the bytes of the fp32 copy torch would need 
 native bf16, where torch's own bf16 GEMV is ~1.7x slower than ours. Larger inputs (prefill) are
 compute bound: the weight is dequantized once per call into a reused fp32 scratch and multiplied
 by torch's fp32 GEMM, which beats both torch's bf16 GEMM (2x slower without native bf16) and
-our dot-product kernel.
+our dot-product kernel; where the CPU has native bf16 (AMX, AVX512-BF16) and a calibration
+measures torch's bf16 GEMM faster (kernels/choices.py), a bf16 weight is multiplied as stored
+in bf16 instead (inputs and outputs rounded to bf16, as llama.cpp's bf16 path rounds inputs).
 
 Elsewhere (CUDA, no C compiler) it is a plain `F.linear` in the compute dtype, with int8
 weights dequantized at load so that the numerics match the CPU path."""
@@ -46,15 +48,18 @@ def _fp32_scratch(numel: int) -> torch.Tensor:
 class Linear:
     """`weight` [N, K] (any float dtype, as loaded), `bias` [N] or None.
     compute_dtype: dtype of inputs/outputs; fmt: None keeps `storage_dtype`, "int8" quantizes;
-    pool: the kernels' `CpuPool` (None: torch path)."""
+    pool: the kernels' `CpuPool` (None: torch path); gemm_dtype: bf16 runs prefill GEMMs over bf16
+    weights in torch's native bf16 (chosen by kernels/choices.py where measured faster)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  compute_dtype: torch.dtype, storage_dtype: torch.dtype | None = None,
-                 fmt: str | None = None, pool: CpuPool | None = None, scale_inv: torch.Tensor | None = None):
+                 fmt: str | None = None, pool: CpuPool | None = None, gemm_dtype: torch.dtype = torch.float32,
+                 scale_inv: torch.Tensor | None = None):
         if fmt is not None and fmt not in DENSE_FORMATS:
             raise ValueError(f"dense_format {fmt!r} is not supported; expected one of {DENSE_FORMATS} or None")
         self.out_features, self.in_features = weight.shape
         self.compute_dtype, self.fmt = compute_dtype, fmt
+        self.gemm_dtype = gemm_dtype
         if weight.dtype == torch.float8_e4m3fn:        # FP8 as shipped: kept packed, block scales beside it
             self._init_fp8(weight, scale_inv, bias, pool)
             return
@@ -131,6 +136,9 @@ class Linear:
                 self.out_features, self.in_features)
 
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemm_dtype == torch.bfloat16 and self.code == _FMT[torch.bfloat16]:
+            y = F.linear(x.to(torch.bfloat16), self.weight).float()   # native bf16 GEMM (AMX, AVX512-BF16)
+            return y if self.bias is None else y.add_(self.bias)
         if self.code == _FMT[torch.float32]:
             w = self.weight
         else:
@@ -142,13 +150,15 @@ class LinearFactory:
     """Builds the dense layers of one model with its engine settings."""
 
     def __init__(self, compute_dtype: torch.dtype, storage_dtype: torch.dtype, fmt: str | None,
-                 pool: CpuPool | None):
+                 pool: CpuPool | None, gemm_dtype: torch.dtype = torch.float32):
         self.compute_dtype, self.storage_dtype, self.fmt, self.pool = compute_dtype, storage_dtype, fmt, pool
+        self.gemm_dtype = gemm_dtype
 
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, fmt: str | None = "default",
                  scale_inv: torch.Tensor | None = None) -> Linear:
         return Linear(weight, bias, compute_dtype=self.compute_dtype, storage_dtype=self.storage_dtype,
-                      fmt=self.fmt if fmt == "default" else fmt, pool=self.pool, scale_inv=scale_inv)
+                      fmt=self.fmt if fmt == "default" else fmt, pool=self.pool, gemm_dtype=self.gemm_dtype,
+                      scale_inv=scale_inv)
 
     def load(self, ck, names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None = None,
              fmt: str | None = "default", device=None) -> Linear:

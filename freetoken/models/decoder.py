@@ -11,6 +11,7 @@ from ..config import EngineConfig
 from ..errors import CheckpointError
 from ..experts.factory import build_experts
 from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
 from ..layers.attention import paged_attention
 from ..layers.linear import LinearFactory
@@ -18,7 +19,6 @@ from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
-from ..platform import compute_dtype
 from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
 from ..weights.nvfp4 import pack_scales
@@ -69,6 +69,7 @@ class Attention:
         self.qk_norm = arch.qk_norm
         self.clip = hf.get("clip_qkv")
         self.rotary, self.window = rotary, window
+        self.prefill_dtype = linear.gemm_dtype   # bf16 where native bf16 GEMM was measured faster
         self.splits = (q_out, kv_out, kv_out)
         self.scale = self.head_dim ** -0.5
 
@@ -85,7 +86,7 @@ class Attention:
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        o = paged_attention(q, k, v, cache, meta, self.scale, self.window)
+        o = paged_attention(q, k, v, cache, meta, self.scale, self.window, self.prefill_dtype)
         return self.o(o.reshape(n, -1))
 
 
@@ -108,7 +109,10 @@ class MoECausalLM:
         self.hf, self.cfg = hf, cfg
         device = cfg.torch_device
         self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
-        dtype = compute_dtype(cfg.torch_dtype, device, cfg.compute_dtype)
+        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
+        self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
+                                       pool.num_threads if pool is not None else 1)
+        dtype = self.choices.activations
         self.dtype, self.device = dtype, device
         # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:
         # half the bytes per decoded token at long contexts, twice the tokens per kv_cache_gib
@@ -121,8 +125,7 @@ class MoECausalLM:
         self.head_dim = hf.first("head_dim", default=self.hidden // heads)
         self.kv_heads = hf.first("num_key_value_heads", default=heads)
         self.rotary = Rotary(self.rope_config(), self.rope_dim(), max_len, dtype, device)
-        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
-        self.linear = LinearFactory(dtype, cfg.torch_dtype, cfg.dense_format, pool)
+        self.linear = LinearFactory(dtype, cfg.torch_dtype, cfg.dense_format, pool, self.choices.prefill_gemm)
         # the table stays in the storage dtype; looked-up rows are converted (exactly)
         self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
                                   cfg.torch_dtype).to(device)
@@ -154,7 +157,11 @@ class MoECausalLM:
         return self.hf.first("num_experts", "num_local_experts", default=0)
 
     def top_k(self) -> int:
-        return self.hf.req("num_experts_per_tok")
+        k, n = self.hf.req("num_experts_per_tok"), self.num_experts()
+        if n and not 1 <= k <= n:
+            raise CheckpointError(f"config.json: num_experts_per_tok is {k}, but the model has {n} "
+                                  "experts (expected 1..number of experts)")
+        return k
 
     def expert_intermediate(self) -> int:
         return self.hf.first("moe_intermediate_size", "intermediate_size")

@@ -66,6 +66,14 @@ def register(subparsers) -> None:
     s.add_argument("--strict-max-tokens", action="store_true",
                    help="reject max_tokens above the room left in the context window (default: "
                    "lower it to fit, as agents send 32k-128k)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, let running requests finish for this many seconds; "
+                   "the rest end with a 503 error event (default 30)")
+    s.add_argument("--stall-timeout", type=float, default=30.0,
+                   help="abort a request whose client has read none of its output for this many "
+                   "seconds (default 30)")
+    s.add_argument("--max-body-mb", type=float, default=32,
+                   help="largest request body accepted; bigger ones get 413 (default 32)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _engine_args(s)
     s.set_defaults(func=cmd_serve)
@@ -115,6 +123,8 @@ def sampling_defaults(model_dir: str | Path) -> dict:
         cfg = json.loads((Path(model_dir) / "generation_config.json").read_text())
     except (OSError, ValueError):
         return {}
+    if not isinstance(cfg, dict):
+        return {}
     if cfg.get("do_sample") is False:
         return {"temperature": 0.0}
     return {k: cfg[k] for k in GENERATION_DEFAULTS if isinstance(cfg.get(k), (int, float))}
@@ -147,27 +157,33 @@ def build(args):
                             max_waiting=args.max_waiting_requests,
                             max_tokens_cap=args.max_tokens_cap,
                             strict_max_tokens=args.strict_max_tokens,
-                            sampling_defaults=sampling_defaults(model))
+                            sampling_defaults=sampling_defaults(model),
+                            stall_timeout=args.stall_timeout)
     if svc.sampling_defaults:
         log.info("sampling defaults from generation_config.json: %s", svc.sampling_defaults)
     app = create_app(svc, Settings(model_names=names, api_key=args.api_key,
-                                   model_match=args.model_match))
+                                   model_match=args.model_match,
+                                   max_body_bytes=int(args.max_body_mb * (1 << 20))))
     return llm, svc, app, demo, model
 
 
 def cmd_serve(args) -> int:
-    import uvicorn
-
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
     llm, svc, app, demo, model = build(args)
+    try:
+        svc.grammar_tokenizer()   # now, not on the first json_schema request (it holds the GIL)
+    except Exception as e:  # noqa: BLE001 - constrained output is optional
+        log.info("constrained output unavailable: %s", e)
     if demo:
         log.warning("NO --model GIVEN: serving a RANDOM-WEIGHT DEMO model (%s, built in %s). "
                     "Its output is gibberish; pass --model DIR to serve a real checkpoint.",
                     DEMO_ARCH, model)
 
-    class Server(uvicorn.Server):
+    from .shutdown import GracefulServer, uvicorn_config
+
+    class Server(GracefulServer):
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.should_exit:
@@ -179,14 +195,9 @@ def cmd_serve(args) -> int:
                         url, url)
             print(f"READY {url}", flush=True)
 
-        def handle_exit(self, sig, frame):
-            super().handle_exit(sig, frame)
-            log.warning("signal %d: finishing in-flight requests, then stopping", sig)
-            self._captured_signals.clear()   # a graceful stop exits 0 after our own cleanup
-
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=10, access_log=args.log_level == "debug")
-    server = Server(config)
+    config = uvicorn_config(app, args.shutdown_timeout, host=args.host, port=args.port,
+                            log_level=args.log_level, access_log=args.log_level == "debug")
+    server = Server(config, svc, args.shutdown_timeout)
     try:
         server.run()
     finally:

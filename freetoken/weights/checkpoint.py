@@ -91,6 +91,10 @@ class Checkpoint:
             return dequantize_fp8_block(t, self.get(f"{name}_scale_inv").float()).to(dtype)
         if not t.is_floating_point():
             raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")
+        head = t.reshape(-1)[:4096]     # a sample: damaged files are NaN throughout, scanning all costs a pass
+        if head.numel() and bool(torch.isnan(head).all()):
+            raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} is NaN (every value "
+                                  "sampled): the file is damaged")
         return t.to(dtype)
 
     def close(self):

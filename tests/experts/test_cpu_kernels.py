@@ -19,7 +19,7 @@ SHAPES = {"fp32": (200, 72), "bf16": (200, 72), "fp16": (136, 40), "fp8": (300, 
           "int8": (288, 96), "mxfp4": (288, 96), "nvfp4": (352, 96)}
 FLOAT_TOL = 2e-5      # exact activations, fp32 accumulation
 QACT_TOL = 4e-2       # int8/mxfp4 quantize activations per 32 like llama.cpp's Q8_0
-ISAS = ["native", "portable"]
+ISAS = kernels.variants_here()     # native, avx2 on AVX-512 machines, portable
 
 
 def reference_run(banks, fmt, x, ids, w, act="silu", dtype=torch.float64):
@@ -99,7 +99,7 @@ def test_executor_matches_float64_reference(fmt, isa):
     for act, bias in (("silu", False), ("swiglu_oai", True)):
         banks = make_banks(fmt, n, hidden, inter, bias, gen)
         ex = CpuExpertExecutor(banks, fmt, hidden, inter, activation=act, isa=isa, gemm_tokens=0)
-        assert ex.isa in ("avx2", "portable") or ex.isa == "torch"
+        assert ex.isa in ("avx512+vnni", "avx512", "avx2", "portable") or ex.isa == "torch"
         dense = dense64(banks, fmt)
         for t, k in ((1, 1), (1, 4), (3, 2), (9, 3)):
             ids, w = routes(t, k, n, gen)
@@ -248,3 +248,18 @@ def test_quantizers_round_trip():
     f, si = quantize_fp8_block(w)
     assert f.dtype == torch.float8_e4m3fn and si.shape == (1, 2)
     assert (dequantize_fp8_block(f, si) - w).abs().max() < w.abs().max() / 16
+
+
+@pytest.mark.skipif("avx2" not in kernels.variants_here(), reason="no AVX-512 here: one x86 path only")
+@pytest.mark.parametrize("fmt", ["int8", "mxfp4"])
+def test_vnni_int8_dots_equal_the_avx2_ones(fmt):
+    """The int8 dot products (VNNI vpdpbusd on AVX-512 CPUs, maddubs+madd on AVX2) are exact
+    integer sums in the same lanes, so both libraries give the same floats."""
+    gen = torch.Generator().manual_seed(5)
+    hidden, inter = SHAPES[fmt]
+    banks = make_banks(fmt, 4, hidden, inter, False, gen)
+    wide = CpuExpertExecutor(banks, fmt, hidden, inter, isa="native", gemm_tokens=0)
+    narrow = CpuExpertExecutor(banks, fmt, hidden, inter, isa="avx2", gemm_tokens=0)
+    ids, w = routes(5, 2, 4, gen)
+    x = torch.randn(5, hidden, generator=gen)
+    assert torch.equal(wide.run(x, ids, w), narrow.run(x, ids, w))

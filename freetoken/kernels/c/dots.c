@@ -3,7 +3,11 @@
 #include "ft_kernels.h"
 
 const char *ft_isa(void) {
-#ifdef FT_AVX2
+#if defined(FT_AVX512) && defined(FT_VNNI)
+    return "avx512+vnni";
+#elif defined(FT_AVX512)
+    return "avx512";
+#elif defined(FT_AVX2)
     return "avx2";
 #else
     return "portable";
@@ -187,7 +191,6 @@ FORCE_INLINE void qtile(const int fmt, const uint8_t *const *wr, const uint8_t *
                         const uint8_t *const *xp, float (*res)[NTMAX], const int R, const int NT) {
     (void)fmt;  /* FMT_INT8: int8 weights, one fp16 scale per 32 */
     __m256 acc[4][NTMAX];
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     const int nb = n / 32;
@@ -208,7 +211,7 @@ FORCE_INLINE void qtile(const int fmt, const uint8_t *const *wr, const uint8_t *
                 __m256i v = _mm256_loadu_si256((const __m256i *)(wr[r] + 32 * (b + k)));
                 __m256i av = _mm256_abs_epi8(v);
                 for (int t = 0; t < NT; t++) {
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x[t], v)), ones);
+                    __m256i p = dot_u8s8(av, _mm256_sign_epi8(x[t], v));
                     acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(d8[r][t], sel), acc[r][t]);
                 }
             }
@@ -226,7 +229,7 @@ FORCE_INLINE void qtile(const int fmt, const uint8_t *const *wr, const uint8_t *
             float dw = _cvtsh_ss(((const uint16_t *)sr[r])[b]);
             __m256i av = _mm256_abs_epi8(v);
             for (int t = 0; t < NT; t++) {
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x[t], v)), ones);
+                __m256i p = dot_u8s8(av, _mm256_sign_epi8(x[t], v));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[t]), acc[r][t]);
             }
         }
@@ -242,7 +245,7 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
                         const uint8_t *const *xp, float (*res)[NTMAX], const int R, const int NT) {
     const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
                                          0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[4][NTMAX];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
@@ -285,8 +288,7 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
                 __m256i lo = _mm256_shuffle_epi8(lutu, _mm256_and_si256(q, m4));
                 __m256i hi = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
                 for (int t = 0; t < NT; t++) {
-                    __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[t]), _mm256_maddubs_epi16(hi, xh[t]));
-                    __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                    __m256 pf = _mm256_cvtepi32_ps(dot2_u8s8(lo, xl[t], hi, xh[t]));
                     acc[r][t] = _mm256_fmadd_ps(pf, _mm256_permutevar8x32_ps(d8[r][t], sel), acc[r][t]);
                 }
             }
@@ -308,9 +310,7 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
             float d0 = E8M0_HALF[sr[r][b]], d1 = E8M0_HALF[sr[r][b + 1]];
             for (int t = 0; t < NT; t++) {
                 const float *dx = (const float *)(xp[t] + n) + b;
-                __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(alo, _mm256_sign_epi8(xl[t], lo)),
-                                               _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(xh[t], hi)));
-                __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                __m256 pf = _mm256_cvtepi32_ps(dot2_u8s8(alo, _mm256_sign_epi8(xl[t], lo), ahi, _mm256_sign_epi8(xh[t], hi)));
                 __m256 d = _mm256_set_m128(_mm_set1_ps(d1 * dx[1]), _mm_set1_ps(d0 * dx[0]));
                 acc[r][t] = _mm256_fmadd_ps(pf, d, acc[r][t]);
             }
@@ -324,7 +324,7 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
             for (int t = 0; t < NT; t++) {
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xp[t] + 32 * b));
                 float dx = ((const float *)(xp[t] + n))[b];
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
+                __m256i p = dot_u8s8(av, _mm256_sign_epi8(x, v));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx), acc[r][t]);
             }
         }
