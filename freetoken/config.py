@@ -45,6 +45,7 @@ class EngineConfig:
     dense_format: str | None = None
     bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
     record_routing: str | None = None      # write every step's routing to this JSONL file
+    verify_weights: bool = True            # FTW files: check every tensor's checksum while reading
     seed: int = 0
 
     def __post_init__(self):

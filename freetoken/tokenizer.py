@@ -15,7 +15,6 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import CheckpointError
-from .weights.checkpoint import read_json
 
 
 def _raise(message):
@@ -27,28 +26,29 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 
 class Tokenizer:
-    def __init__(self, model_dir: str | Path):
-        d = Path(model_dir)
-        path = d / "tokenizer.json"
-        if not path.is_file():
-            raise CheckpointError(f"{path}: missing tokenizer.json")
+    def __init__(self, model: str | Path):
+        """`model`: a checkpoint directory or an FTW file (which carries the same files)."""
+        from .weights.source import load_json_side_file, read_model_text
+        d = Path(model)
+        where = d if d.is_dir() else Path(f"{d}:")
+        text = read_model_text(d, "tokenizer.json")
+        if text is None:
+            raise CheckpointError(f"{where / 'tokenizer.json'}: missing tokenizer.json")
         try:
-            self.hf = HFTokenizer.from_file(str(path))
+            self.hf = HFTokenizer.from_str(text)
         except Exception as e:
-            raise CheckpointError(f"{path}: not a readable tokenizer ({e})") from None
-        cfg_path = d / "tokenizer_config.json"
-        self.config = read_json(cfg_path, "tokenizer_config.json") if cfg_path.is_file() else {}
-        template_file = d / "chat_template.jinja"
-        self.chat_template = (template_file.read_text() if template_file.is_file()
-                              else self.config.get("chat_template"))
+            raise CheckpointError(f"{where / 'tokenizer.json'}: not a readable tokenizer ({e})") from None
+        self.config = load_json_side_file(d, "tokenizer_config.json") or {}
+        template = read_model_text(d, "chat_template.jinja")
+        self.chat_template = template if template is not None else self.config.get("chat_template")
         if isinstance(self.chat_template, list):    # [{"name": "default", "template": ...}, ...]
             named = {t["name"]: t["template"] for t in self.chat_template}
             self.chat_template = named.get("default", next(iter(named.values()), None))
         self.bos_token = self._token_str("bos_token")
         self.eos_token = self._token_str("eos_token")
         self.eos_token_ids: set[int] = set()
-        gen = d / "generation_config.json"
-        eos = read_json(gen, "generation_config.json").get("eos_token_id") if gen.is_file() else None
+        gen = load_json_side_file(d, "generation_config.json")
+        eos = gen.get("eos_token_id") if gen else None
         for e in (eos if isinstance(eos, list) else [eos]):
             if isinstance(e, int):
                 self.eos_token_ids.add(e)
@@ -56,7 +56,7 @@ class Tokenizer:
             self.eos_token_ids.add(self.hf.token_to_id(self.eos_token))
         self.vocab_size = self.hf.get_vocab_size(with_added_tokens=True)
         self._template = None
-        self._template_source = template_file if template_file.is_file() else cfg_path
+        self._template_source = where / ("chat_template.jinja" if template is not None else "tokenizer_config.json")
         if self.chat_template is not None and not isinstance(self.chat_template, str):
             raise CheckpointError(f"{self._template_source}: chat_template must be a string")
         if self.chat_template:
@@ -66,6 +66,7 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
+        env.filters["from_json"] = json.loads         # DeepSeek-V3.2/V4 templates parse string arguments
         env.globals["raise_exception"] = _raise
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:

@@ -40,6 +40,8 @@ class StepOutput:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
+        from ..memory.plan import resolve_memory
+        cfg, self.memory_plan = resolve_memory(cfg)     # sizes that cannot fit are reduced here
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)

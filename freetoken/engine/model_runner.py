@@ -41,7 +41,8 @@ class ModelRunner:
         for src, dst, rows in copies:
             for c in self.kv.values():
                 c.k[dst * bs:dst * bs + rows] = c.k[src * bs:src * bs + rows]
-                c.v[dst * bs:dst * bs + rows] = c.v[src * bs:src * bs + rows]
+                if c.v is not None:                     # latent caches (MLA) keep one row, no V
+                    c.v[dst * bs:dst * bs + rows] = c.v[src * bs:src * bs + rows]
 
     def _torch_threads(self, phase: str) -> None:
         """Pure-CPU decode: every heavy op runs in the kernels' pool and torch's remaining ops are

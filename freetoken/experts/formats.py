@@ -58,7 +58,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            quantize_nvfp4_bank, dequantize_nvfp4_bank, group=16),
 )}
 FORMAT_NAMES = tuple(FORMATS)
-ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}     # name -> the C kernels' ACT_*
+ACTIVATIONS = {"silu": 0, "swiglu_oai": 1, "silu_clamp": 2}     # name -> the C kernels' ACT_*
 
 
 def get_format(fmt: str) -> Format:
@@ -116,6 +116,8 @@ def activate(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float
     """act(gate) * up, the expert's activation (what the C kernels' act_fn computes)."""
     if activation == "silu":
         return F.silu(gate) * up
+    if activation == "silu_clamp":   # DeepSeek-V4: gate clamped above, up on both sides
+        return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
     if activation == "swiglu_oai":   # gpt-oss: transformers' GptOssExperts._apply_gate
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)

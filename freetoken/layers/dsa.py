@@ -32,10 +32,10 @@ class Indexer:
     last: Selection | None = None      # this step's choice, for GLM-5 layers that reuse it
 
     def __init__(self, ck, p: str, hf, linear: LinearFactory, rotary: Rotary, dtype, device,
-                 interleave: bool = False):
+                 rope_interleave: bool = False):
         """Weights `{p}.wq_b`, `wk`, `k_norm` (LayerNorm weight and bias), `weights_proj` (fp32).
-        interleave: rope dims stored as (x0, x1), (x2, x3) pairs (GLM-5), else half-split (V3.2)."""
-        self.interleave = interleave
+        `rope_interleave`: the rope dims are (x0, x1) pairs (GLM-5) instead of halves (V3.2)."""
+        self.interleave = rope_interleave
         self.heads, self.dim = hf.req("index_n_heads"), hf.req("index_head_dim")
         self.rope, self.topk = hf.req("qk_rope_head_dim"), hf.req("index_topk")
         hidden, q_lora = hf.req("hidden_size"), hf.req("q_lora_rank")
@@ -49,10 +49,10 @@ class Indexer:
                                    compute_dtype=torch.float32, storage_dtype=torch.float32, pool=linear.pool)
 
     def _rope(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
-        r = x[..., :self.rope]
-        if self.interleave:     # pairs -> halves: the same dot products after a shared permutation
-            r = torch.cat([r[..., 0::2], r[..., 1::2]], dim=-1)
-        return torch.cat([self.rotary.apply(r.contiguous(), cos, sin), x[..., self.rope:]], dim=-1)
+        rot = x[..., :self.rope]
+        if self.interleave:      # pairs -> halves: the same permutation of q and k keeps every q . k
+            rot = torch.cat([rot[..., 0::2], rot[..., 1::2]], dim=-1)
+        return torch.cat([self.rotary.apply(rot.contiguous(), cos, sin), x[..., self.rope:]], dim=-1)
 
     def keys(self, x: torch.Tensor, cos, sin) -> torch.Tensor:
         """Indexer keys [N, index_head_dim] of the new tokens."""

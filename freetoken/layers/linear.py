@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ..experts.formats import FORMATS
 from ..kernels.pool import CpuPool
-from ..weights.fp8 import dequantize_fp8_block
+from ..weights.fp8 import block_scales, dequantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
 
 # Rows of x from which dequantize + torch GEMM beats streaming the weight through the GEMV
@@ -168,14 +168,14 @@ class LinearFactory:
         fp8 = [ck.has(f"{n}_scale_inv") for n in names]
         if all(fp8) and all(s[0] % 128 == 0 for s in shapes[:-1]):
             ws = [ck.get(n, s) for n, s in zip(names, shapes)]
-            ss = [ck.get_float(f"{n}_scale_inv", (-(-s[0] // 128), -(-s[1] // 128))) for n, s in zip(names, shapes)]
+            ss = [block_scales(ck.get(f"{n}_scale_inv", (-(-s[0] // 128), -(-s[1] // 128)))) for n, s in zip(names, shapes)]
             if ws[0].dtype == torch.float8_e4m3fn:
                 return self(torch.cat(ws).to(device), bias, fmt, scale_inv=torch.cat(ss).to(device))
         parts = []
         for n, s, q in zip(names, shapes, fp8):
             if q:
                 w = ck.get(n, s)
-                sc = ck.get_float(f"{n}_scale_inv", (-(-s[0] // 128), -(-s[1] // 128)))
+                sc = block_scales(ck.get(f"{n}_scale_inv", (-(-s[0] // 128), -(-s[1] // 128))))
                 parts.append(dequantize_fp8_block(w, sc).to(self.storage_dtype))
             else:
                 parts.append(ck.get_float(n, s, self.storage_dtype))

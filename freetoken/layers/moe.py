@@ -84,3 +84,34 @@ class BiasCorrectedMoE(SparseMoE):
         ids, w = grouped_sigmoid_topk(logits, self.bias, self.top_k, self.n_group, self.topk_group, self.norm,
                                       self.scale, self.score)
         return ids, w.to(x.dtype)
+
+
+class HashRoutedMoE(BiasCorrectedMoE):
+    """DeepSeek-V4's first layers: the experts of a token are a fixed table row `tid2eid[token]`,
+    known before the layer runs; the learned gate only weights them (sqrt-softplus scores,
+    renormalised, times `routed_scaling_factor`)."""
+
+    def __init__(self, moe_layer, router, experts, top_k, tid2eid: torch.Tensor, scale, shared=None,
+                 score="sqrtsoftplus"):
+        super().__init__(moe_layer, router, experts, top_k, True, torch.zeros(1), 1, 1, scale, shared=shared,
+                         score=score)
+        self.tid2eid = tid2eid.long()
+
+    def routes_for(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.tid2eid.index_select(0, input_ids)
+
+    def route_ids(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.router(x.float()).float()
+        scores = torch.sigmoid(logits) if self.score == "sigmoid" else torch.sqrt(F.softplus(logits))
+        w = scores.gather(1, ids)
+        return (w / (w.sum(dim=-1, keepdim=True) + 1e-20) * self.scale).to(x.dtype)
+
+    def __call__(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if input_ids is None:
+            raise ValueError("hash-routed MoE needs the step's token ids")
+        ids = self.routes_for(input_ids)
+        w = self.route_ids(x, ids)
+        if self.on_route is not None:
+            self.on_route(self.moe_layer, ids, w)
+        out = self.experts.forward(self.moe_layer, x, ids, w)
+        return out + self.shared(x) if self.shared is not None else out

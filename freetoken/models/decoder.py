@@ -191,11 +191,21 @@ class MoECausalLM:
 
     # --- loading -------------------------------------------------------------------------
     def _load_experts(self, ck: Checkpoint):
+        """The expert pool in its final layout: prebuilt by an FTW file, else built here from the
+        checkpoint's tensors (`reading("experts")` lets `freetoken convert` tell them apart)."""
+        pool = ck.prebuilt_experts()
+        if pool is None:
+            with ck.reading("experts"):
+                pool = self.build_pool(ck)
+        self.pool = pool
+        return build_experts(pool, self.cfg, self.device)
+
+    def build_pool(self, ck: Checkpoint):
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
         g, u, d = self.arch.expert_names
         p0 = f"model.layers.{self.moe_layers[0]}.{self.arch.moe_prefix}.experts.0.{g}.weight"
         if modelopt.is_nvfp4(ck, p0) and h % 32 == 0 and inter % 32 == 0:
-            return self._load_nvfp4_experts(ck)
+            return self._nvfp4_pool(ck)
         b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         dt = self.expert_dtype
         for m, i in enumerate(self.moe_layers):
@@ -210,12 +220,9 @@ class MoECausalLM:
                 b.put("gate_up", m, x, torch.cat([gate, up]), dt)
                 b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
         pool = b.build()
-        if self.cfg.expert_format:
-            pool = requantize(pool, self.cfg.expert_format)
-        self.pool = pool
-        return build_experts(pool, self.cfg, self.device)
+        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool
 
-    def _load_nvfp4_experts(self, ck: Checkpoint):
+    def _nvfp4_pool(self, ck: Checkpoint):
         """ModelOpt NVFP4 experts kept packed: gate and up rows stacked, each row's scale row
         carrying its own matrix's global scale (weights/nvfp4.py)."""
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
@@ -231,10 +238,8 @@ class MoECausalLM:
                 b.put("gate_up_scales", m, x, pack_scales(torch.cat([gs, us]), torch.cat([gg, ug])), torch.uint8)
                 b.put("down_blocks", m, x, db, torch.uint8)
                 b.put("down_scales", m, x, pack_scales(ds, dg), torch.uint8)
-        self.pool = b.build()
-        if self.cfg.expert_format:
-            self.pool = requantize(self.pool, self.cfg.expert_format)     # a clear error: already 4-bit
-        return build_experts(self.pool, self.cfg, self.device)
+        pool = b.build()
+        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool   # re-encoding: a clear error
 
     def _load_mlp(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.mlp"

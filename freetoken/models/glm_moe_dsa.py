@@ -46,7 +46,7 @@ class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):
         attn = MLA(ck, p, replace(self.mla, rope_interleave=True), self.linear, self.rotary, self.dtype, self.device)
         if self.indexer_types[i] == "full":
             attn.indexer = self._full_indexer = Indexer(ck, f"{p}.indexer", self.hf, self.linear, self.rotary,
-                                                        self.dtype, self.device, interleave=True)
+                                                        self.dtype, self.device, rope_interleave=True)
         else:
             attn.indexer = SharedSelection(self._full_indexer)
         return attn

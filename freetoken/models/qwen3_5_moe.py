@@ -38,6 +38,12 @@ class LanguageModelView:
     def names(self):
         return self._ck.names()
 
+    def prebuilt_experts(self):
+        return self._ck.prebuilt_experts()
+
+    def reading(self, section: str):
+        return self._ck.reading(section)
+
     def close(self):
         self._ck.close()
 

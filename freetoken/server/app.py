@@ -120,6 +120,14 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
             body["error"] = f"the last {loop.failures} engine step(s) failed: {loop.last_error}"
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 
+    @app.get("/v1/memory")
+    async def memory():
+        """The memory plan the engine was started with (see freetoken/memory/plan.py)."""
+        plan = getattr(svc.engine, "memory_plan", None)
+        if plan is None:
+            raise NotFound("this engine has no memory plan")
+        return JSONResponse(plan.to_json())
+
     @app.api_route("/api/hello", methods=["GET", "HEAD"])
     async def hello():
         return Response(status_code=200)

@@ -46,7 +46,7 @@ def register(subparsers) -> None:
                               description="Serve a model over OpenAI (/v1/chat/completions, "
                               "/v1/completions, /v1/responses, /v1/models) and Anthropic "
                               "(/v1/messages) APIs. Without --model: a random-weight demo model.")
-    s.add_argument("--model", default=None, help="checkpoint directory (default: random-weight demo)")
+    s.add_argument("--model", default=None, help="checkpoint directory or FTW file (default: random-weight demo)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name", default=None,
@@ -104,10 +104,12 @@ def ensure_demo_model() -> Path:
     return d
 
 
-def architecture_of(model_dir: str | Path) -> str | None:
+def architecture_of(model: str | Path) -> str | None:
+    from freetoken.errors import FreeTokenError
+    from freetoken.weights.source import model_config
     try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+        cfg = model_config(model)
+    except (OSError, ValueError, FreeTokenError):
         return None
     archs = cfg.get("architectures") or []
     return archs[0] if archs else None
@@ -116,12 +118,16 @@ def architecture_of(model_dir: str | Path) -> str | None:
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def sampling_defaults(model_dir: str | Path) -> dict:
+def sampling_defaults(model: str | Path) -> dict:
     """The checkpoint's recommended sampling (generation_config.json), for requests that
     leave a field out."""
+    from freetoken.errors import FreeTokenError
+    from freetoken.weights.source import load_json_side_file
     try:
-        cfg = json.loads((Path(model_dir) / "generation_config.json").read_text())
-    except (OSError, ValueError):
+        cfg = load_json_side_file(model, "generation_config.json")
+    except (OSError, ValueError, FreeTokenError):
+        return {}
+    if not cfg:
         return {}
     if not isinstance(cfg, dict):
         return {}
@@ -151,7 +157,8 @@ def build(args):
     llm = LLM(model, **opts)
     names = [n.strip() for n in (args.served_model_name or "").split(",") if n.strip()]
     if not names:
-        names = ["freetoken-demo"] if demo else [Path(model).resolve().name]
+        path = Path(model).resolve()
+        names = ["freetoken-demo"] if demo else [path.stem if path.is_file() else path.name]
     svc = GenerationService(llm.engine, model_name=names[0], architecture=architecture_of(model),
                             max_running=args.max_running_requests,
                             max_waiting=args.max_waiting_requests,

@@ -9,6 +9,14 @@ BLOCK = 128
 E4M3_MAX = 448.0
 
 
+def block_scales(s: torch.Tensor) -> torch.Tensor:
+    """Block scales as float32: fp32/bf16 as stored, UE8M0 (float8_e8m0fnu, or its raw uint8
+    exponent byte, value 2^(b - 127)) exactly."""
+    if s.dtype == torch.uint8:
+        return torch.ldexp(torch.ones(s.shape), s.to(torch.int32) - 127)
+    return s.float()
+
+
 def dequantize_fp8_block(w: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype = torch.float32,
                          block: int = BLOCK) -> torch.Tensor:
     """Bit-identical to transformers' `_dequantize_fp8_weight(w, s, [128, 128], dtype)`:
@@ -19,8 +27,9 @@ def dequantize_fp8_block(w: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.
     return w.to(dtype) * s
 
 
-def quantize_fp8_block(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """float [.., rows, cols] -> (float8_e4m3fn weights, float32 scale_inv per block), scale = amax/448."""
+def quantize_fp8_block(w: torch.Tensor, block: int = BLOCK, pow2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [.., rows, cols] -> (float8_e4m3fn weights, float32 scale_inv per block), scale = amax/448
+    (`pow2`: rounded up to a power of two, the UE8M0 scales of DeepSeek-V3.1/V4)."""
     rows, cols = w.shape[-2:]
     br, bc = -(-rows // block), -(-cols // block)
     pad = torch.zeros(*w.shape[:-2], br * block, bc * block, dtype=torch.float32, device=w.device)
@@ -28,6 +37,8 @@ def quantize_fp8_block(w: torch.Tensor, block: int = BLOCK) -> tuple[torch.Tenso
     tiles = pad.unflatten(-2, (br, block)).unflatten(-1, (bc, block))   # [.., br, B, bc, B]
     amax = tiles.abs().amax(dim=(-3, -1))                                # [.., br, bc]
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    if pow2:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
     full = scale.repeat_interleave(block, -2).repeat_interleave(block, -1)[..., :rows, :cols]
     q = (w.float() / full).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return q.contiguous(), scale.contiguous()

@@ -22,10 +22,11 @@ QACT_TOL = 4e-2       # int8/mxfp4 quantize activations per 32 like llama.cpp's 
 ISAS = kernels.variants_here()     # native, avx2 on AVX-512 machines, portable
 
 
-def reference_run(banks, fmt, x, ids, w, act="silu", dtype=torch.float64):
+def reference_run(banks, fmt, x, ids, w, act="silu", dtype=torch.float64, limit=7.0):
     """The reference executor in `dtype` over banks in `fmt`."""
     inter = dequantize_expert(banks, fmt, 0)[1].shape[1]
-    return run_experts(banks, ExpertSpec(x.shape[1], inter, spec_format(fmt), act), ids, x, w, dtype=dtype)
+    spec = ExpertSpec(x.shape[1], inter, spec_format(fmt), act, limit=limit)
+    return run_experts(banks, spec, ids, x, w, dtype=dtype)
 
 
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -96,23 +97,27 @@ def test_executor_matches_float64_reference(fmt, isa):
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
     hidden, inter = SHAPES[fmt]
     n = 6
-    for act, bias in (("silu", False), ("swiglu_oai", True)):
+    # silu_clamp (DeepSeek-V4) with a limit small enough that the clamps act
+    for act, bias, limit in (("silu", False, 7.0), ("swiglu_oai", True, 7.0), ("silu_clamp", False, 0.05)):
         banks = make_banks(fmt, n, hidden, inter, bias, gen)
-        ex = CpuExpertExecutor(banks, fmt, hidden, inter, activation=act, isa=isa, gemm_tokens=0)
+        ex = CpuExpertExecutor(banks, fmt, hidden, inter, activation=act, limit=limit, isa=isa, gemm_tokens=0)
         assert ex.isa in ("avx512+vnni", "avx512", "avx2", "portable") or ex.isa == "torch"
         dense = dense64(banks, fmt)
         for t, k in ((1, 1), (1, 4), (3, 2), (9, 3)):
             ids, w = routes(t, k, n, gen)
             x = torch.randn(t, hidden, generator=gen)
             y = ex.run(x, ids, w)
-            ref = reference64(banks, dense, x, ids, w, act)
+            ref = reference64(banks, dense, x, ids, w, act, limit=limit)
             if fmt in ("int8", "mxfp4", "nvfp4"):
-                assert rel_err(y, ref) < QACT_TOL, (fmt, act, t, k)
-                assert rel_err(y, reference64(banks, dense, x, ids, w, act, quantize_act=True)) < 2e-3, (fmt, act, t, k)
+                # (clamped outputs are small: the int8 activations' relative error is larger there,
+                # the check against the kernels' own activation rounding below is what counts)
+                assert rel_err(y, ref) < QACT_TOL or act == "silu_clamp", (fmt, act, t, k)
+                assert rel_err(y, reference64(banks, dense, x, ids, w, act, quantize_act=True, limit=limit)) < 2e-3, \
+                    (fmt, act, t, k)
             else:
                 assert rel_err(y, ref) < FLOAT_TOL, (fmt, act, t, k)
             if t == 3:   # the torch reference path of cpu.py agrees too
-                ref2 = reference_run(banks, fmt, x.double(), ids, w.double(), act, dtype=torch.float64)
+                ref2 = reference_run(banks, fmt, x.double(), ids, w.double(), act, limit=limit, dtype=torch.float64)
                 assert rel_err(ref2, ref) < 1e-12
         ex.close()
 

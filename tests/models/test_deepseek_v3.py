@@ -15,7 +15,7 @@ from freetoken.layers.moe import grouped_sigmoid_topk
 from freetoken.weights.fp8 import quantize_checkpoint_fp8
 
 from helpers import assert_logits_close, reference_logits
-from model_checks import check_batch_equals_single, check_incremental_equals_full, ids_for
+from model_checks import check_batch_equals_single, check_incremental_equals_full, check_prefix_cache_exact, ids_for
 
 BASE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
@@ -130,3 +130,7 @@ def test_make_tiny_deepseek_v3(tiny_dir):
     d = tiny_dir("deepseek_v3", layers=3)
     ids = ids_for(20)
     assert_logits_close(LLM(str(d), dtype="float32").score(ids), reference_logits(d, ids))
+
+
+def test_prefix_cache_exact(tiny_dir, tmp_path):
+    check_prefix_cache_exact(build(tiny_dir, tmp_path, "base"))

@@ -36,6 +36,13 @@ def cache_shapes(model_dir: str | Path, dtype: str | None = None) -> dict:
     """{state_bytes, kv_bytes_per_token, kind} for the model in model_dir."""
     c = text_config(model_dir)
     width = DTYPE_BYTES.get(dtype or c.get("dtype") or c.get("torch_dtype") or "bfloat16", 2)
+    n = c.get("num_hidden_layers", 0)
+    if c.get("model_type") == "deepseek_v4":      # window ring per layer; compressed entries grow with context
+        return {"state_bytes": n * c["sliding_window"] * c["head_dim"] * width, "kv_bytes_per_token": 0,
+                "kind": "hybrid"}
+    if "kv_lora_rank" in c:                        # MLA: one latent row (+ DSA indexer key) per token and layer
+        row = c["kv_lora_rank"] + c["qk_rope_head_dim"] + (c.get("index_head_dim", 0) if "index_topk" in c else 0)
+        return {"state_bytes": 0, "kv_bytes_per_token": n * row * width, "kind": "full attention"}
     types = _layer_types(c)
     heads = c.get("num_attention_heads", 1)
     kv_heads = c.get("num_key_value_heads") or heads
