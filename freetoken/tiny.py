@@ -77,6 +77,7 @@ ARCHS = {
         mlp_layer_types=["hash_moe" if i == 0 else "moe" for i in range(L)])),
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
+ARCHS["glm4_moe_nvfp4"] = ARCHS["glm4_moe"]    # same model, routed experts as ModelOpt NVFP4
 ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks
 ARCHS["deepseek_v4_fp4"] = ARCHS["deepseek_v4"]  # V4-Flash's format: FP8/UE8M0 projections, FP4 experts
 
@@ -132,6 +133,9 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     model = transformers.AutoModelForCausalLM.from_config(config)
     randomize_selection_biases(model, seed)
     model.to(getattr(torch, dtype)).save_pretrained(out)
+    if arch.endswith("_nvfp4"):
+        from .weights.modelopt import quantize_checkpoint
+        quantize_checkpoint(out, lambda name: ".experts." in name)
     if arch.endswith("_mxfp4"):
         from .models.gpt_oss import quantize_checkpoint_experts
         quantize_checkpoint_experts(out)

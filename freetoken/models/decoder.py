@@ -19,7 +19,9 @@ from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
+from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
+from ..weights.nvfp4 import pack_scales
 from .context import ForwardContext
 from .hf_config import HFConfig
 
@@ -200,8 +202,11 @@ class MoECausalLM:
 
     def build_pool(self, ck: Checkpoint):
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
-        b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         g, u, d = self.arch.expert_names
+        p0 = f"model.layers.{self.moe_layers[0]}.{self.arch.moe_prefix}.experts.0.{g}.weight"
+        if modelopt.is_nvfp4(ck, p0) and h % 32 == 0 and inter % 32 == 0:
+            return self._nvfp4_pool(ck)
+        b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         dt = self.expert_dtype
         for m, i in enumerate(self.moe_layers):
             p = f"model.layers.{i}.{self.arch.moe_prefix}.experts"
@@ -216,6 +221,25 @@ class MoECausalLM:
                 b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
         pool = b.build()
         return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool
+
+    def _nvfp4_pool(self, ck: Checkpoint):
+        """ModelOpt NVFP4 experts kept packed: gate and up rows stacked, each row's scale row
+        carrying its own matrix's global scale (weights/nvfp4.py)."""
+        e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
+        g, u, d = self.arch.expert_names
+        b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter, fmt="nvfp4"))
+        for m, i in enumerate(self.moe_layers):
+            p = f"model.layers.{i}.{self.arch.moe_prefix}.experts"
+            for x in range(e):
+                parts = [modelopt.read_nvfp4(ck, f"{p}.{x}.{n}.weight", s)
+                         for n, s in ((g, (inter, h)), (u, (inter, h)), (d, (h, inter)))]
+                (gb, gs, gg), (ub, us, ug), (db, ds, dg) = parts
+                b.put("gate_up_blocks", m, x, torch.cat([gb, ub]), torch.uint8)
+                b.put("gate_up_scales", m, x, pack_scales(torch.cat([gs, us]), torch.cat([gg, ug])), torch.uint8)
+                b.put("down_blocks", m, x, db, torch.uint8)
+                b.put("down_scales", m, x, pack_scales(ds, dg), torch.uint8)
+        pool = b.build()
+        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool   # re-encoding: a clear error
 
     def _load_mlp(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.mlp"

@@ -73,3 +73,38 @@ def test_partial_rotary_defaults_to_half_when_absent(tiny_dir, tmp_path):
     ours = LLM(str(d), dtype="float32").score(ids)
     assert_logits_close(ours, reference_logits(d, ids))
     assert_logits_close(ours, reference_logits(src, ids))
+
+
+LITE = dict(vocab_size=512, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+            num_experts_per_tok=2, n_group=2, topk_group=1, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
+            qk_nope_head_dim=16, v_head_dim=16, routed_scaling_factor=1.8, eos_token_id=2, pad_token_id=0,
+            bos_token_id=None, initializer_range=0.1)
+
+
+@pytest.mark.parametrize("kw", [{}, dict(mlp_layer_types=["sparse", "dense", "sparse"], q_lora_rank=None,
+                                         rope_interleave=False)])
+def test_glm4_7_flash_lite_matches_transformers(tiny_dir, tmp_path, kw):
+    """GLM-4.7-Flash: MLA (DeepSeek-V3's) under GLM's MoE."""
+    config = transformers.Glm4MoeLiteConfig(**{**LITE, **kw})
+    d = save_hf_checkpoint(config, tmp_path / "lite", tiny(tiny_dir), random_selection_bias=True)
+    ids = ids_for(37, seed=6)
+    assert_logits_close(LLM(str(d), dtype="float32").score(ids), reference_logits(d, ids))
+    if not kw:
+        check_incremental_equals_full(d)
+
+
+def test_fp8_checkpoint_matches_transformers(tiny_dir, tmp_path):
+    """GLM-4.5-FP8 style (e4m3 weights, 128x128 block scales): every FP8 tensor is read with its
+    scales, never as raw e4m3 values."""
+    import shutil
+
+    from freetoken.weights.fp8 import quantize_checkpoint_fp8
+    from test_deepseek_v3 import dequantized_copy
+
+    d = tmp_path / "fp8"
+    shutil.copytree(tiny(tiny_dir), d)
+    quantize_checkpoint_fp8(d)
+    ids = ids_for(30)
+    ref = reference_logits(dequantized_copy(d, tmp_path / "deq"), ids)
+    assert_logits_close(LLM(str(d), dtype="float32").score(ids), ref)

@@ -2,6 +2,7 @@
 rendered by GLM's real chat templates (GLM-4.6 and GLM-4.7-Flash): what the template writes
 for a turn must parse back to that turn's reasoning, text and tool calls."""
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -52,17 +53,19 @@ TURNS = [
 ]
 
 
-def _tokenizer(tiny_dir, template: str) -> Tokenizer:
-    tok = Tokenizer(tiny_dir("qwen3_moe"))
-    tok.chat_template = (TEMPLATES / template).read_text()
-    return tok
+def _tokenizer(tiny_dir, tmp_path, template: str) -> Tokenizer:
+    """The tiny tokenizer with GLM's template as the checkpoint's chat_template.jinja."""
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(tiny_dir("qwen3_moe") / f, tmp_path / f)
+    shutil.copy(TEMPLATES / template, tmp_path / "chat_template.jinja")
+    return Tokenizer(tmp_path)
 
 
 @pytest.mark.parametrize("template", ["GLM-4.6.jinja", "GLM-4.7-Flash.jinja"])
 @pytest.mark.parametrize("turn", range(len(TURNS)))
-def test_real_template_turns_parse_back(tiny_dir, template, turn):
+def test_real_template_turns_parse_back(tiny_dir, tmp_path, template, turn):
     user, reasoning, text, calls = TURNS[turn]
-    tok = _tokenizer(tiny_dir, template)
+    tok = _tokenizer(tiny_dir, tmp_path, template)
     assert parser_for("Glm4MoeForCausalLM", tok.chat_template) is GlmParser
     tool_calls = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in calls]
     history = [{"role": "user", "content": user}]
