@@ -7,20 +7,16 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..config import EngineConfig
 from ..errors import CheckpointError
-from ..experts.factory import build_experts
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
-from ..kernels.pool import shared_pool
+from ..experts.pool import ExpertPool, ExpertSpec, PoolBuilder
 from ..layers.attention import paged_attention
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
-from ..platform import compute_dtype
 from ..weights.checkpoint import Checkpoint
-from .context import ForwardContext
+from .context import ForwardContext, ModelOptions
 from .hf_config import HFConfig
 
 
@@ -101,16 +97,16 @@ class MoECausalLM:
 
     arch = ArchSpec()
 
-    def __init__(self, ck: Checkpoint, cfg: EngineConfig, max_len: int):
+    def __init__(self, ck: Checkpoint, opts: ModelOptions):
         hf = HFConfig(ck.config, ck.dir / "config.json")
-        self.hf, self.cfg = hf, cfg
-        device = cfg.torch_device
-        self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
-        dtype = compute_dtype(cfg.torch_dtype, device, cfg.compute_dtype)
+        self.hf, self.opts = hf, opts
+        device = opts.device
+        self.expert_dtype = opts.dtype                      # routed experts keep the checkpoint precision
+        dtype = opts.compute_dtype
         self.dtype, self.device = dtype, device
         # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:
         # half the bytes per decoded token at long contexts, twice the tokens per kv_cache_gib
-        self.kv_dtype = cfg.torch_dtype
+        self.kv_dtype = opts.dtype
         self.num_layers = hf.req("num_hidden_layers")
         self.hidden = hf.req("hidden_size")
         self.vocab_size = hf.req("vocab_size")
@@ -118,19 +114,18 @@ class MoECausalLM:
         heads = hf.req("num_attention_heads")
         self.head_dim = hf.first("head_dim", default=self.hidden // heads)
         self.kv_heads = hf.first("num_key_value_heads", default=heads)
-        self.rotary = Rotary(hf.data, self.head_dim, max_len, dtype, device)
-        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
-        self.linear = LinearFactory(dtype, cfg.torch_dtype, cfg.dense_format, pool)
+        self.rotary = Rotary(hf.data, self.head_dim, opts.max_len, dtype, device)
+        self.linear = LinearFactory(dtype, opts.dtype, opts.dense_format, opts.cpu_pool)
         # the table stays in the storage dtype; looked-up rows are converted (exactly)
         self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
-                                  cfg.torch_dtype).to(device)
+                                  opts.dtype).to(device)
         self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
         if hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
             self.lm_head = self.linear(self.embed)
         else:
             self.lm_head = self.linear(self._ws(ck, "lm_head.weight", (self.vocab_size, self.hidden)))
         self.moe_layers = [i for i in range(self.num_layers) if self.is_moe_layer(i)]
-        self.experts = self._load_experts(ck) if self.moe_layers else None
+        self.experts = opts.make_experts(self._load_pool(ck)) if self.moe_layers else None
         self.layers = [self._load_layer(ck, i) for i in range(self.num_layers)]
 
     # --- architecture hooks -------------------------------------------------------------
@@ -173,7 +168,8 @@ class MoECausalLM:
         return None
 
     # --- loading -------------------------------------------------------------------------
-    def _load_experts(self, ck: Checkpoint):
+    def _load_pool(self, ck: Checkpoint) -> ExpertPool:
+        """The routed experts' tensors, as the checkpoint stores them, in host banks."""
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
         b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         g, u, d = self.arch.expert_names
@@ -189,11 +185,7 @@ class MoECausalLM:
                 up = ck.get_float(f"{p}.{x}.{u}.weight", (inter, h), dt)
                 b.put("gate_up", m, x, torch.cat([gate, up]), dt)
                 b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
-        pool = b.build()
-        if self.cfg.expert_format:
-            pool = requantize(pool, self.cfg.expert_format)
-        self.pool = pool
-        return build_experts(pool, self.cfg, self.device)
+        return b.build()
 
     def _load_mlp(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.mlp"

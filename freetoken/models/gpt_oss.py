@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..experts.factory import build_experts
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..experts.pool import ExpertPool, ExpertSpec, PoolBuilder
 from ..layers.attention import attend_rows
 from ..layers.moe import SparseMoE
 from ..layers.norm import rms_norm
@@ -99,8 +98,8 @@ class GptOssLayer:
 class GptOssForCausalLM(MoECausalLM):
     arch = ArchSpec(attn_bias_default=True, router_name="router")
 
-    def __init__(self, ck, cfg, max_len: int):
-        super().__init__(ck, cfg, max_len)
+    def __init__(self, ck, opts):
+        super().__init__(ck, opts)
         self.norm = RMSNormF32(self.norm.weight, self.eps)
 
     @property
@@ -121,7 +120,7 @@ class GptOssForCausalLM(MoECausalLM):
     def expert_intermediate(self) -> int:
         return self.hf.req("intermediate_size")
 
-    def _load_experts(self, ck):
+    def _load_pool(self, ck) -> ExpertPool:
         """Fused [E, H, 2I] float experts (gate/up interleaved on the last dim) or MXFP4
         `*_blocks`/`*_scales` [E, out, in/32, (16)]; both become gate-rows-then-up-rows banks.
         MXFP4 rows are only permuted, never dequantized."""
@@ -151,10 +150,7 @@ class GptOssForCausalLM(MoECausalLM):
             b.put_layer("gate_up_bias", m, deinterleave(ck.get_float(f"{p}.gate_up_proj_bias", (e, 2 * inter))),
                         torch.float32)
             b.put_layer("down_bias", m, ck.get_float(f"{p}.down_proj_bias", (e, h)), torch.float32)
-        self.pool = b.build()
-        if self.cfg.expert_format and fmt == "float":
-            self.pool = requantize(self.pool, self.cfg.expert_format)
-        return build_experts(self.pool, self.cfg, self.device)
+        return b.build()
 
     def _load_moe(self, ck, i: int):
         p = f"model.layers.{i}.mlp.router"

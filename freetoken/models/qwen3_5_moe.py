@@ -45,7 +45,7 @@ class LanguageModelView:
 class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
     arch = replace(Qwen3NextForCausalLM.arch, always_norm_topk=True)
 
-    def __init__(self, ck, cfg, max_len: int):
+    def __init__(self, ck, opts):
         if isinstance(ck.config.get("text_config"), dict):
             ck = LanguageModelView(ck)
-        super().__init__(ck, cfg, max_len)
+        super().__init__(ck, opts)

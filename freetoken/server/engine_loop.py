@@ -12,8 +12,8 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
+from ..engine.client import EngineClient, StepOutput
 from .errors import Overloaded
 from .metrics import Metrics
 
@@ -39,7 +39,7 @@ class Job:
 class EngineLoop:
     """The single thread that talks to the engine."""
 
-    def __init__(self, engine, max_running: int, max_waiting: int, metrics: Metrics):
+    def __init__(self, engine: EngineClient, max_running: int, max_waiting: int, metrics: Metrics):
         self.engine = engine
         self.max_running = max_running
         self.max_waiting = max_waiting
@@ -129,12 +129,11 @@ class EngineLoop:
     def _snapshot_stats(self) -> None:
         """Copy the engine's expert statistics for /metrics (only this thread calls it)."""
         now = time.monotonic()
-        stats = getattr(self.engine, "expert_stats", None)
-        if stats is None or now - self._stats_at < self.stats_every:
+        if now - self._stats_at < self.stats_every:
             return
         self._stats_at = now
         try:
-            self.metrics.engine_stats = stats() or {}
+            self.metrics.engine_stats = self.engine.expert_stats() or {}
         except Exception:  # noqa: BLE001 - statistics must never stop serving
             log.exception("expert_stats() failed")
             self.stats_every = float("inf")
@@ -178,7 +177,6 @@ class EngineLoop:
             self.n_running = 0
 
 
-def _aborted(job: Job):
-    return SimpleNamespace(request_id=job.request_id, new_token_ids=[], new_text="", finished=True,
-                           finish_reason="abort", prompt_tokens=len(job.prompt_ids),
-                           completion_tokens=0)
+def _aborted(job: Job) -> StepOutput:
+    return StepOutput(request_id=job.request_id, new_token_ids=[], new_text="", finished=True,
+                      finish_reason="abort", prompt_tokens=len(job.prompt_ids), completion_tokens=0)
