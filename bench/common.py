@@ -13,7 +13,7 @@ CACHE = Path(os.environ.get("FREETOKEN_BENCH_CACHE", Path.home() / ".cache" / "f
 # Realistic per-layer shapes of a Qwen3-30B-A3B-class model, fewer layers so it fits the machine.
 MEDIUM_QWEN3 = dict(layers=5, experts=64, top_k=8, hidden=2048, vocab=8192,
                     moe_intermediate_size=768, intermediate_size=6144, num_attention_heads=32,
-                    num_key_value_heads=4, head_dim=128, max_position_embeddings=4096)
+                    num_key_value_heads=4, head_dim=128, max_position_embeddings=65536)
 
 # gpt-oss-20b per-layer shapes (hidden/intermediate 2880, 64 heads x 64, 8 kv heads, window 128 on
 # alternate layers, sinks, 32 MXFP4 experts top-4), 4 of its 24 layers: ~2 GB on disk. YaRN as
@@ -42,7 +42,19 @@ def medium_checkpoint(arch: str = "qwen3_moe", name: str = "qwen3-moe-medium", i
         finally:
             torch.set_default_dtype(prev)
         tmp.rename(out)
+    _ensure_positions(out, shape.get("max_position_embeddings"))
     return out
+
+
+def _ensure_positions(out: Path, n: int | None) -> None:
+    """A checkpoint cached before the long-context benches (4096 positions) gets its position
+    limit raised: the weights do not depend on it."""
+    import json
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    if n and cfg.get("max_position_embeddings", n) < n:
+        cfg["max_position_embeddings"] = n
+        cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
 def medium_gpt_oss() -> Path:

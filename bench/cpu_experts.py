@@ -4,12 +4,13 @@ next to torch baselines run on the same shapes in the same process, printing rat
     .venv/bin/python bench/cpu_experts.py                       # all formats, decode (1 token)
     .venv/bin/python bench/cpu_experts.py --formats bf16,int8 --tokens 1,4 --seconds 1
     .venv/bin/python bench/cpu_experts.py --per-core   # 1 thread, CPU-time clock (shared machines)
+    .venv/bin/python bench/cpu_experts.py --formats int8,mxfp4 --isa native,avx2 --per-core   # VNNI vs AVX2
 
 B_H = bytes of expert weights (and scales) of the distinct experts a call touches / call time;
 routes are fresh random top-k sets over --experts experts (banks far larger than the caches).
 Torch baselines (per expert, like transformers' eager MoE loop):
   fp32/bf16/fp16  F.linear on the bank rows;   int8  torch._weight_int8pack_mm (per-channel int8);
-  mxfp4           torch._weight_int4pack_mm_for_cpu (int4, group 32) as the nearest 4-bit op;
+  mxfp4, nvfp4    torch._weight_int4pack_mm_for_cpu (int4, group 32) as the nearest 4-bit op;
   fp8             dequantize + F.linear (torch has no CPU fp8 matmul).
 """
 from __future__ import annotations
@@ -51,7 +52,7 @@ class TorchBaseline:
             self.dns = torch.rand(n, hidden) * 1e-3
             self.nbytes = self.gu[0].nbytes + self.dn[0].nbytes + self.gus[0].nbytes + self.dns[0].nbytes
             self.name = "torch _weight_int8pack_mm"
-        elif fmt == "mxfp4":  # int4 group-32 packed weights
+        elif fmt in ("mxfp4", "nvfp4"):  # int4 group-32 packed weights (torch has no e2m1 op)
             self.gu = torch.stack([torch._convert_weight_to_int4pack_for_cpu(
                 torch.randint(0, 16, (2 * inter, hidden), dtype=torch.int32), 1) for _ in range(n)])
             self.dn = torch.stack([torch._convert_weight_to_int4pack_for_cpu(
@@ -74,7 +75,7 @@ class TorchBaseline:
         if self.fmt == "int8":
             h = torch._weight_int8pack_mm(x, self.gu[e], self.gus[e])
             return torch._weight_int8pack_mm((F.silu(h[:, :I]) * h[:, I:]).contiguous(), self.dn[e], self.dns[e])
-        if self.fmt == "mxfp4":
+        if self.fmt in ("mxfp4", "nvfp4"):
             h = torch._weight_int4pack_mm_for_cpu(x, self.gu[e], 32, self.gus[e])
             return torch._weight_int4pack_mm_for_cpu((F.silu(h[:, :I]) * h[:, I:]).contiguous(), self.dn[e], 32, self.dns[e])
         b = self.banks
@@ -101,7 +102,7 @@ class TorchBaseline:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default="bf16,fp8,int8,mxfp4,fp16,fp32")
+    ap.add_argument("--formats", default="bf16,fp8,int8,mxfp4,nvfp4,fp16,fp32")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--inter", type=int, default=768)
     ap.add_argument("--experts", type=int, default=32, help="experts in the bank (bank >> L3)")
@@ -110,6 +111,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.5)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-torch", action="store_true", help="skip the torch baselines")
+    ap.add_argument("--isa", default="native", help="comma list of kernel variants: native, avx2, portable")
     ap.add_argument("--per-core", action="store_true",
                     help="one thread everywhere, timed by the thread's CPU clock (robust on shared machines)")
     a = ap.parse_args()
@@ -123,21 +125,22 @@ def main() -> None:
     print(f"read bandwidth: kernel pool {rb / 1e9:.1f} GB/s, torch.sum {tb / 1e9:.1f} GB/s "
           f"(threads: {a.threads or 'one per core'}, torch {torch.get_num_threads()}, clock {clock})")
     print(f"shapes: hidden {a.hidden}, intermediate {a.inter}, {a.experts} experts, top-{a.top_k}")
-    print(f"{'format':7s} {'tok':>3s} {'isa':8s} {'B/weight':>8s} {'B_H GB/s':>9s} {'/read':>6s}  "
+    print(f"{'format':7s} {'tok':>3s} {'isa':11s} {'B/weight':>8s} {'B_H GB/s':>9s} {'/read':>6s}  "
           f"{'torch GB/s':>10s} {'ours/torch':>10s}  torch baseline")
     for fmt in a.formats.split(","):
         banks = build_banks(fmt, a.experts, a.hidden, a.inter)
-        ex = CpuExpertExecutor(banks, fmt, a.hidden, a.inter, num_threads=a.threads)
-        per_w = expert_nbytes(ex) / (3 * a.hidden * a.inter)
         base = None if a.no_torch else TorchBaseline(fmt, banks, a.hidden, a.inter)
-        for t in [int(v) for v in a.tokens.split(",")]:
-            bh = measure_expert_bandwidth(ex, tokens=t, top_k=a.top_k, seconds=a.seconds, clock=clock)
-            line = f"{fmt:7s} {t:3d} {ex.isa:8s} {per_w:8.3f} {bh / 1e9:9.1f} {bh / rb:6.2f}"
-            if base is not None:
-                tbh = base.bandwidth(a.experts, a.hidden, t, a.top_k, a.seconds, clock)
-                line += f"  {tbh / 1e9:10.1f} {bh / tbh:10.2f}  {base.name}"
-            print(line, flush=True)
-        ex.close()
+        for isa in a.isa.split(","):
+            ex = CpuExpertExecutor(banks, fmt, a.hidden, a.inter, num_threads=a.threads, isa=isa)
+            per_w = expert_nbytes(ex) / (3 * a.hidden * a.inter)
+            for t in [int(v) for v in a.tokens.split(",")]:
+                bh = measure_expert_bandwidth(ex, tokens=t, top_k=a.top_k, seconds=a.seconds, clock=clock)
+                line = f"{fmt:7s} {t:3d} {ex.isa:11s} {per_w:8.3f} {bh / 1e9:9.1f} {bh / rb:6.2f}"
+                if base is not None:
+                    tbh = base.bandwidth(a.experts, a.hidden, t, a.top_k, a.seconds, clock)
+                    line += f"  {tbh / 1e9:10.1f} {bh / tbh:10.2f}  {base.name}"
+                print(line, flush=True)
+            ex.close()
         del banks, base
 
 

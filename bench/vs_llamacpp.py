@@ -1,19 +1,20 @@
 """FreeToken vs llama.cpp on the same random medium checkpoint, side by side (outside CI).
 
-    .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512] [--decode 128] [--rounds 3]
-                                          [--formats bf16,q8_0,mxfp4]
+    .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512,4096,16384] [--parallel 1,4]
+                                          [--decode 64] [--rounds 3] [--formats bf16,q8_0,mxfp4]
 
 bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
 `expert_format="int8", dense_format="int8"`, vs llama.cpp's Q8_0 GGUF);
 mxfp4 runs a medium gpt-oss whose experts ship as MXFP4 and stay packed in both engines, the
 rest bf16 in both (converted with --outtype bf16, which keeps the MXFP4 experts as they are).
 
-First run installs llama-cpp-python (built from its sdist, ~13 min on 2 cores) into a cached
-venv under ~/.cache/freetoken/llamacpp, and uses the sdist's own convert_hf_to_gguf.py with
-its vendored gguf-py. Home-made tokenizers are mapped to the "qwen2" BPE pre-tokenizer.
-Prints prefill/decode tok/s of both engines (medians over rounds that alternate which engine
-goes first) and the ratios freetoken/llama.cpp (median of the per-round ratios), and how far
-their greedy tokens agree."""
+For each prompt length P and parallel count S: S sequences with their own P-token prompts are
+prefilled, then decode together (llama.cpp: S sequences in one batch per step; FreeToken: S
+requests, continuously batched); decode tok/s is the aggregate over the S sequences, measured
+at that context. Prints the machine's ISA line, then prefill/decode tok/s of both engines
+(medians over rounds that alternate which engine goes first) and the ratios
+freetoken/llama.cpp (median of the per-round ratios); for S=1 also how far their greedy tokens
+agree. llama.cpp is installed on first use (see llamacpp_setup.py)."""
 from __future__ import annotations
 
 import argparse
@@ -28,83 +29,58 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import CACHE, medium_checkpoint, medium_gpt_oss  # noqa: E402
-
-LLAMA_DIR = CACHE.parent / "llamacpp"
-VERSION = "0.3.36"
-
-
-def ensure_llamacpp() -> tuple[Path, Path]:
-    """(python of the llama.cpp venv, convert_hf_to_gguf.py)."""
-    py = LLAMA_DIR / "venv" / "bin" / "python"
-    src = LLAMA_DIR / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
-    ok = py.exists() and subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0
-    if not ok:
-        print("installing llama-cpp-python (one-off, several minutes) ...", flush=True)
-        LLAMA_DIR.mkdir(parents=True, exist_ok=True)
-        steps = [
-            [sys.executable, "-m", "venv", str(LLAMA_DIR / "venv")],
-            [py, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-             f"llama-cpp-python=={VERSION}", "-d", str(LLAMA_DIR / "sdist")],
-            ["tar", "xzf", str(LLAMA_DIR / "sdist" / f"llama_cpp_python-{VERSION}.tar.gz"), "-C", str(LLAMA_DIR)],
-            [py, "-m", "pip", "install", "-q", "numpy", "torch==2.13.0", "safetensors", "sentencepiece", "transformers"],
-            [py, "-m", "pip", "install", "-q", str(LLAMA_DIR / "sdist" / f"llama_cpp_python-{VERSION}.tar.gz")],
-        ]
-        for s in steps:
-            subprocess.run(s, check=True)
-    return py, src / "convert_hf_to_gguf.py"
-
-
-CONVERT = textwrap.dedent("""
-    import sys, runpy
-    sys.path.insert(0, {gguf_py!r}); sys.path.insert(0, {src!r})
-    import convert_hf_to_gguf as c
-    try:
-        from conversion.base import TextModel          # llama.cpp after the converter split
-    except ImportError:
-        TextModel = c.TextModel
-    orig = TextModel.get_vocab_base_pre
-    def pre(self, tokenizer):
-        try:
-            return orig(self, tokenizer)
-        except NotImplementedError:
-            return "qwen2"          # home-made byte-level BPE: same pre-tokenizer as Qwen2
-    TextModel.get_vocab_base_pre = pre
-    sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
-    c.main()
-""")
-
-
-def to_gguf(py: Path, converter: Path, model_dir: Path, outtype: str) -> Path:
-    out = model_dir.parent / f"{model_dir.name}-{outtype}.gguf"
-    if not out.exists():
-        script = CONVERT.format(gguf_py=str(converter.parent / "gguf-py"), src=str(converter.parent))
-        subprocess.run([py, "-c", script, str(model_dir), "--outtype", outtype, "--outfile", str(out)], check=True)
-    return out
-
+from common import medium_checkpoint, medium_gpt_oss  # noqa: E402
+from llamacpp_setup import ensure_llamacpp, to_gguf  # noqa: E402
 
 LLAMA_RUN = textwrap.dedent("""
     import json, sys, time
-    import llama_cpp, numpy as np
-    from llama_cpp import Llama
+    import llama_cpp as L, numpy as np
     path, threads, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    prompt = json.loads(sys.stdin.read())
-    # swa_full=False as llama-cli/llama-server run: sliding-window layers keep only their window
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512,
-                swa_full=False, verbose=False)
-    llm.eval(prompt[:32]); llm.reset()                                   # warm-up
-    t = time.perf_counter(); llm.eval(prompt); t_prefill = time.perf_counter() - t
-    last = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).tolist()
-    toks = []
+    prompts = json.loads(sys.stdin.read())
+    S, plen = len(prompts), max(len(p) for p in prompts)
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+    cp = L.llama_context_default_params()
+    cp.n_ctx = S * (plen + n_decode + 64)            # enough whether the KV cache is unified or split per sequence
+    cp.n_batch = cp.n_ubatch = 512
+    cp.n_seq_max, cp.n_threads, cp.n_threads_batch = S, threads, threads
+    cp.swa_full = False                               # as llama-cli/llama-server: sliding-window layers keep their window
+    ctx = L.llama_init_from_model(model, cp)
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    batch = L.llama_batch_init(512, 0, S)
+
+    def submit(entries):                              # [(token, pos, seq, wants logits)]
+        batch.n_tokens = len(entries)
+        for i, (t, p, s, lg) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = t, p, 1, lg
+            batch.seq_id[i][0] = s
+        assert L.llama_decode(ctx, batch) == 0
+
+    def logits(i):
+        return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
+
+    def prefill(s, prompt):
+        for j in range(0, len(prompt), 512):
+            part = prompt[j:j + 512]
+            submit([(t, j + i, s, j + i == len(prompt) - 1) for i, t in enumerate(part)])
+        return int(logits(len(prompt) - 1 - (len(prompt) - 1) // 512 * 512).argmax())
+
+    prefill(0, prompts[0][:32])                                           # warm-up
+    L.llama_memory_clear(L.llama_get_memory(ctx), True)
     t = time.perf_counter()
-    for _ in range(n_decode):
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),))
-        tok = int(logits.argmax())
-        toks.append(tok)
-        llm.eval([tok])
+    nxt = [prefill(s, p) for s, p in enumerate(prompts)]
+    t_prefill = time.perf_counter() - t
+    last = logits(len(prompts[-1]) - 1 - (len(prompts[-1]) - 1) // 512 * 512).tolist() if S == 1 else []
+    toks = [[] for _ in range(S)]
+    t = time.perf_counter()
+    for step in range(n_decode):
+        for s in range(S):
+            toks[s].append(nxt[s])
+        submit([(nxt[s], len(prompts[s]) + step, s, True) for s in range(S)])
+        nxt = [int(logits(s).argmax()) for s in range(S)]
     t_decode = time.perf_counter() - t
-    print(json.dumps({"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks,
-                      "last_logits": last}))
+    print(json.dumps({"prefill": sum(map(len, prompts)) / t_prefill, "decode": S * n_decode / t_decode,
+                      "tokens": toks[0], "last_logits": last}))
 """)
 
 
@@ -116,34 +92,41 @@ FORMATS = {
 }
 
 
-def run_llamacpp(py: Path, gguf: Path, prompt: list[int], threads: int, n_decode: int) -> dict:
-    r = subprocess.run([py, "-c", LLAMA_RUN, str(gguf), str(threads), str(n_decode)], input=json.dumps(prompt),
-                       capture_output=True, text=True, check=True)
+def run_llamacpp(py: Path, gguf: Path, prompts: list[list[int]], threads: int, n_decode: int) -> dict:
+    r = subprocess.run([py, "-c", LLAMA_RUN, str(gguf), str(threads), str(n_decode)], input=json.dumps(prompts),
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp run failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_freetoken(model_dir: Path, prompt: list[int], threads: int, n_decode: int, **opts) -> dict:
+def run_freetoken(model_dir: Path, prompts: list[list[int]], threads: int, n_decode: int, **opts) -> dict:
+    """Prefill tok/s over all prompts (one request each, as the scheduler batches them), then the
+    aggregate decode tok/s from the step where every sequence has its first token."""
     from freetoken import LLM, SamplingParams
-    llm = LLM(str(model_dir), dtype="bfloat16", num_threads=threads, max_model_len=2048, **opts)
+    plen = max(len(p) for p in prompts)
+    llm = LLM(str(model_dir), dtype="bfloat16", num_threads=threads, max_model_len=plen + n_decode + 64,
+              max_num_seqs=max(len(prompts), 1), **opts)
     g = dict(temperature=0.0, ignore_eos=True)
-    llm.generate([prompt[:32]], SamplingParams(max_tokens=2, **g))
-    t = time.perf_counter()
-    llm.generate([prompt], SamplingParams(max_tokens=1, **g))
-    t_prefill = time.perf_counter() - t
+    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=2, **g))
     engine = llm.engine
-    engine.add_request("d", prompt, SamplingParams(max_tokens=n_decode + 1, **g))
-    toks, t_first = [], None
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, SamplingParams(max_tokens=n_decode + 1, **g))
+    toks = {str(i): [] for i in range(len(prompts))}
+    t0, t_first, counted = time.perf_counter(), None, 0
     while engine.has_unfinished():
         for o in engine.step():
-            toks.extend(o.new_token_ids)
-        if t_first is None:
+            toks[o.request_id].extend(o.new_token_ids)
+            if t_first is not None:
+                counted += len(o.new_token_ids)
+        if t_first is None and all(toks.values()):
             t_first = time.perf_counter()
+            t_prefill = t_first - t0
     t_decode = time.perf_counter() - t_first
     backend = llm.expert_stats().get("backend", "?")
     # all generated tokens, the prefill's first included: llama.cpp's list starts with that one too
-    out = {"prefill": len(prompt) / t_prefill, "decode": n_decode / t_decode, "tokens": toks[:n_decode],
-           "backend": backend, "llm": llm}
-    return out
+    return {"prefill": sum(map(len, prompts)) / t_prefill, "decode": counted / t_decode,
+            "tokens": toks["0"][:n_decode], "backend": backend, "llm": llm}
 
 
 def agreement(ft: dict, ll: dict, prompt: list[int]) -> str:
@@ -166,7 +149,7 @@ def agreement(ft: dict, ll: dict, prompt: list[int]) -> str:
             f"{worst:.3f} ({worst / scale:.1%} of the logit scale)")
 
 
-def side_by_side(py, gguf, model, prompt, args, ft_opts) -> tuple[dict, dict, list[tuple[float, float]]]:
+def side_by_side(py, gguf, model, prompts, args, ft_opts) -> tuple[dict, dict, list[tuple[float, float]]]:
     """`args.rounds` rounds, the engines' order alternating (this machine's speed drifts over
     minutes): the medians of each engine's figures, the last FreeToken run (kept open for the
     agreement check) and each round's (prefill, decode) ratios."""
@@ -175,11 +158,11 @@ def side_by_side(py, gguf, model, prompt, args, ft_opts) -> tuple[dict, dict, li
         pair = {}
         for engine in (("llama.cpp", "freetoken") if r % 2 == 0 else ("freetoken", "llama.cpp")):
             if engine == "llama.cpp":
-                pair[engine] = run_llamacpp(py, gguf, prompt, args.threads, args.decode)
+                pair[engine] = run_llamacpp(py, gguf, prompts, args.threads, args.decode)
             else:
                 if fts:
                     fts[-1].pop("llm").close()
-                pair[engine] = run_freetoken(model, prompt, args.threads, args.decode, **ft_opts)
+                pair[engine] = run_freetoken(model, prompts, args.threads, args.decode, **ft_opts)
         lls.append(pair["llama.cpp"])
         fts.append(pair["freetoken"])
         ratios.append((pair["freetoken"]["prefill"] / pair["llama.cpp"]["prefill"],
@@ -190,37 +173,71 @@ def side_by_side(py, gguf, model, prompt, args, ft_opts) -> tuple[dict, dict, li
     return ft, ll, ratios
 
 
+def isa_line(threads: int) -> str:
+    """The CPU model, its SIMD flags that matter here, and what FreeToken chose on it."""
+    from freetoken.kernels import cpu_kernels
+    from freetoken.kernels.choices import machine_choices
+    from freetoken.platform import cpu_flags
+    model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                  if ln.startswith("model name")), "?")
+    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+              "avx512_fp16", "amx_bf16", "amx_int8")
+    flags = " ".join(f for f in wanted if f in cpu_flags())
+    lib = cpu_kernels()
+    choice = machine_choices(torch.bfloat16, torch.device("cpu"), "auto", lib is not None, threads)
+    return (f"CPU: {model}; flags: {flags}; kernels: {lib.ft_isa().decode() if lib else 'none'}; "
+            f"{choice.describe()}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt", type=int, default=512)
-    ap.add_argument("--decode", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3, help="side-by-side rounds per format (median reported)")
+    ap.add_argument("--prompt", default="512", help="comma list of prompt lengths (decode measured at that context)")
+    ap.add_argument("--parallel", default="1", help="comma list of sequence counts decoding together")
+    ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="side-by-side rounds per case (median reported)")
     ap.add_argument("--formats", default="bf16", help="comma list of " + ", ".join(FORMATS))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(isa_line(args.threads), flush=True)
     py, converter = ensure_llamacpp()
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(100, 8000, (args.prompt,), generator=g).tolist()      # both vocabs are 8192
     rows = []
     for fmt in args.formats.split(","):
         build, outtype, ft_opts = FORMATS[fmt]
         model = build()
         gguf = to_gguf(py, converter, model, outtype)
-        ft, ll, ratios = side_by_side(py, gguf, model, prompt, args, ft_opts)
-        same = next((i for i, (a, b) in enumerate(zip(ft["tokens"], ll["tokens"])) if a != b), len(ll["tokens"]))
-        rows.append((fmt, model, ft, ll, ratios, same, agreement(ft, ll, prompt)))
-    print(f"\nbatch 1, {args.threads} threads, prompt {args.prompt}, decode {args.decode}, "
-          f"median of {args.rounds} alternating rounds")
-    print(f"{'format':8}{'engine':12}{'prefill tok/s':>15}{'decode tok/s':>14}")
-    for fmt, model, ft, ll, ratios, same, agree in rows:
-        print(f"{fmt:8}{'freetoken':12}{ft['prefill']:15.1f}{ft['decode']:14.2f}   (model {model.name}, "
-              f"moe backend {ft['backend']})")
-        print(f"{'':8}{'llama.cpp':12}{ll['prefill']:15.1f}{ll['decode']:14.2f}")
-        rp, rd = statistics.median(r[0] for r in ratios), statistics.median(r[1] for r in ratios)
-        print(f"{'':8}{'ratio':12}{rp:14.2f}x{rd:13.2f}x   per round: "
-              + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in ratios))
-        print(f"{'':20}free-running greedy tokens agree for the first {same} of {len(ll['tokens'])}; {agree}")
+        for plen in map(int, args.prompt.split(",")):
+            for par in map(int, args.parallel.split(",")):
+                # each sequence its own prompt: no prefix sharing in either engine; both vocabs are 8192
+                prompts = [torch.randint(100, 8000, (plen,), generator=g).tolist() for _ in range(par)]
+                ft, ll, ratios = side_by_side(py, gguf, model, prompts, args, ft_opts)
+                agree = ""
+                if par == 1:
+                    same = next((i for i, (a, b) in enumerate(zip(ft["tokens"], ll["tokens"])) if a != b),
+                                len(ll["tokens"]))
+                    agree = (f"free-running greedy tokens agree for the first {same} of {len(ll['tokens'])}; "
+                             + agreement(ft, ll, prompts[0]))
+                else:
+                    ft.pop("llm").close()
+                rows.append((fmt, plen, par, model, ft, ll, ratios, agree))
+                print_row(*rows[-1])
+    print(f"\n{isa_line(args.threads)}\n{args.threads} threads, decode {args.decode} tokens per sequence, "
+          f"median of {args.rounds} alternating rounds; decode tok/s aggregate over the parallel sequences")
+    print(f"{'format':8}{'prompt':>7}{'par':>4}  {'engine':11}{'prefill tok/s':>15}{'decode tok/s':>14}")
+    for row in rows:
+        print_row(*row, note=False)
+
+
+def print_row(fmt, plen, par, model, ft, ll, ratios, agree, note=True):
+    rp, rd = statistics.median(r[0] for r in ratios), statistics.median(r[1] for r in ratios)
+    print(f"{fmt:8}{plen:7}{par:4}  {'freetoken':11}{ft['prefill']:15.1f}{ft['decode']:14.2f}"
+          + (f"   (model {model.name}, moe backend {ft['backend']})" if note else ""))
+    print(f"{'':19}{'llama.cpp':11}{ll['prefill']:15.1f}{ll['decode']:14.2f}")
+    print(f"{'':19}{'ratio':11}{rp:14.2f}x{rd:13.2f}x   per round: "
+          + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in ratios), flush=True)
+    if note and agree:
+        print(f"{'':19}{agree}")
 
 
 if __name__ == "__main__":

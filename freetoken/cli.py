@@ -13,7 +13,8 @@ from .experts.formats import FORMAT_NAMES
 from .experts.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES
 
 # Subcommands that live with their subsystem: module with register(subparsers).
-_PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli"]
+_PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli",
+            "freetoken.weights.convert_cli", "freetoken.memory.plan_cli"]
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -32,6 +33,14 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--record-routing", default=None, metavar="FILE", help="record every step's routing (JSONL)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
+    p.add_argument("--verify", default="on", choices=["on", "off"],
+                   help="FTW files: verify every tensor's checksum while reading (default on)")
+    p.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache budget, prefix cache included")
+    p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
+                   help="recompute every prompt from its first token (no KV/state reuse across requests)")
+    p.add_argument("--state-checkpoints", type=int, default=16,
+                   help="hybrid models: state snapshots kept per session for prefix reuse")
+    p.add_argument("--state-cache-gib", type=float, default=2.0, help="hybrid models: all state snapshots together")
 
 
 def engine_options(args) -> dict:
@@ -39,7 +48,9 @@ def engine_options(args) -> dict:
                 expert_cache_slots=args.expert_cache_slots, expert_cache_gib=args.expert_cache_gib,
                 expert_cache_policy=args.expert_cache_policy,
                 max_model_len=args.max_model_len, num_threads=args.threads, expert_format=args.expert_format,
-                dense_format=args.dense_format, record_routing=args.record_routing)
+                dense_format=args.dense_format, record_routing=args.record_routing, kv_cache_gib=args.kv_cache_gib,
+                prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,
+                state_cache_gib=args.state_cache_gib, verify_weights=args.verify == "on")
 
 
 def cmd_generate(args) -> int:
@@ -83,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
-    g.add_argument("--model", required=True)
+    g.add_argument("--model", required=True, help="HF checkpoint directory or FTW file")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.7)

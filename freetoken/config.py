@@ -11,7 +11,6 @@ from .errors import InvalidRequestError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
 from .experts.slots import parse_policy
-from .platform import compute_dtype
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -22,8 +21,9 @@ class EngineConfig:
     model: str
     dtype: str = "bfloat16"
     device: str = "auto"                  # "auto" -> cuda when present, else cpu
-    # Dense layers and activations: "auto" = dtype, except bf16/fp16 on a CPU without native
-    # half-precision matmul, where they compute in float32 (experts stay in `dtype`).
+    # Activations: "auto" = float32 on the CPU with the C kernels (they read bf16 weights and KV in
+    # place), prefill GEMMs in native bf16 where a calibration measures it faster; elsewhere `dtype`.
+    # An explicit dtype holds everywhere. See freetoken/kernels/choices.py.
     compute_dtype: str = "auto"
     max_model_len: int | None = None       # default: min(config max positions, 32768)
     max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
@@ -31,6 +31,11 @@ class EngineConfig:
     kv_block_size: int = 16
     kv_cache_gib: float | None = None      # KV budget; default fits max_num_seqs x max_model_len, capped at 4 GiB
     num_threads: int | None = None         # torch CPU threads; default all cores
+    # Prefix cache (engine/prefix_cache.py): finished and running sequences leave their KV
+    # blocks in a radix tree (inside kv_cache_gib); hybrid models also keep state snapshots.
+    prefix_cache: bool = True
+    state_checkpoints: int = 16            # state snapshots kept per session (root-to-leaf path)
+    state_cache_gib: float = 2.0           # all state snapshots together (host memory)
     # Expert memory (see freetoken/experts/).
     moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
     expert_cache_slots: int | None = None
@@ -44,6 +49,7 @@ class EngineConfig:
     dense_format: str | None = None
     bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
     record_routing: str | None = None      # write every step's routing to this JSONL file
+    verify_weights: bool = True            # FTW files: check every tensor's checksum while reading
     seed: int = 0
 
     def __post_init__(self):
@@ -62,7 +68,9 @@ class EngineConfig:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
         if self.dense_format not in (None, "int8"):
             raise InvalidRequestError(f"dense_format: expected int8 or none, got {self.dense_format!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size"):
+        if self.state_cache_gib < 0:
+            raise InvalidRequestError(f"state_cache_gib: expected >= 0, got {self.state_cache_gib}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
 
@@ -91,13 +99,21 @@ class EngineConfig:
         max_pos = model_config.get("max_position_embeddings") or DEFAULT_MAX_LEN
         return Resolved(
             device=device, dtype=self.torch_dtype,
-            compute_dtype=compute_dtype(self.torch_dtype, device, self.compute_dtype),
+            # the model makes the final call (kernels.choices, which knows whether the C kernels
+            # built); the loader puts the model's choice into the table
+            compute_dtype=_activation_dtype(self.torch_dtype, device, self.compute_dtype),
             max_model_len=self.max_model_len or min(int(max_pos), DEFAULT_MAX_LEN),
             num_threads=self.num_threads, spin_us=_spin_us())
 
 
 DEFAULT_MAX_LEN = 32768
 DEFAULT_SPIN_US = 200
+
+
+def _activation_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
+    from .kernels.choices import activation_dtype
+    from .platform import cpu_flags
+    return activation_dtype(weights, device, requested, kernels=device.type == "cpu", flags=cpu_flags())
 
 
 def _spin_us() -> int:

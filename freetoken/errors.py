@@ -19,3 +19,7 @@ class PromptTooLongError(FreeTokenError, ValueError):
 
 class InvalidRequestError(FreeTokenError, ValueError):
     """Sampling parameters or other request fields are out of range."""
+
+
+class NumericalError(FreeTokenError):
+    """The model produced NaN logits (damaged weights or an overflow in a kernel)."""

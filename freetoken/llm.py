@@ -17,6 +17,7 @@ class Completion:
     token_ids: list[int]
     text: str
     finish_reason: str
+    num_cached_tokens: int = 0       # prompt tokens served from the prefix cache
 
 
 class LLM:
@@ -48,8 +49,9 @@ class LLM:
                 toks.extend(out.new_token_ids)
                 texts.append(out.new_text)
                 if out.finished:
-                    results[out.request_id] = (toks, texts, out.finish_reason)
-        return [Completion(token_lists[r], results[r][0], "".join(results[r][1]), results[r][2]) for r in order]
+                    results[out.request_id] = (toks, texts, out.finish_reason, out.num_cached_tokens)
+        return [Completion(token_lists[r], results[r][0], "".join(results[r][1]), results[r][2], results[r][3])
+                for r in order]
 
     def score(self, token_ids: list[int]) -> torch.Tensor:
         """float32 logits [len(token_ids), vocab] for every position, via the normal prefill path."""

@@ -1,9 +1,14 @@
 """Per-request sampling options, validated on construction."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from .errors import InvalidRequestError
+
+# Below this a temperature only sharpens an already one-hot distribution, and dividing
+# fp32 logits by it overflows to inf (then NaN probabilities): clamp up to it.
+MIN_TEMPERATURE = 1e-2
 
 
 @dataclass
@@ -28,6 +33,19 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = [s for s in (self.stop or []) if s]
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise InvalidRequestError(f"SamplingParams.{name}: got {v!r}, expected a finite number")
+        for name in ("max_tokens", "top_k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise InvalidRequestError(f"SamplingParams.{name}: got {v!r}, expected an integer")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -2**63 <= self.seed < 2**64):
+            raise InvalidRequestError(f"SamplingParams.seed: got {self.seed!r}, expected an integer "
+                                      "in [-2**63, 2**64)")
         checks = [
             ("max_tokens", self.max_tokens >= 1, "an integer >= 1"),
             ("temperature", 0.0 <= self.temperature <= 100.0, "a number in [0, 100]"),
@@ -36,11 +54,13 @@ class SamplingParams:
             ("min_p", 0.0 <= self.min_p <= 1.0, "a number in [0, 1]"),
             ("presence_penalty", -2.0 <= self.presence_penalty <= 2.0, "a number in [-2, 2]"),
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "a number in [-2, 2]"),
-            ("repetition_penalty", 0.0 < self.repetition_penalty <= 10.0, "a number in (0, 10]"),
+            ("repetition_penalty", 0.01 <= self.repetition_penalty <= 10.0, "a number in [0.01, 10]"),
         ]
         for name, ok, expected in checks:
             if not ok:
                 raise InvalidRequestError(f"SamplingParams.{name}: got {getattr(self, name)!r}, expected {expected}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            self.temperature = MIN_TEMPERATURE
 
     @property
     def greedy(self) -> bool:

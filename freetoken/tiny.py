@@ -24,6 +24,13 @@ def _moe_inter(hidden):
     return max(16, hidden // 2)
 
 
+def _deepseek_v3(L, E, K, H, V):
+    return dict(_common(L, H, V, kv_heads=4), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+                n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, n_group=max(1, E // 4),
+                topk_group=max(1, E // 8), first_k_dense_replace=1, kv_lora_rank=H // 2, q_lora_rank=H // 2,
+                qk_nope_head_dim=H // 4, qk_rope_head_dim=H // 8, v_head_dim=H // 4)
+
+
 # arch -> (transformers config class, kwargs builder(layers, experts, top_k, hidden, vocab))
 ARCHS = {
     "qwen3_moe": ("Qwen3MoeConfig", lambda L, E, K, H, V: dict(
@@ -49,8 +56,29 @@ ARCHS = {
     "gpt_oss": ("GptOssConfig", lambda L, E, K, H, V: dict(
         _common(L, H, V), head_dim=H // 4, intermediate_size=_moe_inter(H), num_local_experts=E,
         num_experts_per_tok=K, sliding_window=8)),
+    "glm4_moe": ("Glm4MoeConfig", lambda L, E, K, H, V: dict(
+        _common(L, H, V), head_dim=H // 4, intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+        n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, first_k_dense_replace=1,
+        n_group=2 if E % 2 == 0 and K <= E // 2 else 1, topk_group=1, routed_scaling_factor=2.5,
+        use_qk_norm=True, norm_topk_prob=True, partial_rotary_factor=0.5)),
+    "deepseek_v3": ("DeepseekV3Config", lambda L, E, K, H, V: _deepseek_v3(L, E, K, H, V)),
+    "deepseek_v32": ("DeepseekV32Config", lambda L, E, K, H, V: dict(
+        _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8)),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", lambda L, E, K, H, V: dict(
+        _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8,
+        indexer_types=["full" if i % 2 == 0 else "shared" for i in range(L)])),
+    "deepseek_v4": ("DeepseekV4Config", lambda L, E, K, H, V: dict(
+        _common(L, H, V, kv_heads=1), head_dim=H // 2, q_lora_rank=H // 2, moe_intermediate_size=_moe_inter(H),
+        n_routed_experts=E, num_experts_per_tok=K, sliding_window=8, o_groups=2, o_lora_rank=H // 4,
+        index_n_heads=16, index_head_dim=H // 4, index_topk=4, hc_mult=2, partial_rotary_factor=0.25,
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+        layer_types=[("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")[i % 3]
+                     for i in range(L)],
+        mlp_layer_types=["hash_moe" if i == 0 else "moe" for i in range(L)])),
 }
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
+ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks
+ARCHS["deepseek_v4_fp4"] = ARCHS["deepseek_v4"]  # V4-Flash's format: FP8/UE8M0 projections, FP4 experts
 
 
 def _corpus() -> list[str]:
@@ -74,6 +102,17 @@ def train_tokenizer(vocab_size: int):
     return tok
 
 
+def randomize_selection_biases(model, seed: int = 0) -> None:
+    """Sigmoid routers' correction biases and DeepSeek-V4's hash-routing table start at zero in
+    transformers; real checkpoints carry learned ones, and zeros would leave them untested."""
+    for name, buf in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            buf.uniform_(-0.05, 0.05)
+        if name.endswith("tid2eid"):                       # a real token -> experts table
+            g, experts = torch.Generator().manual_seed(seed), model.config.n_routed_experts
+            buf.copy_(torch.stack([torch.randperm(experts, generator=g)[:buf.shape[1]] for _ in range(buf.shape[0])]))
+
+
 def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8, top_k: int = 2,
               hidden: int = 64, vocab: int = 512, seed: int = 0, dtype: str = "float32", **overrides) -> Path:
     """Write a random-weight checkpoint of `arch` to out_dir and return its path."""
@@ -91,10 +130,17 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
+    randomize_selection_biases(model, seed)
     model.to(getattr(torch, dtype)).save_pretrained(out)
     if arch.endswith("_mxfp4"):
         from .models.gpt_oss import quantize_checkpoint_experts
         quantize_checkpoint_experts(out)
+    if arch == "deepseek_v4_fp4":
+        from .models.deepseek_v4 import quantize_checkpoint
+        quantize_checkpoint(out)
+    if arch.endswith("_fp8"):
+        from .weights.fp8 import quantize_checkpoint_fp8
+        quantize_checkpoint_fp8(out)
     tok.save(str(out / "tokenizer.json"))
     template = resources.files("freetoken.templates").joinpath("qwen.jinja").read_text()
     (out / "tokenizer_config.json").write_text(json.dumps({

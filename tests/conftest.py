@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random checkpoints written by transformers' own classes."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,40 @@ def tiny_dir(tmp_path_factory):
         key = (arch, tuple(sorted(kw.items())))
         if key not in cache:
             cache[key] = make_tiny(arch, root / f"{arch}-{len(cache)}", **kw)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_dir(tmp_path_factory):
+    """real_tokenizer_dir(vocab, template_file=None) -> a tokenizer directory converted from
+    ../shared/data/tokenizers/ggml-vocab-<vocab>.gguf, with a chat template from
+    ../shared/data/chat-templates/<template_file> (else the GGUF's own). Skips without the data."""
+    from helpers import SHARED_DATA
+
+    from freetoken.weights.gguf_tokenizer import save_tokenizer_dir
+    root = tmp_path_factory.mktemp("realtok")
+    cache: dict = {}
+
+    def get(vocab: str, template_file: str | None = None) -> Path:
+        gguf = SHARED_DATA / "tokenizers" / f"ggml-vocab-{vocab}.gguf"
+        if not gguf.is_file():
+            pytest.skip(f"real tokenizers not found at {gguf.parent} (shared data is not checked out)")
+        if vocab not in cache:
+            cache[vocab] = save_tokenizer_dir(gguf, root / vocab)
+        if template_file is None:
+            return cache[vocab]
+        key = (vocab, template_file)
+        if key not in cache:
+            out = root / f"{vocab}-{len(cache)}"
+            out.mkdir()
+            template = (SHARED_DATA / "chat-templates" / template_file).read_text()
+            cfg = json.loads((cache[vocab] / "tokenizer_config.json").read_text())
+            cfg["chat_template"] = template
+            (out / "tokenizer_config.json").write_text(json.dumps(cfg))
+            (out / "tokenizer.json").symlink_to(cache[vocab] / "tokenizer.json")
+            cache[key] = out
         return cache[key]
 
     return get

@@ -7,14 +7,22 @@ from pathlib import Path
 import torch
 
 ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# ../shared/data next to the checkout (found from a git worktree one level deeper too)
+SHARED_DATA = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4]
+                    if (p / "shared" / "data").is_dir()),
+                   Path(__file__).resolve().parents[1].parent / "shared" / "data")
 
 
-def save_hf_checkpoint(config, out: Path, tokenizer_from: Path, seed: int = 0, max_shard_size=None) -> Path:
-    """A checkpoint made directly by transformers (config class + save_pretrained), with a tokenizer copied in."""
+def save_hf_checkpoint(config, out: Path, tokenizer_from: Path, seed: int = 0, max_shard_size=None,
+                       random_selection_bias: bool = False) -> Path:
+    """A checkpoint made directly by transformers (config class + save_pretrained), with a tokenizer copied in.
+    random_selection_bias: give sigmoid routers non-zero correction biases, as real checkpoints have."""
     import transformers
+    from freetoken.tiny import randomize_selection_biases
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config)
+    if random_selection_bias:
+        randomize_selection_biases(model)
     kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, **kw)
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):

@@ -9,11 +9,15 @@ import torch
 
 from ..config import EngineConfig
 from ..errors import InvalidRequestError, PromptTooLongError
+from ..layers.attention import kv_values_per_token
 from ..models.loader import load_model
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
+from .anchors import AnchorFinder
 from .block_manager import BlockManager
+from .checkpoint_policy import CheckpointPolicy
 from .model_runner import ModelRunner
+from .prefix_cache import PrefixCache
 from .sampler import sample
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
@@ -31,10 +35,13 @@ class StepOutput:
     prompt_tokens: int
     completion_tokens: int
     stop_reason: str | int | None = None   # the stop string or stop/EOS token id that ended it
+    num_cached_tokens: int = 0             # prompt tokens served from the prefix cache, not computed
 
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
+        from ..memory.plan import resolve_memory
+        cfg, self.memory_plan = resolve_memory(cfg)     # sizes that cannot fit are reduced here
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -42,20 +49,30 @@ class LLMEngine:
         self.max_model_len = self.settings.max_model_len
         self.tokenizer = Tokenizer(cfg.model)
         bs = cfg.kv_block_size
-        per_token = sum(2 * h * d for _, h, d in self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
+        per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
         want_tokens = cfg.max_num_seqs * self.max_model_len
         budget_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else 4.0
         tokens = min(want_tokens, int(budget_gib * (1 << 30) / max(per_token, 1)))
         num_blocks = max(2, -(-tokens // bs) + 1)
         self.blocks = BlockManager(num_blocks, bs)
         self.runner = ModelRunner(self.model, num_blocks, bs)
-        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+        make_state = self._state_factory()
+        anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and cfg.prefix_cache else None
+        self.prefix = PrefixCache(self.blocks, enabled=cfg.prefix_cache, make_state=make_state,
+                                  policy=CheckpointPolicy(anchors=anchors, per_session=cfg.state_checkpoints),
+                                  state_budget_bytes=int(cfg.state_cache_gib * (1 << 30)))
+        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.prefix)
         self.capacity_tokens = (num_blocks - 1) * bs
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._seed = torch.Generator().manual_seed(cfg.seed)
         log.info("model %s (%d layers), resolved settings:\n%s", cfg.model, self.model.num_layers, self.settings.table(
             kv_blocks=f"{num_blocks} x {bs} tokens ({self.runner.kv_nbytes / 2**20:.1f} MiB)"))
+
+    def _state_factory(self):
+        """How to make a fresh per-sequence state, for models that carry one (hybrid models)."""
+        probe = self.model.make_state()
+        return self.model.make_state if probe is not None and probe.parts else None
 
     # --- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
@@ -107,10 +124,17 @@ class LLMEngine:
                 outputs.append(self._output(seq, [], seq.detok.take(True) if seq.detok else ""))
                 self.seqs.pop(seq.request_id, None)
             return outputs
+        for seq, _ in batch:
+            if seq.pending_copies:
+                self.runner.copy_rows(seq.pending_copies)
+                self.prefix.copies_done(seq)
         logits, full = self.runner.run(batch)
         to_sample = []
         for i, (seq, n) in enumerate(batch):
+            prompt_len = len(seq.prompt_ids)
+            seq.prompt_computed += max(0, min(seq.num_computed + n, prompt_len) - seq.num_computed)
             seq.num_computed += n
+            self.prefix.after_step(seq)
             if full[i] is not None:
                 seq.prompt_logits.append(full[i])
             if seq.num_pending == 0:
@@ -145,10 +169,13 @@ class LLMEngine:
         if seq.finish_reason == "stop":
             stop = seq.detok.matched_stop if seq.detok and seq.detok.matched_stop else seq.output_ids[-1]
         return StepOutput(seq.request_id, new_ids, text, seq.status is Status.FINISHED, seq.finish_reason,
-                          len(seq.prompt_ids), len(seq.output_ids), stop)
+                          len(seq.prompt_ids), len(seq.output_ids), stop, seq.num_cached_tokens)
 
     def expert_stats(self) -> dict:
-        return self.model.experts.stats() if self.model.experts is not None else {}
+        """Engine statistics for /metrics: the expert memory's and the prefix cache's."""
+        stats = self.model.experts.stats() if self.model.experts is not None else {}
+        stats["prefix"] = self.prefix.stats_dict()
+        return stats
 
     def close(self) -> None:
         if self.model.experts is not None:

@@ -17,7 +17,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = model.device
         slots = num_blocks * block_size
-        self.kv = {i: KVCache(slots, h, d, model.kv_dtype, model.device) for i, h, d in model.kv_layers()}
+        # kv_layers(): (layer, kv heads, head dim) or (layer, 1, row size, False) for a latent
+        # cache that keeps one row per token and no values (MLA)
+        self.kv = {i: KVCache(slots, h, d, model.kv_dtype, model.device, *rest) for i, h, d, *rest in model.kv_layers()}
         self._arange = torch.arange(block_size)
         # the CPU kernels' pool of a pure-CPU model (None on CUDA): decode attention runs there
         self.kernel_pool = model.linear.pool
@@ -30,6 +32,16 @@ class ModelRunner:
     def _slots(self, seq: Sequence, upto: int) -> torch.Tensor:
         table = torch.tensor(seq.block_table, dtype=torch.long)
         return (table[:, None] * self.block_size + self._arange).reshape(-1)[:upto]
+
+    @torch.inference_mode()
+    def copy_rows(self, copies: list[tuple[int, int, int]]) -> None:
+        """Copy the first `rows` token rows of block src into block dst in every KV layer
+        (a prefix that ends inside a shared block continues in a private copy)."""
+        bs = self.block_size
+        for src, dst, rows in copies:
+            for c in self.kv.values():
+                c.k[dst * bs:dst * bs + rows] = c.k[src * bs:src * bs + rows]
+                c.v[dst * bs:dst * bs + rows] = c.v[src * bs:src * bs + rows]
 
     def _torch_threads(self, phase: str) -> None:
         """Pure-CPU decode: every heavy op runs in the kernels' pool and torch's remaining ops are

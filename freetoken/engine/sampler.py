@@ -3,7 +3,20 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import NumericalError
 from .sequence import Sequence
+
+
+def _finite_rows(logits: torch.Tensor) -> torch.Tensor:
+    """NaN -> -inf so one bad entry cannot win an argmax; a row with no number left means
+    the model itself is broken, which no sampling setting can fix."""
+    nan = torch.isnan(logits)
+    if not nan.any():
+        return logits
+    if nan.all(dim=-1).any():
+        raise NumericalError("the model produced NaN logits for every token (damaged weights "
+                             "or an overflow): cannot sample")
+    return logits.masked_fill(nan, float("-inf"))
 
 
 def apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
@@ -24,14 +37,16 @@ def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
     p = seq.params
     for proc in p.logits_processors:
         logits = proc(seq.output_ids, logits)
-    logits = apply_penalties(logits, seq)
+    logits = _finite_rows(apply_penalties(logits, seq))
     if p.greedy:
         return int(torch.argmax(logits))
+    raw = logits
     logits = logits / p.temperature
     if p.top_k and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0, posinf=0.0, neginf=0.0)
     if p.top_p < 1.0:
         sorted_p, idx = torch.sort(probs, descending=True)
         cum = torch.cumsum(sorted_p, dim=-1)
@@ -40,6 +55,8 @@ def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
         probs = torch.zeros_like(probs).scatter_(0, idx, sorted_p)
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    if not float(probs.sum()) > 0.0:    # every candidate overflowed or was filtered out
+        return int(torch.argmax(raw))
     return int(torch.multinomial(probs.cpu(), 1, generator=seq.generator))
 
 
@@ -48,5 +65,5 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     plain_greedy = all(s.params.greedy and not s.params.logits_processors and s.params.repetition_penalty == 1.0
                        and not s.params.presence_penalty and not s.params.frequency_penalty for s in seqs)
     if plain_greedy:
-        return logits.argmax(dim=-1).tolist()
+        return _finite_rows(logits).argmax(dim=-1).tolist()
     return [sample_one(logits[i].clone(), s) for i, s in enumerate(seqs)]

@@ -32,6 +32,12 @@ class Sequence:
         self.want_prompt_logits = want_prompt_logits
         self.prompt_logits: list[torch.Tensor] = []
         self.counts: dict[int, int] = {}      # output token -> occurrences (penalties)
+        # prefix cache (see prefix_cache.py)
+        self.prompt_computed = 0              # prompt tokens this request ran through the model
+        self.tree_path: list = []             # tree nodes of block_table's published prefix
+        self.checkpoint_plan: list[int] = []  # positions to snapshot the state at during prefill
+        self.pending_checkpoints: dict = {}   # position -> snapshot not yet hung on the tree
+        self.pending_copies: list[tuple[int, int, int]] = []   # (src block, dst block, rows)
 
     @property
     def all_ids(self) -> list[int]:
@@ -44,6 +50,11 @@ class Sequence:
     def num_pending(self) -> int:
         """Tokens still to run through the model before the next sample."""
         return len(self) - self.num_computed
+
+    @property
+    def num_cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache rather than computed (so far)."""
+        return max(0, min(self.num_computed, len(self.prompt_ids)) - self.prompt_computed)
 
     def append(self, token: int) -> None:
         self.output_ids.append(token)

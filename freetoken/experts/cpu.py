@@ -90,8 +90,8 @@ class CpuExpertExecutor:
         gs = geom(b[gsk] if gsk else None, -(-2 * I // 128) if fp8 else 2 * I, gsk)
         dw = geom(b[dk], H, dk)
         ds = geom(b[dsk] if dsk else None, -(-H // 128) if fp8 else H, dsk)
-        in_gu = b[gk].shape[2] * (32 if self.fmt == "mxfp4" else 1)
-        in_dn = b[dk].shape[2] * (32 if self.fmt == "mxfp4" else 1)
+        group = get_format(self.fmt).group
+        in_gu, in_dn = b[gk].shape[2] * group, b[dk].shape[2] * group
         if in_gu != H or in_dn != I:
             raise ValueError(f"banks have inputs ({in_gu}, {in_dn}), expected hidden {H}, intermediate {I}")
         gb, db = self._bias.get("gate_up_bias"), self._bias.get("down_bias")

@@ -7,6 +7,8 @@ Bank layouts (leading index = flat id moe_layer*E + expert; I = intermediate, H 
          down [N, H, I], down_scale_inv [N, ceil(H/128), ceil(I/128)]
   mxfp4: gate_up_blocks u8 [N, 2I, H/32, 16], gate_up_scales u8 [N, 2I, H/32], down_* likewise
   int8:  gate_up int8 [N, 2I, H], gate_up_scales f16 [N, 2I, H/32], down / down_scales likewise
+  nvfp4: gate_up_blocks u8 [N, 2I, H/16, 8], gate_up_scales u8 [N, 2I, H/16 + 4] (e4m3 per 16, then
+         the row's float32 global scale), down_* likewise (weights/nvfp4.py)
   optional: gate_up_bias f32 [N, 2I], down_bias f32 [N, H]
 An `ExpertSpec` says "float" for the three float formats (the bank dtype tells which).
 """
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 from ..weights.fp8 import dequantize_fp8_block, quantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
 from ..weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from ..weights.nvfp4 import dequantize_bank as dequantize_nvfp4_bank, quantize_bank as quantize_nvfp4_bank
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,7 @@ class Format:
     block: int = 1                   # hidden and intermediate must be multiples of this
     quantize: Callable | None = None    # float [.., rows, cols] -> (weights, scales)
     dequantize: Callable | None = None  # (weights, scales, dtype) -> float [rows, cols]
+    group: int = 1                   # input elements per index of the weight bank's dim 2 (packed blocks)
 
     @property
     def is_float(self) -> bool:
@@ -46,12 +50,15 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("fp8", 3, ("gate_up", "gate_up_scale_inv", "down", "down_scale_inv"), None, 1,
            quantize_fp8_block, dequantize_fp8_block),
     Format("mxfp4", 4, ("gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales"), None, 32,
-           quantize_mxfp4, dequantize_mxfp4),
+           quantize_mxfp4, dequantize_mxfp4, group=32),
     Format("int8", 5, ("gate_up", "gate_up_scales", "down", "down_scales"), None, 32,
            quantize_int8, dequantize_int8),
+    # the kernels quantize activations per 32 (like mxfp4), hence block 32 for 16-element groups
+    Format("nvfp4", 6, ("gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales"), None, 32,
+           quantize_nvfp4_bank, dequantize_nvfp4_bank, group=16),
 )}
 FORMAT_NAMES = tuple(FORMATS)
-ACTIVATIONS = {"silu": 0, "swiglu_oai": 1}     # name -> the C kernels' ACT_*
+ACTIVATIONS = {"silu": 0, "swiglu_oai": 1, "silu_clamp": 2}     # name -> the C kernels' ACT_*
 
 
 def get_format(fmt: str) -> Format:
@@ -109,6 +116,8 @@ def activate(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float
     """act(gate) * up, the expert's activation (what the C kernels' act_fn computes)."""
     if activation == "silu":
         return F.silu(gate) * up
+    if activation == "silu_clamp":   # DeepSeek-V4: gate clamped above, up on both sides
+        return F.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
     if activation == "swiglu_oai":   # gpt-oss: transformers' GptOssExperts._apply_gate
         gate = gate.clamp(max=limit)
         up = up.clamp(min=-limit, max=limit)

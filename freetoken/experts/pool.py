@@ -19,7 +19,7 @@ class ExpertSpec:
     hidden: int
     intermediate: int
     fmt: str = "float"              # float | mxfp4 | fp8 | int8
-    activation: str = "silu"        # silu | swiglu_oai (gpt-oss clamped SwiGLU)
+    activation: str = "silu"        # silu | swiglu_oai (gpt-oss clamped SwiGLU) | silu_clamp (DeepSeek-V4)
     alpha: float = 1.702
     limit: float = 7.0
 

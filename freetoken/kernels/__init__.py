@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 SOURCE_DIR = Path(__file__).with_name("c")
 VARIANTS = {
     "native": ["-march=native"],
+    "avx2": ["-march=native", "-DFT_NO_AVX512"],      # the AVX2 paths, on an AVX-512 machine too
     "portable": ["-DFT_PORTABLE"],
 }
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-math-errno"]
@@ -111,13 +112,23 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+def variants_here() -> list[str]:
+    """The kernel variants this CPU runs, widest first: "native", then "avx2" where native is
+    wider (AVX-512) and the CPU has AVX2, then "portable": what the tests check one by one."""
+    native = load("native")
+    out = ["native"]
+    if native is not None and native.ft_isa().decode().startswith("avx512"):
+        out.append("avx2")
+    return out + ["portable"]
+
+
 def cpu_kernels() -> ctypes.CDLL | None:
     """The native library (built on first call), or None: for the small per-op helpers."""
     return _loaded["native"] if "native" in _loaded else load("native")
 
 
 def load(variant: str = "native") -> ctypes.CDLL | None:
-    """The compiled kernel library for `variant` ("native" or "portable"), or None when it
+    """The compiled kernel library for `variant` ("native", "avx2" or "portable"), or None when it
     cannot be built here (a warning is logged once)."""
     if variant in _loaded:
         return _loaded[variant]

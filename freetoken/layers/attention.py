@@ -3,8 +3,10 @@
 The runner describes one engine step as `AttentionMetadata`: where each new token's K/V
 is written (`slot_mapping`) and, per sequence in the batch, which cache slots hold its
 keys (`key_slots`, padded with the null slot 0) and which flat tokens are its queries
-(`query_index`, padded with a dummy row). Attention is then one batched SDPA with a
-boolean mask, so prefill chunks and decode tokens of many sequences run in one call.
+(`query_index`, padded with a dummy row). On the CPU, decode steps run the C kernel over the
+cache in place and prefill chunks the blockwise causal attention of `prefill_attention` (no
+mask); elsewhere (CUDA, sliding windows) it is one batched SDPA with a boolean mask, so prefill
+chunks and decode tokens of many sequences run in one call.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
+from . import prefill_attention
 
 _KV_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -57,37 +60,56 @@ class AttentionMetadata:
 
 class KVCache:
     """K and V for one attention layer: [num_slots, kv_heads, head_dim]; slot 0..block_size-1 is the null block.
-    The dtype may be narrower than the activations' (bf16 KV under fp32 compute on the CPU)."""
+    The dtype may be narrower than the activations' (bf16 KV under fp32 compute on the CPU).
 
-    def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype, device):
+    `values=False` keeps one row per token and no V: a latent cache (MLA's compressed KV plus
+    its rope key, DSA's indexer key), whose layer derives keys and values from that row."""
+
+    def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype, device, values: bool = True):
         self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device) if values else None
 
-    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
         self.k.index_copy_(0, slots, k if k.dtype == self.k.dtype else k.to(self.k.dtype))
-        self.v.index_copy_(0, slots, v if v.dtype == self.v.dtype else v.to(self.v.dtype))
+        if self.v is not None:
+            self.v.index_copy_(0, slots, v if v.dtype == self.v.dtype else v.to(self.v.dtype))
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + (self.v.nbytes if self.v is not None else 0)
 
 
-def gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata):
-    """Write the step's K/V into the cache, then lay out per-sequence batches:
-    queries [B, Hq, Qmax, D], keys and values [B, Hkv, Kmax, D]."""
-    cache.write(meta.slot_mapping, k, v)
+def kv_values_per_token(kv_layers: list[tuple]) -> int:
+    """Cache values one token costs over a model's `kv_layers()` entries: (layer, kv heads,
+    head dim) keeps K and V; (layer, 1, row, False) keeps one latent row."""
+    return sum((2 if len(s) < 4 or s[3] else 1) * s[1] * s[2] for s in kv_layers)
+
+
+def gather_rows(rows: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """[num_slots, ...] cache rows -> [B, Kmax, ...] rows of each sequence's keys."""
     # index_select, not advanced indexing: the latter takes a slow generic path (measured ~200x slower).
     b, kmax = meta.key_slots.shape
-    flat_slots = meta.key_slots.reshape(-1)
-    keys = cache.k.index_select(0, flat_slots).view(b, kmax, *cache.k.shape[1:]).transpose(1, 2)
-    values = cache.v.index_select(0, flat_slots).view(b, kmax, *cache.v.shape[1:]).transpose(1, 2)
-    if keys.dtype != q.dtype:
-        keys, values = keys.to(q.dtype), values.to(q.dtype)
+    return rows.index_select(0, meta.key_slots.reshape(-1)).view(b, kmax, *rows.shape[1:])
+
+
+def gather_queries(q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """[N, Hq, D] flat queries -> [B, Hq, Qmax, D] per sequence (padding rows are zeros)."""
     n, hq, d = q.shape
+    b = meta.key_slots.shape[0]
     q_pad = torch.cat([q, q.new_zeros(1, hq, d)]) if meta.query_index.numel() != n else q
     qmax = meta.query_index.shape[1]
-    queries = q_pad.index_select(0, meta.query_index.reshape(-1)).view(b, qmax, hq, d).transpose(1, 2)
-    return queries, keys, values
+    return q_pad.index_select(0, meta.query_index.reshape(-1)).view(b, qmax, hq, d).transpose(1, 2)
+
+
+def gather(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, meta: AttentionMetadata,
+           convert: bool = True):
+    """Write the step's K/V into the cache, then lay out per-sequence batches:
+    queries [B, Hq, Qmax, D], keys and values [B, Hkv, Kmax, D] (in q's dtype when `convert`)."""
+    cache.write(meta.slot_mapping, k, v)
+    keys, values = gather_rows(cache.k, meta).transpose(1, 2), gather_rows(cache.v, meta).transpose(1, 2)
+    if convert and keys.dtype != q.dtype:
+        keys, values = keys.to(q.dtype), values.to(q.dtype)
+    return gather_queries(q, meta), keys, values
 
 
 def scatter(out: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -128,12 +150,28 @@ def attend_rows(pool: CpuPool, q: torch.Tensor, keys: torch.Tensor, values: torc
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
-                    meta: AttentionMetadata, scale: float, window: int | None = None) -> torch.Tensor:
-    """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]."""
+                    meta: AttentionMetadata, scale: float, window: int | None = None,
+                    prefill_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]. prefill_dtype: what
+    the CPU prefill attention multiplies in (default q's dtype)."""
     if meta.decode_kernel(q, cache.k.dtype, window):
         return decode_attention(q, k, v, cache, meta, scale)
+    if (q.device.type == "cpu" and prefill_attention.available() and meta.context_lens is not None
+            and meta.query_index.shape[1] > 1 and (window is None or meta.key_slots.shape[1] <= window)):
+        queries, keys, values = gather(q, k, v, cache, meta, convert=False)
+        q_lens = (meta.query_positions >= 0).sum(1).tolist()
+        out = prefill_attention.causal_batch(queries, keys, values, q_lens, meta.context_lens.tolist(), scale,
+                                             prefill_dtype or q.dtype)
+        return scatter(out, meta)
     queries, keys, values = gather(q, k, v, cache, meta)
-    b, _, qmax, _ = queries.shape
+    return scatter(masked_sdpa(queries, keys, values, meta, scale, window), meta)
+
+
+def masked_sdpa(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, meta: AttentionMetadata,
+                scale: float, window: int | None = None) -> torch.Tensor:
+    """SDPA of gathered [B, Hq, Qmax, D] queries over [B, Hkv, Kmax, D] keys (values may have
+    another head dim) with the step's causal/window mask, skipped where it is implied."""
+    b, hq, qmax, _ = queries.shape
     kmax = keys.shape[2]
     mask, causal = meta.mask(window), False
     if b == 1 and (window is None or kmax <= window):
@@ -141,6 +179,5 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
             mask = None
         elif qmax == kmax:                  # one fresh prompt: plain causal attention (fast kernel path)
             mask, causal = None, True
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=causal,
-                                         scale=scale, enable_gqa=keys.shape[1] != q.shape[1])
-    return scatter(out, meta)
+    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=causal,
+                                          scale=scale, enable_gqa=keys.shape[1] != hq)

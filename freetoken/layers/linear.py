@@ -8,7 +8,9 @@ bandwidth: a bf16 weight moves half the bytes of the fp32 copy torch would need 
 native bf16, where torch's own bf16 GEMV is ~1.7x slower than ours. Larger inputs (prefill) are
 compute bound: the weight is dequantized once per call into a reused fp32 scratch and multiplied
 by torch's fp32 GEMM, which beats both torch's bf16 GEMM (2x slower without native bf16) and
-our dot-product kernel.
+our dot-product kernel; where the CPU has native bf16 (AMX, AVX512-BF16) and a calibration
+measures torch's bf16 GEMM faster (kernels/choices.py), a bf16 weight is multiplied as stored
+in bf16 instead (inputs and outputs rounded to bf16, as llama.cpp's bf16 path rounds inputs).
 
 Elsewhere (CUDA, no C compiler) it is a plain `F.linear` in the compute dtype, with int8
 weights dequantized at load so that the numerics match the CPU path."""
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 
 from ..experts.formats import FORMATS
 from ..kernels.pool import CpuPool
+from ..weights.fp8 import block_scales, dequantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
 
 # Rows of x from which dequantize + torch GEMM beats streaming the weight through the GEMV
@@ -29,6 +32,7 @@ GEMV_TOKENS = 64
 DENSE_FORMATS = ("int8",)
 _FMT = {f.dtype: f.code for f in FORMATS.values() if f.is_float}   # the C kernels' format codes
 _INT8 = FORMATS["int8"].code
+_FP8 = FORMATS["fp8"].code
 _scratch = threading.local()
 
 
@@ -44,15 +48,21 @@ def _fp32_scratch(numel: int) -> torch.Tensor:
 class Linear:
     """`weight` [N, K] (any float dtype, as loaded), `bias` [N] or None.
     compute_dtype: dtype of inputs/outputs; fmt: None keeps `storage_dtype`, "int8" quantizes;
-    pool: the kernels' `CpuPool` (None: torch path)."""
+    pool: the kernels' `CpuPool` (None: torch path); gemm_dtype: bf16 runs prefill GEMMs over bf16
+    weights in torch's native bf16 (chosen by kernels/choices.py where measured faster)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                  compute_dtype: torch.dtype, storage_dtype: torch.dtype | None = None,
-                 fmt: str | None = None, pool: CpuPool | None = None):
+                 fmt: str | None = None, pool: CpuPool | None = None, gemm_dtype: torch.dtype = torch.float32,
+                 scale_inv: torch.Tensor | None = None):
         if fmt is not None and fmt not in DENSE_FORMATS:
             raise ValueError(f"dense_format {fmt!r} is not supported; expected one of {DENSE_FORMATS} or None")
         self.out_features, self.in_features = weight.shape
         self.compute_dtype, self.fmt = compute_dtype, fmt
+        self.gemm_dtype = gemm_dtype
+        if weight.dtype == torch.float8_e4m3fn:        # FP8 as shipped: kept packed, block scales beside it
+            self._init_fp8(weight, scale_inv, bias, pool)
+            return
         storage = storage_dtype or weight.dtype
         use_kernel = (pool is not None and weight.device.type == "cpu" and storage in _FMT
                       and (fmt != "int8" or self.in_features % 32 == 0))
@@ -72,6 +82,19 @@ class Linear:
             self.bias = None
         else:
             self.bias = bias.float().contiguous() if use_kernel else bias.to(compute_dtype)
+
+    def _init_fp8(self, weight, scale_inv, bias, pool):
+        """e4m3 weights with one fp32 scale per 128x128 block (DeepSeek-V3 FP8): the C kernels
+        read them in place (GEMV, and row dequantization for prefill); elsewhere they are
+        dequantized once at load, exactly as transformers does."""
+        if scale_inv is None:
+            raise ValueError("an FP8 weight needs its weight_scale_inv block scales")
+        self.pool = pool if pool is not None and weight.device.type == "cpu" else None
+        if self.pool is None:
+            self.weight, self.scales = dequantize_fp8_block(weight, scale_inv, self.compute_dtype), None
+        else:
+            self.weight, self.scales, self.code = weight.contiguous(), scale_inv.float().contiguous(), _FP8
+        self.bias = None if bias is None else (bias.float().contiguous() if self.pool else bias.to(self.compute_dtype))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.pool is None:
@@ -113,6 +136,9 @@ class Linear:
                 self.out_features, self.in_features)
 
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gemm_dtype == torch.bfloat16 and self.code == _FMT[torch.bfloat16]:
+            y = F.linear(x.to(torch.bfloat16), self.weight).float()   # native bf16 GEMM (AMX, AVX512-BF16)
+            return y if self.bias is None else y.add_(self.bias)
         if self.code == _FMT[torch.float32]:
             w = self.weight
         else:
@@ -124,9 +150,33 @@ class LinearFactory:
     """Builds the dense layers of one model with its engine settings."""
 
     def __init__(self, compute_dtype: torch.dtype, storage_dtype: torch.dtype, fmt: str | None,
-                 pool: CpuPool | None):
+                 pool: CpuPool | None, gemm_dtype: torch.dtype = torch.float32):
         self.compute_dtype, self.storage_dtype, self.fmt, self.pool = compute_dtype, storage_dtype, fmt, pool
+        self.gemm_dtype = gemm_dtype
 
-    def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, fmt: str | None = "default") -> Linear:
+    def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, fmt: str | None = "default",
+                 scale_inv: torch.Tensor | None = None) -> Linear:
         return Linear(weight, bias, compute_dtype=self.compute_dtype, storage_dtype=self.storage_dtype,
-                      fmt=self.fmt if fmt == "default" else fmt, pool=self.pool)
+                      fmt=self.fmt if fmt == "default" else fmt, pool=self.pool, gemm_dtype=self.gemm_dtype,
+                      scale_inv=scale_inv)
+
+    def load(self, ck, names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None = None,
+             fmt: str | None = "default", device=None) -> Linear:
+        """One Linear from checkpoint weights `names` stacked by rows. FP8 weights (a
+        `<name>_scale_inv` beside them) stay packed when every part but the last fills whole
+        128-row blocks; otherwise they are dequantized into the storage dtype."""
+        fp8 = [ck.has(f"{n}_scale_inv") for n in names]
+        if all(fp8) and all(s[0] % 128 == 0 for s in shapes[:-1]):
+            ws = [ck.get(n, s) for n, s in zip(names, shapes)]
+            ss = [block_scales(ck.get(f"{n}_scale_inv", (-(-s[0] // 128), -(-s[1] // 128)))) for n, s in zip(names, shapes)]
+            if ws[0].dtype == torch.float8_e4m3fn:
+                return self(torch.cat(ws).to(device), bias, fmt, scale_inv=torch.cat(ss).to(device))
+        parts = []
+        for n, s, q in zip(names, shapes, fp8):
+            if q:
+                w = ck.get(n, s)
+                sc = block_scales(ck.get(f"{n}_scale_inv", (-(-s[0] // 128), -(-s[1] // 128))))
+                parts.append(dequantize_fp8_block(w, sc).to(self.storage_dtype))
+            else:
+                parts.append(ck.get_float(n, s, self.storage_dtype))
+        return self((torch.cat(parts) if len(parts) > 1 else parts[0]).to(device), bias, fmt)

@@ -6,10 +6,14 @@ from .linear import Linear
 
 
 class GatedMLP:
-    def __init__(self, gate_up: Linear, down: Linear):
+    def __init__(self, gate_up: Linear, down: Linear, limit: float | None = None):
         self.gate_up, self.down = gate_up, down     # [2I, H], [H, I]
         self.inter = down.in_features
+        self.limit = limit                          # DeepSeek-V4: gate clamped above, up both sides
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up(x)
-        return self.down(F.silu(gu[..., : self.inter]) * gu[..., self.inter:])
+        gate, up = gu[..., : self.inter], gu[..., self.inter:]
+        if self.limit is not None:
+            gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
+        return self.down(F.silu(gate) * up)

@@ -43,3 +43,75 @@ class SparseMoE:
                 s = torch.sigmoid(F.linear(x, self.shared_gate)) * s
             out = out + s
         return out
+
+
+def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
+                         norm: bool, scale: float, score: str = "sigmoid") -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 routing (fp32): scores = sigmoid(logits) (or sqrt(softplus) for V4); experts
+    are chosen on scores + correction bias, only inside the `topk_group` groups whose two best
+    biased scores sum highest; weights are the unbiased scores, optionally renormalised, times
+    `routed_scaling_factor`."""
+    if score == "sigmoid":
+        scores = torch.sigmoid(logits)
+    elif score == "sqrtsoftplus":
+        scores = torch.sqrt(F.softplus(logits))
+    else:
+        raise ValueError(f"scoring_func {score!r} is not supported (expected sigmoid or sqrtsoftplus)")
+    choice = scores + bias
+    if n_group > 1 and topk_group < n_group:
+        n, e = choice.shape
+        groups = choice.view(n, n_group, e // n_group).topk(2, dim=-1)[0].sum(-1)
+        keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, groups.topk(topk_group, dim=-1)[1], True)
+        choice = choice.masked_fill(~keep.repeat_interleave(e // n_group, dim=1), float("-inf"))
+    ids = choice.topk(top_k, dim=-1)[1]
+    w = scores.gather(1, ids)
+    if norm:
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20)
+    return ids, w * scale
+
+
+class BiasCorrectedMoE(SparseMoE):
+    """SparseMoE with DeepSeek's router: fp32 router GEMV, `grouped_sigmoid_topk`, shared experts
+    added unweighted."""
+
+    def __init__(self, moe_layer, router, experts, top_k, norm_topk_prob, bias, n_group, topk_group, scale,
+                 shared=None, score="sigmoid"):
+        super().__init__(moe_layer, router, experts, top_k, norm_topk_prob, shared=shared)
+        self.bias, self.n_group, self.topk_group, self.scale, self.score = bias.float(), n_group, topk_group, scale, score
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.router(x.float()).float()
+        ids, w = grouped_sigmoid_topk(logits, self.bias, self.top_k, self.n_group, self.topk_group, self.norm,
+                                      self.scale, self.score)
+        return ids, w.to(x.dtype)
+
+
+class HashRoutedMoE(BiasCorrectedMoE):
+    """DeepSeek-V4's first layers: the experts of a token are a fixed table row `tid2eid[token]`,
+    known before the layer runs; the learned gate only weights them (sqrt-softplus scores,
+    renormalised, times `routed_scaling_factor`)."""
+
+    def __init__(self, moe_layer, router, experts, top_k, tid2eid: torch.Tensor, scale, shared=None,
+                 score="sqrtsoftplus"):
+        super().__init__(moe_layer, router, experts, top_k, True, torch.zeros(1), 1, 1, scale, shared=shared,
+                         score=score)
+        self.tid2eid = tid2eid.long()
+
+    def routes_for(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.tid2eid.index_select(0, input_ids)
+
+    def route_ids(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.router(x.float()).float()
+        scores = torch.sigmoid(logits) if self.score == "sigmoid" else torch.sqrt(F.softplus(logits))
+        w = scores.gather(1, ids)
+        return (w / (w.sum(dim=-1, keepdim=True) + 1e-20) * self.scale).to(x.dtype)
+
+    def __call__(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if input_ids is None:
+            raise ValueError("hash-routed MoE needs the step's token ids")
+        ids = self.routes_for(input_ids)
+        w = self.route_ids(x, ids)
+        if self.on_route is not None:
+            self.on_route(self.moe_layer, ids, w)
+        out = self.experts.forward(self.moe_layer, x, ids, w)
+        return out + self.shared(x) if self.shared is not None else out

@@ -59,13 +59,14 @@ class SlidingWindowKV(TensorState):
     """The last `window` keys and values of each sliding-window layer of one sequence,
     as a ring buffer: token at absolute position p lives in slot p % window.
 
-    k, v [L, window, Hkv, D]."""
+    k, v [L, window, Hkv, D]; `values=False` keeps k only (DeepSeek-V4: keys are the values)."""
 
     def __init__(self, num_layers: int, window: int, kv_heads: int, head_dim: int,
-                 dtype=torch.float32, device="cpu"):
+                 dtype=torch.float32, device="cpu", values: bool = True):
         self.window = window
         self.k = torch.zeros(num_layers, window, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros_like(self.k)
+        self.v = torch.zeros_like(self.k) if values else None
+        self.tensors = ("k", "v") if values else ("k",)
         self.position = 0
 
     tensors = ("k", "v")
@@ -79,7 +80,7 @@ class SlidingWindowKV(TensorState):
         lo = max(0, start - self.window)
         pos = torch.arange(lo, start)
         slots = pos % self.window
-        return self.k[layer, slots], self.v[layer, slots], pos
+        return self.k[layer, slots], self.v[layer, slots] if self.v is not None else None, pos
 
     @torch.inference_mode()
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -88,7 +89,8 @@ class SlidingWindowKV(TensorState):
         keep = min(t, self.window)
         pos = torch.arange(start + t - keep, start + t)
         self.k[layer, pos % self.window] = k[t - keep:].to(self.k.dtype)
-        self.v[layer, pos % self.window] = v[t - keep:].to(self.v.dtype)
+        if self.v is not None:
+            self.v[layer, pos % self.window] = v[t - keep:].to(self.v.dtype)
 
 
 @dataclass

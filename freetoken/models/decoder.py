@@ -7,8 +7,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..config import EngineConfig
 from ..errors import CheckpointError
-from ..experts.pool import ExpertPool, ExpertSpec, PoolBuilder
+from ..experts.factory import build_experts
+from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..kernels.choices import machine_choices
+from ..kernels.pool import shared_pool
 from ..layers.attention import paged_attention
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
@@ -16,7 +20,7 @@ from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
 from ..weights.checkpoint import Checkpoint
-from .context import ForwardContext, ModelOptions
+from .context import ForwardContext
 from .hf_config import HFConfig
 
 
@@ -63,6 +67,7 @@ class Attention:
         self.qk_norm = arch.qk_norm
         self.clip = hf.get("clip_qkv")
         self.rotary, self.window = rotary, window
+        self.prefill_dtype = linear.gemm_dtype   # bf16 where native bf16 GEMM was measured faster
         self.splits = (q_out, kv_out, kv_out)
         self.scale = self.head_dim ** -0.5
 
@@ -79,7 +84,7 @@ class Attention:
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        o = paged_attention(q, k, v, cache, meta, self.scale, self.window)
+        o = paged_attention(q, k, v, cache, meta, self.scale, self.window, self.prefill_dtype)
         return self.o(o.reshape(n, -1))
 
 
@@ -97,16 +102,19 @@ class MoECausalLM:
 
     arch = ArchSpec()
 
-    def __init__(self, ck: Checkpoint, opts: ModelOptions):
+    def __init__(self, ck: Checkpoint, cfg: EngineConfig, max_len: int):
         hf = HFConfig(ck.config, ck.dir / "config.json")
-        self.hf, self.opts = hf, opts
-        device = opts.device
-        self.expert_dtype = opts.dtype                      # routed experts keep the checkpoint precision
-        dtype = opts.compute_dtype
+        self.hf, self.cfg = hf, cfg
+        device = cfg.torch_device
+        self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
+        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
+        self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
+                                       pool.num_threads if pool is not None else 1)
+        dtype = self.choices.activations
         self.dtype, self.device = dtype, device
         # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:
         # half the bytes per decoded token at long contexts, twice the tokens per kv_cache_gib
-        self.kv_dtype = opts.dtype
+        self.kv_dtype = cfg.torch_dtype
         self.num_layers = hf.req("num_hidden_layers")
         self.hidden = hf.req("hidden_size")
         self.vocab_size = hf.req("vocab_size")
@@ -114,18 +122,18 @@ class MoECausalLM:
         heads = hf.req("num_attention_heads")
         self.head_dim = hf.first("head_dim", default=self.hidden // heads)
         self.kv_heads = hf.first("num_key_value_heads", default=heads)
-        self.rotary = Rotary(hf.data, self.head_dim, opts.max_len, dtype, device)
-        self.linear = LinearFactory(dtype, opts.dtype, opts.dense_format, opts.cpu_pool)
+        self.rotary = Rotary(self.rope_config(), self.rope_dim(), max_len, dtype, device)
+        self.linear = LinearFactory(dtype, cfg.torch_dtype, cfg.dense_format, pool, self.choices.prefill_gemm)
         # the table stays in the storage dtype; looked-up rows are converted (exactly)
         self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
-                                  opts.dtype).to(device)
+                                  cfg.torch_dtype).to(device)
         self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
         if hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
             self.lm_head = self.linear(self.embed)
         else:
             self.lm_head = self.linear(self._ws(ck, "lm_head.weight", (self.vocab_size, self.hidden)))
         self.moe_layers = [i for i in range(self.num_layers) if self.is_moe_layer(i)]
-        self.experts = opts.make_experts(self._load_pool(ck)) if self.moe_layers else None
+        self.experts = self._load_experts(ck) if self.moe_layers else None
         self.layers = [self._load_layer(ck, i) for i in range(self.num_layers)]
 
     # --- architecture hooks -------------------------------------------------------------
@@ -136,6 +144,10 @@ class MoECausalLM:
         """A dense weight matrix in its storage dtype (for `self.linear`)."""
         return ck.get_float(name, shape, self.linear.storage_dtype).to(self.device)
 
+    def rope_config(self) -> dict:
+        """The config fields the rotary tables read (a hook for architectures with implied defaults)."""
+        return self.hf.data
+
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.embed).to(self.dtype)
 
@@ -143,7 +155,11 @@ class MoECausalLM:
         return self.hf.first("num_experts", "num_local_experts", default=0)
 
     def top_k(self) -> int:
-        return self.hf.req("num_experts_per_tok")
+        k, n = self.hf.req("num_experts_per_tok"), self.num_experts()
+        if n and not 1 <= k <= n:
+            raise CheckpointError(f"config.json: num_experts_per_tok is {k}, but the model has {n} "
+                                  "experts (expected 1..number of experts)")
+        return k
 
     def expert_intermediate(self) -> int:
         return self.hf.first("moe_intermediate_size", "intermediate_size")
@@ -159,7 +175,11 @@ class MoECausalLM:
             return self.hf.get("sliding_window") or None
         return None
 
-    def kv_layers(self) -> list[tuple[int, int, int]]:
+    def rope_dim(self) -> int:
+        """Features per head the rotary tables cover (before partial_rotary_factor)."""
+        return self.head_dim
+
+    def kv_layers(self) -> list[tuple]:
         """(layer index, kv heads, head dim) of every layer that keeps paged KV."""
         return [(i, self.kv_heads, self.head_dim) for i in range(self.num_layers)]
 
@@ -168,8 +188,17 @@ class MoECausalLM:
         return None
 
     # --- loading -------------------------------------------------------------------------
-    def _load_pool(self, ck: Checkpoint) -> ExpertPool:
-        """The routed experts' tensors, as the checkpoint stores them, in host banks."""
+    def _load_experts(self, ck: Checkpoint):
+        """The expert pool in its final layout: prebuilt by an FTW file, else built here from the
+        checkpoint's tensors (`reading("experts")` lets `freetoken convert` tell them apart)."""
+        pool = ck.prebuilt_experts()
+        if pool is None:
+            with ck.reading("experts"):
+                pool = self.build_pool(ck)
+        self.pool = pool
+        return build_experts(pool, self.cfg, self.device)
+
+    def build_pool(self, ck: Checkpoint):
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
         b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         g, u, d = self.arch.expert_names
@@ -185,16 +214,22 @@ class MoECausalLM:
                 up = ck.get_float(f"{p}.{x}.{u}.weight", (inter, h), dt)
                 b.put("gate_up", m, x, torch.cat([gate, up]), dt)
                 b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
-        return b.build()
+        pool = b.build()
+        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool
 
     def _load_mlp(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.mlp"
         inter = self.hf.req("intermediate_size")
         if not ck.has(f"{p}.gate_proj.weight"):
             raise CheckpointError(f"{ck.dir}: layer {i} is dense by config but tensor {p}.gate_proj.weight is missing")
-        gate_up = torch.cat([self._ws(ck, f"{p}.gate_proj.weight", (inter, self.hidden)),
-                             self._ws(ck, f"{p}.up_proj.weight", (inter, self.hidden))])
-        return GatedMLP(self.linear(gate_up), self.linear(self._ws(ck, f"{p}.down_proj.weight", (self.hidden, inter))))
+        return self._gated_mlp(ck, p, inter)
+
+    def _gated_mlp(self, ck: Checkpoint, p: str, inter: int) -> GatedMLP:
+        """`{p}.gate_proj/up_proj/down_proj`, float or FP8 block-scaled."""
+        h, load = self.hidden, self.linear.load
+        return GatedMLP(load(ck, [f"{p}.gate_proj.weight", f"{p}.up_proj.weight"], [(inter, h), (inter, h)],
+                             device=self.device),
+                        load(ck, [f"{p}.down_proj.weight"], [(h, inter)], device=self.device))
 
     def _load_moe(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.{self.arch.moe_prefix}"
@@ -204,9 +239,7 @@ class MoECausalLM:
         if self.arch.shared_expert:
             si = self.hf.req("shared_expert_intermediate_size")
             sp = f"{p}.shared_expert"
-            shared = GatedMLP(self.linear(torch.cat([self._ws(ck, f"{sp}.gate_proj.weight", (si, self.hidden)),
-                                                     self._ws(ck, f"{sp}.up_proj.weight", (si, self.hidden))])),
-                              self.linear(self._ws(ck, f"{sp}.down_proj.weight", (self.hidden, si))))
+            shared = self._gated_mlp(ck, sp, si)
             gate = self._w(ck, f"{p}.shared_expert_gate.weight", (1, self.hidden))
         norm = self.arch.always_norm_topk or bool(self.hf.get("norm_topk_prob", self.arch.norm_topk_default))
         return SparseMoE(self.moe_layers.index(i), router, self.experts, self.top_k(), norm,

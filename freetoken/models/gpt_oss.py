@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..experts.pool import ExpertPool, ExpertSpec, PoolBuilder
+from ..experts.pool import ExpertSpec, PoolBuilder, requantize
 from ..layers.attention import attend_rows
 from ..layers.moe import SparseMoE
 from ..layers.norm import rms_norm
@@ -98,8 +98,8 @@ class GptOssLayer:
 class GptOssForCausalLM(MoECausalLM):
     arch = ArchSpec(attn_bias_default=True, router_name="router")
 
-    def __init__(self, ck, opts):
-        super().__init__(ck, opts)
+    def __init__(self, ck, cfg, max_len: int):
+        super().__init__(ck, cfg, max_len)
         self.norm = RMSNormF32(self.norm.weight, self.eps)
 
     @property
@@ -120,7 +120,7 @@ class GptOssForCausalLM(MoECausalLM):
     def expert_intermediate(self) -> int:
         return self.hf.req("intermediate_size")
 
-    def _load_pool(self, ck) -> ExpertPool:
+    def build_pool(self, ck):
         """Fused [E, H, 2I] float experts (gate/up interleaved on the last dim) or MXFP4
         `*_blocks`/`*_scales` [E, out, in/32, (16)]; both become gate-rows-then-up-rows banks.
         MXFP4 rows are only permuted, never dequantized."""
@@ -150,7 +150,8 @@ class GptOssForCausalLM(MoECausalLM):
             b.put_layer("gate_up_bias", m, deinterleave(ck.get_float(f"{p}.gate_up_proj_bias", (e, 2 * inter))),
                         torch.float32)
             b.put_layer("down_bias", m, ck.get_float(f"{p}.down_proj_bias", (e, h)), torch.float32)
-        return b.build()
+        pool = b.build()
+        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format and fmt == "float" else pool
 
     def _load_moe(self, ck, i: int):
         p = f"model.layers.{i}.mlp.router"

@@ -38,6 +38,12 @@ class LanguageModelView:
     def names(self):
         return self._ck.names()
 
+    def prebuilt_experts(self):
+        return self._ck.prebuilt_experts()
+
+    def reading(self, section: str):
+        return self._ck.reading(section)
+
     def close(self):
         self._ck.close()
 
@@ -45,7 +51,7 @@ class LanguageModelView:
 class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
     arch = replace(Qwen3NextForCausalLM.arch, always_norm_topk=True)
 
-    def __init__(self, ck, opts):
+    def __init__(self, ck, cfg, max_len: int):
         if isinstance(ck.config.get("text_config"), dict):
             ck = LanguageModelView(ck)
-        super().__init__(ck, opts)
+        super().__init__(ck, cfg, max_len)

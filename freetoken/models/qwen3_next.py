@@ -57,14 +57,14 @@ class LinearAttentionLayer:
 class Qwen3NextForCausalLM(MoECausalLM):
     arch = ArchSpec(shared_expert=True, norm_topk_default=True)
 
-    def __init__(self, ck, opts):
+    def __init__(self, ck, cfg, max_len: int):
         data = ck.config
         types = data.get("layer_types") or [
             "full_attention" if (i + 1) % data.get("full_attention_interval", 4) == 0 else "linear_attention"
             for i in range(data["num_hidden_layers"])]
         self.layer_types = list(types)
         self.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
-        super().__init__(ck, opts)
+        super().__init__(ck, cfg, max_len)
         self.norm = RMSNorm1p(self.norm.weight, self.eps)
 
     def kv_layers(self):

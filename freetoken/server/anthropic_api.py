@@ -15,6 +15,7 @@ from .chat import render
 from .errors import APIError, BadRequest, error_body
 from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from .prepare import ChatInput, prepare_chat
+from .request_limits import client_input
 from .server_state import collect, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()
@@ -58,8 +59,11 @@ def blocks_text(content, where: str) -> str:
             raise BadRequest(f"{where}: expected content blocks, got {b!r:.80}")
         t = b.get("type")
         if t == "text":
-            if not b.get("text", "").startswith(BILLING_PREFIX):
-                parts.append(b.get("text", ""))
+            text = b.get("text", "")
+            if not isinstance(text, str):
+                raise BadRequest(f"{where}: a text block's text must be a string", param=where)
+            if not text.startswith(BILLING_PREFIX):
+                parts.append(text)
         elif t in ("image", "document"):
             parts.append(f"[{t} omitted: this server is text-only]")
         elif t in ("tool_result", "tool_use", "thinking", "redacted_thinking"):
@@ -155,16 +159,25 @@ def anthropic_tool_choice(tc: dict | None):
     if kind == "any":
         return "required"
     if kind == "tool":
+        if not isinstance(tc.get("name"), str):
+            raise BadRequest("tool_choice.name: expected the name of a tool", param="tool_choice.name")
         return {"name": tc.get("name")}
     raise BadRequest(f"tool_choice.type: unknown value {kind!r}", param="tool_choice")
 
 
 def _template_kwargs(body: MessagesRequest) -> dict:
     kind = (body.thinking or {}).get("type")
+    if kind is not None and not isinstance(kind, str):
+        raise BadRequest("thinking.type: expected enabled, disabled or adaptive", param="thinking.type")
     return {"enable_thinking": kind in ("enabled", "adaptive")}
 
 
 def _chat_input(body: MessagesRequest, max_tokens) -> ChatInput:
+    with client_input("request"):
+        return _convert(body, max_tokens)
+
+
+def _convert(body: MessagesRequest, max_tokens) -> ChatInput:
     return ChatInput(messages=anthropic_messages(body.system, body.messages), endpoint="messages",
                      tools=anthropic_tools(body.tools), tool_choice=anthropic_tool_choice(body.tool_choice),
                      max_tokens=max_tokens, stop=body.stop_sequences or [],
@@ -173,9 +186,10 @@ def _chat_input(body: MessagesRequest, max_tokens) -> ChatInput:
                      template_kwargs=_template_kwargs(body))
 
 
-def _usage(input_tokens: int, output_tokens: int) -> dict:
-    return {"input_tokens": input_tokens, "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+def _usage(input_tokens: int, output_tokens: int, cached: int = 0) -> dict:
+    """Anthropic counts cache reads apart: input_tokens + cache_read_input_tokens = the prompt."""
+    return {"input_tokens": input_tokens - cached, "output_tokens": output_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": cached}
 
 
 def _tool_id(call_id: str) -> str:
@@ -190,8 +204,7 @@ async def count_tokens(request: Request):
     inp = _chat_input(body, None)
     prompt = await asyncio.to_thread(render, st.svc.tokenizer, inp.messages, inp.tools,
                                      inp.template_kwargs)
-    ids = await asyncio.to_thread(st.svc.tokenizer.encode, prompt)
-    return {"input_tokens": len(ids)}
+    return {"input_tokens": await asyncio.to_thread(st.svc.count_prompt, prompt)}
 
 
 @router.post("/v1/messages")
@@ -221,11 +234,15 @@ async def messages(request: Request):
     return {"id": mid, "type": "message", "role": "assistant", "model": body.model,
             "content": content, "stop_reason": _stop_reason(done),
             "stop_sequence": done.stop_sequence,
-            "usage": _usage(done.prompt_tokens, done.completion_tokens)}
+            "usage": _usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)}
 
 
 def _stop_reason(done: Done) -> str:
-    return "stop_sequence" if done.stop_sequence else STOP[done.finish_reason]
+    if done.stop_sequence:
+        return "stop_sequence"
+    if done.context_full:            # Anthropic's own reason: the window, not max_tokens, ended it
+        return "model_context_window_exceeded"
+    return STOP[done.finish_reason]
 
 
 async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool):
@@ -293,5 +310,5 @@ async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool)
     yield sse.event("message_delta", {"type": "message_delta",
                                       "delta": {"stop_reason": _stop_reason(done),
                                                 "stop_sequence": done.stop_sequence},
-                                      "usage": _usage(done.prompt_tokens, done.completion_tokens)})
+                                      "usage": _usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)})
     yield sse.event("message_stop", {"type": "message_stop"})

@@ -13,7 +13,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import anthropic_api, openai_api, openai_responses
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
+from .engine_loop import kv_blocks
 from .generation import GenerationService
+from .request_limits import ClientGone
 from .server_state import AppState, Settings
 
 log = logging.getLogger("freetoken.server")
@@ -88,19 +90,43 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
             err = APIError(str(exc.detail), status=exc.status_code)
         return await api_error(request, err)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone):
+        # nobody is listening: no error counted, no traceback; 499 as nginx logs it
+        svc.metrics.client_disconnects.inc()
+        log.info("%s %s: %s", request.method, request.url.path, exc)
+        return Response(status_code=499)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         log.exception("%s %s failed", request.method, request.url.path)
         return await api_error(request, APIError(f"internal error: {type(exc).__name__}: {exc}",
                                                  status=500))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health():
         loop = svc.loop
-        ok = loop.thread.is_alive()
-        return JSONResponse({"status": "ok" if ok else "engine stopped", "model": settings.model_names[0],
-                             "running": loop.n_running, "waiting": loop.n_waiting},
-                            status_code=200 if ok else 503)
+        body = {"status": "ok", "model": settings.model_names[0], "running": loop.n_running,
+                "waiting": loop.n_waiting}
+        kv = kv_blocks(svc.engine)
+        if kv:
+            body["kv_blocks_in_use"], body["kv_blocks_total"] = kv[1], kv[0]
+        if not loop.thread.is_alive():
+            body["status"] = "engine stopped"
+        elif loop.stopping.is_set() or loop.draining.is_set():
+            body["status"] = "shutting down"
+        elif loop.failures:
+            body["status"] = "degraded"
+            body["error"] = f"the last {loop.failures} engine step(s) failed: {loop.last_error}"
+        return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+    @app.get("/v1/memory")
+    async def memory():
+        """The memory plan the engine was started with (see freetoken/memory/plan.py)."""
+        plan = getattr(svc.engine, "memory_plan", None)
+        if plan is None:
+            raise NotFound("this engine has no memory plan")
+        return JSONResponse(plan.to_json())
 
     @app.api_route("/api/hello", methods=["GET", "HEAD"])
     async def hello():

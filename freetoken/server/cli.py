@@ -39,7 +39,7 @@ def register(subparsers) -> None:
                               description="Serve a model over OpenAI (/v1/chat/completions, "
                               "/v1/completions, /v1/responses, /v1/models) and Anthropic "
                               "(/v1/messages) APIs. Without --model: a random-weight demo model.")
-    s.add_argument("--model", default=None, help="checkpoint directory (default: random-weight demo)")
+    s.add_argument("--model", default=None, help="checkpoint directory or FTW file (default: random-weight demo)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name", default=None,
@@ -59,6 +59,14 @@ def register(subparsers) -> None:
     s.add_argument("--strict-max-tokens", action="store_true",
                    help="reject max_tokens above the room left in the context window (default: "
                    "lower it to fit, as agents send 32k-128k)")
+    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM/SIGINT, let running requests finish for this many seconds; "
+                   "the rest end with a 503 error event (default 30)")
+    s.add_argument("--stall-timeout", type=float, default=30.0,
+                   help="abort a request whose client has read none of its output for this many "
+                   "seconds (default 30)")
+    s.add_argument("--max-body-mb", type=float, default=32,
+                   help="largest request body accepted; bigger ones get 413 (default 32)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _engine_args(s)
     s.set_defaults(func=cmd_serve)
@@ -89,10 +97,12 @@ def ensure_demo_model() -> Path:
     return d
 
 
-def architecture_of(model_dir: str | Path) -> str | None:
+def architecture_of(model: str | Path) -> str | None:
+    from freetoken.errors import FreeTokenError
+    from freetoken.weights.source import model_config
     try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+        cfg = model_config(model)
+    except (OSError, ValueError, FreeTokenError):
         return None
     archs = cfg.get("architectures") or []
     return archs[0] if archs else None
@@ -101,12 +111,18 @@ def architecture_of(model_dir: str | Path) -> str | None:
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
-def sampling_defaults(model_dir: str | Path) -> dict:
+def sampling_defaults(model: str | Path) -> dict:
     """The checkpoint's recommended sampling (generation_config.json), for requests that
     leave a field out."""
+    from freetoken.errors import FreeTokenError
+    from freetoken.weights.source import load_json_side_file
     try:
-        cfg = json.loads((Path(model_dir) / "generation_config.json").read_text())
-    except (OSError, ValueError):
+        cfg = load_json_side_file(model, "generation_config.json")
+    except (OSError, ValueError, FreeTokenError):
+        return {}
+    if not cfg:
+        return {}
+    if not isinstance(cfg, dict):
         return {}
     if cfg.get("do_sample") is False:
         return {"temperature": 0.0}
@@ -134,33 +150,40 @@ def build(args):
     llm = LLM(model, **opts)
     names = [n.strip() for n in (args.served_model_name or "").split(",") if n.strip()]
     if not names:
-        names = ["freetoken-demo"] if demo else [Path(model).resolve().name]
+        path = Path(model).resolve()
+        names = ["freetoken-demo"] if demo else [path.stem if path.is_file() else path.name]
     svc = GenerationService(llm.engine, model_name=names[0], architecture=architecture_of(model),
                             max_running=args.max_running_requests,
                             max_waiting=args.max_waiting_requests,
                             max_tokens_cap=args.max_tokens_cap,
                             strict_max_tokens=args.strict_max_tokens,
-                            sampling_defaults=sampling_defaults(model))
+                            sampling_defaults=sampling_defaults(model),
+                            stall_timeout=args.stall_timeout)
     if svc.sampling_defaults:
         log.info("sampling defaults from generation_config.json: %s", svc.sampling_defaults)
     app = create_app(svc, Settings(model_names=names, api_key=args.api_key,
-                                   model_match=args.model_match))
+                                   model_match=args.model_match,
+                                   max_body_bytes=int(args.max_body_mb * (1 << 20))))
     return llm, svc, app, demo, model
 
 
 def cmd_serve(args) -> int:
-    import uvicorn
-
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
     llm, svc, app, demo, model = build(args)
+    try:
+        svc.grammar_tokenizer()   # now, not on the first json_schema request (it holds the GIL)
+    except Exception as e:  # noqa: BLE001 - constrained output is optional
+        log.info("constrained output unavailable: %s", e)
     if demo:
         log.warning("NO --model GIVEN: serving a RANDOM-WEIGHT DEMO model (%s, built in %s). "
                     "Its output is gibberish; pass --model DIR to serve a real checkpoint.",
                     DEMO_ARCH, model)
 
-    class Server(uvicorn.Server):
+    from .shutdown import GracefulServer, uvicorn_config
+
+    class Server(GracefulServer):
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.should_exit:
@@ -172,14 +195,9 @@ def cmd_serve(args) -> int:
                         url, url)
             print(f"READY {url}", flush=True)
 
-        def handle_exit(self, sig, frame):
-            super().handle_exit(sig, frame)
-            log.warning("signal %d: finishing in-flight requests, then stopping", sig)
-            self._captured_signals.clear()   # a graceful stop exits 0 after our own cleanup
-
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                            timeout_graceful_shutdown=10, access_log=args.log_level == "debug")
-    server = Server(config)
+    config = uvicorn_config(app, args.shutdown_timeout, host=args.host, port=args.port,
+                            log_level=args.log_level, access_log=args.log_level == "debug")
+    server = Server(config, svc, args.shutdown_timeout)
     try:
         server.run()
     finally:

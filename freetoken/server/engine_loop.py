@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..engine.client import EngineClient, StepOutput
+from ..engine.llm_engine import StepOutput
 from .errors import Overloaded
 from .metrics import Metrics
 
@@ -28,6 +28,8 @@ class Job:
     loop: asyncio.AbstractEventLoop
     outputs: asyncio.Queue = field(default_factory=asyncio.Queue)
     submitted: float = field(default_factory=time.monotonic)
+    last_read: float = field(default_factory=time.monotonic)   # the consumer's last take
+    stalled: bool = False
 
     def push(self, item) -> None:
         try:
@@ -39,8 +41,11 @@ class Job:
 class EngineLoop:
     """The single thread that talks to the engine."""
 
-    def __init__(self, engine: EngineClient, max_running: int, max_waiting: int, metrics: Metrics):
+    def __init__(self, engine, max_running: int, max_waiting: int, metrics: Metrics,
+                 stall_timeout: float = 30.0):
         self.engine = engine
+        self.stall_timeout = stall_timeout
+        self._stall_check_at = 0.0
         self.max_running = max_running
         self.max_waiting = max_waiting
         self.metrics = metrics
@@ -51,9 +56,14 @@ class EngineLoop:
         self.n_waiting = 0
         self.n_running = 0
         self.stopping = threading.Event()
+        self.draining = threading.Event()
+        self.drain_deadline = float("inf")
         self.thread = threading.Thread(target=self._run, name="freetoken-engine", daemon=True)
         self.stats_every = 1.0
         self._stats_at = 0.0
+        self.failures = 0            # engine steps failed in a row; any good step resets it
+        self.last_error = ""
+        _count_preemptions(engine, metrics)
 
     def start(self) -> None:
         self.thread.start()
@@ -64,9 +74,15 @@ class EngineLoop:
         if self.thread.is_alive():
             self.thread.join(timeout)
 
+    def drain(self, timeout: float) -> None:
+        """Take no new work; requests still running after `timeout` seconds end with a 503."""
+        self.drain_deadline = time.monotonic() + timeout
+        self.draining.set()
+        self.commands.put(("wake", None))
+
     def submit(self, job: Job) -> None:
         with self.lock:
-            if self.stopping.is_set():
+            if self.stopping.is_set() or self.draining.is_set():
                 raise Overloaded("the server is shutting down", status=503, retry_after=5)
             if self.n_running + self.n_waiting >= self.max_running + self.max_waiting:
                 raise Overloaded(f"server busy: {self.n_running} running and {self.n_waiting} "
@@ -81,6 +97,11 @@ class EngineLoop:
     def _gauges(self) -> None:
         self.metrics.running.set(self.n_running)
         self.metrics.waiting.set(self.n_waiting)
+        kv = kv_blocks(self.engine)
+        if kv:
+            self.metrics.kv_blocks_total.set(kv[0])
+            self.metrics.kv_blocks_in_use.set(kv[1])
+            self.metrics.kv_evictions.set(kv[2])
 
     def _drain(self, block: bool) -> None:
         try:
@@ -129,11 +150,12 @@ class EngineLoop:
     def _snapshot_stats(self) -> None:
         """Copy the engine's expert statistics for /metrics (only this thread calls it)."""
         now = time.monotonic()
-        if now - self._stats_at < self.stats_every:
+        stats = getattr(self.engine, "expert_stats", None)
+        if stats is None or now - self._stats_at < self.stats_every:
             return
         self._stats_at = now
         try:
-            self.metrics.engine_stats = self.engine.expert_stats() or {}
+            self.metrics.engine_stats = stats() or {}
         except Exception:  # noqa: BLE001 - statistics must never stop serving
             log.exception("expert_stats() failed")
             self.stats_every = float("inf")
@@ -144,18 +166,27 @@ class EngineLoop:
                 self._iteration()
             except Exception as e:  # noqa: BLE001 - the engine thread must not die
                 log.exception("engine step failed; failing %d running requests", len(self.running))
+                self.failures += 1
+                self.last_error = f"{type(e).__name__}: {e}"[:300]
+                self.metrics.engine_failures.inc()
                 self._fail_running(e)
         for job in list(self.running.values()) + list(self.waiting):
             job.push(Overloaded("the server is shutting down", status=503))
 
     def _iteration(self) -> None:
         self._drain(block=not self.running and not self.waiting)
+        if self.draining.is_set() and time.monotonic() > self.drain_deadline:
+            self._end_all(Overloaded("the server is shutting down and this request ran past its "
+                                     "drain timeout", status=503, retry_after=5))
         self._admit()
         self._gauges()
         self._snapshot_stats()
         if not self.running:
             return
-        for out in self.engine.step():
+        self._abort_stalled()
+        outs = self.engine.step()
+        self.failures = 0
+        for out in outs:
             job = self.running.get(out.request_id)
             if job is None:
                 continue
@@ -164,19 +195,72 @@ class EngineLoop:
                 del self.running[out.request_id]
                 with self.lock:
                     self.n_running -= 1
+        self._gauges()
 
-    def _fail_running(self, e: Exception) -> None:
+    def _abort_stalled(self) -> None:
+        """A client that stops reading must not keep its slot generating to max_tokens:
+        output waiting unread for stall_timeout seconds aborts its request."""
+        now = time.monotonic()
+        if now - self._stall_check_at < min(1.0, self.stall_timeout / 4):
+            return
+        self._stall_check_at = now
+        for rid, job in self.running.items():
+            if not job.stalled and job.outputs.qsize() and now - job.last_read > self.stall_timeout:
+                job.stalled = True
+                log.warning("req=%s: the client has read nothing for %.0fs; aborting it",
+                            rid, now - job.last_read)
+                self.metrics.stalled.inc()
+                try:
+                    self.engine.abort_request(rid)
+                except Exception:  # noqa: BLE001
+                    log.exception("abort_request(%s) failed", rid)
+
+    def _end_all(self, err: Exception) -> None:
+        for job in self.waiting:
+            job.push(err)
+        self.waiting.clear()
+        with self.lock:
+            self.n_waiting = 0
+        if self.running:
+            log.warning("drain timeout: ending %d running requests", len(self.running))
+        self._fail_running(err, wrap=False)
+
+    def _fail_running(self, e: Exception, wrap: bool = True) -> None:
         for rid, job in list(self.running.items()):
             try:
                 self.engine.abort_request(rid)
             except Exception:  # noqa: BLE001
                 pass
-            job.push(RuntimeError(f"engine error: {e}"))
+            job.push(RuntimeError(f"engine error: {e}") if wrap else e)
         self.running.clear()
         with self.lock:
             self.n_running = 0
 
 
+def kv_blocks(engine) -> tuple[int, int, int] | None:
+    """(usable blocks, blocks held by requests, prefix-cache evictions) of the engine's
+    BlockManager (block 0 is the null block, never handed out; blocks only the prefix
+    cache holds are available, not in use)."""
+    blocks = getattr(engine, "blocks", None)
+    if blocks is None:
+        return None
+    total = blocks.num_blocks - 1
+    prefix = getattr(engine, "prefix", None)
+    return total, total - blocks.available, prefix.stats.evicted_blocks if prefix is not None else 0
+
+
+def _count_preemptions(engine, metrics) -> None:
+    """Count the scheduler's preemptions through its on_preempt hook, when it has a free one."""
+    sched = getattr(engine, "scheduler", None)
+    if sched is None or not hasattr(sched, "on_preempt") or sched.on_preempt is not None:
+        return
+
+    def on_preempt(seq):
+        metrics.preemptions.inc()
+        log.info("preempted request %s (KV cache full): it will be recomputed",
+                 getattr(seq, "request_id", "?"))
+    sched.on_preempt = on_preempt
+
+
 def _aborted(job: Job) -> StepOutput:
-    return StepOutput(request_id=job.request_id, new_token_ids=[], new_text="", finished=True,
-                      finish_reason="abort", prompt_tokens=len(job.prompt_ids), completion_tokens=0)
+    return StepOutput(job.request_id, [], "", True, "abort", len(job.prompt_ids), 0)

@@ -36,10 +36,19 @@ class BadRequest(APIError):
 
 
 class ContextOverflow(APIError):
+    """The prompt does not fit the context window, in each protocol's own words: agents
+    match these texts (and OpenAI's code) to decide to compact instead of retrying."""
     status = 400
 
-    def __init__(self, message: str):
-        super().__init__(message, code="context_length_exceeded")
+    def __init__(self, n_prompt: int, window: int):
+        # the window must hold the prompt plus at least one output token
+        super().__init__(
+            f"This model's maximum context length is {window} tokens. However, you requested "
+            f"{n_prompt + 1} tokens ({n_prompt} in the messages, 1 in the completion). Please "
+            f"reduce the length of the messages or completion.",
+            code="context_length_exceeded", param="messages")
+        self.n_prompt, self.window = n_prompt, window
+        self.anthropic_message = f"prompt is too long: {n_prompt} tokens > {window - 1} maximum"
 
 
 class Unauthorized(APIError):
@@ -64,7 +73,8 @@ def is_anthropic_path(path: str) -> bool:
 def error_body(err: APIError, anthropic: bool) -> dict:
     oa_type, an_type = _TYPES.get(err.status, ("server_error", "api_error"))
     if anthropic:
-        return {"type": "error", "error": {"type": an_type, "message": err.message}}
+        message = getattr(err, "anthropic_message", None) or err.message
+        return {"type": "error", "error": {"type": an_type, "message": message}}
     return {"error": {"message": err.message, "type": oa_type, "param": err.param,
                       "code": err.code}}
 

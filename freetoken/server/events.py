@@ -40,6 +40,8 @@ class Done:
     completion_tokens: int
     stop_sequence: str | None = None
     error: str | None = None
+    cached_tokens: int = 0          # prompt tokens served from the prefix cache (not recomputed)
+    context_full: bool = False      # "length" because the context window is full, not max_tokens
 
 
 Event = TextDelta | ReasoningDelta | ToolCallStart | ToolCallDelta | ToolCallEnd | Done

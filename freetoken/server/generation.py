@@ -18,6 +18,7 @@ from .errors import BadRequest, ContextOverflow, Overloaded
 from .events import Done, Event, ToolCallDelta, ToolCallEnd, ToolCallStart
 from .metrics import Metrics
 from .parsers import Parser, PlainParser, parser_for
+from .prompt_tokens import encode_bounded
 
 log = logging.getLogger("freetoken.server")
 
@@ -32,6 +33,7 @@ class GenerationRequest:
     tools: bool = False                # the request offered tools: keep tool-call events
     max_tool_calls: int | None = None  # parallel_tool_calls=false: keep only the first call
     stop: list[str] = field(default_factory=list)
+    window_limited: bool = False       # the output budget is the room left in the context window
 
 
 class Generation:
@@ -45,6 +47,7 @@ class Generation:
         self.request_id = f"{req.endpoint}-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         self.token_ids: list[int] = []
         self.finished = False
+        self.accounted = False         # metrics and the log line have seen this request
         self.job = Job(self.request_id, req.prompt_ids, req.params, asyncio.get_running_loop())
         service.loop.submit(self.job)
 
@@ -61,10 +64,11 @@ class Generation:
         try:
             while True:
                 out = await self.job.outputs.get()
+                self.job.last_read = time.monotonic()
                 if isinstance(out, Exception):
-                    self.finished = True
+                    self.finished = self.accounted = True
                     if isinstance(out, PromptTooLongError):
-                        raise ContextOverflow(str(out))
+                        raise ContextOverflow(len(req.prompt_ids), self.service.max_model_len)
                     if isinstance(out, ValueError):
                         raise BadRequest(str(out))
                     if isinstance(out, Overloaded):
@@ -90,14 +94,25 @@ class Generation:
                     yield done
                     return
         finally:
-            if not self.finished:
+            if not self.accounted:     # the client left (stream closed or request cancelled)
                 self.abort()
-                m.requests.labels(req.endpoint, "cancelled").inc()
-                log.info("req=%s cancelled by the client after %d tokens", self.request_id,
-                         len(self.token_ids))
+                self._count_cancelled(first)
+
+    def _count_cancelled(self, first: float | None) -> None:
+        """A request the client left still costs its prefill and the tokens made so far."""
+        m, req = self.service.metrics, self.req
+        self.accounted = True
+        m.requests.labels(req.endpoint, "cancelled").inc()
+        m.generation_tokens.inc(len(self.token_ids))
+        if first is not None:
+            m.ttft.observe(first - self.job.submitted)
+            m.prompt_tokens.inc(len(req.prompt_ids))
+        log.info("req=%s cancelled by the client after %d tokens", self.request_id,
+                 len(self.token_ids))
 
     def _done(self, out, n_calls: int, first: float | None) -> Done:
         m, req = self.service.metrics, self.req
+        self.accounted = True
         reason = out.finish_reason or "stop"
         stop_seq = None
         if reason == "stop" and n_calls:
@@ -119,7 +134,8 @@ class Generation:
         m.requests.labels(req.endpoint, reason).inc()
         log.info("req=%s %s prompt=%d completion=%d ttft=%.3fs decode=%.1f tok/s finish=%s",
                  self.request_id, req.endpoint, prompt_tokens, completion, ttft, tps, reason)
-        return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq)
+        return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq, cached_tokens=out.num_cached_tokens,
+                    context_full=reason == "length" and req.window_limited)
 
 
 class GenerationService:
@@ -128,7 +144,8 @@ class GenerationService:
     def __init__(self, engine, *, model_name: str, architecture: str | None = None,
                  max_running: int = 16, max_waiting: int = 256, max_tokens_cap: int | None = None,
                  strict_max_tokens: bool = False, metrics: Metrics | None = None,
-                 params_cls=None, sampling_defaults: dict | None = None):
+                 params_cls=None, sampling_defaults: dict | None = None,
+                 stall_timeout: float = 30.0):
         if params_cls is None:
             from freetoken import SamplingParams as params_cls
         self.params_cls = params_cls
@@ -136,7 +153,8 @@ class GenerationService:
         self.engine = engine
         self.tokenizer = engine.tokenizer
         # the context a request may use: the window, or less when the KV cache is smaller
-        self.max_model_len = int(min(engine.max_model_len, engine.capacity_tokens))
+        self.max_model_len = int(min(engine.max_model_len,
+                                     engine.capacity_tokens))
         self.model_name = model_name
         self.architecture = architecture
         self.parser_cls = parser_for(architecture, getattr(self.tokenizer, "chat_template", None))
@@ -144,7 +162,7 @@ class GenerationService:
         self.strict_max_tokens = strict_max_tokens
         self.eos_ids = set(getattr(self.tokenizer, "eos_token_ids", ()) or ())
         self.metrics = metrics or Metrics()
-        self.loop = EngineLoop(engine, max_running, max_waiting, self.metrics)
+        self.loop = EngineLoop(engine, max_running, max_waiting, self.metrics, stall_timeout)
         self._grammar_tokenizer = None
         self._grammar_lock = threading.Lock()
 
@@ -156,11 +174,15 @@ class GenerationService:
 
     def max_tokens_for(self, requested: int | None, n_prompt: int, default: int | None = None) -> int:
         """Output budget: the request's (or the default) bounded by the context window."""
+        return self.output_budget(requested, n_prompt, default)[0]
+
+    def output_budget(self, requested: int | None, n_prompt: int,
+                      default: int | None = None) -> tuple[int, bool]:
+        """(output budget, whether it is the room left in the window rather than what the
+        request or the server's cap asked for): a stop there is "the context is full"."""
         room = self.max_model_len - n_prompt
         if room < 1:
-            raise ContextOverflow(
-                f"the prompt is {n_prompt} tokens, but this model's context window is "
-                f"{self.max_model_len} tokens (prompt plus at least one output token)")
+            raise ContextOverflow(n_prompt, self.max_model_len)
         if requested is not None and requested < 1:
             raise BadRequest(f"max_tokens must be at least 1, got {requested}", param="max_tokens")
         if requested is not None and requested > room and self.strict_max_tokens:
@@ -171,7 +193,24 @@ class GenerationService:
         n = requested if requested is not None else (default or room)
         if self.max_tokens_cap:
             n = min(n, self.max_tokens_cap)
-        return max(1, min(n, room))
+        return max(1, min(n, room)), n > room or (requested is None and not default)
+
+    @property
+    def max_output_tokens(self) -> int:
+        """The most tokens one reply may have: the server's cap, else the whole window."""
+        return min(self.max_tokens_cap or self.max_model_len, self.max_model_len - 1)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The prompt's ids, or ContextOverflow after tokenizing at most about the window's
+        worth of it (call it off the event loop)."""
+        ids, n = encode_bounded(self.tokenizer, text, self.max_model_len)
+        if ids is None:
+            self.max_tokens_for(None, n)     # raises ContextOverflow with the usual wording
+        return ids
+
+    def count_prompt(self, text: str) -> int:
+        """Tokens in text; beyond 4x the window an early count (the prompt cannot fit anyway)."""
+        return encode_bounded(self.tokenizer, text, 4 * self.max_model_len)[1]
 
     def grammar_tokenizer(self):
         """llguidance's view of the vocabulary, built once (about a second)."""

@@ -12,6 +12,15 @@ from .errors import BadRequest
 log = logging.getLogger("freetoken.server")
 
 _BITS = torch.arange(32, dtype=torch.int32)
+# Compiling a schema holds the GIL (about 0.6 ms per KiB): bound the source a request may send.
+MAX_GRAMMAR_SOURCE = 128 << 10
+
+
+def check_grammar_size(source, where: str) -> None:
+    n = len(json.dumps(source))
+    if n > MAX_GRAMMAR_SOURCE:
+        raise BadRequest(f"{where}: the schema is {n} bytes of JSON; constrained output accepts at "
+                         f"most {MAX_GRAMMAR_SOURCE}", param=where)
 
 
 def _llguidance():
@@ -36,14 +45,20 @@ def build_tokenizer(tokenizer):
 
 def json_schema_grammar(schema: dict | None) -> str:
     llguidance = _llguidance()
-    return llguidance.LLMatcher.grammar_from_json_schema(
-        schema if schema is not None else {"type": "object"},
-        defaults={"whitespace_flexible": False})
+    try:
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            schema if schema is not None else {"type": "object"},
+            defaults={"whitespace_flexible": False})
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise BadRequest(f"invalid response format schema: {e}") from None
 
 
 def lark_grammar(lark: str) -> str:
     llguidance = _llguidance()
-    return llguidance.LLMatcher.grammar_from_lark(lark)
+    try:
+        return llguidance.LLMatcher.grammar_from_lark(lark)
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise BadRequest(f"invalid tool schema for a forced tool call: {e}") from None
 
 
 def _literal(tag: str, tokenizer, lltok) -> str:

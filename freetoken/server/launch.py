@@ -1,12 +1,18 @@
 """`freetoken launch claude|opencode|openclaw`: write the agent's provider configuration
 for a running FreeToken server and start the agent. Every endpoint in it is the local
-server; if that server does not answer, nothing is started (never a cloud fallback)."""
+server; if that server does not answer, nothing is started (never a cloud fallback).
+
+Each agent is told the server's real limits (from /v1/models) in its own configuration,
+so that it compacts its history before the window overflows and never asks for more
+output than the server gives."""
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -20,22 +26,60 @@ QUIET = {"claude": {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TE
 # Variables that could send an agent to a cloud endpoint instead of ours.
 CLOUD_VARS = ["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "OPENAI_API_KEY",
               "OPENAI_BASE_URL", "CLAUDE_CODE_USE_BEDROCK", "CLAUDE_CODE_USE_VERTEX"]
+NPM_PACKAGE = {"claude": "@anthropic-ai/claude-code", "opencode": "opencode-ai",
+               "openclaw": "openclaw"}
+ASSUMED_CONTEXT = 32768     # --dry-run without a server only
+MAX_AGENT_OUTPUT = 8192     # a reply budget that leaves most of the window to the history
+CLAUDE_MIN_COMPACT_WINDOW = 100_000   # Claude Code raises a smaller auto-compact window to this
 
 
-def server_model(server: str, api_key: str | None) -> tuple[str, int | None]:
+class LaunchError(Exception):
+    """A one-line reason why the agent was not started."""
+
+
+@dataclass
+class Limits:
+    model: str
+    context: int             # the context window (prompt + reply)
+    output: int              # what the agent is told it may ask for per reply
+
+
+def agent_output(context: int, server_max_output: int | None) -> int:
+    """A quarter of the window (at most 8192), never above the server's own cap."""
+    out = max(1, min(MAX_AGENT_OUTPUT, context // 4))
+    return min(out, server_max_output) if server_max_output else out
+
+
+def server_limits(server: str, api_key: str | None, model: str | None) -> Limits:
+    url = server.rstrip("/") + "/v1/models"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    r = httpx.get(server.rstrip("/") + "/v1/models", headers=headers, timeout=10)
-    r.raise_for_status()
-    m = r.json()["data"][0]
-    return m["id"], m.get("max_model_len")
+    try:
+        r = httpx.get(url, headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise LaunchError(f"no FreeToken server answers at {server} ({type(e).__name__}: {e}); "
+                          f"start it with `freetoken serve` first") from None
+    if r.status_code in (401, 403):
+        raise LaunchError(
+            f"the server at {server} requires an API key and " +
+            ("rejected the one given" if api_key else "none was given") +
+            ": pass --api-key KEY or set FREETOKEN_API_KEY to the key of `freetoken serve --api-key`")
+    if r.status_code != 200:
+        raise LaunchError(f"GET {url} answered {r.status_code}: {r.text[:200]}")
+    try:
+        rows = r.json()["data"]
+        row = next((m for m in rows if m["id"] == model), rows[0]) if model else rows[0]
+        context = int(row.get("max_model_len") or ASSUMED_CONTEXT)
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise LaunchError(f"GET {url} did not list a model ({type(e).__name__}: {e}); is this a "
+                          f"FreeToken (OpenAI-compatible) server?") from None
+    return Limits(model or row["id"], context, agent_output(context, row.get("max_output_tokens")))
 
 
-def plan(agent: str, server: str, model: str, context: int | None, key: str, cfg_dir: Path,
+def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
          agent_args: list[str]) -> tuple[dict[str, str], dict[Path, str], list[str]]:
     """(environment, files to write, command) for one agent."""
     server = server.rstrip("/")
-    context = context or 32768
-    output = max(1, min(8192, context // 4))
+    model, context, output = limits.model, limits.context, limits.output
     env = dict(QUIET[agent])
     files: dict[Path, str] = {}
     if agent == "claude":
@@ -43,7 +87,12 @@ def plan(agent: str, server: str, model: str, context: int | None, key: str, cfg
         env.update(ANTHROPIC_BASE_URL=server, ANTHROPIC_AUTH_TOKEN=key, ANTHROPIC_MODEL=model,
                    ANTHROPIC_DEFAULT_OPUS_MODEL=model, ANTHROPIC_DEFAULT_SONNET_MODEL=model,
                    ANTHROPIC_DEFAULT_HAIKU_MODEL=model, ANTHROPIC_SMALL_FAST_MODEL=model,
+                   # the window of a model id Claude Code does not know (else it assumes 1M
+                   # and never compacts) and its reply budget
+                   CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(context),
                    CLAUDE_CODE_MAX_OUTPUT_TOKENS=str(output))
+        if context >= CLAUDE_MIN_COMPACT_WINDOW:    # below, Claude Code ignores it with a warning
+            env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(context)
         files[settings] = json.dumps({"env": env, "model": model}, indent=2) + "\n"
         cmd = ["claude", "--settings", str(settings), *agent_args]
     elif agent == "opencode":
@@ -67,44 +116,66 @@ def plan(agent: str, server: str, model: str, context: int | None, key: str, cfg
                 "baseUrl": server + "/v1", "apiKey": key, "api": "openai-completions",
                 "models": [{"id": model, "name": f"{model} (FreeToken)", "contextWindow": context,
                             "maxTokens": output}]}}}}, indent=2) + "\n"
-        cmd = ["openclaw", *agent_args, "--config", str(path)]
+        # every subcommand reads the variable; only some accept --config
+        env["OPENCLAW_CONFIG_PATH"] = str(path)
+        cmd = ["openclaw", *agent_args]
     return env, files, cmd
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file that holds the API key: readable by its owner only."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)          # an older file keeps its mode through O_TRUNC
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def dry_run(env: dict[str, str], files: dict[Path, str], cmd: list[str]) -> None:
+    for path, text in files.items():
+        print(f"# would write {path} (mode 0600):\n{text}")
+    print("# environment:")
+    for k, v in env.items():
+        print(f"export {k}={shlex.quote(v)}")
+    print("unset " + " ".join(CLOUD_VARS))
+    print("# command:\n" + shlex.join(cmd))
 
 
 def launch(args) -> int:
     key = args.api_key or "freetoken"
-    model, context = args.model, None
     try:
-        served, context = server_model(args.server, args.api_key)
-        model = model or served
-    except Exception as e:  # noqa: BLE001
+        limits = server_limits(args.server, args.api_key, args.model)
+    except LaunchError as e:
         if not args.dry_run:
-            print(f"freetoken launch: the server at {args.server} does not answer ({e}); start it "
-                  f"with `freetoken serve` first. Nothing was started.", file=sys.stderr)
+            print(f"freetoken launch: {e}. Nothing was started.", file=sys.stderr)
             return 1
-        model = model or "freetoken-demo"
+        limits = Limits(args.model or "freetoken-demo", ASSUMED_CONTEXT,
+                        agent_output(ASSUMED_CONTEXT, None))
+        print(f"freetoken launch: {e}.\nfreetoken launch: --dry-run goes on with ASSUMED limits "
+              f"(model {limits.model}, context {limits.context}, output {limits.output}), not the "
+              f"server's.", file=sys.stderr)
+        print("# WARNING: no server answered; model, context and output below are assumptions")
+    if args.agent == "claude" and limits.context < CLAUDE_MIN_COMPACT_WINDOW:
+        print(f"freetoken launch: note: Claude Code compacts its history on its own only in a "
+              f"window of {CLAUDE_MIN_COMPACT_WINDOW} tokens or more; this server's is "
+              f"{limits.context}. For long sessions serve with --max-model-len "
+              f"{CLAUDE_MIN_COMPACT_WINDOW} or more.", file=sys.stderr)
     cfg_dir = Path(args.config_dir or Path.home() / ".config" / "freetoken" / "agents")
     agent_args = [a for a in args.agent_args if a != "--"]
-    env, files, cmd = plan(args.agent, args.server, model, context, key, cfg_dir, agent_args)
+    env, files, cmd = plan(args.agent, args.server, limits, key, cfg_dir, agent_args)
     if args.dry_run:
-        for path, text in files.items():
-            print(f"# would write {path}:\n{text}")
-        print("# environment:")
-        for k, v in env.items():
-            print(f"export {k}={v}")
-        print("# unset " + " ".join(CLOUD_VARS))
-        print("# command:\n" + " ".join(cmd))
+        dry_run(env, files, cmd)
         return 0
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path}", file=sys.stderr)
     exe = shutil.which(cmd[0])
     if exe is None:
         print(f"freetoken launch: `{cmd[0]}` is not on PATH; install it (npm i -g "
-              f"{ {'claude': '@anthropic-ai/claude-code', 'opencode': 'opencode-ai', 'openclaw': 'openclaw'}[args.agent]})",
-              file=sys.stderr)
+              f"{NPM_PACKAGE[args.agent]}). Nothing was started.", file=sys.stderr)
         return 127
+    for path, text in files.items():
+        write_private(path, text)
+        print(f"wrote {path}", file=sys.stderr)
+    print(f"freetoken launch: {shlex.join(cmd)}  (model {limits.model}, context {limits.context}, "
+          f"output {limits.output})", file=sys.stderr)
     full_env = {k: v for k, v in os.environ.items() if k not in CLOUD_VARS}
     full_env.update(env)
     os.execvpe(exe, cmd, full_env)

@@ -67,6 +67,21 @@ class Metrics:
                                 ["endpoint", "finish_reason"], registry=r)
         self.http_errors = Counter("freetoken_http_errors", "Requests answered with an error",
                                    ["status"], registry=r)
+        self.client_disconnects = Counter("freetoken_client_disconnects",
+                                          "Clients that left before their reply was sent",
+                                          registry=r)
+        self.stalled = Counter("freetoken_stalled_clients", "Requests aborted because their client "
+                               "stopped reading (serve --stall-timeout)", registry=r)
+        self.kv_blocks_total = Gauge("freetoken_kv_blocks_total", "KV cache blocks (usable)",
+                                     registry=r)
+        self.kv_blocks_in_use = Gauge("freetoken_kv_blocks_in_use", "KV cache blocks held by requests",
+                                      registry=r)
+        self.preemptions = Counter("freetoken_preemptions", "Requests preempted (KV full) and "
+                                   "recomputed later", registry=r)
+        self.kv_evictions = Gauge("freetoken_kv_evictions", "Cached KV blocks evicted (0 until the "
+                                  "engine keeps a prefix cache)", registry=r)
+        self.engine_failures = Counter("freetoken_engine_step_failures", "Engine steps that raised",
+                                       registry=r)
         self.running = Gauge("freetoken_requests_running", "Requests in the engine", registry=r)
         self.waiting = Gauge("freetoken_requests_waiting", "Requests queued for the engine",
                              registry=r)

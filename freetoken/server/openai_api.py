@@ -13,6 +13,7 @@ from .chat import parse_arguments
 from .errors import APIError, BadRequest, error_body
 from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
 from .prepare import ChatInput, prepare_chat, prepare_text
+from .request_limits import client_input
 from .server_state import collect, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()
@@ -94,9 +95,11 @@ def openai_messages(messages: list[dict]) -> list[dict]:
                "content": content_text(m.get("content"), where)}
         if role == "assistant":
             calls = []
-            for c in m.get("tool_calls") or []:
+            for j, c in enumerate(m.get("tool_calls") or []):
                 f = c.get("function") or {}
-                calls.append({"id": c.get("id") or "call_" + uuid.uuid4().hex[:24],
+                # a missing id gets one from its place, not a random one: the same history
+                # must render to the same tokens every time (prefix cache)
+                calls.append({"id": c.get("id") or f"call_{i}_{j}",
                               "type": "function",
                               "function": {"name": f.get("name", ""),
                                            "arguments": parse_arguments(f.get("arguments"))}})
@@ -130,7 +133,11 @@ def openai_tools(tools: list[dict] | None) -> list[dict] | None:
 
 def openai_tool_choice(tc) -> str | dict | None:
     if isinstance(tc, dict):
-        name = (tc.get("function") or {}).get("name") or tc.get("name")
+        fn = tc.get("function")
+        name = (fn.get("name") if isinstance(fn, dict) else None) or tc.get("name")
+        if not isinstance(name, str):
+            raise BadRequest("tool_choice: expected {'type': 'function', 'function': {'name': NAME}}",
+                             param="tool_choice")
         return {"name": name}
     return tc
 
@@ -140,11 +147,17 @@ def response_format(rf: dict | None) -> dict | None:
         return None
     if rf.get("type") == "json_schema":
         js = rf.get("json_schema") or {}
+        if not isinstance(js, dict):
+            raise BadRequest("response_format.json_schema: expected an object with a 'schema'",
+                             param="response_format.json_schema")
         schema = js.get("schema", rf.get("schema"))
         if schema is not None and not isinstance(schema, dict):
             raise BadRequest("response_format.json_schema.schema must be an object",
                              param="response_format")
         return {"type": "json_schema", "schema": schema}
+    if not isinstance(rf.get("type"), str):
+        raise BadRequest("response_format.type: expected text, json_object or json_schema",
+                         param="response_format.type")
     return {"type": rf.get("type")}
 
 
@@ -156,7 +169,15 @@ def _sampling(body) -> dict:
 
 def _usage(d: Done) -> dict:
     return {"prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
-            "total_tokens": d.prompt_tokens + d.completion_tokens}
+            "total_tokens": d.prompt_tokens + d.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": d.cached_tokens}}
+
+
+def limits(svc) -> dict:
+    """What `freetoken launch` (and any client that reads them) configures agents with: the
+    context window, the largest prompt, and the largest reply this server gives."""
+    return {"max_model_len": svc.max_model_len, "max_input_tokens": svc.max_model_len - 1,
+            "max_output_tokens": svc.max_output_tokens}
 
 
 @router.get("/v1/models")
@@ -165,7 +186,7 @@ async def list_models(request: Request):
     created = int(st.started)
     data = [{"id": n, "object": "model", "created": created, "owned_by": "freetoken",
              "type": "model", "display_name": n, "created_at": st.started_iso,
-             "max_model_len": st.svc.max_model_len} for n in st.settings.model_names]
+             **limits(st.svc)} for n in st.settings.model_names]
     return {"object": "list", "data": data, "has_more": False,
             "first_id": data[0]["id"], "last_id": data[-1]["id"]}
 
@@ -175,7 +196,8 @@ async def get_model(model_id: str, request: Request):
     st = state(request)
     st.check_model(model_id, anthropic=False)
     return {"id": model_id, "object": "model", "created": int(st.started), "owned_by": "freetoken",
-            "type": "model", "display_name": model_id, "created_at": st.started_iso}
+            "type": "model", "display_name": model_id, "created_at": st.started_iso,
+            **limits(st.svc)}
 
 
 async def _parse(request: Request, model: type[_SamplingFields]):
@@ -196,11 +218,12 @@ async def chat_completions(request: Request):
     kwargs = dict(body.chat_template_kwargs or {})
     if body.reasoning_effort in ("none", "minimal"):
         kwargs.setdefault("enable_thinking", False)
-    inp = ChatInput(messages=openai_messages(body.messages), endpoint="chat",
-                    tools=openai_tools(body.tools), tool_choice=openai_tool_choice(body.tool_choice),
-                    max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None
-                    else body.max_tokens, stop=body.stop, sampling=_sampling(body),
-                    response_format=response_format(body.response_format), template_kwargs=kwargs)
+    with client_input("request"):
+        inp = ChatInput(messages=openai_messages(body.messages), endpoint="chat",
+                        tools=openai_tools(body.tools), tool_choice=openai_tool_choice(body.tool_choice),
+                        max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None
+                        else body.max_tokens, stop=body.stop, sampling=_sampling(body),
+                        response_format=response_format(body.response_format), template_kwargs=kwargs)
     req = await prepare_chat(st.svc, inp)
     if body.parallel_tool_calls is False:
         req.max_tool_calls = 1
@@ -256,9 +279,11 @@ async def _chat_stream(gen, cid, created, model, include_usage):
         yield sse.data(error_body(e, anthropic=False))
         yield sse.DONE
         return
-    if done.error:
+    if done.error:     # the error is the last event: no finish_reason after it
         yield sse.data({"error": {"message": done.error, "type": "server_error", "param": None,
                                   "code": None}})
+        yield sse.DONE
+        return
     yield chunk({}, FINISH[done.finish_reason])
     if include_usage:
         yield sse.data({**base, "choices": [], "usage": _usage(done)})
@@ -293,6 +318,11 @@ async def completions(request: Request):
                         done = ev
             except APIError as e:
                 yield sse.data(error_body(e, anthropic=False))
+                yield sse.DONE
+                return
+            if done.error:
+                yield sse.data({"error": {"message": done.error, "type": "server_error",
+                                          "param": None, "code": None}})
                 yield sse.DONE
                 return
             yield sse.data({**base, "choices": [{"index": 0, "text": "", "logprobs": None,

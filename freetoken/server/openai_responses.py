@@ -16,6 +16,7 @@ from .errors import APIError, BadRequest
 from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from .openai_api import content_text
 from .prepare import ChatInput, prepare_chat
+from .request_limits import client_input
 from .server_state import parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()
@@ -202,7 +203,7 @@ class Builder:
         out = self._close()
         usage = {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,
                  "total_tokens": done.prompt_tokens + done.completion_tokens,
-                 "input_tokens_details": {"cached_tokens": 0},
+                 "input_tokens_details": {"cached_tokens": done.cached_tokens},
                  "output_tokens_details": {"reasoning_tokens": 0}}
         if done.finish_reason == "length":
             resp = self.response("incomplete", usage, {"reason": "max_output_tokens"})
@@ -213,6 +214,22 @@ class Builder:
         return out, resp
 
 
+def _chat_input(body: ResponsesRequest) -> ChatInput:
+    kwargs = {}
+    if (body.reasoning or {}).get("effort") in ("none", "minimal"):
+        kwargs["enable_thinking"] = False
+    tc = body.tool_choice
+    if isinstance(tc, dict):
+        tc = {"name": tc.get("name")} if tc.get("type") == "function" else tc.get("type")
+        if tc is not None and not isinstance(tc, str) and not isinstance(tc["name"], str):
+            raise BadRequest("tool_choice.name: expected the name of a tool", param="tool_choice.name")
+    return ChatInput(messages=responses_messages(body.instructions, body.input), endpoint="responses",
+                     tools=responses_tools(body.tools), tool_choice=tc,
+                     max_tokens=body.max_output_tokens,
+                     sampling={"temperature": body.temperature, "top_p": body.top_p},
+                     response_format=_format(body.text), template_kwargs=kwargs)
+
+
 @router.post("/v1/responses")
 async def responses(request: Request):
     st = state(request)
@@ -221,17 +238,8 @@ async def responses(request: Request):
     if body.previous_response_id:
         raise BadRequest("previous_response_id is not supported: this server is stateless; send "
                          "the whole conversation in input", param="previous_response_id")
-    kwargs = {}
-    if (body.reasoning or {}).get("effort") in ("none", "minimal"):
-        kwargs["enable_thinking"] = False
-    tc = body.tool_choice
-    if isinstance(tc, dict):
-        tc = {"name": tc.get("name")} if tc.get("type") == "function" else tc.get("type")
-    inp = ChatInput(messages=responses_messages(body.instructions, body.input), endpoint="responses",
-                    tools=responses_tools(body.tools), tool_choice=tc,
-                    max_tokens=body.max_output_tokens,
-                    sampling={"temperature": body.temperature, "top_p": body.top_p},
-                    response_format=_format(body.text), template_kwargs=kwargs)
+    with client_input("request"):
+        inp = _chat_input(body)
     req = await prepare_chat(st.svc, inp)
     gen = st.svc.submit(req)
     b = Builder(body, "resp_" + uuid.uuid4().hex[:24])
@@ -267,4 +275,4 @@ async def _stream(gen, b: Builder):
                 for s in b.feed(ev):
                     yield s
     except APIError as e:
-        yield b.ev("error", code=str(e.status), message=e.message, param=None)
+        yield b.ev("error", code=e.code or str(e.status), message=e.message, param=None)

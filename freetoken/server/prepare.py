@@ -7,6 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from .chat import check_tools, render, starts_in_reasoning
+from .grammar import check_grammar_size
 from .errors import BadRequest
 from .generation import GenerationRequest, GenerationService
 from .parsers import HarmonyParser, PlainParser, QwenParser
@@ -93,46 +94,56 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
     if forced and not json_out and parser_cls is not QwenParser:
         raise BadRequest(f"tool_choice {inp.tool_choice!r} needs constrained tool calls, which this "
                          f"server has for Qwen-family models only; use 'auto'", param="tool_choice")
+    # grammars compile in a worker thread: a large schema must not stall every stream
     if json_out:
         from .grammar import json_schema_grammar
         schema = inp.response_format.get("schema") if inp.response_format["type"] == "json_schema" else None
-        grammar = json_schema_grammar(schema)
+        check_grammar_size(schema, "response_format.json_schema.schema")
+        grammar = await asyncio.to_thread(json_schema_grammar, schema)
         kwargs.setdefault("enable_thinking", False)
     elif forced and parser_cls is QwenParser:
         from .grammar import forced_tool_call_grammar
+        calls = [(t["function"]["name"], t["function"].get("parameters")) for t in forced]
+        check_grammar_size(calls, "tools")
         lltok = await asyncio.to_thread(svc.grammar_tokenizer)
-        grammar = forced_tool_call_grammar(
-            [(t["function"]["name"], t["function"].get("parameters")) for t in forced],
-            "<tool_call>", "</tool_call>", svc.tokenizer, lltok)
+        grammar = await asyncio.to_thread(forced_tool_call_grammar, calls, "<tool_call>",
+                                          "</tool_call>", svc.tokenizer, lltok)
         kwargs.setdefault("enable_thinking", False)
     elif inp.response_format and inp.response_format.get("type") not in (None, "text"):
         raise BadRequest(f"response_format type {inp.response_format.get('type')!r} is not "
                          "supported (use text, json_object or json_schema)", param="response_format")
 
     prompt = await asyncio.to_thread(render, svc.tokenizer, inp.messages, tools, kwargs)
-    ids = await asyncio.to_thread(svc.tokenizer.encode, prompt)
-    max_tokens = svc.max_tokens_for(inp.max_tokens, len(ids), inp.default_max_tokens)
+    ids = await asyncio.to_thread(svc.encode_prompt, prompt)
+    max_tokens, window_limited = svc.output_budget(inp.max_tokens, len(ids), inp.default_max_tokens)
     processors = []
     if grammar is not None:
         from .grammar import GrammarProcessor
         lltok = await asyncio.to_thread(svc.grammar_tokenizer)
-        processors.append(GrammarProcessor(lltok, grammar, svc.eos_ids))
+        processors.append(await asyncio.to_thread(GrammarProcessor, lltok, grammar, svc.eos_ids))
     stop = _stop_list(inp.stop)
     params = sampling_params(svc, max_tokens, stop, inp.sampling, processors)
     reasoning = starts_in_reasoning(prompt) and grammar is None
     parser = PlainParser() if json_out else parser_cls(tools, reasoning=reasoning)
-    return GenerationRequest(ids, params, inp.endpoint, parser=parser, tools=bool(tools), stop=stop)
+    return GenerationRequest(ids, params, inp.endpoint, parser=parser, tools=bool(tools), stop=stop,
+                             window_limited=window_limited)
 
 
 async def prepare_text(svc: GenerationService, prompt: str | list[int], *, endpoint: str,
                        max_tokens: int | None, stop, sampling: dict) -> GenerationRequest:
     if isinstance(prompt, str):
-        ids = await asyncio.to_thread(svc.tokenizer.encode, prompt)
+        ids = await asyncio.to_thread(svc.encode_prompt, prompt)
     else:
         ids = list(prompt)
+        vocab = getattr(svc.tokenizer, "vocab_size", None)
+        bad = next((t for t in ids if not 0 <= t < (vocab or 1 << 62)), None)
+        if bad is not None:
+            raise BadRequest(f"prompt: token id {bad} is outside the vocabulary [0, {vocab})",
+                             param="prompt")
     if not ids:
         raise BadRequest("prompt is empty", param="prompt")
-    n = svc.max_tokens_for(max_tokens, len(ids), 16)
+    n, window_limited = svc.output_budget(max_tokens, len(ids), 16)
     stop = _stop_list(stop)
     params = sampling_params(svc, n, stop, sampling, [])
-    return GenerationRequest(ids, params, endpoint, parser=PlainParser(), stop=stop)
+    return GenerationRequest(ids, params, endpoint, parser=PlainParser(), stop=stop,
+                             window_limited=window_limited)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from .errors import APIError, BadRequest, NotFound
 from .events import Done, ReasoningDelta, TextDelta, ToolCallEnd, ToolCallStart
 from .generation import Generation, GenerationService
+from .request_limits import ClientGone, parse_json, read_body
 
 
 @dataclass
@@ -21,7 +22,7 @@ class Settings:
     model_names: list[str]
     api_key: str | None = None
     model_match: str = "auto"        # auto: OpenAI routes strict, Anthropic routes map any id
-    max_body_bytes: int = 64 << 20
+    max_body_bytes: int = 32 << 20
 
 
 @dataclass
@@ -50,13 +51,8 @@ def state(request: Request) -> AppState:
 
 
 async def parse_body(request: Request, model: type[BaseModel]):
-    raw = await request.body()
-    if len(raw) > state(request).settings.max_body_bytes:
-        raise BadRequest("request body too large", status=413)
-    try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    raw = await read_body(request, state(request).settings.max_body_bytes)
+    obj = parse_json(raw)
     if not isinstance(obj, dict):
         raise BadRequest("the request body must be a JSON object")
     try:
@@ -134,11 +130,11 @@ async def until_disconnected(request: Request, gen: Generation, coro):
     finally:
         watcher.cancel()
     if not task.done():
-        task.cancel()
-        gen.abort()
+        task.cancel()      # its generation's cleanup aborts the request and counts it cancelled
         try:
             await task
         except (asyncio.CancelledError, Exception):
             pass
-        raise asyncio.CancelledError("client disconnected")
+        gen.abort()
+        raise ClientGone("client disconnected")
     return task.result()

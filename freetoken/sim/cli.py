@@ -26,7 +26,7 @@ DEFAULT_CAPACITIES = "0.11,0.37"
 
 def register(subparsers) -> argparse.ArgumentParser:
     sim = subparsers.add_parser("sim", help="replay routing traces: cache policies and hardware projection")
-    sim_sub = sim.add_subparsers(dest="sim_command", metavar="{cache,project}")
+    sim_sub = sim.add_subparsers(dest="sim_command", metavar="{cache,project,sessions}")
     sim_sub.required = True
 
     cache = sim_sub.add_parser("cache", help="decode miss rate per cache policy and capacity")
@@ -44,6 +44,9 @@ def register(subparsers) -> argparse.ArgumentParser:
     proj.add_argument("--cache", default=DEFAULT_POLICY, type=_cache_policy,
                       help=f"the engine cache's policy: {', '.join(CACHE_POLICIES)}, optionally +admit (default {DEFAULT_POLICY})")
     proj.set_defaults(func=run_project)
+
+    from freetoken.sim.sessions.cli import add_parser as add_sessions
+    add_sessions(sim_sub)
     return sim
 
 

@@ -1,6 +1,7 @@
 """Reading Hugging Face checkpoints: config.json and safetensors (single file or sharded)."""
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -51,6 +52,7 @@ class Checkpoint:
             for f in files:
                 self._scan(f)
         self._handles: dict[Path, object] = {}
+        self._bar = None
 
     def _scan(self, path: Path):
         try:
@@ -75,6 +77,10 @@ class Checkpoint:
         if handle is None:
             handle = self._handles[path] = safe_open(str(path), "pt")
         t = handle.get_tensor(name)
+        if self._bar is None:
+            from .progress import progress
+            self._bar = progress(sum(p.stat().st_size for p in set(self._file_of.values())), f"load {self.dir.name}")
+        self._bar.update(t.nbytes)
         if shape is not None:
             ok = len(shape) == t.dim() and all(s is None or s == d for s, d in zip(shape, t.shape))
             if not ok:
@@ -85,7 +91,22 @@ class Checkpoint:
         t = self.get(name, shape)
         if not t.is_floating_point():
             raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")
+        head = t.reshape(-1)[:4096]     # a sample: damaged files are NaN throughout, scanning all costs a pass
+        if head.numel() and bool(torch.isnan(head).all()):
+            raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} is NaN (every value "
+                                  "sampled): the file is damaged")
         return t.to(dtype)
+
+    def prebuilt_experts(self):
+        """An HF checkpoint has no prebuilt expert pool (an FTW file has, see ftw_reader.py)."""
+        return None
+
+    def reading(self, section: str):
+        """Marks the tensors a model reads for one purpose (the converter records them)."""
+        return contextlib.nullcontext()
 
     def close(self):
         self._handles.clear()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -12,14 +12,17 @@ from freetoken.layers.sinks import attend_with_sinks, paged_attention_sinks
 
 
 POOL = CpuPool(kernels.load(), 2, small_job_bytes=0)      # split even these small caches
+# every kernel path this CPU runs (the AVX2 library is built on AVX-512 machines too)
+ISAS = kernels.variants_here()
 
 
-def _decode_step(lens, hq, hkv, d, dtype, gen):
+def _decode_step(lens, hq, hkv, d, dtype, gen, pool=POOL):
     """A cache holding each sequence's earlier keys on scattered slots, and one new token each."""
-    cache = KVCache(512, hkv, d, dtype, "cpu")
+    rows = max(512, sum(lens) + 64)
+    cache = KVCache(rows, hkv, d, dtype, "cpu")
     cache.k.copy_(torch.randn(cache.k.shape, generator=gen))
     cache.v.copy_(torch.randn(cache.v.shape, generator=gen))
-    perm = torch.randperm(500, generator=gen) + 12       # slots 0..11: null block, never used
+    perm = torch.randperm(rows - 12, generator=gen) + 12       # slots 0..11: null block, never used
     kmax, key_slots, start = max(lens), [], 0
     for n in lens:
         key_slots.append(F.pad(perm[start:start + n], (0, kmax - n)))
@@ -31,7 +34,7 @@ def _decode_step(lens, hq, hkv, d, dtype, gen):
         slot_mapping=key_slots[torch.arange(b), ctx - 1], key_slots=key_slots,
         key_positions=torch.where(torch.arange(kmax) < ctx[:, None], torch.arange(kmax), 1 << 40),
         query_index=torch.arange(b)[:, None], query_positions=(ctx - 1)[:, None], num_tokens=b,
-        context_lens=ctx, kernel_pool=POOL)
+        context_lens=ctx, kernel_pool=pool)
     q = torch.randn(b, hq, d, generator=gen)
     k, v = torch.randn(b, hkv, d, generator=gen).to(dtype), torch.randn(b, hkv, d, generator=gen).to(dtype)
     return q, k, v, cache, meta
@@ -63,6 +66,22 @@ def test_decode_kernel_matches_reference(dtype, hq, hkv, d):
     ref = _reference(q, cache, meta, d ** -0.5)
     assert torch.equal(cache.k[meta.slot_mapping], k) and torch.equal(cache.v[meta.slot_mapping], v)
     torch.testing.assert_close(out.double(), ref, atol=2e-6, rtol=2e-5)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_kernel_path_at_long_context(isa, dtype):
+    """Split-K over many chunks (one 20k-key sequence beside short ones), each ISA path built
+    here, against float64 attention; sinks too."""
+    pool = CpuPool(kernels.load(isa), 3, small_job_bytes=0)
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, cache, meta = _decode_step([20000, 1, 257, 3000], 16, 2, 128, dtype, gen, pool)
+    out = paged_attention(q, k, v, cache, meta, 128 ** -0.5)
+    torch.testing.assert_close(out.double(), _reference(q, cache, meta, 128 ** -0.5), atol=2e-6, rtol=2e-5)
+    sinks = torch.randn(16, generator=gen) * 3
+    out = paged_attention_sinks(q, k, v, cache, meta, 128 ** -0.5, sinks)
+    torch.testing.assert_close(out.double(), _reference(q, cache, meta, 128 ** -0.5, sinks), atol=2e-6, rtol=2e-5)
+    pool.close()
 
 
 def test_decode_kernel_with_sinks_matches_reference():

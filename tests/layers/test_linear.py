@@ -15,7 +15,7 @@ def _stored(w: torch.Tensor, storage: torch.dtype, fmt: str | None) -> torch.Ten
     return w.to(storage).double()
 
 
-@pytest.mark.parametrize("isa", ["native", "portable"])
+@pytest.mark.parametrize("isa", kernels.variants_here())
 @pytest.mark.parametrize("storage,fmt,K", [(torch.bfloat16, None, 75), (torch.float16, None, 64),
                                            (torch.float32, None, 33), (torch.bfloat16, "int8", 96)])
 @pytest.mark.parametrize("bias", [False, True])
@@ -60,3 +60,25 @@ def test_torch_path_without_pool_and_int8_numerics_match():
     torch.testing.assert_close(plain(x), fast(x), rtol=1e-5, atol=1e-5)   # both: exact weights, fp32 GEMM
     with pytest.raises(ValueError, match="dense_format"):
         Linear(w, compute_dtype=torch.float32, fmt="int4")
+
+
+def test_native_bf16_prefill_gemm_matches_reference():
+    """gemm_dtype=bf16 (chosen where torch's bf16 GEMM is measured faster): prefill-sized inputs
+    are rounded to bf16, the bf16 weight is used as stored, the output comes back rounded to bf16
+    (torch has no bf16 x bf16 -> fp32 GEMM on the CPU); decode sizes keep the fp32 GEMV."""
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(50, 96, generator=g), torch.randn(50, generator=g)
+    lin = Linear(w, b, compute_dtype=torch.float32, storage_dtype=torch.bfloat16, pool=shared_pool(),
+                 gemm_dtype=torch.bfloat16)
+    ref_w = w.bfloat16().double()
+    for M in (1, GEMV_TOKENS + 1, 300):
+        x = torch.randn(M, 96, generator=g)
+        y = lin(x)
+        assert y.dtype == torch.float32
+        ref = x.double() @ ref_w.T + b.double()
+        rounded = x.bfloat16().double() @ ref_w.T + b.double()
+        assert ((y.double() - ref).abs().max() / ref.abs().max()) < 1e-2
+        if M > GEMV_TOKENS:
+            assert ((y.double() - rounded).abs().max() / rounded.abs().max()) < 8e-3    # one bf16 rounding
+        else:
+            assert ((y.double() - ref).abs().max() / ref.abs().max()) < 2e-5

@@ -57,6 +57,40 @@ def check_batch_equals_single(model_dir):
         assert_logits_close(torch.stack(seen_b), torch.stack(seen_s))
 
 
+def check_prefix_cache_exact(model_dir, block_size=4, chunk=16):
+    """A greedy three-turn conversation with the prefix cache on equals the same with it off,
+    logits and tokens: turn 2 appends to turn 1's prompt + answer (served from the tree, a
+    partially matched block copied, a hybrid model resuming from its end-of-request
+    checkpoint); turn 3 edits turn 1's answer (as agents strip thinking) and resumes from
+    the end of turn 1's prompt. Prefill tokens are counted in the engine."""
+    d = str(model_dir)
+    opts = dict(dtype="float32", kv_block_size=block_size, max_num_batched_tokens=chunk)
+    cached, cold = LLM(d, prefix_cache=True, **opts), LLM(d, prefix_cache=False, **opts)
+    p1 = ids_for(29, seed=11)
+    params = dict(max_tokens=7, temperature=0.0, ignore_eos=True)
+    answers, served = {}, {}
+    for name, llm in (("cached", cached), ("cold", cold)):
+        turns, got, counts = [p1], [], []
+        for t in range(3):
+            seen, proc = _capture()
+            out = llm.generate([turns[t]], SamplingParams(logits_processors=[proc], **params))[0]
+            got.append((out.token_ids, torch.stack(seen)))
+            counts.append(out.num_cached_tokens)
+            if t == 0:
+                turns.append(p1 + out.token_ids + ids_for(13, seed=12))
+                edited = [(x + 1) % 500 for x in out.token_ids]          # turn 1's answer rewritten
+                turns.append(p1 + edited + ids_for(9, seed=13))
+        answers[name], served[name] = got, counts
+    for (tok_c, lg_c), (tok_r, lg_r) in zip(answers["cached"], answers["cold"]):
+        assert tok_c == tok_r
+        assert_logits_close(lg_c, lg_r)
+    assert served["cold"] == [0, 0, 0]
+    assert served["cached"] == [0, len(p1) + 6, len(p1)], served["cached"]
+    engine = cached.engine
+    assert not engine.has_unfinished() and engine.blocks.available == engine.blocks.num_blocks - 1
+    engine.prefix.check()
+
+
 class Harness:
     """Drives the model through the real ModelRunner with hand-made sequences, so a test
     can share KV blocks and snapshot/restore states the way a prefix cache would."""

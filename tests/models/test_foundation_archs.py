@@ -9,7 +9,7 @@ import transformers
 from freetoken import LLM, SamplingParams
 
 from helpers import ARCHS, assert_logits_close, reference_logits, save_hf_checkpoint, top2_margin
-from model_checks import check_batch_equals_single, check_incremental_equals_full, ids_for
+from model_checks import check_batch_equals_single, check_incremental_equals_full, check_prefix_cache_exact, ids_for
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -93,3 +93,8 @@ def test_bfloat16_close_to_float32(tiny_dir):
     bf16 = LLM(d, dtype="bfloat16").score(ids)
     assert bf16.dtype == torch.float32
     assert (bf16 - f32).abs().max() < 0.05 * max(1.0, f32.abs().max().item())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefix_cache_serves_the_same_logits(tiny_dir, arch):
+    check_prefix_cache_exact(tiny_dir(arch))

@@ -10,6 +10,7 @@ from safetensors import safe_open
 from helpers import assert_logits_close, reference_logits
 from model_checks import (
     check_batch_equals_single,
+    check_prefix_cache_exact,
     check_incremental_equals_full,
     check_snapshot_restore_equals_recompute,
     check_state_position_guard,
@@ -109,3 +110,7 @@ def test_mxfp4_stays_packed_and_dequantizes_bit_exactly(tiny_dir):
                                             dtype=dtype)
                     assert torch.equal(ours, ref)
     assert inter % 32 == 0
+
+
+def test_prefix_cache_serves_the_same_logits(tiny_dir):
+    check_prefix_cache_exact(tiny_dir("gpt_oss"))

@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 from helpers import assert_logits_close, reference_logits
 from model_checks import (
     check_batch_equals_single,
+    check_prefix_cache_exact,
     check_incremental_equals_full,
     check_snapshot_restore_equals_recompute,
     ids_for,
@@ -65,3 +66,7 @@ def test_batch_equals_single(tiny_dir):
 
 def test_snapshot_restore_equals_recompute(tiny_dir):
     check_snapshot_restore_equals_recompute(tiny(tiny_dir, layers=4))
+
+
+def test_prefix_cache_serves_the_same_logits(tiny_dir):
+    check_prefix_cache_exact(tiny(tiny_dir))

@@ -6,6 +6,7 @@ import transformers
 from helpers import assert_logits_close, reference_logits, save_hf_checkpoint
 from model_checks import (
     check_batch_equals_single,
+    check_prefix_cache_exact,
     check_incremental_equals_full,
     check_snapshot_restore_equals_recompute,
     check_state_position_guard,
@@ -72,3 +73,7 @@ def test_bfloat16_close_to_float32(tiny_dir):
     f32 = LLM(d, dtype="float32").score(ids)
     bf16 = LLM(d, dtype="bfloat16").score(ids)
     assert (bf16 - f32).abs().max() < 0.05 * max(1.0, f32.abs().max().item())
+
+
+def test_prefix_cache_serves_the_same_logits(tiny_dir):
+    check_prefix_cache_exact(tiny(tiny_dir))

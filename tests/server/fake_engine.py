@@ -84,9 +84,6 @@ class FakeEngine:
     def capacity_tokens(self):
         return self.max_model_len
 
-    def expert_stats(self):
-        return {}
-
     def abort_request(self, request_id):
         if request_id in self.seqs:
             self.seqs[request_id]["abort"] = True

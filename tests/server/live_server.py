@@ -19,14 +19,18 @@ MODEL_NAMES = ["capture-model", "capture-reasoner"]   # the ids the captured cli
 
 
 class LiveServer:
-    def __init__(self, app):
+    def __init__(self, app, make_server=None):
+        """make_server(config kwargs) -> a uvicorn.Server; default a plain one."""
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
-                                                    timeout_graceful_shutdown=2))
+        if make_server is None:
+            self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on",
+                                                        timeout_graceful_shutdown=2))
+        else:
+            self.server = make_server(dict(log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60
@@ -46,7 +50,9 @@ def make_fake(engine=None, **service_kw):
               max_waiting=16, params_cls=FakeParams)
     api_key = service_kw.pop("api_key", None)
     model_match = service_kw.pop("model_match", "auto")
+    settings = {k: service_kw.pop(k) for k in ("max_body_bytes",) if k in service_kw}
     kw.update(service_kw)
     svc = GenerationService(engine, **kw)
-    app = create_app(svc, Settings(model_names=MODEL_NAMES, api_key=api_key, model_match=model_match))
+    app = create_app(svc, Settings(model_names=MODEL_NAMES, api_key=api_key, model_match=model_match,
+                                   **settings))
     return engine, svc, app

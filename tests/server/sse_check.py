@@ -34,7 +34,8 @@ def check_anthropic_stream(text: str) -> dict:
     assert types[-1] == "message_stop", types
     assert types[-2] == "message_delta", types
     md = events[-2][1]
-    assert md["delta"]["stop_reason"] in ("end_turn", "max_tokens", "tool_use", "stop_sequence")
+    assert md["delta"]["stop_reason"] in ("end_turn", "max_tokens", "tool_use", "stop_sequence",
+                                          "model_context_window_exceeded")
     assert isinstance(md["usage"]["output_tokens"], int)
     open_index, blocks = None, []
     for _, d in events[1:-2]:

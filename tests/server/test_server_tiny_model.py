@@ -113,3 +113,12 @@ def test_forced_tool_call(uncapped):
     assert ch.finish_reason == "tool_calls"
     assert ch.message.tool_calls[0].function.name == "get_weather"
     assert json.loads(ch.message.tool_calls[0].function.arguments)["city"] in ("Paris", "Oslo")
+
+
+def test_memory_plan_endpoint(tiny):
+    llm, url, _ = tiny
+    plan = httpx.get(url + "/v1/memory").json()
+    kv = next(i for i in plan["items"] if i["name"] == "KV cache")
+    assert kv["nbytes"] == llm.engine.runner.kv_nbytes
+    assert plan["devices"]["host"]["planned"] <= plan["devices"]["host"]["available"]
+    assert plan["options"]["max_model_len"] == llm.engine.max_model_len == 65536

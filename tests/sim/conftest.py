@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing-traces"
+from helpers import SHARED_DATA
+
+TRACES = SHARED_DATA / "routing-traces"
 
 
 @pytest.fixture

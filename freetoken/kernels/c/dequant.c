@@ -11,6 +11,9 @@ typedef struct {
     float *out; ft_pool *p;
 } deq_job;
 
+static const float E2M1_F[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
+                                 -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
 static void dequant_row(int fmt, const uint8_t *w, const uint8_t *s, int K, float *o) {
     switch (fmt) {
     case FMT_F32: memcpy(o, w, (size_t)K * 4); break;
@@ -29,6 +32,18 @@ static void dequant_row(int fmt, const uint8_t *w, const uint8_t *s, int K, floa
             for (int k = 0; k < 32; k++) o[32 * b + k] = (float)((const int8_t *)w)[32 * b + k] * sc;
         }
         break;
+    case FMT_NVFP4: {   /* (e2m1 * e4m3) * global: the first product is exact, as in weights/nvfp4.py */
+        const float g = nvfp4_global(s, K);
+        for (int b = 0; b < K / 16; b++) {
+            const float sc = fp8_scaled(s[b]) * TWO_POW_120;
+            for (int k = 0; k < 8; k++) {
+                uint8_t v = w[8 * b + k];
+                o[16 * b + 2 * k] = (E2M1_F[v & 15] * sc) * g;
+                o[16 * b + 2 * k + 1] = (E2M1_F[v >> 4] * sc) * g;
+            }
+        }
+        break;
+    }
     case FMT_MXFP4: {
         static const float E2M1[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
                                        -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};

@@ -3,7 +3,11 @@
 #include "ft_kernels.h"
 
 const char *ft_isa(void) {
-#ifdef FT_AVX2
+#if defined(FT_AVX512) && defined(FT_VNNI)
+    return "avx512+vnni";
+#elif defined(FT_AVX512)
+    return "avx512";
+#elif defined(FT_AVX2)
     return "avx2";
 #else
     return "portable";
@@ -21,7 +25,7 @@ void init_tables(void) {
 
 /* Prepare elements [j0, j1) of the natural-order fp32 vector src into dst (block aligned). */
 void prep_range(int fmt, const float *src, uint8_t *dst, int n, int j0, int j1) {
-    if (fmt == FMT_INT8 || fmt == FMT_MXFP4) {
+    if (fmt == FMT_INT8 || fmt == FMT_MXFP4 || fmt == FMT_NVFP4) {
         int8_t *q = (int8_t *)dst;
         float *d = (float *)(dst + n);
         for (int b = j0 / 32; b < j1 / 32; b++) {
@@ -35,9 +39,11 @@ void prep_range(int fmt, const float *src, uint8_t *dst, int n, int j0, int j1) 
                 int j = b * 32 + i;
                 int v = (int)nearbyintf(x[i] * id);
                 sum += v;
-                q[fmt == FMT_MXFP4 ? perm_mxfp4(j, n) : j] = (int8_t)v;
+                q[fmt == FMT_INT8 ? j : perm_mxfp4(j, n)] = (int8_t)v;
+                if (fmt == FMT_NVFP4 && i == 15) { d[n / 32 + 2 * b] = 12.f * (float)sum * dd; sum = 0; }
             }
             if (fmt == FMT_MXFP4) d[n / 32 + b] = 12.f * (float)sum * dd;  /* offset correction */
+            if (fmt == FMT_NVFP4) d[n / 32 + 2 * b + 1] = 12.f * (float)sum * dd;  /* one per 16 */
         }
         return;
     }
@@ -185,7 +191,6 @@ FORCE_INLINE void qtile(const int fmt, const uint8_t *const *wr, const uint8_t *
                         const uint8_t *const *xp, float (*res)[NTMAX], const int R, const int NT) {
     (void)fmt;  /* FMT_INT8: int8 weights, one fp16 scale per 32 */
     __m256 acc[4][NTMAX];
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     const int nb = n / 32;
@@ -206,7 +211,7 @@ FORCE_INLINE void qtile(const int fmt, const uint8_t *const *wr, const uint8_t *
                 __m256i v = _mm256_loadu_si256((const __m256i *)(wr[r] + 32 * (b + k)));
                 __m256i av = _mm256_abs_epi8(v);
                 for (int t = 0; t < NT; t++) {
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x[t], v)), ones);
+                    __m256i p = dot_u8s8(av, _mm256_sign_epi8(x[t], v));
                     acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_permutevar8x32_ps(d8[r][t], sel), acc[r][t]);
                 }
             }
@@ -224,7 +229,7 @@ FORCE_INLINE void qtile(const int fmt, const uint8_t *const *wr, const uint8_t *
             float dw = _cvtsh_ss(((const uint16_t *)sr[r])[b]);
             __m256i av = _mm256_abs_epi8(v);
             for (int t = 0; t < NT; t++) {
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x[t], v)), ones);
+                __m256i p = dot_u8s8(av, _mm256_sign_epi8(x[t], v));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx[t]), acc[r][t]);
             }
         }
@@ -240,7 +245,7 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
                         const uint8_t *const *xp, float (*res)[NTMAX], const int R, const int NT) {
     const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
                                          0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
-    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[4][NTMAX];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
@@ -283,8 +288,7 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
                 __m256i lo = _mm256_shuffle_epi8(lutu, _mm256_and_si256(q, m4));
                 __m256i hi = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
                 for (int t = 0; t < NT; t++) {
-                    __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[t]), _mm256_maddubs_epi16(hi, xh[t]));
-                    __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                    __m256 pf = _mm256_cvtepi32_ps(dot2_u8s8(lo, xl[t], hi, xh[t]));
                     acc[r][t] = _mm256_fmadd_ps(pf, _mm256_permutevar8x32_ps(d8[r][t], sel), acc[r][t]);
                 }
             }
@@ -306,9 +310,7 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
             float d0 = E8M0_HALF[sr[r][b]], d1 = E8M0_HALF[sr[r][b + 1]];
             for (int t = 0; t < NT; t++) {
                 const float *dx = (const float *)(xp[t] + n) + b;
-                __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(alo, _mm256_sign_epi8(xl[t], lo)),
-                                               _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(xh[t], hi)));
-                __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                __m256 pf = _mm256_cvtepi32_ps(dot2_u8s8(alo, _mm256_sign_epi8(xl[t], lo), ahi, _mm256_sign_epi8(xh[t], hi)));
                 __m256 d = _mm256_set_m128(_mm_set1_ps(d1 * dx[1]), _mm_set1_ps(d0 * dx[0]));
                 acc[r][t] = _mm256_fmadd_ps(pf, d, acc[r][t]);
             }
@@ -322,7 +324,7 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
             for (int t = 0; t < NT; t++) {
                 __m256i x = _mm256_loadu_si256((const __m256i *)(xp[t] + 32 * b));
                 float dx = ((const float *)(xp[t] + n))[b];
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(x, v)), ones);
+                __m256i p = dot_u8s8(av, _mm256_sign_epi8(x, v));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * dx), acc[r][t]);
             }
         }
@@ -331,9 +333,124 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
         for (int t = 0; t < NT; t++) res[r][t] = hsum8(acc[r][t]);
 }
 
+
+/* nvfp4: the byte layout of mxfp4 with a scale per 16 columns, so a 32-byte load (two 32-blocks
+ * of columns, laid out like mxfp4's) holds four groups: int32 lanes 0-1, 2-3, 4-5, 6-7 of its
+ * dot are groups 0..3, lanes 0-3 use the first block's activation scale, 4-7 the second's.
+ * e4m3 scales decode exactly through the fp8 bit trick; the 2x of the int8 e2m1 table and the
+ * 2^120 of the trick are folded into the row's global scale at the end. */
+FORCE_INLINE __m256 e4m3x8(__m128i b8) {       /* 8 e4m3 bytes -> value * 2^-120 */
+    __m256i u = _mm256_cvtepu8_epi32(b8);
+    __m256i bits = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x80)), 24),
+                                   _mm256_slli_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7f)), 20));
+    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(TWO_POW_120));
+}
+
+FORCE_INLINE void ntile(const uint8_t *const *wr, const uint8_t *const *sr, int n,
+                        const uint8_t *const *xp, float (*res)[NTMAX], const int R, const int NT) {
+    const __m256i lut = _mm256_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+                                         0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+    const __m256i lutu = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i lo4 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi4 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    __m256 acc[4][NTMAX], corr[4][NTMAX];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = corr[r][t] = _mm256_setzero_ps();
+    const int nb = n / 32;
+    int b = 0;
+    /* 8 blocks (16 groups) at a time, weights as unsigned 2*e2m1 + 12 as in mtile; the offset is
+     * corrected per group with c_g = 12 sum(x_g) dx (from prep). */
+    for (; b + 8 <= nb; b += 8) {
+        __m256 dws[4][2];
+        for (int r = 0; r < R; r++) {
+            __m128i sb = _mm_loadu_si128((const __m128i *)(sr[r] + 2 * b));
+            dws[r][0] = e4m3x8(sb);
+            dws[r][1] = e4m3x8(_mm_unpackhi_epi64(sb, sb));
+        }
+        __m256 d16[4][NTMAX][2];
+        for (int t = 0; t < NT; t++) {
+            const float *dxp = (const float *)(xp[t] + n);
+            __m256 dx8 = _mm256_loadu_ps(dxp + b);
+            __m256 dg0 = _mm256_permutevar8x32_ps(dx8, lo4), dg1 = _mm256_permutevar8x32_ps(dx8, hi4);
+            __m256 c0 = _mm256_loadu_ps(dxp + nb + 2 * b), c1 = _mm256_loadu_ps(dxp + nb + 2 * b + 8);
+            for (int r = 0; r < R; r++) {
+                d16[r][t][0] = _mm256_mul_ps(dws[r][0], dg0);
+                d16[r][t][1] = _mm256_mul_ps(dws[r][1], dg1);
+                corr[r][t] = _mm256_fmadd_ps(dws[r][0], c0, corr[r][t]);
+                corr[r][t] = _mm256_fmadd_ps(dws[r][1], c1, corr[r][t]);
+            }
+        }
+        for (int pr = 0; pr < 4; pr++) {
+            const int bb = b + 2 * pr;
+            const __m256i sel = (pr & 1) ? hi4 : lo4;
+            __m256i xl[NTMAX], xh[NTMAX];
+            for (int t = 0; t < NT; t++) {
+                xl[t] = _mm256_loadu_si256((const __m256i *)(xp[t] + 32 * bb));
+                xh[t] = _mm256_loadu_si256((const __m256i *)(xp[t] + 32 * bb + 32));
+            }
+            for (int r = 0; r < R; r++) {
+                PREFETCH(wr[r] + 16 * bb);
+                __m256i q = _mm256_loadu_si256((const __m256i *)(wr[r] + 16 * bb));
+                __m256i lo = _mm256_shuffle_epi8(lutu, _mm256_and_si256(q, m4));
+                __m256i hi = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                for (int t = 0; t < NT; t++) {
+                    __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[t]), _mm256_maddubs_epi16(hi, xh[t]));
+                    __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                    acc[r][t] = _mm256_fmadd_ps(pf, _mm256_permutevar8x32_ps(d16[r][t][pr >> 1], sel), acc[r][t]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_sub_ps(acc[r][t], corr[r][t]);
+    for (; b < nb; b += 2) {   /* the rest: pairs of blocks, then an unpaired last one [even | odd] */
+        const int pair = b + 2 <= nb;
+        for (int r = 0; r < R; r++) {
+            __m256i lo, hi;
+            if (pair) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(wr[r] + 16 * b));
+                lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m4));
+                hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            } else {
+                lo = mxfp4_decode(wr[r] + 16 * b);
+                hi = _mm256_setzero_si256();
+            }
+            __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
+            float g[4];
+            for (int k = 0; k < (pair ? 4 : 2); k++) g[k] = fp8_scaled(sr[r][2 * b + k]) * TWO_POW_120;
+            for (int t = 0; t < NT; t++) {
+                const float *dx = (const float *)(xp[t] + n) + b;
+                __m256 d;
+                if (pair) {
+                    __m256i xl = _mm256_loadu_si256((const __m256i *)(xp[t] + 32 * b));
+                    __m256i xh = _mm256_loadu_si256((const __m256i *)(xp[t] + 32 * b + 32));
+                    __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(alo, _mm256_sign_epi8(xl, lo)),
+                                                   _mm256_maddubs_epi16(ahi, _mm256_sign_epi8(xh, hi)));
+                    __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
+                    d = _mm256_setr_ps(g[0] * dx[0], g[0] * dx[0], g[1] * dx[0], g[1] * dx[0],
+                                       g[2] * dx[1], g[2] * dx[1], g[3] * dx[1], g[3] * dx[1]);
+                    acc[r][t] = _mm256_fmadd_ps(pf, d, acc[r][t]);
+                } else {   /* lanes 0-3: even columns of groups 0, 0, 1, 1; lanes 4-7: odd ones */
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(xp[t] + 32 * b));
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(alo, _mm256_sign_epi8(x, lo)), ones);
+                    d = _mm256_setr_ps(g[0] * dx[0], g[0] * dx[0], g[1] * dx[0], g[1] * dx[0],
+                                       g[0] * dx[0], g[0] * dx[0], g[1] * dx[0], g[1] * dx[0]);
+                    acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), d, acc[r][t]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        const float gs = 0.5f * nvfp4_global(sr[r], n);
+        for (int t = 0; t < NT; t++) res[r][t] = hsum8(acc[r][t]) * gs;
+    }
+}
+
 FORCE_INLINE void tile(const int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int n,
                        const uint8_t *const *xp, float (*res)[NTMAX], const int R, const int NT) {
     if (fmt == FMT_MXFP4) mtile(wr, sr, n, xp, res, R, NT);
+    else if (fmt == FMT_NVFP4) ntile(wr, sr, n, xp, res, R, NT);
     else if (fmt == FMT_INT8) qtile(fmt, wr, sr, n, xp, res, R, NT);
     else ftile(fmt, wr, sr, n, xp, res, R, NT);
 }
@@ -387,6 +504,22 @@ FORCE_INLINE void dot_mxfp4_body(const uint8_t *w, const uint8_t *s, int n, cons
         res[t] = r;
     }
 }
+FORCE_INLINE void dot_nvfp4_body(const uint8_t *w, const uint8_t *s, int n, const uint8_t *const *xp, float *res, const int NT) {
+    const float gs = 0.5f * nvfp4_global(s, n);
+    for (int t = 0; t < NT; t++) {
+        const int8_t *x = (const int8_t *)xp[t]; const float *dx = (const float *)(xp[t] + n); float r = 0.f;
+        for (int g = 0; g < n / 16; g++) {
+            int32_t p = 0;
+            for (int k = 0; k < 8; k++) {
+                uint8_t byte = w[8 * g + k];
+                int j = 16 * g + 2 * k;
+                p += E2M1_X2[byte & 15] * x[perm_mxfp4(j, n)] + E2M1_X2[byte >> 4] * x[perm_mxfp4(j + 1, n)];
+            }
+            r += (float)p * (fp8_scaled(s[g]) * TWO_POW_120 * dx[g / 2]);
+        }
+        res[t] = r * gs;
+    }
+}
 static void dot_row(int fmt, const uint8_t *w, const uint8_t *s, int n, const uint8_t *const *xp, int nt, float *res) {
     switch (fmt) {
     case FMT_F32: dot_float_body(FMT_F32, w, n, xp, res, nt); break;
@@ -395,6 +528,7 @@ static void dot_row(int fmt, const uint8_t *w, const uint8_t *s, int n, const ui
     case FMT_FP8: dot_fp8_body(w, (const float *)s, n, xp, res, nt); break;
     case FMT_INT8: dot_int8_body(w, (const uint16_t *)s, n, xp, res, nt); break;
     case FMT_MXFP4: dot_mxfp4_body(w, s, n, xp, res, nt); break;
+    case FMT_NVFP4: dot_nvfp4_body(w, s, n, xp, res, nt); break;
     }
 }
 FORCE_INLINE void tile(const int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int n,
@@ -416,7 +550,7 @@ FORCE_INLINE void tile(const int fmt, const uint8_t *const *wr, const uint8_t *c
             int r = 0;                                                             \
             for (; r + 2 <= R; r += 2) tile(F, wr + r, sr + r, n, xp, res + r, 2, 2); \
             for (; r < R; r++) tile(F, wr + r, sr + r, n, xp, res + r, 1, 2);      \
-        } else if (nt == 4 && F != FMT_FP8 && F != FMT_INT8 && F != FMT_MXFP4) {   \
+        } else if (nt == 4 && F != FMT_FP8 && F != FMT_INT8 && F != FMT_MXFP4 && F != FMT_NVFP4) { \
             int r = 0;                                                             \
             for (; r + 2 <= R; r += 2) tile(F, wr + r, sr + r, n, xp, res + r, 2, 4); \
             for (; r < R; r++) tile(F, wr + r, sr + r, n, xp, res + r, 1, 4);      \
@@ -433,6 +567,7 @@ TILE_CASES(FMT_F16)
 TILE_CASES(FMT_FP8)
 TILE_CASES(FMT_MXFP4)
 TILE_CASES(FMT_INT8)
+TILE_CASES(FMT_NVFP4)
 
 void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                      const uint8_t *const *xp, int nt, float (*res)[NTMAX]) {
@@ -443,5 +578,6 @@ void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R
     case FMT_FP8: dot_tile_FMT_FP8(wr, sr, R, n, xp, nt, res); break;
     case FMT_MXFP4: dot_tile_FMT_MXFP4(wr, sr, R, n, xp, nt, res); break;
     case FMT_INT8: dot_tile_FMT_INT8(wr, sr, R, n, xp, nt, res); break;
+    case FMT_NVFP4: dot_tile_FMT_NVFP4(wr, sr, R, n, xp, nt, res); break;
     }
 }

@@ -10,7 +10,8 @@
  * One file per concept (dots.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
  * all compiled together in one step by freetoken/kernels/__init__.py with the system C compiler
  * and -march=native, so the preprocessor picks the widest SIMD path the machine has:
- *   FT_AVX2:     AVX2 + FMA + F16C (x86-64 since Haswell / Zen 1; also used on AVX-512 CPUs)
+ *   FT_AVX512:   AVX-512 F/BW/VL (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4) beside FT_AVX2
+ *   FT_AVX2:     AVX2 + FMA + F16C (x86-64 since Haswell / Zen 1)
  *   otherwise:   portable C (any architecture; the compiler vectorises what it can)
  *
  * Work split: a persistent pool of pinned threads. Phase 1 gives every thread a disjoint,
@@ -23,6 +24,8 @@
  *   int8/mxfp4:  int8 per 32-block + fp32 block scale (like llama.cpp's Q8_0 activations);
  *                for mxfp4 the int8 values are de-interleaved to match the low/high nibbles
  *                of two blocks loaded at once (perm_mxfp4).
+ *   nvfp4:       as mxfp4 (its 16-element groups are halves of the same 32-byte loads), plus
+ *                one offset correction per 16-element group instead of per 32.
  */
 #ifndef FT_KERNELS_H
 #define FT_KERNELS_H
@@ -40,9 +43,15 @@
 #define FT_AVX2 1
 #include <immintrin.h>
 #endif
+/* AVX-512 F/BW/VL: wider paths beside the AVX2 ones (which stay in use for what has no
+ * AVX-512 version); FT_NO_AVX512 builds the AVX2 library on the same machine for the tests. */
+#if defined(FT_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) \
+    && !defined(FT_NO_AVX512)
+#define FT_AVX512 1
+#endif
 
-enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5 };
-enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1 };
+enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5, FMT_NVFP4 = 6 };
+enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1, ACT_SILU_CLAMP = 2 };
 enum { XT_F32 = 0, XT_BF16 = 1 };
 #define NTMAX 4
 #define RB 32   /* weight rows per cache block when many tokens share an expert */
@@ -89,6 +98,10 @@ static inline float fp8_scaled(uint8_t b) {
     float f; memcpy(&f, &u, 4); return f;
 }
 #define TWO_POW_120 1.329227995784916e+36f
+/* nvfp4 scale row: e4m3 bytes per 16 columns, then the row's float32 global scale. */
+static inline float nvfp4_global(const uint8_t *s, int n) {
+    float g; memcpy(&g, s + n / 16, 4); return g;
+}
 
 /* Element k of a row of fp32 / bf16 / fp16 values (XT_F32/XT_BF16 share these codes). */
 static inline float float_at(int fmt, const uint8_t *w, int64_t k) {
@@ -125,6 +138,28 @@ FORCE_INLINE float hsum8(__m256 v) {
     a = _mm_add_ss(a, _mm_movehdup_ps(a));
     return _mm_cvtss_f32(a);
 }
+#endif
+
+/* Dots of 32 unsigned x 32 signed bytes into 8 int32 lanes (4 products each; dot2: two such
+ * pairs summed): AVX512-VNNI's vpdpbusd where the CPU has it, else maddubs (pairs into int16)
+ * + madd (pairs into int32). Equal results: our operands (|w| <= 128 with x in [-127, 127],
+ * mxfp4's 0..24) never saturate maddubs' int16 pairs. */
+#ifdef FT_AVX2
+#if defined(FT_AVX512) && defined(__AVX512VNNI__)
+#define FT_VNNI 1
+FORCE_INLINE __m256i dot_u8s8(__m256i u, __m256i s) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s); }
+FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u0, s0), u1, s1);
+}
+#else
+FORCE_INLINE __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(u0, s0), _mm256_maddubs_epi16(u1, s1)),
+                             _mm256_set1_epi16(1));
+}
+#endif
 #endif
 
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,

@@ -20,6 +20,7 @@ static inline float act_fn(const ft_desc *d, float g, float u) {
     if (d->act == ACT_SILU) return g / (1.f + expf(-g)) * u;
     g = g < d->limit ? g : d->limit;
     u = u < -d->limit ? -d->limit : (u > d->limit ? d->limit : u);
+    if (d->act == ACT_SILU_CLAMP) return g / (1.f + expf(-g)) * u;     /* DeepSeek-V4 */
     return (u + 1.f) * (g / (1.f + expf(-g * d->alpha)));
 }
 

@@ -1,5 +1,7 @@
 """Tool-call and reasoning parsers, one file per model family, chosen by HF architecture."""
 from .base import Parser
+from .glm import GlmParser
+from .deepseek import DeepSeekParser
 from .harmony import HarmonyParser
 from .plain import PlainParser
 from .qwen import QwenParser
@@ -10,6 +12,10 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
     t = chat_template or ""
     if "<|channel|>" in t:
         return HarmonyParser
+    if "<arg_key>" in t:
+        return GlmParser
+    if "<｜Assistant｜>" in t or "｜DSML｜" in t or "<｜tool▁calls▁begin｜>" in t:
+        return DeepSeekParser
     if "<tool_call>" in t or "<think>" in t:
         return QwenParser
     if t:
@@ -17,9 +23,13 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
     arch = (architecture or "").lower()
     if arch.startswith("qwen"):
         return QwenParser
+    if arch.startswith("glm"):
+        return GlmParser
     if arch.startswith("gptoss"):
         return HarmonyParser
+    if arch.startswith("deepseek"):
+        return DeepSeekParser
     return PlainParser
 
 
-__all__ = ["Parser", "HarmonyParser", "PlainParser", "QwenParser", "parser_for"]
+__all__ = ["Parser", "DeepSeekParser", "GlmParser", "HarmonyParser", "PlainParser", "QwenParser", "parser_for"]

@@ -48,6 +48,17 @@ class Parser:
     def finish(self) -> list[Event]:
         return []
 
+    def typed_arg(self, tool: str, key: str, value: str):
+        """A tool argument written as bare text: kept as text where the tool's schema says string
+        (or says nothing), else read as JSON (numbers, booleans, objects), falling back to text."""
+        props = (self.tools.get(tool, {}).get("parameters") or {}).get("properties") or {}
+        if (props.get(key) or {}).get("type", "string") == "string":
+            return value
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+
     def tool_call(self, name: str, arguments: dict | str) -> list[Event]:
         args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
         i = self.n_calls

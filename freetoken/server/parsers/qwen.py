@@ -21,6 +21,8 @@ _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?(?:</parameter>|(?=<parame
 
 
 class QwenParser(Parser):
+    drop = DROP
+
     def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
         super().__init__(tools)
         self.mode = "reasoning" if reasoning else "content"
@@ -30,10 +32,10 @@ class QwenParser(Parser):
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":
-            return [THINK_CLOSE] + DROP
+            return [THINK_CLOSE] + self.drop
         if self.mode == "tool":
             return [CALL_CLOSE]
-        return [CALL_OPEN, THINK_OPEN, THINK_CLOSE, CALL_CLOSE] + DROP   # stray closers are dropped
+        return [CALL_OPEN, THINK_OPEN, THINK_CLOSE, CALL_CLOSE] + self.drop   # stray closers are dropped
 
     def _emit(self, s: str, out: list[Event]) -> None:
         if self.mode == "reasoning":
@@ -94,15 +96,4 @@ class QwenParser(Parser):
         if not f:
             raise ValueError("no <function=...>")
         name = f.group(1).strip()
-        props = (self.tools.get(name, {}).get("parameters") or {}).get("properties") or {}
-        args = {}
-        for k, v in _PARAM.findall(f.group(2)):
-            k = k.strip()
-            typ = (props.get(k) or {}).get("type", "string")
-            if typ != "string":
-                try:
-                    v = json.loads(v)
-                except ValueError:
-                    pass
-            args[k] = v
-        return name, args
+        return name, {k.strip(): self.typed_arg(name, k.strip(), v) for k, v in _PARAM.findall(f.group(2))}

@@ -1,0 +1,154 @@
+"""Cold start to the first generated token: an FTW file vs the HF safetensors directory, next
+to a raw sequential read of the same bytes in the same run.
+
+Each start runs in a fresh Python process after the page cache is dropped
+(`echo 3 > /proc/sys/vm/drop_caches` when permitted, else posix_fadvise(DONTNEED) on the
+model's files, which evicts just those pages), so every byte comes from the disk. The clock
+starts after `import freetoken` and stops when the first token is out (model build, weights,
+KV allocation and one short prefill included).
+
+    python bench/startup.py [--expert-format int8] [--repeats 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import CACHE, medium_checkpoint  # noqa: E402
+
+# Qwen3-30B-A3B per-expert shapes, 4 layers x 32 experts: ~1.3 GB of bf16 experts.
+SHAPE = dict(layers=4, experts=32, top_k=8, hidden=2048, vocab=8192, moe_intermediate_size=768,
+             intermediate_size=6144, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+             max_position_embeddings=4096)
+CHUNK = 16 << 20
+
+CHILD = r"""
+import json, sys, time
+from freetoken import LLM, SamplingParams
+path, fmt, verify = sys.argv[1], sys.argv[2] or None, sys.argv[3] == "on"
+t0 = time.perf_counter()
+llm = LLM(path, dtype="bfloat16", device="cpu", expert_format=fmt, max_model_len=512, max_num_seqs=1,
+          verify_weights=verify)
+t1 = time.perf_counter()
+out = llm.generate([[1, 2, 3, 4]], SamplingParams(max_tokens=1, temperature=0.0))
+t2 = time.perf_counter()
+print(json.dumps({"load_s": t1 - t0, "first_token_s": t2 - t0, "token": out[0].token_ids}))
+"""
+
+
+def drop_cache(files: list[Path]) -> str:
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        how = "drop_caches"
+    except OSError:
+        how = "fadvise(DONTNEED) (drop_caches not permitted)"
+    for p in files:                      # also per file: works unprivileged
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return how
+
+
+def raw_read(files: list[Path], direct: bool, fresh: bool = False) -> float:
+    """Seconds to read `files` front to back, one stream, 16 MiB at a time, into one reused
+    buffer (the disk alone) or, `fresh`, into newly allocated memory of the file's size (what
+    any load must also pay: page faults, which are slow on some VMs)."""
+    t = time.perf_counter()
+    for p in files:
+        size = p.stat().st_size
+        buf = mmap.mmap(-1, -(-size // 4096) * 4096 if fresh else CHUNK)
+        view = memoryview(buf)
+        fd = os.open(p, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+        try:
+            if not direct:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            off = 0
+            while True:
+                dst = view[off:off + CHUNK] if fresh else view
+                n = os.readv(fd, [dst])
+                if n <= 0:
+                    break
+                off += n if fresh else 0
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t
+
+
+def start(path: Path, fmt: str | None, verify: bool = True) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    r = subprocess.run([sys.executable, "-c", CHILD, str(path), fmt or "", "on" if verify else "off"],
+                       capture_output=True, text=True, env=env)
+    if r.returncode:
+        raise SystemExit(f"start from {path} failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--expert-format", default=None, choices=["int8", "mxfp4", "fp8"])
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+
+    src = medium_checkpoint("qwen3_moe", "qwen3-moe-startup", **SHAPE)
+    ftw = CACHE / f"qwen3-moe-startup-{args.expert_format or 'bf16'}.ftw"
+    if not ftw.exists():
+        from freetoken.weights.ftw_writer import convert
+        print(f"converting {src} -> {ftw} ...", flush=True)
+        convert(src, ftw, expert_format=args.expert_format, dtype="bfloat16")
+    hf_files = sorted(src.glob("*.safetensors"))
+    ftw_bytes, hf_bytes = ftw.stat().st_size, sum(p.stat().st_size for p in hf_files)
+
+    rows: dict[str, list[float]] = {k: [] for k in ("raw_ftw", "raw_ftw_direct", "raw_ftw_fresh", "raw_hf",
+                                                    "ftw", "ftw_noverify", "hf")}
+    tokens = {}
+    how = ""
+    for _ in range(args.repeats):
+        how = drop_cache([ftw])
+        rows["raw_ftw"].append(raw_read([ftw], direct=False))
+        drop_cache([ftw])
+        rows["raw_ftw_direct"].append(raw_read([ftw], direct=True))
+        drop_cache([ftw])
+        rows["raw_ftw_fresh"].append(raw_read([ftw], direct=True, fresh=True))
+        drop_cache(hf_files)
+        rows["raw_hf"].append(raw_read(hf_files, direct=False))
+        for name, path, verify in (("ftw", ftw, True), ("ftw_noverify", ftw, False), ("hf", src, True)):
+            drop_cache([ftw, *hf_files])
+            r = start(path, args.expert_format, verify)
+            rows[name].append(r["first_token_s"])
+            tokens[name] = r["token"]
+    best = {k: min(v) for k, v in rows.items()}
+    raw = min(best["raw_ftw"], best["raw_ftw_direct"])
+    gb = 1e9
+    print(f"\ncold start to first token, page cache: {how}; experts {args.expert_format or 'bf16'}; "
+          f"best of {args.repeats}; {os.cpu_count()} cores")
+    print(f"  FTW file {ftw_bytes / gb:.2f} GB, HF safetensors {hf_bytes / gb:.2f} GB")
+    print(f"  raw sequential read, FTW file : {best['raw_ftw']:.2f} s buffered ({ftw_bytes / best['raw_ftw'] / gb:.2f} GB/s), "
+          f"{best['raw_ftw_direct']:.2f} s O_DIRECT ({ftw_bytes / best['raw_ftw_direct'] / gb:.2f} GB/s)")
+    print(f"  raw read into fresh memory    : {best['raw_ftw_fresh']:.2f} s O_DIRECT "
+          f"({ftw_bytes / best['raw_ftw_fresh'] / gb:.2f} GB/s)")
+    print(f"  raw sequential read, HF files : {best['raw_hf']:.2f} s ({hf_bytes / best['raw_hf'] / gb:.2f} GB/s)")
+    print(f"  first token from FTW          : {best['ftw']:.2f} s ({ftw_bytes / best['ftw'] / gb:.2f} GB/s effective)")
+    print(f"  ... with --verify off         : {best['ftw_noverify']:.2f} s "
+          f"({ftw_bytes / best['ftw_noverify'] / gb:.2f} GB/s effective)")
+    print(f"  first token from HF dir       : {best['hf']:.2f} s ({hf_bytes / best['hf'] / gb:.2f} GB/s effective)")
+    print(f"  FTW start vs raw read of the same file: {raw / best['ftw']:.0%} of raw bandwidth "
+          f"({raw / best['ftw_noverify']:.0%} with --verify off; "
+          f"{best['raw_ftw_fresh'] / best['ftw']:.0%} of a raw read into fresh memory)")
+    print(f"  HF start / FTW start: {best['hf'] / best['ftw']:.2f}x")
+    print(f"  same first token: {tokens['ftw'] == tokens['hf']}")
+    print("  all runs (s):", json.dumps({k: [round(x, 3) for x in v] for k, v in rows.items()}))
+
+
+if __name__ == "__main__":
+    main()

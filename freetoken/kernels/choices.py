@@ -1,0 +1,157 @@
+"""The automatic choices that depend on the machine, made once at start and logged once.
+
+Activations: on the CPU with the compiled kernels they are float32 whatever the checkpoint's
+dtype, because every decode-path kernel (dense GEMV, routed experts, attention, norms, rope)
+reads bf16 weights and KV in place but takes fp32 inputs; bf16 activations sent decode through
+torch's bf16 ops and SDPA instead (measured on a Zen 4 with AVX512-BF16, medium bf16
+Qwen3-MoE, 2 threads: decode 0.47x llama.cpp at a 512-token context and 0.14x at 4096, against
+0.97x and 0.81x with float32 activations).
+
+Prefill GEMMs are compute bound: with native bf16 instructions (AVX512-BF16, AMX) torch's bf16
+GEMM over the bf16 weight can beat dequantize + fp32 GEMM several times, or lose (oneDNN picks
+its paths per CPU), so a short calibration decides; its result is cached next to the kernels,
+keyed by the CPU flags, torch's version and the thread count. Without native bf16 no
+calibration runs: fp32 is 2x faster there (see platform.cpu_has_fast_bf16)."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import cache_dir
+
+log = logging.getLogger(__name__)
+
+NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
+AVX2 = frozenset({"avx2", "fma", "f16c"})
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def isa_level(flags: frozenset[str]) -> str:
+    """The widest kernel path this CPU runs: "avx512" (F/BW/VL), "avx2" (with FMA, F16C) or "portable"."""
+    if AVX512 <= flags:
+        return "avx512"
+    if AVX2 <= flags:
+        return "avx2"
+    return "portable"
+
+
+def activation_dtype(weights: torch.dtype, device: torch.device, requested: str, *,
+                     kernels: bool, flags: frozenset[str]) -> torch.dtype:
+    """Dtype of the activations (dense weights keep their storage dtype, see layers/linear.py)."""
+    if requested != "auto":
+        return _DTYPES[requested]
+    if device.type != "cpu" or weights not in (torch.bfloat16, torch.float16):
+        return weights
+    if kernels:             # the kernels compute in fp32 from bf16 weights/KV read in place
+        return torch.float32
+    # torch path only: its bf16 matmuls beat fp32 only with native instructions
+    return weights if flags & NATIVE_BF16 else torch.float32
+
+
+def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps: int = 3) -> dict:
+    """Seconds per prefill-shaped GEMM over a bf16 weight: dequantize + fp32 GEMM vs native bf16
+    GEMM (the conversions each needs included). Under a second in all."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
+        w32 = torch.empty(n, k)
+
+        def fp32():
+            w32.copy_(w)
+            return torch.nn.functional.linear(x, w32)
+
+        def bf16():
+            return torch.nn.functional.linear(x.bfloat16(), w).float()
+
+        def best(fn):
+            fn()
+            ts = []
+            for _ in range(reps):
+                t = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t)
+            return min(ts)
+        return {"fp32": best(fp32), "bf16": best(bf16)}
+    finally:
+        torch.set_num_threads(prev)
+
+
+def prefill_gemm_dtype(requested: str, activations: torch.dtype, *, kernels: bool, flags: frozenset[str],
+                       threads: int, measure: Callable[[int], dict] = measure_gemm,
+                       cache: os.PathLike | None = None) -> tuple[torch.dtype, dict | None]:
+    """(dtype prefill GEMMs over bf16 weights multiply in, the timings that decided it or None).
+    Only "auto" on a CPU with the kernels and native bf16 is measured; an explicit
+    compute_dtype keeps every GEMM in that dtype."""
+    if requested != "auto" or not kernels or not flags & NATIVE_BF16:
+        return activations, None
+    path = None
+    if cache is not None:
+        key = hashlib.sha256(b"m256n2048k2048" + " ".join(sorted(flags)).encode() + torch.__version__.encode()
+                             + str(threads).encode()).hexdigest()[:16]
+        path = os.path.join(cache, f"gemm-choice-{key}.json")
+        try:
+            with open(path) as f:
+                t = json.load(f)
+            return (torch.bfloat16 if t["bf16"] < t["fp32"] else torch.float32), t
+        except (OSError, ValueError, KeyError):
+            pass
+    t = measure(threads)
+    if path is not None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(t, f)
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return (torch.bfloat16 if t["bf16"] < t["fp32"] else torch.float32), t
+
+
+@dataclass(frozen=True)
+class CpuChoices:
+    isa: str                        # avx512 | avx2 | portable (the flags' view; the library reports its own)
+    activations: torch.dtype
+    prefill_gemm: torch.dtype       # bf16: prefill GEMMs over bf16 weights run in torch's native bf16
+    gemm_seconds: dict | None       # the calibration that chose prefill_gemm, if one ran
+
+    def describe(self) -> str:
+        t = self.gemm_seconds
+        why = (f" (calibrated: bf16 GEMM {t['fp32'] / t['bf16']:.2f}x the speed of fp32)" if t else "")
+        return (f"CPU path {self.isa}; activations {str(self.activations).removeprefix('torch.')}; "
+                f"prefill GEMM {str(self.prefill_gemm).removeprefix('torch.')}{why}")
+
+
+def resolve(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
+            flags: frozenset[str], threads: int, measure: Callable[[int], dict] = measure_gemm,
+            cache: os.PathLike | None = None) -> CpuChoices:
+    act = activation_dtype(weights, device, requested, kernels=kernels, flags=flags)
+    if device.type == "cpu" and weights == torch.bfloat16:
+        gemm, t = prefill_gemm_dtype(requested, act, kernels=kernels, flags=flags, threads=threads,
+                                     measure=measure, cache=cache)
+    else:
+        gemm, t = act, None
+    return CpuChoices(isa_level(flags), act, gemm, t)
+
+
+@functools.cache
+def machine_choices(weights: torch.dtype, device: torch.device, requested: str, kernels: bool,
+                    threads: int) -> CpuChoices:
+    """`resolve` for this machine, calibration cached under the kernels' cache dir; logged once."""
+    from ..platform import cpu_flags
+    c = resolve(weights, device, requested, kernels=kernels, flags=cpu_flags(), threads=threads,
+                cache=cache_dir())
+    if device.type == "cpu":
+        log.info("%s", c.describe())
+    return c

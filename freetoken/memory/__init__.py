@@ -1,0 +1,1 @@
+"""The memory plan: what every device holds, decided once at start (see plan.py)."""

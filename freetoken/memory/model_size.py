@@ -1,0 +1,90 @@
+"""The sizes a memory plan needs, read from config.json and the tensor headers (safetensors
+or FTW) without loading a single weight."""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import CheckpointError
+from ..weights.ftw_reader import is_ftw, read_header
+
+_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+          "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8}
+_SKIP = ("mtp.", "model.visual.", "visual.", "model.mtp.")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    config: dict                       # the text model's config
+    dense_params: int                  # float elements of non-expert tensors (stored in the engine dtype)
+    expert_bytes_on_disk: int
+    native_expert_format: str          # float | mxfp4 | fp8 | prebuilt:<fmt> (FTW)
+    prebuilt_expert_bytes: int | None = None   # FTW: the exact bank bytes per expert
+
+    def get(self, *names, default=None):
+        for n in names:
+            if self.config.get(n) is not None:
+                return self.config[n]
+        return default
+
+
+def _safetensors_entries(path: Path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        head = json.loads(f.read(n))
+    for name, meta in head.items():
+        if name != "__metadata__":
+            numel = 1
+            for d in meta["shape"]:
+                numel *= d
+            yield name, numel, numel * _BYTES.get(meta["dtype"], 2), meta["dtype"]
+
+
+def _is_expert(name: str) -> bool:
+    return ".experts." in name
+
+
+def read_model_shape(model: str | Path) -> ModelShape:
+    p = Path(model)
+    if p.is_file():
+        if not is_ftw(p):
+            raise CheckpointError(f"{p}: not an FTW file or checkpoint directory")
+        header = read_header(p)
+        config = header["config"]
+        dense = sum(_numel(t["shape"]) for t in header["tensors"]
+                    if t["kind"] == "dense" and t["dtype"].startswith(("float", "bfloat")))
+        banks = [t for t in header["tensors"] if t["kind"] == "bank"]
+        ex = header.get("experts")
+        per = sum(t["nbytes"] for t in banks) // max(1, ex["num_layers"] * ex["num_experts"]) if ex else 0
+        fmt = f"prebuilt:{ex['spec']['fmt']}" if ex else "float"
+        return ModelShape(_text(config), dense, sum(t["nbytes"] for t in banks), fmt, per)
+    from ..weights.checkpoint import Checkpoint
+    ck = Checkpoint(p)
+    dense, expert_bytes = 0, 0
+    for f in sorted(set(ck._file_of.values())):
+        for name, numel, nbytes, dtype in _safetensors_entries(f):
+            if name.startswith(_SKIP) or ".mtp." in name:
+                continue
+            if _is_expert(name):
+                expert_bytes += nbytes
+            elif dtype in ("F32", "F16", "BF16", "F64"):
+                dense += numel
+    quant = (ck.config.get("quantization_config") or {}).get("quant_method", "")
+    native = "mxfp4" if quant == "mxfp4" else "fp8" if quant == "fp8" else "float"
+    return ModelShape(_text(ck.config), dense, expert_bytes, native)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _text(config: dict) -> dict:
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        return {**{k: v for k, v in config.items() if k != "text_config"}, **text}
+    return config

@@ -1,0 +1,357 @@
+"""One memory plan, made once at start: what each device holds (weights, expert cache slots,
+KV blocks, per-sequence states, activations) from the model's sizes, the options and the
+memory the machine has free. Asked-for sizes that cannot fit are reduced in this order, one
+warning line each, and boot goes on:
+
+  1. expert cache slots   (speed only: misses are filled or run on the CPU)
+  2. KV pool              (down to one sequence of max_model_len tokens)
+  3. prefill chunk        (max_num_batched_tokens, halved down to 256: activations)
+  4. max_model_len        (down to what the remaining KV pool holds)
+
+Weights themselves are never reduced: when they alone do not fit, the plan says so (one
+warning) and boots anyway. `resolve_memory(cfg)` returns the options with the planned sizes
+written in (max_model_len, kv_cache_gib, expert_cache_slots, max_num_batched_tokens,
+moe_backend), so the engine sizes everything from one decision."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import struct
+from dataclasses import dataclass, field
+
+from ..config import EngineConfig
+from .model_size import ModelShape, read_model_shape
+from .probe import GiB, MachineMemory, probe
+
+log = logging.getLogger("freetoken.memory")
+
+DEFAULT_KV_GIB = 4.0           # the engine's default KV budget cap
+DEVICE_HEADROOM = 1 * GiB      # CUDA allocator slack, other programs
+MIN_CHUNK = 256
+
+
+def host_reserve(m: MachineMemory) -> int:
+    """Room left to the OS and other programs: 5% of host memory, at least 512 MiB."""
+    return max(GiB // 2, m.host_total // 20)
+
+
+@dataclass
+class Item:
+    device: str
+    name: str
+    nbytes: int
+    asked: int | None = None       # what the options asked for, when the plan reduced it
+    note: str = ""
+
+
+@dataclass
+class MemoryPlan:
+    items: list[Item] = field(default_factory=list)
+    available: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+    host_source: str = ""
+
+    def used(self, device: str) -> int:
+        return sum(i.nbytes for i in self.items if i.device == device)
+
+    def to_json(self) -> dict:
+        return {"devices": {d: {"available": a, "planned": self.used(d)} for d, a in self.available.items()},
+                "items": [dataclasses.asdict(i) for i in self.items], "warnings": self.warnings,
+                "options": self.options, "host_available_from": self.host_source}
+
+    def table(self) -> str:
+        rows = [f"{'device':<7}{'component':<24}{'GiB':>10}  note"]
+        for i in self.items:
+            asked = f" (asked {i.asked / GiB:.3f})" if i.asked is not None else ""
+            rows.append(f"{i.device:<7}{i.name:<24}{i.nbytes / GiB:>10.3f}  {i.note}{asked}")
+        for d, a in self.available.items():
+            rows.append(f"{d:<7}{'= planned / available':<24}{self.used(d) / GiB:>10.3f}  of {a / GiB:.3f} GiB"
+                        + (f" ({self.host_source}, after the reserve)" if d == "host" else ""))
+        return "\n".join(rows)
+
+
+# --- sizes from the config -------------------------------------------------------------------
+def _dtype_bytes(name: str) -> int:
+    return 4 if name in ("float32", "fp32") else 2
+
+
+def moe_layer_count(s: ModelShape) -> int:
+    layers = s.get("num_hidden_layers", default=0)
+    if not s.get("num_experts", "num_local_experts", "n_routed_experts", default=0):
+        return 0
+    step = s.get("decoder_sparse_step", default=1) or 1
+    dense_first = s.get("first_k_dense_replace", default=0)
+    only = set(s.get("mlp_only_layers", default=[]) or [])
+    return sum(1 for i in range(layers) if i not in only and (i + 1) % step == 0 and i >= dense_first)
+
+
+def expert_format(s: ModelShape, cfg: EngineConfig) -> str:
+    if s.native_expert_format.startswith("prebuilt:"):
+        return s.native_expert_format
+    if s.native_expert_format != "float":
+        return s.native_expert_format
+    if cfg.expert_format:
+        return cfg.expert_format
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(cfg.dtype, "bf16")
+
+
+def expert_nbytes(s: ModelShape, fmt: str) -> int:
+    """Bytes of one expert across all banks of the pool (matches ExpertPool.expert_nbytes)."""
+    if s.prebuilt_expert_bytes is not None:
+        return s.prebuilt_expert_bytes
+    h = s.get("hidden_size")
+    i = s.get("moe_intermediate_size", "intermediate_size")
+    w = 3 * h * i
+    if fmt in ("fp32", "bf16", "fp16"):
+        n = w * (4 if fmt == "fp32" else 2)
+    elif fmt == "int8":
+        n = w + (w // 32) * 2
+    elif fmt == "mxfp4":
+        n = w // 2 + w // 32
+    elif fmt == "fp8":
+        c = lambda x: -(-x // 128)  # noqa: E731
+        n = w + 4 * (c(2 * i) * c(h) + c(h) * c(i))
+    else:
+        raise ValueError(f"unknown expert format {fmt!r}")
+    if s.get("model_type") == "gpt_oss":
+        n += (2 * i + h) * 4                      # gate_up and down biases, fp32
+    return n
+
+
+def _attn(s: ModelShape):
+    heads = s.get("num_attention_heads")
+    kvh = s.get("num_key_value_heads", default=heads)
+    hd = s.get("head_dim", default=s.get("hidden_size") // heads)
+    return heads, kvh, hd
+
+
+def kv_layer_count(s: ModelShape) -> int:
+    n = s.get("num_hidden_layers")
+    types = s.get("layer_types")
+    if s.get("model_type") in ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text") and not types:
+        k = s.get("full_attention_interval", default=4)
+        return sum(1 for i in range(n) if (i + 1) % k == 0)
+    if types and ("linear_attention" in types or s.get("model_type") == "gpt_oss"):
+        return sum(1 for t in types if t == "full_attention")
+    return n
+
+
+def kv_bytes_per_token(s: ModelShape, cfg: EngineConfig) -> int:
+    b = _dtype_bytes(cfg.dtype)
+    if s.get("kv_lora_rank"):                     # MLA: one latent row per token and layer, no values
+        n = s.get("num_hidden_layers")
+        row = s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)
+        indexed = 0                               # DSA layers also keep their indexer key in the row
+        if s.get("model_type") == "deepseek_v32":
+            indexed = n
+        elif s.get("model_type") == "glm_moe_dsa":
+            from ..models.glm_moe_dsa import indexer_types
+            indexed = indexer_types(s.config, "config.json").count("full")
+        return (n * row + indexed * s.get("index_head_dim", default=0)) * b
+    _, kvh, hd = _attn(s)
+    return kv_layer_count(s) * 2 * kvh * hd * b
+
+
+def state_bytes_per_seq(s: ModelShape, cfg: EngineConfig) -> int:
+    """Recurrent (gated DeltaNet) and sliding-window states every sequence carries."""
+    b = _dtype_bytes(cfg.dtype)
+    types = s.get("layer_types") or []
+    if s.get("model_type") == "gpt_oss":
+        _, kvh, hd = _attn(s)
+        return sum(1 for t in types if t == "sliding_attention") * 2 * s.get("sliding_window", default=128) * kvh * hd * b
+    linear = sum(1 for t in types if t == "linear_attention")
+    if not linear and s.get("model_type") in ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
+        linear = s.get("num_hidden_layers") - kv_layer_count(s)
+    if not linear:
+        return 0
+    hk, dk = s.get("linear_num_key_heads", default=16), s.get("linear_key_head_dim", default=128)
+    hv, dv = s.get("linear_num_value_heads", default=32), s.get("linear_value_head_dim", default=128)
+    conv = (2 * hk * dk + hv * dv) * (s.get("linear_conv_kernel_dim", default=4) - 1) * b
+    return linear * (conv + hv * dk * dv * 4)
+
+
+def activation_bytes(s: ModelShape, cfg: EngineConfig, chunk: int, max_len: int, device: str) -> int:
+    """Estimate for one step of `chunk` tokens: hidden states, q/k/v, MLP and routed-expert
+    intermediates in fp32, the prefill mask against the whole context, logits, the rope tables
+    of max_len positions; on CUDA also the keys/values gathered for every decoding sequence."""
+    heads, kvh, hd = _attn(s)
+    h = s.get("hidden_size")
+    inter = max(s.get("intermediate_size", default=0) or 0,
+                s.get("num_experts_per_tok", default=0) * (s.get("moe_intermediate_size", default=0) or 0))
+    per_token = 6 * h + 2 * heads * hd + 2 * kvh * hd + 3 * inter
+    n = 4 * chunk * per_token + 4 * chunk * max_len + 8 * cfg.max_num_seqs * s.get("vocab_size")
+    n += 4 * 4 * max_len * hd                     # rope cos/sin tables for every position (+ build temporaries)
+    if device == "cuda":
+        n += 4 * 2 * kvh * hd * max_len * cfg.max_num_seqs
+    return n
+
+
+def dense_bytes(s: ModelShape, cfg: EngineConfig) -> int:
+    if cfg.dense_format == "int8":
+        return s.dense_params * 34 // 32
+    return s.dense_params * _dtype_bytes(cfg.dtype)
+
+
+# --- the plan ----------------------------------------------------------------------------------
+def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[EngineConfig, MemoryPlan]:
+    dev = cfg.torch_device.type
+    plan = MemoryPlan(host_source=m.host_source)
+    warn = plan.warnings.append
+    host_avail = max(0, m.host_available - host_reserve(m))
+    plan.available["host"] = host_avail
+    if dev == "cuda":
+        plan.available["cuda"] = max(0, (m.device_free or 0) - DEVICE_HEADROOM)
+    compute = dev if dev == "cuda" else "host"
+    budget = plan.available[compute]
+
+    n_experts = moe_layer_count(s) * s.get("num_experts", "num_local_experts", "n_routed_experts", default=0)
+    fmt = expert_format(s, cfg)
+    S = expert_nbytes(s, fmt.removeprefix("prebuilt:")) if n_experts else 0
+    pool = n_experts * S
+    dense = dense_bytes(s, cfg)
+    plan.items.append(Item("host", "expert pool", pool, note=f"{n_experts} experts x {S / 2**20:.2f} MiB ({fmt})"))
+    plan.items.append(Item(compute, "dense weights", dense, note="attention, dense MLPs, embeddings, lm_head"))
+    fixed = pool + dense if compute == "host" else dense
+    if dev == "cuda" and pool > host_avail:
+        warn(f"host: the expert pool needs {pool / GiB:.2f} GiB but {host_avail / GiB:.2f} GiB is free "
+             "after the OS reserve; booting anyway (expect swapping or an OOM kill)")
+
+    max_pos = int(s.get("max_position_embeddings", default=32768) or 32768)
+    max_len = cfg.max_model_len or min(max_pos, 32768)
+    per_tok = max(1, kv_bytes_per_token(s, cfg))
+    bs = cfg.kv_block_size
+    kv_blocks = lambda tokens: -(-tokens // bs) + 1  # noqa: E731  (+1: the null block)
+    states = state_bytes_per_seq(s, cfg) * cfg.max_num_seqs
+    chunk = cfg.max_num_batched_tokens
+
+    # what the options ask for
+    want_tokens = cfg.max_num_seqs * max_len
+    kv_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else DEFAULT_KV_GIB
+    kv_tokens = min(want_tokens, int(kv_gib * GiB / per_tok))
+    backend, slots, slots_asked = _cache_request(cfg, dev, n_experts, S, budget - fixed, s)
+    cache = slots * S
+
+    room = budget - fixed
+    if room < 0:
+        warn(f"{compute}: the weights alone need {fixed / GiB:.2f} GiB but {budget / GiB:.2f} GiB is free; "
+             "booting with minimum sizes (expect swapping or an OOM kill)")
+    act = activation_bytes(s, cfg, chunk, max_len, dev)
+
+    def over() -> int:
+        return cache + kv_blocks(kv_tokens) * bs * per_tok + states + act - max(0, room)
+
+    # 1. expert cache slots
+    if over() > 0 and cache:
+        min_slots = 0 if backend in ("cpu",) else min(n_experts, s.get("num_experts_per_tok", default=1))
+        new = max(min_slots, slots - -(-over() // max(S, 1)))
+        if backend == "resident":
+            backend = "hybrid"
+            warn(f"expert cache: the whole pool ({pool / GiB:.2f} GiB) does not fit on {compute}; "
+                 f"moe_backend hybrid with {new} of {n_experts} experts cached")
+        else:
+            warn(f"expert cache: {slots} slots ({cache / GiB:.2f} GiB) do not fit; reduced to {new} slots "
+                 f"({new * S / GiB:.2f} GiB)")
+        slots, cache = new, new * S
+    # 2. KV pool, down to one full-length sequence
+    asked_kv = kv_blocks(kv_tokens) * bs * per_tok
+    if over() > 0 and kv_tokens > max_len:
+        new_tokens = max(max_len, kv_tokens - -(-over() // per_tok))
+        warn(f"KV cache: {kv_tokens} tokens ({asked_kv / GiB:.2f} GiB) do not fit; reduced to {new_tokens} tokens "
+             f"({kv_blocks(new_tokens) * bs * per_tok / GiB:.2f} GiB)")
+        kv_tokens = new_tokens
+    # 3. prefill chunk
+    if over() > 0 and chunk > MIN_CHUNK:
+        old = chunk
+        while over() > 0 and chunk > MIN_CHUNK:
+            chunk = max(MIN_CHUNK, chunk // 2)
+            act = activation_bytes(s, cfg, chunk, max_len, dev)
+        warn(f"prefill chunk: max_num_batched_tokens {old} reduced to {chunk} (activations "
+             f"{act / GiB:.2f} GiB)")
+    # 4. max_model_len: the longest that fits with a KV pool of one such sequence
+    if over() <= 0 and kv_tokens < max_len:            # an explicitly small kv_cache_gib
+        new_len = max(2 * bs, kv_tokens)
+        warn(f"max_model_len: {max_len} reduced to {new_len} (the KV pool asked for holds {kv_tokens} tokens)")
+        max_len, kv_tokens = new_len, max(kv_tokens, new_len)
+        chunk = min(chunk, max_len)
+        act = activation_bytes(s, cfg, chunk, max_len, dev)
+    elif over() > 0 and kv_tokens > 2 * bs:
+        def fits(n: int) -> bool:
+            a = activation_bytes(s, cfg, min(chunk, n), n, dev)
+            return cache + kv_blocks(n) * bs * per_tok + states + a <= max(0, room)
+        lo, hi = 2 * bs, min(max_len, kv_tokens)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        warn(f"max_model_len: {max_len} reduced to {lo} (KV pool and activations for one sequence of that length)")
+        kv_tokens = max_len = lo
+        chunk = min(chunk, lo)
+        act = activation_bytes(s, cfg, chunk, max_len, dev)
+    if over() > 0 and room >= 0:
+        warn(f"{compute}: even at minimum sizes the plan needs {over() / GiB:.2f} GiB more than is free; "
+             "booting anyway")
+    kv = kv_blocks(kv_tokens) * bs * per_tok
+    if kv_tokens < want_tokens and cfg.kv_cache_gib is None and kv_tokens == int(kv_gib * GiB / per_tok):
+        kv_note = f"{kv_tokens} tokens (default cap {DEFAULT_KV_GIB:g} GiB)"
+    else:
+        kv_note = f"{kv_tokens} tokens = {kv_tokens // max(1, max_len)} x max_model_len {max_len}"
+    plan.items.append(Item(compute, "KV cache", kv, asked_kv if kv < asked_kv else None,
+                           f"{kv_tokens // bs + 1} blocks x {bs}; {kv_note}"))
+    if cache or backend in ("offload", "hybrid"):
+        plan.items.append(Item(compute, "expert cache", cache, slots_asked * S if slots < slots_asked else None,
+                               f"{slots} slots, moe_backend {backend}"))
+    if states:
+        plan.items.append(Item(compute, "sequence states", states, note=f"recurrent/window state x {cfg.max_num_seqs}"))
+    plan.items.append(Item(compute, "activations", act, note=f"chunk {chunk} tokens, rope tables (estimate)"))
+
+    # the engine turns kv_cache_gib back into floor(bytes / per_token) tokens: half a token of slack
+    resolved = dict(max_model_len=max_len, kv_cache_gib=(kv_tokens * per_tok + per_tok // 2) / GiB,
+                    max_num_batched_tokens=chunk)
+    if backend in ("offload", "hybrid", "resident") or cfg.moe_backend != "auto":
+        resolved["moe_backend"] = backend
+    if backend in ("offload", "hybrid"):
+        resolved["expert_cache_slots"] = slots
+    plan.options = resolved
+    return dataclasses.replace(cfg, **resolved), plan
+
+
+def _cache_request(cfg: EngineConfig, dev: str, n: int, S: int, room: int, s: ModelShape):
+    """(backend, slots, slots asked) before any reduction; mirrors experts/factory.py."""
+    backend = cfg.moe_backend
+    if n == 0:
+        return "cpu" if backend == "auto" else backend, 0, 0
+    if backend == "auto":
+        backend = "cpu" if dev != "cuda" else None
+    if backend == "cpu":
+        return "cpu", 0, 0
+    if cfg.expert_cache_slots is not None:
+        slots = max(0, min(n, cfg.expert_cache_slots))
+    elif cfg.expert_cache_gib is not None:
+        slots = max(0, min(n, int(cfg.expert_cache_gib * GiB // S)))
+    elif dev == "cuda":
+        kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else DEFAULT_KV_GIB) * GiB
+        slots = max(0, min(n, int((room - kv) // S)))
+    else:
+        slots = min(n, max(2 * s.get("num_experts", "num_local_experts", "n_routed_experts"), n // 4))
+    if backend is None:                       # auto on CUDA: resident when the whole pool fits
+        backend = "resident" if slots >= n else "hybrid"
+    if backend == "resident":
+        slots = n if dev == "cuda" else 0        # on the CPU the resident pool is the host pool itself
+    return backend, slots, slots
+
+
+def resolve_memory(cfg: EngineConfig, machine: MachineMemory | None = None) -> tuple[EngineConfig, MemoryPlan]:
+    """The options with the planned sizes written in, and the plan (logged as a table)."""
+    dev = cfg.torch_device
+    try:
+        shape = read_model_shape(cfg.model)
+        machine = machine or probe(dev.type, dev.index)
+        resolved, plan = make_plan(cfg, shape, machine)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError, AttributeError, struct.error) as e:
+        # a malformed config.json: the model loader reports it in one line naming the field
+        plan = MemoryPlan(warnings=[f"no memory plan: config not understood ({type(e).__name__}: {e})"])
+        return cfg, plan
+    for w in plan.warnings:
+        log.warning("memory plan: %s", w)
+    log.info("memory plan:\n%s", plan.table())       # engine start: logged as a table
+    return resolved, plan

@@ -1,0 +1,94 @@
+"""DeepSeek-V3 / R1 (and Kimi-K2-style configs that reuse the class): multi-head latent
+attention over a latent paged cache (`layers/mla.py`), the first `first_k_dense_replace`
+layers dense, then MoE layers with DeepSeek's sigmoid router (correction bias, group-limited
+top-k, `routed_scaling_factor`) and shared experts. FP8 (e4m3, 128x128 block scales)
+projections and experts are read as shipped: dense ones stay packed in `Linear`, experts in
+fp8 banks when their rows fill whole 128-blocks. Multi-token-prediction layers (index >=
+num_hidden_layers) are never read."""
+from __future__ import annotations
+
+import torch
+
+from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..layers.linear import Linear
+from ..layers.mla import MLA, MLAConfig
+from ..layers.moe import BiasCorrectedMoE
+from ..layers.norm import RMSNorm
+from ..weights.fp8 import block_scales, dequantize_fp8_block
+from .decoder import DecoderLayer, MoECausalLM
+
+
+class DeepseekV3ForCausalLM(MoECausalLM):
+    def __init__(self, ck, cfg, max_len: int):
+        from .hf_config import HFConfig
+        self.mla = MLAConfig.from_hf(HFConfig(ck.config, ck.dir / "config.json"))
+        super().__init__(ck, cfg, max_len)
+
+    def rope_dim(self) -> int:
+        return self.mla.qk_rope_head_dim
+
+    def num_experts(self) -> int:
+        return self.hf.first("n_routed_experts", default=0)
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts() > 0 and i >= self.hf.get("first_k_dense_replace", 0)
+
+    def kv_layers(self):
+        """Every layer keeps one latent row per token (no values)."""
+        return [(i, 1, self.mla.row, False) for i in range(self.num_layers)]
+
+    def attention(self, ck, i: int):
+        return MLA(ck, f"model.layers.{i}.self_attn", self.mla, self.linear, self.rotary, self.dtype, self.device)
+
+    def build_pool(self, ck):
+        e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
+        p0 = f"model.layers.{self.moe_layers[0]}.mlp.experts"
+        fp8 = ck.has(f"{p0}.0.gate_proj.weight_scale_inv")
+        if not fp8:
+            return super().build_pool(ck)
+        packed = inter % 128 == 0        # gate and up blocks stack into whole 128-row blocks
+        b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter,
+                                                            fmt="fp8" if packed else "float"))
+        sc = lambda r, c: (-(-r // 128), -(-c // 128))  # noqa: E731
+        for m, i in enumerate(self.moe_layers):
+            p = f"model.layers.{i}.mlp.experts"
+            for x in range(e):
+                parts = {n: (ck.get(f"{p}.{x}.{n}.weight", s), block_scales(ck.get(f"{p}.{x}.{n}.weight_scale_inv", sc(*s))))
+                         for n, s in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter)))}
+                if packed:
+                    b.put("gate_up", m, x, torch.cat([parts["gate_proj"][0], parts["up_proj"][0]]), torch.float8_e4m3fn)
+                    b.put("gate_up_scale_inv", m, x, torch.cat([parts["gate_proj"][1], parts["up_proj"][1]]),
+                          torch.float32)
+                    b.put("down", m, x, parts["down_proj"][0], torch.float8_e4m3fn)
+                    b.put("down_scale_inv", m, x, parts["down_proj"][1], torch.float32)
+                else:
+                    deq = {n: dequantize_fp8_block(w, s).to(self.expert_dtype) for n, (w, s) in parts.items()}
+                    b.put("gate_up", m, x, torch.cat([deq["gate_proj"], deq["up_proj"]]), self.expert_dtype)
+                    b.put("down", m, x, deq["down_proj"], self.expert_dtype)
+        pool = b.build()
+        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format and not packed else pool
+
+    def _load_moe(self, ck, i: int):
+        p, e = f"model.layers.{i}.mlp", self.num_experts()
+        # routing decides on fp32 scores (the checkpoint keeps the gate in fp32): no rounding here
+        router = Linear(ck.get_float(f"{p}.gate.weight", (e, self.hidden)).to(self.device),
+                        compute_dtype=torch.float32, storage_dtype=torch.float32, pool=self.linear.pool)
+        bias = ck.get_float(f"{p}.gate.e_score_correction_bias", (e,)).to(self.device) \
+            if ck.has(f"{p}.gate.e_score_correction_bias") else torch.zeros(e, device=self.device)
+        n_shared = self.hf.get("n_shared_experts", 0)
+        shared = self._gated_mlp(ck, f"{p}.shared_experts", self.expert_intermediate() * n_shared) if n_shared else None
+        n_group = self.hf.get("n_group", 1)
+        if e % n_group:
+            from ..errors import CheckpointError
+            raise CheckpointError(f"{ck.dir}/config.json: n_routed_experts {e} is not divisible by n_group {n_group}")
+        return BiasCorrectedMoE(self.moe_layers.index(i), router, self.experts, self.top_k(),
+                                bool(self.hf.get("norm_topk_prob", True)), bias, n_group,
+                                self.hf.get("topk_group", n_group), float(self.hf.get("routed_scaling_factor", 1.0)),
+                                shared=shared, score=self.hf.get("scoring_func", "sigmoid"))
+
+    def _load_layer(self, ck, i: int) -> DecoderLayer:
+        p = f"model.layers.{i}"
+        mlp = self._load_moe(ck, i) if i in self.moe_layers else self._load_mlp(ck, i)
+        return DecoderLayer(self.attention(ck, i), mlp,
+                            RMSNorm(self._w(ck, f"{p}.input_layernorm.weight", (self.hidden,)), self.eps),
+                            RMSNorm(self._w(ck, f"{p}.post_attention_layernorm.weight", (self.hidden,)), self.eps))

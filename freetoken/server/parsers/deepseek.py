@@ -1,0 +1,143 @@
+"""DeepSeek-V3/R1/V3.1, V3.2 and V4: <think> reasoning and three tool-call forms.
+
+V3 / R1 / V3.1 special tokens:
+  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{json}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
+  (V3-0324 / R1: <｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{json}\\n```<｜tool▁call▁end｜>)
+V3.2 (`function_calls`) and V4 (`tool_calls`) DSML blocks, in plain text:
+  <｜DSML｜tool_calls>\\n<｜DSML｜invoke name="NAME">\\n
+  <｜DSML｜parameter name="K" string="true|false">VALUE</｜DSML｜parameter>\\n</｜DSML｜invoke>\\n</｜DSML｜tool_calls>
+string="false" values are JSON. Each call is emitted when its closing marker arrives."""
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from ..events import Event, ReasoningDelta, TextDelta
+from .base import Parser, WhitespaceHold, find_first, held_suffix
+
+log = logging.getLogger("freetoken.server")
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALLS_BEGIN, CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
+CALL_BEGIN, CALL_END, SEP = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>"
+DSML = "｜DSML｜"
+DSML_OPEN = [f"<{DSML}function_calls>", f"<{DSML}tool_calls>"]
+DSML_CLOSE = [f"</{DSML}function_calls>", f"</{DSML}tool_calls>"]
+INVOKE_CLOSE = f"</{DSML}invoke>"
+# chat-format tokens that are never part of an answer
+DROP = ["<｜end▁of▁sentence｜>", "<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+        "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>"]
+_INVOKE = re.compile(rf'<{DSML}invoke name="([^"]+)">')
+_PARAM = re.compile(rf'<{DSML}parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</{DSML}parameter>', re.S)
+_FENCED = re.compile(r"^\s*([^\n`]+?)\s*\n?```(?:json)?\s*\n?(.*?)\n?```\s*$", re.S)
+
+
+class DeepSeekParser(Parser):
+    def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
+        super().__init__(tools)
+        self.mode = "reasoning" if reasoning else "content"
+        self.buf = ""
+        self.text = WhitespaceHold(TextDelta)
+        self.thought = WhitespaceHold(ReasoningDelta)
+
+    def _markers(self) -> list[str]:
+        if self.mode == "reasoning":
+            return [THINK_CLOSE] + DROP
+        if self.mode == "calls":
+            return [CALL_END, CALLS_END]
+        if self.mode == "dsml":
+            return [INVOKE_CLOSE] + DSML_CLOSE
+        return [CALLS_BEGIN, CALL_BEGIN, *DSML_OPEN, THINK_OPEN, THINK_CLOSE, CALLS_END, *DSML_CLOSE] + DROP
+
+    def _emit(self, s: str, out: list[Event]) -> None:
+        if self.mode == "reasoning":
+            self.thought.push(s, out)
+        elif self.mode == "content":
+            self.text.push(s, out)
+
+    def feed(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        self.buf += text
+        while True:
+            markers = self._markers()
+            i, m = find_first(self.buf, markers)
+            if m is None:
+                if self.mode in ("content", "reasoning"):
+                    keep = held_suffix(self.buf, markers)
+                    self._emit(self.buf[:len(self.buf) - keep], out)
+                    self.buf = self.buf[len(self.buf) - keep:]
+                return out
+            body, self.buf = self.buf[:i], self.buf[i + len(m):]
+            if self.mode == "calls":
+                out += self._special_call(body)
+            elif self.mode == "dsml":
+                out += self._invoke(body)
+            else:
+                self._emit(body, out)
+            if self.mode in ("calls", "dsml"):
+                self.text.ws = ""
+            self.mode = self._next(m)
+
+    def _next(self, m: str) -> str:
+        if m in (CALLS_BEGIN, CALL_BEGIN) or (m == CALL_END and self.mode == "calls"):
+            return "calls"
+        if m in DSML_OPEN or (m == INVOKE_CLOSE and self.mode == "dsml"):
+            return "dsml"
+        if m == THINK_OPEN:
+            return "reasoning"
+        if m in (THINK_CLOSE, CALLS_END, *DSML_CLOSE):
+            return "content"
+        return self.mode                                   # a dropped chat token
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        if self.mode == "calls":
+            out += self._special_call(self.buf)
+        elif self.mode == "dsml":
+            out += self._invoke(self.buf)
+        else:
+            self._emit(self.buf, out)
+        self.buf = ""
+        return out
+
+    def _checked(self, name, args, body) -> list[Event]:
+        if not isinstance(name, str) or not name or not isinstance(args, dict):
+            log.warning("dropped a malformed tool call: %.200r", body)
+            return []
+        return self.tool_call(name, args)
+
+    def _special_call(self, body: str) -> list[Event]:
+        """NAME<｜tool▁sep｜>{json} (V3.1) or function<｜tool▁sep｜>NAME ```json ...``` (V3-0324, R1)."""
+        body = body.replace(CALL_BEGIN, "").strip()
+        if not body:
+            return []
+        head, sep, rest = body.partition(SEP)
+        try:
+            if not sep:
+                raise ValueError("no <｜tool▁sep｜>")
+            fenced = _FENCED.match(rest) if head.strip() == "function" else None
+            name, raw = (fenced.group(1), fenced.group(2)) if fenced else (head.strip(), rest)
+            args = json.loads(raw) if raw.strip() else {}
+            if isinstance(args, str):                      # arguments rendered as a JSON string
+                args = json.loads(args)
+        except ValueError as e:
+            log.warning("dropped a malformed tool call (%s): %.200r", e, body)
+            return []
+        return self._checked(name.strip(), args, body)
+
+    def _invoke(self, body: str) -> list[Event]:
+        f = _INVOKE.search(body)
+        if not f:
+            if body.strip():
+                log.warning("dropped a malformed tool call: %.200r", body)
+            return []
+        args = {}
+        for key, is_string, value in _PARAM.findall(body[f.end():]):
+            if is_string == "false":
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    pass
+            args[key] = value
+        return self._checked(f.group(1), args, body)

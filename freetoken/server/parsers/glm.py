@@ -1,0 +1,31 @@
+"""GLM-4.5 / 4.6 / 4.7 / 5: <think> reasoning and <tool_call> blocks whose body is the
+function name followed by key/value pairs:
+<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>\\n</tool_call>
+(GLM-4.7 writes the same without newlines). String values are written bare, others as JSON,
+so a value is read as JSON only where the tool's schema says it is not a string."""
+from __future__ import annotations
+
+import logging
+import re
+
+from ..events import Event
+from .qwen import QwenParser
+
+log = logging.getLogger("freetoken.server")
+
+_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|$)", re.S)
+
+
+class GlmParser(QwenParser):
+    # GLM's role and framing tokens: never part of an answer (a weak or random model may emit them)
+    drop = ["<|user|>", "<|assistant|>", "<|system|>", "<|observation|>", "<|endoftext|>", "[gMASK]", "<sop>",
+            "<tool_response>", "</tool_response>"]
+
+    def _call(self, body: str) -> list[Event]:
+        body = body.strip()
+        cut = body.find("<arg_key>")
+        name = (body if cut < 0 else body[:cut]).strip()
+        if not name or "<" in name or "\n" in name:
+            log.warning("dropped a malformed tool call (no function name): %.200r", body)
+            return []
+        return self.tool_call(name, {k.strip(): self.typed_arg(name, k.strip(), v) for k, v in _PAIR.findall(body)})

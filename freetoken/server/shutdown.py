@@ -1,0 +1,31 @@
+"""Graceful stop: on SIGTERM/SIGINT the server stops accepting connections, lets running
+requests finish for up to `drain_timeout` seconds, then ends the rest with a proper
+protocol error event (never a stream cut mid-chunk) and exits."""
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+log = logging.getLogger("freetoken.server")
+
+
+def uvicorn_config(app, drain_timeout: float, **kw) -> uvicorn.Config:
+    # uvicorn cancels what is still running after timeout_graceful_shutdown: leave the
+    # streams time to write their final events after the drain deadline.
+    return uvicorn.Config(app, timeout_graceful_shutdown=drain_timeout + 5, **kw)
+
+
+class GracefulServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, svc, drain_timeout: float):
+        super().__init__(config)
+        self.svc, self.drain_timeout = svc, drain_timeout
+
+    def handle_exit(self, sig, frame):
+        if not self.should_exit:
+            n = self.svc.loop.n_running + self.svc.loop.n_waiting
+            log.warning("signal %d: finishing %d in-flight requests (at most %.0fs), then stopping",
+                        sig, n, self.drain_timeout)
+            self.svc.loop.drain(self.drain_timeout)
+        super().handle_exit(sig, frame)
+        self._captured_signals.clear()   # a graceful stop exits 0 after our own cleanup

@@ -1,0 +1,164 @@
+"""`freetoken convert`: an HF checkpoint directory -> one FTW file (format in ftw_format.py).
+
+The model is built once on the CPU exactly as the engine builds it, through a checkpoint
+that records what the model reads: the expert pool it builds (already re-encoded to
+`expert_format`) is written bank by bank in its runtime layout, every other tensor it read
+or asked about is written unchanged, so loading the FTW file rebuilds the same model."""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..config import EngineConfig
+from ..errors import CheckpointError
+from .checkpoint import Checkpoint
+from .ftw_format import (ALIGN, CHUNK_BYTES, VERSION, TensorEntry, align_up, chunk_digest, combine_digests,
+                         config_hash, dtype_name, encode_preamble_and_header, header_reserve)
+from .progress import progress
+
+SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken", ".vocab")
+SIDE_FILE_MAX = 64 << 20
+_SKIP_FILES = {"config.json", "model.safetensors.index.json"}
+
+
+class RecordingCheckpoint:
+    """A Checkpoint that notes every tensor name read or found present, outside the expert
+    section (whose tensors end up inside the pool)."""
+
+    def __init__(self, ck: Checkpoint):
+        self._ck, self.config, self.dir = ck, ck.config, ck.dir
+        self.dense: dict[str, None] = {}          # ordered set
+        self._section = None
+
+    def _note(self, name):
+        if self._section is None:
+            self.dense.setdefault(name)
+
+    def has(self, name):
+        found = self._ck.has(name)
+        if found:
+            self._note(name)
+        return found
+
+    def get(self, name, shape=None):
+        t = self._ck.get(name, shape)         # models may probe names that are absent
+        self._note(name)
+        return t
+
+    def get_float(self, name, shape=None, dtype=torch.float32):
+        t = self._ck.get_float(name, shape, dtype)
+        self._note(name)
+        return t
+
+    def names(self):
+        return self._ck.names()
+
+    def prebuilt_experts(self):
+        return None
+
+    @contextlib.contextmanager
+    def reading(self, section: str):
+        self._section = section
+        try:
+            yield
+        finally:
+            self._section = None
+
+    def close(self):
+        pass
+
+
+def default_dtype(config: dict) -> str:
+    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    dt = str(cfg.get("dtype") or cfg.get("torch_dtype") or config.get("torch_dtype") or "bfloat16")
+    return dt if dt in ("float32", "bfloat16", "float16") else "bfloat16"
+
+
+def side_files(model_dir: Path) -> list[Path]:
+    return sorted(p for p in model_dir.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and p.name not in _SKIP_FILES
+                  and p.suffix in SIDE_FILE_SUFFIXES and p.stat().st_size <= SIDE_FILE_MAX)
+
+
+def _as_bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format: str | None = None,
+            dtype: str | None = None, num_threads: int | None = None) -> dict:
+    """Writes `out` and returns its header."""
+    from ..models.registry import model_class
+
+    src, out = Path(model_dir), Path(out)
+    ck = Checkpoint(src)
+    dtype = dtype or default_dtype(ck.config)
+    cfg = EngineConfig(model=str(src), dtype=dtype, device="cpu", moe_backend="cpu",
+                       expert_format=expert_format, num_threads=num_threads)
+    rec = RecordingCheckpoint(ck)
+    max_pos = int(ck.config.get("max_position_embeddings") or 4096)
+    model = model_class(ck.config, src / "config.json")(rec, cfg, min(max_pos, 4096))
+    if model.experts is not None:
+        model.experts.close()
+
+    items: list[tuple[str, str, torch.Tensor]] = []
+    for f in side_files(src):
+        data = f.read_bytes()
+        items.append((f.name, "file", torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+                      else torch.empty(0, dtype=torch.uint8)))
+    for name in rec.dense:
+        items.append((name, "dense", ck.get(name)))
+    pool = getattr(model, "pool", None)
+    experts = None
+    if pool is not None:
+        experts = {"num_layers": pool.num_layers, "num_experts": pool.num_experts, "spec": asdict(pool.spec)}
+        items += [(name, "bank", bank) for name, bank in pool.banks.items()]
+
+    header = {"format_version": VERSION, "config": ck.config, "config_hash": config_hash(ck.config),
+              "source": src.resolve().name, "options": {"dtype": dtype, "expert_format": expert_format},
+              "experts": experts, "chunk_bytes": CHUNK_BYTES, "tensors": []}
+    entries = _layout(header, items)
+    tmp = out.with_name(out.name + ".partial")
+    total = sum(e.nbytes for e in entries)
+    try:
+        with open(tmp, "wb") as f, progress(total, f"convert -> {out.name}") as bar:
+            for i, (entry, (_, _, t)) in enumerate(zip(entries, items)):
+                f.seek(entry.offset)
+                data = _as_bytes(t)
+                digests = []
+                for a in range(0, len(data), CHUNK_BYTES):
+                    piece = data[a:a + CHUNK_BYTES]
+                    f.write(piece)
+                    digests.append(chunk_digest(piece))
+                    bar.update(len(piece))
+                f.write(b"\0" * (align_up(entry.nbytes) - entry.nbytes))
+                entries[i] = TensorEntry(**{**entry.__dict__, "xxh3": combine_digests(digests)})
+            header["tensors"] = [e.to_json() for e in entries]
+            head = encode_preamble_and_header(header)
+            if len(head) > (entries[0].offset if entries else ALIGN):
+                raise CheckpointError(f"{out}: internal error: header grew past its reserved space")
+            f.seek(0)
+            f.write(head)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    ck.close()
+    return header
+
+
+def _layout(header: dict, items) -> list[TensorEntry]:
+    """Offsets for every tensor after a header big enough to hold the final table."""
+    reserve = ALIGN
+    while True:
+        entries, off = [], reserve
+        for name, kind, t in items:
+            nbytes = t.numel() * t.element_size()
+            entries.append(TensorEntry(name, kind, dtype_name(t.dtype), tuple(t.shape), off, nbytes, "0" * 16))
+            off += align_up(nbytes)
+        need = header_reserve({**header, "tensors": [e.to_json() for e in entries]})
+        if need <= reserve:
+            return entries
+        reserve = need

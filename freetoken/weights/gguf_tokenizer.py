@@ -1,0 +1,169 @@
+"""A `tokenizers` tokenizer from a GGUF file's metadata (tokens, merges, token types,
+pre-tokenizer name, special-token ids, chat template).
+
+Byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`) are supported; the
+pre-tokenizer name selects the split regexes the model's own tokenizer.json uses.
+`save_tokenizer_dir` writes tokenizer.json + tokenizer_config.json so that
+`freetoken.tokenizer.Tokenizer` reads a GGUF vocabulary like any checkpoint's."""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from ..errors import CheckpointError
+
+# token types written by llama.cpp's converter (gguf.TokenType)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+           r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEEPSEEK_LLM = [
+    r"[\r\n]",
+    # cased letters; escapes keep the code points that Unicode normalization would fold
+    # (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126 OHM, U+212A KELVIN)
+    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝ"
+    "\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb"
+    "\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126"
+    "\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184"
+    r"Ⰰ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    r"\s+$",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}+",
+]
+_DEEPSEEK3 = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+              r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+              r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
+
+# GGUF pre-tokenizer name -> the Split regexes (applied in order, matches isolated)
+PRE_TOKENIZERS = {
+    "qwen2": [_QWEN2], "qwen35": [_QWEN35], "llama3": [_LLAMA3], "llama-bpe": [_LLAMA3],
+    "deepseek-llm": _DEEPSEEK_LLM, "deepseek-v3": _DEEPSEEK3,
+}
+
+
+def _read(path: Path) -> dict:
+    """The `tokenizer.*` metadata of a GGUF file. Parsed here with the gguf package's format
+    constants: its GGUFReader builds one numpy view per vocabulary string (~45 s for 150k
+    tokens), this reads the key-value section in well under a second and skips the tensors."""
+    import gguf
+    import numpy as np
+    T = gguf.GGUFValueType
+    scalars = {T.UINT8: "<B", T.INT8: "<b", T.UINT16: "<H", T.INT16: "<h", T.UINT32: "<I", T.INT32: "<i",
+               T.FLOAT32: "<f", T.BOOL: "<?", T.UINT64: "<Q", T.INT64: "<q", T.FLOAT64: "<d"}
+    try:
+        buf = path.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+    pos = 0
+
+    def take(fmt):
+        nonlocal pos
+        v = struct.unpack_from(fmt, buf, pos)[0]
+        pos += struct.calcsize(fmt)
+        return v
+
+    def string():
+        nonlocal pos
+        n = take("<Q")
+        pos += n
+        return buf[pos - n:pos].decode("utf-8", errors="replace")
+
+    def value(vt):
+        nonlocal pos
+        if vt == T.STRING:
+            return string()
+        if vt != T.ARRAY:
+            return take(scalars[T(vt)])
+        et, n = take("<I"), take("<Q")
+        if et == T.STRING:
+            return [string() for _ in range(n)]
+        if et == T.ARRAY:
+            return [value(T.ARRAY) for _ in range(n)]
+        dt = np.dtype(scalars[T(et)])
+        arr = np.frombuffer(buf, dtype=dt, count=n, offset=pos)
+        pos += n * dt.itemsize
+        return arr.tolist()
+
+    try:
+        if take("<I") != gguf.GGUF_MAGIC:
+            raise ValueError("bad magic (not a GGUF file)")
+        version = take("<I")
+        if version < 2:
+            raise ValueError(f"GGUF version {version} is too old (expected 2 or later)")
+        take("<Q")
+        meta = {}
+        for _ in range(take("<Q")):
+            key = string()
+            v = value(take("<I"))
+            if key.startswith("tokenizer."):
+                meta[key[len("tokenizer."):]] = v
+    except (ValueError, struct.error, KeyError) as e:
+        raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
+    return meta
+
+
+def _pre_tokenizer(name: str, path: Path):
+    from tokenizers import Regex, pre_tokenizers
+    if name not in PRE_TOKENIZERS:
+        raise CheckpointError(f"{path}: tokenizer.ggml.pre = {name!r} is not supported "
+                              f"(expected one of {', '.join(sorted(PRE_TOKENIZERS))})")
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in PRE_TOKENIZERS[name]]
+    return pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+
+
+def load_gguf_tokenizer(path: str | Path):
+    """(tokenizers.Tokenizer, tokenizer_config dict) from a GGUF file's tokenizer metadata."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+    path = Path(path)
+    meta = _read(path)
+    model = meta.get("ggml.model")
+    if model != "gpt2":
+        raise CheckpointError(f"{path}: tokenizer.ggml.model = {model!r}: only byte-level BPE ('gpt2') "
+                              "vocabularies can be converted")
+    tokens = meta.get("ggml.tokens")
+    merges = meta.get("ggml.merges")
+    types = meta.get("ggml.token_type") or [NORMAL] * len(tokens or [])
+    if not tokens or merges is None:
+        raise CheckpointError(f"{path}: tokenizer.ggml.tokens/merges missing")
+    if len(types) != len(tokens):
+        raise CheckpointError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries, "
+                              f"expected {len(tokens)} (one per token)")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
+    tok.pre_tokenizer = _pre_tokenizer(meta.get("ggml.pre", "default"), path)
+    tok.decoder = decoders.ByteLevel()
+    # control tokens are special (skipped when decoding with skip_special_tokens);
+    # user-defined ones (<think>, <tool_call>, ...) are plain added tokens, as in tokenizer.json
+    added = [AddedToken(t, special=(ty == CONTROL), normalized=False)
+             for t, ty in zip(tokens, types) if ty in (CONTROL, USER_DEFINED)]
+    tok.add_tokens(added)
+
+    def name(key):
+        i = meta.get(f"ggml.{key}_token_id")
+        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
+
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name("bos"),
+              "eos_token": name("eos"), "pad_token": name("padding"),
+              "add_bos_token": bool(meta.get("ggml.add_bos_token", False))}
+    if meta.get("chat_template"):
+        config["chat_template"] = meta["chat_template"]
+    return tok, config
+
+
+def save_tokenizer_dir(gguf_path: str | Path, out_dir: str | Path, chat_template: str | None = None) -> Path:
+    """Write tokenizer.json and tokenizer_config.json (chat template from the GGUF unless given)."""
+    tok, config = load_gguf_tokenizer(gguf_path)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1, ensure_ascii=False))
+    return out

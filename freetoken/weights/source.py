@@ -1,0 +1,62 @@
+"""A model source is an HF checkpoint directory or an FTW file: one door for both."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import CheckpointError
+from .checkpoint import Checkpoint, read_json
+from .ftw_reader import FtwFile, is_ftw, read_header, read_side_file
+
+
+def open_checkpoint(path: str | os.PathLike, cfg=None):
+    """A Checkpoint or FtwFile for `path`; an FTW file is checked against the engine options
+    `cfg` (expert_format, dtype, verify_weights, num_threads) before its weights are read."""
+    if not Path(path).is_file():
+        return Checkpoint(path)
+    if cfg is not None:
+        made = (read_header(Path(path)).get("options") or {}).get("expert_format")
+        if cfg.expert_format and cfg.expert_format != made:
+            raise CheckpointError(f"{path}: experts were converted to {made or 'the checkpoint format'}, "
+                                  f"not {cfg.expert_format}; re-run `freetoken convert --expert-format "
+                                  f"{cfg.expert_format}` or drop --expert-format")
+    f = FtwFile(path, verify=getattr(cfg, "verify_weights", True) if cfg is not None else True)
+    if cfg is not None:
+        f.float_experts_dtype = cfg.torch_dtype
+    return f
+
+
+def read_model_text(path: str | os.PathLike, name: str) -> str | None:
+    """A side file (tokenizer.json, generation_config.json, ...) of a directory or FTW file."""
+    p = Path(path)
+    if p.is_dir():
+        f = p / name
+        return f.read_text() if f.is_file() else None
+    if is_ftw(p):
+        data = read_side_file(p, name)
+        return data.decode() if data is not None else None
+    return None
+
+
+def model_config(path: str | os.PathLike) -> dict:
+    """config.json of a directory, or the config inside an FTW file."""
+    p = Path(path)
+    if is_ftw(p):
+        return read_header(p)["config"]
+    return read_json(p / "config.json", "config.json")
+
+
+def load_json_side_file(path, name: str) -> dict | None:
+    """A JSON side file as an object; None when absent; one-line error when malformed."""
+    text = read_model_text(path, name)
+    if text is None:
+        return None
+    where = Path(path) / name if Path(path).is_dir() else f"{path}:{name}"
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise CheckpointError(f"{where}: malformed JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{where}: expected a JSON object at top level")
+    return data

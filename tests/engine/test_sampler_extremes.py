@@ -1,0 +1,56 @@
+"""Extreme but accepted sampling values never make the sampler raise (one request's numbers
+must not fail the whole batch); NaN logits from a broken model are one typed error."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from freetoken import SamplingParams
+from freetoken.engine.sampler import sample, sample_one
+from freetoken.engine.sequence import Sequence
+from freetoken.errors import InvalidRequestError, NumericalError
+from freetoken.sampling_params import MIN_TEMPERATURE
+
+
+def _seq(**kw):
+    return Sequence("s", [1, 2, 3], SamplingParams(seed=0, **kw), None, 0)
+
+
+LOGITS = torch.tensor([30.0, 29.0, -5.0, 0.0, 12.0, -80.0])
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=1e-300), dict(temperature=1e-44), dict(temperature=5e-3),
+                                dict(temperature=100.0, top_p=1e-9), dict(temperature=1e-5, min_p=1.0),
+                                dict(repetition_penalty=0.01, temperature=1e-4),
+                                dict(repetition_penalty=10.0, frequency_penalty=2.0, presence_penalty=-2.0)])
+def test_extreme_values_sample_a_valid_token(kw):
+    p = SamplingParams(**kw)
+    assert p.temperature == 0.0 or p.temperature >= MIN_TEMPERATURE
+    for logits in (LOGITS, LOGITS * 1e30, torch.tensor([float("inf"), 1.0, float("-inf"), 0.0, 2.0, 3.0])):
+        tok = sample_one(logits.clone(), _seq(**kw))
+        assert 0 <= tok < logits.numel()
+
+
+def test_tiny_temperature_is_argmax():
+    # a temperature this small is greedy in effect: the winner must be the argmax
+    assert all(sample_one(LOGITS.clone(), _seq(temperature=1e-300)) == 0 for _ in range(20))
+
+
+def test_partial_nan_is_ignored_and_all_nan_raises():
+    logits = LOGITS.clone()
+    logits[0] = float("nan")
+    assert sample(logits[None].clone(), [_seq(temperature=0.0)]) == [1]
+    assert sample_one(logits.clone(), _seq(temperature=0.5)) != 0
+    with pytest.raises(NumericalError, match="NaN"):
+        sample(torch.full((2, 6), float("nan")), [_seq(temperature=0.0), _seq(temperature=0.0)])
+
+
+@pytest.mark.parametrize("field,value", [("temperature", math.inf), ("temperature", math.nan),
+                                         ("top_p", math.nan), ("repetition_penalty", 1e-300),
+                                         ("presence_penalty", -math.inf), ("seed", 2**64),
+                                         ("seed", "7"), ("top_k", 2.5), ("max_tokens", True)])
+def test_out_of_range_rejected_at_construction(field, value):
+    with pytest.raises(InvalidRequestError, match=field):
+        SamplingParams(**{field: value})

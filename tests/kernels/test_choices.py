@@ -1,0 +1,79 @@
+"""The automatic choices (activations dtype, prefill GEMM dtype, ISA level) with faked CPU flags
+and a faked calibration."""
+import torch
+
+from freetoken.kernels.choices import isa_level, resolve
+
+CPU = torch.device("cpu")
+ZEN4 = frozenset("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16".split())
+SPR = ZEN4 | {"amx_bf16", "amx_int8", "amx_tile"}
+AVX2 = frozenset("avx avx2 fma f16c".split())
+OLD = frozenset("sse2 sse4_2".split())
+
+
+class Calibration:
+    def __init__(self, fp32, bf16):
+        self.t, self.calls = {"fp32": fp32, "bf16": bf16}, 0
+
+    def __call__(self, threads):
+        self.calls += 1
+        return dict(self.t)
+
+
+def test_isa_level():
+    assert isa_level(ZEN4) == isa_level(SPR) == "avx512"
+    assert isa_level(AVX2) == "avx2"
+    assert isa_level(OLD) == isa_level(frozenset()) == "portable"
+    assert isa_level(AVX2 | {"avx512f"}) == "avx2"       # F alone (no BW/VL): the AVX2 path
+
+
+def test_bf16_checkpoint_on_avx512_bf16_cpu_decodes_in_fp32():
+    """The measured regression: bf16 activations on AVX512-BF16 CPUs. With the kernels, auto is
+    float32 activations on every ISA."""
+    for flags in (ZEN4, SPR, AVX2, OLD):
+        c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=flags, threads=2, measure=Calibration(2, 1))
+        assert c.activations == torch.float32
+
+
+def test_prefill_gemm_follows_the_calibration_only_where_bf16_is_native(tmp_path):
+    fast, slow = Calibration(fp32=2.0, bf16=1.0), Calibration(fp32=1.0, bf16=3.0)
+    assert resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=fast).prefill_gemm \
+        == torch.bfloat16
+    assert resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=slow).prefill_gemm \
+        == torch.float32
+    never = Calibration(fp32=2.0, bf16=1.0)
+    c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=AVX2, threads=2, measure=never)
+    assert c.prefill_gemm == torch.float32 and c.gemm_seconds is None and never.calls == 0
+
+
+def test_calibration_is_cached_per_machine(tmp_path):
+    cal = Calibration(fp32=2.0, bf16=1.0)
+    for _ in range(3):
+        c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal, cache=tmp_path)
+        assert c.prefill_gemm == torch.bfloat16
+    assert cal.calls == 1
+    resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=4, measure=cal, cache=tmp_path)
+    resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=cal, cache=tmp_path)
+    assert cal.calls == 3                              # another thread count or CPU measures again
+    (next(tmp_path.iterdir())).write_text("not json")
+    resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal, cache=tmp_path)
+
+
+def test_explicit_dtype_and_other_cases():
+    cal = Calibration(fp32=2.0, bf16=1.0)
+    c = resolve(torch.bfloat16, CPU, "float32", kernels=True, flags=SPR, threads=2, measure=cal)
+    assert (c.activations, c.prefill_gemm, cal.calls) == (torch.float32, torch.float32, 0)
+    c = resolve(torch.bfloat16, CPU, "bfloat16", kernels=True, flags=AVX2, threads=2, measure=cal)
+    assert c.activations == torch.bfloat16
+    # no compiler: torch's own bf16 ops, worth it only with native bf16
+    assert resolve(torch.bfloat16, CPU, "auto", kernels=False, flags=SPR, threads=2, measure=cal).activations \
+        == torch.bfloat16
+    assert resolve(torch.bfloat16, CPU, "auto", kernels=False, flags=AVX2, threads=2, measure=cal).activations \
+        == torch.float32
+    assert resolve(torch.float32, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal).activations \
+        == torch.float32
+    cuda = resolve(torch.bfloat16, torch.device("cuda"), "auto", kernels=False, flags=SPR, threads=2, measure=cal)
+    assert cuda.activations == cuda.prefill_gemm == torch.bfloat16
+    assert cal.calls == 0
+    assert "avx512" in resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2,
+                               measure=Calibration(2, 1)).describe()

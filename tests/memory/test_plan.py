@@ -1,0 +1,150 @@
+"""The memory plan: each component's arithmetic against what the engine really allocates,
+the reduction order under any amount of free memory (hypothesis), and boot that never fails
+for lack of memory while the weights fit."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from freetoken import LLM, SamplingParams
+from freetoken.cli import main as cli_main
+from freetoken.config import EngineConfig
+from freetoken.memory import plan as plan_mod
+from freetoken.memory.model_size import read_model_shape
+from freetoken.memory.plan import expert_nbytes, expert_format, make_plan, state_bytes_per_seq
+from freetoken.memory.probe import GiB, MachineMemory, cgroup_room, probe
+from freetoken.weights.ftw_writer import convert
+
+ORDER = ["expert cache", "KV cache", "prefill chunk", "max_model_len"]
+
+
+def machine(free_gib: float, total_gib: float = 4.0, device_free_gib: float | None = None) -> MachineMemory:
+    dev = None if device_free_gib is None else int(device_free_gib * GiB)
+    return MachineMemory(int(total_gib * GiB), int(free_gib * GiB), "test", dev, dev)
+
+
+@pytest.mark.parametrize("arch,fmt", [("qwen3_moe", None), ("qwen3_moe", "int8"), ("qwen3_moe", "mxfp4"),
+                                      ("qwen3_moe", "fp8"), ("qwen2_moe", "bf16"), ("mixtral", None),
+                                      ("olmoe", None), ("qwen3_next", None), ("qwen3_5_moe", "int8"),
+                                      ("gpt_oss", None), ("gpt_oss_mxfp4", None), ("glm4_moe", "int8"),
+                                      ("deepseek_v3", None), ("deepseek_v32", None), ("glm_moe_dsa", "mxfp4")])
+def test_component_sizes_match_the_engine(tiny_dir, arch, fmt):
+    src = tiny_dir(arch)
+    llm = LLM(str(src), dtype="float32", expert_format=fmt, max_num_seqs=4)
+    eng, plan = llm.engine, llm.engine.memory_plan
+    items = {i.name: i for i in plan.items}
+    assert items["expert pool"].nbytes == eng.model.pool.nbytes
+    assert items["KV cache"].nbytes == eng.runner.kv_nbytes
+    shape = read_model_shape(src)
+    cfg = EngineConfig(model=str(src), dtype="float32", expert_format=fmt)
+    per_expert = expert_nbytes(shape, expert_format(shape, cfg))
+    assert per_expert == eng.model.pool.expert_nbytes
+    state = eng.model.make_state()
+    assert state_bytes_per_seq(shape, cfg) == (state.nbytes if state is not None else 0)
+
+
+def test_dense_params_match_transformers(tiny_dir):
+    from transformers import AutoModelForCausalLM
+    src = tiny_dir("qwen2_moe")
+    hf = AutoModelForCausalLM.from_pretrained(str(src))
+    want = sum(p.numel() for n, p in hf.named_parameters() if ".experts." not in n)
+    assert read_model_shape(src).dense_params == want
+
+
+def test_ftw_shape_equals_directory_shape(tiny_dir, tmp_path):
+    src = tiny_dir("qwen3_moe")
+    convert(src, tmp_path / "m.ftw", expert_format="int8")
+    cfg = EngineConfig(model=str(src), expert_format="int8")
+    a, b = read_model_shape(src), read_model_shape(tmp_path / "m.ftw")
+    assert a.dense_params == b.dense_params
+    assert expert_nbytes(a, expert_format(a, cfg)) == expert_nbytes(b, "int8")
+
+
+def _fits(plan, device):
+    return plan.used(device) <= plan.available[device]
+
+
+@settings(max_examples=60, deadline=None)
+@given(free_mib=st.integers(520, 2048), kv_gib=st.one_of(st.none(), st.floats(0.001, 1e4)),
+       max_len=st.one_of(st.none(), st.integers(64, 10**8)), chunk=st.integers(16, 8192),
+       cache_gib=st.one_of(st.none(), st.floats(0.0, 1e3)), backend=st.sampled_from(["auto", "cpu", "offload", "hybrid"]))
+def test_reductions_in_stated_order_and_fit(tiny_dir, free_mib, kv_gib, max_len, chunk, cache_gib, backend):
+    src = tiny_dir("qwen3_moe")
+    cfg = EngineConfig(model=str(src), dtype="float32", device="cpu", kv_cache_gib=kv_gib, max_model_len=max_len,
+                       max_num_batched_tokens=chunk, expert_cache_gib=cache_gib, moe_backend=backend)
+    m = machine(free_mib / 1024)
+    resolved, plan = make_plan(cfg, read_model_shape(src), m)
+    steps = [next(k for k, name in enumerate(ORDER) if w.startswith(name)) for w in plan.warnings]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)       # one line each, in order
+    assert _fits(plan, "host")                                             # the weights fit: so does the plan
+    assert resolved.max_model_len >= 2 * cfg.kv_block_size
+    kv = next(i for i in plan.items if i.name == "KV cache")
+    per_tok = plan_mod.kv_bytes_per_token(read_model_shape(src), cfg)
+    assert kv.nbytes // per_tok >= resolved.max_model_len                  # one full-length sequence fits
+
+
+def test_cuda_plan_auto_resident_or_hybrid(tiny_dir):
+    src = tiny_dir("qwen3_moe")
+    shape = read_model_shape(src)
+    cfg = EngineConfig(model=str(src), dtype="bfloat16", device="cuda")
+    resolved, plan = make_plan(cfg, shape, machine(2, 8, device_free_gib=8))
+    assert resolved.moe_backend == "resident" and not plan.warnings
+    pool = next(i.nbytes for i in plan.items if i.name == "expert pool")
+    kv_min = 4096 * plan_mod.kv_bytes_per_token(shape, cfg)
+    room = 1 * GiB + kv_min + pool // 2                    # headroom + one sequence + half the pool
+    resolved, plan = make_plan(EngineConfig(model=str(src), dtype="bfloat16", device="cuda", moe_backend="resident",
+                                            max_num_batched_tokens=256),
+                               shape, MachineMemory(8 * GiB, 2 * GiB, "test", room, room))
+    assert resolved.moe_backend == "hybrid" and 0 < resolved.expert_cache_slots < 16
+    assert plan.warnings[0].startswith("expert cache: the whole pool")
+    assert _fits(plan, "cuda")
+
+
+def test_weights_that_do_not_fit_warn_and_boot_plan(tiny_dir):
+    src = tiny_dir("qwen3_moe")
+    resolved, plan = make_plan(EngineConfig(model=str(src)), read_model_shape(src), machine(0.5, 4))
+    assert any("weights alone" in w for w in plan.warnings)
+    assert resolved.max_model_len >= 32
+
+
+@pytest.mark.parametrize("opts", [dict(kv_cache_gib=1e6), dict(max_model_len=10**9),
+                                  dict(moe_backend="offload", expert_cache_gib=1e6),
+                                  dict(kv_cache_gib=1e6, max_model_len=10**9, expert_cache_gib=1e6,
+                                       moe_backend="hybrid", max_num_batched_tokens=10**6)])
+def test_boot_never_fails_for_lack_of_memory(tiny_dir, monkeypatch, opts):
+    """Sizes far beyond the machine (here a fake 48 MiB of free memory after the reserve):
+    the engine boots with reduced sizes and generates."""
+    monkeypatch.setattr(plan_mod, "probe", lambda *a: machine(0.5 + 48 / 1024, 4))
+    llm = LLM(str(tiny_dir("qwen3_moe")), dtype="float32", **opts)
+    assert llm.engine.memory_plan.warnings
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]
+    assert len(out.token_ids) == 4
+    assert llm.engine.runner.kv_nbytes <= 48 << 20
+    llm.close()
+
+
+def test_probe_reads_this_machine():
+    m = probe("cpu")
+    assert 0 < m.host_available <= m.host_total
+    room = cgroup_room()
+    assert room is None or room[1] <= room[0]
+
+
+def test_cgroup_limit_caps_available(tmp_path):
+    (tmp_path / "memory.max").write_text(str(3 * GiB))
+    (tmp_path / "memory.current").write_text(str(2 * GiB))
+    assert cgroup_room(tmp_path) == (3 * GiB, 2 * GiB)
+    (tmp_path / "memory.max").write_text("max")
+    assert cgroup_room(tmp_path) is None
+
+
+def test_plan_cli_prints_table_and_json(tiny_dir, capsys):
+    src = str(tiny_dir("qwen3_moe"))
+    assert cli_main(["plan", "--model", src, "--kv-cache-gib", "1000000", "--max-model-len", "1000000000"]) == 0
+    out = capsys.readouterr().out
+    assert "KV cache" in out and "warning: KV cache" in out and "resolved:" in out
+    assert cli_main(["plan", "--model", src, "--json"]) == 0
+    import json
+    data = json.loads(capsys.readouterr().out)
+    assert {"devices", "items", "warnings", "options"} <= set(data)

@@ -1,0 +1,75 @@
+"""GLM-4.5 / 4.6 / 4.7 (Glm4MoeForCausalLM) against transformers, per config field that changes the math."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import transformers
+
+from freetoken import LLM
+
+from helpers import assert_logits_close, reference_logits, save_hf_checkpoint
+from model_checks import check_batch_equals_single, check_incremental_equals_full, ids_for
+
+
+def tiny(tiny_dir, **kw):
+    """make-tiny's glm4_moe: layer 0 dense, then MoE layers with 2 expert groups, qk norm, scaling 2.5."""
+    return tiny_dir("glm4_moe", layers=3, **kw)
+
+
+def test_logits_match_transformers(tiny_dir):
+    d = tiny(tiny_dir)
+    ids = ids_for(41)
+    assert_logits_close(LLM(str(d), dtype="float32").score(ids), reference_logits(d, ids))
+
+
+def test_incremental_decode_equals_full_forward(tiny_dir):
+    check_incremental_equals_full(tiny(tiny_dir))
+
+
+def test_batch_equals_single(tiny_dir):
+    check_batch_equals_single(tiny(tiny_dir))
+
+
+VARIANTS = {
+    # GLM-4.5-Air-like: no qk norm, one group, q/k/v biases, two dense layers, unnormalised top-k
+    "no_qk_norm_bias_dense2": dict(use_qk_norm=False, attention_bias=True, first_k_dense_replace=2,
+                                   n_group=1, topk_group=1, norm_topk_prob=False, routed_scaling_factor=1.0),
+    # 4 groups of 4 experts, 2 groups eligible, top-3, two shared experts, GQA 8:2
+    "groups_shared2": dict(n_routed_experts=16, num_experts_per_tok=3, n_group=4, topk_group=2,
+                           n_shared_experts=2, num_attention_heads=8, num_key_value_heads=2),
+    "yarn_full_rotary": dict(partial_rotary_factor=1.0, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 1024,
+        "partial_rotary_factor": 1.0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_config_variants_match_transformers(tiny_dir, tmp_path, name):
+    kw = dict(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, intermediate_size=96, moe_intermediate_size=24, n_routed_experts=8,
+              num_experts_per_tok=2, n_group=2, topk_group=1, routed_scaling_factor=2.0, use_qk_norm=True,
+              max_position_embeddings=2048, eos_token_id=2, pad_token_id=0, bos_token_id=None)
+    kw.update(VARIANTS[name])
+    config = transformers.Glm4MoeConfig(**kw)
+    d = save_hf_checkpoint(config, tmp_path / name, tiny(tiny_dir), max_shard_size="100KB",
+                           random_selection_bias=True)
+    ids = ids_for(33, seed=3)
+    assert_logits_close(LLM(str(d), dtype="float32").score(ids), reference_logits(d, ids))
+
+
+def test_partial_rotary_defaults_to_half_when_absent(tiny_dir, tmp_path):
+    """Real GLM configs may omit the factor; GLM's config class then implies 0.5."""
+    src = tiny(tiny_dir)
+    d = tmp_path / "no_factor"
+    d.mkdir()
+    for f in src.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("partial_rotary_factor", None)
+    cfg["rope_parameters"].pop("partial_rotary_factor")
+    (d / "config.json").write_text(json.dumps(cfg))
+    ids = ids_for(25, seed=4)
+    ours = LLM(str(d), dtype="float32").score(ids)
+    assert_logits_close(ours, reference_logits(d, ids))
+    assert_logits_close(ours, reference_logits(src, ids))

@@ -1,0 +1,74 @@
+"""GGUF vocabularies converted to `tokenizers` give llama.cpp's own token ids (.inp/.out
+test files shipped with the vocabularies), and the metadata reader agrees with gguf's writer."""
+from __future__ import annotations
+
+import pytest
+from helpers import SHARED_DATA
+
+from freetoken.errors import CheckpointError
+from freetoken.tokenizer import Tokenizer
+from freetoken.weights.gguf_tokenizer import load_gguf_tokenizer
+
+TOKENIZERS = SHARED_DATA / "tokenizers"
+
+
+def cases(vocab):
+    base = TOKENIZERS / f"ggml-vocab-{vocab}.gguf"
+    texts = base.with_name(base.name + ".inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    ids = base.with_name(base.name + ".out").read_text().split("\n")
+    return list(zip(texts, ([int(x) for x in line.split()] for line in ids)))
+
+
+@pytest.mark.parametrize("vocab", ["qwen2", "qwen35", "deepseek-llm"])
+def test_matches_llamacpp_token_ids(real_tokenizer_dir, vocab):
+    tok = Tokenizer(real_tokenizer_dir(vocab))
+    pairs = cases(vocab)
+    assert len(pairs) > 40
+    for text, expected in pairs:
+        assert tok.encode(text) == expected, text
+        assert tok.decode(expected) == text
+
+
+def test_special_tokens_and_template(real_tokenizer_dir):
+    tok = Tokenizer(real_tokenizer_dir("qwen2"))
+    for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"):
+        assert len(tok.encode(t)) == 1
+    assert tok.eos_token == "<|endoftext|>"
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}])
+    assert text.endswith("<|im_start|>assistant\n")
+    ds = Tokenizer(real_tokenizer_dir("deepseek-llm"))
+    assert ds.bos_token == "<｜begin▁of▁sentence｜>"
+    assert ds.encode("<｜end▁of▁sentence｜>") == [100001]
+
+
+def test_reader_round_trips_gguf_writer(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    tokens = ["a", "b", "ab", "Ġ", "<|x|>", "<think>"]
+    path = tmp_path / "t.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_merges(["a b"])
+    w.add_token_types([1, 1, 1, 1, 3, 4])
+    w.add_eos_token_id(4)
+    w.add_chat_template("{{ messages[0].content }}")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok, cfg = load_gguf_tokenizer(path)
+    assert cfg["eos_token"] == "<|x|>" and cfg["chat_template"] == "{{ messages[0].content }}"
+    assert tok.encode("ab<|x|>b<think>").ids == [2, 4, 1, 5]
+    assert tok.decode([2, 4, 5], skip_special_tokens=True) == "ab<think>"
+
+
+def test_bad_files_name_the_file(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + b"\0" * 20)
+    with pytest.raises(CheckpointError, match="bad.gguf: not a readable GGUF"):
+        load_gguf_tokenizer(bad)
+    gemma = TOKENIZERS / "ggml-vocab-gemma-4.gguf"
+    if gemma.is_file():
+        with pytest.raises(CheckpointError, match="only byte-level BPE"):
+            load_gguf_tokenizer(gemma)
