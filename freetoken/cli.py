@@ -10,6 +10,7 @@ import sys
 from .errors import FreeTokenError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
+from .experts.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES
 
 # Subcommands that live with their subsystem: module with register(subparsers).
 _PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli",
@@ -22,6 +23,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe-backend", default="auto", choices=["auto", *BACKENDS])
     p.add_argument("--expert-cache-slots", type=int, default=None)
     p.add_argument("--expert-cache-gib", type=float, default=None)
+    p.add_argument("--expert-cache-policy", default=None, metavar="POLICY",
+                   help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "
+                        f"(admission control); default {DEFAULT_POLICY}")
     p.add_argument("--expert-format", default=None, choices=FORMAT_NAMES,
                    help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
     p.add_argument("--dense-format", default=None, choices=["int8"],
@@ -42,6 +46,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_options(args) -> dict:
     return dict(dtype=args.dtype, device=args.device, moe_backend=args.moe_backend,
                 expert_cache_slots=args.expert_cache_slots, expert_cache_gib=args.expert_cache_gib,
+                expert_cache_policy=args.expert_cache_policy,
                 max_model_len=args.max_model_len, num_threads=args.threads, expert_format=args.expert_format,
                 dense_format=args.dense_format, record_routing=args.record_routing, kv_cache_gib=args.kv_cache_gib,
                 prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,

@@ -1,4 +1,4 @@
-"""Engine options: one dataclass, resolved once at startup, then read-only."""
+"""Engine options: one dataclass, resolved once at startup (`resolve`), then read-only."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,6 +10,7 @@ import torch
 from .errors import InvalidRequestError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
+from .experts.slots import parse_policy
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -39,6 +40,9 @@ class EngineConfig:
     moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
     expert_cache_slots: int | None = None
     expert_cache_gib: float | None = None
+    # Replacement policy of the expert cache (experts/slots.py): lru | lfu | lrfu, "+admit" for
+    # admission control; None = the measured default (docs/routing-locality.md).
+    expert_cache_policy: str | None = None
     expert_format: str | None = None       # re-encode float experts at load: int8 | fp8 | mxfp4 | bf16 | ...
     # Dense layers (attention, dense MLPs, shared experts, lm_head): None keeps `dtype`;
     # "int8" stores them as int8 + fp16 scale per 32 (llama.cpp Q8_0 size), run by the CPU kernels.
@@ -57,6 +61,11 @@ class EngineConfig:
             raise InvalidRequestError(f"moe_backend: expected {'|'.join(BACKENDS)}|auto, got {self.moe_backend!r}")
         if self.expert_format not in (None, *FORMAT_NAMES):
             raise InvalidRequestError(f"expert_format: expected {'|'.join(FORMAT_NAMES)}, got {self.expert_format!r}")
+        if self.expert_cache_policy is not None:
+            try:
+                parse_policy(self.expert_cache_policy)
+            except ValueError as e:
+                raise InvalidRequestError(f"expert_cache_policy: {e}") from None
         if self.dense_format not in (None, "int8"):
             raise InvalidRequestError(f"dense_format: expected int8 or none, got {self.dense_format!r}")
         if self.state_cache_gib < 0:
@@ -82,3 +91,57 @@ class EngineConfig:
         if unknown:
             raise InvalidRequestError(f"unknown engine option(s) {unknown}; expected some of {sorted(known - {'model'})}")
         return cls(model=str(model), **options)
+
+    def resolve(self, model_config: dict) -> "Resolved":
+        """Every "auto" made concrete for this machine and checkpoint (config.json as a dict).
+        Called once, by the loader; everything downstream reads the result."""
+        device = self.torch_device
+        max_pos = model_config.get("max_position_embeddings") or DEFAULT_MAX_LEN
+        return Resolved(
+            device=device, dtype=self.torch_dtype,
+            # the model makes the final call (kernels.choices, which knows whether the C kernels
+            # built); the loader puts the model's choice into the table
+            compute_dtype=_activation_dtype(self.torch_dtype, device, self.compute_dtype),
+            max_model_len=self.max_model_len or min(int(max_pos), DEFAULT_MAX_LEN),
+            num_threads=self.num_threads, spin_us=_spin_us())
+
+
+DEFAULT_MAX_LEN = 32768
+DEFAULT_SPIN_US = 200
+
+
+def _activation_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
+    from .kernels.choices import activation_dtype
+    from .platform import cpu_flags
+    return activation_dtype(weights, device, requested, kernels=device.type == "cpu", flags=cpu_flags())
+
+
+def _spin_us() -> int:
+    """How long idle kernel-pool workers spin before sleeping (FREETOKEN_SPIN_US, microseconds)."""
+    raw = os.environ.get("FREETOKEN_SPIN_US", str(DEFAULT_SPIN_US))
+    if not raw.strip().isdigit():
+        raise InvalidRequestError(f"FREETOKEN_SPIN_US: expected a non-negative integer (microseconds), got {raw!r}")
+    return int(raw)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The concrete settings an engine runs with (`EngineConfig.resolve`); the experts backend
+    adds its choice (`moe_backend`, `expert_cache_slots`) once the pool is built."""
+    device: torch.device
+    dtype: torch.dtype               # storage precision: embeddings, routed experts, KV cache
+    compute_dtype: torch.dtype       # activations and dense layers' compute
+    max_model_len: int
+    num_threads: int | None          # kernel pool / torch threads; None = one per physical core
+    spin_us: int
+    moe_backend: str | None = None
+    expert_cache_slots: int | str | None = None
+    expert_cache_policy: str | None = None
+
+    def table(self, **more) -> str:
+        """One aligned `name  value` row per setting (and per extra keyword), for the start-up log."""
+        rows = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        rows.update(more)
+        rows["num_threads"] = rows["num_threads"] or "one per physical core"
+        width = max(map(len, rows))
+        return "\n".join(f"  {k:<{width}}  {str(v).replace('torch.', '')}" for k, v in rows.items() if v is not None)

@@ -2,18 +2,37 @@
 from __future__ import annotations
 
 import functools
+import platform as _platform
 from pathlib import Path
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
+def cpu_info() -> dict[str, str]:
+    """The fields of /proc/cpuinfo, first occurrence of each (read once per process; empty off Linux)."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return frozenset(line.split(":", 1)[1].split())
+            key, sep, value = line.partition(":")
+            if sep:
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return frozenset()
+    return info
+
+
+def cpu_flags() -> frozenset[str]:
+    """The ISA feature flags (x86 "flags", ARM "Features")."""
+    info = cpu_info()
+    return frozenset((info.get("flags") or info.get("Features") or "").split())
+
+
+def cpu_model() -> str:
+    return cpu_info().get("model name") or _platform.processor() or _platform.machine()
+
+
+def cpu_signature() -> str:
+    """What a binary compiled with -march=native depends on: the model and its feature flags."""
+    return f"{cpu_model()}|{' '.join(sorted(cpu_flags()))}|{_platform.machine()}"
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -45,7 +45,8 @@ class LLMEngine:
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        self.model, self.max_model_len = load_model(cfg)
+        self.model, self.settings = load_model(cfg)
+        self.max_model_len = self.settings.max_model_len
         self.tokenizer = Tokenizer(cfg.model)
         bs = cfg.kv_block_size
         per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
@@ -65,8 +66,8 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._seed = torch.Generator().manual_seed(cfg.seed)
-        log.info("model %s: %d layers, KV %d blocks x %d tokens (%.1f MiB), max_model_len %d",
-                 cfg.model, self.model.num_layers, num_blocks, bs, self.runner.kv_nbytes / 2**20, self.max_model_len)
+        log.info("model %s (%d layers), resolved settings:\n%s", cfg.model, self.model.num_layers, self.settings.table(
+            kv_blocks=f"{num_blocks} x {bs} tokens ({self.runner.kv_nbytes / 2**20:.1f} MiB)"))
 
     def _state_factory(self):
         """How to make a fresh per-sequence state, for models that carry one (hybrid models)."""

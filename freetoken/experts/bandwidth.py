@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ..platform import cpu_model
+
 DEFAULT_PROFILE = Path.home() / ".cache" / "freetoken" / "bandwidth.json"
 
 
@@ -51,15 +53,7 @@ def profile_key(machine: str, device: str, fmt: str) -> str:
 
 
 def machine_id() -> str:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{platform.node()}/{cpu}/{os.cpu_count()}cpu"
+    return f"{platform.node()}/{cpu_model()}/{os.cpu_count()}cpu"
 
 
 def device_id(device: torch.device) -> str:

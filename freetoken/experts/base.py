@@ -13,6 +13,8 @@ BACKENDS = ("resident", "offload", "cpu", "hybrid")
 
 
 class Experts(ABC):
+    settings: dict = {}     # what the factory chose (moe_backend, expert_cache_slots), for the start-up table
+
     @abstractmethod
     def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:

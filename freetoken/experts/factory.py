@@ -15,9 +15,11 @@ import torch
 
 from ..config import EngineConfig
 from .bandwidth import DEFAULT_PROFILE, BandwidthEstimator, device_id, format_id, load_profile, machine_id
+from ..kernels.pool import SPIN_US
 from .base import Experts
 from .pool import ExpertPool
 from .resident import ResidentExperts
+from .slots import DEFAULT_POLICY
 
 log = logging.getLogger("freetoken.experts")
 
@@ -52,9 +54,11 @@ def resolve_backend(pool: ExpertPool, cfg: EngineConfig, device: torch.device, n
     return "resident" if fits else "hybrid"
 
 
-def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> Experts:
+def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0,
+                  spin_us: int = SPIN_US) -> Experts:
     """non_expert_bytes: device bytes the engine will still allocate for non-expert weights (CUDA
-    `auto` needs it to know whether the pool fits; the cache itself is sized at the first step)."""
+    `auto` needs it to know whether the pool fits; the cache itself is sized at the first step).
+    The result's `settings` say which backend and how many cache slots were chosen."""
     device = torch.device(device)
     backend = resolve_backend(pool, cfg, device, non_expert_bytes)
     if backend in ("offload", "hybrid") and device.type == "cuda" and not _pinned(pool):
@@ -67,29 +71,35 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
         experts: Experts = ResidentExperts(pool, device)
     elif backend == "cpu":
         from .tiered import CpuExperts
-        experts = CpuExperts(pool, device, _host_executor(pool, cfg))
+        experts = CpuExperts(pool, device, _host_executor(pool, cfg, spin_us))
     else:
         from .tiered import TieredExperts
         prof = load_profile(cfg.bandwidth_profile or DEFAULT_PROFILE, machine_id(), device_id(device), format_id(pool))
         if prof is None and cfg.bandwidth_profile:
             log.warning("no bandwidth profile for this machine/device/format in %s; estimating online",
                         cfg.bandwidth_profile)
+        policy = cfg.expert_cache_policy or DEFAULT_POLICY
         sized = cfg.expert_cache_slots is not None or cfg.expert_cache_gib is not None or device.type != "cuda"
         slots = cache_slots(pool, cfg, device) if sized else (lambda: cache_slots(pool, cfg, device))
-        experts = TieredExperts(pool, device, slots, backend,
-                                host_executor=_host_executor(pool, cfg),
+        experts = TieredExperts(pool, device, slots, backend, cache_policy=policy,
+                                host_executor=_host_executor(pool, cfg, spin_us),
                                 estimator=BandwidthEstimator.from_profile(prof, device))
+    settings = {"moe_backend": backend, "expert_cache_slots": None}
+    if backend in ("offload", "hybrid"):
+        settings["expert_cache_slots"] = slots if isinstance(slots, int) else "sized at the first step"
+        settings["expert_cache_policy"] = policy
     if cfg.record_routing:
         from .recording import RoutingRecorder
         experts = RoutingRecorder(experts, cfg.record_routing,
                                   {"num_layers": pool.num_layers, "num_experts": pool.num_experts,
                                    "model": cfg.model, "expert_bytes": pool.expert_nbytes})
+    experts.settings = settings
     return experts
 
 
-def _host_executor(pool: ExpertPool, cfg: EngineConfig):
+def _host_executor(pool: ExpertPool, cfg: EngineConfig, spin_us: int):
     from .host_exec import make_host_executor
-    return make_host_executor(pool, cfg.num_threads)
+    return make_host_executor(pool, cfg.num_threads, spin_us=spin_us)
 
 
 def _pinned(pool: ExpertPool) -> bool:

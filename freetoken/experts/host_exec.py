@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.pool import shared_pool
+from ..kernels.pool import SPIN_US, shared_pool
 from .cpu import CpuExpertExecutor
 from .pool import ExpertPool
 from .torch_exec import run_experts
@@ -20,10 +20,11 @@ class TorchHostExecutor:
         return run_experts(self.pool.banks, self.pool.spec, torch.as_tensor(expert_ids), x, weights, out=out)
 
 
-def make_host_executor(pool: ExpertPool, num_threads: int | None = None, prefer_fast: bool = True):
+def make_host_executor(pool: ExpertPool, num_threads: int | None = None, prefer_fast: bool = True,
+                       spin_us: int = SPIN_US):
     if prefer_fast:
         try:   # the process's one kernel pool, shared with the dense layers and attention
-            return CpuExpertExecutor.from_pool(pool, pool=shared_pool(num_threads))
+            return CpuExpertExecutor.from_pool(pool, pool=shared_pool(num_threads, spin_us=spin_us))
         except (ValueError, NotImplementedError):
             pass                     # a format the kernels do not cover yet
     return TorchHostExecutor(pool)

@@ -69,6 +69,8 @@ class LayerStreamer:
         self.cache.unlock(slots)
         n = int(new.sum())
         routed = np.unique(flat)
+        routed = routed[routed >= 0]
+        self.cache.table.record(routed)
         was_hit = int((~new[routed - layer * self.E]).sum())
         stats.add(layer, streamed_layers=1, fills=n, bytes_copied=n * self.cache.pool.expert_nbytes,
                   hits=was_hit, misses=len(routed) - was_hit)

@@ -1,8 +1,9 @@
 """`record_routing`: every step's routing (phase, step, layer, ids, weights) to a trace file
-in the simulator's format (sim/trace_format.py), around any experts backend."""
+in the trace format the simulator reads (trace_format.py), around any experts backend."""
 from __future__ import annotations
 
 from .base import Experts
+from .trace_format import TraceWriter
 
 
 class RoutingRecorder(Experts):
@@ -17,7 +18,6 @@ class RoutingRecorder(Experts):
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         if self.writer is None:
-            from ..sim.trace_format import TraceWriter
             self.writer = TraceWriter(self.path, {**self.header, "top_k": int(topk_ids.shape[1])})
         self.writer.write(self.phase, self.step, layer, topk_ids, topk_weights)
         return self.inner.forward(layer, hidden, topk_ids, topk_weights)

@@ -28,6 +28,7 @@ from .host_exec import make_host_executor
 from .planner import MissPlanner, SplitGuard
 from .pool import ExpertPool
 from .prefill import LayerStreamer
+from .slots import DEFAULT_POLICY
 from .stats import ExpertStats
 from .torch_exec import run_experts
 from .transfer import CopyEngine, make_copy_engine
@@ -57,14 +58,14 @@ class TieredExperts(Experts):
     def __init__(self, pool: ExpertPool, device: torch.device, slots: int, policy: str = "hybrid",
                  host_executor=None, copy_engine: CopyEngine | None = None,
                  estimator: BandwidthEstimator | None = None, stream_prefill: bool = True,
-                 device_executor=run_experts, guard: bool = True):
+                 device_executor=run_experts, guard: bool = True, cache_policy: str = DEFAULT_POLICY):
         self.pool, self.spec, self.E = pool, pool.spec, pool.num_experts
         self.device = torch.device(device)
         # `slots` may be a callable: the size is then decided at the first step, once the
         # engine has put its other weights (and KV cache) on the device.
         self._size_later = slots if callable(slots) else None
         self.cache = ExpertCache(pool, 0 if callable(slots) else slots, self.device,
-                                 copy_engine or make_copy_engine(self.device))
+                                 copy_engine or make_copy_engine(self.device), cache_policy)
         self.planner = MissPlanner(pool.num_layers * pool.num_experts, policy)
         self.est = estimator or BandwidthEstimator.from_profile(None, self.device)
         self.cpu = CpuBranch(host_executor or make_host_executor(pool))
@@ -158,12 +159,20 @@ class TieredExperts(Experts):
                                  link_busy=cache.link_busy(),
                                  policy=self._decode_policy if decode else self._prefill_policy())
         self.planner.record(uniq)
+        cache.table.record(uniq)
 
         hit_slots = slots[hit]
         cache.touch(hit_slots)
         cache.lock(hit_slots)
         fill = plan.fill
         cands = cache.candidates(len(fill) if len(fill) else len(plan.warm))
+        if decode and cache.table.admission and (self._decode_policy or self.planner.policy) == "hybrid":
+            # misses not worth a slot run on the CPU instead (offload still fills every miss)
+            ok = cache.table.admit(fill, cands)
+            ok[len(cands):] = True                # beyond the first wave: as before
+            plan.cpu, plan.fill = np.concatenate([plan.cpu, fill[~ok]]), fill[ok]
+            fill = plan.fill
+            cands = cands[np.flatnonzero(ok[:len(cands)])] if len(fill) else cache.candidates(len(plan.warm))
         warm = plan.warm if len(cands) else plan.warm[:0]
         overflow = fill if len(cands) == 0 else fill[:0]     # no evictable slot at all: run on the CPU
         if len(overflow):

@@ -11,11 +11,12 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from ..platform import cpu_signature
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +54,6 @@ def _compiler() -> str | None:
     return None
 
 
-def _cpu_signature() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
-    except OSError:
-        pass
-    return platform.processor() + platform.machine()
-
-
 def sources() -> list[Path]:
     """The C files of the one shared library (compiled together in one compiler call)."""
     return sorted(SOURCE_DIR.glob("*.c"))
@@ -72,7 +62,7 @@ def sources() -> list[Path]:
 def _build(cc: str, flags: list[str]) -> Path:
     src = b"".join(p.name.encode() + p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.[ch]")))
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(src + ver.encode() + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()[:16]
+    key = hashlib.sha256(src + ver.encode() + " ".join(flags).encode() + cpu_signature().encode()).hexdigest()[:16]
     out = cache_dir() / f"cpu_kernels-{key}.so"
     if out.exists():
         return out

@@ -63,18 +63,19 @@ _shared_lock = threading.Lock()
 # How long the shared pool's workers spin after a call before sleeping. A decode step makes
 # ~4 kernel calls per layer with 20-100 us of Python between them: spinning across those gaps
 # saves a futex wake-up (~10-50 us) per call; between steps the workers go to sleep.
-SPIN_US = int(os.environ.get("FREETOKEN_SPIN_US", "200"))
+# The engine passes FREETOKEN_SPIN_US (read once by EngineConfig.resolve); this is the default.
+SPIN_US = 200
 SMALL_JOB_BYTES = 256 << 10     # ~10 us of streaming on one core
 
 
-def shared_pool(num_threads: int | None = None, isa: str = "native") -> CpuPool | None:
+def shared_pool(num_threads: int | None = None, isa: str = "native", spin_us: int = SPIN_US) -> CpuPool | None:
     """The process-wide pool for `num_threads` (None: one per physical core), or None when the
-    kernels cannot be built here."""
+    kernels cannot be built here. The first call for a thread count decides its spin time."""
     lib = load(isa)
     if lib is None:
         return None
     key = (isa, num_threads or len(physical_cpus()))
     with _shared_lock:
         if key not in _shared:
-            _shared[key] = CpuPool(lib, key[1], spin_us=SPIN_US, small_job_bytes=SMALL_JOB_BYTES)
+            _shared[key] = CpuPool(lib, key[1], spin_us=spin_us, small_job_bytes=SMALL_JOB_BYTES)
         return _shared[key]

@@ -1,17 +1,23 @@
-"""Open a checkpoint and build its model."""
+"""Open a checkpoint, resolve the engine settings once, and build its model."""
 from __future__ import annotations
 
+import dataclasses
+
 from ..config import EngineConfig
+from ..kernels.pool import shared_pool
 from ..weights.source import open_checkpoint
 from .registry import model_class
 
 
 def load_model(cfg: EngineConfig):
-    """Returns (model, max_model_len)."""
+    """Returns (model, resolved settings)."""
     ck = open_checkpoint(cfg.model, cfg)
+    settings = cfg.resolve(ck.config)
     cls = model_class(ck.config, ck.dir / "config.json")
-    max_pos = ck.config.get("max_position_embeddings") or 32768
-    max_len = cfg.max_model_len or min(int(max_pos), 32768)
-    model = cls(ck, cfg, max_len)
+    if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
+        shared_pool(settings.num_threads, spin_us=settings.spin_us)
+    model = cls(ck, cfg, settings.max_model_len)
     ck.close()
-    return model, max_len
+    experts = getattr(model, "experts", None)
+    chosen = dict(getattr(experts, "settings", {}) or {})
+    return model, dataclasses.replace(settings, compute_dtype=model.dtype, **chosen)

@@ -15,22 +15,15 @@ DEMO_CONTEXT = 131072     # agent prompts are 20-50k tokens with the demo's smal
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    try:
-        from freetoken.cli import _add_engine_args
-        _add_engine_args(p)
-    except ImportError:
-        p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
-        p.add_argument("--max-model-len", type=int, default=None)
+    from freetoken.cli import _add_engine_args
+    _add_engine_args(p)
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other engine option (see freetoken/config.py), e.g. kv_cache_gib=2")
 
 
 def _engine_options(args) -> dict:
-    try:
-        from freetoken.cli import engine_options
-        opts = engine_options(args)
-    except ImportError:
-        opts = {"dtype": args.dtype, "max_model_len": args.max_model_len}
+    from freetoken.cli import engine_options
+    opts = engine_options(args)
     for kv in args.engine_option:
         k, _, v = kv.partition("=")
         try:

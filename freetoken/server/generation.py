@@ -12,6 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
+from ..errors import PromptTooLongError
 from .engine_loop import EngineLoop, Job
 from .errors import BadRequest, ContextOverflow, Overloaded
 from .events import Done, Event, ToolCallDelta, ToolCallEnd, ToolCallStart
@@ -66,7 +67,7 @@ class Generation:
                 self.job.last_read = time.monotonic()
                 if isinstance(out, Exception):
                     self.finished = self.accounted = True
-                    if type(out).__name__ == "PromptTooLongError":
+                    if isinstance(out, PromptTooLongError):
                         raise ContextOverflow(len(req.prompt_ids), self.service.max_model_len)
                     if isinstance(out, ValueError):
                         raise BadRequest(str(out))
@@ -154,7 +155,7 @@ class GenerationService:
         self.tokenizer = engine.tokenizer
         # the context a request may use: the window, or less when the KV cache is smaller
         self.max_model_len = int(min(engine.max_model_len,
-                                     getattr(engine, "capacity_tokens", engine.max_model_len)))
+                                     engine.capacity_tokens))
         self.model_name = model_name
         self.architecture = architecture
         self.parser_cls = parser_for(architecture, getattr(self.tokenizer, "chat_template", None))

@@ -23,6 +23,7 @@ class Segment:
     cells: tuple[tuple[int, ...], ...]  # each: one (step, layer)'s keys, ascending
     layers: tuple[int, ...]  # the layer of each cell
     prompt_counts: Counter | None = None  # prefill only: key -> number of prompt tokens routing it
+    token_counts: tuple[tuple[int, ...], ...] | None = None  # in-order streams: tokens routing each cell key
 
     def keys(self) -> list[int]:
         return [k for cell in self.cells for k in cell]
@@ -42,8 +43,12 @@ class AccessStream:
         return sum(len(c) for s in self.segments if s.phase == DECODE for c in s.cells)
 
 
-def build_stream(trace: Trace) -> AccessStream:
+def build_stream(trace: Trace, in_order: bool = False) -> AccessStream:
+    """in_order: replay the cells exactly as recorded, each prefill cell on its own (an engine
+    trace of batched steps, where prompts start between other sequences' decode steps)."""
     E = trace.num_experts
+    if in_order:
+        return _in_order(trace)
     order: list[int] = []
     for c in trace.cells:
         if c.seq not in order:
@@ -66,6 +71,23 @@ def build_stream(trace: Trace) -> AccessStream:
         if decode:
             cells = tuple(tuple(c.layer * E + e for e in c.experts()) for c in decode)
             segments.append(Segment(DECODE, cells, tuple(c.layer for c in decode)))
+    return AccessStream(trace.num_layers, E, tuple(segments))
+
+
+def _in_order(trace: Trace) -> AccessStream:
+    E = trace.num_experts
+    segments: list[Segment] = []
+    run: list = []
+    for i, c in enumerate(trace.cells):
+        run.append(c)
+        nxt = trace.cells[i + 1] if i + 1 < len(trace.cells) else None
+        if nxt is None or nxt.phase != c.phase:
+            per_cell = [Counter(x.layer * E + e for row in x.rows for e in set(row)) for x in run]
+            cells = tuple(tuple(sorted(n)) for n in per_cell)
+            tokens = tuple(tuple(n[k] for k in cell) for n, cell in zip(per_cell, cells))
+            counts = sum(per_cell, Counter()) if c.phase == PREFILL else None
+            segments.append(Segment(c.phase, cells, tuple(x.layer for x in run), counts, tokens))
+            run = []
     return AccessStream(trace.num_layers, E, tuple(segments))
 
 

@@ -11,9 +11,9 @@ import argparse
 import json
 import sys
 
+from freetoken.experts.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_policy
 from freetoken.sim.access import build_stream
 from freetoken.sim.capacity import Capacity, parse_capacity
-from freetoken.sim.engine_cache import ENGINE_CACHES
 from freetoken.sim.hardware import HardwareError, load_hardware, preset_names
 from freetoken.sim.policies import POLICIES, parse_policies
 from freetoken.sim.projection import SPLITS, best_fixed_fraction, model_bytes, project
@@ -41,12 +41,21 @@ def register(subparsers) -> argparse.ArgumentParser:
     proj.add_argument("--fraction", type=float, default=0.5, help="fill fraction of the fixed hybrid (default 0.5)")
     proj.add_argument("--expert-bytes", type=float, help="bytes per expert, when the trace does not record it")
     proj.add_argument("--device-gbps", type=float, help="device memory bandwidth, when the hardware file lacks it")
-    proj.add_argument("--cache", choices=sorted(ENGINE_CACHES), default="lru", help="the engine cache's policy (default lru)")
+    proj.add_argument("--cache", default=DEFAULT_POLICY, type=_cache_policy,
+                      help=f"the engine cache's policy: {', '.join(CACHE_POLICIES)}, optionally +admit (default {DEFAULT_POLICY})")
     proj.set_defaults(func=run_project)
 
     from freetoken.sim.sessions.cli import add_parser as add_sessions
     add_sessions(sim_sub)
     return sim
+
+
+def _cache_policy(name: str) -> str:
+    try:
+        parse_policy(name)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name
 
 
 def _trace_args(p: argparse.ArgumentParser) -> None:

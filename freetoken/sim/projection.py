@@ -1,19 +1,21 @@
-"""Project decode tok/s of the engine's miss-split rules by replaying a trace.
+"""Project decode tok/s of the engine's miss-split rules by replaying a trace through the
+engine's own code: its `SlotTable` (residency, policy, victims) and `MissPlanner` (which
+misses fill, in what order).
 
-The engine's cache is the global LRU (``cache_policy="lrfu"`` tries LRFU). Per decode cell (one layer of one token) the
-hits refresh recency; of the ``m`` misses (ascending id) the first ``q`` are filled
-into the cache and the rest run on the CPU without touching residency. Rules for q:
+Per cell (one layer of one token, or of a prefill) exactly what `TieredExperts` does: look
+up the cell's unique experts, count the accesses, lock the hits, plan the misses, then fill
+them in waves of the evictable slots (a wave's slots become evictable again once it ran)
+and run the rest on the CPU. Copies land at once (the timing model prices them). Split
+rules for the decode cells:
 
-- ``all-fill``: q = m (plain offload);  ``all-cpu``: q = 0;
+- ``all-fill``: every miss fills (the engine's ``offload``);  ``all-cpu``: none (``cpu``);
+- ``q*``: the planner's own rule (``hybrid``): q = m * B_P / B_H rounded to the shorter
+  slower branch, at least one fill (as a background fill when the balance says 0);
 - ``fixed``: q = round(fraction * m);
-- ``q*``: q = round(m * B_P / B_H) clamped to [1, m] (the engine's rule, issue 4);
-- ``balanced``: q = round(m * B_P' / (B_P' + B_H')) with the concurrent bandwidths,
-  so both branches finish together; no forced minimum fill;
-- ``greedy-q``: per cell, the q in 0..m with the least layer time now (ties: more
-  fills); greedy, it ignores what a fill saves later, so it is no upper bound.
-
-q never exceeds the slots not holding this cell's hits. Prefill fills every routed
-expert (the engine streams whole layers) and is not timed.
+- ``balanced``: q = round(m * B_P' / (B_P' + B_H')) with the concurrent bandwidths;
+- ``greedy-q``: per cell, the q in 0..m with the least layer time now (ties: more fills).
+The last three take the planner's fill order. Prefill cells fill every miss (the engine's
+on-demand prefill) and are not timed.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 
+import numpy as np
+
+from freetoken.experts.planner import LayerPlan, MissPlanner
+from freetoken.experts.slots import DEFAULT_POLICY, SlotTable
 from freetoken.sim.access import AccessStream
-from freetoken.sim.engine_cache import ENGINE_CACHES
 from freetoken.sim.hardware import Hardware
 from freetoken.sim.split_time import layer_time
 from freetoken.sim.trace import DECODE, Trace
@@ -56,6 +61,8 @@ class Projection:
     hits: int
     fills: int
     cpu: int
+    prefill_hits: int = 0     # prefill cells (untimed), for comparing with the engine's counters
+    prefill_misses: int = 0
 
     @property
     def tokens_per_second(self) -> float:
@@ -76,48 +83,100 @@ def project(
     expert_bytes: list[float],
     dense_bytes: list[float],
     fraction: float = 0.5,
-    cache_policy: str = "lru",
+    cache_policy: str = DEFAULT_POLICY,
 ) -> Projection:
-    cache = ENGINE_CACHES[cache_policy](slots, stream.num_experts)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    table = SlotTable(stream.universe, stream.num_experts, slots, cache_policy)
+    planner = MissPlanner(stream.universe, "cpu" if split == "all-cpu" else "offload" if split == "all-fill" else "hybrid")
     seconds = 0.0
-    hits_total = fills_total = cpu_total = 0
+    hits_total = fills_total = cpu_total = pre_hits = pre_misses = 0
+    last_layer = -1
     for seg in stream.segments:
-        if seg.phase != DECODE:
-            for cell in seg.cells:
-                for key in cell:
-                    if not cache.lookup(key) and slots:
-                        cache.fill(key)
-            continue
-        for cell, layer in zip(seg.cells, seg.layers):
-            hits = [key for key in cell if cache.lookup(key)]
-            misses = [key for key in cell if key not in hits]
-            m = len(misses)
+        decode = seg.phase == DECODE
+        for i, (cell, layer) in enumerate(zip(seg.cells, seg.layers)):
+            if layer <= last_layer or not decode:      # a new engine step
+                planner.end_step()
+            last_layer = layer if decode else -1
+            uniq = np.asarray(cell, np.int64)
+            routed = np.asarray(seg.token_counts[i], np.int64) if seg.token_counts else np.ones(len(uniq), np.int64)
             b, d = expert_bytes[layer], dense_bytes[layer]
-            room = max(0, slots - len(hits))
-            if split == "all-fill":
-                q = m
-            elif split == "all-cpu":
-                q = 0
-            elif split == "fixed":
-                q = round_half_up(fraction * m)
-            elif split == "q*":
-                q = q_star(m, hw)
-            elif split == "balanced":
-                q = q_balanced(m, hw)
-            elif split == "greedy-q":
-                q = min(range(min(m, room), -1, -1), key=lambda q: layer_time(len(hits), q, m - q, b, d, hw))
+            hits, fills, cpu = run_cell(table, planner, uniq, routed, decode, lambda m, misses, counts, room: _plan(
+                planner, split, misses, counts, hw, fraction, room, lambda q: layer_time(len(uniq) - m, q, m - q, b, d, hw)),
+                admit=split != "all-fill")
+            if decode:
+                seconds += layer_time(hits, fills, cpu, b, d, hw)
+                hits_total, fills_total, cpu_total = hits_total + hits, fills_total + fills, cpu_total + cpu
             else:
-                raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
-            q = min(q, room)
-            protect = set(hits)
-            for key in misses[:q]:
-                cache.fill(key, protect)
-                protect.add(key)
-            seconds += layer_time(len(hits), q, m - q, b, d, hw)
-            hits_total += len(hits)
-            fills_total += q
-            cpu_total += m - q
-    return Projection(split, slots, tokens, seconds, hits_total, fills_total, cpu_total)
+                pre_hits, pre_misses = pre_hits + hits, pre_misses + fills + cpu
+    return Projection(split, slots, tokens, seconds, hits_total, fills_total, cpu_total, pre_hits, pre_misses)
+
+
+def run_cell(table: SlotTable, planner: MissPlanner, uniq: np.ndarray, tokens: np.ndarray, decode: bool,
+             plan_misses, admit: bool = True) -> tuple[int, int, int]:
+    """One layer call of `TieredExperts._forward_planned`, on the table alone (copies land at
+    once): `uniq` the cell's experts, `tokens` how many tokens routed each. `plan_misses(m,
+    misses, their tokens, room)` returns the decode `LayerPlan`. Returns (hits, experts
+    filled, experts run on the CPU). `admit`: the table's admission control applies (the
+    engine's hybrid split; `offload` fills every miss)."""
+    slots = table.slot_of[uniq]
+    hit = slots >= 0
+    misses = uniq[~hit]
+    m = len(misses)
+    if decode:
+        plan = plan_misses(m, misses, tokens[~hit], table.evictable() - int(hit.sum()))
+    else:
+        plan = planner.plan(misses, tokens[~hit], 1.0, 1.0, policy="offload")   # on-demand prefill
+    planner.record(uniq)
+    table.record(uniq)
+    hit_slots = slots[hit]
+    table.touch(hit_slots)
+    table.lock(hit_slots)
+    fill = plan.fill
+    cands = table.candidates(len(fill) if len(fill) else len(plan.warm))
+    if decode and admit and table.admission:
+        ok = table.admit(fill, cands)
+        ok[len(cands):] = True
+        plan.cpu, plan.fill = np.concatenate([plan.cpu, fill[~ok]]), fill[ok]
+        fill = plan.fill
+        cands = cands[np.flatnonzero(ok[:len(cands)])] if len(fill) else table.candidates(len(plan.warm))
+    warm = plan.warm if len(cands) else plan.warm[:0]
+    overflow = fill if len(cands) == 0 else fill[:0]
+    if len(overflow):
+        fill = fill[:0]
+    if len(warm):                                   # a background fill: runs on the CPU now
+        _land(table, warm, cands[:1])
+    filled = 0
+    while len(fill):
+        wave, wave_slots, fill = fill[:len(cands)], cands[:len(fill)], fill[len(cands):]
+        _land(table, wave, wave_slots)
+        filled += len(wave)
+        cands = table.candidates(len(fill))
+    table.unlock(hit_slots)
+    return int(hit.sum()), filled, m - filled
+
+
+def _land(table: SlotTable, flat_ids: np.ndarray, slots: np.ndarray) -> None:
+    table.assign(flat_ids, slots)
+    table.ready(slots)
+    table.unlock(slots)
+
+
+def _plan(planner: MissPlanner, split: str, misses: np.ndarray, tokens: np.ndarray, hw: Hardware, fraction: float,
+          room: int, time_of) -> LayerPlan:
+    m = len(misses)
+    if split in ("all-fill", "all-cpu"):
+        return planner.plan(misses, tokens, hw.link_gbps, hw.cpu_gbps)
+    if split == "q*":
+        return planner.plan(misses, tokens, hw.link_gbps, hw.cpu_gbps, policy="hybrid")
+    ranked = planner.order(misses, tokens)
+    if split == "fixed":
+        q = round_half_up(fraction * m)
+    elif split == "balanced":
+        q = q_balanced(m, hw)
+    else:   # greedy-q
+        q = min(range(min(m, max(room, 0)), -1, -1), key=time_of)
+    return LayerPlan(ranked[:q], ranked[:0], ranked[q:], q)
 
 
 def model_bytes(trace: Trace, expert_bytes: float | None) -> tuple[list[float], list[float]]:
@@ -134,7 +193,8 @@ def model_bytes(trace: Trace, expert_bytes: float | None) -> tuple[list[float], 
     raise ValueError(f"{trace.name}: the trace records no expert size for model {trace.model!r}; pass --expert-bytes")
 
 
-def best_fixed_fraction(stream, tokens, hw, slots, expert_bytes, dense_bytes, steps: int = 10, cache_policy: str = "lru") -> tuple[float, Projection]:
+def best_fixed_fraction(stream, tokens, hw, slots, expert_bytes, dense_bytes, steps: int = 10,
+                        cache_policy: str = DEFAULT_POLICY) -> tuple[float, Projection]:
     """Sweep the fixed hybrid's fill fraction over 0, 1/steps, ..., 1; return the fastest."""
     runs = [
         (i / steps, project(stream, tokens, hw, slots, "fixed", expert_bytes, dense_bytes, i / steps, cache_policy))

@@ -80,6 +80,10 @@ class FakeEngine:
                                  "prompt": len(prompt_token_ids), "abort": False, "out": "",
                                  "emitted": 0}
 
+    @property
+    def capacity_tokens(self):
+        return self.max_model_len
+
     def abort_request(self, request_id):
         if request_id in self.seqs:
             self.seqs[request_id]["abort"] = True

@@ -49,14 +49,20 @@ def ref_per_layer_lru(stream, slots):
     return out
 
 
-def ref_lfu(stream, slots):
+def ref_lfu(stream, slots, admit=False):
+    """admit: a miss replaces the victim only when its count is higher (else it bypasses)."""
     count, last, cache, out = {}, {}, [], []
     for t, (phase, k, _) in enumerate(accesses(stream)):
         count[k] = count.get(k, 0) + 1
         hit = k in cache
         if not hit and slots:
             if len(cache) == slots:
-                cache.remove(min(cache, key=lambda x: (count[x], last[x])))
+                victim = min(cache, key=lambda x: (count[x], last[x]))
+                if admit and phase != "prefill" and not count[k] > count[victim]:
+                    last[k] = t
+                    out.append((phase, hit))
+                    continue
+                cache.remove(victim)
             cache.append(k)
         last[k] = t
         out.append((phase, hit))
@@ -167,8 +173,9 @@ def optimal_decode_misses(stream, slots):
     return total
 
 
-def ref_lrfu(stream, slots, half_life=32.0):
-    """Scores recomputed from each entry's whole access history at every eviction."""
+def ref_lrfu(stream, slots, half_life=32.0, admit=False):
+    """Scores recomputed from each entry's whole access history at every eviction; admit: a
+    miss replaces the victim only when its score is higher (else it bypasses)."""
     E = stream.num_experts
     history, cache, out, last, token, prev_layer = {}, [], [], {}, 0, -1
     for t, (phase, k, _) in enumerate(accesses(stream)):
@@ -180,7 +187,12 @@ def ref_lrfu(stream, slots, half_life=32.0):
         if not hit and slots:
             if len(cache) == slots:
                 score = lambda x: sum(0.5 ** ((token - s) / half_life) for s in history[x])  # noqa: E731
-                cache.remove(min(cache, key=lambda x: (score(x), last[x])))
+                victim = min(cache, key=lambda x: (score(x), last[x]))
+                if admit and phase != "prefill" and not score(k) > score(victim) * (1 + 1e-12):
+                    last[k] = t
+                    out.append((phase, hit))
+                    continue
+                cache.remove(victim)
             cache.append(k)
         last[k] = t
         out.append((phase, hit))

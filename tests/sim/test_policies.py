@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from freetoken.experts.slots import DEFAULT_POLICY
 from freetoken.sim.policies import POLICIES, parse_policies
 from freetoken.sim.replay import replay, replay_hits
 import sim_reference as ref
@@ -19,7 +20,10 @@ REFERENCES = {
     "static-split": ref.ref_static,
     "hot-placement": ref.ref_hot,
     "lrfu": ref.ref_lrfu,
+    "lfu+admit": lambda stream, slots: ref.ref_lfu(stream, slots, admit=True),
+    "lrfu+admit": lambda stream, slots: ref.ref_lrfu(stream, slots, admit=True),
 }
+REFERENCES["default"] = REFERENCES[DEFAULT_POLICY]
 
 
 def hits(name, stream, slots):
@@ -106,17 +110,19 @@ def test_parse_policies():
 
 
 def test_lrfu_scores_decay_by_half_each_half_life():
-    from freetoken.sim.policies.lrfu import LRFU
+    import numpy as np
 
-    p = LRFU(4, 2, 2)
-    p.access(0)  # token 0, layer 0
-    p.access(2)  # layer 1
-    for _ in range(int(LRFU.half_life)):  # each pass back to layer 0 is a new token
-        p.access(1)
-        p.access(3)
-    score, token = p.counts.score[0]
-    assert token == 0 and score == 1.0
-    assert math.isclose(p.priority(0) - p.priority(1), math.log(1.0 * 0.5) - math.log(sum(0.5 ** (i / LRFU.half_life) for i in range(32))), rel_tol=1e-9)
+    from freetoken.experts.slots import HALF_LIFE_TOKENS, SlotTable
+
+    t = SlotTable(4, 2, 4, "lrfu")
+    t.record(np.array([0]))  # token 0, layer 0
+    t.record(np.array([2]))  # layer 1
+    for _ in range(int(HALF_LIFE_TOKENS)):  # each pass back to layer 0 is a new token
+        t.record(np.array([1]))
+        t.record(np.array([3]))
+    assert t.since[0] == 0 and t.count[0] == 1.0
+    p0, p1 = t.score(np.array([0, 1]))
+    assert math.isclose(p0 - p1, math.log(0.5) - math.log(sum(0.5 ** (i / HALF_LIFE_TOKENS) for i in range(32))), rel_tol=1e-9)
 
 
 def test_lrfu_prefers_frequent_entries_that_lru_would_drop():
@@ -127,3 +133,32 @@ def test_lrfu_prefers_frequent_entries_that_lru_would_drop():
     stream = stream_from_keys(1, 7, [("decode", cells)])
     assert decode_misses("lru", stream, 3) == 9
     assert decode_misses("lrfu", stream, 3) == 8
+
+
+def _demand_paging_optimum(keys, slots):
+    """Fewest misses over every eviction choice when every miss must be admitted."""
+    from functools import lru_cache
+
+    @lru_cache(None)
+    def best(i, state):
+        if i == len(keys):
+            return 0
+        k = keys[i]
+        if k in state:
+            return best(i + 1, state)
+        if len(state) < slots:
+            return 1 + best(i + 1, state | {k})
+        if slots == 0:
+            return 1 + best(i + 1, state)
+        return 1 + min(best(i + 1, (state - {y}) | {k}) for y in state)
+
+    return best(0, frozenset())
+
+
+@settings(max_examples=100, deadline=None)
+@given(keys=st.lists(st.integers(0, 4), min_size=1, max_size=10), slots=st.integers(0, 3))
+def test_belady_no_bypass_equals_exhaustive_demand_paging_optimum(keys, slots):
+    from freetoken.sim.access import stream_from_keys
+
+    stream = stream_from_keys(1, 5, [("decode", [[k] for k in keys])])
+    assert decode_misses("belady-no-bypass", stream, slots) == _demand_paging_optimum(tuple(keys), slots)

@@ -68,7 +68,10 @@ def test_a_cache_holding_everything_only_hits():
 def test_fills_never_evict_the_cells_own_hits():
     s = stream_from_keys(1, 4, [("prefill", [[0]]), ("decode", [[0, 1, 2, 3]])])
     p = project(s, 1, HW, 2, "all-fill", [GB], [0])
-    assert (p.hits, p.fills, p.cpu) == (1, 1, 2)
+    # as the engine: the hit stays locked, the three misses fill in waves through the one free slot
+    assert (p.hits, p.fills, p.cpu) == (1, 3, 0)
+    again = stream_from_keys(1, 4, [("prefill", [[0]]), ("decode", [[0, 1, 2, 3], [0]])])
+    assert project(again, 2, HW, 2, "all-fill", [GB], [0]).hits == 2
 
 
 def test_best_fixed_fraction_is_at_least_both_extremes():
@@ -129,20 +132,25 @@ def test_bad_hardware_names_the_field(data, field):
         parse_hardware(data, "mine.json", "mine")
 
 
-@pytest.mark.parametrize("policy", ["lru", "lrfu"])
-def test_engine_cache_fills_never_evict_protected_entries(policy):
-    from freetoken.sim.engine_cache import ENGINE_CACHES
+@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu"])
+def test_slot_table_never_evicts_locked_entries(policy):
+    import numpy as np
 
-    cache = ENGINE_CACHES[policy](3, 4)
+    from freetoken.experts.slots import SlotTable
+
+    t = SlotTable(4, 4, 3, policy)
     for key in (0, 1, 2):
-        assert not cache.lookup(key)
-        cache.fill(key)
-    for _ in range(5):  # make 0 and 1 the most valuable for both policies
-        assert cache.lookup(0) and cache.lookup(1)
-    assert cache.lookup(2) and not cache.lookup(3)
-    cache.fill(3, protect={2})  # 2 is this cell's hit: the victim must be 0 or 1
-    assert cache.lookup(2) and cache.lookup(3)
-    assert [cache.lookup(k) for k in (0, 1)].count(True) == 1
+        t.record(np.array([key]))
+        slot = t.candidates(1)
+        t.assign(np.array([key]), slot), t.ready(slot), t.unlock(slot)
+    for _ in range(5):  # make 0 and 1 the most valuable for every policy
+        t.record(np.array([0, 1]))
+        t.touch(t.slot_of[[0, 1]])
+    held = t.slot_of[[2]]
+    t.lock(held)  # 2 is this cell's hit: the victim must be 0 or 1
+    victim = t.candidates(1)
+    assert len(victim) == 1 and victim[0] != held[0]
+    t.check()
 
 
 def test_lrfu_engine_cache_projection_runs_and_counts_every_access():

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from freetoken.sim.trace import Trace, TraceError
-from freetoken.sim.trace_format import FORMAT_NAME
+from freetoken.experts.trace_format import FORMAT_NAME
 
 
 def load_trace(path) -> Trace:

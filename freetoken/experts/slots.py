@@ -1,0 +1,192 @@
+"""The slot table: which expert sits in which of N cache slots, the replacement policy, and
+the victims. No banks: the engine's `ExpertCache` adds the device memory and the copies on
+top of it, and `freetoken sim` drives the very same table, so a projection replays the
+engine's own residency decisions.
+
+  slot_of[flat]  -> slot or -1          (residency table, [L*E]; flat = layer*E + expert)
+  owner[slot]    -> flat id or -1       (reverse map)
+  stamp[slot]    -> last use, -1 empty  (recency: every touch takes a fresh clock value)
+  locks[slot]    -> users this step     (locked slots are never victims)
+  pending[slot]  -> a fill is in flight (not yet readable, not evictable)
+
+Policies (`expert_cache_policy`), all keyed per slot, ties to the least recently used:
+  lru    one global LRU over all layers
+  lfu    perfect LFU: every routed access counts, counts survive eviction
+  lrfu   LRFU (Lee et al. 2001): the exponentially decayed access count, half-life
+         `half_life` tokens (a token = one pass through the layer stack: time ticks when
+         the accessed layer is lower than the previous one)
+Frequencies count every routed access (`record`), hit or miss, as the engine sees them.
+
+Admission control ("+admit"): in the hybrid split, a decode miss is filled only when its
+policy score beats the victim it would replace; otherwise it runs on the CPU (the engine's
+other branch) and the cache keeps the entry that is likelier to be reused. `offload` and
+prefill still fill every miss. Under LRU the score
+is recency, so a miss (the newest access) is always admitted.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+POLICIES = ("lru", "lfu", "lrfu")
+DEFAULT_POLICY = "lrfu+admit"   # measured: fewest decode misses on every shared trace (docs/routing-locality.md)
+HALF_LIFE_TOKENS = 32.0
+_NEVER = np.iinfo(np.int64).max
+
+
+def parse_policy(name: str) -> tuple[str, bool]:
+    """'lrfu', 'lfu+admit', ... -> (policy, admission); unknown names raise ValueError."""
+    base, _, extra = name.partition("+")
+    if base not in POLICIES or extra not in ("", "admit"):
+        raise ValueError(f"expert cache policy {name!r}: expected one of {', '.join(POLICIES)}, "
+                         "optionally with '+admit'")
+    return base, extra == "admit"
+
+
+class SlotTable:
+    def __init__(self, num_flat: int, num_experts: int, slots: int, policy: str = DEFAULT_POLICY,
+                 half_life: float = HALF_LIFE_TOKENS):
+        self.policy, self.admission = parse_policy(policy)
+        self.num_experts = num_experts
+        self.slot_of = np.full(num_flat, -1, np.int64)
+        self.count = np.zeros(num_flat, np.float64)    # lfu: accesses; lrfu: decayed score at `since`
+        self.since = np.zeros(num_flat, np.int64)      # lrfu: the token of the last access
+        self.rate = math.log(2) / half_life
+        self.token, self.last_layer = 0, -1
+        self.clock = 0
+        self.evictions = 0
+        self.reset(slots)
+
+    def reset(self, slots: int) -> None:
+        if slots < 0:
+            raise ValueError(f"expert cache slots must be >= 0, got {slots}")
+        self.capacity = int(slots)
+        self.slot_of[:] = -1
+        self.owner = np.full(self.capacity, -1, np.int64)
+        self.stamp = np.full(self.capacity, -1, np.int64)
+        self.locks = np.zeros(self.capacity, np.int32)
+        self.pending = np.zeros(self.capacity, bool)
+
+    # ---- lookup, accesses and recency -----------------------------------------------
+    def lookup(self, flat_ids: np.ndarray) -> np.ndarray:
+        return self.slot_of[flat_ids]
+
+    def record(self, flat_ids: np.ndarray) -> None:
+        """Count one routed access of each id (one layer's unique ids, hits and misses)."""
+        if len(flat_ids) == 0 or self.policy == "lru":
+            return
+        layer = int(flat_ids[0]) // self.num_experts
+        if layer < self.last_layer:
+            self.token += 1
+        self.last_layer = layer
+        if self.policy == "lfu":
+            self.count[flat_ids] += 1.0
+        else:
+            self.count[flat_ids] = self.count[flat_ids] * np.exp(-self.rate * (self.token - self.since[flat_ids])) + 1.0
+            self.since[flat_ids] = self.token
+
+    def touch(self, slots: np.ndarray) -> None:
+        n = len(slots)
+        self.stamp[slots] = np.arange(self.clock + 1, self.clock + 1 + n)
+        self.clock += n
+
+    def lock(self, slots: np.ndarray) -> None:
+        np.add.at(self.locks, slots, 1)
+
+    def unlock(self, slots: np.ndarray) -> None:
+        np.add.at(self.locks, slots, -1)
+
+    def score(self, flat_ids: np.ndarray) -> np.ndarray:
+        """The policy's keep-priority of each id (higher = keep); lru: none (all equal)."""
+        if self.policy == "lfu":
+            return self.count[flat_ids]
+        if self.policy == "lrfu":   # log(score) + rate*token orders scores at any later time
+            with np.errstate(divide="ignore"):
+                return np.log(self.count[flat_ids]) + self.rate * self.since[flat_ids]
+        return np.zeros(len(flat_ids))
+
+    def lru_order(self) -> list[int]:
+        """Resident flat ids, least recent first (for tests and resize)."""
+        used = np.flatnonzero(self.owner >= 0)
+        return self.owner[used[np.argsort(self.stamp[used])]].tolist()
+
+    @property
+    def resident(self) -> int:
+        return int((self.owner >= 0).sum())
+
+    def evictable(self) -> int:
+        return int(((self.locks == 0) & ~self.pending).sum())
+
+    # ---- victims, admission and fills ---------------------------------------------------
+    def candidates(self, k: int) -> np.ndarray:
+        """Up to k evictable slots, first victim first: empty slots, then the least score,
+        ties to the least recently used."""
+        if k <= 0 or self.capacity == 0:
+            return np.empty(0, np.int64)
+        idx = np.arange(self.capacity)
+        used = self.owner >= 0
+        empty = np.where(used, 0, idx - self.capacity - 1)       # empty slots first, in order
+        prio = np.zeros(self.capacity)
+        prio[used] = self.score(self.owner[used])
+        free = (self.locks == 0) & ~self.pending
+        order = np.lexsort((np.where(used, self.stamp, empty), prio, used))
+        order = order[free[order]]
+        return order[:k]
+
+    def admit(self, flat_ids: np.ndarray, victims: np.ndarray) -> np.ndarray:
+        """Which of the misses `flat_ids` (in fill order) may replace `victims` (candidates'
+        order): all without admission control; with it, a miss is admitted when its score
+        beats the victim's, an empty slot always."""
+        n = min(len(flat_ids), len(victims))
+        ok = np.zeros(len(flat_ids), bool)
+        if not self.admission or self.policy == "lru":
+            ok[:n] = True
+            return ok
+        owners = self.owner[victims[:n]]
+        mine = self.score(flat_ids[:n])
+        theirs = np.where(owners >= 0, self.score(np.maximum(owners, 0)), -np.inf)
+        ok[:n] = mine > theirs
+        return ok
+
+    def assign(self, flat_ids: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Evict the slots' owners and map flat_ids into them: most recent, locked, pending
+        (until `ready`). Returns the evicted flat ids."""
+        old = self.owner[slots]
+        gone = old[old >= 0]
+        self.slot_of[gone] = -1
+        self.evictions += len(gone)
+        self.owner[slots] = flat_ids
+        self.slot_of[flat_ids] = slots
+        self.touch(slots)
+        self.lock(slots)
+        self.pending[slots] = True
+        return gone
+
+    def ready(self, slots: np.ndarray) -> None:
+        self.pending[slots] = False
+
+    def keep_most_recent(self, slots: int) -> np.ndarray:
+        """Rebuild for `slots` slots keeping the most recent residents in slots 0..n-1 (least
+        recent first); returns the old slot of each kept one (for moving bank rows)."""
+        if self.locks.any():
+            raise RuntimeError("expert cache resize outside a safe point (slots are in use)")
+        used = np.flatnonzero(self.owner >= 0)
+        keep = used[np.argsort(-self.stamp[used])][:max(int(slots), 0)]
+        keep = keep[np.argsort(self.stamp[keep])]
+        owner, stamp = self.owner[keep], self.stamp[keep]
+        self.reset(slots)
+        n = len(keep)
+        self.owner[:n], self.stamp[:n] = owner, stamp
+        self.slot_of[owner] = np.arange(n)
+        return keep
+
+    def check(self) -> None:
+        """Invariants (tests call this after every operation)."""
+        res = np.flatnonzero(self.slot_of >= 0)
+        assert len(res) <= self.capacity
+        assert np.array_equal(self.owner[self.slot_of[res]], res), "residency table != reverse map"
+        used = self.owner[self.owner >= 0]
+        assert len(np.unique(used)) == len(used), "an expert occupies two slots"
+        assert np.array_equal(np.sort(self.slot_of[used]), np.flatnonzero(self.owner >= 0))
+        assert (self.locks >= 0).all()

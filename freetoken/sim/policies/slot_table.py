@@ -1,0 +1,42 @@
+"""The engine's own cache policies, replayed: each access goes through the engine's
+`SlotTable` (freetoken/experts/slots.py), one key at a time: a hit refreshes the entry, a
+miss is filled into the table's first victim (or, with admission control, runs on the CPU
+when the table declines it; as in the engine, only decode misses are declined, prefill
+fills every miss). `default` replays what the engine uses by default."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from freetoken.experts.slots import DEFAULT_POLICY, SlotTable
+from freetoken.sim.policies.base import Policy
+
+
+class SlotTablePolicy(Policy):
+    table_policy = DEFAULT_POLICY
+
+    def __init__(self, slots, num_layers, num_experts):
+        super().__init__(slots, num_layers, num_experts)
+        self.table = SlotTable(num_layers * num_experts, num_experts, slots, self.table_policy)
+
+    def prefill_access(self, key: int) -> bool:
+        return self.access(key, admission=False)
+
+    def access(self, key: int, admission: bool = True) -> bool:
+        t = self.table
+        k = np.array([key])
+        t.record(k)
+        slot = t.slot_of[key]
+        if slot >= 0:
+            t.touch(np.array([slot]))
+            return True
+        victim = t.candidates(1)
+        if len(victim) and (not admission or t.admit(k, victim)[0]):
+            t.assign(k, victim)
+            t.ready(victim)
+            t.unlock(victim)
+        return False
+
+
+def slot_policy(name: str, table_policy: str) -> type[SlotTablePolicy]:
+    return type(f"SlotTable_{name}", (SlotTablePolicy,), {"name": name, "table_policy": table_policy})

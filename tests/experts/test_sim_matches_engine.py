@@ -1,0 +1,33 @@
+"""`freetoken sim` replays the engine's own cache: a recorded engine trace, replayed through
+the simulator's projection, gives the engine's hit and miss counts exactly."""
+import pytest
+from tiered_helpers import one_torch_thread  # noqa: F401
+
+from freetoken import LLM
+from freetoken.sampling_params import SamplingParams
+from freetoken.sim.access import build_stream
+from freetoken.sim.hardware import Hardware
+from freetoken.sim.projection import project
+from freetoken.sim.readers import load_trace
+
+PROMPTS = [list(range(5, 45)), list(range(50, 57)), list(range(3, 30, 2))]
+HW = Hardware("test", link_gbps=10, cpu_gbps=20, link_concurrent_gbps=10, cpu_concurrent_gbps=20, device_gbps=100)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit"])
+def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
+    model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
+    path = tmp_path / "routing.jsonl"
+    slots = 5               # under two layers of experts: no whole-layer prefill streaming
+    llm = LLM(str(model), dtype="float32", moe_backend="offload", expert_cache_slots=slots,
+              expert_cache_policy=policy, record_routing=str(path), max_num_seqs=2)
+    try:
+        llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0))
+        tot = llm.expert_stats()["total"]
+    finally:
+        llm.close()
+    stream = build_stream(load_trace(str(path)), in_order=True)
+    p = project(stream, 1, HW, slots, "all-fill", [1.0] * 2, [0.0] * 2, cache_policy=policy)
+    assert p.hits + p.prefill_hits == tot["hits"]
+    assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
+    assert p.fills + p.prefill_misses == tot["fills"]
