@@ -96,9 +96,8 @@ def test_sim_sessions_hybrid_anchors_beat_periodic_on_edited_histories(run_sim, 
     [row] = rep["sessions"]
     assert rep["kind"] == "hybrid" and row["requests"] == 14
     pol = row["policies"]
-    # the target is <= 1.05; how close the engine's policy gets is reported by the
-    # replay (docs/prefix-cache.md), here only that anchors beat the other policies
-    assert pol["anchors"]["ratio"] <= 1.25
+    # the target for hybrid models; anchors must also beat the other policies
+    assert pol["anchors"]["ratio"] <= 1.05
     assert pol["periodic"]["ratio"] > pol["anchors"]["ratio"] + 0.1
     assert pol["end"]["ratio"] > pol["anchors"]["ratio"] + 0.1
     assert pol["anchors"]["cached"] + pol["anchors"]["computed"] == row["prompt_tokens"]
