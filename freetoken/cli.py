@@ -40,7 +40,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="recompute every prompt from its first token (no KV/state reuse across requests)")
     p.add_argument("--state-checkpoints", type=int, default=16,
                    help="hybrid models: state snapshots kept per session for prefix reuse")
-    p.add_argument("--state-cache-gib", type=float, default=2.0, help="hybrid models: all state snapshots together")
+    p.add_argument("--state-cache-gib", type=float, default=None,
+                   help="hybrid models: all state snapshots together (default: up to 8, as host memory allows)")
 
 
 def engine_options(args) -> dict:

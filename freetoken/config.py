@@ -12,6 +12,7 @@ from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
 from .experts.slots import parse_policy
 
+AUTO_STATE_CACHE_GIB = 8.0   # measured: the 2 GiB first tried evicted snapshots agent edits needed (docs/prefix-cache.md)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -35,7 +36,8 @@ class EngineConfig:
     # blocks in a radix tree (inside kv_cache_gib); hybrid models also keep state snapshots.
     prefix_cache: bool = True
     state_checkpoints: int = 16            # state snapshots kept per session (root-to-leaf path)
-    state_cache_gib: float = 2.0           # all state snapshots together (host memory)
+    # all state snapshots together (host memory); None: up to 8 GiB, as much as host memory allows
+    state_cache_gib: float | None = None
     # Expert memory (see freetoken/experts/).
     moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
     expert_cache_slots: int | None = None
@@ -68,11 +70,15 @@ class EngineConfig:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
         if self.dense_format not in (None, "int8"):
             raise InvalidRequestError(f"dense_format: expected int8 or none, got {self.dense_format!r}")
-        if self.state_cache_gib < 0:
+        if self.state_cache_gib is not None and self.state_cache_gib < 0:
             raise InvalidRequestError(f"state_cache_gib: expected >= 0, got {self.state_cache_gib}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+
+    @property
+    def state_cache_bytes(self) -> int:
+        return int((AUTO_STATE_CACHE_GIB if self.state_cache_gib is None else self.state_cache_gib) * (1 << 30))
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -60,7 +60,7 @@ class LLMEngine:
         anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and cfg.prefix_cache else None
         self.prefix = PrefixCache(self.blocks, enabled=cfg.prefix_cache, make_state=make_state,
                                   policy=CheckpointPolicy(anchors=anchors, per_session=cfg.state_checkpoints),
-                                  state_budget_bytes=int(cfg.state_cache_gib * (1 << 30)))
+                                  state_budget_bytes=cfg.state_cache_bytes)
         self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.prefix)
         self.capacity_tokens = (num_blocks - 1) * bs
         self.seqs: dict[str, Sequence] = {}

@@ -38,7 +38,7 @@ def make_policy(kind: str, anchors=None, state_checkpoints: int = 16) -> Checkpo
 
 class PrefixReplay:
     def __init__(self, block_size: int = 16, num_blocks: int = 1 << 16, state_bytes: int = 0,
-                 policy: str = "anchors", state_checkpoints: int = 16, state_cache_gib: float = 2.0,
+                 policy: str = "anchors", state_checkpoints: int = 16, state_cache_gib: float = 8.0,
                  anchors=None, max_num_batched_tokens: int = 2048, enabled: bool = True):
         self.blocks = BlockManager(num_blocks, block_size)
         make_state = (lambda: StandInState(state_bytes)) if state_bytes else None

@@ -242,10 +242,12 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
              "booting with minimum sizes (expect swapping or an OOM kill)")
     act = activation_bytes(s, cfg, chunk, max_len, dev)
     # prefix cache of hybrid models: state snapshots, in host memory
-    ckpt = int(cfg.state_cache_gib * GiB) if states and cfg.prefix_cache else 0
+    ckpt = cfg.state_cache_bytes if states and cfg.prefix_cache else 0
+    auto_ckpt = cfg.state_cache_gib is None          # the default shrinks to what fits without a warning
     if compute != "host" and ckpt and pool + ckpt > host_avail:
         new = max(0, host_avail - pool)
-        warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit in host memory; reduced to {new / GiB:.2f} GiB")
+        if not auto_ckpt:
+            warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit in host memory; reduced to {new / GiB:.2f} GiB")
         ckpt = new
 
     def over() -> int:
@@ -267,7 +269,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     # 1b. the state-checkpoint budget (prefix reuse for hybrid models: speed only)
     if over() > 0 and ckpt and compute == "host":
         new = max(0, ckpt - over())
-        warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit; reduced to {new / GiB:.2f} GiB")
+        if not auto_ckpt:
+            warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit; reduced to {new / GiB:.2f} GiB")
         ckpt = new
     # 2. KV pool, down to one full-length sequence
     asked_kv = kv_blocks(kv_tokens) * bs * kv_tok_bytes
@@ -319,7 +322,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     if states:
         plan.items.append(Item(compute, "sequence states", states, note=f"recurrent/window state x {cfg.max_num_seqs}"))
     if ckpt or (states and cfg.prefix_cache):
-        asked = int(cfg.state_cache_gib * GiB)
+        asked = cfg.state_cache_bytes
         plan.items.append(Item("host", "state checkpoints", ckpt, asked if ckpt < asked else None,
                                "prefix cache: recurrent-state snapshots (budget)"))
     plan.items.append(Item(compute, "activations", act, note=f"chunk {chunk} tokens, rope tables (estimate)"))
@@ -331,7 +334,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         resolved["moe_backend"] = backend
     if backend in ("offload", "hybrid"):
         resolved["expert_cache_slots"] = slots
-    if states and cfg.prefix_cache and ckpt < int(cfg.state_cache_gib * GiB):
+    if states and cfg.prefix_cache and ckpt < cfg.state_cache_bytes:
         resolved["state_cache_gib"] = ckpt / GiB
     plan.options = resolved
     return dataclasses.replace(cfg, **resolved), plan

@@ -20,7 +20,7 @@ def add_parser(sim_sub) -> None:
     p.add_argument("--model", required=True, help="checkpoint folder (config.json; tokenizer unless --tokenizer)")
     p.add_argument("--sessions", required=True, nargs="+", help="session files or folders (agent-sessions formats)")
     p.add_argument("--state-checkpoints", type=int, default=16, help="state checkpoints kept per session (default 16)")
-    p.add_argument("--state-cache-gib", type=float, default=2.0, help="all state checkpoints together (default 2)")
+    p.add_argument("--state-cache-gib", type=float, default=8.0, help="all state checkpoints together (default 8, the engine's)")
     p.add_argument("--policies", default=",".join(POLICIES), help=f"comma list of {', '.join(POLICIES)} (default all)")
     p.add_argument("--tokenizer", help="a tokenizer folder or a GGUF vocabulary to use instead of the model's")
     p.add_argument("--chat-template", help="a .jinja chat template to use instead of the model's")
