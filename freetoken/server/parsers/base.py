@@ -66,6 +66,67 @@ class Parser:
         return [ToolCallStart(i, new_call_id(), name), ToolCallDelta(i, args), ToolCallEnd(i, args)]
 
 
+class MarkerParser(Parser):
+    """Text streamed through modes that markers switch: "content" and "reasoning" are shown
+    (with a possibly partial marker held back at the end of the buffer), the modes in
+    `call_modes` collect a tool-call body, handed to `_call_body` when its closing marker (or
+    the end of the stream) arrives. Subclasses give `_markers()` (what ends the current mode)
+    and `_next(marker)` (the mode after it)."""
+
+    call_modes: tuple[str, ...] = ()
+
+    def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
+        super().__init__(tools)
+        self.mode = "reasoning" if reasoning else "content"
+        self.buf = ""
+        self.text = WhitespaceHold(TextDelta)
+        self.thought = WhitespaceHold(ReasoningDelta)
+
+    def _markers(self) -> list[str]:
+        raise NotImplementedError
+
+    def _next(self, marker: str) -> str:
+        raise NotImplementedError
+
+    def _call_body(self, body: str) -> list[Event]:
+        raise NotImplementedError
+
+    def _emit(self, s: str, out: list[Event]) -> None:
+        if self.mode == "reasoning":
+            self.thought.push(s, out)
+        elif self.mode == "content":
+            self.text.push(s, out)
+
+    def _flush(self, body: str, out: list[Event]) -> None:
+        if self.mode in self.call_modes:
+            out += self._call_body(body)
+            self.text.ws = ""                 # no stray whitespace between a call and what follows
+        else:
+            self._emit(body, out)
+
+    def feed(self, text: str) -> list[Event]:
+        out: list[Event] = []
+        self.buf += text
+        while True:
+            markers = self._markers()
+            i, m = find_first(self.buf, markers)
+            if m is None:
+                if self.mode not in self.call_modes:
+                    keep = held_suffix(self.buf, markers)
+                    self._emit(self.buf[:len(self.buf) - keep], out)
+                    self.buf = self.buf[len(self.buf) - keep:]
+                return out
+            body, self.buf = self.buf[:i], self.buf[i + len(m):]
+            self._flush(body, out)
+            self.mode = self._next(m)
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        self._flush(self.buf, out)
+        self.buf = ""
+        return out
+
+
 class WhitespaceHold:
     """Emits text but holds trailing whitespace until more text follows; drops leading
     whitespace at the start of a section, so markup boundaries never leave stray newlines."""

@@ -13,8 +13,8 @@ import json
 import logging
 import re
 
-from ..events import Event, ReasoningDelta, TextDelta
-from .base import Parser, WhitespaceHold, find_first, held_suffix
+from ..events import Event
+from .base import MarkerParser
 
 log = logging.getLogger("freetoken.server")
 
@@ -33,13 +33,8 @@ _PARAM = re.compile(rf'<{DSML}parameter name="([^"]+)"(?: string="(true|false)")
 _FENCED = re.compile(r"^\s*([^\n`]+?)\s*\n?```(?:json)?\s*\n?(.*?)\n?```\s*$", re.S)
 
 
-class DeepSeekParser(Parser):
-    def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
-        super().__init__(tools)
-        self.mode = "reasoning" if reasoning else "content"
-        self.buf = ""
-        self.text = WhitespaceHold(TextDelta)
-        self.thought = WhitespaceHold(ReasoningDelta)
+class DeepSeekParser(MarkerParser):
+    call_modes = ("calls", "dsml")
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":
@@ -50,34 +45,8 @@ class DeepSeekParser(Parser):
             return [INVOKE_CLOSE] + DSML_CLOSE
         return [CALLS_BEGIN, CALL_BEGIN, *DSML_OPEN, THINK_OPEN, THINK_CLOSE, CALLS_END, *DSML_CLOSE] + DROP
 
-    def _emit(self, s: str, out: list[Event]) -> None:
-        if self.mode == "reasoning":
-            self.thought.push(s, out)
-        elif self.mode == "content":
-            self.text.push(s, out)
-
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        self.buf += text
-        while True:
-            markers = self._markers()
-            i, m = find_first(self.buf, markers)
-            if m is None:
-                if self.mode in ("content", "reasoning"):
-                    keep = held_suffix(self.buf, markers)
-                    self._emit(self.buf[:len(self.buf) - keep], out)
-                    self.buf = self.buf[len(self.buf) - keep:]
-                return out
-            body, self.buf = self.buf[:i], self.buf[i + len(m):]
-            if self.mode == "calls":
-                out += self._special_call(body)
-            elif self.mode == "dsml":
-                out += self._invoke(body)
-            else:
-                self._emit(body, out)
-            if self.mode in ("calls", "dsml"):
-                self.text.ws = ""
-            self.mode = self._next(m)
+    def _call_body(self, body: str) -> list[Event]:
+        return self._special_call(body) if self.mode == "calls" else self._invoke(body)
 
     def _next(self, m: str) -> str:
         if m in (CALLS_BEGIN, CALL_BEGIN) or (m == CALL_END and self.mode == "calls"):
@@ -89,17 +58,6 @@ class DeepSeekParser(Parser):
         if m in (THINK_CLOSE, CALLS_END, *DSML_CLOSE):
             return "content"
         return self.mode                                   # a dropped chat token
-
-    def finish(self) -> list[Event]:
-        out: list[Event] = []
-        if self.mode == "calls":
-            out += self._special_call(self.buf)
-        elif self.mode == "dsml":
-            out += self._invoke(self.buf)
-        else:
-            self._emit(self.buf, out)
-        self.buf = ""
-        return out
 
     def _checked(self, name, args, body) -> list[Event]:
         if not isinstance(name, str) or not name or not isinstance(args, dict):

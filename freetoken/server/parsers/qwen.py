@@ -7,8 +7,8 @@ import json
 import logging
 import re
 
-from ..events import Event, ReasoningDelta, TextDelta
-from .base import Parser, WhitespaceHold, find_first, held_suffix
+from ..events import Event
+from .base import MarkerParser
 
 log = logging.getLogger("freetoken.server")
 
@@ -20,15 +20,9 @@ _FUNC = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|$)", re.S)
 
 
-class QwenParser(Parser):
+class QwenParser(MarkerParser):
     drop = DROP
-
-    def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
-        super().__init__(tools)
-        self.mode = "reasoning" if reasoning else "content"
-        self.buf = ""
-        self.text = WhitespaceHold(TextDelta)
-        self.thought = WhitespaceHold(ReasoningDelta)
+    call_modes = ("tool",)
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":
@@ -37,41 +31,11 @@ class QwenParser(Parser):
             return [CALL_CLOSE]
         return [CALL_OPEN, THINK_OPEN, THINK_CLOSE, CALL_CLOSE] + self.drop   # stray closers are dropped
 
-    def _emit(self, s: str, out: list[Event]) -> None:
-        if self.mode == "reasoning":
-            self.thought.push(s, out)
-        elif self.mode == "content":
-            self.text.push(s, out)
+    def _next(self, m: str) -> str:
+        return {THINK_OPEN: "reasoning", THINK_CLOSE: "content", CALL_OPEN: "tool", CALL_CLOSE: "content"}.get(m, self.mode)
 
-    def feed(self, text: str) -> list[Event]:
-        out: list[Event] = []
-        self.buf += text
-        while True:
-            markers = self._markers()
-            i, m = find_first(self.buf, markers)
-            if m is None:
-                if self.mode != "tool":
-                    keep = held_suffix(self.buf, markers)
-                    self._emit(self.buf[:len(self.buf) - keep], out)
-                    self.buf = self.buf[len(self.buf) - keep:]
-                return out
-            if self.mode == "tool":
-                out += self._call(self.buf[:i])
-                self.text.ws = ""
-            else:
-                self._emit(self.buf[:i], out)
-            self.buf = self.buf[i + len(m):]
-            self.mode = {THINK_OPEN: "reasoning", THINK_CLOSE: "content", CALL_OPEN: "tool",
-                         CALL_CLOSE: "content"}.get(m, self.mode)
-
-    def finish(self) -> list[Event]:
-        out: list[Event] = []
-        if self.mode == "tool":
-            out += self._call(self.buf)
-        else:
-            self._emit(self.buf, out)
-        self.buf = ""
-        return out
+    def _call_body(self, body: str) -> list[Event]:
+        return self._call(body)
 
     def _call(self, body: str) -> list[Event]:
         body = body.strip()
