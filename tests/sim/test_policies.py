@@ -22,6 +22,7 @@ REFERENCES = {
     "lrfu": ref.ref_lrfu,
     "lfu+admit": lambda stream, slots: ref.ref_lfu(stream, slots, admit=True),
     "lrfu+admit": lambda stream, slots: ref.ref_lrfu(stream, slots, admit=True),
+    "arc+admit": lambda stream, slots: ref.ref_arc(stream, slots, admit=True),
 }
 REFERENCES["default"] = REFERENCES[DEFAULT_POLICY]
 
