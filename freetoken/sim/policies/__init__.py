@@ -3,13 +3,15 @@
 ``lru``, ``lfu``, ``lrfu``, ``arc`` (and their ``+admit`` variants, and ``default``) are the
 engine's own `SlotTable` replayed (policies/slot_table.py); the others are study policies that only
 the simulator has; ``belady`` is the offline bound (a miss may bypass the cache) and
-``belady-no-bypass`` classic demand-paging MIN.
+``belady-no-bypass`` classic demand-paging MIN; ``static-oracle`` the best fixed placement
+in hindsight (the bound of frequency ranking).
 """
 
 from freetoken.experts.slots import DEFAULT_POLICY
 from freetoken.sim.policies.base import Policy
 from freetoken.sim.policies.belady import Belady
 from freetoken.sim.policies.belady_demand import BeladyDemand
+from freetoken.sim.policies.frequency_oracle import FrequencyOracle
 from freetoken.sim.policies.hot_placement import HotPlacement
 from freetoken.sim.policies.per_layer_lru import PerLayerLRU
 from freetoken.sim.policies.slot_table import slot_policy
@@ -21,7 +23,7 @@ _ENGINE["default"] = slot_policy("default", DEFAULT_POLICY)
 POLICIES: dict[str, type[Policy]] = {
     p.name: p for p in (_ENGINE["lru"], PerLayerLRU, HotPlacement, StaticSplit, _ENGINE["lfu"], _ENGINE["arc"], _ENGINE["lrfu"],
                         _ENGINE["lfu+admit"], _ENGINE["lrfu+admit"], _ENGINE["arc+admit"], _ENGINE["default"],
-                        Belady, BeladyDemand)
+                        Belady, BeladyDemand, FrequencyOracle)
 }
 
 
