@@ -103,6 +103,9 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
+    def queue_lengths(self) -> tuple[int, int]:
+        return len(self.scheduler.running), len(self.scheduler.waiting)
+
     # --- one iteration -------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         outputs = self._step()
