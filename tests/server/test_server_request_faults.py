@@ -94,3 +94,25 @@ def test_request_whose_sampling_raises_fails_alone_in_its_protocols_shape(faulty
     assert not eng.seqs and eng.blocks.available == eng.blocks.num_blocks - 1
     metrics = httpx.get(url + "/metrics").text
     assert "freetoken_kv_blocks_in_use 0.0" in metrics
+
+
+def test_a_forward_that_raises_even_alone_degrades_health_until_a_good_step(tiny, monkeypatch):
+    _, url, svc = tiny
+    runner = svc.engine.runner
+    run = runner.run
+
+    def broken(batch):
+        if any("BOOM" in svc.engine.tokenizer.decode(s.prompt_ids) for s, _ in batch):
+            raise RuntimeError("injected kernel fault")
+        return run(batch)
+
+    monkeypatch.setattr(runner, "run", broken)
+    r = httpx.post(url + "/v1/chat/completions", timeout=120,
+                   json={"model": "capture-model", "messages": MSG, "max_tokens": 4})
+    assert r.status_code == 500 and "injected kernel fault" in r.json()["error"]["message"]
+    h = httpx.get(url + "/health")
+    assert h.status_code == 503 and "injected kernel fault" in h.json()["error"], h.text
+    assert _good_stream(url)
+    assert httpx.get(url + "/health").json()["status"] == "ok"
+    eng = svc.engine
+    assert not eng.seqs and eng.blocks.available == eng.blocks.num_blocks - 1
