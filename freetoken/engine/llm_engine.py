@@ -210,15 +210,17 @@ class LLMEngine:
 
     def _sample(self, logits, seqs: list[Sequence], rows: list[int], outputs: list):
         """[(batch row, token)] for the sequences that could be sampled; one whose sampling
-        raises (its logits processor or grammar, NaN logits) fails alone."""
-        try:
-            return list(zip(rows, sampler.sample(logits[rows], seqs)))
-        except Exception:  # noqa: BLE001 - find whose it was, one at a time
-            pass
+        raises (its logits processor or grammar, NaN logits) fails alone. Each is sampled
+        once: a seeded generator must not draw twice."""
+        if sampler.plain_greedy(seqs):
+            try:                            # one argmax for the batch; nothing to redo below
+                return list(zip(rows, sampler.sample(logits[rows], seqs)))
+            except Exception:  # noqa: BLE001 - find whose row it was, one at a time
+                pass
         got = []
         for row, seq in zip(rows, seqs):
             tok = self._guard(seq, outputs, lambda r=row, s=seq: [sampler.sample(logits[[r]], [s])[0]])
-            if tok:
+            if tok:                         # a one-element list: token 0 is a token too
                 got.append((row, tok[0]))
         return got
 

@@ -138,3 +138,23 @@ def test_hybrid_model_fails_the_batch_of_a_raising_forward_and_keeps_serving(tin
     assert _run(llm, {"a": PROMPTS["a"]}) == alone
     _assert_idle(llm)
     llm.close()
+
+
+def test_seeded_sampling_of_the_others_is_unchanged(llm):
+    """Each request is sampled once per step: a fault in one must not make the others' seeded
+    generators draw again."""
+    seeded = {rid: SamplingParams(max_tokens=STEPS, temperature=0.9, seed=7 + i, ignore_eos=True)
+              for i, rid in enumerate(PROMPTS)}
+    ref = _run(llm, PROMPTS, seeded)
+
+    def boom(output_ids, logits):
+        if len(output_ids) >= 2:
+            raise ValueError("injected grammar fault")
+        return logits
+
+    bad = SamplingParams(max_tokens=STEPS, temperature=0.9, seed=1, logits_processors=[boom])
+    order = {**PROMPTS, "bad": FAULTY}                 # sampled after the others in each step
+    res = _run(llm, order, {**seeded, "bad": bad})
+    assert res.pop("bad")[1] == "error"
+    assert res == ref
+    _assert_idle(llm)
