@@ -35,7 +35,9 @@ import numpy as np
 from .arc import ArcLists
 
 POLICIES = ("lru", "lfu", "lrfu", "arc")
-DEFAULT_POLICY = "lrfu+admit"   # measured: never worse than lru, within 0.01 of the best online policy in 13 of 14 cells (docs/routing-locality.md)
+# measured: never worse than lru, within 0.01 of the best online policy in 13 of 14 cells
+# (docs/routing-locality.md)
+DEFAULT_POLICY = "lrfu+admit"
 HALF_LIFE_TOKENS = 32.0
 _NEVER = np.iinfo(np.int64).max
 

@@ -21,9 +21,9 @@ _ENGINE = {n: slot_policy(n, n) for n in ("lru", "lfu", "lrfu", "arc", "lfu+admi
 _ENGINE["default"] = slot_policy("default", DEFAULT_POLICY)
 
 POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (_ENGINE["lru"], PerLayerLRU, HotPlacement, StaticSplit, _ENGINE["lfu"], _ENGINE["arc"], _ENGINE["lrfu"],
-                        _ENGINE["lfu+admit"], _ENGINE["lrfu+admit"], _ENGINE["arc+admit"], _ENGINE["default"],
-                        Belady, BeladyDemand, FrequencyOracle)
+    p.name: p for p in (_ENGINE["lru"], PerLayerLRU, HotPlacement, StaticSplit, _ENGINE["lfu"], _ENGINE["arc"],
+                        _ENGINE["lrfu"], _ENGINE["lfu+admit"], _ENGINE["lrfu+admit"], _ENGINE["arc+admit"],
+                        _ENGINE["default"], Belady, BeladyDemand, FrequencyOracle)
 }
 
 
