@@ -46,7 +46,7 @@ def per_position_p95(ours, ref) -> float:
 
 
 @pytest.mark.parametrize("kw", [{}, dict(layers=5, **SHARED), dict(index_kpool=8, index_topk=16),
-                                dict(linear_lower_bound=None)])
+                                dict(linear_lower_bound=None), dict(swiglu_limit=0.3)])
 def test_logits_match_transformers(tiny_dir, kw):
     d = tiny(tiny_dir, **kw)
     ids = ids_for(70)
