@@ -21,6 +21,7 @@ from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
 from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
+from ..weights.fp8 import block_scales
 from ..weights.nvfp4 import pack_scales
 from .context import ForwardContext
 from .hf_config import HFConfig
@@ -204,6 +205,8 @@ class MoECausalLM:
         p0 = f"model.layers.{self.moe_layers[0]}.{self.arch.moe_prefix}.experts.0.{g}.weight"
         if modelopt.is_nvfp4(ck, p0) and h % 32 == 0 and inter % 32 == 0:
             return self._nvfp4_pool(ck)
+        if ck.has(f"{p0}_scale_inv") and inter % 128 == 0:   # else read below, dequantized by get_float
+            return self._fp8_pool(ck)
         b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         dt = self.expert_dtype
         for m, i in enumerate(self.moe_layers):
@@ -217,6 +220,26 @@ class MoECausalLM:
                 up = ck.get_float(f"{p}.{x}.{u}.weight", (inter, h), dt)
                 b.put("gate_up", m, x, torch.cat([gate, up]), dt)
                 b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
+        return b.build()
+
+    def _fp8_pool(self, ck: Checkpoint):
+        """FP8 e4m3 experts with 128x128 block scales (DeepSeek-V3, GLM-4.5-FP8, Qwen3-FP8 layout:
+        `weight` + `weight_scale_inv` per expert matrix) kept packed in fp8 banks; gate and up
+        stack into whole 128-row blocks because the intermediate size is a multiple of 128."""
+        e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
+        g, u, d = self.arch.expert_names
+        b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter, fmt="fp8"))
+        blocks = lambda r, c: (-(-r // 128), -(-c // 128))  # noqa: E731
+        for m, i in enumerate(self.moe_layers):
+            p = f"model.layers.{i}.{self.arch.moe_prefix}.experts"
+            for x in range(e):
+                (gw, gs), (uw, us), (dw, ds) = [
+                    (ck.get(f"{p}.{x}.{n}.weight", s), block_scales(ck.get(f"{p}.{x}.{n}.weight_scale_inv", blocks(*s))))
+                    for n, s in ((g, (inter, h)), (u, (inter, h)), (d, (h, inter)))]
+                b.put("gate_up", m, x, torch.cat([gw, uw]), torch.float8_e4m3fn)
+                b.put("gate_up_scale_inv", m, x, torch.cat([gs, us]), torch.float32)
+                b.put("down", m, x, dw, torch.float8_e4m3fn)
+                b.put("down_scale_inv", m, x, ds, torch.float32)
         return b.build()
 
     def _nvfp4_pool(self, ck: Checkpoint):
