@@ -61,8 +61,8 @@ class ExpertCache:
     def evictable(self) -> int:
         return self.table.evictable()
 
-    def candidates(self, k: int) -> np.ndarray:
-        return self.table.candidates(k)
+    def candidates(self, k: int, incoming: np.ndarray | None = None) -> np.ndarray:
+        return self.table.candidates(k, incoming)
 
     # ---- fills ------------------------------------------------------------------------
     def install(self, flat_ids: np.ndarray, slots: np.ndarray, background: bool = False) -> CopyJob | None:

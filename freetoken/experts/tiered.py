@@ -165,7 +165,7 @@ class TieredExperts(Experts):
         cache.touch(hit_slots)
         cache.lock(hit_slots)
         fill = plan.fill
-        cands = cache.candidates(len(fill) if len(fill) else len(plan.warm))
+        cands = cache.candidates(len(fill) if len(fill) else len(plan.warm), fill)
         if decode and cache.table.admission and (self._decode_policy or self.planner.policy) == "hybrid":
             # misses not worth a slot run on the CPU instead (offload still fills every miss)
             ok = cache.table.admit(fill, cands)
@@ -216,7 +216,7 @@ class TieredExperts(Experts):
             n_filled += len(wave)
             if not len(fill):
                 break
-            cands = cache.candidates(len(fill))
+            cands = cache.candidates(len(fill), fill)
             wave, wave_slots, fill = fill[:len(cands)], cands, fill[len(cands):]
             job = cache.install(wave, wave_slots)
         cache.unlock(hit_slots)

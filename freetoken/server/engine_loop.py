@@ -1,7 +1,10 @@
 """The single thread that owns the engine (LLMEngine is not thread-safe).
 
-It admits queued requests up to `max_running`, steps the engine (continuous batching:
+It hands every request to the engine as it arrives, steps the engine (continuous batching:
 every running request advances together) and hands each StepOutput to the asyncio side.
+Admission -- when a request starts running -- has one owner, the engine's scheduler
+(`max_num_seqs`, and only when its prompt fits the KV cache); this loop only sheds load at
+`submit` (more than `max_running + max_waiting` requests in flight: 429).
 """
 from __future__ import annotations
 
@@ -88,15 +91,17 @@ class EngineLoop:
                 raise Overloaded(f"server busy: {self.n_running} running and {self.n_waiting} "
                                  f"waiting requests; retry later", status=429, retry_after=1)
             self.n_waiting += 1
-        self._gauges()
+        self.metrics.waiting.inc()          # the engine thread sets the exact figure next
         self.commands.put(("add", job))
 
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id))
 
     def _gauges(self) -> None:
-        self.metrics.running.set(self.n_running)
-        self.metrics.waiting.set(self.n_waiting)
+        """(engine thread only) requests running and waiting as the scheduler sees them."""
+        running, waiting = self.engine.queue_lengths() if self.n_running else (0, 0)
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(waiting + self.n_waiting)
         kv = kv_blocks(self.engine)
         if kv:
             self.metrics.kv_blocks_total.set(kv[0])
@@ -133,8 +138,10 @@ class EngineLoop:
             except Exception:
                 log.exception("abort_request(%s) failed", request_id)
 
-    def _admit(self) -> None:
-        while self.waiting and self.n_running < self.max_running:
+    def _hand_over(self) -> None:
+        """Every queued job to the engine (the scheduler decides when it runs); a request the
+        engine refuses (InvalidRequestError, PromptTooLongError) fails alone."""
+        while self.waiting:
             job = self.waiting.popleft()
             with self.lock:
                 self.n_waiting -= 1
@@ -178,24 +185,37 @@ class EngineLoop:
         if self.draining.is_set() and time.monotonic() > self.drain_deadline:
             self._end_all(Overloaded("the server is shutting down and this request ran past its "
                                      "drain timeout", status=503, retry_after=5))
-        self._admit()
+        self._hand_over()
         self._gauges()
         self._snapshot_stats()
         if not self.running:
             return
         self._abort_stalled()
         outs = self.engine.step()
-        self.failures = 0
+        self._count_failures(outs)
         for out in outs:
             job = self.running.get(out.request_id)
             if job is None:
                 continue
-            job.push(out)
+            error = getattr(out, "error", None)
+            job.push(RuntimeError(f"engine error: {error}") if error else out)
             if out.finished:
                 del self.running[out.request_id]
                 with self.lock:
                     self.n_running -= 1
         self._gauges()
+
+    def _count_failures(self, outs) -> None:
+        """A step that made no token and failed requests in the model (a forward that raised
+        even alone, NaN logits) counts as a failed step for /health; any progress resets the
+        count. A request failed by its own work (its grammar, its detokenization) does not."""
+        errors = [o.error for o in outs if getattr(o, "model_fault", False)]
+        if errors and not any(o.new_token_ids for o in outs):
+            self.failures += 1
+            self.last_error = errors[0][:300]
+            self.metrics.engine_failures.inc()
+        else:
+            self.failures = 0
 
     def _abort_stalled(self) -> None:
         """A client that stops reading must not keep its slot generating to max_tokens:
