@@ -5,9 +5,10 @@
 with q, k L2-normalised (q also scaled by Dk^-0.5), g_t [Dk] <= 0, state S [Dk, Dv] per head.
 
 Plain torch, no triton. `recurrent_kda` steps one token at a time (decode); `chunk_kda`
-handles chunks of 32 tokens (prefill), building the in-chunk decays exp(G_i - G_j) per channel
-explicitly (every factor <= 1, so no overflow however fast the gates decay). Both take and
-return the recurrent state, so a sequence can stop and resume anywhere.
+handles chunks of 32 tokens (prefill): the in-chunk decays exp(G_i - G_j) per channel are built
+explicitly inside 16-token sub-chunks and factored into GEMMs against earlier sub-chunks around
+a reference point, so every exponential is <= 1 and nothing overflows however fast the gates
+decay. Both take and return the recurrent state, so a sequence can stop and resume anywhere.
 
 Layouts: q, k, g [B, T, H, Dk]; v [B, T, H, Dv]; beta [B, T, H]; state [B, H, Dk, Dv] fp32.
 """
@@ -47,7 +48,43 @@ def recurrent_kda(q, k, v, g, beta, state=None):
     return out.transpose(1, 2).to(dtype), s
 
 
-def chunk_kda(q, k, v, g, beta, state=None, chunk_size: int = 32):
+def _decayed_scores(q: torch.Tensor, k: torch.Tensor, cum: torch.Tensor, sub: int):
+    """(A_qk, A_kk): A_x[i, j] = sum_d x_i[d] k_j[d] exp(G_i[d] - G_j[d]) for j <= i, else 0;
+    q, k, cum [B, H, n, D] with G = cum non-increasing along n. Sub-chunks of `sub` rows: within
+    one the decays are built explicitly; rows of sub-chunk I against earlier columns are one
+    GEMM, x_i exp(G_i - r) . k_j exp(r - G_j) with r = G at the row before I (both <= 1)."""
+    b, h, n, d = k.shape
+    m = -(-n // sub)
+    pad = m * sub - n
+    if pad:       # padded rows/columns repeat the last cumulative decay: nothing grows, all discarded
+        q, k = F.pad(q, (0, 0, 0, pad)), F.pad(k, (0, 0, 0, pad))
+        cum = torch.cat([cum, cum[:, :, -1:].expand(b, h, pad, d)], dim=2)
+    big = m * sub
+    ks, cs = k.view(b, h, m, sub, d), cum.view(b, h, m, sub, d)
+    tri = torch.ones(sub, sub, dtype=torch.bool, device=k.device).tril()
+    diff = (cs.unsqueeze(-2) - cs.unsqueeze(-3)).masked_fill(~tri[:, :, None], float("-inf"))
+    kd = ks.unsqueeze(-3) * diff.exp()                                           # [B, H, m, s, s, D]
+    if m > 1:
+        ref = cs[:, :, :-1, -1:]                                                  # [B, H, m-1, 1, D]
+        before = torch.arange(big, device=k.device) < (torch.arange(1, m, device=k.device)[:, None] * sub)
+        e = (ref - cum.unsqueeze(2)).masked_fill(~before[:, :, None], float("-inf"))
+        k_ref = (k.unsqueeze(2) * e.exp()).transpose(-1, -2)                       # [B, H, m-1, D, big]
+        row_decay = (cs[:, :, 1:] - ref).exp()
+    result = []
+    for x in (q, k):
+        xs = x.view(b, h, m, sub, d)
+        out = torch.zeros(b, h, m, sub, big, dtype=k.dtype, device=k.device)
+        if m > 1:
+            out[:, :, 1:] = (xs[:, :, 1:] * row_decay) @ k_ref
+        diag = (xs.unsqueeze(-2) * kd).sum(-1)                                   # [B, H, m, s, s]
+        blocks = out.view(b, h, m, sub, m, sub)
+        for i in range(m):
+            blocks[:, :, i, :, i] = diag[:, :, i]
+        result.append(out.view(b, h, big, big)[:, :, :n, :n])
+    return result
+
+
+def chunk_kda(q, k, v, g, beta, state=None, chunk_size: int = 32, sub: int = 16):
     """Chunked KDA (prefill): per chunk a UT transform of the in-chunk delta rule, then one
     state update. Same contract as `recurrent_kda`."""
     dtype = q.dtype
@@ -55,18 +92,12 @@ def chunk_kda(q, k, v, g, beta, state=None, chunk_size: int = 32):
     t = k.shape[2]
     s = _zeros_state(k, v, state)
     out = torch.empty(*v.shape, dtype=torch.float32, device=v.device)
-    c = chunk_size
-    lower = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    for start in range(0, t, c):
-        sl = slice(start, min(start + c, t))
+    for start in range(0, t, chunk_size):
+        sl = slice(start, min(start + chunk_size, t))
         qi, ki, vi, bi = q[:, :, sl], k[:, :, sl], v[:, :, sl], beta[:, :, sl, None]
-        n = ki.shape[2]
         cum = g[:, :, sl].cumsum(-2)                                            # [B, H, n, Dk]
-        # kd[i, j] = k_j * exp(G_i - G_j) for j <= i, else 0
-        diff = (cum.unsqueeze(-2) - cum.unsqueeze(-3)).masked_fill(~lower[:n, :n, None], float("-inf"))
-        kd = ki.unsqueeze(-3) * diff.exp()                                      # [B, H, n, n, Dk]
-        a_qk = (qi.unsqueeze(-2) * kd).sum(-1)                                   # diagonal included
-        a_kk = (ki.unsqueeze(-2) * kd).sum(-1) * bi                              # only the strict lower part is read
+        a_qk, a_kk = _decayed_scores(qi, ki, cum, sub)                           # diagonal included
+        a_kk = a_kk * bi                                                         # only the strict lower part is read
         decay = cum.exp()
         u = torch.linalg.solve_triangular(a_kk, vi * bi, upper=False, unitriangular=True)
         w = torch.linalg.solve_triangular(a_kk, ki * bi * decay, upper=False, unitriangular=True)

@@ -23,7 +23,7 @@ def reference(q, k, v, g, beta, state):
                                           use_qk_l2norm_in_kernel=True)
 
 
-@pytest.mark.parametrize("t", [1, 5, 32, 77])
+@pytest.mark.parametrize("t", [1, 5, 32, 77, 150])
 @pytest.mark.parametrize("rule", [chunk_kda, recurrent_kda])
 def test_matches_transformers(rule, t):
     q, k, v, g, beta, s = inputs(t=t)
