@@ -85,3 +85,33 @@ def test_get_reports_sizes_and_a_resize_mid_stream_changes_no_token(admin):
     assert 'freetoken_memory_resizes_total{component="expert_cache",direction="shrink",trigger="api"} 3.0' in metrics
     gauge = next(line for line in metrics.splitlines() if line.startswith('freetoken_memory_bytes{component="kv_cache"}'))
     assert float(gauge.split()[-1]) == kv
+
+
+def test_the_engine_thread_runs_the_watcher_and_counts_its_resizes(admin):
+    import argparse
+    import time
+
+    from freetoken.memory.watcher import MemoryWatcher
+    from freetoken.server.cli import memory_watcher
+    llm, url, svc = admin
+    args = argparse.Namespace(memory_floor_gib=1.0, memory_ceiling_gib=None, memory_watch_interval=0.0)
+    w = memory_watcher(args, llm.engine)
+    assert isinstance(w, MemoryWatcher) and w.policy.ceiling_bytes == int(1.75 * GiB)
+    free = {"host": 0}
+    w.read_free = lambda: dict(free)                    # another program took everything
+    w.policy = type(w.policy)(w.policy.floor_bytes, w.policy.ceiling_bytes, 0.0, 0.0)
+    svc.loop.watcher = w
+    try:
+        deadline = time.monotonic() + 30
+        while llm.engine.memory_sizes()["expert_cache"]["slots"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert llm.engine.memory_sizes()["expert_cache"]["slots"] == 0
+        free["host"] = 64 * GiB                           # it is gone again: grow back to the plan
+        while llm.engine.memory_sizes()["expert_cache"]["slots"] != 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert llm.engine.memory_sizes()["expert_cache"]["slots"] == 8
+    finally:
+        svc.loop.watcher = None
+    metrics = httpx.get(url + "/metrics", headers={"authorization": "Bearer user-key"}).text
+    assert 'freetoken_memory_resizes_total{component="expert_cache",direction="shrink",trigger="watcher"}' in metrics
+    assert 'freetoken_memory_free_bytes{device="host"}' in metrics
