@@ -13,8 +13,9 @@ Before anything moves, the pool makes room in this order:
      computed to the prefix tree and resumes later from there, or recomputes it if those
      blocks had to go too. Sampling continues from the sequence's own generator, so outputs
      do not change.
-The pool never shrinks below `min_blocks` (what the longest live request can reach, so a
-preempted request can always resume); without preemption, not below what sequences hold.
+The pool never shrinks below `min_blocks`: one max_model_len sequence, the floor the start-up
+plan keeps too (so a request the engine took at start is never refused later, and a preempted
+one can always resume); without preemption, not below what sequences hold.
 Growing appends free blocks; a grow beyond `max_blocks` (what max_num_seqs x max_model_len
 can use) is capped.
 """
@@ -41,7 +42,7 @@ def resize_kv(engine, num_blocks: int, *, allow_preempt: bool = True) -> KVResiz
     if num_blocks > hi:
         num_blocks, res.clamped = hi, f"capped at {hi} blocks (max_num_seqs x max_model_len)"
     if num_blocks < lo:
-        num_blocks, res.clamped = lo, f"kept {lo} blocks: the longest live request needs them"
+        num_blocks, res.clamped = lo, f"kept {lo} blocks: one max_model_len sequence must fit"
     if num_blocks > old:
         runner.resize_kv(num_blocks, {})
         blocks.grow(num_blocks)
@@ -82,12 +83,10 @@ def _compaction(blocks, num_blocks: int) -> dict[int, int]:
 
 
 def min_blocks(engine) -> int:
-    """The smallest pool that still lets every live request run to its end alone."""
-    bs = engine.blocks.block_size
-    longest = 1
-    for seq in list(engine.scheduler.running) + list(engine.scheduler.waiting):
-        longest = max(longest, min(len(seq.prompt_ids) + seq.params.max_tokens, engine.max_model_len))
-    return max(2, -(-longest // bs) + 1)
+    """The smallest pool: one max_model_len sequence, the floor the start-up plan keeps too (so
+    a request the engine accepted at start is never refused later, and every live request,
+    preempted or not, can run to its end alone)."""
+    return max(2, -(-engine.max_model_len // engine.blocks.block_size) + 1)
 
 
 def max_blocks(engine) -> int:
