@@ -201,13 +201,14 @@ class PrefixCache:
             seq.pending_checkpoints[seq.num_computed] = seq.state.snapshot()
         self._publish(seq, seq.num_computed // self.bs)
 
-    def release(self, seq: Sequence, final: bool = False) -> None:
-        """Finish, abort (`final`) or preemption: leave everything computed in the tree, then let go."""
+    def release(self, seq: Sequence, final: bool = False, publish: bool = True) -> None:
+        """Finish, abort (`final`) or preemption: leave everything computed in the tree (unless
+        not `publish`: a request that failed), then let go."""
         if final:
             self.stats.hit_tokens += seq.num_cached_tokens
             self.stats.miss_tokens += seq.prompt_computed
         self.copies_done(seq)
-        if self.enabled and seq.num_computed > 0:
+        if self.enabled and publish and seq.num_computed > 0:
             if seq.state is not None and self.make_state is not None:
                 seq.pending_checkpoints.setdefault(seq.num_computed, seq.state.snapshot())
             self._publish(seq, seq.num_computed // self.bs)

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..config import EngineConfig
+from typing import TYPE_CHECKING
+
 from ..errors import CheckpointError
-from ..experts.factory import build_experts
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
 from ..layers.attention import paged_attention
@@ -24,6 +24,9 @@ from ..weights.checkpoint import Checkpoint
 from ..weights.nvfp4 import pack_scales
 from .context import ForwardContext
 from .hf_config import HFConfig
+
+if TYPE_CHECKING:
+    from .loader import BuildContext
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,7 @@ class MoECausalLM:
 
     arch = ArchSpec()
 
-    def __init__(self, ck: Checkpoint, cfg: EngineConfig, max_len: int):
+    def __init__(self, ck: Checkpoint, cfg: BuildContext, max_len: int):
         hf = HFConfig(ck.config, ck.dir / "config.json")
         self.hf, self.cfg = hf, cfg
         device = cfg.torch_device
@@ -191,14 +194,9 @@ class MoECausalLM:
 
     # --- loading -------------------------------------------------------------------------
     def _load_experts(self, ck: Checkpoint):
-        """The expert pool in its final layout: prebuilt by an FTW file, else built here from the
-        checkpoint's tensors (`reading("experts")` lets `freetoken convert` tell them apart)."""
-        pool = ck.prebuilt_experts()
-        if pool is None:
-            with ck.reading("experts"):
-                pool = self.build_pool(ck)
-        self.pool = pool
-        return build_experts(pool, self.cfg, self.device)
+        """The experts backend, which the loader builds from `build_pool` (models/loader.py)."""
+        self.pool, experts = self.cfg.experts(self, ck)
+        return experts
 
     def build_pool(self, ck: Checkpoint):
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
@@ -219,8 +217,7 @@ class MoECausalLM:
                 up = ck.get_float(f"{p}.{x}.{u}.weight", (inter, h), dt)
                 b.put("gate_up", m, x, torch.cat([gate, up]), dt)
                 b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool
+        return b.build()
 
     def _nvfp4_pool(self, ck: Checkpoint):
         """ModelOpt NVFP4 experts kept packed: gate and up rows stacked, each row's scale row
@@ -238,8 +235,7 @@ class MoECausalLM:
                 b.put("gate_up_scales", m, x, pack_scales(torch.cat([gs, us]), torch.cat([gg, ug])), torch.uint8)
                 b.put("down_blocks", m, x, db, torch.uint8)
                 b.put("down_scales", m, x, pack_scales(ds, dg), torch.uint8)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool   # re-encoding: a clear error
+        return b.build()
 
     def _load_mlp(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.mlp"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..experts.pool import ExpertSpec, PoolBuilder
 from ..layers.linear import Linear
 from ..layers.mla import MLA, MLAConfig
 from ..layers.moe import BiasCorrectedMoE
@@ -65,8 +65,7 @@ class DeepseekV3ForCausalLM(MoECausalLM):
                     deq = {n: dequantize_fp8_block(w, s).to(self.expert_dtype) for n, (w, s) in parts.items()}
                     b.put("gate_up", m, x, torch.cat([deq["gate_proj"], deq["up_proj"]]), self.expert_dtype)
                     b.put("down", m, x, deq["down_proj"], self.expert_dtype)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format and not packed else pool
+        return b.build()
 
     def _load_moe(self, ck, i: int):
         p, e = f"model.layers.{i}.mlp", self.num_experts()

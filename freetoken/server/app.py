@@ -75,13 +75,16 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         svc.metrics.http_errors.labels(str(exc.status)).inc()
         if exc.status >= 500:
             log.error("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
-        else:
-            log.info("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+        else:   # a 4xx message may quote the request's own text: the client gets it, the log does not
+            log.info("%s %s -> %d %s%s", request.method, request.url.path, exc.status,
+                     exc.code or type(exc).__name__, f" (param {exc.param})" if exc.param else "")
         return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        return await api_error(request, BadRequest(str(exc.errors()[:1])))
+        err = exc.errors()[0] if exc.errors() else {}        # not its "input": that is the request's text
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        return await api_error(request, BadRequest(f"{loc}: {err.get('msg', 'invalid request')}", param=loc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

@@ -227,17 +227,30 @@ class EngineLoop:
             return
         self._abort_stalled()
         outs = self.engine.step()
-        self.failures = 0
+        self._count_failures(outs)
         for out in outs:
             job = self.running.get(out.request_id)
             if job is None:
                 continue
-            job.push(out)
+            error = getattr(out, "error", None)
+            job.push(RuntimeError(f"engine error: {error}") if error else out)
             if out.finished:
                 del self.running[out.request_id]
                 with self.lock:
                     self.n_running -= 1
         self._gauges()
+
+    def _count_failures(self, outs) -> None:
+        """A step that made no token and failed requests in the model (a forward that raised
+        even alone, NaN logits) counts as a failed step for /health; any progress resets the
+        count. A request failed by its own work (its grammar, its detokenization) does not."""
+        errors = [o.error for o in outs if getattr(o, "model_fault", False)]
+        if errors and not any(o.new_token_ids for o in outs):
+            self.failures += 1
+            self.last_error = errors[0][:300]
+            self.metrics.engine_failures.inc()
+        else:
+            self.failures = 0
 
     def _abort_stalled(self) -> None:
         """A client that stops reading must not keep its slot generating to max_tokens:
