@@ -85,13 +85,19 @@ def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cac
                             "evicted_blocks": r.evicted_blocks, "preempted": r.preempted,
                             "moved_blocks": r.moved_blocks, "clamped": r.clamped}
     seconds = time.perf_counter() - t0
+    parts = []
     for name, d in done.items():
         if d is None or d["before"] == d["after"]:
             continue
         extra = ", ".join(f"{k} {v}" for k, v in d.items() if k not in ("before", "after") and v)
-        log.info("memory resize (%s): %s %.3f -> %.3f GiB%s in %.1f ms", trigger, name, d["before"] / GiB,
-                 d["after"] / GiB, f" ({extra})" if extra else "", seconds * 1e3)
+        parts.append(f"{name} {_size(d['before'])} -> {_size(d['after'])}" + (f" ({extra})" if extra else ""))
+    if parts:                                              # one line per resize
+        log.info("memory resize (%s) in %.1f ms: %s", trigger, seconds * 1e3, "; ".join(parts))
     return {"trigger": trigger, "seconds": seconds, "components": done}
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.3f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
 
 
 def _resize_experts(engine, nbytes: int) -> dict | None:
