@@ -254,6 +254,20 @@ class LLMEngine:
         return StepOutput(seq.request_id, new_ids, text, seq.status is Status.FINISHED, seq.finish_reason,
                           len(seq.prompt_ids), len(seq.output_ids), stop, seq.num_cached_tokens)
 
+    # --- elastic memory ----------------------------------------------------------------
+    def resize_memory(self, *, expert_cache_gib: float | None = None, kv_cache_gib: float | None = None,
+                      state_cache_gib: float | None = None, allow_preempt: bool = True,
+                      trigger: str = "api") -> dict:
+        """Grow or shrink the expert cache, the KV pool and the checkpoint budget now, between
+        steps (engine/resize.py); outputs do not change. Returns what was done."""
+        from .resize import resize_memory
+        return resize_memory(self, expert_cache_gib=expert_cache_gib, kv_cache_gib=kv_cache_gib,
+                             state_cache_gib=state_cache_gib, allow_preempt=allow_preempt, trigger=trigger)
+
+    def memory_sizes(self) -> dict:
+        from .resize import memory_sizes
+        return memory_sizes(self)
+
     def expert_stats(self) -> dict:
         """Engine statistics for /metrics: the expert memory's and the prefix cache's."""
         stats = self.model.experts.stats() if self.model.experts is not None else {}

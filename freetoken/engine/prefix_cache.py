@@ -371,6 +371,23 @@ class PrefixCache:
         self.stats.evicted_blocks += 1
         self.blocks.decref(node.block)
 
+    # --- elastic memory (engine/resize.py) -----------------------------------------------
+    def set_state_budget(self, nbytes: int) -> int:
+        """A new checkpoint budget; shrinking drops the least recently used snapshots first.
+        Returns how many were dropped."""
+        before = self.stats.evicted_checkpoints
+        self.state_budget = int(nbytes)
+        self._trim_budget()
+        return self.stats.evicted_checkpoints - before
+
+    def relocate(self, moves: dict[int, int]) -> None:
+        """KV blocks moved (pool compaction): tree nodes follow their block."""
+        for b, d in moves.items():
+            node = self._node_of.pop(b, None)
+            if node is not None:
+                node.block = d
+                self._node_of[d] = node
+
     # --- invariants (tests) --------------------------------------------------------------
     def check(self) -> None:
         count, cp_bytes = 0, 0

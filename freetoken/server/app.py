@@ -21,6 +21,7 @@ from .server_state import AppState, Settings
 log = logging.getLogger("freetoken.server")
 
 OPEN_PATHS = {"/health", "/api/hello"}
+ADMIN = "/admin/"            # admin routes check their own token (server/admin.py)
 
 
 def _key_from(request: Request) -> str | None:
@@ -40,7 +41,7 @@ class APIKeyMiddleware:
         self.app, self.key, self.metrics = app, key.encode(), metrics
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not scope["path"].startswith(ADMIN):
             key = _key_from(Request(scope))
             if key is None or not hmac.compare_digest(key.encode(), self.key):
                 self.metrics.http_errors.labels("401").inc()
@@ -143,4 +144,7 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
 
     for r in (openai_api.router, openai_responses.router, anthropic_api.router):
         app.include_router(r)
+    if settings.admin_token:
+        from .admin import make_router
+        app.include_router(make_router(settings.admin_token))
     return app

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -66,6 +67,7 @@ class EngineLoop:
         self._stats_at = 0.0
         self.failures = 0            # engine steps failed in a row; any good step resets it
         self.last_error = ""
+        self.watcher = None          # memory/watcher.py, set by `serve --memory-floor-gib`
         _count_preemptions(engine, metrics)
 
     def start(self) -> None:
@@ -97,6 +99,16 @@ class EngineLoop:
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id))
 
+    def memory(self, resize: dict | None = None) -> concurrent.futures.Future:
+        """Resize (keyword arguments of LLMEngine.resize_memory) or, with None, read the sizes,
+        on the engine thread between two steps. The future holds the result or the error."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.thread.is_alive():
+            fut.set_exception(Overloaded("the engine is not running", status=503))
+            return fut
+        self.commands.put(("memory", (resize, fut)))
+        return fut
+
     def _gauges(self) -> None:
         """(engine thread only) requests running and waiting as the scheduler sees them."""
         running, waiting = self.engine.queue_lengths() if self.n_running else (0, 0)
@@ -119,10 +131,39 @@ class EngineLoop:
                 self.waiting.append(arg)
             elif kind == "abort":
                 self._abort(arg)
+            elif kind == "memory":
+                self._memory(*arg)
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _memory(self, resize: dict | None, fut: concurrent.futures.Future) -> None:
+        try:
+            result = self._resize(resize, "api") if resize is not None else {}
+            result["sizes"] = self.engine.memory_sizes()
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            fut.set_exception(e)
+            return
+        fut.set_result(result)
+
+    def _resize(self, kwargs: dict, trigger: str) -> dict:
+        result = self.engine.resize_memory(**kwargs, trigger=trigger)
+        self.metrics.record_resize(result, self.engine.memory_sizes())
+        return result
+
+    def _watch(self) -> None:
+        if self.watcher is None:
+            return
+        try:
+            want = self.watcher.poll(self.engine.memory_sizes)
+            for dev, free in self.watcher.last_free.items():
+                self.metrics.memory_free.labels(dev).set(free)
+            if want is not None:
+                self._resize(want, "watcher")
+        except Exception:  # noqa: BLE001 - the watcher must never stop serving
+            log.exception("memory watcher failed; it is switched off")
+            self.watcher = None
 
     def _abort(self, request_id: str) -> None:
         for job in self.waiting:
@@ -185,6 +226,7 @@ class EngineLoop:
         if self.draining.is_set() and time.monotonic() > self.drain_deadline:
             self._end_all(Overloaded("the server is shutting down and this request ran past its "
                                      "drain timeout", status=503, retry_after=5))
+        self._watch()
         self._hand_over()
         self._gauges()
         self._snapshot_stats()
