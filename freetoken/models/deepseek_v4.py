@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CheckpointError
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
 from ..layers.hyper import HyperConnection, HyperHead
@@ -190,8 +190,7 @@ class DeepseekV4ForCausalLM(MoECausalLM):
                      for n, s in (("w1", (inter, h)), ("w3", (inter, h)), ("w2", (h, inter)))}
                 b.put("gate_up", i, x, torch.cat([w["w1"], w["w3"]]), dt)
                 b.put("down", i, x, w["w2"], dt)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format and not fp4 else pool
+        return b.build()
 
     def _load_layer(self, ck, get, i: int) -> V4Layer:
         p, h, e = f"layers.{i}", self.hidden, self.num_experts()
