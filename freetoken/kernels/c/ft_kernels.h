@@ -7,7 +7,7 @@
  * prefill GEMMs (ft_dequant_rows), decode attention over the paged KV cache
  * (ft_decode_attention), and two per-op helpers run on the calling thread (ft_rms_norm, ft_rope).
  *
- * One file per concept (dots.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
+ * One file per concept (dots.c, ggml.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
  * all compiled together in one step by freetoken/kernels/__init__.py with the system C compiler
  * and -march=native, so the preprocessor picks the widest SIMD path the machine has:
  *   FT_AVX512:   AVX-512 F/BW/VL (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4) beside FT_AVX2
