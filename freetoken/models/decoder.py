@@ -116,6 +116,8 @@ class MoECausalLM:
         pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
         self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
                                        pool.num_threads if pool is not None else 1)
+        if pool is not None:
+            pool.lib.ft_set_bf16_dot(int(self.choices.bf16_dot))
         dtype = self.choices.activations
         self.dtype, self.device = dtype, device
         # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:

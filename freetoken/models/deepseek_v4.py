@@ -82,6 +82,8 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
         self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
                                        pool.num_threads if pool is not None else 1)
+        if pool is not None:
+            pool.lib.ft_set_bf16_dot(int(self.choices.bf16_dot))
         self.dtype = self.choices.activations
         self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
         self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-6, kind=float)

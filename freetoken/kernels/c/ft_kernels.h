@@ -50,6 +50,10 @@
     && !defined(FT_NO_AVX512)
 #define FT_AVX512 1
 #endif
+/* AVX512-BF16's vdpbf16ps for bf16 weights (bf16dot.c), used when switched on at run time. */
+#if defined(FT_AVX512) && defined(__AVX512BF16__)
+#define FT_BF16DOT 1
+#endif
 
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5, FMT_NVFP4 = 6, FMT_GGML = 7 };
 enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1, ACT_SILU_CLAMP = 2 };
@@ -167,6 +171,13 @@ FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 FT_HIDDEN void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1);
 FT_HIDDEN void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                              const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
+/* bf16 weights with bf16-rounded activations (bf16dot.c): on when ft_bf16_dot_on. */
+FT_HIDDEN extern int ft_bf16_dot_on;
+FT_HIDDEN void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, int j1);
+#ifdef FT_BF16DOT
+FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
+                                   float (*res)[NTMAX]);
+#endif
 
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                         const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
