@@ -83,7 +83,8 @@ ARCHS = {
         layer_types=["indexed_attention" if i % 2 else "linear_attention" for i in range(L)],
         mlp_layer_types=["dense" if i == 0 else "sparse" for i in range(L)]),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=H,
-                           patch_size=2, temporal_patch_size=1, spatial_merge_size=1, projection_intermediate_size=32))),
+                           patch_size=2, temporal_patch_size=1, spatial_merge_size=1,
+                           projection_intermediate_size=32))),
 }
 # multimodal checkpoints: the model class to build, and the text fields live in `text_config`
 MODEL_CLASSES = {"glm5_next": "Glm5NextForConditionalGeneration"}

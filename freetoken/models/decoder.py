@@ -236,7 +236,8 @@ class MoECausalLM:
             p = f"model.layers.{i}.{self.arch.moe_prefix}.experts"
             for x in range(e):
                 (gw, gs), (uw, us), (dw, ds) = [
-                    (ck.get(f"{p}.{x}.{n}.weight", s), block_scales(ck.get(f"{p}.{x}.{n}.weight_scale_inv", blocks(*s))))
+                    (ck.get(f"{p}.{x}.{n}.weight", s),
+                     block_scales(ck.get(f"{p}.{x}.{n}.weight_scale_inv", blocks(*s))))
                     for n, s in ((g, (inter, h)), (u, (inter, h)), (d, (h, inter)))]
                 b.put("gate_up", m, x, torch.cat([gw, uw]), torch.float8_e4m3fn)
                 b.put("gate_up_scale_inv", m, x, torch.cat([gs, us]), torch.float32)

@@ -12,6 +12,8 @@ sequence carries the KDA conv and recurrent states (the gated DeltaNet's shapes 
 object, so prefix-cache checkpoints work as for Qwen3.5)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..errors import CheckpointError
@@ -104,7 +106,8 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
                              bias=bool(hf.get("attention_bias", False)), scale=nope ** -0.5)
         self.rotary = NoRope()
         self.linear = LinearFactory(self.dtype, cfg.torch_dtype, cfg.dense_format, pool, self.choices.prefill_gemm)
-        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden), cfg.torch_dtype).to(device)
+        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
+                                  cfg.torch_dtype).to(device)
         self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
         if hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
             self.lm_head = self.linear(self.embed)
@@ -133,7 +136,6 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
     # --- loading ---------------------------------------------------------------------------
     def build_pool(self, ck) -> ExpertPool:
         """DeepSeek's expert layouts (float, fused, FP8, NVFP4), computing the clamped SwiGLU."""
-        from dataclasses import replace
         pool = super().build_pool(ck)
         pool.spec = replace(pool.spec, activation="silu_clamp", limit=self.limit)
         return pool
@@ -153,7 +155,8 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
     def _load_layer(self, ck, i: int) -> Glm5NextLayer:
         p = f"model.layers.{i}"
         if self.layer_types[i] == "linear_attention":
-            kda = KimiDeltaAttention.load(lambda n: ck.get(f"{p}.self_attn.{n}"), self.hf.data, self.linear, self.device)
+            kda = KimiDeltaAttention.load(lambda n: ck.get(f"{p}.self_attn.{n}"), self.hf.data, self.linear,
+                                          self.device)
             mixer = LinearAttentionLayer(self.linear_layers.index(i), kda, None, None, None)
         else:
             mixer = MLA(ck, f"{p}.self_attn", self.mla, self.linear, self.rotary, self.dtype, self.device,
