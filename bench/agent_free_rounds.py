@@ -5,7 +5,7 @@ file, it prints every request of every round (prompt tokens, cached tokens, TTFT
 what an unattended session needs: every round ran without the agent erroring out, the history
 shrank at least once (the agent compacted and went on), and the prefix cache served the
 history (a round's first request found at least 90% of the previous round's last prompt
-cached, rounds after a compaction excepted).
+cached; rounds next to a compaction or an agent error excepted).
 
 A compaction is seen from outside as the conversation getting shorter: the last request of a
 round (the agent's main conversation) is smaller than the last request of the round before.
@@ -47,7 +47,7 @@ def main() -> int:
     rows = [list(map(float, ln.split())) for ln in Path(args.rounds_file).read_text().splitlines() if ln.strip()]
     print(f"   {'round':>5} {'rc':>3} {'req':>4} {'prompt':>8} {'cached':>8} {'ttft_s':>7} {'out':>5} "
           f"{'finish':<10} note")
-    failed, compactions, cache_ok, cache_rounds, prev_last = [], 0, 0, 0, None
+    failed, compactions, cache_ok, cache_rounds, prev_last, prev_clean = [], 0, 0, 0, None, False
     for rnd, rc, first, last, secs in rows:
         rnd, rc, first, last = int(rnd), int(rc), int(first), int(last)
         mine = served[first:last]
@@ -59,7 +59,7 @@ def main() -> int:
             note = ""
             if i == 0 and prev_last is not None:
                 note = f"cached/previous history {r['cached'] / prev_last:.2f}"
-                if not shrank:
+                if not shrank and prev_clean:    # the round before ran and kept its history
                     cache_rounds += 1
                     cache_ok += r["cached"] >= 0.9 * prev_last
             if shrank and i == len(mine) - 1:
@@ -71,6 +71,7 @@ def main() -> int:
         print(f"         round {rnd}: rc={rc}, {len(mine)} requests, {secs:.0f} s")
         if mine:
             prev_last = mine[-1]["prompt"]
+        prev_clean = rc == 0 and bool(mine) and not shrank
     overflows = sum(r["overflows"] for r in reqs)
     checks = {f"all {len(rows)} rounds ran without the agent erroring out"
               + (f" (failed: {failed})" if failed else ""): not failed,

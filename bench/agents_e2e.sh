@@ -98,7 +98,7 @@ declare -A ARGS=(
 )
 if [[ $MODE == long ]]; then
   ARGS=([claude]="-p \"$TASK\" --allowedTools Read Agent" [opencode]="run \"$TASK\""
-        [openclaw]="agent exec \"$TASK\"")
+        [openclaw]="agent exec --timeout $TURN_TIMEOUT \"$TASK\"")   # its own deadline: 600 s
 fi
 ROUNDS="${ROUNDS:-13}"
 declare -A WINDOW=([claude]="${WINDOW_claude:-100000}" [opencode]="${WINDOW_opencode:-50000}"
