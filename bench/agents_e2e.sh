@@ -12,9 +12,17 @@
 #            server: ROUNDS tool-call rounds whose history outgrows the window, so the agent must
 #            compact and go on; Claude Code also runs two sub-agents at once. Prints per request:
 #            what it was, prompt tokens, cached tokens, TTFT.
+#        MODEL=DIR bench/agents_e2e.sh --free   a long session per agent on `freetoken serve --model
+#            DIR` whose replies are the model's own (a random-weight tiny model writes noise): the
+#            bench sends ROUNDS user messages of ~window/9 tokens each through the agent's continue
+#            mode (claude -p --continue, opencode run --continue, openclaw agent --local
+#            --session-id), so the history crosses the window and the agent must compact. Prints
+#            per round and request: prompt tokens, cached tokens, TTFT; checks no round errored out.
 # Env:   WORK (scratch dir, default .cache/agents-e2e), PORT (default 8765),
 #        AGENTS (default "claude opencode openclaw"), TURN_TIMEOUT (seconds, default 900),
 #        ROUNDS (13), FILE_BYTES (6000), WINDOW_claude/_opencode/_openclaw (100000/50000/100000)
+#        CAP (--free only: the server's --max-tokens-cap, default 512), MSG_BYTES (--free only:
+#            bytes of text per user message, default 0.4 x window, about window/9 tokens)
 #        MODEL (--long only: a checkpoint dir whose real engine runs every request, its output
 #        forced to the script: real prefill, KV, timings), NODE_VERSION (24.22.3), CLAUDE_CODE_VERSION (2.1.332), OPENCODE_VERSION (1.18.33),
 #        OPENCLAW_VERSION (2026.9.6)
@@ -63,7 +71,8 @@ for c in claude opencode openclaw; do printf '%-9s %s\n' "$c" "$($c --version 2>
 LOG="$WORK/logs"; rm -rf "$LOG"; mkdir -p "$LOG"
 URL="http://127.0.0.1:$PORT"
 MODE=turn
-case "${1:-}" in --scripted) MODE=scripted; shift;; --long) MODE=long; shift;; esac
+case "${1:-}" in --scripted) MODE=scripted; shift;; --long) MODE=long; shift;; --free) MODE=free; shift;; esac
+[[ $MODE != free || -n "${MODEL:-}" ]] || { echo "--free needs MODEL=DIR (a checkpoint)"; exit 1; }
 
 SRV=""
 stop_server() { [[ -n "$SRV" ]] && { kill "$SRV" 2>/dev/null; wait "$SRV" 2>/dev/null || true; }; SRV=""; }
@@ -89,7 +98,7 @@ declare -A ARGS=(
 )
 if [[ $MODE == long ]]; then
   ARGS=([claude]="-p \"$TASK\" --allowedTools Read Agent" [opencode]="run \"$TASK\""
-        [openclaw]="agent exec \"$TASK\"")
+        [openclaw]="agent exec --timeout $TURN_TIMEOUT \"$TASK\"")   # its own deadline: 600 s
 fi
 ROUNDS="${ROUNDS:-13}"
 declare -A WINDOW=([claude]="${WINDOW_claude:-100000}" [opencode]="${WINDOW_opencode:-50000}"
@@ -102,8 +111,49 @@ elif [[ $MODE == turn ]]; then
   start_server "$LOG/server.log" "$PY" -m freetoken.cli serve --port "$PORT" --log-level info "$@"
 fi
 
+# --free: one round = one agent run in its continue mode with a new user message.
+free_args() {   # free_args AGENT ROUND MESSAGE: the agent's arguments, in the array FREE_ARGS
+  case $1 in
+    claude)   FREE_ARGS=(-p); [[ $2 == 1 ]] || FREE_ARGS+=(--continue); FREE_ARGS+=("$3");;
+    opencode) FREE_ARGS=(run); [[ $2 == 1 ]] || FREE_ARGS+=(--continue); FREE_ARGS+=("$3");;
+    openclaw) FREE_ARGS=(agent --local --session-id bench-long --message "$3");;
+  esac
+}
+free_message() {   # free_message ROUND BYTES
+  local unit="round $1 notes: the quick brown fox jumps over the lazy dog while a model routes every token " text=""
+  while (( ${#text} < $2 )); do text+="$unit"; done
+  printf 'Round %s of %s of a long session. Reply in one line. Notes for this round: %s' "$1" "$ROUNDS" "${text:0:$2}"
+}
+free_session() {   # free_session AGENT WS SERVER_LOG
+  local agent=$1 ws=$2 slog=$3 k rc t0 before after
+  : > "$LOG/$agent.rounds"
+  for k in $(seq "$ROUNDS"); do
+    free_args "$agent" "$k" "$(free_message "$k" "${MSG_BYTES:-$(( ${WINDOW[$agent]} * 2 / 5 ))}")"
+    before=$(grep -c "req=.* prompt=" "$slog" || true); t0=$(date +%s); rc=0
+    (cd "$ws" && timeout "$TURN_TIMEOUT" "$PY" -m freetoken.cli launch "$agent" --server "$URL" \
+        --config-dir "$WORK/cfg-$agent" -- "${FREE_ARGS[@]}") >> "$LOG/$agent.stdout" 2>> "$LOG/$agent.stderr" || rc=$?
+    after=$(grep -c "req=.* prompt=" "$slog" || true)
+    echo "$k $rc $before $after $(( $(date +%s) - t0 ))" >> "$LOG/$agent.rounds"
+    echo "   round $k: rc=$rc, $((after - before)) requests, $(( $(date +%s) - t0 ))s"
+    [[ $rc == 0 ]] || tail -c 400 "$LOG/$agent.stderr" | sed 's/^/     /'
+  done
+  "$PY" "$ROOT/bench/agent_free_rounds.py" "$slog" "$LOG/$agent.rounds" || return 1
+}
+
 for agent in $AGENTS; do
   ws="$WORK/ws"; slog="$LOG/server.log"
+  if [[ $MODE == free ]]; then
+    ws="$WORK/ws-$agent"; slog="$LOG/server-$agent.log"; rm -rf "$ws"
+    export HOME="$WORK/home-$agent"; rm -rf "$HOME"; mkdir -p "$HOME" "$ws"
+    start_server "$slog" "$PY" -m freetoken.cli serve --model "$MODEL" --port "$PORT" --log-level info \
+      --served-model-name freetoken-demo --max-model-len "${WINDOW[$agent]}" --max-tokens-cap "${CAP:-512}"
+    echo "== $agent: free-running long session, $ROUNDS rounds, window ${WINDOW[$agent]} tokens, replies <= ${CAP:-512} tokens"
+    t0=$(date +%s)
+    RC[$agent]=0; free_session "$agent" "$ws" "$slog" || RC[$agent]=$?
+    stop_server
+    echo "   rc=${RC[$agent]}  requests served: $(grep -c "req=.* prompt=" "$slog" || true)  wall: $(( $(date +%s) - t0 ))s"
+    continue
+  fi
   if [[ $MODE == long ]]; then
     ws="$WORK/ws-$agent"; slog="$LOG/server-$agent.log"; rm -rf "$ws"
     sub=(); [[ $agent == claude ]] && sub=(--sub-at 3)
@@ -143,5 +193,5 @@ for agent in $AGENTS; do
   printf '%-9s %s\n' "$agent" "$([[ ${RC[$agent]} == 0 ]] && echo ok || echo "FAILED (rc=${RC[$agent]})")"
   [[ ${RC[$agent]} == 0 ]] || fail=1
 done
-[[ $MODE == long ]] || grep "req=" "$LOG/server.log" | tail -n 20
+[[ $MODE == long || $MODE == free ]] || grep "req=" "$LOG/server.log" | tail -n 20
 exit $fail

@@ -75,7 +75,9 @@ def forced_tool_call_grammar(calls: list[tuple[str, dict]], open_tag: str, close
     alts = []
     for i, (name, schema) in enumerate(calls):
         head = json.dumps('{"name": ' + json.dumps(name) + ', "arguments": ')
-        alts.append(f"call{i}: {head} args{i} \"}}\"\nargs{i}: %json {json.dumps(schema or {'type': 'object'})}")
+        # compact JSON: with free whitespace a weak model can pad between tokens forever
+        schema = dict(schema or {"type": "object"}, **{"x-guidance": {"whitespace_flexible": False}})
+        alts.append(f"call{i}: {head} args{i} \"}}\"\nargs{i}: %json {json.dumps(schema)}")
     start = " | ".join(f"call{i}" for i in range(len(calls)))
     open_t, close_t = _literal(open_tag, tokenizer, lltok), _literal(close_tag, tokenizer, lltok)
     return lark_grammar(f'start: {open_t} "\\n" body "\\n" {close_t}\n'
