@@ -17,7 +17,8 @@ import torch
 
 from .. import kernels
 from ..kernels.pool import CpuPool
-from .formats import ACTIVATIONS, get_format, resolve_format, spec_format, weight_keys
+from .ggml_banks import KERNEL_TYPES, check_ggml_banks
+from .formats import ACTIVATIONS, dequantize_expert, get_format, resolve_format, spec_format, weight_keys
 from .pool import ExpertSpec
 from .torch_exec import run_experts
 
@@ -85,6 +86,8 @@ class CpuExpertExecutor:
             return t.data_ptr(), t.stride(0) * t.element_size(), t.stride(1) * t.element_size()
 
         H, I = self.H, self.I
+        if self.fmt == "ggml":
+            return self._make_ggml_desc(geom)
         fp8 = self.fmt == "fp8"
         gw = geom(b[gk], 2 * I, gk)
         gs = geom(b[gsk] if gsk else None, -(-2 * I // 128) if fp8 else 2 * I, gsk)
@@ -98,6 +101,26 @@ class CpuExpertExecutor:
         return kernels.Desc(
             get_format(self.fmt).code, ACTIVATIONS[self.activation], H, I, self.alpha, self.limit, n,
             *gw, *gs, *dw, *ds,
+            gb.data_ptr() if gb is not None else None, db.data_ptr() if db is not None else None)
+
+    def _make_ggml_desc(self, geom) -> kernels.Desc:
+        """ggml banks: the 'scales' of the descriptor are the int32 type arrays, one entry per
+        `rs` rows (gate_up: I rows per type, gate then up; down: all H rows)."""
+        b, H, I = self.banks, self.H, self.I
+        types = check_ggml_banks(b, H, I)
+        raise NotImplementedError("the C kernels for ggml banks are not built yet")  # TEMP until dots land
+        if not types <= set(KERNEL_TYPES):
+            from ..weights.ggml_quants import type_name
+            raise NotImplementedError(f"no CPU kernel for ggml types {sorted(type_name(t) for t in types - set(KERNEL_TYPES))}")
+        gut, dnt = b["gate_up_types"], b["down_types"]
+        for t, name in ((gut, "gate_up_types"), (dnt, "down_types")):
+            if t.device.type != "cpu" or not t.is_contiguous():
+                raise ValueError(f"bank {name} must be a contiguous CPU tensor")
+        gb, db = self._bias.get("gate_up_bias"), self._bias.get("down_bias")
+        return kernels.Desc(
+            get_format("ggml").code, ACTIVATIONS[self.activation], H, I, self.alpha, self.limit, b["gate_up"].shape[0],
+            *geom(b["gate_up"], 2 * I, "gate_up"), gut.data_ptr(), 8, I,
+            *geom(b["down"], H, "down"), dnt.data_ptr(), 4, H,
             gb.data_ptr() if gb is not None else None, db.data_ptr() if db is not None else None)
 
     def run(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
@@ -148,6 +171,8 @@ class CpuExpertExecutor:
     def _dequantize(self, fid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [2I, H], down [H, I]) of expert `fid` in fp32 by the C kernels, into buffers
         reused across calls (torch's dequantization of int8/mxfp4/fp8 is several passes)."""
+        if self.fmt == "ggml":
+            return dequantize_expert(self.banks, "ggml", fid)
         d = self._desc
         if self._deq is None:
             self._deq = (torch.empty(2 * self.I, self.H), torch.empty(self.H, self.I))

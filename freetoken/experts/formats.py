@@ -9,6 +9,9 @@ Bank layouts (leading index = flat id moe_layer*E + expert; I = intermediate, H 
   int8:  gate_up int8 [N, 2I, H], gate_up_scales f16 [N, 2I, H/32], down / down_scales likewise
   nvfp4: gate_up_blocks u8 [N, 2I, H/16, 8], gate_up_scales u8 [N, 2I, H/16 + 4] (e4m3 per 16, then
          the row's float32 global scale), down_* likewise (weights/nvfp4.py)
+  ggml:  gate_up u8 [N, 2I, RB] raw llama.cpp blocks per output row, gate_up_types int32 [N, 2]
+         (ggml type of the gate half, of the up half), down u8 [N, H, RBd], down_types int32
+         [N, 1]; RB = the widest row of the bank's types, narrower rows zero-padded (ggml_banks.py)
   optional: gate_up_bias f32 [N, 2I], down_bias f32 [N, H]
 An `ExpertSpec` says "float" for the three float formats (the bank dtype tells which).
 """
@@ -20,6 +23,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..weights.ggml_quants import Q8_0
+from .ggml_banks import dequantize_ggml_expert, quantize_ggml
 from ..weights.fp8 import dequantize_fp8_block, quantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
 from ..weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
@@ -56,6 +61,9 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     # the kernels quantize activations per 32 (like mxfp4), hence block 32 for 16-element groups
     Format("nvfp4", 6, ("gate_up_blocks", "gate_up_scales", "down_blocks", "down_scales"), None, 32,
            quantize_nvfp4_bank, dequantize_nvfp4_bank, group=16),
+    # llama.cpp's quantizations as read from GGUF files, a type per expert tensor (ggml_banks.py);
+    # requantizing float experts to "ggml" gives Q8_0
+    Format("ggml", 7, ("gate_up", "gate_up_types", "down", "down_types"), None, 32),
 )}
 FORMAT_NAMES = tuple(FORMATS)
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1, "silu_clamp": 2}     # name -> the C kernels' ACT_*
@@ -93,6 +101,8 @@ def quantize_banks(gate_up: torch.Tensor, down: torch.Tensor, fmt: str) -> dict[
     f = get_format(fmt)
     if f.is_float:
         return {"gate_up": gate_up.to(f.dtype).contiguous(), "down": down.to(f.dtype).contiguous()}
+    if f.name == "ggml":
+        return quantize_ggml(gate_up, down, Q8_0)
     gk, gsk, dk, dsk = f.keys
     gu, gus = f.quantize(gate_up)
     dn, dns = f.quantize(down)
@@ -106,6 +116,8 @@ def dequantize_expert(banks: dict[str, torch.Tensor], fmt: str, fid: int,
     gk, gsk, dk, dsk = f.keys
     if f.is_float:
         return banks[gk][fid].to(dtype), banks[dk][fid].to(dtype)
+    if f.name == "ggml":
+        return dequantize_ggml_expert(banks, fid, dtype)
     gu = f.dequantize(banks[gk][fid], banks[gsk][fid], dtype)
     dn = f.dequantize(banks[dk][fid], banks[dsk][fid], dtype)
     return gu.reshape(gu.shape[0], -1), dn.reshape(dn.shape[0], -1)

@@ -18,7 +18,7 @@ class ExpertSpec:
     """What an expert computes: down(act(gate(x)) * up(x)) with this activation."""
     hidden: int
     intermediate: int
-    fmt: str = "float"              # float | mxfp4 | fp8 | int8
+    fmt: str = "float"              # float | mxfp4 | fp8 | int8 | nvfp4 | ggml
     activation: str = "silu"        # silu | swiglu_oai (gpt-oss clamped SwiGLU) | silu_clamp (DeepSeek-V4)
     alpha: float = 1.702
     limit: float = 7.0

@@ -110,6 +110,8 @@ def expert_nbytes(s: ModelShape, fmt: str) -> int:
         n = w + (w // 32) * 2
     elif fmt == "mxfp4":
         n = w // 2 + w // 32
+    elif fmt == "ggml":                           # requantized float experts: Q8_0 (GGUFs: prebuilt bytes)
+        n = w // 32 * 34 + 3 * 4
     elif fmt == "fp8":
         c = lambda x: -(-x // 128)  # noqa: E731
         n = w + 4 * (c(2 * i) * c(h) + c(h) * c(i))
