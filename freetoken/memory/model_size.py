@@ -81,21 +81,19 @@ def read_model_shape(model: str | Path) -> ModelShape:
 
 def _gguf_shape(p: Path) -> ModelShape:
     """GGUF: quantized experts stay in their ggml rows (prebuilt:ggml), float ones are float."""
-    import gguf as g
+    from ..weights import ggml_quants
     from ..weights.gguf import GgufFile
-    from ..weights.gguf_experts import FLOAT, _ggml_format_available, moe_blocks
+    from ..weights.gguf_experts import expert_tensors, layout
     ck = GgufFile(p)
     infos = {n: t for n, (_, t) in ck._info.items()}
     dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)
     expert_bytes = sum(t.nbytes for n, t in infos.items() if "_exps." in n)
-    blocks = moe_blocks(ck)
-    trios = [[infos[f"blk.{b}.ffn_{x}_exps.weight"] for x in ("gate", "up", "down")] for b in blocks]
-    if not trios or {t.ggml_type for trio in trios for t in trio} <= FLOAT or not _ggml_format_available():
+    _, trios = expert_tensors(ck)
+    if not trios or layout({t.ggml_type for trio in trios for t in trio}) != "ggml":
         return ModelShape(_text(ck.config), dense, expert_bytes, "float")
 
     def row(t, cols):
-        block, size = g.GGML_QUANT_SIZES[g.GGMLQuantizationType(t.ggml_type)]
-        return cols // block * size
+        return ggml_quants.row_bytes(t.ggml_type, cols)
     _, inter, hidden = trios[0][0].shape
     width_gu = max(row(t, hidden) for trio in trios for t in trio[:2])
     width_d = max(row(trio[2], inter) for trio in trios)

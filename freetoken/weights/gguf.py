@@ -57,12 +57,11 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch
         return torch.from_numpy(raw.view(FLOAT_TYPES[ggml_type]).reshape(shape).copy())
     if ggml_type == BF16:
         return torch.from_numpy(raw.copy()).view(torch.bfloat16).reshape(shape)
-    try:
-        from . import ggml_quants          # the C-backed dequantizer, when present
-        out = ggml_quants.dequantize(raw.reshape(-1, raw.shape[-1]), ggml_type, shape[-1])
-    except ImportError:
-        import gguf
-        out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type))
+    from . import ggml_quants
+    if ggml_type in ggml_quants.NAMES:      # torch, bit-exact to gguf.quants
+        return ggml_quants.dequantize(torch.from_numpy(raw.copy()), ggml_type, shape[-1]).reshape(shape)
+    import gguf                             # the rarer types: the package's numpy reference
+    out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type))
     return torch.as_tensor(np.asarray(out, dtype=np.float32)).reshape(shape)
 
 

@@ -19,9 +19,30 @@ log = logging.getLogger("freetoken.weights")
 FLOAT = {F32, F16, BF16}
 
 
-def _ggml_format_available() -> bool:
-    from ..experts.formats import FORMATS
-    return "ggml" in FORMATS
+def layout(types: set[int]) -> str:
+    """"float" for float experts; "ggml" when our kernels read every type present; else
+    "dequantize" (types without a kernel, e.g. Q2_K, Q3_K, IQ2_*: float banks at load)."""
+    from . import ggml_quants
+    if types <= FLOAT:
+        return "float"
+    return "ggml" if all(t in ggml_quants.NAMES for t in types) else "dequantize"
+
+
+def expert_tensors(ck) -> tuple[list[int], list[list]]:
+    """(MoE block ids, their [gate, up, down] TensorInfos), shapes checked."""
+    blocks = moe_blocks(ck)
+    parts = [[ck.tensor_info(f"blk.{b}.ffn_{p}_exps.weight") for p in ("gate", "up", "down")] for b in blocks]
+    for b, trio in zip(blocks, parts):
+        if None in trio:
+            raise CheckpointError(f"{ck.path}: block {b} has ffn_gate_exps but not all of ffn_up_exps/ffn_down_exps")
+    if parts:
+        e, inter, hidden = parts[0][0].shape
+        want = ((e, inter, hidden), (e, inter, hidden), (e, hidden, inter))
+        for b, (g, u, d) in zip(blocks, parts):
+            if (g.shape, u.shape, d.shape) != want:
+                raise CheckpointError(f"{ck.path}: block {b} expert tensors have shapes {g.shape}, {u.shape}, "
+                                      f"{d.shape}, expected {want}")
+    return blocks, parts
 
 
 def moe_blocks(ck) -> list[int]:
@@ -30,32 +51,22 @@ def moe_blocks(ck) -> list[int]:
 
 def build_pool(ck):
     from ..experts.pool import ExpertPool, ExpertSpec, requantize
-    blocks = moe_blocks(ck)
+    blocks, parts = expert_tensors(ck)
     if not blocks:
         return None
-    parts = [[ck.tensor_info(f"blk.{b}.ffn_{p}_exps.weight") for p in ("gate", "up", "down")] for b in blocks]
-    for b, trio in zip(blocks, parts):
-        if None in trio:
-            raise CheckpointError(f"{ck.path}: block {b} has ffn_gate_exps but not all of ffn_up_exps/ffn_down_exps")
     e, inter, hidden = parts[0][0].shape
-    for b, (g, u, d) in zip(blocks, parts):
-        want = ((e, inter, hidden), (e, inter, hidden), (e, hidden, inter))
-        if (g.shape, u.shape, d.shape) != want:
-            raise CheckpointError(f"{ck.path}: block {b} expert tensors have shapes {g.shape}, {u.shape}, {d.shape}, "
-                                  f"expected {want}")
     gpt_oss = ck.arch == "gpt-oss"
     spec_kw = dict(activation="swiglu_oai", alpha=1.702, limit=7.0) if gpt_oss else {}
-    types = {t.ggml_type for trio in parts for t in trio}
-    quantized = not types <= FLOAT
+    kind = layout({t.ggml_type for trio in parts for t in trio})
     n = len(blocks) * e
-    if quantized and _ggml_format_available():
+    if kind == "ggml":
         if ck.expert_format:
             raise CheckpointError(f"{ck.path}: the experts are already quantized by llama.cpp; drop --expert-format")
         banks = _ggml_banks(ck, parts, e)
         spec = ExpertSpec(hidden=hidden, intermediate=inter, fmt="ggml", **spec_kw)
     else:
-        if quantized:
-            log.warning("%s: no 'ggml' expert format in this build: dequantizing the quantized experts to %s",
+        if kind == "dequantize":
+            log.warning("%s: expert types without a kernel here: dequantizing the experts to %s at load",
                         ck.path, ck.float_experts_dtype)
         dt = ck.float_experts_dtype
         gate_up = torch.empty((n, 2 * inter, hidden), dtype=dt)
@@ -87,8 +98,8 @@ def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
     for m, (g, u, d) in enumerate(parts):
         rows = slice(m * e, (m + 1) * e)
         for t, dst in ((g, gate_up[rows, :inter]), (u, gate_up[rows, inter:]), (d, down[rows])):
-            raw = torch.from_numpy(np.ascontiguousarray(ck.raw(t.name)))
-            dst[..., :raw.shape[-1]] = raw
+            raw = ck.raw(t.name)
+            dst.numpy()[..., :raw.shape[-1]] = raw        # straight from the file's pages
         gate_up_types[rows, 0], gate_up_types[rows, 1] = g.ggml_type, u.ggml_type
         down_types[rows, 0] = d.ggml_type
     return {"gate_up": gate_up, "gate_up_types": gate_up_types, "down": down, "down_types": down_types}
