@@ -15,11 +15,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from freetoken import LLM
+from freetoken.weights import ggml_quants
 from freetoken.weights.gguf import GgufFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from helpers import assert_logits_close, reference_logits  # noqa: E402
 from model_checks import ids_for  # noqa: E402
+from gguf_rewrite import q4_k_m, rewrite  # noqa: E402
 
 FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
 EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
@@ -30,8 +32,12 @@ def _roundtrip(t: torch.Tensor, ggml_type: int, cols_dim: int = -1) -> torch.Ten
     qt = gguf.GGMLQuantizationType(ggml_type)
     if qt == gguf.GGMLQuantizationType.F32:
         return t
-    x = t.float().movedim(cols_dim, -1).contiguous().numpy()
-    back = gguf.quants.dequantize(gguf.quants.quantize(x, qt), qt).astype(np.float32)
+    x = t.float().movedim(cols_dim, -1).contiguous()
+    try:                                    # the quantizer llama.cpp's converter runs
+        q = gguf.quants.quantize(x.numpy(), qt)
+    except NotImplementedError:             # k-quants: the one gguf_rewrite.py wrote them with
+        q = ggml_quants.quantize(x, ggml_type).numpy()
+    back = gguf.quants.dequantize(q, qt).astype(np.float32)
     return torch.from_numpy(back).movedim(-1, cols_dim).contiguous()
 
 
@@ -77,3 +83,33 @@ def test_quantized_gguf_matches_rounded_checkpoint(tiny_dir, to_gguf, tmp_path, 
     ref = reference_logits(rounded_reference(d, g, tmp_path / "ref"), ids)
     ours = LLM(str(g), dtype="float32").score(ids)
     assert_logits_close(ours, ref)
+
+
+# hidden and expert intermediate multiples of 256 (the k-quant super-block)
+K_QUANT_SHAPES = {"qwen3_moe": dict(moe_intermediate_size=256), "qwen2_moe": dict(moe_intermediate_size=256),
+                  "mixtral": dict(intermediate_size=256), "olmoe": dict(intermediate_size=256),
+                  "gpt_oss": dict(intermediate_size=256)}
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_q4_k_m_gguf_matches_rounded_checkpoint(tiny_dir, to_gguf, tmp_path, arch):
+    """A Q4_K_M-like mix (Q4_K and Q6_K rows in one expert bank) kept quantized in the banks."""
+    d = tiny_dir(arch, hidden=256, experts=4, **K_QUANT_SHAPES[arch])
+    g = rewrite(to_gguf(d, "f32"), tmp_path / "q4km.gguf", q4_k_m)
+    ck = GgufFile(g)
+    pool = ck.prebuilt_experts()
+    assert pool.spec.fmt == "ggml"
+    assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= set(pool.banks["down_types"].unique().tolist())
+    ids = ids_for(23, seed=6)
+    ref = reference_logits(rounded_reference(d, g, tmp_path / "ref"), ids)
+    assert_logits_close(LLM(str(g), dtype="float32").score(ids), ref)
+
+
+def test_split_gguf_equals_the_single_file(tiny_dir, to_gguf, tmp_path):
+    g = to_gguf(tiny_dir("qwen3_moe"), "q8_0")
+    first = rewrite(g, tmp_path / "parts.gguf", split_max_tensors=7)
+    assert len(list(tmp_path.glob("parts-*-of-*.gguf"))) > 2
+    ids = ids_for(19)
+    last = sorted(tmp_path.glob("parts-*-of-*.gguf"))[-1]
+    torch.testing.assert_close(LLM(str(last), dtype="float32").score(ids), LLM(str(g), dtype="float32").score(ids),
+                               atol=0, rtol=0)
