@@ -108,7 +108,6 @@ class CpuExpertExecutor:
         `rs` rows (gate_up: I rows per type, gate then up; down: all H rows)."""
         b, H, I = self.banks, self.H, self.I
         types = check_ggml_banks(b, H, I)
-        raise NotImplementedError("the C kernels for ggml banks are not built yet")  # TEMP until dots land
         if not types <= set(KERNEL_TYPES):
             from ..weights.ggml_quants import type_name
             raise NotImplementedError(f"no CPU kernel for ggml types {sorted(type_name(t) for t in types - set(KERNEL_TYPES))}")

@@ -241,3 +241,20 @@ def quantize(x: torch.Tensor, t: int) -> torch.Tensor:
     if t in (F16, BF16):
         return x.to(torch.float16 if t == F16 else torch.bfloat16).contiguous().view(torch.uint8).reshape(*lead, rb)
     return _quant_blocks(x.reshape(-1, block_elems(t)), t).reshape(*lead, rb)
+
+
+# byte offsets of fp16 scales in each block: their exponent byte is masked to keep them finite
+_F16_AT = {Q8_0: (0,), Q4_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,), IQ4_XS: (0,)}
+
+
+def random_rows(t: int, rows: int, cols: int, gen: torch.Generator | None = None) -> torch.Tensor:
+    """Random valid rows: random bytes with every fp16 scale kept finite (tests, benchmarks)."""
+    raw = torch.randint(0, 256, (rows, row_bytes(t, cols)), dtype=torch.uint8, generator=gen)
+    if t in _F16_AT:
+        blk = raw.view(rows, -1, block_bytes(t))
+        for off in _F16_AT[t]:
+            blk[..., off + 1] &= 0x3B          # |value| < 2^15, never inf/nan
+    elif t != MXFP4:                        # plain floats: keep them finite and moderate
+        w = {F16: 2, BF16: 2, F32: 4}[t]
+        raw.view(rows, -1, w)[..., w - 1] &= 0x3B if t == F16 else 0x3F
+    return raw

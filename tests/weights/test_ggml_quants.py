@@ -11,26 +11,10 @@ from freetoken.weights import ggml_quants as gq
 gguf = pytest.importorskip("gguf")
 
 TYPES = [gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K, gq.IQ4_XS, gq.F16, gq.BF16, gq.F32]
-# byte offsets of fp16 scales in each block: their exponent byte is masked to keep them finite
-_F16_AT = {gq.Q8_0: (0,), gq.Q4_0: (0,), gq.Q4_K: (0, 2), gq.Q5_K: (0, 2), gq.Q6_K: (208,), gq.IQ4_XS: (0,)}
-
-
-def random_rows(t: int, rows: int, cols: int, gen: torch.Generator) -> torch.Tensor:
-    raw = torch.randint(0, 256, (rows, gq.row_bytes(t, cols)), dtype=torch.uint8, generator=gen)
-    if t in _F16_AT:
-        blk = raw.view(rows, -1, gq.block_bytes(t))
-        for off in _F16_AT[t]:
-            blk[..., off + 1] &= 0x3B          # |value| < 2^15, never inf/nan
-    elif t != gq.MXFP4:                        # plain floats: keep them finite and moderate
-        w = {gq.F16: 2, gq.BF16: 2, gq.F32: 4}[t]
-        raw.view(rows, -1, w)[..., w - 1] &= 0x3B if t == gq.F16 else 0x3F
-    return raw
-
-
 @pytest.mark.parametrize("t", TYPES, ids=gq.type_name)
 def test_dequantize_bit_exact_with_gguf(t):
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
-    raw = random_rows(t, 5, 768, gen)
+    raw = gq.random_rows(t, 5, 768, gen)
     with np.errstate(over="ignore"):
         ref = np.asarray(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType(t)), dtype=np.float32)
     ours = gq.dequantize(raw, t, 768)

@@ -25,6 +25,7 @@ void init_tables(void) {
 
 /* Prepare elements [j0, j1) of the natural-order fp32 vector src into dst (block aligned). */
 void prep_range(int fmt, const float *src, uint8_t *dst, int n, int j0, int j1) {
+    if (fmt == FMT_GGML) { ggml_prep(src, dst, n, j0, j1); return; }
     if (fmt == FMT_INT8 || fmt == FMT_MXFP4 || fmt == FMT_NVFP4) {
         int8_t *q = (int8_t *)dst;
         float *d = (float *)(dst + n);
@@ -579,5 +580,6 @@ void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R
     case FMT_MXFP4: dot_tile_FMT_MXFP4(wr, sr, R, n, xp, nt, res); break;
     case FMT_INT8: dot_tile_FMT_INT8(wr, sr, R, n, xp, nt, res); break;
     case FMT_NVFP4: dot_tile_FMT_NVFP4(wr, sr, R, n, xp, nt, res); break;
+    case FMT_GGML: ggml_dot_tile(wr, sr, R, n, xp, nt, res); break;
     }
 }

@@ -24,6 +24,7 @@
  *   int8/mxfp4:  int8 per 32-block + fp32 block scale (like llama.cpp's Q8_0 activations);
  *                for mxfp4 the int8 values are de-interleaved to match the low/high nibbles
  *                of two blocks loaded at once (perm_mxfp4).
+ *   ggml:        int8 per 32-block + fp32 block scale + fp32 sums per 16 (ggml.c)
  *   nvfp4:       as mxfp4 (its 16-element groups are halves of the same 32-byte loads), plus
  *                one offset correction per 16-element group instead of per 32.
  */
@@ -162,6 +163,11 @@ FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 #endif
 #endif
 
+/* ggml.c: llama.cpp block types (FMT_GGML), the type of each row read through its scale pointer */
+FT_HIDDEN void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1);
+FT_HIDDEN void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
+                             const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
+
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                         const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
 
@@ -194,6 +200,7 @@ FT_HIDDEN uint8_t *scratch(ft_pool *p, size_t bytes);
 
 static inline const uint8_t *scale_row(int fmt, const uint8_t *base, int64_t es, int64_t rs, int64_t e, int r) {
     if (!base) return NULL;
+    if (fmt == FMT_GGML) return base + e * es + 4 * (r / rs);   /* int32 type per rs rows */
     return base + e * es + (int64_t)(fmt == FMT_FP8 ? r / 128 : r) * rs;
 }
 

@@ -1,0 +1,76 @@
+"""B_H of the CPU expert kernels on llama.cpp block types ("ggml" banks), side by side with our
+int8 and mxfp4 kernels on the same shapes, in one process (ratios are what to read on a busy
+machine).
+
+    .venv/bin/python bench/ggml_kernels.py                          # decode (1 token), all types
+    .venv/bin/python bench/ggml_kernels.py --tokens 1,4 --per-core --isa native,avx2
+    .venv/bin/python bench/ggml_kernels.py --types Q4_K,Q6_K --formats int8 --seconds 1
+
+B_H = bytes of expert weights (blocks incl. their scales) of the distinct experts a call touches
+/ call time; weights/s = B_H / bytes per weight, the speed of the arithmetic whatever the width.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from cpu_experts import build_banks
+
+from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.ggml_banks import quantize_ggml
+from freetoken.experts.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth
+from freetoken.weights import ggml_quants as gq
+
+
+def ggml_banks(t: int, n: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    parts = [quantize_ggml(torch.randn(min(4, n - i), 2 * inter, hidden, generator=g) * 0.02,
+                           torch.randn(min(4, n - i), hidden, inter, generator=g) * 0.02, t)
+             for i in range(0, n, 4)]
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--types", default="Q8_0,Q4_0,MXFP4,Q4_K,Q5_K,Q6_K")
+    ap.add_argument("--formats", default="int8,mxfp4", help="our formats to run beside them")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--inter", type=int, default=768)
+    ap.add_argument("--experts", type=int, default=32, help="experts in the bank (bank >> L3)")
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--tokens", default="1")
+    ap.add_argument("--seconds", type=float, default=1.0)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--isa", default="native", help="comma list: native, avx2, portable")
+    ap.add_argument("--per-core", action="store_true", help="one thread, timed by the thread's CPU clock")
+    a = ap.parse_args()
+    clock = "thread" if a.per_core else "wall"
+    if a.per_core:
+        a.threads = 1
+    by_name = {v: k for k, v in gq.NAMES.items()}
+    rb = read_bandwidth(num_threads=a.threads, clock=clock)
+    print(f"read bandwidth: kernel pool {rb / 1e9:.1f} GB/s (threads: {a.threads or 'one per core'}, clock {clock})")
+    print(f"shapes: hidden {a.hidden}, intermediate {a.inter}, {a.experts} experts, top-{a.top_k}")
+    print(f"{'weights':8s} {'tok':>3s} {'isa':11s} {'B/weight':>8s} {'B_H GB/s':>9s} {'/read':>6s} "
+          f"{'Gweights/s':>10s} {'B_H/int8':>8s}")
+    cases = [(f, None) for f in a.formats.split(",") if f] + [("ggml", by_name[t]) for t in a.types.split(",") if t]
+    ref: dict[tuple[str, int], float] = {}
+    for fmt, t in cases:
+        banks = build_banks(fmt, a.experts, a.hidden, a.inter) if t is None else ggml_banks(t, a.experts, a.hidden, a.inter)
+        name = fmt if t is None else gq.NAMES[t]
+        for isa in a.isa.split(","):
+            ex = CpuExpertExecutor(banks, fmt, a.hidden, a.inter, num_threads=a.threads, isa=isa, gemm_tokens=0)
+            per_w = expert_nbytes(ex) / (3 * a.hidden * a.inter)
+            for tok in [int(v) for v in a.tokens.split(",")]:
+                bh = measure_expert_bandwidth(ex, tokens=tok, top_k=a.top_k, seconds=a.seconds, clock=clock)
+                if fmt == "int8":
+                    ref[(isa, tok)] = bh
+                rel = f"{bh / ref[(isa, tok)]:8.2f}" if (isa, tok) in ref else f"{'-':>8s}"
+                print(f"{name:8s} {tok:3d} {ex.isa:11s} {per_w:8.3f} {bh / 1e9:9.1f} {bh / rb:6.2f} "
+                      f"{bh / per_w / 1e9:10.2f} {rel}", flush=True)
+            ex.close()
+        del banks
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,270 @@
+/* llama.cpp's block quantizations (FMT_GGML banks): dot products of raw GGUF rows with
+ * activations quantized per 32 (int8 + fp32 scale, like llama.cpp's Q8_0 activations).
+ *
+ * A row's type comes per expert tensor (the bank's int32 type arrays); every type is reduced to
+ * the same step: 32 weights as unsigned (Q4_0, MXFP4 offset +12, Q4_K, Q5_K, Q6_K) or signed
+ * (Q8_0) bytes, an integer dot with the 32 int8 activations (vpdpbusd on AVX512-VNNI, else
+ * maddubs+madd), one fma with weight scale x activation scale; the offsets of the unsigned
+ * codes (Q4_0's 8, MXFP4's 12, the k-quants' mins, Q6_K's 32) are removed once per 32 (per 16
+ * for Q6_K) with the activation block sums from prep. Types and layouts: weights/ggml_quants.py. */
+#include "ft_kernels.h"
+
+enum { GT_Q4_0 = 2, GT_Q8_0 = 8, GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_MXFP4 = 39 };
+
+/* Prepared activations: int8 q[n] (natural order) | float d[n/32] | float s32[n/32] |
+ * float s16[n/16], where s32 / s16 = d * the sum of the block's 32 / the group's 16 q (the
+ * offset corrections). */
+void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1) {
+    int8_t *q = (int8_t *)dst;
+    float *d = (float *)(dst + n), *s32 = d + n / 32, *s16 = s32 + n / 32;
+    for (int b = j0 / 32; b < j1 / 32; b++) {
+        const float *x = src + b * 32;
+        float amax = 0.f;
+        for (int i = 0; i < 32; i++) { float a = fabsf(x[i]); amax = a > amax ? a : amax; }
+        float dd = amax / 127.f, id = dd > 0.f ? 1.f / dd : 0.f;
+        int s0 = 0, s1 = 0;
+        for (int i = 0; i < 32; i++) {
+            int v = (int)nearbyintf(x[i] * id);
+            q[b * 32 + i] = (int8_t)v;
+            if (i < 16) s0 += v; else s1 += v;
+        }
+        d[b] = dd; s32[b] = (float)(s0 + s1) * dd; s16[2 * b] = (float)s0 * dd; s16[2 * b + 1] = (float)s1 * dd;
+    }
+}
+
+static inline float h2f(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return f16_to_f32(h); }
+static inline float e8m0_half(uint8_t e) {   /* 2^(e-128), ggml_e8m0_to_fp32_half */
+    uint32_t u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23; float f; memcpy(&f, &u, 4); return f;
+}
+static inline void kscales(const uint8_t *s, uint8_t *sc, uint8_t *m) {   /* Q4_K/Q5_K 6-bit scales */
+    for (int j = 0; j < 4; j++) {
+        sc[j] = s[j] & 63; m[j] = s[j + 4] & 63;
+        sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
+        m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+    }
+}
+
+typedef struct { const int8_t *q; const float *d, *s32, *s16; } xview;
+static inline xview xv(const uint8_t *p, int n) {
+    const float *d = (const float *)(p + n);
+    xview v = {(const int8_t *)p, d, d + n / 32, d + n / 16};
+    return v;
+}
+
+#ifdef FT_AVX2
+
+/* 8 blocks of 32 weights at a time (one k-quant super-block, or 8 legacy blocks): the weight
+ * scales ws[8] and offset coefficients os[8] (of the block sums) become vectors, so per token the
+ * float work is one mul (D = ws * dx) and one fma (offsets) per 8 blocks, and per block one
+ * integer dot, a convert and an fma with lane k of D. Q6_K has a scale per 16: ws16/os16. */
+FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, float *ws, float *os) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1), m3 = _mm256_set1_epi8(3);
+    const __m256i lutu = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+    if (type == GT_Q8_0 || type == GT_Q4_0 || type == GT_MXFP4) {
+        const int bs = type == GT_Q8_0 ? 34 : type == GT_Q4_0 ? 18 : 17;
+        for (int k = 0; k < 8; k++) {
+            const uint8_t *q = blk + bs * k;
+            if (type == GT_Q8_0) {       /* signed: the caller moves the signs onto x */
+                wv[k] = _mm256_loadu_si256((const __m256i *)(q + 2));
+                ws[k] = _cvtsh_ss(*(const uint16_t *)q); os[k] = 0.f;
+            } else {
+                const int q40 = type == GT_Q4_0;
+                __m128i v = _mm_loadu_si128((const __m128i *)(q + (q40 ? 2 : 1)));
+                __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
+                wv[k] = q40 ? nib : _mm256_shuffle_epi8(lutu, nib);
+                ws[k] = q40 ? _cvtsh_ss(*(const uint16_t *)q) : e8m0_half(q[0]);
+                os[k] = (q40 ? 8.f : 12.f) * ws[k];
+            }
+        }
+    } else if (type == GT_Q4_K || type == GT_Q5_K) {
+        const int q5 = type == GT_Q5_K;
+        const uint8_t *qs = blk + (q5 ? 48 : 16);
+        const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+        uint8_t sc[8], mn[8];
+        kscales(blk + 4, sc, mn);
+        for (int j = 0; j < 8; j++) { ws[j] = d * sc[j]; os[j] = dmin * mn[j]; }
+        __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+        for (int c = 0; c < 4; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            if (q5) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4));
+            }
+            wv[2 * c] = lo; wv[2 * c + 1] = hi;
+        }
+    } else {   /* GT_Q6_K: ws, os hold 16 entries (per 16 weights) */
+        const int8_t *scs = (const int8_t *)(blk + 192);
+        const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+        for (int g = 0; g < 16; g++) { ws[g] = d * scs[g]; os[g] = 32.f * ws[g]; }
+        for (int h = 0; h < 2; h++) {
+            __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h + 32));
+            __m256i qv[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
+                             _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+            for (int s = 0; s < 4; s++)
+                wv[4 * h + s] = _mm256_or_si256(qv[s], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m3), 4));
+        }
+    }
+}
+
+FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, float *res, const int NT) {
+    const int k6 = type == GT_Q6_K;
+    const int bs = type == GT_Q8_0 ? 8 * 34 : type == GT_Q4_0 ? 8 * 18 : type == GT_MXFP4 ? 8 * 17
+                 : type == GT_Q4_K ? 144 : type == GT_Q5_K ? 176 : 210;
+    const __m256i lo4 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi4 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    __m256 acc[NTMAX][2], corr[NTMAX];
+    for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = corr[t] = _mm256_setzero_ps();
+    for (int g8 = 0; g8 < n / 256; g8++) {
+        const uint8_t *blk = w + (int64_t)bs * g8;
+        for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
+        __m256i wv[8];
+        float ws[16], os[16];
+        decode8(type, blk, wv, ws, os);
+        const int b0 = 8 * g8;
+        __m256 D[NTMAX][2];
+        for (int t = 0; t < NT; t++) {
+            __m256 dx = _mm256_loadu_ps(X[t].d + b0);
+            if (k6) {   /* per 16: lanes [g0 g0 g1 g1 ...] of dx, scales per group */
+                __m256 dlo = _mm256_permutevar8x32_ps(dx, lo4), dhi = _mm256_permutevar8x32_ps(dx, hi4);
+                D[t][0] = _mm256_mul_ps(_mm256_loadu_ps(ws), dlo);
+                D[t][1] = _mm256_mul_ps(_mm256_loadu_ps(ws + 8), dhi);
+                corr[t] = _mm256_fmadd_ps(_mm256_loadu_ps(os), _mm256_loadu_ps(X[t].s16 + 2 * b0), corr[t]);
+                corr[t] = _mm256_fmadd_ps(_mm256_loadu_ps(os + 8), _mm256_loadu_ps(X[t].s16 + 2 * b0 + 8), corr[t]);
+            } else {
+                D[t][0] = _mm256_mul_ps(_mm256_loadu_ps(ws), dx);
+                if (type != GT_Q8_0)
+                    corr[t] = _mm256_fmadd_ps(_mm256_loadu_ps(os), _mm256_loadu_ps(X[t].s32 + b0), corr[t]);
+            }
+        }
+        for (int k = 0; k < 8; k++) {
+            __m256i u = type == GT_Q8_0 ? _mm256_abs_epi8(wv[k]) : wv[k];
+            const __m256i sel = k6 ? _mm256_setr_epi32(2 * (k & 3), 2 * (k & 3), 2 * (k & 3), 2 * (k & 3),
+                                                       2 * (k & 3) + 1, 2 * (k & 3) + 1, 2 * (k & 3) + 1, 2 * (k & 3) + 1)
+                                   : _mm256_set1_epi32(k);
+            for (int t = 0; t < NT; t++) {
+                __m256i xq = _mm256_loadu_si256((const __m256i *)(X[t].q + 32 * (b0 + k)));
+                if (type == GT_Q8_0) xq = _mm256_sign_epi8(xq, wv[k]);
+                __m256 sc = _mm256_permutevar8x32_ps(D[t][k6 ? k >> 2 : 0], sel);
+                acc[t][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, xq)), sc, acc[t][k & 1]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++) res[t] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[t][0], acc[t][1]), corr[t]));
+    /* legacy types: rows need not be a multiple of 256; the last < 8 blocks one at a time */
+    const int nb = n / 32, bs1 = bs / 8;
+    for (int b = n / 256 * 8; b < nb; b++) {
+        const uint8_t *q = w + (int64_t)bs1 * b;
+        __m256i wv;
+        float dw, off = 0.f;
+        if (type == GT_Q8_0) {
+            wv = _mm256_loadu_si256((const __m256i *)(q + 2)); dw = _cvtsh_ss(*(const uint16_t *)q);
+        } else {
+            const int q40 = type == GT_Q4_0;
+            __m128i v = _mm_loadu_si128((const __m128i *)(q + (q40 ? 2 : 1)));
+            __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
+            const __m256i lutu = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                                  12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+            wv = q40 ? nib : _mm256_shuffle_epi8(lutu, nib);
+            dw = q40 ? _cvtsh_ss(*(const uint16_t *)q) : e8m0_half(q[0]);
+            off = q40 ? 8.f : 12.f;
+        }
+        for (int t = 0; t < NT; t++) {
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(X[t].q + 32 * b));
+            __m256i p = type == GT_Q8_0 ? dot_u8s8(_mm256_abs_epi8(wv), _mm256_sign_epi8(xq, wv)) : dot_u8s8(wv, xq);
+            res[t] += dw * (hsum8(_mm256_cvtepi32_ps(p)) * X[t].d[b] - off * X[t].s32[b]);
+        }
+    }
+}
+
+#else /* portable: each 32-block dequantized to floats (as the reference), dot with int8 x */
+
+/* Elements [32 b, 32 b + 32) of a row of `type` -> out (the values gguf.quants.dequantize gives). */
+static void block32(int type, const uint8_t *w, int b, float *out) {
+    if (type == GT_Q8_0 || type == GT_Q4_0 || type == GT_MXFP4) {
+        static const int8_t E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+        const uint8_t *blk = w + (int64_t)(type == GT_Q8_0 ? 34 : type == GT_Q4_0 ? 18 : 17) * b;
+        for (int i = 0; i < 32; i++) {
+            if (type == GT_Q8_0) out[i] = (float)((const int8_t *)blk)[2 + i] * h2f(blk);
+            else {
+                uint8_t byte = blk[(type == GT_Q4_0 ? 2 : 1) + (i & 15)], v = i < 16 ? byte & 15 : byte >> 4;
+                out[i] = type == GT_Q4_0 ? h2f(blk) * (float)(v - 8) : e8m0_half(blk[0]) * (float)E2M1_X2[v];
+            }
+        }
+        return;
+    }
+    const int sb = b / 8, j = b % 8;
+    if (type == GT_Q4_K || type == GT_Q5_K) {
+        const int q5 = type == GT_Q5_K;
+        const uint8_t *blk = w + (int64_t)(q5 ? 176 : 144) * sb, *qs = blk + (q5 ? 48 : 16);
+        uint8_t sc[8], mn[8];
+        kscales(blk + 4, sc, mn);
+        const float dd = h2f(blk) * sc[j], dm = h2f(blk + 2) * mn[j];
+        for (int i = 0; i < 32; i++) {
+            uint8_t byte = qs[32 * (j / 2) + i];
+            int v = (j & 1) ? byte >> 4 : byte & 15;
+            if (q5) v |= ((blk[16 + i] >> j) & 1) << 4;
+            out[i] = dd * (float)v - dm;
+        }
+        return;
+    }
+    /* Q6_K: block b = 8 sb + 4 h + s */
+    const uint8_t *blk = w + (int64_t)210 * sb;
+    const int h = j / 4, s = j % 4;
+    const float d = h2f(blk + 208);
+    for (int i = 0; i < 32; i++) {
+        uint8_t l = blk[64 * h + 32 * (s & 1) + i];
+        int v = ((s >= 2 ? l >> 4 : l & 15) | (((blk[128 + 32 * h + i] >> (2 * s)) & 3) << 4)) - 32;
+        out[i] = (d * (float)((const int8_t *)(blk + 192))[8 * h + 2 * s + i / 16]) * (float)v;
+    }
+}
+
+FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, float *res, const int NT) {
+    float acc[NTMAX] = {0};
+    float wf[32];
+    for (int b = 0; b < n / 32; b++) {
+        block32(type, w, b, wf);
+        for (int t = 0; t < NT; t++) {
+            float p = 0.f;
+            for (int i = 0; i < 32; i++) p += wf[i] * (float)X[t].q[32 * b + i];
+            acc[t] += p * X[t].d[b];
+        }
+    }
+    for (int t = 0; t < NT; t++) res[t] = acc[t];
+}
+#endif
+
+#define GROW_NT(type)                                                              \
+    switch (nt) {                                                                  \
+    case 1: grow(type, w, n, X, res, 1); break;                                    \
+    case 2: grow(type, w, n, X, res, 2); break;                                    \
+    case 3: grow(type, w, n, X, res, 3); break;                                    \
+    default: grow(type, w, n, X, res, 4); break;                                   \
+    }
+
+static void ggml_row(int type, const uint8_t *w, int n, const xview *X, int nt, float *res) {
+    switch (type) {
+    case GT_Q8_0: GROW_NT(GT_Q8_0) break;
+    case GT_Q4_0: GROW_NT(GT_Q4_0) break;
+    case GT_MXFP4: GROW_NT(GT_MXFP4) break;
+    case GT_Q4_K: GROW_NT(GT_Q4_K) break;
+    case GT_Q5_K: GROW_NT(GT_Q5_K) break;
+    case GT_Q6_K: GROW_NT(GT_Q6_K) break;
+    default: for (int t = 0; t < nt; t++) res[t] = NAN;
+    }
+}
+
+/* res[r][t] = <row wr[r] of type *(int32 *)sr[r], prepared x_t> (a tile may mix the gate and up
+ * halves, which can differ in type). */
+void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
+                   const uint8_t *const *xp, int nt, float (*res)[NTMAX]) {
+    xview X[NTMAX];
+    for (int t = 0; t < nt; t++) X[t] = xv(xp[t], n);
+    for (int r = 0; r < R; r++) {
+        int32_t type; memcpy(&type, sr[r], 4);
+        ggml_row(type, wr[r], n, X, nt, res[r]);
+    }
+}
