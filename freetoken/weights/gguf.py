@@ -103,7 +103,8 @@ class GgufFile:
         if g is None:
             raise CheckpointError(f"{self.path}: tensor {name!r} not found in the GGUF file")
         h, t = self._info[g]
-        if shape is not None and not (len(shape) == len(t.shape) and all(s is None or s == d for s, d in zip(shape, t.shape))):
+        fits = shape is None or (len(shape) == len(t.shape) and all(s in (None, d) for s, d in zip(shape, t.shape)))
+        if not fits:
             raise CheckpointError(f"{self.path}: tensor {g!r} ({name}) has shape {t.shape}, expected {tuple(shape)}")
         out = dequantize(h.raw(t), t.ggml_type, t.shape)
         if needs_unpermute(self.arch, name):

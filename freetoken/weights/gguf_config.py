@@ -13,10 +13,8 @@ FAMILIES = {
     "llama": ("MixtralForCausalLM", "mixtral", True),
     "olmoe": ("OlmoeForCausalLM", "olmoe", False),
     "gpt-oss": ("GptOssForCausalLM", "gpt_oss", None),
-    "qwen3next": ("Qwen3NextForCausalLM", "qwen3_next", True),
-    "qwen35moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", True),
-    "deepseek2": ("DeepseekV3ForCausalLM", "deepseek_v3", None),
-    "glm4moe": ("Glm4MoeForCausalLM", "glm4_moe", None),
+    # not yet: qwen3next / qwen35moe (the converter re-packs the DeltaNet projections, adds 1
+    # to norm weights), deepseek2 (kv_b split into k_b/v_b), glm4moe
 }
 
 
@@ -75,6 +73,7 @@ def synth_config(fields: dict, tensors: dict, path) -> dict:
                               f"(supported: {', '.join(sorted(FAMILIES))})")
     arch, model_type, norm_topk = FAMILIES[m.arch]
     hidden, layers = int(m.req("embedding_length")), int(m.req("block_count"))
+    m.req("attention.head_count")
     heads = int(m.scalar("attention.head_count"))
     head_dim = int(m.get("attention.key_length") or hidden // heads)
     vocab = tensors["token_embd.weight"][0]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 
 from ..errors import CheckpointError
@@ -112,7 +111,8 @@ def _biases(ck, blocks, e, inter, hidden) -> dict[str, torch.Tensor]:
         for p, cols in (("gate", inter), ("up", inter), ("down", hidden)):
             t = ck.tensor_info(f"blk.{b}.ffn_{p}_exps.bias")
             if t is None or t.shape != (e, cols):
-                raise CheckpointError(f"{ck.path}: gpt-oss tensor blk.{b}.ffn_{p}_exps.bias missing or not [{e}, {cols}]")
+                raise CheckpointError(f"{ck.path}: gpt-oss tensor blk.{b}.ffn_{p}_exps.bias missing "
+                                      f"or not [{e}, {cols}]")
             got[p] = dequantize(ck.raw(t.name), t.ggml_type, t.shape).float()
         gu.append(torch.cat([got["gate"], got["up"]], dim=1))
         dn.append(got["down"])
