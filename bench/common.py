@@ -21,7 +21,7 @@ MEDIUM_QWEN3 = dict(layers=5, experts=64, top_k=8, hidden=2048, vocab=8192,
 # (ggml_rope_yarn_corr_dims), so truncate=True makes both engines compute the same function.
 MEDIUM_GPT_OSS = dict(layers=4, experts=32, top_k=4, hidden=2880, vocab=8192, intermediate_size=2880,
                       num_attention_heads=64, num_key_value_heads=8, head_dim=64, sliding_window=128,
-                      max_position_embeddings=4096,
+                      max_position_embeddings=32768,     # room for the 16k-token benches (YaRN: factor 32 over 4096)
                       rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                            beta_slow=1.0, original_max_position_embeddings=4096, truncate=True))
 

@@ -5,6 +5,7 @@ next to torch baselines run on the same shapes in the same process, printing rat
     .venv/bin/python bench/cpu_experts.py --formats bf16,int8 --tokens 1,4 --seconds 1
     .venv/bin/python bench/cpu_experts.py --per-core   # 1 thread, CPU-time clock (shared machines)
     .venv/bin/python bench/cpu_experts.py --formats int8,mxfp4 --isa native,avx2 --per-core   # VNNI vs AVX2
+    .venv/bin/python bench/cpu_experts.py --formats bf16 --tokens 1,2,4,8 --bf16-dot off,on --per-core --no-torch
 
 B_H = bytes of expert weights (and scales) of the distinct experts a call touches / call time;
 routes are fresh random top-k sets over --experts experts (banks far larger than the caches).
@@ -112,6 +113,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-torch", action="store_true", help="skip the torch baselines")
     ap.add_argument("--isa", default="native", help="comma list of kernel variants: native, avx2, portable")
+    ap.add_argument("--bf16-dot", default="off",
+                    help="comma list for bf16 banks: off (fp32 activations), on (vdpbf16ps, bf16 activations)")
     ap.add_argument("--per-core", action="store_true",
                     help="one thread everywhere, timed by the thread's CPU clock (robust on shared machines)")
     a = ap.parse_args()
@@ -130,16 +133,21 @@ def main() -> None:
     for fmt in a.formats.split(","):
         banks = build_banks(fmt, a.experts, a.hidden, a.inter)
         base = None if a.no_torch else TorchBaseline(fmt, banks, a.hidden, a.inter)
-        for isa in a.isa.split(","):
+        runs = [(isa, dot) for isa in a.isa.split(",") for dot in (a.bf16_dot.split(",") if fmt == "bf16" else ["off"])]
+        for isa, dot in runs:
             ex = CpuExpertExecutor(banks, fmt, a.hidden, a.inter, num_threads=a.threads, isa=isa)
+            mode = ex.lib.ft_set_bf16_dot(int(dot == "on")) if ex.lib is not None else 0
+            label = ex.isa + {0: "", 1: " dot(emul)", 2: " dot"}[mode]
             per_w = expert_nbytes(ex) / (3 * a.hidden * a.inter)
             for t in [int(v) for v in a.tokens.split(",")]:
                 bh = measure_expert_bandwidth(ex, tokens=t, top_k=a.top_k, seconds=a.seconds, clock=clock)
-                line = f"{fmt:7s} {t:3d} {ex.isa:11s} {per_w:8.3f} {bh / 1e9:9.1f} {bh / rb:6.2f}"
+                line = f"{fmt:7s} {t:3d} {label:11s} {per_w:8.3f} {bh / 1e9:9.1f} {bh / rb:6.2f}"
                 if base is not None:
                     tbh = base.bandwidth(a.experts, a.hidden, t, a.top_k, a.seconds, clock)
                     line += f"  {tbh / 1e9:10.1f} {bh / tbh:10.2f}  {base.name}"
                 print(line, flush=True)
+            if ex.lib is not None:
+                ex.lib.ft_set_bf16_dot(0)
             ex.close()
         del banks, base
 

@@ -131,15 +131,29 @@ async def sampler(client, url: str, pid: int | None, samples: list, stop: asynci
             pass
 
 
-async def stalled_reader(url: str, model: str, deadline: float, api_key: str | None):
+def stall_phase_on(t: float, t0: float, phase: float) -> bool:
+    """With --stall-phase, the stalled readers are connected in the odd phases only."""
+    return phase > 0 and int((t - t0) // phase) % 2 == 1
+
+
+async def stalled_reader(url: str, model: str, deadline: float, api_key: str | None,
+                         t0: float = 0.0, phase: float = 0.0):
     """A client that sends a streaming request and never reads a byte of the reply (tiny
-    receive buffer); it reconnects every 40 s until the run ends."""
+    receive buffer); it reconnects every 40 s until the run ends. With `phase`, it is
+    connected only during the odd phases of that length (the even ones run without it)."""
     import socket
     host, port = urlparse(url).hostname, urlparse(url).port
     body = json.dumps({"model": model, "stream": True, "max_tokens": 100_000,
                        "messages": [{"role": "user", "content": "tell me a very long story"}]}).encode()
     auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
     while time.monotonic() < deadline:
+        hold = 40.0
+        if phase:
+            k = int((time.monotonic() - t0) // phase)
+            if k % 2 == 0:                          # a phase without stalled readers
+                await asyncio.sleep(max(0.0, min(deadline, t0 + (k + 1) * phase) - time.monotonic()))
+                continue
+            hold = t0 + (k + 1) * phase - time.monotonic()
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.setblocking(False)
@@ -148,7 +162,7 @@ async def stalled_reader(url: str, model: str, deadline: float, api_key: str | N
         await loop.sock_sendall(s, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
                                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                 % (len(body), body))
-        await asyncio.sleep(min(40.0, max(0.0, deadline - time.monotonic())))
+        await asyncio.sleep(min(hold, max(0.0, deadline - time.monotonic())))
         s.close()
 
 
@@ -194,7 +208,7 @@ async def run(args) -> dict:
         deadline = t0 + args.duration
         budget = [args.max_requests]
         rng = random.Random(args.seed)
-        stalled = [asyncio.ensure_future(stalled_reader(url, model, deadline, args.api_key))
+        stalled = [asyncio.ensure_future(stalled_reader(url, model, deadline, args.api_key, t0, args.stall_phase))
                    for _ in range(args.stalled)]
         await asyncio.gather(*(client_loop(i, client, url, deadline, budget, random.Random(rng.random()),
                                            outcomes, model) for i in range(args.clients)))
@@ -212,7 +226,16 @@ async def run(args) -> dict:
         samples.append({"t": round(time.monotonic() - t0, 1), "rss_mib": rss_mib(pid),
                         "kv_blocks_in_use": after.get("freetoken_kv_blocks_in_use"), "final": True})
     rc = server.stop() if server else None
-    return report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server)
+    r = report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server)
+    if args.stall_phase:                # inter-token gaps split by the phase they ended in
+        split = {True: [], False: []}
+        for o in outcomes:
+            for g, end in zip(o.gaps, o.gap_ends):
+                split[stall_phase_on(end, t0, args.stall_phase)].append(g)
+        r["itl_by_phase_s"] = {name: {"p50": percentile(split[on], 0.5), "p99": percentile(split[on], 0.99),
+                                      "n": len(split[on])}
+                               for name, on in (("without_stalled", False), ("with_stalled", True))}
+    return r
 
 
 def report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server) -> dict:
@@ -284,6 +307,8 @@ def parse_args(argv=None):
     p.add_argument("--pid", type=int, default=None, help="with --url: the server's pid, to sample its RSS")
     p.add_argument("--api-key", default=None)
     p.add_argument("--stalled", type=int, default=0, help="extra clients that never read their stream")
+    p.add_argument("--stall-phase", type=float, default=0.0, help="with --stalled: connect the stalled "
+                   "readers only in alternate phases of this many seconds (side-by-side comparison)")
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of load (at most 3600)")
     p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")

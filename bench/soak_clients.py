@@ -32,6 +32,7 @@ class Outcome:
     http_status: int | None = None
     ttft: float | None = None
     gaps: list[float] = field(default_factory=list)
+    gap_ends: list[float] = field(default_factory=list)   # time.monotonic() at the end of each gap
     events: int = 0
     retry_after: float | None = None
 
@@ -125,6 +126,7 @@ async def one_request(client, url: str, kind: str, model: str, max_tokens: int, 
                         out.ttft = now - t0
                     elif last is not None:
                         out.gaps.append(now - last)
+                        out.gap_ends.append(now)
                     last = now
                     if drop and out.events >= drop_after:
                         out.status = "cancelled"        # leaving the block closes the connection

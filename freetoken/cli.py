@@ -68,6 +68,10 @@ def cmd_generate(args) -> int:
     ids, text = [], []
     while engine.has_unfinished():
         for out in engine.step():
+            if getattr(out, "error", None):
+                print(f"error: generation failed in the engine: {out.error}", file=sys.stderr)
+                llm.close()
+                return 1
             ids.extend(out.new_token_ids)
             text.append(out.new_text)
             if not args.json:

@@ -32,7 +32,7 @@ class LLM:
         params = params or SamplingParams()
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        order, results = [], {}
+        order, results, errors = [], {}, {}
         token_lists = {}
         for p in prompts:
             if isinstance(p, str) and use_chat_template:
@@ -50,6 +50,10 @@ class LLM:
                 texts.append(out.new_text)
                 if out.finished:
                     results[out.request_id] = (toks, texts, out.finish_reason, out.num_cached_tokens)
+                    errors[out.request_id] = getattr(out, "error", None)
+        failed = next((r for r in order if errors.get(r)), None)
+        if failed:                  # the other prompts ran to the end; this one's work raised
+            raise RuntimeError(f"request {failed} failed in the engine: {errors[failed]}")
         return [Completion(token_lists[r], results[r][0], "".join(results[r][1]), results[r][2], results[r][3])
                 for r in order]
 
@@ -60,7 +64,9 @@ class LLM:
                                 want_prompt_logits=True)
         seq = self.engine.seqs[rid]
         while self.engine.has_unfinished():
-            self.engine.step()
+            for out in self.engine.step():
+                if out.request_id == rid and getattr(out, "error", None):
+                    raise RuntimeError(f"scoring failed in the engine: {out.error}")
         return torch.cat(seq.prompt_logits)[: len(token_ids)]
 
     def expert_stats(self) -> dict:

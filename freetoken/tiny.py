@@ -75,7 +75,18 @@ ARCHS = {
         layer_types=[("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")[i % 3]
                      for i in range(L)],
         mlp_layer_types=["hash_moe" if i == 0 else "moe" for i in range(L)])),
+    "glm5_next": ("Glm5NextConfig", lambda L, E, K, H, V: dict(text_config=dict(
+        _common(L, H, V, kv_heads=4), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
+        n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, kv_lora_rank=H // 2, q_lora_rank=H // 2,
+        qk_nope_head_dim=H // 4, qk_rope_head_dim=0, v_head_dim=H // 4, index_topk=8, index_head_dim=H // 4,
+        index_n_heads=8, index_kpool=4, linear_num_heads=4, linear_head_dim=H // 4, hc_mult=2,
+        layer_types=["indexed_attention" if i % 2 else "linear_attention" for i in range(L)],
+        mlp_layer_types=["dense" if i == 0 else "sparse" for i in range(L)]),
+        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=H,
+                           patch_size=2, temporal_patch_size=1, spatial_merge_size=1, projection_intermediate_size=32))),
 }
+# multimodal checkpoints: the model class to build, and the text fields live in `text_config`
+MODEL_CLASSES = {"glm5_next": "Glm5NextForConditionalGeneration"}
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
 ARCHS["glm4_moe_nvfp4"] = ARCHS["glm4_moe"]    # same model, routed experts as ModelOpt NVFP4
 ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks
@@ -103,6 +114,19 @@ def train_tokenizer(vocab_size: int):
     return tok
 
 
+def randomize_constant_inits(model, seed: int = 0) -> None:
+    """GLM-5.3-Flash parameters transformers initialises to constants (pool gates and position
+    terms, hyper-connection biases and scales, KDA decay rates, norm weights): random values, as
+    trained checkpoints have, so a swapped or ignored one shows in the logits."""
+    g = torch.Generator().manual_seed(seed)
+    names = ("index_kpool_compress", "_hc.base", "_hc.scale", "A_log", "o_norm.weight", "layernorm.weight",
+             "k_norm.")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "visual" not in name and any(n in name for n in names):
+                p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.3)
+
+
 def randomize_selection_biases(model, seed: int = 0) -> None:
     """Sigmoid routers' correction biases and DeepSeek-V4's hash-routing table start at zero in
     transformers; real checkpoints carry learned ones, and zeros would leave them untested."""
@@ -126,11 +150,16 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     cls_name, build = ARCHS[arch]
     kwargs = build(layers, experts, top_k, hidden, vocab)
-    kwargs.update(bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-    kwargs.update(overrides)
+    text = kwargs.get("text_config", kwargs)
+    text.update(bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
+    text.update(overrides)
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config)
+    if arch in MODEL_CLASSES:
+        model = getattr(transformers, MODEL_CLASSES[arch])(config)
+        randomize_constant_inits(model, seed)
+    else:
+        model = transformers.AutoModelForCausalLM.from_config(config)
     randomize_selection_biases(model, seed)
     model.to(getattr(torch, dtype)).save_pretrained(out)
     if arch.endswith("_nvfp4"):

@@ -17,7 +17,7 @@ def tiny_dir(tmp_path_factory):
     cache: dict = {}
 
     def get(arch: str = "qwen3_moe", **kw) -> Path:
-        key = (arch, tuple(sorted(kw.items())))
+        key = (arch, repr(sorted(kw.items())))      # repr: list-valued overrides too
         if key not in cache:
             cache[key] = make_tiny(arch, root / f"{arch}-{len(cache)}", **kw)
         return cache[key]

@@ -92,3 +92,51 @@ class BlockManager:
     def num_used(self) -> int:
         """Blocks held by anyone (sequences or the prefix tree), the null block excluded."""
         return self.num_blocks - 1 - len(self.free)
+
+    # --- elastic pool (engine/kv_resize.py) ------------------------------------------------
+    def grow(self, num_blocks: int) -> None:
+        """More blocks: the new ids go to the bottom of the free list, so low ids keep being
+        handed out first and the pool stays compact for a later shrink."""
+        old = self.num_blocks
+        self.ref += [0] * (num_blocks - old)
+        self.cached += bytearray(num_blocks - old)
+        self.free = list(range(num_blocks - 1, old - 1, -1)) + self.free
+        self.num_blocks = num_blocks
+
+    def relocate(self, moves: dict[int, int]) -> None:
+        """Held block b now lives at free block moves[b] (its rows were copied there)."""
+        free = set(self.free)
+        for b, d in moves.items():
+            if self.ref[b] < 1 or d not in free:
+                raise AssertionError(f"KV block move {b}->{d}: the source must be held, the target free")
+            self.ref[d], self.cached[d] = self.ref[b], self.cached[b]
+            self.ref[b], self.cached[b] = 0, 0
+            free.discard(d)
+            free.add(b)
+        self.free = sorted(free, reverse=True)
+
+    def truncate(self, num_blocks: int) -> None:
+        """Drop the ids >= num_blocks; all of them must be free."""
+        if any(self.ref[num_blocks:]):
+            raise AssertionError(f"KV pool shrink to {num_blocks} blocks: a block above that is held")
+        if num_blocks < 2:
+            raise ValueError(f"KV cache too small: {num_blocks} blocks (need >= 2)")
+        self.ref = self.ref[:num_blocks]
+        self.cached = self.cached[:num_blocks]
+        self.free = [b for b in self.free if b < num_blocks]
+        self.num_blocks = num_blocks
+
+    def check(self, held_by_sequences: list[list[int]] = ()) -> None:
+        """Invariants: every block is free xor held; refs equal the holders' count (the block
+        tables given plus the tree's one), so nothing leaked or was released twice."""
+        assert self.ref[0] == 0 and 0 not in self.free, "the null block was handed out"
+        assert len(set(self.free)) == len(self.free), "a block is twice on the free list"
+        free = set(self.free)
+        want = [0] * self.num_blocks
+        for table in held_by_sequences:
+            for b in table:
+                want[b] += 1
+        for b in range(1, self.num_blocks):
+            assert (b in free) == (self.ref[b] == 0), f"KV block {b}: ref {self.ref[b]}, free {b in free}"
+            assert self.ref[b] == want[b] + self.cached[b], f"KV block {b}: ref {self.ref[b]} != holders"
+        assert self.reclaimable == sum(1 for b in range(self.num_blocks) if self.cached[b] and self.ref[b] == 1)

@@ -28,6 +28,9 @@ class EngineClient(Protocol):
 
     def has_unfinished(self) -> bool: ...
 
+    def queue_lengths(self) -> tuple[int, int]:
+        """(running, waiting) requests: the scheduler alone admits a request to run."""
+
     def expert_stats(self) -> dict:
         """Expert-memory counters for /metrics ({} when the engine has none)."""
 

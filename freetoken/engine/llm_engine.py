@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EngineConfig
-from ..errors import InvalidRequestError, PromptTooLongError
+from ..errors import InvalidRequestError, NumericalError, PromptTooLongError
 from ..layers.attention import kv_values_per_token
 from ..models.loader import load_model
 from ..sampling_params import SamplingParams
@@ -18,7 +18,7 @@ from .block_manager import BlockManager
 from .checkpoint_policy import CheckpointPolicy
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
-from .sampler import sample
+from . import sampler
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 
@@ -36,6 +36,8 @@ class StepOutput:
     completion_tokens: int
     stop_reason: str | int | None = None   # the stop string or stop/EOS token id that ended it
     num_cached_tokens: int = 0             # prompt tokens served from the prefix cache, not computed
+    error: str | None = None               # set (finish_reason "error") when this request's work raised
+    model_fault: bool = False              # ...in the model's forward or as NaN logits, not its own settings
 
 
 class LLMEngine:
@@ -57,6 +59,8 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, bs)
         self.runner = ModelRunner(self.model, num_blocks, bs)
         make_state = self._state_factory()
+        self._has_state = make_state is not None   # a recurrent state: no per-sequence rerun
+        self.num_request_failures = 0                          # requests failed alone by their own fault
         anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and cfg.prefix_cache else None
         self.prefix = PrefixCache(self.blocks, enabled=cfg.prefix_cache, make_state=make_state,
                                   policy=CheckpointPolicy(anchors=anchors, per_session=cfg.state_checkpoints),
@@ -103,6 +107,9 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted)
 
+    def queue_lengths(self) -> tuple[int, int]:
+        return len(self.scheduler.running), len(self.scheduler.waiting)
+
     # --- one iteration -------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         outputs = self._step()
@@ -124,34 +131,110 @@ class LLMEngine:
                 outputs.append(self._output(seq, [], seq.detok.take(True) if seq.detok else ""))
                 self.seqs.pop(seq.request_id, None)
             return outputs
-        for seq, _ in batch:
-            if seq.pending_copies:
-                self.runner.copy_rows(seq.pending_copies)
-                self.prefix.copies_done(seq)
-        logits, full = self.runner.run(batch)
+        batch = [(seq, n) for seq, n in batch if self._guard(seq, outputs, self._copy_rows, seq)]
+        if not batch:
+            return outputs
+        logits, full, batch = self._forward(batch, outputs)
         to_sample = []
         for i, (seq, n) in enumerate(batch):
-            prompt_len = len(seq.prompt_ids)
-            seq.prompt_computed += max(0, min(seq.num_computed + n, prompt_len) - seq.num_computed)
-            seq.num_computed += n
-            self.prefix.after_step(seq)
-            if full[i] is not None:
-                seq.prompt_logits.append(full[i])
-            if seq.num_pending == 0:
+            if self._guard(seq, outputs, self._advance, seq, n, full[i]) and seq.num_pending == 0:
                 to_sample.append(i)
         if not to_sample:
             return outputs
-        tokens = sample(logits[to_sample], [batch[i][0] for i in to_sample])
-        for i, tok in zip(to_sample, tokens):
+        for i, tok in self._sample(logits, [batch[i][0] for i in to_sample], to_sample, outputs):
             seq = batch[i][0]
-            seq.append(tok)
-            reason = self._finish_reason(seq, tok)
-            if reason:
-                self.scheduler.finish(seq, reason)
-                self.seqs.pop(seq.request_id, None)
-            text = seq.detok.take(reason is not None) if seq.detok else ""
-            outputs.append(self._output(seq, [tok], text))
+            out = self._guard(seq, outputs, self._emit, seq, tok)
+            if out:
+                outputs.append(out)
         return outputs
+
+    # --- per-request work, each failing its own request alone ----------------------------
+    def _guard(self, seq: Sequence, outputs: list, fn, *args):
+        """fn(*args), or None after failing `seq` alone when it raises (the step goes on)."""
+        try:
+            return fn(*args) or True
+        except Exception as e:  # noqa: BLE001 - one request's fault must not end the others
+            self._fail(seq, e, outputs)
+            return None
+
+    def _fail(self, seq: Sequence, err: Exception, outputs: list, model_fault: bool = False) -> None:
+        """End one request with finish_reason "error": its blocks go back to the pool and its
+        half-made KV rows or state are not published to the prefix cache."""
+        log.error("request %s failed in the engine (%s: %s); the other requests go on",
+                  seq.request_id, type(err).__name__, err, exc_info=err)
+        seq.state = None                        # a forward that raised may have half-advanced it
+        self.scheduler.finish(seq, "error")
+        self.seqs.pop(seq.request_id, None)
+        self.num_request_failures += 1
+        out = self._output(seq, [], "")
+        out.error = f"{type(err).__name__}: {err}"[:500]
+        out.model_fault = model_fault or isinstance(err, NumericalError)
+        outputs.append(out)
+
+    def _copy_rows(self, seq: Sequence) -> None:
+        if seq.pending_copies:
+            self.runner.copy_rows(seq.pending_copies)
+            self.prefix.copies_done(seq)
+
+    def _forward(self, batch, outputs):
+        """The batch's forward. When it raises, the fault is not attributable: each sequence
+        runs alone instead (a rerun writes the same KV slots, so this is safe) and only those
+        that raise alone fail. Models with a recurrent state cannot rerun (the failed forward
+        may have advanced some layers' state), so there the batch's requests fail."""
+        try:
+            logits, full = self.runner.run(batch)
+            return logits, full, batch
+        except Exception as e:  # noqa: BLE001
+            if len(batch) == 1 or self._has_state:
+                for seq, _ in batch:
+                    self._fail(seq, e, outputs, model_fault=True)
+                return None, [], []
+            log.warning("a batched forward of %d requests raised (%s: %s); rerunning each alone",
+                        len(batch), type(e).__name__, e)
+        rows, fulls, kept = [], [], []
+        for seq, n in batch:
+            try:
+                logits, full = self.runner.run([(seq, n)])
+            except Exception as e:  # noqa: BLE001
+                self._fail(seq, e, outputs, model_fault=True)
+                continue
+            rows.append(logits)
+            fulls.extend(full)
+            kept.append((seq, n))
+        return (torch.cat(rows) if rows else None), fulls, kept
+
+    def _advance(self, seq: Sequence, n: int, full) -> None:
+        prompt_len = len(seq.prompt_ids)
+        seq.prompt_computed += max(0, min(seq.num_computed + n, prompt_len) - seq.num_computed)
+        seq.num_computed += n
+        self.prefix.after_step(seq)
+        if full is not None:
+            seq.prompt_logits.append(full)
+
+    def _sample(self, logits, seqs: list[Sequence], rows: list[int], outputs: list):
+        """[(batch row, token)] for the sequences that could be sampled; one whose sampling
+        raises (its logits processor or grammar, NaN logits) fails alone. Each is sampled
+        once: a seeded generator must not draw twice."""
+        if sampler.plain_greedy(seqs):
+            try:                            # one argmax for the batch; nothing to redo below
+                return list(zip(rows, sampler.sample(logits[rows], seqs)))
+            except Exception:  # noqa: BLE001 - find whose row it was, one at a time
+                pass
+        got = []
+        for row, seq in zip(rows, seqs):
+            tok = self._guard(seq, outputs, lambda r=row, s=seq: [sampler.sample(logits[[r]], [s])[0]])
+            if tok:                         # a one-element list: token 0 is a token too
+                got.append((row, tok[0]))
+        return got
+
+    def _emit(self, seq: Sequence, tok: int) -> StepOutput:
+        seq.append(tok)
+        reason = self._finish_reason(seq, tok)
+        text = seq.detok.take(reason is not None) if seq.detok else ""
+        if reason:
+            self.scheduler.finish(seq, reason)
+            self.seqs.pop(seq.request_id, None)
+        return self._output(seq, [tok], text)
 
     def _finish_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params
@@ -170,6 +253,20 @@ class LLMEngine:
             stop = seq.detok.matched_stop if seq.detok and seq.detok.matched_stop else seq.output_ids[-1]
         return StepOutput(seq.request_id, new_ids, text, seq.status is Status.FINISHED, seq.finish_reason,
                           len(seq.prompt_ids), len(seq.output_ids), stop, seq.num_cached_tokens)
+
+    # --- elastic memory ----------------------------------------------------------------
+    def resize_memory(self, *, expert_cache_gib: float | None = None, kv_cache_gib: float | None = None,
+                      state_cache_gib: float | None = None, allow_preempt: bool = True,
+                      trigger: str = "api") -> dict:
+        """Grow or shrink the expert cache, the KV pool and the checkpoint budget now, between
+        steps (engine/resize.py); outputs do not change. Returns what was done."""
+        from .resize import resize_memory
+        return resize_memory(self, expert_cache_gib=expert_cache_gib, kv_cache_gib=kv_cache_gib,
+                             state_cache_gib=state_cache_gib, allow_preempt=allow_preempt, trigger=trigger)
+
+    def memory_sizes(self) -> dict:
+        from .resize import memory_sizes
+        return memory_sizes(self)
 
     def expert_stats(self) -> dict:
         """Engine statistics for /metrics: the expert memory's and the prefix cache's."""

@@ -44,6 +44,33 @@ class ModelRunner:
                 if c.v is not None:                     # latent caches (MLA) keep one row, no V
                     c.v[dst * bs:dst * bs + rows] = c.v[src * bs:src * bs + rows]
 
+    @torch.inference_mode()
+    def resize_kv(self, num_blocks: int, moves: dict[int, int]) -> None:
+        """Copy each moved block's rows to its new block, then reallocate every layer's cache
+        at `num_blocks` blocks keeping the first rows. One layer at a time, so the peak is the
+        whole cache plus one layer's new tensor; on CUDA the freed memory goes back to the driver."""
+        bs, rows = self.block_size, num_blocks * self.block_size
+        if moves:
+            src = torch.tensor(list(moves), dtype=torch.long)
+            dst = torch.tensor(list(moves.values()), dtype=torch.long)
+            src = (src[:, None] * bs + self._arange).reshape(-1).to(self.device)
+            dst = (dst[:, None] * bs + self._arange).reshape(-1).to(self.device)
+        for c in self.kv.values():
+            for name in ("k", "v"):
+                old = getattr(c, name)
+                if old is None:
+                    continue
+                if moves:
+                    old.index_copy_(0, dst, old.index_select(0, src))
+                keep = min(rows, old.shape[0])
+                new = torch.empty((rows, *old.shape[1:]), dtype=old.dtype, device=old.device)
+                new[:keep] = old[:keep]
+                new[keep:].zero_()
+                setattr(c, name, new)
+                del old
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _torch_threads(self, phase: str) -> None:
         """Pure-CPU decode: every heavy op runs in the kernels' pool and torch's remaining ops are
         tiny, so torch gets one thread while decode steps follow each other; with more, its

@@ -201,13 +201,14 @@ class PrefixCache:
             seq.pending_checkpoints[seq.num_computed] = seq.state.snapshot()
         self._publish(seq, seq.num_computed // self.bs)
 
-    def release(self, seq: Sequence, final: bool = False) -> None:
-        """Finish, abort (`final`) or preemption: leave everything computed in the tree, then let go."""
+    def release(self, seq: Sequence, final: bool = False, publish: bool = True) -> None:
+        """Finish, abort (`final`) or preemption: leave everything computed in the tree (unless
+        not `publish`: a request that failed), then let go."""
         if final:
             self.stats.hit_tokens += seq.num_cached_tokens
             self.stats.miss_tokens += seq.prompt_computed
         self.copies_done(seq)
-        if self.enabled and seq.num_computed > 0:
+        if self.enabled and publish and seq.num_computed > 0:
             if seq.state is not None and self.make_state is not None:
                 seq.pending_checkpoints.setdefault(seq.num_computed, seq.state.snapshot())
             self._publish(seq, seq.num_computed // self.bs)
@@ -369,6 +370,23 @@ class PrefixCache:
         self.num_nodes -= 1
         self.stats.evicted_blocks += 1
         self.blocks.decref(node.block)
+
+    # --- elastic memory (engine/resize.py) -----------------------------------------------
+    def set_state_budget(self, nbytes: int) -> int:
+        """A new checkpoint budget; shrinking drops the least recently used snapshots first.
+        Returns how many were dropped."""
+        before = self.stats.evicted_checkpoints
+        self.state_budget = int(nbytes)
+        self._trim_budget()
+        return self.stats.evicted_checkpoints - before
+
+    def relocate(self, moves: dict[int, int]) -> None:
+        """KV blocks moved (pool compaction): tree nodes follow their block."""
+        for b, d in moves.items():
+            node = self._node_of.pop(b, None)
+            if node is not None:
+                node.block = d
+                self._node_of[d] = node
 
     # --- invariants (tests) --------------------------------------------------------------
     def check(self) -> None:

@@ -60,10 +60,14 @@ def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
     return int(torch.multinomial(probs.cpu(), 1, generator=seq.generator))
 
 
+def plain_greedy(seqs: list[Sequence]) -> bool:
+    """Whether one batched argmax samples them all (no processors, penalties or generators)."""
+    return all(s.params.greedy and not s.params.logits_processors and s.params.repetition_penalty == 1.0
+               and not s.params.presence_penalty and not s.params.frequency_penalty for s in seqs)
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     """logits [B, V] float32 -> one token per sequence."""
-    plain_greedy = all(s.params.greedy and not s.params.logits_processors and s.params.repetition_penalty == 1.0
-                       and not s.params.presence_penalty and not s.params.frequency_penalty for s in seqs)
-    if plain_greedy:
+    if plain_greedy(seqs):
         return _finite_rows(logits).argmax(dim=-1).tolist()
     return [sample_one(logits[i].clone(), s) for i, s in enumerate(seqs)]

@@ -123,7 +123,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.prefix.release(seq, final=True)
+        self.prefix.release(seq, final=True, publish=reason != "error")   # a failed request's rows may be half-made
         seq.state = None
 
 

@@ -61,8 +61,8 @@ class ExpertCache:
     def evictable(self) -> int:
         return self.table.evictable()
 
-    def candidates(self, k: int) -> np.ndarray:
-        return self.table.candidates(k)
+    def candidates(self, k: int, incoming: np.ndarray | None = None) -> np.ndarray:
+        return self.table.candidates(k, incoming)
 
     # ---- fills ------------------------------------------------------------------------
     def install(self, flat_ids: np.ndarray, slots: np.ndarray, background: bool = False) -> CopyJob | None:
@@ -116,14 +116,12 @@ class ExpertCache:
         The pool is not touched; survivors are copied slot to slot on the device."""
         self.drain()
         keep = self.table.keep_most_recent(int(slots))
-        old_banks = self.banks
-        self.banks = {}                                     # drop references before allocating
         idx = torch.as_tensor(keep, dtype=torch.long, device=self.device)
-        kept = {k: b.index_select(0, idx) for k, b in old_banks.items()}
-        del old_banks
-        self._alloc()
-        for k, b in self.banks.items():
-            b[:len(keep)].copy_(kept[k])
+        for k, old in list(self.banks.items()):            # one bank at a time: peak old + new of one
+            new = torch.empty((self.capacity, *old.shape[1:]), dtype=old.dtype, device=self.device)
+            torch.index_select(old, 0, idx, out=new[:len(keep)])   # survivors copied once, no temporary
+            self.banks[k] = new
+            del old
 
     def check(self) -> None:
         self.table.check()

@@ -64,8 +64,9 @@ class LayerStreamer:
             return None
         self.issue(layer + 1)                       # the second buffer: overlaps this layer
         job, slots, new = self._land(layer)
-        out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
-        device_run(self.cache.slot_of[flat], hidden, weights, out)
+        per_choice = torch.zeros(*flat.shape, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        device_run(self.cache.slot_of[flat], hidden, weights, per_choice)   # summed as the on-demand path does
+        out = per_choice.sum(1)
         self.cache.unlock(slots)
         n = int(new.sum())
         routed = np.unique(flat)

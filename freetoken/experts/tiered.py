@@ -165,7 +165,7 @@ class TieredExperts(Experts):
         cache.touch(hit_slots)
         cache.lock(hit_slots)
         fill = plan.fill
-        cands = cache.candidates(len(fill) if len(fill) else len(plan.warm))
+        cands = cache.candidates(len(fill) if len(fill) else len(plan.warm), fill)
         if decode and cache.table.admission and (self._decode_policy or self.planner.policy) == "hybrid":
             # misses not worth a slot run on the CPU instead (offload still fills every miss)
             ok = cache.table.admit(fill, cands)
@@ -190,7 +190,10 @@ class TieredExperts(Experts):
         if len(warm):
             cache.install(warm, cands[:1], background=True)
 
-        out = torch.zeros(hidden.shape[0], hidden.shape[1], dtype=torch.float32, device=hidden.device)
+        # one row per (token, choice), summed over the choices at the end in a fixed order: the
+        # output is bit-identical however the experts split into hits and fill waves (so a
+        # cache of any size, resized at any time, gives the same numbers)
+        per_choice = torch.zeros(*flat.shape, hidden.shape[1], dtype=torch.float32, device=hidden.device)
         slot_u = np.full(len(uniq), -1, np.int64)
         job, wave, wave_slots = None, fill[:0], cands[:0]
         t_fill = time.perf_counter()
@@ -200,7 +203,7 @@ class TieredExperts(Experts):
         t_dev = time.perf_counter()
         if hit.any():
             slot_u[hit] = hit_slots
-            self._device_run(slot_u[inv], hidden, weights, out)
+            self._device_run(slot_u[inv], hidden, weights, per_choice)
         dev_s = hits_s = time.perf_counter() - t_dev
         n_filled = 0
         while len(wave):
@@ -208,7 +211,7 @@ class TieredExperts(Experts):
             t_w = time.perf_counter()
             slot_u[:] = -1
             slot_u[np.searchsorted(uniq, wave)] = wave_slots
-            self._device_run(slot_u[inv], hidden, weights, out)
+            self._device_run(slot_u[inv], hidden, weights, per_choice)
             cache.unlock(wave_slots)
             wave_dev = time.perf_counter() - t_w
             dev_s += wave_dev
@@ -216,11 +219,12 @@ class TieredExperts(Experts):
             n_filled += len(wave)
             if not len(fill):
                 break
-            cands = cache.candidates(len(fill))
+            cands = cache.candidates(len(fill), fill)
             wave, wave_slots, fill = fill[:len(cands)], cands, fill[len(cands):]
             job = cache.install(wave, wave_slots)
         cache.unlock(hit_slots)
         fill_s = time.perf_counter() - t_fill - hits_s if n_filled else 0.0
+        out = per_choice.sum(1)
 
         cpu_s = 0.0
         if fut is not None:

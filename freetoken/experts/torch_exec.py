@@ -18,16 +18,26 @@ def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torc
     Computes in `dtype` (default x's) and accumulates in float32 (float64 when dtype is);
     returns the accumulator. Only experts with at least `tokens_min` routed tokens are computed
     (the CPU executor's prefill split); `dequant(fid)` replaces `dequantize_expert` (the CPU
-    executor's C dequantization)."""
+    executor's C dequantization).
+
+    A 3-D `out` [T, K, H] takes each choice's weighted output at out[t, k] instead of the sum
+    (written, not added): the caller sums over k in a fixed order, so the result does not
+    depend on how the choices were split between calls (cache hits vs fills)."""
     dtype = dtype or x.dtype
     if out is None:
         acc = torch.float64 if dtype == torch.float64 else torch.float32
         out = torch.zeros(x.shape[0], x.shape[1], dtype=acc, device=x.device)
     deq = dequant or (lambda fid: dequantize_expert(banks, spec.fmt, fid, dtype))
+    per_choice = out.dim() == 3
     if x.shape[0] == 1 and tokens_min <= 1:   # decode: no grouping needed, keep per-token work small
-        for fid, w in zip(flat_ids[0].tolist(), weights[0].tolist()):
-            if fid >= 0:
-                out.add_(_expert(banks, spec, fid, x.to(dtype), deq).to(out.dtype), alpha=w)
+        for k, (fid, w) in enumerate(zip(flat_ids[0].tolist(), weights[0].tolist())):
+            if fid < 0:
+                continue
+            y = _expert(banks, spec, fid, x.to(dtype), deq).to(out.dtype)
+            if per_choice:
+                out[0, k] = y[0] * w
+            else:
+                out.add_(y, alpha=w)
         return out
     ids = flat_ids.reshape(-1)
     order = torch.argsort(ids, stable=True)
@@ -42,7 +52,11 @@ def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torc
             continue
         tok = tokens[sl]
         y = _expert(banks, spec, fid, x.index_select(0, tok).to(dtype), deq)
-        out.index_add_(0, tok, y.to(out.dtype) * w[sl].to(out.dtype).unsqueeze(1))
+        y = y.to(out.dtype) * w[sl].to(out.dtype).unsqueeze(1)
+        if per_choice:
+            out.view(-1, out.shape[-1]).index_copy_(0, order[sl], y)
+        else:
+            out.index_add_(0, tok, y)
     return out
 
 

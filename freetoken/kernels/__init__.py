@@ -90,6 +90,8 @@ def _build(cc: str, flags: list[str]) -> Path:
 def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.ft_isa.restype = ctypes.c_char_p
+    lib.ft_set_bf16_dot.argtypes = [ctypes.c_int]
+    lib.ft_set_bf16_dot.restype = ctypes.c_int
     lib.ft_pool_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), i64, i64]
     lib.ft_pool_create.restype = vp
     lib.ft_pool_destroy.argtypes = [vp]

@@ -23,9 +23,11 @@ from .rope import Rotary
 @dataclass
 class Selection:
     """The indexer's choice for one step: mask [B, 1, Qmax, Kmax] (True = attend, causal
-    included) and the chosen key columns top [B, Qmax, k], best first."""
+    included) and the chosen key columns top [B, Qmax, k], best first. `count` [B, Qmax]: how
+    many leading columns of `top` are chosen, where that varies by query (pooled selection)."""
     mask: torch.Tensor
     top: torch.Tensor
+    count: torch.Tensor | None = None
 
 
 class Indexer:

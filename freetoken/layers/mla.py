@@ -147,7 +147,8 @@ class MLA:
             slots, lens = meta.key_slots, meta.context_lens
             if chosen is not None:     # sparse: only the indexer's top-k rows are read
                 slots = slots.gather(1, chosen.top[:, 0]).contiguous()
-                lens = lens.clamp(max=chosen.top.shape[-1])
+                lens = lens.clamp(max=chosen.top.shape[-1]) if chosen.count is None \
+                    else chosen.count[:, 0].to(lens.dtype).contiguous()
             o = attend_rows(meta.kernel_pool, qk, cache.k, cache.k, slots, lens, c.scale)[..., :c.kv_lora_rank]
         else:
             rows = gather_rows(cache.k, meta).transpose(1, 2)[..., :c.row].to(q.dtype)   # [B, 1, K, row]

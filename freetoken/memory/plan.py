@@ -178,13 +178,15 @@ def state_bytes_per_seq(s: ModelShape, cfg: EngineConfig) -> int:
 
 def activation_bytes(s: ModelShape, cfg: EngineConfig, chunk: int, max_len: int, device: str) -> int:
     """Estimate for one step of `chunk` tokens: hidden states, q/k/v, MLP and routed-expert
-    intermediates in fp32, the prefill mask against the whole context, logits, the rope tables
+    intermediates and per-choice expert outputs in fp32, the prefill mask against the whole context, logits, the rope tables
     of max_len positions; on CUDA also the keys/values gathered for every decoding sequence."""
     heads, kvh, hd = _attn(s)
     h = s.get("hidden_size")
     inter = max(s.get("intermediate_size", default=0) or 0,
                 s.get("num_experts_per_tok", default=0) * (s.get("moe_intermediate_size", default=0) or 0))
-    per_token = 6 * h + 2 * heads * hd + 2 * kvh * hd + 3 * inter
+    k = s.get("num_experts_per_tok", default=0) or 0
+    # + one fp32 row per routed choice: the tiered backends sum a token's choices in a fixed order
+    per_token = 6 * h + 2 * heads * hd + 2 * kvh * hd + 3 * inter + k * h
     n = 4 * chunk * per_token + 4 * chunk * max_len + 8 * cfg.max_num_seqs * s.get("vocab_size")
     n += 4 * 4 * max_len * hd                     # rope cos/sin tables for every position (+ build temporaries)
     if device == "cuda":

@@ -48,11 +48,13 @@ def cgroup_room(root: Path = Path("/sys/fs/cgroup")) -> tuple[int, int] | None:
     return None
 
 
-def probe(device_type: str = "cpu", device_index: int | None = None) -> MachineMemory:
-    info = _meminfo()
+def probe(device_type: str = "cpu", device_index: int | None = None, meminfo: Path = Path("/proc/meminfo"),
+          cgroup: Path = Path("/sys/fs/cgroup")) -> MachineMemory:
+    """meminfo/cgroup: where to read them (the memory watcher's tests give files of their own)."""
+    info = _meminfo(meminfo)
     total = info.get("MemTotal", 0)
     avail, source = info.get("MemAvailable", info.get("MemFree", 0)), "MemAvailable"
-    cg = cgroup_room()
+    cg = cgroup_room(cgroup)
     if cg is not None:
         limit, usage = cg
         total = min(total, limit) if total else limit

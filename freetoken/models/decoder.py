@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..config import EngineConfig
+from typing import TYPE_CHECKING
+
 from ..errors import CheckpointError
-from ..experts.factory import build_experts
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
 from ..layers.attention import paged_attention
@@ -21,9 +21,13 @@ from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
 from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
+from ..weights.fp8 import block_scales
 from ..weights.nvfp4 import pack_scales
 from .context import ForwardContext
 from .hf_config import HFConfig
+
+if TYPE_CHECKING:
+    from .loader import BuildContext
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class MoECausalLM:
 
     arch = ArchSpec()
 
-    def __init__(self, ck: Checkpoint, cfg: EngineConfig, max_len: int):
+    def __init__(self, ck: Checkpoint, cfg: BuildContext, max_len: int):
         hf = HFConfig(ck.config, ck.dir / "config.json")
         self.hf, self.cfg = hf, cfg
         device = cfg.torch_device
@@ -112,6 +116,8 @@ class MoECausalLM:
         pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
         self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
                                        pool.num_threads if pool is not None else 1)
+        if pool is not None:
+            pool.lib.ft_set_bf16_dot(int(self.choices.bf16_dot))
         dtype = self.choices.activations
         self.dtype, self.device = dtype, device
         # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:
@@ -191,14 +197,9 @@ class MoECausalLM:
 
     # --- loading -------------------------------------------------------------------------
     def _load_experts(self, ck: Checkpoint):
-        """The expert pool in its final layout: prebuilt by an FTW file, else built here from the
-        checkpoint's tensors (`reading("experts")` lets `freetoken convert` tell them apart)."""
-        pool = ck.prebuilt_experts()
-        if pool is None:
-            with ck.reading("experts"):
-                pool = self.build_pool(ck)
-        self.pool = pool
-        return build_experts(pool, self.cfg, self.device)
+        """The experts backend, which the loader builds from `build_pool` (models/loader.py)."""
+        self.pool, experts = self.cfg.experts(self, ck)
+        return experts
 
     def build_pool(self, ck: Checkpoint):
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
@@ -206,6 +207,8 @@ class MoECausalLM:
         p0 = f"model.layers.{self.moe_layers[0]}.{self.arch.moe_prefix}.experts.0.{g}.weight"
         if modelopt.is_nvfp4(ck, p0) and h % 32 == 0 and inter % 32 == 0:
             return self._nvfp4_pool(ck)
+        if ck.has(f"{p0}_scale_inv") and inter % 128 == 0:   # else read below, dequantized by get_float
+            return self._fp8_pool(ck)
         b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter))
         dt = self.expert_dtype
         for m, i in enumerate(self.moe_layers):
@@ -219,8 +222,27 @@ class MoECausalLM:
                 up = ck.get_float(f"{p}.{x}.{u}.weight", (inter, h), dt)
                 b.put("gate_up", m, x, torch.cat([gate, up]), dt)
                 b.put("down", m, x, ck.get_float(f"{p}.{x}.{d}.weight", (h, inter), dt), dt)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool
+        return b.build()
+
+    def _fp8_pool(self, ck: Checkpoint):
+        """FP8 e4m3 experts with 128x128 block scales (DeepSeek-V3, GLM-4.5-FP8, Qwen3-FP8 layout:
+        `weight` + `weight_scale_inv` per expert matrix) kept packed in fp8 banks; gate and up
+        stack into whole 128-row blocks because the intermediate size is a multiple of 128."""
+        e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
+        g, u, d = self.arch.expert_names
+        b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter, fmt="fp8"))
+        blocks = lambda r, c: (-(-r // 128), -(-c // 128))  # noqa: E731
+        for m, i in enumerate(self.moe_layers):
+            p = f"model.layers.{i}.{self.arch.moe_prefix}.experts"
+            for x in range(e):
+                (gw, gs), (uw, us), (dw, ds) = [
+                    (ck.get(f"{p}.{x}.{n}.weight", s), block_scales(ck.get(f"{p}.{x}.{n}.weight_scale_inv", blocks(*s))))
+                    for n, s in ((g, (inter, h)), (u, (inter, h)), (d, (h, inter)))]
+                b.put("gate_up", m, x, torch.cat([gw, uw]), torch.float8_e4m3fn)
+                b.put("gate_up_scale_inv", m, x, torch.cat([gs, us]), torch.float32)
+                b.put("down", m, x, dw, torch.float8_e4m3fn)
+                b.put("down_scale_inv", m, x, ds, torch.float32)
+        return b.build()
 
     def _nvfp4_pool(self, ck: Checkpoint):
         """ModelOpt NVFP4 experts kept packed: gate and up rows stacked, each row's scale row
@@ -238,8 +260,7 @@ class MoECausalLM:
                 b.put("gate_up_scales", m, x, pack_scales(torch.cat([gs, us]), torch.cat([gg, ug])), torch.uint8)
                 b.put("down_blocks", m, x, db, torch.uint8)
                 b.put("down_scales", m, x, pack_scales(ds, dg), torch.uint8)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format else pool   # re-encoding: a clear error
+        return b.build()
 
     def _load_mlp(self, ck: Checkpoint, i: int):
         p = f"model.layers.{i}.mlp"

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
 from ..layers.linear import Linear
 from ..layers.mla import MLA, MLAConfig
 from ..layers.moe import BiasCorrectedMoE
 from ..layers.norm import RMSNorm
-from ..weights.fp8 import block_scales, dequantize_fp8_block
 from .decoder import DecoderLayer, MoECausalLM
 
 
@@ -39,34 +37,6 @@ class DeepseekV3ForCausalLM(MoECausalLM):
 
     def attention(self, ck, i: int):
         return MLA(ck, f"model.layers.{i}.self_attn", self.mla, self.linear, self.rotary, self.dtype, self.device)
-
-    def build_pool(self, ck):
-        e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
-        p0 = f"model.layers.{self.moe_layers[0]}.mlp.experts"
-        fp8 = ck.has(f"{p0}.0.gate_proj.weight_scale_inv")
-        if not fp8:
-            return super().build_pool(ck)
-        packed = inter % 128 == 0        # gate and up blocks stack into whole 128-row blocks
-        b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter,
-                                                            fmt="fp8" if packed else "float"))
-        sc = lambda r, c: (-(-r // 128), -(-c // 128))  # noqa: E731
-        for m, i in enumerate(self.moe_layers):
-            p = f"model.layers.{i}.mlp.experts"
-            for x in range(e):
-                parts = {n: (ck.get(f"{p}.{x}.{n}.weight", s), block_scales(ck.get(f"{p}.{x}.{n}.weight_scale_inv", sc(*s))))
-                         for n, s in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter)))}
-                if packed:
-                    b.put("gate_up", m, x, torch.cat([parts["gate_proj"][0], parts["up_proj"][0]]), torch.float8_e4m3fn)
-                    b.put("gate_up_scale_inv", m, x, torch.cat([parts["gate_proj"][1], parts["up_proj"][1]]),
-                          torch.float32)
-                    b.put("down", m, x, parts["down_proj"][0], torch.float8_e4m3fn)
-                    b.put("down_scale_inv", m, x, parts["down_proj"][1], torch.float32)
-                else:
-                    deq = {n: dequantize_fp8_block(w, s).to(self.expert_dtype) for n, (w, s) in parts.items()}
-                    b.put("gate_up", m, x, torch.cat([deq["gate_proj"], deq["up_proj"]]), self.expert_dtype)
-                    b.put("down", m, x, deq["down_proj"], self.expert_dtype)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format and not packed else pool
 
     def _load_moe(self, ck, i: int):
         p, e = f"model.layers.{i}.mlp", self.num_experts()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CheckpointError
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
 from ..layers.hyper import HyperConnection, HyperHead
@@ -82,6 +82,8 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
         self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
                                        pool.num_threads if pool is not None else 1)
+        if pool is not None:
+            pool.lib.ft_set_bf16_dot(int(self.choices.bf16_dot))
         self.dtype = self.choices.activations
         self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
         self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-6, kind=float)
@@ -190,8 +192,7 @@ class DeepseekV4ForCausalLM(MoECausalLM):
                      for n, s in (("w1", (inter, h)), ("w3", (inter, h)), ("w2", (h, inter)))}
                 b.put("gate_up", i, x, torch.cat([w["w1"], w["w3"]]), dt)
                 b.put("down", i, x, w["w2"], dt)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format and not fp4 else pool
+        return b.build()
 
     def _load_layer(self, ck, get, i: int) -> V4Layer:
         p, h, e = f"layers.{i}", self.hidden, self.num_experts()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..experts.pool import ExpertSpec, PoolBuilder, requantize
+from ..experts.pool import ExpertSpec, PoolBuilder
 from ..layers.attention import attend_rows
 from ..layers.moe import SparseMoE
 from ..layers.norm import rms_norm
@@ -150,8 +150,7 @@ class GptOssForCausalLM(MoECausalLM):
             b.put_layer("gate_up_bias", m, deinterleave(ck.get_float(f"{p}.gate_up_proj_bias", (e, 2 * inter))),
                         torch.float32)
             b.put_layer("down_bias", m, ck.get_float(f"{p}.down_proj_bias", (e, h)), torch.float32)
-        pool = b.build()
-        return requantize(pool, self.cfg.expert_format) if self.cfg.expert_format and fmt == "float" else pool
+        return b.build()
 
     def _load_moe(self, ck, i: int):
         p = f"model.layers.{i}.mlp.router"

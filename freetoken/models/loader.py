@@ -1,22 +1,75 @@
-"""Open a checkpoint, resolve the engine settings once, and build its model."""
+"""Open a checkpoint, resolve the engine settings once, and build its model.
+
+The loader owns the wiring: a model builds its dense modules and, through `build_pool`, its
+expert tensors as an `ExpertPool`; the loader re-encodes that pool to `expert_format` and
+builds the experts backend. The model gets both through the `BuildContext` it is constructed
+with (in place of the engine options), so no model file imports the config or the factory."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+from dataclasses import dataclass
+
+import torch
 
 from ..config import EngineConfig
-from ..kernels.pool import shared_pool
+from ..experts.factory import build_experts
+from ..experts.pool import ExpertPool, requantize
+from ..kernels.pool import SPIN_US, shared_pool
 from ..weights.source import open_checkpoint
 from .registry import model_class
+
+log = logging.getLogger("freetoken.models")
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What a model constructor reads from the engine options, plus `experts(model, ck)`, the
+    loader's step that turns the model's expert tensors into (pool, experts backend)."""
+    cfg: EngineConfig
+    spin_us: int = SPIN_US
+
+    torch_device = property(lambda self: self.cfg.torch_device)
+    torch_dtype = property(lambda self: self.cfg.torch_dtype)       # storage: embeddings, experts, KV
+    compute_dtype = property(lambda self: self.cfg.compute_dtype)   # requested; kernels.choices decides
+    dense_format = property(lambda self: self.cfg.dense_format)
+    num_threads = property(lambda self: self.cfg.num_threads)
+
+    def experts(self, model, ck):
+        """The pool in its final layout -- prebuilt by an FTW file, else `model.build_pool(ck)`
+        re-encoded to `expert_format` (`reading("experts")` lets `freetoken convert` tell the
+        expert tensors apart) -- and the backend built over it."""
+        pool = ck.prebuilt_experts()
+        if pool is None:
+            with ck.reading("experts"):
+                pool = with_format(model.build_pool(ck), self.cfg.expert_format)
+        return pool, build_experts(pool, self.cfg, torch.device(self.cfg.torch_device), spin_us=self.spin_us)
+
+
+def with_format(pool: ExpertPool, fmt: str | None) -> ExpertPool:
+    """Float experts re-encoded to `fmt`; experts a checkpoint ships quantized (fp8, mxfp4,
+    nvfp4) stay as shipped, which is what the memory plan counts (`memory.plan.expert_format`)."""
+    if not fmt or pool.spec.fmt == fmt:
+        return pool
+    if pool.spec.fmt != "float":
+        log.info("expert_format %s ignored: the checkpoint's experts are %s", fmt, pool.spec.fmt)
+        return pool
+    return requantize(pool, fmt)
+
+
+def build_model(ck, cfg: EngineConfig, max_len: int, spin_us: int = SPIN_US):
+    """The checkpoint's model class constructed over `ck` with the loader's `BuildContext`."""
+    cls = model_class(ck.config, ck.dir / "config.json")
+    return cls(ck, BuildContext(cfg, spin_us), max_len)
 
 
 def load_model(cfg: EngineConfig):
     """Returns (model, resolved settings)."""
     ck = open_checkpoint(cfg.model, cfg)
     settings = cfg.resolve(ck.config)
-    cls = model_class(ck.config, ck.dir / "config.json")
     if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
         shared_pool(settings.num_threads, spin_us=settings.spin_us)
-    model = cls(ck, cfg, settings.max_model_len)
+    model = build_model(ck, cfg, settings.max_model_len, settings.spin_us)
     ck.close()
     experts = getattr(model, "experts", None)
     chosen = dict(getattr(experts, "settings", {}) or {})

@@ -17,7 +17,7 @@ class LanguageModelView:
 
     def __init__(self, ck):
         self._ck, self.dir = ck, ck.dir
-        text = dict(ck.config["text_config"])
+        text = dict(ck.config.get("text_config") or ck.config)     # flat text-only configs too
         for k in ("tie_word_embeddings",):
             if k not in text and k in ck.config:
                 text[k] = ck.config[k]

@@ -18,6 +18,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
     "Glm4MoeLiteForCausalLM": ("glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
     "GlmMoeDsaForCausalLM": ("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
+    "Glm5NextForConditionalGeneration": ("glm5_next", "Glm5NextForConditionalGeneration"),
     "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3ForCausalLM"),
     "DeepseekV32ForCausalLM": ("deepseek_v32", "DeepseekV32ForCausalLM"),
     "DeepseekV4ForCausalLM": ("deepseek_v4", "DeepseekV4ForCausalLM"),

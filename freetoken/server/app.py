@@ -21,6 +21,7 @@ from .server_state import AppState, Settings
 log = logging.getLogger("freetoken.server")
 
 OPEN_PATHS = {"/health", "/api/hello"}
+ADMIN = "/admin/"            # admin routes check their own token (server/admin.py)
 
 
 def _key_from(request: Request) -> str | None:
@@ -40,7 +41,7 @@ class APIKeyMiddleware:
         self.app, self.key, self.metrics = app, key.encode(), metrics
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not scope["path"].startswith(ADMIN):
             key = _key_from(Request(scope))
             if key is None or not hmac.compare_digest(key.encode(), self.key):
                 self.metrics.http_errors.labels("401").inc()
@@ -74,13 +75,16 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         svc.metrics.http_errors.labels(str(exc.status)).inc()
         if exc.status >= 500:
             log.error("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
-        else:
-            log.info("%s %s -> %d %s", request.method, request.url.path, exc.status, exc.message)
+        else:   # a 4xx message may quote the request's own text: the client gets it, the log does not
+            log.info("%s %s -> %d %s%s", request.method, request.url.path, exc.status,
+                     exc.code or type(exc).__name__, f" (param {exc.param})" if exc.param else "")
         return error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError):
-        return await api_error(request, BadRequest(str(exc.errors()[:1])))
+        err = exc.errors()[0] if exc.errors() else {}        # not its "input": that is the request's text
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        return await api_error(request, BadRequest(f"{loc}: {err.get('msg', 'invalid request')}", param=loc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -140,4 +144,7 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
 
     for r in (openai_api.router, openai_responses.router, anthropic_api.router):
         app.include_router(r)
+    if settings.admin_token:
+        from .admin import make_router
+        app.include_router(make_router(settings.admin_token))
     return app

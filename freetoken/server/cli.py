@@ -67,6 +67,19 @@ def register(subparsers) -> None:
                    "seconds (default 30)")
     s.add_argument("--max-body-mb", type=float, default=32,
                    help="largest request body accepted; bigger ones get 413 (default 32)")
+    s.add_argument("--admin-token", default=os.environ.get("FREETOKEN_ADMIN_TOKEN"),
+                   help="enable GET/POST /admin/memory (runtime resizing) for requests carrying this "
+                   "token as 'x-admin-token' or 'Authorization: Bearer' (default: off; "
+                   "$FREETOKEN_ADMIN_TOKEN)")
+    s.add_argument("--memory-floor-gib", type=float, default=None,
+                   help="watch free memory (host MemAvailable/cgroup, CUDA free): below this many GiB "
+                   "give memory back (expert cache, then checkpoints, then unused KV blocks); "
+                   "default: no watcher")
+    s.add_argument("--memory-ceiling-gib", type=float, default=None,
+                   help="grow back toward the start-up plan only while more than this is free "
+                   "(default: 1.5 x floor + 0.25)")
+    s.add_argument("--memory-watch-interval", type=float, default=5.0,
+                   help="seconds between two watcher resizes at least (default 5)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _engine_args(s)
     s.set_defaults(func=cmd_serve)
@@ -168,8 +181,28 @@ def build(args):
         log.info("sampling defaults from generation_config.json: %s", svc.sampling_defaults)
     app = create_app(svc, Settings(model_names=names, api_key=args.api_key,
                                    model_match=args.model_match,
-                                   max_body_bytes=int(args.max_body_mb * (1 << 20))))
+                                   max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                                   admin_token=getattr(args, "admin_token", None)))
+    svc.loop.watcher = memory_watcher(args, llm.engine)
+    svc.metrics.set_memory_sizes(llm.engine.memory_sizes())
     return llm, svc, app, demo, model
+
+
+def memory_watcher(args, engine):
+    """The free-memory watcher of `--memory-floor-gib`, growing back to the start-up sizes."""
+    floor = getattr(args, "memory_floor_gib", None)
+    if floor is None:
+        return None
+    from freetoken.memory.watcher import MemoryWatcher, WatchPolicy, machine_free
+    try:
+        policy = WatchPolicy.from_gib(floor, args.memory_ceiling_gib, args.memory_watch_interval)
+    except ValueError as e:
+        raise SystemExit(f"freetoken serve: {e}") from None
+    planned = {c: s["bytes"] for c, s in engine.memory_sizes().items() if s is not None}
+    device = engine.runner.device.type
+    log.info("memory watcher: give back below %.2f GiB free, grow back above %.2f GiB",
+             policy.floor_bytes / 2**30, policy.ceiling_bytes / 2**30)
+    return MemoryWatcher(policy, planned, lambda: machine_free(device))
 
 
 def cmd_serve(args) -> int:

@@ -1,12 +1,16 @@
 """The single thread that owns the engine (LLMEngine is not thread-safe).
 
-It admits queued requests up to `max_running`, steps the engine (continuous batching:
+It hands every request to the engine as it arrives, steps the engine (continuous batching:
 every running request advances together) and hands each StepOutput to the asyncio side.
+Admission -- when a request starts running -- has one owner, the engine's scheduler
+(`max_num_seqs`, and only when its prompt fits the KV cache); this loop only sheds load at
+`submit` (more than `max_running + max_waiting` requests in flight: 429).
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import logging
 import queue
 import threading
@@ -63,6 +67,7 @@ class EngineLoop:
         self._stats_at = 0.0
         self.failures = 0            # engine steps failed in a row; any good step resets it
         self.last_error = ""
+        self.watcher = None          # memory/watcher.py, set by `serve --memory-floor-gib`
         _count_preemptions(engine, metrics)
 
     def start(self) -> None:
@@ -88,15 +93,27 @@ class EngineLoop:
                 raise Overloaded(f"server busy: {self.n_running} running and {self.n_waiting} "
                                  f"waiting requests; retry later", status=429, retry_after=1)
             self.n_waiting += 1
-        self._gauges()
+        self.metrics.waiting.inc()          # the engine thread sets the exact figure next
         self.commands.put(("add", job))
 
     def abort(self, request_id: str) -> None:
         self.commands.put(("abort", request_id))
 
+    def memory(self, resize: dict | None = None) -> concurrent.futures.Future:
+        """Resize (keyword arguments of LLMEngine.resize_memory) or, with None, read the sizes,
+        on the engine thread between two steps. The future holds the result or the error."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        if not self.thread.is_alive():
+            fut.set_exception(Overloaded("the engine is not running", status=503))
+            return fut
+        self.commands.put(("memory", (resize, fut)))
+        return fut
+
     def _gauges(self) -> None:
-        self.metrics.running.set(self.n_running)
-        self.metrics.waiting.set(self.n_waiting)
+        """(engine thread only) requests running and waiting as the scheduler sees them."""
+        running, waiting = self.engine.queue_lengths() if self.n_running else (0, 0)
+        self.metrics.running.set(running)
+        self.metrics.waiting.set(waiting + self.n_waiting)
         kv = kv_blocks(self.engine)
         if kv:
             self.metrics.kv_blocks_total.set(kv[0])
@@ -114,10 +131,39 @@ class EngineLoop:
                 self.waiting.append(arg)
             elif kind == "abort":
                 self._abort(arg)
+            elif kind == "memory":
+                self._memory(*arg)
             try:
                 cmd = self.commands.get_nowait()
             except queue.Empty:
                 return
+
+    def _memory(self, resize: dict | None, fut: concurrent.futures.Future) -> None:
+        try:
+            result = self._resize(resize, "api") if resize is not None else {}
+            result["sizes"] = self.engine.memory_sizes()
+        except Exception as e:  # noqa: BLE001 - reported to the caller
+            fut.set_exception(e)
+            return
+        fut.set_result(result)
+
+    def _resize(self, kwargs: dict, trigger: str) -> dict:
+        result = self.engine.resize_memory(**kwargs, trigger=trigger)
+        self.metrics.record_resize(result, self.engine.memory_sizes())
+        return result
+
+    def _watch(self) -> None:
+        if self.watcher is None:
+            return
+        try:
+            want = self.watcher.poll(self.engine.memory_sizes)
+            for dev, free in self.watcher.last_free.items():
+                self.metrics.memory_free.labels(dev).set(free)
+            if want is not None:
+                self._resize(want, "watcher")
+        except Exception:  # noqa: BLE001 - the watcher must never stop serving
+            log.exception("memory watcher failed; it is switched off")
+            self.watcher = None
 
     def _abort(self, request_id: str) -> None:
         for job in self.waiting:
@@ -133,8 +179,10 @@ class EngineLoop:
             except Exception:
                 log.exception("abort_request(%s) failed", request_id)
 
-    def _admit(self) -> None:
-        while self.waiting and self.n_running < self.max_running:
+    def _hand_over(self) -> None:
+        """Every queued job to the engine (the scheduler decides when it runs); a request the
+        engine refuses (InvalidRequestError, PromptTooLongError) fails alone."""
+        while self.waiting:
             job = self.waiting.popleft()
             with self.lock:
                 self.n_waiting -= 1
@@ -178,24 +226,38 @@ class EngineLoop:
         if self.draining.is_set() and time.monotonic() > self.drain_deadline:
             self._end_all(Overloaded("the server is shutting down and this request ran past its "
                                      "drain timeout", status=503, retry_after=5))
-        self._admit()
+        self._watch()
+        self._hand_over()
         self._gauges()
         self._snapshot_stats()
         if not self.running:
             return
         self._abort_stalled()
         outs = self.engine.step()
-        self.failures = 0
+        self._count_failures(outs)
         for out in outs:
             job = self.running.get(out.request_id)
             if job is None:
                 continue
-            job.push(out)
+            error = getattr(out, "error", None)
+            job.push(RuntimeError(f"engine error: {error}") if error else out)
             if out.finished:
                 del self.running[out.request_id]
                 with self.lock:
                     self.n_running -= 1
         self._gauges()
+
+    def _count_failures(self, outs) -> None:
+        """A step that made no token and failed requests in the model (a forward that raised
+        even alone, NaN logits) counts as a failed step for /health; any progress resets the
+        count. A request failed by its own work (its grammar, its detokenization) does not."""
+        errors = [o.error for o in outs if getattr(o, "model_fault", False)]
+        if errors and not any(o.new_token_ids for o in outs):
+            self.failures += 1
+            self.last_error = errors[0][:300]
+            self.metrics.engine_failures.inc()
+        else:
+            self.failures = 0
 
     def _abort_stalled(self) -> None:
         """A client that stops reading must not keep its slot generating to max_tokens:

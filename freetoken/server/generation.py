@@ -73,6 +73,7 @@ class Generation:
                         raise BadRequest(str(out))
                     if isinstance(out, Overloaded):
                         raise out
+                    m.requests.labels(req.endpoint, "error").inc()
                     yield Done("error", len(req.prompt_ids), len(self.token_ids), error=str(out))
                     return
                 if first is None and out.new_token_ids:

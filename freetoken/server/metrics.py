@@ -85,8 +85,29 @@ class Metrics:
         self.running = Gauge("freetoken_requests_running", "Requests in the engine", registry=r)
         self.waiting = Gauge("freetoken_requests_waiting", "Requests queued for the engine",
                              registry=r)
+        self.memory_resizes = Counter("freetoken_memory_resizes", "Runtime resizes of a memory component "
+                                      "(POST /admin/memory or the free-memory watcher)",
+                                      ["component", "direction", "trigger"], registry=r)
+        self.memory_bytes = Gauge("freetoken_memory_bytes", "Current size of each resizable memory "
+                                  "component (expert_cache, kv_cache; state_cache is its budget)",
+                                  ["component"], registry=r)
+        self.memory_free = Gauge("freetoken_memory_free_bytes", "Free memory the watcher last read",
+                                 ["device"], registry=r)
         self.engine_stats: dict = {}
         r.register(EngineStatsCollector(lambda: self.engine_stats))
+
+    def record_resize(self, result: dict, sizes: dict) -> None:
+        """One count per component a resize changed, and the new sizes."""
+        for name, d in result.get("components", {}).items():
+            if d is not None and d["before"] != d["after"]:
+                direction = "grow" if d["after"] > d["before"] else "shrink"
+                self.memory_resizes.labels(name, direction, result.get("trigger", "api")).inc()
+        self.set_memory_sizes(sizes)
+
+    def set_memory_sizes(self, sizes: dict) -> None:
+        for name, s in sizes.items():
+            if s is not None:
+                self.memory_bytes.labels(name).set(s["bytes"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

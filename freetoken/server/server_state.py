@@ -23,6 +23,7 @@ class Settings:
     api_key: str | None = None
     model_match: str = "auto"        # auto: OpenAI routes strict, Anthropic routes map any id
     max_body_bytes: int = 32 << 20
+    admin_token: str | None = None   # enables /admin/memory (server/admin.py)
 
 
 @dataclass

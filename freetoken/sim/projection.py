@@ -133,7 +133,7 @@ def run_cell(table: SlotTable, planner: MissPlanner, uniq: np.ndarray, tokens: n
     table.touch(hit_slots)
     table.lock(hit_slots)
     fill = plan.fill
-    cands = table.candidates(len(fill) if len(fill) else len(plan.warm))
+    cands = table.candidates(len(fill) if len(fill) else len(plan.warm), fill)
     if decode and admit and table.admission:
         ok = table.admit(fill, cands)
         ok[len(cands):] = True
@@ -151,7 +151,7 @@ def run_cell(table: SlotTable, planner: MissPlanner, uniq: np.ndarray, tokens: n
         wave, wave_slots, fill = fill[:len(cands)], cands[:len(fill)], fill[len(cands):]
         _land(table, wave, wave_slots)
         filled += len(wave)
-        cands = table.candidates(len(fill))
+        cands = table.candidates(len(fill), fill)
     table.unlock(hit_slots)
     return int(hit.sum()), filled, m - filled
 

@@ -91,7 +91,7 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
 def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format: str | None = None,
             dtype: str | None = None, num_threads: int | None = None) -> dict:
     """Writes `out` and returns its header."""
-    from ..models.registry import model_class
+    from ..models.loader import build_model
 
     src, out = Path(model_dir), Path(out)
     ck = Checkpoint(src)
@@ -100,7 +100,7 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
                        expert_format=expert_format, num_threads=num_threads)
     rec = RecordingCheckpoint(ck)
     max_pos = int(ck.config.get("max_position_embeddings") or 4096)
-    model = model_class(ck.config, src / "config.json")(rec, cfg, min(max_pos, 4096))
+    model = build_model(rec, cfg, min(max_pos, 4096))
     if model.experts is not None:
         model.experts.close()
 

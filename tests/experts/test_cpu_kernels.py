@@ -101,7 +101,7 @@ def test_executor_matches_float64_reference(fmt, isa):
     for act, bias, limit in (("silu", False, 7.0), ("swiglu_oai", True, 7.0), ("silu_clamp", False, 0.05)):
         banks = make_banks(fmt, n, hidden, inter, bias, gen)
         ex = CpuExpertExecutor(banks, fmt, hidden, inter, activation=act, limit=limit, isa=isa, gemm_tokens=0)
-        assert ex.isa in ("avx512+vnni", "avx512", "avx2", "portable") or ex.isa == "torch"
+        assert ex.isa in ("avx512+vnni+bf16", "avx512+vnni", "avx512", "avx2", "portable") or ex.isa == "torch"
         dense = dense64(banks, fmt)
         for t, k in ((1, 1), (1, 4), (3, 2), (9, 3)):
             ids, w = routes(t, k, n, gen)
@@ -268,3 +268,42 @@ def test_vnni_int8_dots_equal_the_avx2_ones(fmt):
     ids, w = routes(5, 2, 4, gen)
     x = torch.randn(5, hidden, generator=gen)
     assert torch.equal(wide.run(x, ids, w), narrow.run(x, ids, w))
+
+
+def bf16_act(v: torch.Tensor) -> torch.Tensor:
+    """The bf16-dot kernels' activation rounding (to bf16, nearest even), in float64."""
+    return v.float().bfloat16().double()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_bf16_dot_matches_float64_reference_of_rounded_activations(isa):
+    """bf16 banks with the vdpbf16ps switch on (emulated where the variant lacks it): equal to the
+    float64 reference whose x and h are rounded to bf16, on odd shapes (masked tails)."""
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    lib = kernels.load(isa)
+    for hidden, inter in ((200, 72), (2048, 96), (67, 33)):
+        banks = make_banks("bf16", 6, hidden, inter, True, gen)
+        ex = CpuExpertExecutor(banks, "bf16", hidden, inter, activation="swiglu_oai", isa=isa, gemm_tokens=0)
+        dense = dense64(banks, "bf16")
+        try:
+            assert lib.ft_set_bf16_dot(1) == (2 if ex.isa.endswith("+bf16") else 1)
+            for t, k in ((1, 1), (1, 4), (3, 2), (9, 3)):
+                ids, w = routes(t, k, 6, gen)
+                x = torch.randn(t, hidden, generator=gen)
+                y = ex.run(x, ids, w)
+                exact = reference64(banks, dense, x, ids, w, "swiglu_oai")
+                gu_all, dn_all = dense
+                rounded = torch.zeros_like(exact)
+                for i in range(t):
+                    for j in range(k):
+                        e = int(ids[i, j])
+                        if e < 0:
+                            continue
+                        h = gu_all[e] @ bf16_act(x[i]) + banks["gate_up_bias"][e].double()
+                        a = activate(h[:inter], h[inter:], "swiglu_oai", 1.702, 7.0)
+                        rounded[i] += float(w[i, j]) * (dn_all[e] @ bf16_act(a) + banks["down_bias"][e].double())
+                assert rel_err(y, rounded) < 1e-4, (hidden, t, k)
+                assert rel_err(y, exact) < 2e-2, (hidden, t, k)          # bf16 activations, as llama.cpp's
+        finally:
+            lib.ft_set_bf16_dot(0)
+            ex.close()

@@ -14,7 +14,7 @@ PROMPTS = [list(range(5, 45)), list(range(50, 57)), list(range(3, 30, 2))]
 HW = Hardware("test", link_gbps=10, cpu_gbps=20, link_concurrent_gbps=10, cpu_concurrent_gbps=20, device_gbps=100)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit", "arc"])
 def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
     path = tmp_path / "routing.jsonl"

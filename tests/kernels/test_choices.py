@@ -77,3 +77,35 @@ def test_explicit_dtype_and_other_cases():
     assert cal.calls == 0
     assert "avx512" in resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2,
                                measure=Calibration(2, 1)).describe()
+
+
+
+def test_bf16_dot_only_under_auto_with_vdpbf16ps_and_when_measured_faster(tmp_path):
+    fast, slow = Calibration(fp32=2.0, bf16=1.0), Calibration(fp32=1.0, bf16=1.5)
+    gemm = Calibration(2, 1)
+    pick = lambda flags, dot, requested="auto", weights=torch.bfloat16, kernels=True: resolve(  # noqa: E731
+        weights, CPU, requested, kernels=kernels, flags=flags, threads=2, measure=gemm, measure_dot=dot)
+    assert pick(ZEN4, fast).bf16_dot and pick(SPR, fast).bf16_dot
+    assert "vdpbf16ps" in pick(ZEN4, fast).describe()
+    assert not pick(ZEN4, slow).bf16_dot and pick(ZEN4, slow).dot_seconds == slow.t
+    never = Calibration(fp32=2.0, bf16=1.0)
+    for flags in (AVX2, OLD, AVX2 | {"avx512_bf16"}, ZEN4 - {"avx512_bf16"}):   # no vdpbf16ps / no AVX-512
+        assert not pick(flags, never).bf16_dot
+    assert not pick(ZEN4, never, requested="float32").bf16_dot           # explicit: exact fp32 activations
+    assert not pick(ZEN4, never, weights=torch.float16).bf16_dot
+    assert not pick(ZEN4, never, kernels=False).bf16_dot
+    assert never.calls == 0
+    cached = Calibration(fp32=2.0, bf16=1.0)
+    for _ in range(2):
+        assert resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=gemm,
+                       measure_dot=cached, cache=tmp_path).bf16_dot
+    assert cached.calls == 1
+
+
+def test_bf16_dot_calibration_runs_the_library_here():
+    from freetoken.kernels import cpu_kernels
+    from freetoken.kernels.choices import measure_bf16_dot
+    if cpu_kernels() is None:
+        return
+    t = measure_bf16_dot(1, n=256, k=512, reps=1)
+    assert set(t) == {"fp32", "bf16"} and all(v > 0 for v in t.values())

@@ -82,3 +82,26 @@ def test_native_bf16_prefill_gemm_matches_reference():
             assert ((y.double() - rounded).abs().max() / rounded.abs().max()) < 8e-3    # one bf16 rounding
         else:
             assert ((y.double() - ref).abs().max() / ref.abs().max()) < 2e-5
+
+
+@pytest.mark.parametrize("isa", kernels.variants_here())
+def test_bf16_dot_gemv_matches_float64_reference_of_rounded_activations(isa):
+    """The vdpbf16ps switch (emulated where the variant lacks it) on bf16 weights: x rounded to
+    bf16, then exact products summed in fp32."""
+    g = torch.Generator().manual_seed(5)
+    lib = kernels.load(isa)
+    pool = CpuPool(lib, 2, small_job_bytes=0)
+    try:
+        lib.ft_set_bf16_dot(1)
+        for N, K in ((37, 75), (9, 2048), (64, 33), (5, 1)):
+            w = torch.randn(N, K, generator=g)
+            lin = Linear(w, None, compute_dtype=torch.float32, storage_dtype=torch.bfloat16, pool=pool)
+            ref_w = w.bfloat16().double()
+            for M in (1, 2, 3, 4, 5, 9):
+                x = torch.randn(M, K, generator=g)
+                ref = x.bfloat16().double() @ ref_w.T
+                err = (lin(x).double() - ref).abs().max() / ref.abs().max()
+                assert err < 1e-5, (N, K, M, float(err))
+    finally:
+        lib.ft_set_bf16_dot(0)
+        pool.close()

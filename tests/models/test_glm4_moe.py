@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import transformers
 
 from freetoken import LLM
@@ -108,3 +109,23 @@ def test_fp8_checkpoint_matches_transformers(tiny_dir, tmp_path):
     ids = ids_for(30)
     ref = reference_logits(dequantized_copy(d, tmp_path / "deq"), ids)
     assert_logits_close(LLM(str(d), dtype="float32").score(ids), ref)
+
+
+def test_fp8_experts_stay_packed(tiny_dir, tmp_path):
+    """GLM-4.5-FP8 routed experts whose intermediate size fills whole 128-row blocks are kept in
+    fp8 banks with their block scales (no dequantized copy), and match transformers."""
+    import shutil
+
+    from freetoken.weights.fp8 import quantize_checkpoint_fp8
+    from test_deepseek_v3 import dequantized_copy
+
+    d = tmp_path / "fp8"
+    shutil.copytree(tiny_dir("glm4_moe", layers=3, hidden=128, moe_intermediate_size=128, initializer_range=0.05), d)
+    quantize_checkpoint_fp8(d)
+    llm = LLM(str(d), dtype="float32")
+    pool = llm.engine.model.pool
+    assert pool.spec.fmt == "fp8" and pool.banks["gate_up"].dtype == torch.float8_e4m3fn
+    assert pool.banks["gate_up_scale_inv"].shape[1:] == (2, 1)          # [2I/128, H/128] per expert
+    ids = ids_for(30)
+    ref = reference_logits(dequantized_copy(d, tmp_path / "deq"), ids)
+    assert_logits_close(llm.score(ids), ref)

@@ -91,6 +91,9 @@ class FakeEngine:
     def has_unfinished(self):
         return bool(self.seqs)
 
+    def queue_lengths(self):
+        return len(self.seqs), 0            # no KV limit: every request runs at once
+
     def step(self):
         self.thread_ids.add(threading.get_ident())
         if self.step_delay:

@@ -91,8 +91,9 @@ def ref_hot(stream, slots):
     return out
 
 
-def ref_arc(stream, c):
-    """Megiddo & Modha's ARC, transcribed with plain lists (LRU end first)."""
+def ref_arc(stream, c, admit=False):
+    """Megiddo & Modha's ARC, transcribed with plain lists (LRU end first). admit: with the
+    cache full, a decode miss in no list is not filled but remembered in B1 (bypass)."""
     t1, t2, b1, b2, p, out = [], [], [], [], 0.0, []
 
     def replace(x):
@@ -121,6 +122,12 @@ def ref_arc(stream, c):
             replace(x)
             b2.remove(x)
             t2.append(x)
+        elif admit and phase != "prefill" and len(t1) + len(t2) == c:
+            b1.append(x)
+            while len(t1) + len(b1) > c:
+                b1.pop(0)
+            while len(t1) + len(t2) + len(b1) + len(b2) > 2 * c:
+                b2.pop(0)
         else:
             if len(t1) + len(b1) == c:
                 if len(t1) < c:

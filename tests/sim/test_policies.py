@@ -22,6 +22,7 @@ REFERENCES = {
     "lrfu": ref.ref_lrfu,
     "lfu+admit": lambda stream, slots: ref.ref_lfu(stream, slots, admit=True),
     "lrfu+admit": lambda stream, slots: ref.ref_lrfu(stream, slots, admit=True),
+    "arc+admit": lambda stream, slots: ref.ref_arc(stream, slots, admit=True),
 }
 REFERENCES["default"] = REFERENCES[DEFAULT_POLICY]
 
@@ -162,3 +163,11 @@ def test_belady_no_bypass_equals_exhaustive_demand_paging_optimum(keys, slots):
 
     stream = stream_from_keys(1, 5, [("decode", [[k] for k in keys])])
     assert decode_misses("belady-no-bypass", stream, slots) == _demand_paging_optimum(tuple(keys), slots)
+
+
+def test_static_oracle_pins_the_most_used_decode_entries():
+    from freetoken.sim.access import stream_from_keys
+
+    stream = stream_from_keys(1, 3, [("prefill", [[0, 1, 2]]), ("decode", [[2], [1], [2], [0], [2], [1]])])
+    assert [h for _, h in hits("static-oracle", stream, 1)] == [False, False, True] + [True, False, True, False, True, False]
+    assert decode_misses("static-oracle", stream, 2) == 1

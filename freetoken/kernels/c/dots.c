@@ -3,7 +3,9 @@
 #include "ft_kernels.h"
 
 const char *ft_isa(void) {
-#if defined(FT_AVX512) && defined(FT_VNNI)
+#if defined(FT_BF16DOT) && defined(FT_VNNI)
+    return "avx512+vnni+bf16";
+#elif defined(FT_AVX512) && defined(FT_VNNI)
     return "avx512+vnni";
 #elif defined(FT_AVX512)
     return "avx512";
@@ -46,6 +48,10 @@ void prep_range(int fmt, const float *src, uint8_t *dst, int n, int j0, int j1) 
             if (fmt == FMT_MXFP4) d[n / 32 + b] = 12.f * (float)sum * dd;  /* offset correction */
             if (fmt == FMT_NVFP4) d[n / 32 + 2 * b + 1] = 12.f * (float)sum * dd;  /* one per 16 */
         }
+        return;
+    }
+    if (fmt == FMT_BF16 && ft_bf16_dot_on) {
+        prep_bf16_pairs(src, dst, n, j0, j1);
         return;
     }
     float *o = (float *)dst;
@@ -574,7 +580,11 @@ void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R
                      const uint8_t *const *xp, int nt, float (*res)[NTMAX]) {
     switch (fmt) {
     case FMT_F32: dot_tile_FMT_F32(wr, sr, R, n, xp, nt, res); break;
-    case FMT_BF16: dot_tile_FMT_BF16(wr, sr, R, n, xp, nt, res); break;
+    case FMT_BF16:
+#ifdef FT_BF16DOT
+        if (ft_bf16_dot_on) { dot_tile_bf16_pairs(wr, R, n, xp, nt, res); break; }
+#endif
+        dot_tile_FMT_BF16(wr, sr, R, n, xp, nt, res); break;
     case FMT_F16: dot_tile_FMT_F16(wr, sr, R, n, xp, nt, res); break;
     case FMT_FP8: dot_tile_FMT_FP8(wr, sr, R, n, xp, nt, res); break;
     case FMT_MXFP4: dot_tile_FMT_MXFP4(wr, sr, R, n, xp, nt, res); break;

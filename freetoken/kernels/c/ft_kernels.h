@@ -7,7 +7,7 @@
  * prefill GEMMs (ft_dequant_rows), decode attention over the paged KV cache
  * (ft_decode_attention), and two per-op helpers run on the calling thread (ft_rms_norm, ft_rope).
  *
- * One file per concept (dots.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
+ * One file per concept (dots.c, ggml.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
  * all compiled together in one step by freetoken/kernels/__init__.py with the system C compiler
  * and -march=native, so the preprocessor picks the widest SIMD path the machine has:
  *   FT_AVX512:   AVX-512 F/BW/VL (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4) beside FT_AVX2
@@ -49,6 +49,10 @@
 #if defined(FT_AVX2) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) \
     && !defined(FT_NO_AVX512)
 #define FT_AVX512 1
+#endif
+/* AVX512-BF16's vdpbf16ps for bf16 weights (bf16dot.c), used when switched on at run time. */
+#if defined(FT_AVX512) && defined(__AVX512BF16__)
+#define FT_BF16DOT 1
 #endif
 
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5, FMT_NVFP4 = 6, FMT_GGML = 7 };
@@ -167,6 +171,13 @@ FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 FT_HIDDEN void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1);
 FT_HIDDEN void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                              const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
+/* bf16 weights with bf16-rounded activations (bf16dot.c): on when ft_bf16_dot_on. */
+FT_HIDDEN extern int ft_bf16_dot_on;
+FT_HIDDEN void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, int j1);
+#ifdef FT_BF16DOT
+FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
+                                   float (*res)[NTMAX]);
+#endif
 
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                         const uint8_t *const *xp, int nt, float (*res)[NTMAX]);

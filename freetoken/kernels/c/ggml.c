@@ -57,47 +57,81 @@ static inline xview xv(const uint8_t *p, int n) {
  * scales ws[8] and offset coefficients os[8] (of the block sums) become vectors, so per token the
  * float work is one mul (D = ws * dx) and one fma (offsets) per 8 blocks, and per block one
  * integer dot, a convert and an fma with lane k of D. Q6_K has a scale per 16: ws16/os16. */
-FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, float *ws, float *os) {
+FORCE_INLINE __m256 f16x8(const uint8_t *p, int stride) {   /* 8 fp16 scales `stride` bytes apart */
+    __m128i v = _mm_setzero_si128();
+    v = _mm_insert_epi16(v, *(const uint16_t *)(p), 0);
+    v = _mm_insert_epi16(v, *(const uint16_t *)(p + stride), 1);
+    v = _mm_insert_epi16(v, *(const uint16_t *)(p + 2 * stride), 2);
+    v = _mm_insert_epi16(v, *(const uint16_t *)(p + 3 * stride), 3);
+    v = _mm_insert_epi16(v, *(const uint16_t *)(p + 4 * stride), 4);
+    v = _mm_insert_epi16(v, *(const uint16_t *)(p + 5 * stride), 5);
+    v = _mm_insert_epi16(v, *(const uint16_t *)(p + 6 * stride), 6);
+    v = _mm_insert_epi16(v, *(const uint16_t *)(p + 7 * stride), 7);
+    return _mm256_cvtph_ps(v);
+}
+
+/* Decodes 8 blocks: wv[k] the 32 weight codes of block k, ws/os the weight scales and offset
+ * coefficients as vectors (Q6_K: ws[0..1], os[0..1] per 16 weights), built in registers (8
+ * scalar stores reloaded as one vector would stall store forwarding). */
+FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, __m256 *ws, __m256 *os) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1), m3 = _mm256_set1_epi8(3);
     const __m256i lutu = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
                                           12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
     if (type == GT_Q8_0 || type == GT_Q4_0 || type == GT_MXFP4) {
         const int bs = type == GT_Q8_0 ? 34 : type == GT_Q4_0 ? 18 : 17;
+#pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const uint8_t *q = blk + bs * k;
             if (type == GT_Q8_0) {       /* signed: the caller moves the signs onto x */
                 wv[k] = _mm256_loadu_si256((const __m256i *)(q + 2));
-                ws[k] = _cvtsh_ss(*(const uint16_t *)q); os[k] = 0.f;
             } else {
-                const int q40 = type == GT_Q4_0;
-                __m128i v = _mm_loadu_si128((const __m128i *)(q + (q40 ? 2 : 1)));
+                __m128i v = _mm_loadu_si128((const __m128i *)(q + (type == GT_Q4_0 ? 2 : 1)));
                 __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
-                wv[k] = q40 ? nib : _mm256_shuffle_epi8(lutu, nib);
-                ws[k] = q40 ? _cvtsh_ss(*(const uint16_t *)q) : e8m0_half(q[0]);
-                os[k] = (q40 ? 8.f : 12.f) * ws[k];
+                wv[k] = type == GT_Q4_0 ? nib : _mm256_shuffle_epi8(lutu, nib);
             }
+        }
+        if (type == GT_MXFP4) {   /* 2^(e-128): bits (e-1)<<23, or 0x00200000<<e below e = 2 */
+            __m128i e8 = _mm_setzero_si128();
+            for (int k = 0; k < 8; k++) e8 = _mm_insert_epi16(e8, blk[17 * k], k);
+            __m256i e = _mm256_cvtepu16_epi32(e8), two = _mm256_set1_epi32(2);
+            __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+            __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
+            ws[0] = _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(two, e)));
+            os[0] = _mm256_mul_ps(ws[0], _mm256_set1_ps(12.f));
+        } else {
+            ws[0] = f16x8(blk, bs);
+            os[0] = _mm256_mul_ps(ws[0], _mm256_set1_ps(8.f));   /* Q4_0 (unused for Q8_0) */
         }
     } else if (type == GT_Q4_K || type == GT_Q5_K) {
         const int q5 = type == GT_Q5_K;
         const uint8_t *qs = blk + (q5 ? 48 : 16);
-        const float d = _cvtsh_ss(*(const uint16_t *)blk), dmin = _cvtsh_ss(*(const uint16_t *)(blk + 2));
-        uint8_t sc[8], mn[8];
-        kscales(blk + 4, sc, mn);
-        for (int j = 0; j < 8; j++) { ws[j] = d * sc[j]; os[j] = dmin * mn[j]; }
+        uint32_t a, b, c;
+        memcpy(&a, blk + 4, 4); memcpy(&b, blk + 8, 4); memcpy(&c, blk + 12, 4);
+        const uint64_t sc = (a & 0x3f3f3f3fu) | (uint64_t)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
+        const uint64_t mn = (b & 0x3f3f3f3fu) | (uint64_t)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
+        ws[0] = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)blk)),
+                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)sc))));
+        os[0] = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 2))),
+                              _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((int64_t)mn))));
         __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-        for (int c = 0; c < 4; c++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+#pragma GCC unroll 4
+        for (int c4 = 0; c4 < 4; c4++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * c4));
             __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             if (q5) {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c), m1), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c + 1), m1), 4));
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c4), m1), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * c4 + 1), m1), 4));
             }
-            wv[2 * c] = lo; wv[2 * c + 1] = hi;
+            wv[2 * c4] = lo; wv[2 * c4 + 1] = hi;
         }
-    } else {   /* GT_Q6_K: ws, os hold 16 entries (per 16 weights) */
-        const int8_t *scs = (const int8_t *)(blk + 192);
-        const float d = _cvtsh_ss(*(const uint16_t *)(blk + 208));
-        for (int g = 0; g < 16; g++) { ws[g] = d * scs[g]; os[g] = 32.f * ws[g]; }
+    } else {   /* GT_Q6_K: scales per 16 weights */
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 208)));
+        __m128i s16 = _mm_loadu_si128((const __m128i *)(blk + 192));
+        ws[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)));
+        ws[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(s16, s16))));
+        os[0] = _mm256_mul_ps(ws[0], _mm256_set1_ps(32.f));
+        os[1] = _mm256_mul_ps(ws[1], _mm256_set1_ps(32.f));
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h));
             __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk + 64 * h));
@@ -105,6 +139,7 @@ FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, float
             __m256i qv[4] = {_mm256_and_si256(l0, m4), _mm256_and_si256(l1, m4),
                              _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
                              _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4)};
+#pragma GCC unroll 4
             for (int s = 0; s < 4; s++)
                 wv[4 * h + s] = _mm256_or_si256(qv[s], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m3), 4));
         }
@@ -122,7 +157,7 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
         const uint8_t *blk = w + (int64_t)bs * g8;
         for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
         __m256i wv[8];
-        float ws[16], os[16];
+        __m256 ws[2], os[2];
         decode8(type, blk, wv, ws, os);
         const int b0 = 8 * g8;
         __m256 D[NTMAX][2];
@@ -130,16 +165,17 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
             __m256 dx = _mm256_loadu_ps(X[t].d + b0);
             if (k6) {   /* per 16: lanes [g0 g0 g1 g1 ...] of dx, scales per group */
                 __m256 dlo = _mm256_permutevar8x32_ps(dx, lo4), dhi = _mm256_permutevar8x32_ps(dx, hi4);
-                D[t][0] = _mm256_mul_ps(_mm256_loadu_ps(ws), dlo);
-                D[t][1] = _mm256_mul_ps(_mm256_loadu_ps(ws + 8), dhi);
-                corr[t] = _mm256_fmadd_ps(_mm256_loadu_ps(os), _mm256_loadu_ps(X[t].s16 + 2 * b0), corr[t]);
-                corr[t] = _mm256_fmadd_ps(_mm256_loadu_ps(os + 8), _mm256_loadu_ps(X[t].s16 + 2 * b0 + 8), corr[t]);
+                D[t][0] = _mm256_mul_ps(ws[0], dlo);
+                D[t][1] = _mm256_mul_ps(ws[1], dhi);
+                corr[t] = _mm256_fmadd_ps(os[0], _mm256_loadu_ps(X[t].s16 + 2 * b0), corr[t]);
+                corr[t] = _mm256_fmadd_ps(os[1], _mm256_loadu_ps(X[t].s16 + 2 * b0 + 8), corr[t]);
             } else {
-                D[t][0] = _mm256_mul_ps(_mm256_loadu_ps(ws), dx);
+                D[t][0] = _mm256_mul_ps(ws[0], dx);
                 if (type != GT_Q8_0)
-                    corr[t] = _mm256_fmadd_ps(_mm256_loadu_ps(os), _mm256_loadu_ps(X[t].s32 + b0), corr[t]);
+                    corr[t] = _mm256_fmadd_ps(os[0], _mm256_loadu_ps(X[t].s32 + b0), corr[t]);
             }
         }
+#pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             __m256i u = type == GT_Q8_0 ? _mm256_abs_epi8(wv[k]) : wv[k];
             const __m256i sel = k6 ? _mm256_setr_epi32(2 * (k & 3), 2 * (k & 3), 2 * (k & 3), 2 * (k & 3),

@@ -30,7 +30,7 @@ class SlotTablePolicy(Policy):
         if slot >= 0:
             t.touch(np.array([slot]))
             return True
-        victim = t.candidates(1)
+        victim = t.candidates(1, k)
         if len(victim) and (not admission or t.admit(k, victim)[0]):
             t.assign(k, victim)
             t.ready(victim)

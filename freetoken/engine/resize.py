@@ -1,0 +1,115 @@
+"""Elastic memory: the engine's expert cache, KV pool and checkpoint budget, resized between
+steps (`LLMEngine.resize_memory`). The engine is single-threaded, so a call from its owning
+thread is by construction a safe point: no forward pass, no copy in flight.
+
+Each component shrinks by evicting before it frees, and none changes an output:
+  expert cache   least valuable residents leave (the cache rebuilds keeping the most recent);
+                 misses are filled or run on the CPU, the same experts either way
+  state budget   least recently used checkpoints are dropped (a later request recomputes)
+  KV pool        kv_resize.py: unreferenced prefix blocks, then preemption, then compaction
+Sizes are GiB like the options that set them at start (expert_cache_gib, kv_cache_gib,
+state_cache_gib); None leaves a component as it is."""
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..errors import InvalidRequestError
+from .kv_resize import resize_kv
+
+log = logging.getLogger("freetoken.engine")
+GiB = 1 << 30
+COMPONENTS = ("expert_cache", "kv_cache", "state_cache")
+
+
+def _cache(engine):
+    """The experts backend's slot cache, or None (resident / cpu backends have none)."""
+    experts = engine.model.experts
+    return experts if experts is not None and hasattr(experts, "resize_cache") else None
+
+
+def expert_nbytes(engine) -> int:
+    tiered = _cache(engine)
+    return tiered.S if tiered is not None else 0
+
+
+def memory_sizes(engine) -> dict:
+    """Current bytes of every resizable component (None where the engine has none)."""
+    tiered = _cache(engine)
+    if tiered is not None:
+        tiered._ensure_sized()
+    blocks = engine.blocks
+    return {
+        "expert_cache": None if tiered is None else {
+            "bytes": tiered.cache.capacity * tiered.S, "slots": tiered.cache.capacity,
+            "resident": tiered.cache.resident, "device": str(tiered.device)},
+        "kv_cache": {"bytes": engine.runner.kv_nbytes, "blocks": blocks.num_blocks,
+                     "blocks_in_use": blocks.num_used, "block_size": blocks.block_size,
+                     "device": str(engine.runner.device)},
+        "state_cache": {"bytes": engine.prefix.state_budget, "used_bytes": engine.prefix.checkpoint_bytes,
+                        "checkpoints": engine.prefix.num_checkpoints, "device": "host"},
+    }
+
+
+def _gib(name: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise InvalidRequestError(f"{name}: expected a number of GiB >= 0, got {value!r}")
+    return int(value * GiB)
+
+
+def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cache_gib=None,
+                  allow_preempt: bool = True, trigger: str = "api") -> dict:
+    """Resize now (the caller owns the engine thread, so this is between steps). Returns, per
+    component changed, {"before": bytes, "after": bytes, ...details}."""
+    want = {"expert_cache": _gib("expert_cache_gib", expert_cache_gib),
+            "kv_cache": _gib("kv_cache_gib", kv_cache_gib),
+            "state_cache": _gib("state_cache_gib", state_cache_gib)}
+    t0 = time.perf_counter()
+    done: dict = {}
+    before = memory_sizes(engine)
+    if want["expert_cache"] is not None:
+        done["expert_cache"] = _resize_experts(engine, want["expert_cache"])
+    if want["state_cache"] is not None:
+        dropped = engine.prefix.set_state_budget(want["state_cache"])
+        done["state_cache"] = {"before": before["state_cache"]["bytes"], "after": engine.prefix.state_budget,
+                               "dropped_checkpoints": dropped}
+    if want["kv_cache"] is not None:
+        per_block = max(1, engine.runner.kv_nbytes // engine.blocks.num_blocks)
+        r = resize_kv(engine, max(2, want["kv_cache"] // per_block), allow_preempt=allow_preempt)
+        done["kv_cache"] = {"before": before["kv_cache"]["bytes"], "after": engine.runner.kv_nbytes,
+                            "blocks_before": r.blocks_before, "blocks_after": r.blocks_after,
+                            "evicted_blocks": r.evicted_blocks, "preempted": r.preempted,
+                            "moved_blocks": r.moved_blocks, "clamped": r.clamped}
+    seconds = time.perf_counter() - t0
+    parts = []
+    for name, d in done.items():
+        if d is None or d["before"] == d["after"]:
+            continue
+        extra = ", ".join(f"{k} {v}" for k, v in d.items() if k not in ("before", "after") and v)
+        parts.append(f"{name} {_size(d['before'])} -> {_size(d['after'])}" + (f" ({extra})" if extra else ""))
+    if parts:                                              # one line per resize
+        log.info("memory resize (%s) in %.1f ms: %s", trigger, seconds * 1e3, "; ".join(parts))
+    return {"trigger": trigger, "seconds": seconds, "components": done}
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.3f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
+
+
+def _resize_experts(engine, nbytes: int) -> dict | None:
+    tiered = _cache(engine)
+    if tiered is None:
+        return None                                   # resident / cpu backend: no cache to size
+    tiered._ensure_sized()
+    n_total = tiered.pool.num_layers * tiered.pool.num_experts
+    before = tiered.cache.capacity
+    slots = max(0, min(n_total, nbytes // tiered.S))
+    if slots != before:
+        tiered.resize_cache(slots)
+        if tiered.device.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"before": before * tiered.S, "after": slots * tiered.S, "slots_before": before, "slots_after": slots}

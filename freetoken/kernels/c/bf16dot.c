@@ -1,0 +1,114 @@
+/* bf16 weights x bf16 activations: the dot tiles with AVX512-BF16's vdpbf16ps, as llama.cpp
+ * runs bf16 weights (activations rounded to bf16 once per call, products summed in fp32).
+ *
+ * A run-time switch (ft_set_bf16_dot) because it rounds the activations: off by default, turned
+ * on by the automatic choice where vdpbf16ps exists and measures faster (kernels/choices.py).
+ * Builds without vdpbf16ps run the same arithmetic emulated (activations rounded to bf16, then
+ * the fp32 tiles of dots.c), so the tests check the rounding on every variant. */
+#include "ft_kernels.h"
+
+int ft_bf16_dot_on;
+
+/* 0 off, 1 on with emulated arithmetic, 2 on with vdpbf16ps: the mode now in effect. */
+int ft_set_bf16_dot(int on) {
+    ft_bf16_dot_on = on != 0;
+#ifdef FT_BF16DOT
+    return on ? 2 : 0;
+#else
+    return on ? 1 : 0;
+#endif
+}
+
+static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as vcvtneps2bf16 */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* Elements [j0, j1) of src rounded to bf16: natural order bf16 for vdpbf16ps, else as fp32 in
+ * the layout of dots.c's bf16 tiles. */
+void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, int j1) {
+#ifdef FT_BF16DOT
+    (void)n;
+    uint16_t *o = (uint16_t *)dst;
+    int j = j0;
+    for (; j + 16 <= j1; j += 16) {
+        __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + j));
+        _mm256_storeu_si256((__m256i *)(o + j), (__m256i)h);
+    }
+    for (; j < j1; j++) o[j] = f32_to_bf16(src[j]);
+#else
+    float *o = (float *)dst;
+    const int n16 = n & ~15;
+    for (int j = j0; j < j1; j++) o[perm_bf16(j, n16)] = bf16_to_f32(f32_to_bf16(src[j]));
+#endif
+}
+
+#ifdef FT_BF16DOT
+/* res[r][t] = <row r, x_t>: 32 bf16 pairs per vdpbf16ps, R*NT (<= 16) accumulators, a masked
+ * load for the last n % 32 columns. */
+FORCE_INLINE void btile(const uint8_t *const *wr, int n, const uint8_t *const *xp, float (*res)[NTMAX],
+                        const int R, const int NT) {
+    __m512 acc[4][NTMAX], acc2[4];
+    for (int r = 0; r < R; r++) {
+        acc2[r] = _mm512_setzero_ps();
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    }
+    int i = 0;
+    if (NT == 1) {   /* a GEMV: two chains per row to hide vdpbf16ps' latency */
+        __m512bh x0, x1;
+        for (; i + 64 <= n; i += 64) {
+            x0 = (__m512bh)_mm512_loadu_si512(xp[0] + 2 * i);
+            x1 = (__m512bh)_mm512_loadu_si512(xp[0] + 2 * i + 64);
+            for (int r = 0; r < R; r++) {
+                PREFETCH(wr[r] + 2 * i);
+                PREFETCH(wr[r] + 2 * i + 64);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i), x0);
+                acc2[r] = _mm512_dpbf16_ps(acc2[r], (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i + 64), x1);
+            }
+        }
+    }
+    for (; i + 32 <= n; i += 32) {
+        __m512bh x[NTMAX];
+        for (int t = 0; t < NT; t++) x[t] = (__m512bh)_mm512_loadu_si512(xp[t] + 2 * i);
+        for (int r = 0; r < R; r++) {
+            PREFETCH(wr[r] + 2 * i);
+            __m512bh w = (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i);
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w, x[t]);
+        }
+    }
+    if (i < n) {
+        const __mmask32 m = (__mmask32)((1ull << (n - i)) - 1);
+        __m512bh x[NTMAX];
+        for (int t = 0; t < NT; t++) x[t] = (__m512bh)_mm512_maskz_loadu_epi16(m, xp[t] + 2 * i);
+        for (int r = 0; r < R; r++) {
+            __m512bh w = (__m512bh)_mm512_maskz_loadu_epi16(m, wr[r] + 2 * i);
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w, x[t]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = _mm512_add_ps(acc[r][0], acc2[r]);
+        for (int t = 0; t < NT; t++) res[r][t] = _mm512_reduce_add_ps(acc[r][t]);
+    }
+}
+
+#define BTILE_R(NT)                                                              \
+    switch (R) {                                                                 \
+    case 4: btile(wr, n, xp, res, 4, NT); break;                                 \
+    case 3: btile(wr, n, xp, res, 3, NT); break;                                 \
+    case 2: btile(wr, n, xp, res, 2, NT); break;                                 \
+    default: btile(wr, n, xp, res, 1, NT); break;                                \
+    }
+
+/* dot_tile for bf16 weights with activations from prep_bf16_pairs (R <= 4, nt <= NTMAX). */
+void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
+                         float (*res)[NTMAX]) {
+    switch (nt) {
+    case 1: BTILE_R(1); break;
+    case 2: BTILE_R(2); break;
+    case 3: BTILE_R(3); break;
+    default: BTILE_R(4); break;
+    }
+}
+#endif

@@ -1,0 +1,64 @@
+"""Every `expert_cache_policy` of the `SlotTable` under random engine-like operation sequences:
+the capacity is never exceeded, victims are only empty or resident unlocked, landed slots,
+and the table's invariants (ARC's lists included) hold after every step."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from freetoken.experts.slots import POLICIES, SlotTable, parse_policy
+
+ALL = [p + extra for p in POLICIES for extra in ("", "+admit")]
+L, E = 3, 4
+
+layer_ids = st.lists(st.integers(0, E - 1), min_size=1, max_size=E, unique=True)
+steps = st.lists(st.tuples(st.integers(0, L - 1), layer_ids, st.booleans(), st.booleans()), max_size=40)
+
+
+@pytest.mark.parametrize("policy", ALL)
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(0, 8), ops=steps, resize=st.integers(0, 8))
+def test_victims_are_evictable_and_capacity_holds(policy, capacity, ops, resize):
+    t = SlotTable(L * E, E, capacity, policy)
+    for n, (layer, experts, admit, keep_locked) in enumerate(ops):
+        ids = np.array(sorted(layer * E + e for e in experts), np.int64)
+        slots = t.lookup(ids)
+        hit = slots >= 0
+        t.record(ids)
+        t.touch(slots[hit])
+        t.lock(slots[hit])
+        miss = ids[~hit]
+        cands = t.candidates(len(miss), miss)
+        free = (t.locks == 0) & ~t.pending
+        assert len(set(cands.tolist())) == len(cands) and all(free[c] for c in cands)
+        assert all(t.owner[c] < 0 or t.slot_of[t.owner[c]] == c for c in cands)
+        if admit and len(cands):
+            ok = t.admit(miss, cands)
+            cands = cands[np.flatnonzero(ok[:len(cands)])]
+            miss = miss[ok]
+        fill = miss[:len(cands)]
+        t.assign(fill, cands[:len(fill)])
+        t.ready(cands[:len(fill)])
+        if not keep_locked:
+            t.unlock(cands[:len(fill)])
+            t.unlock(slots[hit])
+        else:                      # a layer still running: its slots stay locked one more step
+            t.unlock(slots[hit])
+        t.check()
+        assert t.resident <= t.capacity
+        if keep_locked:
+            t.unlock(cands[:len(fill)])
+        if n == len(ops) // 2 and not t.locks.any():
+            t.keep_most_recent(resize)
+            t.check()
+
+
+@pytest.mark.parametrize("policy", ALL)
+def test_policy_names_parse(policy):
+    base, admit = parse_policy(policy)
+    assert base in POLICIES and admit == policy.endswith("+admit")
+
+
+def test_unknown_policy_is_a_clear_error():
+    with pytest.raises(ValueError, match="lru, lfu, lrfu, arc"):
+        parse_policy("clock")

@@ -1,0 +1,80 @@
+"""Request logs never contain prompt text: with every logger at DEBUG, a secret sent in the
+prompt of good, bad and streamed requests on every route appears in no log record (message,
+arguments or traceback)."""
+import logging
+import traceback
+
+import httpx
+import pytest
+
+SECRET = "zebra-secret-8731"
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.text = []
+
+    def emit(self, record):
+        self.text.append(record.getMessage())
+        if record.exc_info:
+            self.text.append("".join(traceback.format_exception(*record.exc_info)))
+
+
+@pytest.fixture
+def logs():
+    seen = Records()
+    names = ("", "freetoken", "freetoken.server", "freetoken.engine", "uvicorn", "uvicorn.error",
+             "uvicorn.access", "fastapi")
+    saved = {}
+    for n in names:
+        lg = logging.getLogger(n)
+        saved[n] = lg.level
+        lg.setLevel(logging.DEBUG)
+    logging.getLogger().addHandler(seen)
+    yield seen
+    logging.getLogger().removeHandler(seen)
+    for n, level in saved.items():
+        logging.getLogger(n).setLevel(level)
+
+
+def _requests():
+    user = [{"role": "user", "content": f"please keep {SECRET} to yourself"}]
+    oa = {"model": "capture-model", "messages": user, "max_tokens": 5}
+    an = {"model": "claude-x", "messages": user, "max_tokens": 5}
+    return [
+        ("/v1/chat/completions", oa), ("/v1/chat/completions", {**oa, "stream": True}),
+        ("/v1/messages", an), ("/v1/messages", {**an, "stream": True}),
+        ("/v1/responses", {"model": "capture-model", "input": user[0]["content"], "max_output_tokens": 5}),
+        ("/v1/completions", {"model": "capture-model", "prompt": SECRET, "max_tokens": 5}),
+        ("/v1/messages/count_tokens", {"model": "claude-x", "messages": user}),
+        # refused ones: wrong types and values next to (or holding) the secret
+        ("/v1/chat/completions", {**oa, "messages": [{"role": SECRET, "content": "x"}]}),
+        ("/v1/chat/completions", {**oa, "messages": [{"role": "user", "content": [{"type": SECRET}]}]}),
+        ("/v1/chat/completions", {**oa, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}],
+                                  "stop": SECRET, "max_tokens": -1}),
+        ("/v1/chat/completions", {**oa, "tool_choice": {"type": "function", "function": {"name": SECRET}}}),
+        ("/v1/chat/completions", {**oa, "response_format": {"type": "json_schema", "json_schema": SECRET}}),
+        ("/v1/messages", {**an, "messages": [{"role": "user", "content": [{"type": "text", "text": SECRET}]},
+                                             {"role": SECRET, "content": 5}]}),
+        ("/v1/messages", {**an, "system": [{"type": "text", "text": SECRET, "cache_control": 5}]}),
+        ("/v1/responses", {"model": "capture-model", "input": [{"role": "user", "content": [{"type": SECRET}]}]}),
+        ("/v1/completions", {"model": "capture-model", "prompt": [SECRET, 5]}),
+        ("/v1/chat/completions", {**oa, "model": "nope"}),
+    ]
+
+
+def test_prompt_text_never_reaches_the_logs(fake, logs):
+    _, url, _ = fake
+    statuses = []
+    for path, body in _requests():
+        statuses.append(httpx.post(url + path, json=body, timeout=30).status_code)
+    raw = httpx.post(url + "/v1/chat/completions", timeout=30, headers={"content-type": "application/json"},
+                     content=b'{"model": "capture-model", "messages": [{"role": "user", "content": "' +
+                     SECRET.encode() + b'\xff"}]}')
+    statuses.append(raw.status_code)
+    assert 200 in statuses and 400 in statuses, statuses
+    assert all(s < 500 for s in statuses), statuses
+    leaked = [t for t in logs.text if SECRET in t]
+    assert not leaked, leaked[:3]
+    assert logs.text, "nothing was logged at all: the capture is broken"
