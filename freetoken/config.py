@@ -96,7 +96,8 @@ class EngineConfig:
         unknown = sorted(set(options) - known)
         if unknown:
             raise InvalidRequestError(f"unknown engine option(s) {unknown}; expected some of {sorted(known - {'model'})}")
-        return cls(model=str(model), **options)
+        from .weights.stores import resolve_model     # a path, an Ollama name or an HF repo id
+        return cls(model=resolve_model(model), **options)
 
     def resolve(self, model_config: dict) -> "Resolved":
         """Every "auto" made concrete for this machine and checkpoint (config.json as a dict).

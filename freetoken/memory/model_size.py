@@ -49,8 +49,11 @@ def _is_expert(name: str) -> bool:
 def read_model_shape(model: str | Path) -> ModelShape:
     p = Path(model)
     if p.is_file():
+        from ..weights.gguf import is_gguf
+        if is_gguf(p):
+            return _gguf_shape(p)
         if not is_ftw(p):
-            raise CheckpointError(f"{p}: not an FTW file or checkpoint directory")
+            raise CheckpointError(f"{p}: not an FTW, GGUF file or checkpoint directory")
         header = read_header(p)
         config = header["config"]
         dense = sum(_numel(t["shape"]) for t in header["tensors"]
@@ -74,6 +77,30 @@ def read_model_shape(model: str | Path) -> ModelShape:
     quant = (ck.config.get("quantization_config") or {}).get("quant_method", "")
     native = "mxfp4" if quant == "mxfp4" else "fp8" if quant == "fp8" else "float"
     return ModelShape(_text(ck.config), dense, expert_bytes, native)
+
+
+def _gguf_shape(p: Path) -> ModelShape:
+    """GGUF: quantized experts stay in their ggml rows (prebuilt:ggml), float ones are float."""
+    from ..weights import ggml_quants
+    from ..weights.gguf import GgufFile
+    from ..weights.gguf_experts import expert_tensors, layout
+    ck = GgufFile(p)
+    infos = {n: t for n, (_, t) in ck._info.items()}
+    dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)
+    expert_bytes = sum(t.nbytes for n, t in infos.items() if "_exps." in n)
+    _, trios = expert_tensors(ck)
+    if not trios or layout({t.ggml_type for trio in trios for t in trio}) != "ggml":
+        return ModelShape(_text(ck.config), dense, expert_bytes, "float")
+
+    def row(t, cols):
+        return ggml_quants.row_bytes(t.ggml_type, cols)
+    _, inter, hidden = trios[0][0].shape
+    width_gu = max(row(t, hidden) for trio in trios for t in trio[:2])
+    width_d = max(row(trio[2], inter) for trio in trios)
+    per = 2 * inter * width_gu + hidden * width_d + 3 * 4
+    if ck.arch == "gpt-oss":
+        per += (2 * inter + hidden) * 4
+    return ModelShape(_text(ck.config), dense, expert_bytes, "prebuilt:ggml", per)
 
 
 def _numel(shape) -> int:

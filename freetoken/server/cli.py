@@ -150,8 +150,11 @@ def build(args):
     from .generation import GenerationService
     from .server_state import Settings
 
+    from freetoken.weights.stores import resolve_model
     model = args.model
     demo = model is None
+    if not demo:
+        model = resolve_model(model)
     if demo:
         model = str(ensure_demo_model())
         if args.dtype == "bfloat16":
@@ -164,7 +167,9 @@ def build(args):
     names = [n.strip() for n in (args.served_model_name or "").split(",") if n.strip()]
     if not names:
         path = Path(model).resolve()
-        names = ["freetoken-demo"] if demo else [path.stem if path.is_file() else path.name]
+        named = not demo and not Path(args.model).expanduser().exists()   # an Ollama name or HF repo id
+        names = (["freetoken-demo"] if demo else [args.model] if named
+                 else [path.stem if path.is_file() else path.name])
     svc = GenerationService(llm.engine, model_name=names[0], architecture=architecture_of(model),
                             max_running=args.max_running_requests,
                             max_waiting=args.max_waiting_requests,

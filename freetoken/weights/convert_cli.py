@@ -22,8 +22,9 @@ def register(subparsers) -> None:
 
 def main(args) -> int:
     from .ftw_writer import convert
+    from .stores import resolve_model
     t0 = time.perf_counter()
-    header = convert(args.model, args.out, expert_format=args.expert_format, dtype=args.dtype,
+    header = convert(resolve_model(args.model), args.out, expert_format=args.expert_format, dtype=args.dtype,
                      num_threads=args.threads)
     nbytes = sum(t["nbytes"] for t in header["tensors"])
     ex = header["experts"]

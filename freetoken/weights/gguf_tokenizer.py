@@ -8,7 +8,6 @@ pre-tokenizer name selects the split regexes the model's own tokenizer.json uses
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -48,64 +47,10 @@ PRE_TOKENIZERS = {
 
 
 def _read(path: Path) -> dict:
-    """The `tokenizer.*` metadata of a GGUF file. Parsed here with the gguf package's format
-    constants: its GGUFReader builds one numpy view per vocabulary string (~45 s for 150k
-    tokens), this reads the key-value section in well under a second and skips the tensors."""
-    import gguf
-    import numpy as np
-    T = gguf.GGUFValueType
-    scalars = {T.UINT8: "<B", T.INT8: "<b", T.UINT16: "<H", T.INT16: "<h", T.UINT32: "<I", T.INT32: "<i",
-               T.FLOAT32: "<f", T.BOOL: "<?", T.UINT64: "<Q", T.INT64: "<q", T.FLOAT64: "<d"}
-    try:
-        buf = path.read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
-    pos = 0
-
-    def take(fmt):
-        nonlocal pos
-        v = struct.unpack_from(fmt, buf, pos)[0]
-        pos += struct.calcsize(fmt)
-        return v
-
-    def string():
-        nonlocal pos
-        n = take("<Q")
-        pos += n
-        return buf[pos - n:pos].decode("utf-8", errors="replace")
-
-    def value(vt):
-        nonlocal pos
-        if vt == T.STRING:
-            return string()
-        if vt != T.ARRAY:
-            return take(scalars[T(vt)])
-        et, n = take("<I"), take("<Q")
-        if et == T.STRING:
-            return [string() for _ in range(n)]
-        if et == T.ARRAY:
-            return [value(T.ARRAY) for _ in range(n)]
-        dt = np.dtype(scalars[T(et)])
-        arr = np.frombuffer(buf, dtype=dt, count=n, offset=pos)
-        pos += n * dt.itemsize
-        return arr.tolist()
-
-    try:
-        if take("<I") != gguf.GGUF_MAGIC:
-            raise ValueError("bad magic (not a GGUF file)")
-        version = take("<I")
-        if version < 2:
-            raise ValueError(f"GGUF version {version} is too old (expected 2 or later)")
-        take("<Q")
-        meta = {}
-        for _ in range(take("<Q")):
-            key = string()
-            v = value(take("<I"))
-            if key.startswith("tokenizer."):
-                meta[key[len("tokenizer."):]] = v
-    except (ValueError, struct.error, KeyError) as e:
-        raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
-    return meta
+    """The `tokenizer.*` metadata of a GGUF file, keys without the `tokenizer.` prefix."""
+    from .gguf_meta import read_header
+    fields = read_header(path, tensors=False, keys="tokenizer.").fields
+    return {k[len("tokenizer."):]: v for k, v in fields.items() if k.startswith("tokenizer.")}
 
 
 def _pre_tokenizer(name: str, path: Path):

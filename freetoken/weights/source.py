@@ -1,4 +1,4 @@
-"""A model source is an HF checkpoint directory or an FTW file: one door for both."""
+"""A model source is an HF checkpoint directory, an FTW file or a GGUF file: one door for all."""
 from __future__ import annotations
 
 import json
@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint, read_json
 from .ftw_reader import FtwFile, is_ftw, read_header, read_side_file
+from .gguf import GgufFile, is_gguf
 
 
 def open_checkpoint(path: str | os.PathLike, cfg=None):
@@ -15,6 +16,8 @@ def open_checkpoint(path: str | os.PathLike, cfg=None):
     `cfg` (expert_format, dtype, verify_weights, num_threads) before its weights are read."""
     if not Path(path).is_file():
         return Checkpoint(path)
+    if is_gguf(path):
+        return GgufFile(path, cfg)
     if cfg is not None:
         made = (read_header(Path(path)).get("options") or {}).get("expert_format")
         if cfg.expert_format and cfg.expert_format != made:
@@ -36,6 +39,9 @@ def read_model_text(path: str | os.PathLike, name: str) -> str | None:
     if is_ftw(p):
         data = read_side_file(p, name)
         return data.decode() if data is not None else None
+    if is_gguf(p):
+        from .gguf_side import side_file
+        return side_file(p, name)
     return None
 
 
@@ -44,6 +50,8 @@ def model_config(path: str | os.PathLike) -> dict:
     p = Path(path)
     if is_ftw(p):
         return read_header(p)["config"]
+    if is_gguf(p):
+        return GgufFile(p).config
     return read_json(p / "config.json", "config.json")
 
 

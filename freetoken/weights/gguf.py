@@ -1,0 +1,126 @@
+"""A GGUF file (llama.cpp, Ollama, LM Studio) seen as a checkpoint: the HF-style config from
+its metadata (gguf_config.py), dense tensors under their HF names (gguf_names.py), and the
+routed experts as a prebuilt expert pool.
+
+Dense tensors in a quantized type are dequantized once at load to the storage dtype (they
+are a small part of a MoE model). Merged expert tensors (`blk.N.ffn_{gate,up,down}_exps`)
+stay in their ggml type: each output row's raw block bytes go into the "ggml" banks the C
+kernels read (experts/formats.py); F32/F16/BF16 experts become ordinary float banks."""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import CheckpointError
+from .gguf_config import synth_config
+from .gguf_meta import GgufHeader, TensorInfo, read_header
+from .gguf_names import hf_name, needs_unpermute, unpermute_rows
+
+log = logging.getLogger("freetoken.weights")
+F32, F16, BF16 = 0, 1, 30            # ggml type ids of the float types
+FLOAT_TYPES = {F32: np.float32, F16: np.float16}
+_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def is_gguf(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        return f.read(4) == b"GGUF"
+
+
+def split_parts(path: str | os.PathLike) -> list[Path]:
+    """All files of a split GGUF (`NAME-00001-of-00003.gguf`, given any part), else [path]."""
+    p = Path(path)
+    m = _SPLIT.match(p.name)
+    if m is None:
+        return [p]
+    count = int(m["count"])
+    parts = [p.with_name(f"{m['stem']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+    missing = [q.name for q in parts if not q.is_file()]
+    if missing:
+        raise CheckpointError(f"{p}: split GGUF is missing part(s) {', '.join(missing)} (expected {count} parts "
+                              f"in {p.parent})")
+    return parts
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """float32 (F32/F16: their own dtype, BF16: bfloat16) tensor of `shape` from raw GGUF bytes."""
+    if ggml_type in FLOAT_TYPES:
+        return torch.from_numpy(raw.view(FLOAT_TYPES[ggml_type]).reshape(shape).copy())
+    if ggml_type == BF16:
+        return torch.from_numpy(raw.copy()).view(torch.bfloat16).reshape(shape)
+    from . import ggml_quants
+    if ggml_type in ggml_quants.NAMES:      # torch, bit-exact to gguf.quants
+        return ggml_quants.dequantize(torch.from_numpy(raw.copy()), ggml_type, shape[-1]).reshape(shape)
+    import gguf                             # the rarer types: the package's numpy reference
+    out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type))
+    return torch.as_tensor(np.asarray(out, dtype=np.float32)).reshape(shape)
+
+
+class GgufFile:
+    """Checkpoint interface (config, has/get/get_float) over one GGUF (all parts of a split one)."""
+
+    def __init__(self, path: str | os.PathLike, cfg=None):
+        self.path = self.dir = Path(path)
+        self.headers: list[GgufHeader] = [read_header(p) for p in split_parts(path)]
+        fields = self.headers[0].fields
+        self._info: dict[str, tuple[GgufHeader, TensorInfo]] = {}
+        for h in self.headers:
+            for name, t in h.tensors.items():
+                self._info[name] = (h, t)
+        if "token_embd.weight" not in self._info:
+            raise CheckpointError(f"{self.path}: tensor token_embd.weight missing (not a language model GGUF?)")
+        self.arch = fields.get("general.architecture")
+        self.config = synth_config(fields, {n: t.shape for n, (_, t) in self._info.items()}, self.path)
+        self._hf = {hf: n for n in self._info if (hf := hf_name(self.arch, n)) is not None}
+        self.float_experts_dtype = cfg.torch_dtype if cfg is not None else torch.float32
+        self.expert_format = getattr(cfg, "expert_format", None)
+
+    def names(self) -> list[str]:
+        return sorted(self._hf)
+
+    def has(self, name: str) -> bool:
+        return name in self._hf
+
+    def tensor_info(self, gguf_name: str) -> TensorInfo | None:
+        hit = self._info.get(gguf_name)
+        return hit[1] if hit else None
+
+    def raw(self, gguf_name: str) -> np.ndarray:
+        h, t = self._info[gguf_name]
+        return h.raw(t)
+
+    def get(self, name: str, shape: tuple | None = None) -> torch.Tensor:
+        g = self._hf.get(name)
+        if g is None:
+            raise CheckpointError(f"{self.path}: tensor {name!r} not found in the GGUF file")
+        h, t = self._info[g]
+        fits = shape is None or (len(shape) == len(t.shape) and all(s in (None, d) for s, d in zip(shape, t.shape)))
+        if not fits:
+            raise CheckpointError(f"{self.path}: tensor {g!r} ({name}) has shape {t.shape}, expected {tuple(shape)}")
+        out = dequantize(h.raw(t), t.ggml_type, t.shape)
+        if needs_unpermute(self.arch, name):
+            heads = self.config["num_attention_heads"] if ".q_proj." in name else self.config["num_key_value_heads"]
+            out = unpermute_rows(out, heads)
+        return out
+
+    def get_float(self, name: str, shape=None, dtype=torch.float32) -> torch.Tensor:
+        return self.get(name, shape).to(dtype)
+
+    def prebuilt_experts(self):
+        from .gguf_experts import build_pool
+        return build_pool(self)
+
+    def reading(self, section: str):
+        return contextlib.nullcontext()
+
+    def close(self):
+        pass

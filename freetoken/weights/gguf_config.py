@@ -1,0 +1,139 @@
+"""A GGUF file's metadata (`{arch}.*` keys) as the Hugging Face config.json our model classes
+read. Where llama.cpp hard-codes a choice the HF config makes explicit (top-k
+renormalisation, gpt-oss's SwiGLU constants), the config states llama.cpp's choice, so a
+GGUF runs the way llama.cpp runs it."""
+from __future__ import annotations
+
+from ..errors import CheckpointError
+
+# GGUF general.architecture -> (HF architectures name, model_type, norm_topk_prob as llama.cpp runs it)
+FAMILIES = {
+    "qwen3moe": ("Qwen3MoeForCausalLM", "qwen3_moe", True),
+    "qwen2moe": ("Qwen2MoeForCausalLM", "qwen2_moe", False),
+    "llama": ("MixtralForCausalLM", "mixtral", True),
+    "olmoe": ("OlmoeForCausalLM", "olmoe", False),
+    "gpt-oss": ("GptOssForCausalLM", "gpt_oss", None),
+    # not yet: qwen3next / qwen35moe (the converter re-packs the DeltaNet projections, adds 1
+    # to norm weights), deepseek2 (kv_b split into k_b/v_b), glm4moe
+}
+
+
+class Meta:
+    """Typed reads of `{arch}.key` metadata with one-line errors naming the file and key."""
+
+    def __init__(self, fields: dict, path):
+        self.fields, self.path = fields, path
+        self.arch = fields.get("general.architecture")
+
+    def get(self, key: str, default=None):
+        v = self.fields.get(f"{self.arch}.{key}")
+        return default if v is None else v
+
+    def req(self, key: str):
+        v = self.get(key)
+        if v is None:
+            raise CheckpointError(f"{self.path}: metadata key {self.arch}.{key} is missing")
+        return v
+
+    def scalar(self, key: str, default=None):
+        """Per-layer arrays (head counts of some models) collapse to their largest value."""
+        v = self.get(key, default)
+        return max(v) if isinstance(v, list) and v else v
+
+
+def _rope(m: Meta, head_dim: int) -> dict:
+    theta = float(m.get("rope.freq_base", 10000.0))
+    p = {"rope_type": "default", "rope_theta": theta}
+    kind = m.get("rope.scaling.type", "none")
+    factor = m.get("rope.scaling.factor")
+    if kind == "linear" and factor:
+        p.update(rope_type="linear", factor=float(factor))
+    elif kind == "yarn":
+        p.update(rope_type="yarn", factor=float(factor),
+                 original_max_position_embeddings=int(m.req("rope.scaling.original_context_length")),
+                 beta_fast=float(m.get("rope.scaling.yarn_beta_fast", 32.0)),
+                 beta_slow=float(m.get("rope.scaling.yarn_beta_slow", 1.0)))
+        if m.get("rope.scaling.yarn_log_multiplier") is not None:      # deepseek2: mscale_all_dim
+            p["mscale_all_dim"] = p["mscale"] = float(m.get("rope.scaling.yarn_log_multiplier")) / 0.1
+    elif kind not in ("none", None):
+        raise CheckpointError(f"{m.path}: {m.arch}.rope.scaling.type = {kind!r} is not supported "
+                              "(expected none, linear or yarn)")
+    dims = m.get("rope.dimension_count")
+    if dims and dims != head_dim:
+        p["partial_rotary_factor"] = dims / head_dim
+    return p
+
+
+def synth_config(fields: dict, tensors: dict, path) -> dict:
+    """The HF config dict for a GGUF with metadata `fields` and tensor shapes `tensors`
+    (GGUF name -> numpy-order shape)."""
+    m = Meta(fields, path)
+    if m.arch not in FAMILIES:
+        raise CheckpointError(f"{path}: general.architecture = {m.arch!r} is not supported "
+                              f"(supported: {', '.join(sorted(FAMILIES))})")
+    arch, model_type, norm_topk = FAMILIES[m.arch]
+    hidden, layers = int(m.req("embedding_length")), int(m.req("block_count"))
+    m.req("attention.head_count")
+    heads = int(m.scalar("attention.head_count"))
+    head_dim = int(m.get("attention.key_length") or hidden // heads)
+    vocab = tensors["token_embd.weight"][0]
+    tok = lambda k: fields.get(f"tokenizer.ggml.{k}_token_id")  # noqa: E731
+    c = {
+        "architectures": [arch], "model_type": model_type,
+        "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": int(m.scalar("attention.head_count_kv", heads)), "head_dim": head_dim,
+        "rms_norm_eps": float(m.get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "max_position_embeddings": int(m.get("context_length", 4096)),
+        "vocab_size": int(vocab), "tie_word_embeddings": "output.weight" not in tensors,
+        "intermediate_size": int(m.scalar("feed_forward_length", 0)),
+        "bos_token_id": tok("bos"), "eos_token_id": tok("eos"), "pad_token_id": tok("padding"),
+        "rope_parameters": _rope(m, head_dim),
+    }
+    experts = int(m.get("expert_count", 0))
+    if experts:
+        c.update(num_experts=experts, num_local_experts=experts,
+                 num_experts_per_tok=int(m.req("expert_used_count")))
+        if m.get("expert_feed_forward_length"):
+            c["moe_intermediate_size"] = int(m.get("expert_feed_forward_length"))
+        norm = m.get("expert_weights_norm")
+        if norm is not None or norm_topk is not None:
+            c["norm_topk_prob"] = bool(norm if norm is not None else norm_topk)
+    if m.get("attention.clamp_kqv"):
+        c["clip_qkv"] = float(m.get("attention.clamp_kqv"))
+    FAMILY_FIELDS.get(m.arch, lambda *a: None)(c, m, tensors)
+    return c
+
+
+def _qwen2moe(c, m, tensors):
+    c["shared_expert_intermediate_size"] = int(m.req("expert_shared_feed_forward_length"))
+    c["qkv_bias"] = "blk.0.attn_q.bias" in tensors
+
+
+def _qwen3moe(c, m, tensors):
+    c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+
+
+def _llama(c, m, tensors):
+    if "rope_freqs.weight" in tensors:
+        raise CheckpointError(f"{m.path}: llama3-style rope frequency factors (rope_freqs.weight) are not supported")
+    if not c.get("num_experts"):
+        raise CheckpointError(f"{m.path}: a dense llama model (no {m.arch}.expert_count); only the "
+                              "mixture-of-experts (Mixtral) variant is supported")
+    c["intermediate_size"] = int(m.req("expert_feed_forward_length") if m.get("expert_feed_forward_length")
+                                 else m.req("feed_forward_length"))
+    c["sliding_window"] = m.get("attention.sliding_window")
+
+
+def _gpt_oss(c, m, tensors):
+    c["intermediate_size"] = int(m.req("expert_feed_forward_length"))
+    c["attention_bias"] = True
+    window = int(m.req("attention.sliding_window"))
+    c["sliding_window"] = window
+    # llama.cpp: every other layer slides, starting with layer 0 (as transformers' default)
+    c["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(c["num_hidden_layers"])]
+    c["swiglu_alpha"], c["swiglu_limit"] = 1.702, 7.0
+    if c["rope_parameters"]["rope_type"] == "yarn":
+        c["rope_parameters"]["truncate"] = False
+
+
+FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss}

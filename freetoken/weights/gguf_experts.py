@@ -1,0 +1,119 @@
+"""The expert pool of a GGUF file, straight from its merged expert tensors
+`blk.N.ffn_{gate,up,down}_exps.weight` [E, rows, cols]:
+  quantized (Q8_0, Q4_K, ...): the "ggml" banks, each output row the file's raw block bytes,
+      rows of narrower types zero-padded to the widest; the type id of every matrix kept
+      beside (gate_up_types [N, 2], down_types [N, 1]);
+  F32/F16/BF16: float banks in the engine's dtype (re-encoded with --expert-format if asked).
+gpt-oss's expert biases (`ffn_*_exps.bias`) become gate_up_bias / down_bias."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..errors import CheckpointError
+from .gguf import BF16, F16, F32, dequantize
+
+log = logging.getLogger("freetoken.weights")
+FLOAT = {F32, F16, BF16}
+
+
+def layout(types: set[int]) -> str:
+    """"float" for float experts; "ggml" when our kernels read every type present; else
+    "dequantize" (types without a kernel, e.g. Q2_K, Q3_K, IQ2_*: float banks at load)."""
+    from . import ggml_quants
+    if types <= FLOAT:
+        return "float"
+    return "ggml" if all(t in ggml_quants.NAMES for t in types) else "dequantize"
+
+
+def expert_tensors(ck) -> tuple[list[int], list[list]]:
+    """(MoE block ids, their [gate, up, down] TensorInfos), shapes checked."""
+    blocks = moe_blocks(ck)
+    parts = [[ck.tensor_info(f"blk.{b}.ffn_{p}_exps.weight") for p in ("gate", "up", "down")] for b in blocks]
+    for b, trio in zip(blocks, parts):
+        if None in trio:
+            raise CheckpointError(f"{ck.path}: block {b} has ffn_gate_exps but not all of ffn_up_exps/ffn_down_exps")
+    if parts:
+        e, inter, hidden = parts[0][0].shape
+        want = ((e, inter, hidden), (e, inter, hidden), (e, hidden, inter))
+        for b, (g, u, d) in zip(blocks, parts):
+            if (g.shape, u.shape, d.shape) != want:
+                raise CheckpointError(f"{ck.path}: block {b} expert tensors have shapes {g.shape}, {u.shape}, "
+                                      f"{d.shape}, expected {want}")
+    return blocks, parts
+
+
+def moe_blocks(ck) -> list[int]:
+    return sorted(int(n.split(".")[1]) for n in ck._info if n.endswith(".ffn_gate_exps.weight"))
+
+
+def build_pool(ck):
+    from ..experts.pool import ExpertPool, ExpertSpec, requantize
+    blocks, parts = expert_tensors(ck)
+    if not blocks:
+        return None
+    e, inter, hidden = parts[0][0].shape
+    gpt_oss = ck.arch == "gpt-oss"
+    spec_kw = dict(activation="swiglu_oai", alpha=1.702, limit=7.0) if gpt_oss else {}
+    kind = layout({t.ggml_type for trio in parts for t in trio})
+    n = len(blocks) * e
+    if kind == "ggml":
+        if ck.expert_format:
+            raise CheckpointError(f"{ck.path}: the experts are already quantized by llama.cpp; drop --expert-format")
+        banks = _ggml_banks(ck, parts, e)
+        spec = ExpertSpec(hidden=hidden, intermediate=inter, fmt="ggml", **spec_kw)
+    else:
+        if kind == "dequantize":
+            log.warning("%s: expert types without a kernel here: dequantizing the experts to %s at load",
+                        ck.path, ck.float_experts_dtype)
+        dt = ck.float_experts_dtype
+        gate_up = torch.empty((n, 2 * inter, hidden), dtype=dt)
+        down = torch.empty((n, hidden, inter), dtype=dt)
+        for m, (g, u, d) in enumerate(parts):
+            rows = slice(m * e, (m + 1) * e)
+            gate_up[rows, :inter] = dequantize(ck.raw(g.name), g.ggml_type, g.shape)
+            gate_up[rows, inter:] = dequantize(ck.raw(u.name), u.ggml_type, u.shape)
+            down[rows] = dequantize(ck.raw(d.name), d.ggml_type, d.shape)
+        banks = {"gate_up": gate_up, "down": down}
+        spec = ExpertSpec(hidden=hidden, intermediate=inter, **spec_kw)
+    if gpt_oss:
+        banks.update(_biases(ck, blocks, e, inter, hidden))
+    pool = ExpertPool(banks, len(blocks), e, spec)
+    return requantize(pool, ck.expert_format) if ck.expert_format and spec.fmt == "float" else pool
+
+
+def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
+    from . import ggml_quants
+    g0, _, d0 = parts[0]
+    inter, hidden = g0.shape[1], g0.shape[2]
+    width_gu = max(ggml_quants.row_bytes(t.ggml_type, hidden) for trio in parts for t in trio[:2])
+    width_d = max(ggml_quants.row_bytes(trio[2].ggml_type, inter) for trio in parts)
+    n = len(parts) * e
+    gate_up = torch.zeros((n, 2 * inter, width_gu), dtype=torch.uint8)
+    down = torch.zeros((n, hidden, width_d), dtype=torch.uint8)
+    gate_up_types = torch.empty((n, 2), dtype=torch.int32)
+    down_types = torch.empty((n, 1), dtype=torch.int32)
+    for m, (g, u, d) in enumerate(parts):
+        rows = slice(m * e, (m + 1) * e)
+        for t, dst in ((g, gate_up[rows, :inter]), (u, gate_up[rows, inter:]), (d, down[rows])):
+            raw = ck.raw(t.name)
+            dst.numpy()[..., :raw.shape[-1]] = raw        # straight from the file's pages
+        gate_up_types[rows, 0], gate_up_types[rows, 1] = g.ggml_type, u.ggml_type
+        down_types[rows, 0] = d.ggml_type
+    return {"gate_up": gate_up, "gate_up_types": gate_up_types, "down": down, "down_types": down_types}
+
+
+def _biases(ck, blocks, e, inter, hidden) -> dict[str, torch.Tensor]:
+    gu, dn = [], []
+    for b in blocks:
+        got = {}
+        for p, cols in (("gate", inter), ("up", inter), ("down", hidden)):
+            t = ck.tensor_info(f"blk.{b}.ffn_{p}_exps.bias")
+            if t is None or t.shape != (e, cols):
+                raise CheckpointError(f"{ck.path}: gpt-oss tensor blk.{b}.ffn_{p}_exps.bias missing "
+                                      f"or not [{e}, {cols}]")
+            got[p] = dequantize(ck.raw(t.name), t.ggml_type, t.shape).float()
+        gu.append(torch.cat([got["gate"], got["up"]], dim=1))
+        dn.append(got["down"])
+    return {"gate_up_bias": torch.cat(gu), "down_bias": torch.cat(dn)}

@@ -1,0 +1,27 @@
+"""Runs llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist) with its
+vendored gguf-py. Home-made test tokenizers are not in its table of known pre-tokenizers:
+they fall back to "qwen2" (the split our tiny tokenizers use).
+Usage: python llamacpp_convert.py LLAMA_CPP_DIR MODEL_DIR [converter options]"""
+import sys
+
+src = sys.argv.pop(1)
+sys.path[:0] = [src + "/gguf-py", src]
+import convert_hf_to_gguf as converter  # noqa: E402
+
+try:
+    from conversion.base import TextModel      # llama.cpp after the converter was split up
+except ImportError:
+    TextModel = converter.TextModel
+known_pre = TextModel.get_vocab_base_pre
+
+
+def vocab_base_pre(self, tokenizer):
+    try:
+        return known_pre(self, tokenizer)
+    except NotImplementedError:
+        return "qwen2"
+
+
+TextModel.get_vocab_base_pre = vocab_base_pre
+sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
+converter.main()

@@ -1,0 +1,123 @@
+"""GGUF files made by llama.cpp's own converter from our tiny test checkpoints give the HF
+checkpoint's logits. f32: the checkpoint itself is the reference. bf16 / q8_0: the
+reference is transformers on the checkpoint with every tensor rounded as the GGUF stores it
+(each tensor's type read from the GGUF, its values quantized from the checkpoint with the
+gguf package's reference quantizer), so what is compared is our loading and kernels."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from freetoken import LLM
+from freetoken.weights import ggml_quants
+from freetoken.weights.gguf import GgufFile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from helpers import assert_logits_close, reference_logits  # noqa: E402
+from model_checks import ids_for  # noqa: E402
+from gguf_rewrite import q4_k_m, rewrite  # noqa: E402
+
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss"]
+EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
+
+
+def _roundtrip(t: torch.Tensor, ggml_type: int, cols_dim: int = -1) -> torch.Tensor:
+    import gguf
+    qt = gguf.GGMLQuantizationType(ggml_type)
+    if qt == gguf.GGMLQuantizationType.F32:
+        return t
+    x = t.float().movedim(cols_dim, -1).contiguous()
+    try:                                    # the quantizer llama.cpp's converter runs
+        q = gguf.quants.quantize(x.numpy(), qt)
+    except NotImplementedError:             # k-quants: the one gguf_rewrite.py wrote them with
+        q = ggml_quants.quantize(x, ggml_type).numpy()
+    back = gguf.quants.dequantize(q, qt).astype(np.float32)
+    return torch.from_numpy(back).movedim(-1, cols_dim).contiguous()
+
+
+def rounded_reference(model_dir: Path, gguf_path: Path, out: Path) -> Path:
+    """A copy of the checkpoint whose tensors hold what the GGUF's types can represent."""
+    ck = GgufFile(gguf_path)
+    hf_to_gguf = {hf: g for hf, g in ck._hf.items()}
+    shutil.copytree(model_dir, out)
+    for f in out.glob("*.safetensors"):
+        tensors = load_file(str(f))
+        for name, t in tensors.items():
+            if name in hf_to_gguf:
+                tensors[name] = _roundtrip(t, ck.tensor_info(hf_to_gguf[name]).ggml_type)
+            elif ".experts." in name and not name.endswith("_bias"):
+                layer = name.split(".")[2]
+                if name.endswith("gate_up_proj"):          # gpt-oss [E, H, 2I], gate/up interleaved
+                    ty = ck.tensor_info(f"blk.{layer}.ffn_gate_exps.weight").ggml_type
+                    tensors[name] = _roundtrip(t, ty, cols_dim=1)
+                elif name.endswith("experts.down_proj"):   # gpt-oss [E, I, H]
+                    ty = ck.tensor_info(f"blk.{layer}.ffn_down_exps.weight").ggml_type
+                    tensors[name] = _roundtrip(t, ty, cols_dim=1)
+                else:
+                    part = EXPERT_PART[name.split(".")[-2]]
+                    tensors[name] = _roundtrip(t, ck.tensor_info(f"blk.{layer}.ffn_{part}_exps.weight").ggml_type)
+        save_file(tensors, str(f), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_f32_gguf_matches_checkpoint(tiny_dir, to_gguf, arch):
+    d = tiny_dir(arch)
+    ids = ids_for(37)
+    ours = LLM(str(to_gguf(d, "f32")), dtype="float32").score(ids)
+    assert_logits_close(ours, reference_logits(d, ids))
+
+
+def check_quantized(model_dir: Path, g: Path, ref_dir: Path, ids: list[int]):
+    """The torch expert path (exact dequantization) equals the rounded checkpoint to 1e-4 of scale;
+    the C kernels, which round activations to int8 per 32 as llama.cpp does, add at most a
+    quarter of the error the weights' own rounding costs against the original checkpoint."""
+    ref = reference_logits(rounded_reference(model_dir, g, ref_dir), ids)
+    exact = reference_logits(model_dir, ids)
+    assert_logits_close(LLM(str(g), dtype="float32", moe_backend="resident").score(ids), ref)
+    kernels = LLM(str(g), dtype="float32").score(ids)
+    scale = max(1.0, ref.abs().max().item())
+    weights_err = (ref - exact).abs().max().item()
+    err = (kernels - ref).abs().max().item()
+    assert err <= max(1e-4 * scale, 0.25 * weights_err), (err, weights_err)
+
+
+@pytest.mark.parametrize("outtype", ["bf16", "q8_0"])
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_quantized_gguf_matches_rounded_checkpoint(tiny_dir, to_gguf, tmp_path, arch, outtype):
+    d = tiny_dir(arch)
+    check_quantized(d, to_gguf(d, outtype), tmp_path / "ref", ids_for(29, seed=4))
+
+
+# hidden and expert intermediate multiples of 256 (the k-quant super-block)
+K_QUANT_SHAPES = {"qwen3_moe": dict(moe_intermediate_size=256), "qwen2_moe": dict(moe_intermediate_size=256),
+                  "mixtral": dict(intermediate_size=256), "olmoe": dict(intermediate_size=256),
+                  "gpt_oss": dict(intermediate_size=256)}
+
+
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_q4_k_m_gguf_matches_rounded_checkpoint(tiny_dir, to_gguf, tmp_path, arch):
+    """A Q4_K_M-like mix (Q4_K and Q6_K rows in one expert bank) kept quantized in the banks."""
+    d = tiny_dir(arch, hidden=256, experts=4, **K_QUANT_SHAPES[arch])
+    g = rewrite(to_gguf(d, "f32"), tmp_path / "q4km.gguf", q4_k_m)
+    ck = GgufFile(g)
+    pool = ck.prebuilt_experts()
+    assert pool.spec.fmt == "ggml"
+    assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= set(pool.banks["down_types"].unique().tolist())
+    check_quantized(d, g, tmp_path / "ref", ids_for(23, seed=6))
+
+
+def test_split_gguf_equals_the_single_file(tiny_dir, to_gguf, tmp_path):
+    g = to_gguf(tiny_dir("qwen3_moe"), "q8_0")
+    first = rewrite(g, tmp_path / "parts.gguf", split_max_tensors=7)
+    assert len(list(tmp_path.glob("parts-*-of-*.gguf"))) > 2
+    ids = ids_for(19)
+    last = sorted(tmp_path.glob("parts-*-of-*.gguf"))[-1]
+    torch.testing.assert_close(LLM(str(last), dtype="float32").score(ids), LLM(str(g), dtype="float32").score(ids),
+                               atol=0, rtol=0)
