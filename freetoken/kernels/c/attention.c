@@ -179,6 +179,45 @@ FORCE_INLINE void att_scores(const float *q, const float *const *rows, int64_t n
     }
 }
 
+#ifdef FT_AVX512
+/* Scores of two query heads at once (sc0, sc1): each widened key vector loaded once serves both,
+ * and 8 independent FMA chains keep both FMA ports busy (4 chains were bound on FMA latency). */
+FORCE_INLINE void att_scores2(const float *q0, const float *q1, const float *const *rows, int64_t n, int D,
+                              float scale, float *sc0, float *sc1) {
+    int64_t j = 0;
+    if (D % 16 == 0) {
+#define FOLD(a) _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)))
+#define HSUM4(a0, a1, a2, a3, out) do { \
+            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(FOLD(a0), FOLD(a1)), _mm256_hadd_ps(FOLD(a2), FOLD(a3))); \
+            __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)); \
+            _mm_storeu_ps(out, _mm_mul_ps(s4, _mm_set1_ps(scale))); } while (0)
+        for (; j + 4 <= n; j += 4) {
+            const float *r0 = rows[j], *r1 = rows[j + 1], *r2 = rows[j + 2], *r3 = rows[j + 3];
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int i = 0; i < D; i += 16) {
+                const __m512 x = _mm512_loadu_ps(q0 + i), y = _mm512_loadu_ps(q1 + i);
+                __m512 k = _mm512_loadu_ps(r0 + i);
+                a0 = _mm512_fmadd_ps(x, k, a0); b0 = _mm512_fmadd_ps(y, k, b0);
+                k = _mm512_loadu_ps(r1 + i);
+                a1 = _mm512_fmadd_ps(x, k, a1); b1 = _mm512_fmadd_ps(y, k, b1);
+                k = _mm512_loadu_ps(r2 + i);
+                a2 = _mm512_fmadd_ps(x, k, a2); b2 = _mm512_fmadd_ps(y, k, b2);
+                k = _mm512_loadu_ps(r3 + i);
+                a3 = _mm512_fmadd_ps(x, k, a3); b3 = _mm512_fmadd_ps(y, k, b3);
+            }
+            HSUM4(a0, a1, a2, a3, sc0 + j);
+            HSUM4(b0, b1, b2, b3, sc1 + j);
+        }
+#undef HSUM4
+#undef FOLD
+    }
+    if (j < n) {
+        att_scores(q0, rows + j, n - j, D, scale, sc0 + j);
+        att_scores(q1, rows + j, n - j, D, scale, sc1 + j);
+    }
+}
+#endif
+
 /* o += sum_j w[j] * rows[j] with o held in registers: 128 (AVX-512) or 64 (AVX2) columns at a
  * time (8 accumulators, a constant count so they stay in registers), then one vector at a time. */
 FORCE_INLINE void att_values(const float *w, const float *const *rows, int64_t n, int D, float *o) {
@@ -235,7 +274,13 @@ FORCE_INLINE void att_chunk(const att_job *A, int s, int h, int64_t j0, int64_t 
         if (b2 < n) att_prefetch(A->k, row_bytes, head_off, slots + b2, n - b2 < ATT_BLOCK ? n - b2 : ATT_BLOCK, D * es);
         else att_prefetch(A->v, row_bytes, head_off, slots, n < ATT_BLOCK ? n : ATT_BLOCK, D * es);   /* V's first block */
         att_rows(A->k, row_bytes, head_off, kvt, slots + b, nb, D, buf, rows);
-        for (int g = 0; g < G; g++) att_scores(q + (int64_t)g * D, rows, nb, D, A->scale, sc + g * n + b);
+        int g = 0;
+#ifdef FT_AVX512
+        for (; g + 2 <= G; g += 2)
+            att_scores2(q + (int64_t)g * D, q + (int64_t)(g + 1) * D, rows, nb, D, A->scale, sc + g * n + b,
+                        sc + (g + 1) * n + b);
+#endif
+        for (; g < G; g++) att_scores(q + (int64_t)g * D, rows, nb, D, A->scale, sc + g * n + b);
     }
     for (int g = 0; g < G; g++) {
         float *r = sc + g * n, m = att_max(r, n, -INFINITY);
