@@ -57,7 +57,7 @@ def _reference(q, cache, meta, scale, sinks=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 64), (4, 4, 36), (6, 1, 20)])
+@pytest.mark.parametrize("hq,hkv,d", [(8, 2, 64), (4, 4, 36), (6, 1, 20), (6, 2, 48)])
 def test_decode_kernel_matches_reference(dtype, hq, hkv, d):
     gen = torch.Generator().manual_seed(hq * d)
     q, k, v, cache, meta = _decode_step([1, 37, 5, 130], hq, hkv, d, dtype, gen)
