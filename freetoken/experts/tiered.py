@@ -1,8 +1,8 @@
 """The tiered backends: `offload` (fill every miss), `hybrid` (q* split) and `cpu`.
 
 One MoE layer of one step (`TieredExperts._forward_planned`):
-  1. deduplicate the routed experts, look them up: hits, in-flight, misses (planner.py)
-  2. lock + touch the hits (a step's hits are never its victims)
+  1-2. the layer's cache decision (decision.py, the same code `freetoken sim` replays):
+     hits, in-flight, misses split by the planner, admission, victims, fill waves
   3. start the CPU branch on its worker thread: experts of C (and in-flight ones) run
      from the host pool, residency untouched
   4. the fill branch: take the least-recent candidates in one pass, install the fills and
@@ -24,6 +24,7 @@ import torch
 from .bandwidth import BandwidthEstimator
 from .base import Experts
 from .cache import ExpertCache
+from .decision import decide
 from .host_exec import make_host_executor
 from .planner import MissPlanner, SplitGuard
 from .pool import ExpertPool
@@ -148,36 +149,14 @@ class TieredExperts(Experts):
         cache, S = self.cache, self.S
         uniq, inv, counts = np.unique(flat, return_inverse=True, return_counts=True)
         inv = inv.reshape(flat.shape)
-        slots = cache.slot_of[uniq]
-        resident = slots >= 0
-        inflight = np.zeros(len(uniq), bool)
-        inflight[resident] = cache.pending[slots[resident]]
-        hit = resident & ~inflight
-        miss = np.flatnonzero(~resident)
         decode = self.phase != "prefill"
-        plan = self.planner.plan(uniq[miss], counts[miss], self.est.b_p, self.est.b_h,
-                                 link_busy=cache.link_busy(),
-                                 policy=self._decode_policy if decode else self._prefill_policy())
-        self.planner.record(uniq)
-        cache.table.record(uniq)
-
-        hit_slots = slots[hit]
-        cache.touch(hit_slots)
-        cache.lock(hit_slots)
-        fill = plan.fill
-        cands = cache.candidates(len(fill) if len(fill) else len(plan.warm), fill)
-        if decode and cache.table.admission and (self._decode_policy or self.planner.policy) == "hybrid":
-            # misses not worth a slot run on the CPU instead (offload still fills every miss)
-            ok = cache.table.admit(fill, cands)
-            ok[len(cands):] = True                # beyond the first wave: as before
-            plan.cpu, plan.fill = np.concatenate([plan.cpu, fill[~ok]]), fill[ok]
-            fill = plan.fill
-            cands = cands[np.flatnonzero(ok[:len(cands)])] if len(fill) else cache.candidates(len(plan.warm))
-        warm = plan.warm if len(cands) else plan.warm[:0]
-        overflow = fill if len(cands) == 0 else fill[:0]     # no evictable slot at all: run on the CPU
-        if len(overflow):
-            fill = fill[:0]
-        cpu_ids = np.concatenate([plan.cpu, plan.warm, uniq[inflight], overflow])
+        policy = (self._decode_policy if decode else self._prefill_policy())
+        link_busy = cache.link_busy()
+        d = decide(cache.table, self.planner, uniq, counts,
+                   lambda misses, tokens, _room: self.planner.plan(misses, tokens, self.est.b_p, self.est.b_h,
+                                                                    link_busy=link_busy, policy=policy),
+                   admit=decode and (policy or self.planner.policy) == "hybrid")
+        cpu_ids = d.cpu_ids
 
         # The CPU branch starts first, on its worker thread, so it runs while this thread copies
         # and computes the device branch (the device executor may block this thread: on a
@@ -187,42 +166,40 @@ class TieredExperts(Experts):
             on_cpu = np.zeros(len(uniq), bool)
             on_cpu[np.searchsorted(uniq, cpu_ids)] = True
             fut = self.cpu.submit(hidden.to("cpu"), np.where(on_cpu[inv], flat, -1), weights.to("cpu"))
-        if len(warm):
-            cache.install(warm, cands[:1], background=True)
+        if len(d.warm):
+            cache.install(d.warm, d.warm_slots, background=True)
 
         # one row per (token, choice), summed over the choices at the end in a fixed order: the
         # output is bit-identical however the experts split into hits and fill waves (so a
         # cache of any size, resized at any time, gives the same numbers)
         per_choice = torch.zeros(*flat.shape, hidden.shape[1], dtype=torch.float32, device=hidden.device)
         slot_u = np.full(len(uniq), -1, np.int64)
-        job, wave, wave_slots = None, fill[:0], cands[:0]
         t_fill = time.perf_counter()
-        if len(fill):
-            wave, wave_slots, fill = fill[:len(cands)], cands[:len(fill)], fill[len(cands):]
-            job = cache.install(wave, wave_slots)
+        waves = d.waves()
+        wave = next(waves, None)
+        job = cache.install(*wave) if wave is not None else None
         t_dev = time.perf_counter()
-        if hit.any():
-            slot_u[hit] = hit_slots
+        if d.hits:
+            slot_u[d.hit] = d.hit_slots
             self._device_run(slot_u[inv], hidden, weights, per_choice)
         dev_s = hits_s = time.perf_counter() - t_dev
         n_filled = 0
-        while len(wave):
+        while wave is not None:
+            ids, wave_slots = wave
             cache.ready(job, wave_slots)                    # waits for the link (host tier)
             t_w = time.perf_counter()
             slot_u[:] = -1
-            slot_u[np.searchsorted(uniq, wave)] = wave_slots
+            slot_u[np.searchsorted(uniq, ids)] = wave_slots
             self._device_run(slot_u[inv], hidden, weights, per_choice)
             cache.unlock(wave_slots)
             wave_dev = time.perf_counter() - t_w
             dev_s += wave_dev
             self._fill_jobs.append((job, wave_dev if self._host_device else 0.0))
-            n_filled += len(wave)
-            if not len(fill):
-                break
-            cands = cache.candidates(len(fill), fill)
-            wave, wave_slots, fill = fill[:len(cands)], cands, fill[len(cands):]
-            job = cache.install(wave, wave_slots)
-        cache.unlock(hit_slots)
+            n_filled += len(ids)
+            wave = next(waves, None)
+            if wave is not None:
+                job = cache.install(*wave)
+        d.release()
         fill_s = time.perf_counter() - t_fill - hits_s if n_filled else 0.0
         out = per_choice.sum(1)
 
@@ -234,12 +211,12 @@ class TieredExperts(Experts):
         self._harvest()
 
         st = self.stats_
-        st.add(layer, hits=int(hit.sum()), misses=len(uniq) - int(hit.sum()), fills=n_filled,
-               warm_fills=len(warm), cpu_experts=len(cpu_ids), bytes_copied=(n_filled + len(warm)) * S,
+        st.add(layer, hits=d.hits, misses=d.misses, fills=n_filled,
+               warm_fills=len(d.warm), cpu_experts=len(cpu_ids), bytes_copied=(n_filled + len(d.warm)) * S,
                cpu_bytes=len(cpu_ids) * S, cpu_s=cpu_s, device_s=dev_s, fill_s=fill_s)
         if decode:
             st.q_sum += n_filled
-            st.m_sum += plan.m
+            st.m_sum += d.plan.m
         return out
 
     def _prefill_policy(self) -> str:

@@ -27,6 +27,7 @@ from importlib import resources
 
 import numpy as np
 
+from freetoken.experts.decision import decide
 from freetoken.experts.planner import LayerPlan, MissPlanner
 from freetoken.experts.slots import DEFAULT_POLICY, SlotTable
 from freetoken.sim.access import AccessStream
@@ -101,8 +102,9 @@ def project(
             uniq = np.asarray(cell, np.int64)
             routed = np.asarray(seg.token_counts[i], np.int64) if seg.token_counts else np.ones(len(uniq), np.int64)
             b, d = expert_bytes[layer], dense_bytes[layer]
-            hits, fills, cpu = run_cell(table, planner, uniq, routed, decode, lambda m, misses, counts, room: _plan(
-                planner, split, misses, counts, hw, fraction, room, lambda q: layer_time(len(uniq) - m, q, m - q, b, d, hw)),
+            hits, fills, cpu = run_cell(table, planner, uniq, routed, decode, lambda misses, counts, room: _plan(
+                planner, split, misses, counts, hw, fraction, room,
+                lambda q: layer_time(len(uniq) - len(misses), q, len(misses) - q, b, d, hw)),
                 admit=split != "all-fill")
             if decode:
                 seconds += layer_time(hits, fills, cpu, b, d, hw)
@@ -114,46 +116,22 @@ def project(
 
 def run_cell(table: SlotTable, planner: MissPlanner, uniq: np.ndarray, tokens: np.ndarray, decode: bool,
              plan_misses, admit: bool = True) -> tuple[int, int, int]:
-    """One layer call of `TieredExperts._forward_planned`, on the table alone (copies land at
-    once): `uniq` the cell's experts, `tokens` how many tokens routed each. `plan_misses(m,
-    misses, their tokens, room)` returns the decode `LayerPlan`. Returns (hits, experts
-    filled, experts run on the CPU). `admit`: the table's admission control applies (the
-    engine's hybrid split; `offload` fills every miss)."""
-    slots = table.slot_of[uniq]
-    hit = slots >= 0
-    misses = uniq[~hit]
-    m = len(misses)
-    if decode:
-        plan = plan_misses(m, misses, tokens[~hit], table.evictable() - int(hit.sum()))
-    else:
-        plan = planner.plan(misses, tokens[~hit], 1.0, 1.0, policy="offload")   # on-demand prefill
-    planner.record(uniq)
-    table.record(uniq)
-    hit_slots = slots[hit]
-    table.touch(hit_slots)
-    table.lock(hit_slots)
-    fill = plan.fill
-    cands = table.candidates(len(fill) if len(fill) else len(plan.warm), fill)
-    if decode and admit and table.admission:
-        ok = table.admit(fill, cands)
-        ok[len(cands):] = True
-        plan.cpu, plan.fill = np.concatenate([plan.cpu, fill[~ok]]), fill[ok]
-        fill = plan.fill
-        cands = cands[np.flatnonzero(ok[:len(cands)])] if len(fill) else table.candidates(len(plan.warm))
-    warm = plan.warm if len(cands) else plan.warm[:0]
-    overflow = fill if len(cands) == 0 else fill[:0]
-    if len(overflow):
-        fill = fill[:0]
-    if len(warm):                                   # a background fill: runs on the CPU now
-        _land(table, warm, cands[:1])
+    """One layer call of `TieredExperts`: the engine's own `decide`, executed on the table
+    alone (copies land at once): `uniq` the cell's experts, `tokens` how many tokens routed
+    each. `plan_misses(misses, their tokens, room)` returns the decode `LayerPlan`. Returns
+    (hits, experts filled, experts run on the CPU). `admit`: the table's admission control
+    applies (the engine's hybrid split; `offload` fills every miss)."""
+    if not decode:      # the engine's on-demand prefill: every miss fills
+        plan_misses = lambda misses, counts, _room: planner.plan(misses, counts, 1.0, 1.0, policy="offload")  # noqa: E731
+    d = decide(table, planner, uniq, tokens, plan_misses, admit=decode and admit)
+    if len(d.warm):                                 # a background fill: runs on the CPU now
+        _land(table, d.warm, d.warm_slots)
     filled = 0
-    while len(fill):
-        wave, wave_slots, fill = fill[:len(cands)], cands[:len(fill)], fill[len(cands):]
-        _land(table, wave, wave_slots)
+    for wave, slots in d.waves():
+        _land(table, wave, slots)
         filled += len(wave)
-        cands = table.candidates(len(fill), fill)
-    table.unlock(hit_slots)
-    return int(hit.sum()), filled, m - filled
+    d.release()
+    return d.hits, filled, d.misses - filled
 
 
 def _land(table: SlotTable, flat_ids: np.ndarray, slots: np.ndarray) -> None:

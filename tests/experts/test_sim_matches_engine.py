@@ -4,6 +4,7 @@ import pytest
 from tiered_helpers import one_torch_thread  # noqa: F401
 
 from freetoken import LLM
+from freetoken.experts.bandwidth import BandwidthEstimator
 from freetoken.sampling_params import SamplingParams
 from freetoken.sim.access import build_stream
 from freetoken.sim.hardware import Hardware
@@ -31,3 +32,34 @@ def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     assert p.hits + p.prefill_hits == tot["hits"]
     assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
     assert p.fills + p.prefill_misses == tot["fills"]
+
+
+# hybrid: B_P / B_H = 0.6 gives q* >= 1 for every m >= 1, so no background (timing-dependent) fills
+HYBRID_HW = Hardware("test", link_gbps=6, cpu_gbps=10, link_concurrent_gbps=6, cpu_concurrent_gbps=10,
+                     device_gbps=100)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit"])
+def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy):
+    """The q* split with fixed bandwidths (no online estimates, no split guard) is deterministic:
+    the engine and the simulator fill and run on the CPU the same experts."""
+    model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
+    path = tmp_path / "routing.jsonl"
+    slots = 5
+    llm = LLM(str(model), dtype="float32", moe_backend="hybrid", expert_cache_slots=slots,
+              expert_cache_policy=policy, record_routing=str(path), max_num_seqs=2)
+    try:
+        tiered = llm.engine.model.experts.inner          # under the routing recorder
+        tiered.est = BandwidthEstimator(HYBRID_HW.link_gbps * 1e9, HYBRID_HW.cpu_gbps * 1e9, online=False)
+        tiered.guard = None
+        llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0))
+        tot = llm.expert_stats()["total"]
+    finally:
+        llm.close()
+    assert tot["cpu_experts"] > 0 and tot["warm_fills"] == 0
+    stream = build_stream(load_trace(str(path)), in_order=True)
+    p = project(stream, 1, HYBRID_HW, slots, "q*", [1.0] * 2, [0.0] * 2, cache_policy=policy)
+    assert p.hits + p.prefill_hits == tot["hits"]
+    assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
+    assert p.fills + p.prefill_misses == tot["fills"]
+    assert p.cpu == tot["cpu_experts"]

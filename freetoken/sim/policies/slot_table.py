@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from freetoken.experts.slots import DEFAULT_POLICY, SlotTable
+from freetoken.experts.slots import DEFAULT_POLICY, HALF_LIFE_TOKENS, SlotTable
 from freetoken.sim.policies.base import Policy
 
 
 class SlotTablePolicy(Policy):
     table_policy = DEFAULT_POLICY
+    half_life = HALF_LIFE_TOKENS        # lrfu's, in tokens (bench/policy_sweep.py varies it)
 
     def __init__(self, slots, num_layers, num_experts):
         super().__init__(slots, num_layers, num_experts)
-        self.table = SlotTable(num_layers * num_experts, num_experts, slots, self.table_policy)
+        self.table = SlotTable(num_layers * num_experts, num_experts, slots, self.table_policy, self.half_life)
 
     def prefill_access(self, key: int) -> bool:
         return self.access(key, admission=False)
@@ -38,5 +39,6 @@ class SlotTablePolicy(Policy):
         return False
 
 
-def slot_policy(name: str, table_policy: str) -> type[SlotTablePolicy]:
-    return type(f"SlotTable_{name}", (SlotTablePolicy,), {"name": name, "table_policy": table_policy})
+def slot_policy(name: str, table_policy: str, half_life: float = HALF_LIFE_TOKENS) -> type[SlotTablePolicy]:
+    return type(f"SlotTable_{name}", (SlotTablePolicy,),
+                {"name": name, "table_policy": table_policy, "half_life": half_life})
