@@ -30,6 +30,7 @@ NPM_PACKAGE = {"claude": "@anthropic-ai/claude-code", "opencode": "opencode-ai",
                "openclaw": "openclaw"}
 ASSUMED_CONTEXT = 32768     # --dry-run without a server only
 MAX_AGENT_OUTPUT = 8192     # a reply budget that leaves most of the window to the history
+COMPACT_RESERVE_MAX = 20_000  # OpenCode's default reserve is min(20000, reply budget)
 CLAUDE_MIN_COMPACT_WINDOW = 100_000   # Claude Code raises a smaller auto-compact window to this
 
 
@@ -48,6 +49,14 @@ def agent_output(context: int, server_max_output: int | None) -> int:
     """A quarter of the window (at most 8192), never above the server's own cap."""
     out = max(1, min(MAX_AGENT_OUTPUT, context // 4))
     return min(out, server_max_output) if server_max_output else out
+
+
+def compact_headroom(context: int, output: int) -> int:
+    """Room an agent keeps free below the window when it decides to compact: the reply plus
+    the next user message and tool results. A quarter of the window, at most 20000 (OpenCode's
+    own ceiling on its reserve), never less than the reply budget: a small server output cap
+    must not shrink it (OpenCode would compact only after the next message had overflowed)."""
+    return min(context, max(output, min(COMPACT_RESERVE_MAX, context // 4)))
 
 
 def server_limits(server: str, api_key: str | None, model: str | None) -> Limits:
@@ -102,7 +111,13 @@ def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
             "provider": {"freetoken": {
                 "npm": "@ai-sdk/openai-compatible", "name": "FreeToken (local)",
                 "options": {"baseURL": server + "/v1", "apiKey": key},
-                "models": {model: {"name": model, "limit": {"context": context, "output": output}}}}},
+                # OpenCode 1.18 compacts once the last request's tokens reach limit.input -
+                # compaction.reserved; without limit.input it is context - limit.output, no room
+                # for the next message when the output cap is small. Our server takes a prompt
+                # of up to the whole window (the reply is clipped to what is left).
+                "models": {model: {"name": model, "limit": {
+                    "context": context, "input": context, "output": output}}}}},
+            "compaction": {"reserved": compact_headroom(context, output)},
             "model": f"freetoken/{model}", "small_model": f"freetoken/{model}",
             "autoupdate": False, "share": "disabled"}, indent=2) + "\n"
         env["OPENCODE_CONFIG"] = str(path)

@@ -74,7 +74,8 @@ def test_launch_passes_the_servers_limits(keyed, agent, tmp_path):
     elif agent == "opencode":
         conf = json.loads(Path(env["OPENCODE_CONFIG"]).read_text())
         model = conf["provider"]["freetoken"]["models"]["capture-model"]
-        assert model["limit"] == {"context": 4096, "output": 512}
+        assert model["limit"] == {"context": 4096, "input": 4096, "output": 512}
+        assert conf["compaction"] == {"reserved": 1024}     # a quarter of the window, not the cap
     else:
         assert "--config" not in argv                # rejected by most subcommands
         conf = json.loads(Path(env["OPENCLAW_CONFIG_PATH"]).read_text())
