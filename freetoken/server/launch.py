@@ -31,7 +31,12 @@ NPM_PACKAGE = {"claude": "@anthropic-ai/claude-code", "opencode": "opencode-ai",
 ASSUMED_CONTEXT = 32768     # --dry-run without a server only
 MAX_AGENT_OUTPUT = 8192     # a reply budget that leaves most of the window to the history
 COMPACT_RESERVE_MAX = 20_000  # OpenCode's default reserve is min(20000, reply budget)
-CLAUDE_MIN_COMPACT_WINDOW = 100_000   # Claude Code raises a smaller auto-compact window to this
+CLAUDE_MIN_COMPACT_WINDOW = 100_000
+# A compaction request may prefill a whole window cold (a new system prompt: nothing cached);
+# OpenClaw aborts each one after agents.defaults.compaction.timeoutSeconds (default 180 s).
+# Budget for a slow CPU: 50 prompt tokens/s (the tiny model managed 418/s on a loaded 2-core box).
+SLOW_PREFILL_TOKENS_PER_S = 50
+OPENCLAW_COMPACTION_TIMEOUT_S = 180   # Claude Code raises a smaller auto-compact window to this
 
 
 class LaunchError(Exception):
@@ -57,6 +62,12 @@ def compact_headroom(context: int, output: int) -> int:
     own ceiling on its reserve), never less than the reply budget: a small server output cap
     must not shrink it (OpenCode would compact only after the next message had overflowed)."""
     return min(context, max(output, min(COMPACT_RESERVE_MAX, context // 4)))
+
+
+def compaction_timeout(context: int) -> int:
+    """Seconds an agent should wait for one compaction request: a cold whole-window prefill
+    at a slow CPU's speed, never below OpenClaw's own default."""
+    return max(OPENCLAW_COMPACTION_TIMEOUT_S, -(-context // SLOW_PREFILL_TOKENS_PER_S))
 
 
 def server_limits(server: str, api_key: str | None, model: str | None) -> Limits:
@@ -126,7 +137,8 @@ def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
         path = cfg_dir / "openclaw.json5"
         files[path] = json.dumps({
             "telemetry": {"enabled": False}, "update": {"checkOnStart": False},
-            "agents": {"defaults": {"model": {"primary": f"freetoken/{model}"}}},
+            "agents": {"defaults": {"model": {"primary": f"freetoken/{model}"},
+                                    "compaction": {"timeoutSeconds": compaction_timeout(context)}}},
             "models": {"mode": "merge", "providers": {"freetoken": {
                 "baseUrl": server + "/v1", "apiKey": key, "api": "openai-completions",
                 "models": [{"id": model, "name": f"{model} (FreeToken)", "contextWindow": context,
