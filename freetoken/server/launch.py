@@ -30,7 +30,13 @@ NPM_PACKAGE = {"claude": "@anthropic-ai/claude-code", "opencode": "opencode-ai",
                "openclaw": "openclaw"}
 ASSUMED_CONTEXT = 32768     # --dry-run without a server only
 MAX_AGENT_OUTPUT = 8192     # a reply budget that leaves most of the window to the history
-CLAUDE_MIN_COMPACT_WINDOW = 100_000   # Claude Code raises a smaller auto-compact window to this
+COMPACT_RESERVE_MAX = 20_000  # OpenCode's default reserve is min(20000, reply budget)
+CLAUDE_MIN_COMPACT_WINDOW = 100_000
+# A compaction request may prefill a whole window cold (a new system prompt: nothing cached);
+# OpenClaw aborts each one after agents.defaults.compaction.timeoutSeconds (default 180 s).
+# Budget for a slow CPU: 50 prompt tokens/s (the tiny model managed 418/s on a loaded 2-core box).
+SLOW_PREFILL_TOKENS_PER_S = 50
+OPENCLAW_COMPACTION_TIMEOUT_S = 180   # Claude Code raises a smaller auto-compact window to this
 
 
 class LaunchError(Exception):
@@ -48,6 +54,20 @@ def agent_output(context: int, server_max_output: int | None) -> int:
     """A quarter of the window (at most 8192), never above the server's own cap."""
     out = max(1, min(MAX_AGENT_OUTPUT, context // 4))
     return min(out, server_max_output) if server_max_output else out
+
+
+def compact_headroom(context: int, output: int) -> int:
+    """Room an agent keeps free below the window when it decides to compact: the reply plus
+    the next user message and tool results. A quarter of the window, at most 20000 (OpenCode's
+    own ceiling on its reserve), never less than the reply budget: a small server output cap
+    must not shrink it (OpenCode would compact only after the next message had overflowed)."""
+    return min(context, max(output, min(COMPACT_RESERVE_MAX, context // 4)))
+
+
+def compaction_timeout(context: int) -> int:
+    """Seconds an agent should wait for one compaction request: a cold whole-window prefill
+    at a slow CPU's speed, never below OpenClaw's own default."""
+    return max(OPENCLAW_COMPACTION_TIMEOUT_S, -(-context // SLOW_PREFILL_TOKENS_PER_S))
 
 
 def server_limits(server: str, api_key: str | None, model: str | None) -> Limits:
@@ -102,7 +122,13 @@ def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
             "provider": {"freetoken": {
                 "npm": "@ai-sdk/openai-compatible", "name": "FreeToken (local)",
                 "options": {"baseURL": server + "/v1", "apiKey": key},
-                "models": {model: {"name": model, "limit": {"context": context, "output": output}}}}},
+                # OpenCode 1.18 compacts once the last request's tokens reach limit.input -
+                # compaction.reserved; without limit.input it is context - limit.output, no room
+                # for the next message when the output cap is small. Our server takes a prompt
+                # of up to the whole window (the reply is clipped to what is left).
+                "models": {model: {"name": model, "limit": {
+                    "context": context, "input": context, "output": output}}}}},
+            "compaction": {"reserved": compact_headroom(context, output)},
             "model": f"freetoken/{model}", "small_model": f"freetoken/{model}",
             "autoupdate": False, "share": "disabled"}, indent=2) + "\n"
         env["OPENCODE_CONFIG"] = str(path)
@@ -111,7 +137,8 @@ def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
         path = cfg_dir / "openclaw.json5"
         files[path] = json.dumps({
             "telemetry": {"enabled": False}, "update": {"checkOnStart": False},
-            "agents": {"defaults": {"model": {"primary": f"freetoken/{model}"}}},
+            "agents": {"defaults": {"model": {"primary": f"freetoken/{model}"},
+                                    "compaction": {"timeoutSeconds": compaction_timeout(context)}}},
             "models": {"mode": "merge", "providers": {"freetoken": {
                 "baseUrl": server + "/v1", "apiKey": key, "api": "openai-completions",
                 "models": [{"id": model, "name": f"{model} (FreeToken)", "contextWindow": context,

@@ -74,18 +74,31 @@ def test_launch_passes_the_servers_limits(keyed, agent, tmp_path):
     elif agent == "opencode":
         conf = json.loads(Path(env["OPENCODE_CONFIG"]).read_text())
         model = conf["provider"]["freetoken"]["models"]["capture-model"]
-        assert model["limit"] == {"context": 4096, "output": 512}
+        assert model["limit"] == {"context": 4096, "input": 4096, "output": 512}
+        assert conf["compaction"] == {"reserved": 1024}     # a quarter of the window, not the cap
     else:
         assert "--config" not in argv                # rejected by most subcommands
         conf = json.loads(Path(env["OPENCLAW_CONFIG_PATH"]).read_text())
         row = conf["models"]["providers"]["freetoken"]["models"][0]
         assert (row["contextWindow"], row["maxTokens"]) == (4096, 512)
+        assert conf["agents"]["defaults"]["compaction"] == {"timeoutSeconds": 180}   # its default
 
 
 def test_claude_gets_its_compact_window_from_100k(tmp_path):
     from freetoken.server.launch import Limits, plan
     env, _, _ = plan("claude", "http://127.0.0.1:1", Limits("m", 131072, 8192), "k", tmp_path, [])
     assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "131072"
+
+
+@pytest.mark.parametrize("context,seconds", [(4096, 180), (100000, 2000), (131072, 2622)])
+def test_openclaw_waits_for_a_cold_whole_window_compaction(tmp_path, context, seconds):
+    """OpenClaw aborts a compaction request after agents.defaults.compaction.timeoutSeconds
+    (180 s by default); a cold 55k-token summary request took 132 s to its first token on the
+    tiny model. `launch` allows a whole window at 50 prompt tokens/s."""
+    from freetoken.server.launch import Limits, plan
+    _, files, _ = plan("openclaw", "http://127.0.0.1:1", Limits("m", context, 512), "k", tmp_path, [])
+    conf = json.loads(next(iter(files.values())))
+    assert conf["agents"]["defaults"]["compaction"]["timeoutSeconds"] == seconds
 
 
 def test_an_older_key_file_becomes_private(keyed, tmp_path):
