@@ -15,10 +15,10 @@ from freetoken.tiny import make_tiny  # noqa: E402
 from helpers import reference_logits  # noqa: E402
 from llamacpp import convert, llama_cpp_source  # noqa: E402
 from model_checks import ids_for  # noqa: E402
-from test_gguf_models import rounded_reference  # noqa: E402
+from test_gguf_models import CONVERT_ARGS, rounded_reference  # noqa: E402
 
 p = argparse.ArgumentParser()
-p.add_argument("--archs", default="qwen3_moe,qwen2_moe,mixtral,olmoe,gpt_oss")
+p.add_argument("--archs", default="qwen3_moe,qwen2_moe,mixtral,olmoe,gpt_oss,qwen3_next,qwen3_5_moe")
 p.add_argument("--types", default="f32,bf16,q8_0")
 a = p.parse_args()
 src, root = llama_cpp_source(), Path(tempfile.mkdtemp())
@@ -29,7 +29,7 @@ for arch in a.archs.split(","):
     ids = ids_for(29, seed=4)
     exact = reference_logits(d, ids)
     for t in a.types.split(","):
-        g = convert(src, d, root / f"{arch}-{t}.gguf", t)
+        g = convert(src, d, root / f"{arch}-{t}.gguf", t, *CONVERT_ARGS.get(arch, ()))
         ref = exact if t == "f32" else reference_logits(rounded_reference(d, g, root / f"ref-{arch}-{t}"), ids)
         s = max(1.0, ref.abs().max().item())
         rel = lambda x, y: (x - y).abs().max().item() / s  # noqa: E731

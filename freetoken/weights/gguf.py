@@ -19,8 +19,9 @@ import torch
 
 from ..errors import CheckpointError
 from .gguf_config import synth_config
+from .gguf_hybrid import HYBRID, undo
 from .gguf_meta import GgufHeader, TensorInfo, read_header
-from .gguf_names import hf_name, needs_unpermute, unpermute_rows
+from .gguf_names import hf_names, needs_unpermute, unpermute_rows
 
 log = logging.getLogger("freetoken.weights")
 F32, F16, BF16 = 0, 1, 30            # ggml type ids of the float types
@@ -80,7 +81,7 @@ class GgufFile:
             raise CheckpointError(f"{self.path}: tensor token_embd.weight missing (not a language model GGUF?)")
         self.arch = fields.get("general.architecture")
         self.config = synth_config(fields, {n: t.shape for n, (_, t) in self._info.items()}, self.path)
-        self._hf = {hf: n for n in self._info if (hf := hf_name(self.arch, n)) is not None}
+        self._hf = {hf: n for n in self._info for hf in hf_names(self.arch, n)}
         self.float_experts_dtype = cfg.torch_dtype if cfg is not None else torch.float32
         self.expert_format = getattr(cfg, "expert_format", None)
 
@@ -110,6 +111,8 @@ class GgufFile:
         if needs_unpermute(self.arch, name):
             heads = self.config["num_attention_heads"] if ".q_proj." in name else self.config["num_key_value_heads"]
             out = unpermute_rows(out, heads)
+        if self.arch in HYBRID:
+            out = undo(self.arch, name, out, self.config)
         return out
 
     def get_float(self, name: str, shape=None, dtype=torch.float32) -> torch.Tensor:

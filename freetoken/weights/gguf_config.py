@@ -13,8 +13,9 @@ FAMILIES = {
     "llama": ("MixtralForCausalLM", "mixtral", True),
     "olmoe": ("OlmoeForCausalLM", "olmoe", False),
     "gpt-oss": ("GptOssForCausalLM", "gpt_oss", None),
-    # not yet: qwen3next / qwen35moe (the converter re-packs the DeltaNet projections, adds 1
-    # to norm weights), deepseek2 (kv_b split into k_b/v_b), glm4moe
+    "qwen3next": ("Qwen3NextForCausalLM", "qwen3_next", True),
+    "qwen35moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", True),
+    # not yet: deepseek2 (kv_b split into k_b/v_b), glm4moe
 }
 
 
@@ -136,4 +137,12 @@ def _gpt_oss(c, m, tensors):
         c["rope_parameters"]["truncate"] = False
 
 
-FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss}
+def _hybrid(c, m, tensors):
+    from .gguf_hybrid import config_fields
+    if m.get("nextn_predict_layers"):      # multi-token-prediction blocks at the end: not run
+        c["num_hidden_layers"] -= int(m.get("nextn_predict_layers"))
+    config_fields(c, m, tensors)
+
+
+FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss,
+                 "qwen3next": _hybrid, "qwen35moe": _hybrid}

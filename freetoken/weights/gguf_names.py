@@ -48,6 +48,15 @@ def hf_name(arch: str, name: str) -> str | None:
     return f"model.layers.{layer}.{hf}.{kind}"
 
 
+def hf_names(arch: str, name: str) -> tuple[str, ...]:
+    """All HF names GGUF tensor `name` provides (hybrid families: some provide two)."""
+    from .gguf_hybrid import HYBRID, hf_names as hybrid_names
+    if arch in HYBRID:
+        return hybrid_names(name, lambda n: hf_name(arch, n))
+    hf = hf_name(arch, name)
+    return (hf,) if hf is not None else ()
+
+
 def unpermute_rows(t: torch.Tensor, heads: int) -> torch.Tensor:
     """Undo llama.cpp's converter permutation of llama-arch q/k rows (its LlamaModel.permute:
     each head's rotary halves interleaved for ggml's adjacent-pair rope)."""
