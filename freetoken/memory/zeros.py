@@ -11,7 +11,7 @@ import mmap
 
 import torch
 
-LAZY_MIN_BYTES = 1 << 20
+LAZY_MIN_BYTES = 64 << 10
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device) -> torch.Tensor:
