@@ -3,6 +3,7 @@ Not thread-safe: one thread owns it (the server runs it in its own loop thread).
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -47,9 +48,12 @@ class LLMEngine:
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        self.model, self.settings = load_model(cfg)
+        # the tokenizer (and its chat template) is built while the weights are read
+        with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as ex:
+            tokenizer = ex.submit(Tokenizer, cfg.model)
+            self.model, self.settings = load_model(cfg)
+            self.tokenizer = tokenizer.result()
         self.max_model_len = self.settings.max_model_len
-        self.tokenizer = Tokenizer(cfg.model)
         bs = cfg.kv_block_size
         per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
         want_tokens = cfg.max_num_seqs * self.max_model_len

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
+from ..memory.zeros import zeros
 from . import prefill_attention
 
 _KV_CODE = {torch.float32: 0, torch.bfloat16: 1}
@@ -66,8 +67,9 @@ class KVCache:
     its rope key, DSA's indexer key), whose layer derives keys and values from that row."""
 
     def __init__(self, num_slots: int, kv_heads: int, head_dim: int, dtype, device, values: bool = True):
-        self.k = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros(num_slots, kv_heads, head_dim, dtype=dtype, device=device) if values else None
+        # pages zeroed by the kernel when a block is first written, not all at start
+        self.k = zeros((num_slots, kv_heads, head_dim), dtype, device)
+        self.v = zeros((num_slots, kv_heads, head_dim), dtype, device) if values else None
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
         self.k.index_copy_(0, slots, k if k.dtype == self.k.dtype else k.to(self.k.dtype))

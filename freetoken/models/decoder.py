@@ -14,6 +14,7 @@ from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
 from ..layers.attention import paged_attention
+from ..layers.concat import cat_rows
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
@@ -59,7 +60,7 @@ class Attention:
                for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))]
         qkv_bias = torch.cat([get(f"{p}.{n}_proj.bias", (o,)) for n, o in
                               (("q", q_out), ("k", kv_out), ("v", kv_out))]) if bias else None
-        self.qkv = linear(torch.cat(qkv), qkv_bias)
+        self.qkv = linear(cat_rows(qkv), qkv_bias)     # a view of the file's pages when adjacent
         o_bias = get(f"{p}.o_proj.bias", (hidden,)) if bias and ck.has(f"{p}.o_proj.bias") else None
         self.o = linear(get(f"{p}.o_proj.weight", (hidden, q_out), linear.storage_dtype), o_bias)
         eps = hf.first("rms_norm_eps", default=1e-6, kind=float)

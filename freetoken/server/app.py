@@ -2,6 +2,7 @@
 health and metrics. The engine thread starts and stops with the app's lifespan."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -17,6 +18,8 @@ from .engine_loop import kv_blocks
 from .generation import GenerationService
 from .request_limits import ClientGone
 from .server_state import AppState, Settings
+
+CURRENT_SIZES_TIMEOUT_S = 30.0    # GET /v1/memory waits at most this for the step in flight
 
 log = logging.getLogger("freetoken.server")
 
@@ -125,11 +128,18 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
 
     @app.get("/v1/memory")
     async def memory():
-        """The memory plan the engine was started with (see freetoken/memory/plan.py)."""
+        """The memory plan the engine was started with (see freetoken/memory/plan.py) and,
+        under "current", the sizes now, after any runtime resize (read between two steps)."""
         plan = getattr(svc.engine, "memory_plan", None)
         if plan is None:
             raise NotFound("this engine has no memory plan")
-        return JSONResponse(plan.to_json())
+        body = plan.to_json()
+        try:
+            now = await asyncio.wait_for(asyncio.wrap_future(svc.loop.memory(None)), CURRENT_SIZES_TIMEOUT_S)
+            body["current"] = now["sizes"]
+        except Exception as e:  # noqa: BLE001 - the plan is still worth answering
+            body["current"], body["current_error"] = None, str(e) or type(e).__name__
+        return JSONResponse(body)
 
     async def hello():
         return Response(status_code=200)

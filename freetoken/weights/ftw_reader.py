@@ -1,8 +1,10 @@
 """Reading an FTW file (format in ftw_format.py) at disk speed.
 
-Every tensor is read once, by several threads, in CHUNK_BYTES pieces straight into its own
-page-aligned, exactly-sized host buffer (O_DIRECT when the file system allows it, else
-ordinary reads), and each piece is hashed as soon as it lands. Expert banks come back as
+Every tensor is read once, by several threads, in CHUNK_BYTES pieces, and each piece is
+hashed as soon as it lands. By default the file is mapped copy-on-write and the threads
+bring its pages in (ftw_map.py: no fresh memory to fault in and zero, no copy); else each
+tensor is read into its own page-aligned, exactly-sized buffer (O_DIRECT when the file
+system allows it, else ordinary reads). Expert banks come back as
 an ExpertPool in their runtime layout; the other tensors answer the Checkpoint interface,
 so models load from an FTW file exactly as from an HF directory."""
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from ..errors import CheckpointError
 from .ftw_format import (CHUNK_BYTES, MAGIC, PREAMBLE, VERSION, TensorEntry, align_up, chunk_digest,
                          combine_digests, config_hash, dtype_from_name)
+from .ftw_map import map_file
 from .progress import progress
 
 log = logging.getLogger("freetoken.weights")
@@ -103,32 +106,50 @@ class _Reader:
 
 
 def read_tensors(path: Path, entries: list[TensorEntry], verify: bool = True, threads: int | None = None,
-                 direct: bool = True, desc: str | None = None) -> dict[str, torch.Tensor]:
-    """name -> tensor for `entries`, read in parallel; checksums verified while reading."""
+                 direct: bool = True, desc: str | None = None, mapped: bool = True) -> dict[str, torch.Tensor]:
+    """name -> tensor for `entries`, read in parallel; checksums verified while reading.
+    `mapped`: the tensors are views of a copy-on-write mapping of the file (ftw_map.py), else
+    (or where mapping is not available) they are read into buffers of their own, with
+    O_DIRECT when `direct` and the file system allow it."""
     size = path.stat().st_size
     for e in sorted(entries, key=lambda e: e.offset):
         if e.offset + e.nbytes > size:
             raise CheckpointError(f"{path}: truncated: tensor {e.name!r} needs bytes {e.offset}..{e.offset + e.nbytes} "
                                   f"but the file has {size}; re-run `freetoken convert`")
     threads = threads or min(8, max(4, 2 * (os.cpu_count() or 1)))
-    buffers = {e.name: _page_buffer(e.nbytes) for e in entries}
     jobs = [(e, a) for e in sorted(entries, key=lambda e: e.offset) for a in range(0, e.nbytes, CHUNK_BYTES)]
-    reader = _Reader(path, direct)
+    mm = map_file(path, size) if mapped and entries else None
+    if mm is not None:
+        def work(e: TensorEntry, a: int) -> int:
+            n = min(CHUNK_BYTES, e.nbytes - a)
+            mm.populate(e.offset + a, n)
+            bar.update(n)
+            return chunk_digest(mm.view[e.offset + a:e.offset + a + n]) if verify else 0
 
-    def work(e: TensorEntry, a: int) -> int:
-        n = min(CHUNK_BYTES, e.nbytes - a)
-        view = buffers[e.name][1][a:a + align_up(n)]
-        if reader.read(view, e.offset + a) < n:
-            raise CheckpointError(f"{path}: truncated while reading tensor {e.name!r}")
-        bar.update(n)
-        return chunk_digest(view[:n]) if verify else 0
+        def tensor(e: TensorEntry) -> torch.Tensor:
+            return mm.data[e.offset:e.offset + e.nbytes]
+        reader = None
+    else:
+        buffers = {e.name: _page_buffer(e.nbytes) for e in entries}
+        reader = _Reader(path, direct)
 
+        def work(e: TensorEntry, a: int) -> int:
+            n = min(CHUNK_BYTES, e.nbytes - a)
+            view = buffers[e.name][1][a:a + align_up(n)]
+            if reader.read(view, e.offset + a) < n:
+                raise CheckpointError(f"{path}: truncated while reading tensor {e.name!r}")
+            bar.update(n)
+            return chunk_digest(view[:n]) if verify else 0
+
+        def tensor(e: TensorEntry) -> torch.Tensor:
+            return buffers[e.name][0][:e.nbytes]
     try:
         with progress(sum(e.nbytes for e in entries), desc or f"load {path.name}") as bar, \
                 ThreadPoolExecutor(threads, thread_name_prefix="ftw-read") as pool:
             digests = list(pool.map(lambda j: work(*j), jobs))
     finally:
-        reader.close()
+        if reader is not None:
+            reader.close()
     if verify:
         per: dict[str, list[int]] = {e.name: [] for e in entries}
         for (e, _), d in zip(jobs, digests):
@@ -139,9 +160,8 @@ def read_tensors(path: Path, entries: list[TensorEntry], verify: bool = True, th
                                       "re-run `freetoken convert`")
     out = {}
     for e in entries:
-        t = buffers[e.name][0][:e.nbytes]
         try:
-            out[e.name] = t.view(dtype_from_name(e.dtype)).view(e.shape)
+            out[e.name] = tensor(e).view(dtype_from_name(e.dtype)).view(e.shape)
         except (ValueError, RuntimeError):
             raise CheckpointError(f"{path}: tensor {e.name!r}: {e.nbytes} bytes do not hold {e.dtype} "
                                   f"{list(e.shape)} (corrupt tensor table)") from None
@@ -152,7 +172,7 @@ class FtwFile:
     """An FTW file seen as a checkpoint (config, has/get/get_float) plus its prebuilt pool."""
 
     def __init__(self, path: str | os.PathLike, verify: bool = True, threads: int | None = None,
-                 direct: bool = True):
+                 direct: bool = True, mapped: bool = True):
         self.path = self.dir = Path(path)
         header = read_header(self.path)
         self.header, self.config = header, header["config"]
@@ -162,7 +182,7 @@ class FtwFile:
             raise CheckpointError(f"{self.path}: malformed tensor table ({e})") from None
         self.direct = direct
         self.float_experts_dtype: torch.dtype | None = None    # set by open_checkpoint from the engine options
-        self._tensors = read_tensors(self.path, self.entries, verify, threads, direct)
+        self._tensors = read_tensors(self.path, self.entries, verify, threads, direct, mapped=mapped)
         self._dense = {e.name for e in self.entries if e.kind == "dense"}
 
     @property
@@ -221,4 +241,4 @@ def read_side_file(path: str | os.PathLike, name: str) -> bytes | None:
                   if t["name"] == name and t["kind"] == "file"), None)
     if entry is None:
         return None
-    return bytes(read_tensors(path, [entry], threads=1, direct=False, desc=f"read {name}")[name].numpy())
+    return bytes(read_tensors(path, [entry], threads=1, direct=False, desc=f"read {name}", mapped=False)[name].numpy())

@@ -115,3 +115,24 @@ def test_the_engine_thread_runs_the_watcher_and_counts_its_resizes(admin):
     metrics = httpx.get(url + "/metrics", headers={"authorization": "Bearer user-key"}).text
     assert 'freetoken_memory_resizes_total{component="expert_cache",direction="shrink",trigger="watcher"}' in metrics
     assert 'freetoken_memory_free_bytes{device="host"}' in metrics
+
+
+def test_v1_memory_shows_the_current_sizes_beside_the_plan(admin):
+    """After a runtime resize, GET /v1/memory keeps the start-up plan and adds the sizes now."""
+    llm, url, _ = admin
+    headers = {"authorization": "Bearer user-key"}
+    before = httpx.get(url + "/v1/memory", headers=headers).json()
+    kv, ex = before["current"]["kv_cache"]["bytes"], before["current"]["expert_cache"]["bytes"]
+    plan_kv = next(i for i in before["items"] if i["name"] == "KV cache")["nbytes"]
+    assert kv == plan_kv == llm.engine.runner.kv_nbytes
+    try:
+        r = httpx.post(url + "/admin/memory", headers=auth(), timeout=120,
+                       json={"kv_cache_gib": kv / 2 / GiB, "expert_cache_gib": ex / 2 / GiB})
+        assert r.status_code == 200, r.text
+        after = httpx.get(url + "/v1/memory", headers=headers).json()
+        assert after["current"] == llm.engine.memory_sizes()
+        assert after["current"]["kv_cache"]["bytes"] < kv and after["current"]["expert_cache"]["bytes"] < ex
+        assert after["items"] == before["items"]                 # the plan is what start-up decided
+    finally:
+        httpx.post(url + "/admin/memory", headers=auth(), timeout=120,
+                   json={"kv_cache_gib": kv / GiB, "expert_cache_gib": ex / GiB})

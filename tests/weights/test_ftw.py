@@ -115,7 +115,7 @@ def test_expert_format_mismatch_is_one_line(ftw_file):
 
 
 def test_buffered_fallback_when_direct_read_refused(ftw_file, monkeypatch):
-    want = FtwFile(ftw_file, direct=False).prebuilt_experts().banks
+    want = FtwFile(ftw_file, direct=False, mapped=False).prebuilt_experts().banks
     real = ftw_reader.os.preadv
     refused = []
 
@@ -136,7 +136,7 @@ def test_buffered_fallback_when_direct_read_refused(ftw_file, monkeypatch):
 
     monkeypatch.setattr(ftw_reader.os, "preadv", preadv)
     monkeypatch.setattr(ftw_reader.os, "open", open_)
-    got = FtwFile(ftw_file, direct=True).prebuilt_experts().banks
+    got = FtwFile(ftw_file, direct=True, mapped=False).prebuilt_experts().banks
     assert all(torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)) for k in want)
     if hasattr(ftw_reader.os, "O_DIRECT") and direct_fds:
         assert refused
@@ -160,3 +160,30 @@ def test_cli_convert_generate_and_corrupt_exit_2(tiny_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "'gate_up'" in err[0]
     assert cli_main(args + ["--model", str(out), "--verify", "off"]) == 0
+
+
+def test_mapped_read_equals_read_and_never_writes_the_file(ftw_file):
+    """The default copy-on-write mapping gives the same bytes as reading into buffers, and a
+    write to a loaded tensor stays in the process (the file is unchanged)."""
+    before = ftw_file.read_bytes()
+    read = FtwFile(ftw_file, mapped=False)
+    mapped = FtwFile(ftw_file)
+    for e in mapped.entries:
+        assert torch.equal(mapped._tensors[e.name].view(torch.uint8), read._tensors[e.name].view(torch.uint8)), e.name
+    bank = mapped.prebuilt_experts().banks["gate_up"]
+    bank.view(torch.uint8).fill_(0xAB)
+    assert ftw_file.read_bytes() == before
+    assert FtwFile(ftw_file).prebuilt_experts().banks["gate_up"].view(torch.uint8).ne(0xAB).any()
+
+
+def test_mapping_unavailable_falls_back_to_reads(ftw_file, monkeypatch):
+    from freetoken.weights import ftw_map
+    want = FtwFile(ftw_file, mapped=False).prebuilt_experts().banks
+
+    def refuse(self, offset, n):
+        raise OSError(22, "madvise(MADV_POPULATE_READ): Invalid argument")
+
+    monkeypatch.setattr(ftw_map.MappedFile, "populate", refuse)
+    assert ftw_map.map_file(ftw_file, ftw_file.stat().st_size) is None
+    got = FtwFile(ftw_file).prebuilt_experts().banks
+    assert all(torch.equal(got[k].view(torch.uint8), want[k].view(torch.uint8)) for k in want)
