@@ -111,7 +111,8 @@ class GgufFile:
         g = self._hf.get(name)
         if g is None and name in self._derived:
             parts = [self._read(s) for s in self._derived[name]]
-            out = combine(name, [p.float() for p in parts]).to(parts[0].dtype)
+            same = all(p.dtype == parts[0].dtype for p in parts)      # else f32: an f16 k_b beside a q8_0 v_b
+            out = combine(name, [p.float() for p in parts]).to(parts[0].dtype if same else torch.float32)
             g, got = "+".join(self._derived[name]), tuple(out.shape)
         elif g is None:
             raise CheckpointError(f"{self.path}: tensor {name!r} not found in the GGUF file")
