@@ -15,17 +15,17 @@ from freetoken.tiny import make_tiny  # noqa: E402
 from helpers import reference_logits  # noqa: E402
 from llamacpp import convert, llama_cpp_source  # noqa: E402
 from model_checks import ids_for  # noqa: E402
-from test_gguf_models import CONVERT_ARGS, rounded_reference  # noqa: E402
+from test_gguf_models import CONVERT_ARGS, TINY, rounded_reference  # noqa: E402
 
 p = argparse.ArgumentParser()
-p.add_argument("--archs", default="qwen3_moe,qwen2_moe,mixtral,olmoe,gpt_oss,qwen3_next,qwen3_5_moe")
+p.add_argument("--archs", default="qwen3_moe,qwen2_moe,mixtral,olmoe,gpt_oss,qwen3_next,qwen3_5_moe,deepseek_v3,glm4_moe")
 p.add_argument("--types", default="f32,bf16,q8_0")
 a = p.parse_args()
 src, root = llama_cpp_source(), Path(tempfile.mkdtemp())
 print("| family | GGUF | torch experts vs reference | C kernels vs reference | reference vs f32 checkpoint |")
 print("|---|---|---|---|---|")
 for arch in a.archs.split(","):
-    d = make_tiny(arch, root / arch)
+    d = make_tiny(arch, root / arch, **TINY.get(arch, {}))
     ids = ids_for(29, seed=4)
     exact = reference_logits(d, ids)
     for t in a.types.split(","):

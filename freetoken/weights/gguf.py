@@ -21,7 +21,7 @@ from ..errors import CheckpointError
 from .gguf_config import synth_config
 from .gguf_hybrid import HYBRID, undo
 from .gguf_meta import GgufHeader, TensorInfo, read_header
-from .gguf_names import hf_names, needs_unpermute, unpermute_rows
+from .gguf_names import combine, derived, hf_names, needs_unpermute, unpermute_rows
 
 log = logging.getLogger("freetoken.weights")
 F32, F16, BF16 = 0, 1, 30            # ggml type ids of the float types
@@ -82,14 +82,19 @@ class GgufFile:
         self.arch = fields.get("general.architecture")
         self.config = synth_config(fields, {n: t.shape for n, (_, t) in self._info.items()}, self.path)
         self._hf = {hf: n for n in self._info for hf in hf_names(self.arch, n)}
+        self._derived = derived(self.arch, self._info)
+        for hf, sources in self._derived.items():
+            missing = [s for s in sources if s not in self._info]
+            if missing:
+                raise CheckpointError(f"{self.path}: tensor {missing[0]!r} missing (needed with {sources[0]!r})")
         self.float_experts_dtype = cfg.torch_dtype if cfg is not None else torch.float32
         self.expert_format = getattr(cfg, "expert_format", None)
 
     def names(self) -> list[str]:
-        return sorted(self._hf)
+        return sorted([*self._hf, *self._derived])
 
     def has(self, name: str) -> bool:
-        return name in self._hf
+        return name in self._hf or name in self._derived
 
     def tensor_info(self, gguf_name: str) -> TensorInfo | None:
         hit = self._info.get(gguf_name)
@@ -99,15 +104,26 @@ class GgufFile:
         h, t = self._info[gguf_name]
         return h.raw(t)
 
+    def _read(self, g: str) -> torch.Tensor:
+        h, t = self._info[g]
+        return dequantize(h.raw(t), t.ggml_type, t.shape)
+
     def get(self, name: str, shape: tuple | None = None) -> torch.Tensor:
         g = self._hf.get(name)
-        if g is None:
+        if g is None and name in self._derived:
+            parts = [self._read(s) for s in self._derived[name]]
+            same = all(p.dtype == parts[0].dtype for p in parts)      # else f32: an f16 k_b beside a q8_0 v_b
+            out = combine(name, [p.float() for p in parts]).to(parts[0].dtype if same else torch.float32)
+            g, got = "+".join(self._derived[name]), tuple(out.shape)
+        elif g is None:
             raise CheckpointError(f"{self.path}: tensor {name!r} not found in the GGUF file")
-        h, t = self._info[g]
-        fits = shape is None or (len(shape) == len(t.shape) and all(s in (None, d) for s, d in zip(shape, t.shape)))
+        else:
+            out, got = None, self._info[g][1].shape
+        fits = shape is None or (len(shape) == len(got) and all(s in (None, d) for s, d in zip(shape, got)))
         if not fits:
-            raise CheckpointError(f"{self.path}: tensor {g!r} ({name}) has shape {t.shape}, expected {tuple(shape)}")
-        out = dequantize(h.raw(t), t.ggml_type, t.shape)
+            raise CheckpointError(f"{self.path}: tensor {g!r} ({name}) has shape {got}, expected {tuple(shape)}")
+        if out is None:
+            out = self._read(g)
         if needs_unpermute(self.arch, name):
             heads = self.config["num_attention_heads"] if ".q_proj." in name else self.config["num_key_value_heads"]
             out = unpermute_rows(out, heads)

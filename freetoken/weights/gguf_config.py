@@ -15,8 +15,10 @@ FAMILIES = {
     "gpt-oss": ("GptOssForCausalLM", "gpt_oss", None),
     "qwen3next": ("Qwen3NextForCausalLM", "qwen3_next", True),
     "qwen35moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", True),
-    # not yet: deepseek2 (kv_b split into k_b/v_b), glm4moe
+    "deepseek2": ("DeepseekV3ForCausalLM", "deepseek_v3", False),
+    "glm4moe": ("Glm4MoeForCausalLM", "glm4_moe", False),
 }
+GATING = {1: "softmax", 2: "sigmoid", 3: "sqrtsoftplus"}     # llama.cpp's expert_gating_func ids
 
 
 class Meta:
@@ -146,3 +148,46 @@ def _hybrid(c, m, tensors):
 
 FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss,
                  "qwen3next": _hybrid, "qwen35moe": _hybrid}
+def _routed(c, m, tensors, gating_default: int):
+    """DeepSeek-style routing shared by deepseek2 and glm4moe: leading dense blocks, shared
+    experts, groups, sigmoid scores; next-token-prediction blocks counted in block_count are
+    dropped (they sit after the decoder layers and are never read)."""
+    c["num_hidden_layers"] -= int(m.get("nextn_predict_layers", 0))
+    gating = int(m.get("expert_gating_func", gating_default))
+    if GATING.get(gating) != "sigmoid":
+        raise CheckpointError(f"{m.path}: {m.arch}.expert_gating_func = {gating} ({GATING.get(gating, 'unknown')}"
+                              f"{', the default when the key is absent' if m.get('expert_gating_func') is None else ''})"
+                              " is not supported (expected 2, sigmoid: DeepSeek-V3/R1, Kimi-K2, GLM-4.5+)")
+    c.update(n_routed_experts=c["num_experts"], n_shared_experts=int(m.get("expert_shared_count", 0)),
+             first_k_dense_replace=int(m.get("leading_dense_block_count", 0)),
+             routed_scaling_factor=float(m.get("expert_weights_scale", 1.0)),
+             n_group=int(m.get("expert_group_count", 1)), topk_group=int(m.get("expert_group_used_count", 1)),
+             scoring_func="sigmoid")
+
+
+def _deepseek2(c, m, tensors):
+    # llama.cpp's default gating for a deepseek2 file without the key: softmax (DeepSeek-V2),
+    # except the GLM-4.7-Lite shape (47/48 blocks, 154880 tokens)
+    lite_glm = c["num_hidden_layers"] in (47, 48) and c["vocab_size"] == 154880
+    _routed(c, m, tensors, 2 if lite_glm else 1)
+    rope = int(m.req("rope.dimension_count"))
+    if m.get("attention.key_length_mla") is not None:     # split k_b/v_b (converters since 2025)
+        qk, v = int(m.req("attention.key_length_mla")), int(m.req("attention.value_length_mla"))
+    else:                                                  # older files: one attn_kv_b
+        qk, v = int(m.req("attention.key_length")), int(m.req("attention.value_length"))
+    q_lora = m.get("attention.q_lora_rank")
+    c.update(kv_lora_rank=int(m.req("attention.kv_lora_rank")), q_lora_rank=int(q_lora) if q_lora else None,
+             qk_nope_head_dim=qk - rope, qk_rope_head_dim=rope, qk_head_dim=qk, v_head_dim=v, head_dim=rope,
+             num_key_value_heads=c["num_attention_heads"], rope_interleave=True, attention_bias=False)
+    c["rope_parameters"].pop("partial_rotary_factor", None)    # MLA: the rope part is its own head
+
+
+def _glm4moe(c, m, tensors):
+    _routed(c, m, tensors, 2)
+    c["use_qk_norm"] = "blk.0.attn_q_norm.weight" in tensors
+    c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+    c["rope_parameters"].setdefault("partial_rotary_factor", 1.0)
+
+
+FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss,
+                 "deepseek2": _deepseek2, "glm4moe": _glm4moe}

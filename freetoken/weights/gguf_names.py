@@ -19,7 +19,14 @@ BLOCK = {
     "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
 
+_DEEPSEEK_MOE = {"ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
+                 "ffn_down_shexp": "mlp.shared_experts.down_proj", "exp_probs_b": "mlp.gate.e_score_correction_bias"}
+
 PER_ARCH = {
+    "deepseek2": {**_DEEPSEEK_MOE, "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+                  "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+                  "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj"},
+    "glm4moe": {**_DEEPSEEK_MOE, "post_attention_norm": "post_attention_layernorm"},
     "llama": {"ffn_gate_inp": "block_sparse_moe.gate"},
     "gpt-oss": {"ffn_gate_inp": "mlp.router", "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks"},
@@ -43,7 +50,7 @@ def hf_name(arch: str, name: str) -> str | None:
     if part not in table:
         return None
     hf = table[part]
-    if part == "attn_sinks":        # gpt-oss: a bare parameter
+    if part in ("attn_sinks", "exp_probs_b"):        # bare parameters (stored as .weight / .bias)
         return f"model.layers.{layer}.{hf}"
     return f"model.layers.{layer}.{hf}.{kind}"
 
@@ -55,6 +62,33 @@ def hf_names(arch: str, name: str) -> tuple[str, ...]:
         return hybrid_names(name, lambda n: hf_name(arch, n))
     hf = hf_name(arch, name)
     return (hf,) if hf is not None else ()
+
+
+def derived(arch: str, names) -> dict[str, tuple[str, ...]]:
+    """HF tensors the converter split into several GGUF tensors: HF name -> GGUF sources, in
+    the order `combine` takes them. deepseek2: kv_b_proj became attn_k_b (transposed per head,
+    for llama.cpp's absorbed MLA) and attn_v_b."""
+    out = {}
+    if arch == "deepseek2":
+        for n in names:
+            m = _BLK.match(n)
+            if m and m[2] == "attn_k_b" and m[3] == "weight":
+                out[f"model.layers.{m[1]}.self_attn.kv_b_proj.weight"] = (n, n.replace("attn_k_b", "attn_v_b"))
+    return out
+
+
+def combine(hf: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """Rebuild kv_b_proj [heads * (nope + v), kv_lora] from k_b [heads, kv_lora, nope] and v_b
+    [heads, v, kv_lora] (the inverse of the converter's split)."""
+    k_b, v_b = parts
+    kv = torch.cat([k_b.transpose(1, 2), v_b], dim=1)
+    return kv.reshape(-1, kv.shape[-1]).contiguous()
+
+
+def split(hf: str, t: torch.Tensor, heads: int, nope: int) -> list[torch.Tensor]:
+    """The converter's split of kv_b_proj (what `combine` undoes): [k_b, v_b]."""
+    kv = t.reshape(heads, -1, t.shape[-1])
+    return [kv[:, :nope].transpose(1, 2).contiguous(), kv[:, nope:].contiguous()]
 
 
 def unpermute_rows(t: torch.Tensor, heads: int) -> torch.Tensor:

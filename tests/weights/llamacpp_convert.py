@@ -1,6 +1,7 @@
 """Runs llama.cpp's own convert_hf_to_gguf.py (from the llama-cpp-python sdist) with its
 vendored gguf-py. Home-made test tokenizers are not in its table of known pre-tokenizers:
-they fall back to "qwen2" (the split our tiny tokenizers use).
+they fall back to "qwen2" (the split our tiny tokenizers use); GLM's vocab step falls back to
+the plain BPE one when the tokenizer lacks GLM's special tokens.
 Usage: python llamacpp_convert.py LLAMA_CPP_DIR MODEL_DIR [converter options]"""
 import sys
 
@@ -23,5 +24,18 @@ def vocab_base_pre(self, tokenizer):
 
 
 TextModel.get_vocab_base_pre = vocab_base_pre
+known_glm = TextModel._set_vocab_glm
+
+
+def set_vocab_glm(self):
+    """GLM's vocab needs its special tokens ([gMASK] as BOS, <|user|>, <|observation|>); the
+    tiny test tokenizers have chat-ML specials instead, written as any BPE vocab."""
+    from transformers import AutoTokenizer
+    if "[gMASK]" in AutoTokenizer.from_pretrained(self.dir_model).get_added_vocab():
+        return known_glm(self)
+    return self._set_vocab_gpt2()
+
+
+TextModel._set_vocab_glm = set_vocab_glm
 sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
 converter.main()

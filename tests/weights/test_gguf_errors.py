@@ -41,3 +41,11 @@ def test_truncated_and_foreign_files(tmp_path):
     p.write_bytes(b"GGUF" + b"\x01\x00\x00\x00" + b"\x00" * 16)
     with pytest.raises(CheckpointError, match="GGUF version 1 is too old"):
         GgufFile(p)
+
+
+def test_deepseek2_softmax_router_is_refused(tiny_dir, to_gguf):
+    """A deepseek2 file without expert_gating_func runs DeepSeek-V2's softmax router in
+    llama.cpp (our DeepSeek path routes with sigmoid scores only): a clear error, not wrong logits."""
+    g = to_gguf(tiny_dir("deepseek_v3"), "f32")       # the tiny config states no scoring_func
+    with pytest.raises(CheckpointError, match=r"deepseek2.expert_gating_func = 1 \(softmax, the default when"):
+        GgufFile(g)

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from freetoken import LLM
 from freetoken.weights import ggml_quants
 from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf_names import combine, split
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from helpers import assert_logits_close, reference_logits  # noqa: E402
@@ -24,9 +25,13 @@ from model_checks import ids_for  # noqa: E402
 from gguf_rewrite import q4_k_m, rewrite  # noqa: E402
 from gguf_hybrid_ref import hybrid_rounded  # noqa: E402
 
-FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_next", "qwen3_5_moe"]
+FAMILIES = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_next", "qwen3_5_moe", "deepseek_v3",
+            "glm4_moe"]
 # converter options per family: Qwen3-Next / Qwen3.5 without MTP layers need --no-mtp
 CONVERT_ARGS = {"qwen3_next": ("--no-mtp",), "qwen3_5_moe": ("--no-mtp",)}
+# checkpoint fields real models carry that the tiny config leaves at transformers' default:
+# DeepSeek-V3's config.json states its sigmoid router (without it llama.cpp assumes V2's softmax)
+TINY = {"deepseek_v3": dict(scoring_func="sigmoid")}
 EXPERT_PART = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 
 
@@ -55,6 +60,11 @@ def rounded_reference(model_dir: Path, gguf_path: Path, out: Path) -> Path:
             hybrid = hybrid_rounded(ck, name, t, _roundtrip) if ck.arch in ("qwen3next", "qwen35moe") else None
             if hybrid is not None:
                 tensors[name] = hybrid
+            elif name in ck._derived:                         # deepseek2 kv_b: its k_b / v_b parts
+                c = ck.config
+                parts = split(name, t, c["num_attention_heads"], c["qk_nope_head_dim"])
+                tensors[name] = combine(name, [_roundtrip(p, ck.tensor_info(g).ggml_type)
+                                               for p, g in zip(parts, ck._derived[name])])
             elif name in hf_to_gguf:
                 tensors[name] = _roundtrip(t, ck.tensor_info(hf_to_gguf[name]).ggml_type)
             elif ".experts." in name and not name.endswith("_bias"):
@@ -74,7 +84,7 @@ def rounded_reference(model_dir: Path, gguf_path: Path, out: Path) -> Path:
 
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_f32_gguf_matches_checkpoint(tiny_dir, to_gguf, arch):
-    d = tiny_dir(arch)
+    d = tiny_dir(arch, **TINY.get(arch, {}))
     ids = ids_for(37)
     ours = LLM(str(to_gguf(d, "f32", *CONVERT_ARGS.get(arch, ()))), dtype="float32").score(ids)
     assert_logits_close(ours, reference_logits(d, ids))
@@ -97,15 +107,18 @@ def check_quantized(model_dir: Path, g: Path, ref_dir: Path, ids: list[int]):
 @pytest.mark.parametrize("outtype", ["bf16", "q8_0"])
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_quantized_gguf_matches_rounded_checkpoint(tiny_dir, to_gguf, tmp_path, arch, outtype):
-    d = tiny_dir(arch)
+    d = tiny_dir(arch, **TINY.get(arch, {}))
     check_quantized(d, to_gguf(d, outtype, *CONVERT_ARGS.get(arch, ())), tmp_path / "ref", ids_for(29, seed=4))
 
 
-# hidden and expert intermediate multiples of 256 (the k-quant super-block)
+# hidden and expert intermediate multiples of 256 (the k-quant super-block); a third layer where
+# the first is dense, so that MoE layers of both parities (Q4_K and Q6_K ffn_down) exist
 K_QUANT_SHAPES = {"qwen3_moe": dict(moe_intermediate_size=256), "qwen2_moe": dict(moe_intermediate_size=256),
                   "mixtral": dict(intermediate_size=256), "olmoe": dict(intermediate_size=256),
                   "gpt_oss": dict(intermediate_size=256), "qwen3_next": dict(moe_intermediate_size=256),
-                  "qwen3_5_moe": dict(moe_intermediate_size=256)}
+                  "qwen3_5_moe": dict(moe_intermediate_size=256),
+                  "deepseek_v3": dict(moe_intermediate_size=256, layers=3),
+                  "glm4_moe": dict(moe_intermediate_size=256, layers=3)}
 
 
 # qwen3_5_moe, seed 6: one position (11 of 23) is off by 0.28 on the C kernels only, every
@@ -116,7 +129,7 @@ Q4_K_M_SEED = {"qwen3_5_moe": 1}
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_q4_k_m_gguf_matches_rounded_checkpoint(tiny_dir, to_gguf, tmp_path, arch):
     """A Q4_K_M-like mix (Q4_K and Q6_K rows in one expert bank) kept quantized in the banks."""
-    d = tiny_dir(arch, hidden=256, experts=4, **K_QUANT_SHAPES[arch])
+    d = tiny_dir(arch, hidden=256, experts=4, **K_QUANT_SHAPES[arch], **TINY.get(arch, {}))
     g = rewrite(to_gguf(d, "f32", *CONVERT_ARGS.get(arch, ())), tmp_path / "q4km.gguf", q4_k_m)
     ck = GgufFile(g)
     pool = ck.prebuilt_experts()
