@@ -146,8 +146,6 @@ def _hybrid(c, m, tensors):
     config_fields(c, m, tensors)
 
 
-FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss,
-                 "qwen3next": _hybrid, "qwen35moe": _hybrid}
 def _routed(c, m, tensors, gating_default: int):
     """DeepSeek-style routing shared by deepseek2 and glm4moe: leading dense blocks, shared
     experts, groups, sigmoid scores; next-token-prediction blocks counted in block_count are
@@ -190,4 +188,4 @@ def _glm4moe(c, m, tensors):
 
 
 FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss,
-                 "deepseek2": _deepseek2, "glm4moe": _glm4moe}
+                 "qwen3next": _hybrid, "qwen35moe": _hybrid, "deepseek2": _deepseek2, "glm4moe": _glm4moe}
