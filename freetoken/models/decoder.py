@@ -133,14 +133,7 @@ class MoECausalLM:
         self.kv_heads = hf.first("num_key_value_heads", default=heads)
         self.rotary = Rotary(self.rope_config(), self.rope_dim(), max_len, dtype, device)
         self.linear = LinearFactory(dtype, cfg.torch_dtype, cfg.dense_format, pool, self.choices.prefill_gemm)
-        # the table stays in the storage dtype; looked-up rows are converted (exactly)
-        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
-                                  cfg.torch_dtype).to(device)
-        self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
-        if hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
-            self.lm_head = self.linear(self.embed)
-        else:
-            self.lm_head = self.linear(self._ws(ck, "lm_head.weight", (self.vocab_size, self.hidden)))
+        self._load_ends(ck)
         self.moe_layers = [i for i in range(self.num_layers) if self.is_moe_layer(i)]
         self.experts = self._load_experts(ck) if self.moe_layers else None
         self.layers = [self._load_layer(ck, i) for i in range(self.num_layers)]
@@ -197,6 +190,17 @@ class MoECausalLM:
         return None
 
     # --- loading -------------------------------------------------------------------------
+    def _load_ends(self, ck: Checkpoint):
+        """Embedding table, final norm and lm_head (tied to the embedding when the checkpoint says
+        so or has none). The table stays in the storage dtype; looked-up rows are converted (exactly)."""
+        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
+                                  self.cfg.torch_dtype).to(self.device)
+        self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
+        if self.hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
+            self.lm_head = self.linear(self.embed)
+        else:
+            self.lm_head = self.linear(self._ws(ck, "lm_head.weight", (self.vocab_size, self.hidden)))
+
     def _load_experts(self, ck: Checkpoint):
         """The experts backend, which the loader builds from `build_pool` (models/loader.py)."""
         self.pool, experts = self.cfg.experts(self, ck)

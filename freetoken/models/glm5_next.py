@@ -106,13 +106,7 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
                              bias=bool(hf.get("attention_bias", False)), scale=nope ** -0.5)
         self.rotary = NoRope()
         self.linear = LinearFactory(self.dtype, cfg.torch_dtype, cfg.dense_format, pool, self.choices.prefill_gemm)
-        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
-                                  cfg.torch_dtype).to(device)
-        self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
-        if hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
-            self.lm_head = self.linear(self.embed)
-        else:
-            self.lm_head = self.linear(self._ws(ck, "lm_head.weight", (self.vocab_size, self.hidden)))
+        self._load_ends(ck)
         self.linear_layers = [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
         self.moe_layers = [i for i, t in enumerate(self.mlp_types) if t == "sparse"] if self.num_experts() else []
         self.experts = self._load_experts(ck) if self.moe_layers else None
