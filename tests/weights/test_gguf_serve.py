@@ -89,7 +89,7 @@ def test_serve_deepseek2_and_glm4moe_ggufs_with_their_own_template(tiny_dir, to_
         pytest.skip(f"real chat templates not found at {template_path.parent}")
     tiny = tiny_dir(arch, **({"scoring_func": "sigmoid"} if arch == "deepseek_v3" else {}))
     g = rewrite(to_gguf(tiny, "q8_0"), tmp_path / f"{gguf_arch}.gguf",
-                strings={"tokenizer.chat_template": template_path.read_text()})
+                set_keys={"tokenizer.chat_template": template_path.read_text()})
     assert GgufFile(g).arch == gguf_arch
     tok = Tokenizer(g)
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
