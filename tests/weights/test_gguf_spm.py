@@ -14,7 +14,9 @@ import pytest
 from helpers import SHARED_DATA
 from test_gguf_tokenizer import cases
 
+from freetoken import LLM
 from freetoken.errors import CheckpointError
+from freetoken.sampling_params import SamplingParams
 from freetoken.tokenizer import Tokenizer
 from freetoken.weights.gguf_meta import read_header
 from freetoken.weights.gguf_tokenizer import load_gguf_tokenizer, save_tokenizer_dir
@@ -138,6 +140,8 @@ def test_spm_gguf_from_llamacpp_converter_tokenizes_like_sentencepiece(spm_mixtr
     special = "call <tool_call>x</tool_call> done"
     assert tok.encode(special) == sp.encode("call ") + [sp.piece_to_id("<tool_call>")] + sp.encode("x") + \
         [sp.piece_to_id("</tool_call>")] + sp.encode(" done")
+    out = LLM(str(path), dtype="float32").generate(SPM_TRAIN[0], SamplingParams(max_tokens=3, temperature=0))[0]
+    assert out.prompt_token_ids == sp.encode(SPM_TRAIN[0]) and len(out.token_ids) == 3   # the model runs on it
     try:
         import llama_cpp
     except ImportError:
