@@ -10,7 +10,12 @@ Either way every byte of the weights comes from the disk. The clock starts after
 `import freetoken` and stops when the first token is out (model build, weights, KV
 allocation and one short prefill included).
 
-    python bench/startup.py [--expert-format int8] [--repeats 2] [--drop files|all]
+    python bench/startup.py [--expert-format int8] [--source-dtype float32|fp8] [--repeats 2] [--drop files|all]
+
+`--source-dtype` picks the HF checkpoint's own storage: bfloat16 (as built), float32 (a copy
+saved in fp32, as some checkpoints and fine-tunes ship: the HF start reads twice the bytes and
+converts them to bf16; the FTW file is converted to bf16 once) or fp8 (block-scaled e4m3, as
+Qwen3-FP8 and DeepSeek-V3 ship: both starts keep the experts in fp8).
 """
 from __future__ import annotations
 
@@ -116,9 +121,39 @@ def start(path: Path, fmt: str | None, verify: bool = True) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def source_checkpoint(src: Path, dtype: str) -> Path:
+    """The bf16 startup checkpoint stored as `dtype` (built once, cached next to it)."""
+    if dtype == "bfloat16":
+        return src
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    out = src.with_name(f"{src.name}-{dtype}")
+    if (out / "config.json").exists():
+        return out
+    print(f"writing {out} ({dtype} copy of {src.name}) ...", flush=True)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if dtype == "float32":
+        for f in sorted(tmp.glob("*.safetensors")):
+            save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(str(f)).items()},
+                      str(f), metadata={"format": "pt"})
+        cfg = json.loads((tmp / "config.json").read_text())
+        cfg["dtype"] = "float32"
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    else:
+        from freetoken.weights.fp8 import quantize_checkpoint_fp8
+        quantize_checkpoint_fp8(tmp)
+    tmp.rename(out)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--expert-format", default=None, choices=["int8", "mxfp4", "fp8"])
+    ap.add_argument("--source-dtype", choices=["bfloat16", "float32", "fp8"], default="bfloat16",
+                    help="how the HF checkpoint stores its weights (see above)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--drop", choices=["files", "all"], default="files",
                     help="drop the model files' pages (default) or the whole page cache")
@@ -126,8 +161,9 @@ def main() -> None:
     global DROP
     DROP = args.drop
 
-    src = medium_checkpoint("qwen3_moe", "qwen3-moe-startup", **SHAPE)
-    ftw = CACHE / f"qwen3-moe-startup-{args.expert_format or 'bf16'}.ftw"
+    src = source_checkpoint(medium_checkpoint("qwen3_moe", "qwen3-moe-startup", **SHAPE), args.source_dtype)
+    experts = args.expert_format or ("fp8" if args.source_dtype == "fp8" else "bf16")
+    ftw = CACHE / f"{src.name}-{experts}.ftw"
     if not ftw.exists():
         from freetoken.weights.ftw_writer import convert
         print(f"converting {src} -> {ftw} ...", flush=True)
@@ -159,7 +195,8 @@ def main() -> None:
     best = {k: min(v) for k, v in rows.items()}
     raw = min(best["raw_ftw"], best["raw_ftw_direct"])
     gb = 1e9
-    print(f"\ncold start to first token, page cache: {how}; experts {args.expert_format or 'bf16'}; "
+    print(f"\ncold start to first token, page cache: {how}; HF checkpoint in {args.source_dtype}; "
+          f"experts {experts}; "
           f"best of {args.repeats}; {os.cpu_count()} cores")
     print(f"  FTW file {ftw_bytes / gb:.2f} GB, HF safetensors {hf_bytes / gb:.2f} GB")
     print(f"  raw sequential read, FTW file : {best['raw_ftw']:.2f} s buffered ({ftw_bytes / best['raw_ftw'] / gb:.2f} GB/s), "
