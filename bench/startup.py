@@ -10,12 +10,11 @@ Either way every byte of the weights comes from the disk. The clock starts after
 `import freetoken` and stops when the first token is out (model build, weights, KV
 allocation and one short prefill included).
 
-    python bench/startup.py [--expert-format int8] [--source-dtype float32|fp8] [--repeats 2] [--drop files|all]
+    python bench/startup.py [--expert-format int8] [--source-dtype float32] [--repeats 2] [--drop files|all]
 
-`--source-dtype` picks the HF checkpoint's own storage: bfloat16 (as built), float32 (a copy
+`--source-dtype` picks the HF checkpoint's own storage: bfloat16 (as built) or float32 (a copy
 saved in fp32, as some checkpoints and fine-tunes ship: the HF start reads twice the bytes and
-converts them to bf16; the FTW file is converted to bf16 once) or fp8 (block-scaled e4m3, as
-Qwen3-FP8 and DeepSeek-V3 ship: both starts keep the experts in fp8).
+converts them to bf16; the FTW file's experts are converted to bf16 once).
 """
 from __future__ import annotations
 
@@ -135,16 +134,12 @@ def source_checkpoint(src: Path, dtype: str) -> Path:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
-    if dtype == "float32":
-        for f in sorted(tmp.glob("*.safetensors")):
-            save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(str(f)).items()},
-                      str(f), metadata={"format": "pt"})
-        cfg = json.loads((tmp / "config.json").read_text())
-        cfg["dtype"] = "float32"
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
-    else:
-        from freetoken.weights.fp8 import quantize_checkpoint_fp8
-        quantize_checkpoint_fp8(tmp)
+    for f in sorted(tmp.glob("*.safetensors")):
+        save_file({k: v.float() if v.is_floating_point() else v for k, v in load_file(str(f)).items()},
+                  str(f), metadata={"format": "pt"})
+    cfg = json.loads((tmp / "config.json").read_text())
+    cfg["dtype"] = "float32"
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     tmp.rename(out)
     return out
 
@@ -152,7 +147,7 @@ def source_checkpoint(src: Path, dtype: str) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--expert-format", default=None, choices=["int8", "mxfp4", "fp8"])
-    ap.add_argument("--source-dtype", choices=["bfloat16", "float32", "fp8"], default="bfloat16",
+    ap.add_argument("--source-dtype", choices=["bfloat16", "float32"], default="bfloat16",
                     help="how the HF checkpoint stores its weights (see above)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--drop", choices=["files", "all"], default="files",
@@ -162,7 +157,7 @@ def main() -> None:
     DROP = args.drop
 
     src = source_checkpoint(medium_checkpoint("qwen3_moe", "qwen3-moe-startup", **SHAPE), args.source_dtype)
-    experts = args.expert_format or ("fp8" if args.source_dtype == "fp8" else "bf16")
+    experts = args.expert_format or "bf16"
     ftw = CACHE / f"{src.name}-{experts}.ftw"
     if not ftw.exists():
         from freetoken.weights.ftw_writer import convert
