@@ -3,6 +3,7 @@ Not thread-safe: one thread owns it (the server runs it in its own loop thread).
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -44,15 +45,22 @@ class StepOutput:
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
         from ..memory.plan import resolve_memory
+        t0 = time.perf_counter()
+        # seconds per start-up phase (plan, open, build, tokenizer, kv), logged and read by bench/startup.py
+        self.startup_timings: dict[str, float] = {}
         cfg, self.memory_plan = resolve_memory(cfg)     # sizes that cannot fit are reduced here
+        self.startup_timings["plan"] = time.perf_counter() - t0
         self.cfg = cfg
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         # the tokenizer (and its chat template) is built while the weights are read
         with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as ex:
             tokenizer = ex.submit(Tokenizer, cfg.model)
-            self.model, self.settings = load_model(cfg)
+            self.model, self.settings = load_model(cfg, self.startup_timings)
+            t1 = time.perf_counter()
             self.tokenizer = tokenizer.result()
+        t2 = time.perf_counter()
+        self.startup_timings["tokenizer_wait"] = t2 - t1
         self.max_model_len = self.settings.max_model_len
         bs = cfg.kv_block_size
         per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
@@ -74,6 +82,10 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._seed = torch.Generator().manual_seed(cfg.seed)
+        self.startup_timings["kv"] = time.perf_counter() - t2
+        self.startup_timings["total"] = time.perf_counter() - t0
+        log.info("started in %.2f s (%s)", self.startup_timings["total"],
+                 ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_timings.items() if k != "total"))
         log.info("model %s (%d layers), resolved settings:\n%s", cfg.model, self.model.num_layers, self.settings.table(
             kv_blocks=f"{num_blocks} x {bs} tokens ({self.runner.kv_nbytes / 2**20:.1f} MiB)"))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 
 import torch
@@ -63,14 +64,26 @@ def build_model(ck, cfg: EngineConfig, max_len: int, spin_us: int = SPIN_US):
     return cls(ck, BuildContext(cfg, spin_us), max_len)
 
 
-def load_model(cfg: EngineConfig):
-    """Returns (model, resolved settings)."""
+def load_model(cfg: EngineConfig, timings: dict | None = None):
+    """Returns (model, resolved settings). `timings`, when given, gets the seconds spent in
+    "open" (an FTW file: header, reads started; a directory: its index), "build" (the model and
+    experts backend; from a directory the weights are read here, from an FTW file the reads go
+    on meanwhile) and "ready" (waiting for the rest of an FTW file's reads and checksums)."""
+    t0 = time.perf_counter()
     ck = open_checkpoint(cfg.model, cfg)
-    settings = cfg.resolve(ck.config)
-    if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
-        shared_pool(settings.num_threads, spin_us=settings.spin_us)
-    model = build_model(ck, cfg, settings.max_model_len, settings.spin_us)
-    ck.close()
+    t1 = time.perf_counter()
+    try:
+        settings = cfg.resolve(ck.config)
+        if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
+            shared_pool(settings.num_threads, spin_us=settings.spin_us)
+        model = build_model(ck, cfg, settings.max_model_len, settings.spin_us)
+        t2 = time.perf_counter()
+        ck.close()                          # FTW: every byte in and verified before the model runs
+    except BaseException:
+        getattr(ck, "abandon", lambda: None)()
+        raise
+    if timings is not None:
+        timings.update(open=t1 - t0, build=t2 - t1, ready=time.perf_counter() - t2)
     experts = getattr(model, "experts", None)
     chosen = dict(getattr(experts, "settings", {}) or {})
     return model, dataclasses.replace(settings, compute_dtype=model.dtype, **chosen)

@@ -13,7 +13,9 @@ from .gguf import GgufFile, is_gguf
 
 def open_checkpoint(path: str | os.PathLike, cfg=None):
     """A Checkpoint or FtwFile for `path`; an FTW file is checked against the engine options
-    `cfg` (expert_format, dtype, verify_weights, num_threads) before its weights are read."""
+    `cfg` (expert_format, dtype, verify_weights, num_threads) before its weights are read.
+    An FTW file is read in the background (the model is built meanwhile): the caller's
+    `close()` waits for the last bytes and checksums, `abandon()` stops the reading."""
     if not Path(path).is_file():
         return Checkpoint(path)
     if is_gguf(path):
@@ -24,7 +26,7 @@ def open_checkpoint(path: str | os.PathLike, cfg=None):
             raise CheckpointError(f"{path}: experts were converted to {made or 'the checkpoint format'}, "
                                   f"not {cfg.expert_format}; re-run `freetoken convert --expert-format "
                                   f"{cfg.expert_format}` or drop --expert-format")
-    f = FtwFile(path, verify=getattr(cfg, "verify_weights", True) if cfg is not None else True)
+    f = FtwFile(path, verify=getattr(cfg, "verify_weights", True) if cfg is not None else True, background=True)
     if cfg is not None:
         f.float_experts_dtype = cfg.torch_dtype
     return f
