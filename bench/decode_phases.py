@@ -58,9 +58,10 @@ def timed_linear(n_experts: int, vocab: int) -> None:
     Linear.__call__ = wrapper
 
 
-def profile(source: Path, opts: dict, plen: int, steps: int, threads: int) -> tuple[dict, float, float, dict]:
+def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
+            par: int = 1) -> tuple[dict, float, float, dict]:
     from freetoken import LLM, SamplingParams
-    llm = LLM(str(source), dtype="bfloat16", num_threads=threads, max_model_len=plen + steps + 64, max_num_seqs=1,
+    llm = LLM(str(source), dtype="bfloat16", num_threads=threads, max_model_len=plen + steps + 64, max_num_seqs=par,
               **opts)
     from freetoken.kernels import cpu_kernels
     for lib in {id(x): x for x in (cpu_kernels(), *(p.lib for p in _pools()))}.values():
@@ -70,11 +71,14 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int) -> tu
                 WRAPPED.add((id(lib), name))
                 timed_c(lib, name, phase)
     g = dict(temperature=0.0, ignore_eos=True)
-    prompt = torch.randint(100, 8000, (plen,), generator=torch.Generator().manual_seed(0)).tolist()
-    llm.generate([prompt[:32]], SamplingParams(max_tokens=2, **g))
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 8000, (plen,), generator=gen).tolist() for _ in range(par)]
+    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=2, **g))
     engine = llm.engine
-    engine.add_request("0", prompt, SamplingParams(max_tokens=steps + 2, **g))
-    engine.step()                                   # the prefill (and the first token)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, SamplingParams(max_tokens=steps + 2, **g))
+    while any(not s.output_ids for s in _seqs(engine)):
+        engine.step()                               # the prefills (and each first token)
     step_times = []
     ON[0] = True
     while engine.has_unfinished():
@@ -90,6 +94,10 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int) -> tu
     return phases, total, statistics.median(step_times), {k: v // n for k, v in BYTES.items()}
 
 
+def _seqs(engine):
+    return list(engine.scheduler.running) + list(engine.scheduler.waiting)
+
+
 def _pools():
     """The kernel pools the engine holds (their libs may be another build variant)."""
     from freetoken.kernels.pool import CpuPool
@@ -102,6 +110,7 @@ def main():
     ap.add_argument("--formats", default="bf16,q8_0,q4_k_m")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--parallel", type=int, default=1, help="sequences decoding together (a step serves all)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--experts", type=int, default=64, help="router GEMVs are the Linears this wide")
     ap.add_argument("--vocab", type=int, default=8192, help="lm_head is the Linear this wide")
@@ -115,9 +124,10 @@ def main():
         if source == "gguf":
             model = make_gguf(py, converter, model, gtype)
         ACC.clear(), BYTES.clear()
-        phases, total, med, nbytes = profile(model, opts, args.prompt, args.steps, args.threads)
-        print(f"\n{fmt} ({model.name}, {opts or 'defaults'}), context {args.prompt}, {args.steps} steps: "
-              f"{total * 1e3:.2f} ms/step mean, {med * 1e3:.2f} median ({1 / total:.1f} tok/s)")
+        phases, total, med, nbytes = profile(model, opts, args.prompt, args.steps, args.threads,
+                                               args.parallel)
+        print(f"\n{fmt} ({model.name}, {opts or 'defaults'}), context {args.prompt}, {args.parallel} seq, {args.steps} steps: "
+              f"{total * 1e3:.2f} ms/step mean, {med * 1e3:.2f} median ({args.parallel / total:.1f} tok/s aggregate)")
         for k, v in sorted(phases.items(), key=lambda kv: -kv[1]):
             bw = f"   {nbytes[k] / 1e6:7.1f} MB  {nbytes[k] / v / 1e9:5.1f} GB/s" if nbytes.get(k) and v > 0 else ""
             print(f"  {k:45}{v * 1e3:8.2f} ms {v / total:6.1%}{bw}")

@@ -190,7 +190,9 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
             }
         }
 #ifdef FT_AVX512
-        /* two blocks per 512-bit dot: half the dot/convert/fma instructions of the loop below */
+        /* 2-4 tokens: two blocks per 512-bit dot, half the dot/convert/fma instructions of the
+         * loop below (measured 10-35% faster there; for one token the 256-bit loop is as fast) */
+        if (NT >= 2) {
 #pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
             __m512i w2 = _mm512_inserti64x4(_mm512_castsi256_si512(wv[k]), wv[k + 1], 1);
@@ -206,7 +208,9 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
                 acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot512_u8s8(u, xq)), sc, acc2[t]);
             }
         }
-#else
+        } else
+#endif
+        {
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             __m256i u = type == GT_Q8_0 ? _mm256_abs_epi8(wv[k]) : wv[k];
@@ -220,10 +224,10 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
                 acc[t][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, xq)), sc, acc[t][k & 1]);
             }
         }
-#endif
+        }
     }
 #ifdef FT_AVX512
-    for (int t = 0; t < NT; t++)
+    for (int t = 0; t < NT && NT >= 2; t++)
         acc[t][0] = _mm256_add_ps(_mm512_castps512_ps256(acc2[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc2[t]), 1)));
 #endif
     for (int t = 0; t < NT; t++) res[t] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[t][0], acc[t][1]), corr[t]));
