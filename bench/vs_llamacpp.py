@@ -1,12 +1,15 @@
 """FreeToken vs llama.cpp on the same random medium checkpoint, side by side (outside CI).
 
     .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512,4096,16384] [--parallel 1,4]
-                                          [--decode 64] [--rounds 3] [--formats bf16,q8_0,mxfp4]
+                                          [--decode 64] [--rounds 3] [--formats bf16,q8_0,q4_k_m,gguf_q8_0,mxfp4]
 
 bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
 `expert_format="int8", dense_format="int8"`, vs llama.cpp's Q8_0 GGUF);
 mxfp4 runs a medium gpt-oss whose experts ship as MXFP4 and stay packed in both engines, the
 rest bf16 in both (converted with --outtype bf16, which keeps the MXFP4 experts as they are).
+q4_k_m and gguf_q8_0 run ONE file in both engines: llama.cpp's Q4_K_M (its own quantizer applied
+to the bf16 GGUF, cached beside it) or the converter's Q8_0 GGUF, which FreeToken loads itself
+(quantized experts packed in the "ggml" banks, dense tensors dequantized at load, to int8).
 
 For each prompt length P and parallel count S: S sequences with their own P-token prompts are
 prefilled, then decode together (llama.cpp: S sequences in one batch per step; FreeToken: S
