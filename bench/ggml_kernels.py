@@ -30,6 +30,27 @@ def ggml_banks(t: int, n: int, hidden: int, inter: int, seed: int = 0) -> dict[s
     return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
 
+def build_baseline(rev: str) -> None:
+    """The native kernel library compiled from `rev`'s C sources, registered as variant "baseline"."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from freetoken import kernels
+    src = Path(tempfile.mkdtemp())
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:freetoken/kernels/c"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in names:
+        blob = subprocess.run(["git", "show", f"{rev}:freetoken/kernels/c/{name}"], check=True, capture_output=True)
+        (src / name).write_bytes(blob.stdout)
+    here = kernels.SOURCE_DIR
+    kernels.SOURCE_DIR, kernels.VARIANTS["baseline"] = src, kernels.VARIANTS["native"]
+    try:
+        kernels.load("baseline")
+    finally:
+        kernels.SOURCE_DIR = here
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default="Q8_0,Q4_0,MXFP4,Q4_K,Q5_K,Q6_K")
@@ -43,7 +64,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--isa", default="native", help="comma list: native, avx2, portable")
     ap.add_argument("--per-core", action="store_true", help="one thread, timed by the thread's CPU clock")
+    ap.add_argument("--baseline", default=None, metavar="GIT_REV",
+                    help="also run the native kernels as built from this git revision (isa 'baseline'): before/after")
     a = ap.parse_args()
+    if a.baseline:
+        build_baseline(a.baseline)
+        a.isa += ",baseline"
     clock = "thread" if a.per_core else "wall"
     if a.per_core:
         a.threads = 1

@@ -1,12 +1,15 @@
 """FreeToken vs llama.cpp on the same random medium checkpoint, side by side (outside CI).
 
     .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512,4096,16384] [--parallel 1,4]
-                                          [--decode 64] [--rounds 3] [--formats bf16,q8_0,mxfp4]
+                                          [--decode 64] [--rounds 3] [--formats bf16,q8_0,q4_k_m,gguf_q8_0,mxfp4]
 
 bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
 `expert_format="int8", dense_format="int8"`, vs llama.cpp's Q8_0 GGUF);
 mxfp4 runs a medium gpt-oss whose experts ship as MXFP4 and stay packed in both engines, the
 rest bf16 in both (converted with --outtype bf16, which keeps the MXFP4 experts as they are).
+q4_k_m and gguf_q8_0 run ONE file in both engines: llama.cpp's Q4_K_M (its own quantizer applied
+to the bf16 GGUF, cached beside it) or the converter's Q8_0 GGUF, which FreeToken loads itself
+(quantized experts packed in the "ggml" banks, dense tensors dequantized at load, to int8).
 
 For each prompt length P and parallel count S: S sequences with their own P-token prompts are
 prefilled, then decode together (llama.cpp: S sequences in one batch per step; FreeToken: S
@@ -32,7 +35,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import medium_checkpoint, medium_gpt_oss  # noqa: E402
 from llamacpp_setup import ensure_llamacpp, to_gguf  # noqa: E402
 
-LLAMA_RUN = textwrap.dedent("""
+# llama.cpp's AMX path (Q8_0/Q4_K dense weights repacked for AMX tiles) dies with SIGILL at its first
+# `tileloadd` on these VMs, although the kernel grants the AMX permission; the run refuses that
+# permission request (arch_prctl ARCH_REQ_XCOMP_PERM, via a seccomp filter), so ggml finds AMX "not
+# ready" and uses its AVX-512 paths with everything else (CPU_REPACK included) as usual.
+NO_AMX = textwrap.dedent("""
+    import ctypes
+    class F(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+    class P(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(F))]
+    # if syscall nr == arch_prctl (158) and arg0 == ARCH_REQ_XCOMP_PERM (0x1023): EPERM, else allow
+    prog = (F * 6)(F(0x20, 0, 0, 0), F(0x15, 0, 3, 158), F(0x20, 0, 0, 16), F(0x15, 0, 1, 0x1023),
+                   F(0x06, 0, 0, 0x00050000 | 1), F(0x06, 0, 0, 0x7fff0000))
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or libc.prctl(22, 2, ctypes.byref(P(6, prog)), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "seccomp filter refused")
+""")
+
+LLAMA_RUN = NO_AMX + textwrap.dedent("""
     import json, sys, time
     import llama_cpp as L, numpy as np
     path, threads, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -84,12 +105,43 @@ LLAMA_RUN = textwrap.dedent("""
 """)
 
 
-# format -> (checkpoint builder, GGUF --outtype, FreeToken LLM options)
+# format -> (checkpoint builder, GGUF type, what FreeToken loads, FreeToken LLM options). GGUF type: a
+# converter --outtype, or a llama.cpp quantizer type made from the bf16 GGUF (QUANTIZE). FreeToken
+# loads the HF checkpoint ("hf") or the very GGUF file llama.cpp runs ("gguf": its quantized experts
+# stay packed, its dense tensors are dequantized at load, to int8 with dense_format="int8").
 FORMATS = {
-    "bf16": (medium_checkpoint, "bf16", {}),
-    "q8_0": (medium_checkpoint, "q8_0", {"expert_format": "int8", "dense_format": "int8"}),   # Q8_0-sized
-    "mxfp4": (medium_gpt_oss, "bf16", {}),
+    "bf16": (medium_checkpoint, "bf16", "hf", {}),
+    "q8_0": (medium_checkpoint, "q8_0", "hf", {"expert_format": "int8", "dense_format": "int8"}),  # Q8_0-sized
+    "gguf_q8_0": (medium_checkpoint, "q8_0", "gguf", {"dense_format": "int8"}),
+    "q4_k_m": (medium_checkpoint, "q4_k_m", "gguf", {"dense_format": "int8"}),
+    "mxfp4": (medium_gpt_oss, "bf16", "hf", {}),
 }
+
+QUANTIZE = textwrap.dedent("""
+    import ctypes, os, sys
+    import llama_cpp as L
+    src, dst, ftype = sys.argv[1], sys.argv[2], getattr(L, sys.argv[3])
+    p = L.llama_model_quantize_default_params()
+    p.ftype, p.nthread = ftype, 2
+    L.llama_backend_init()
+    assert L.llama_model_quantize(src.encode(), (dst + ".partial").encode(), ctypes.byref(p)) == 0
+    os.rename(dst + ".partial", dst)                  # another process may be waiting for this name
+""")
+QUANT_TYPES = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+
+
+def make_gguf(py: Path, converter: Path, model: Path, gtype: str) -> Path:
+    """The GGUF both engines run: the converter's output, or llama.cpp's own quantizer (through
+    llama-cpp-python's ctypes API, as `llama-quantize` does) applied to the bf16 GGUF."""
+    if gtype not in QUANT_TYPES:
+        return to_gguf(py, converter, model, gtype)
+    out = model.parent / f"{model.name}-{gtype}.gguf"
+    if not out.exists():
+        src = to_gguf(py, converter, model, "bf16")
+        print(f"quantizing {src.name} -> {out.name} with llama.cpp ...", flush=True)
+        subprocess.run([py, "-c", QUANTIZE, str(src), str(out), QUANT_TYPES[gtype]], check=True,
+                       capture_output=True)
+    return out
 
 
 def run_llamacpp(py: Path, gguf: Path, prompts: list[list[int]], threads: int, n_decode: int) -> dict:
@@ -206,9 +258,10 @@ def main():
     g = torch.Generator().manual_seed(0)
     rows = []
     for fmt in args.formats.split(","):
-        build, outtype, ft_opts = FORMATS[fmt]
+        build, gtype, source, ft_opts = FORMATS[fmt]
         model = build()
-        gguf = to_gguf(py, converter, model, outtype)
+        gguf = make_gguf(py, converter, model, gtype)
+        model = gguf if source == "gguf" else model
         for plen in map(int, args.prompt.split(",")):
             for par in map(int, args.parallel.split(",")):
                 # each sequence its own prompt: no prefix sharing in either engine; both vocabs are 8192
