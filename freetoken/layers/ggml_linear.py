@@ -28,12 +28,10 @@ _TILE_FLOATS = 8 << 20       # fp32 scratch per prefill tile (32 MiB)
 
 @dataclass
 class GgmlWeight:
-    """Rows of one ggml type: `rows` u8 [N, >= row_bytes(type, cols)], often a view of the
-    GGUF's memory map (`keep` holds whatever keeps that memory alive)."""
+    """Rows of one ggml type: `rows` u8 [N, >= row_bytes(type, cols)] (a GGUF tensor's bytes)."""
     rows: torch.Tensor
     type: int
     cols: int
-    keep: object = None
 
     def __post_init__(self):
         need = gq.row_bytes(self.type, self.cols)

@@ -2,8 +2,7 @@
 its metadata (gguf_config.py), dense tensors under their HF names (gguf_names.py), and the
 routed experts as a prebuilt expert pool.
 
-Dense tensors in a quantized type are offered packed (`packed`: the file's rows, a view of its
-memory map) for the C kernels of layers/ggml_linear.py; `get` dequantizes them (the GPU path,
+Dense tensors in a quantized type are offered packed (`packed`: the file's rows, copied once) for the C kernels of layers/ggml_linear.py; `get` dequantizes them (the GPU path,
 types without a kernel, tensors the converter transformed across columns). Merged expert tensors (`blk.N.ffn_{gate,up,down}_exps`)
 stay in their ggml type: each output row's raw block bytes go into the "ggml" banks the C
 kernels read (experts/formats.py); F32/F16/BF16 experts become ordinary float banks."""
@@ -13,7 +12,6 @@ import contextlib
 import logging
 import os
 import re
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -134,8 +132,8 @@ class GgufFile:
         return out
 
     def packed(self, name: str, shape: tuple | None = None):
-        """Dense tensor `name` as `GgmlWeight` rows in the file's quantized type (no copy unless
-        rows must be put back in order), or None: float types, types without a C kernel, and
+        """Dense tensor `name` as `GgmlWeight` rows in the file's quantized type (its bytes,
+        rows put back in order where the converter permuted them), or None: float types, types without a C kernel, and
         tensors the converter split or regrouped across columns (read those with `get`)."""
         from ..layers.ggml_linear import KERNEL_TYPES, GgmlWeight
         g = self._hf.get(name)
@@ -146,10 +144,8 @@ class GgufFile:
             return None
         if self.arch in HYBRID and not rows_only(self.arch, name, self.config):
             return None
-        raw = h.raw(t)
-        with warnings.catch_warnings():     # the map is read-only; nothing writes these rows
-            warnings.simplefilter("ignore", UserWarning)
-            rows = torch.from_numpy(raw)
+        # copied once out of the map: resident like any loaded weight, and safe if the file changes
+        rows = torch.from_numpy(h.raw(t).copy())
         if needs_unpermute(self.arch, name):
             heads = self.config["num_attention_heads"] if ".q_proj." in name else self.config["num_key_value_heads"]
             rows = unpermute_rows(rows, heads).contiguous()
@@ -158,7 +154,7 @@ class GgufFile:
         if shape is not None and tuple(shape) != (rows.shape[0], t.shape[1]):
             raise CheckpointError(f"{self.path}: tensor {g!r} ({name}) has shape {(rows.shape[0], t.shape[1])}, "
                                   f"expected {tuple(shape)}")
-        return GgmlWeight(rows, t.ggml_type, t.shape[1], keep=raw)
+        return GgmlWeight(rows, t.ggml_type, t.shape[1])
 
     def get_float(self, name: str, shape=None, dtype=torch.float32) -> torch.Tensor:
         return self.get(name, shape).to(dtype)

@@ -2,7 +2,7 @@
  * lm_head weights kept as the file stores them).
  *
  * A layer is a list of segments, each rows of one ggml type lying at a fixed byte stride (a
- * tensor of the file, often a view of its memory map): a fused projection such as qkv may mix
+ * tensor of the file): a fused projection such as qkv may mix
  * types (Q4_K_M stores some attn_v in Q6_K) without padding rows to a common width.
  *   ft_ggml_linear_run: y = x W^T (+ bias) for decode-sized x, with ggml.c's dot tiles
  *     (activations int8 per 32 as llama.cpp's Q8 activations), threads on disjoint rows;
