@@ -72,9 +72,10 @@ def main():
     gib = 1 << 30
     for name, rs in runs.items():
         tok = statistics.median(r["decode_tok_s"] for r in rs)
+        each = ", ".join(f"{r['decode_tok_s']:.1f}" for r in rs)
         print(f"{name:7s} RSS {rs[0]['VmRSS'] / gib:.2f} GiB (anon {rs[0]['RssAnon'] / gib:.2f}, "
               f"file {rs[0]['RssFile'] / gib:.2f}), decode {tok:.1f} tok/s "
-              f"(rounds: {', '.join(f'{r['decode_tok_s']:.1f}' for r in rs)})")
+              f"(rounds: {each})")
     ratio = statistics.median(r["decode_tok_s"] for r in runs["packed"]) / statistics.median(
         r["decode_tok_s"] for r in runs["float"])
     print(f"{Path(args.gguf).name}, {args.threads} threads, decode {args.decode}: packed / dequantized dense "
