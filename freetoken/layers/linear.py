@@ -210,9 +210,10 @@ class LinearFactory:
     def load_rows(self, ck, names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None = None,
                   device=None):
         """Like `load`, but float parts are stacked with `cat_rows` (a view of the file's pages
-        when they lie back to back) and never requantized from FP8 scales."""
+        when they lie back to back); FP8 parts are dequantized by `get_float`."""
         packed = self.packed(ck, names, shapes, bias, device)
         if packed is not None:
             return packed
-        parts = [ck.get_float(n, s, self.storage_dtype).to(device) for n, s in zip(names, shapes)]
+        parts = [ck.get_float(n, s, self.storage_dtype) for n, s in zip(names, shapes)]
+        parts = [p.to(device) for p in parts] if device is not None else parts
         return self(cat_rows(parts) if len(parts) > 1 else parts[0], bias)
