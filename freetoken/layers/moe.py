@@ -50,17 +50,21 @@ def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n
     """DeepSeek-V3 routing (fp32): scores = sigmoid(logits) (or sqrt(softplus) for V4); experts
     are chosen on scores + correction bias, only inside the `topk_group` groups whose two best
     biased scores sum highest; weights are the unbiased scores, optionally renormalised, times
-    `routed_scaling_factor`."""
+    `routed_scaling_factor`. DeepSeek-V2 (score "softmax"): softmax scores, groups ranked by
+    their best score ("group_limited_greedy"), no bias."""
     if score == "sigmoid":
         scores = torch.sigmoid(logits)
     elif score == "sqrtsoftplus":
         scores = torch.sqrt(F.softplus(logits))
+    elif score == "softmax":
+        scores = torch.softmax(logits, dim=-1)
     else:
-        raise ValueError(f"scoring_func {score!r} is not supported (expected sigmoid or sqrtsoftplus)")
+        raise ValueError(f"scoring_func {score!r} is not supported (expected sigmoid, sqrtsoftplus or softmax)")
     choice = scores + bias
     if n_group > 1 and topk_group < n_group:
         n, e = choice.shape
-        groups = choice.view(n, n_group, e // n_group).topk(2, dim=-1)[0].sum(-1)
+        best = choice.view(n, n_group, e // n_group).topk(1 if score == "softmax" else 2, dim=-1)[0]
+        groups = best.sum(-1)
         keep = torch.zeros_like(groups, dtype=torch.bool).scatter_(1, groups.topk(topk_group, dim=-1)[1], True)
         choice = choice.masked_fill(~keep.repeat_interleave(e // n_group, dim=1), float("-inf"))
     ids = choice.topk(top_k, dim=-1)[1]

@@ -1,4 +1,4 @@
-"""`freetoken convert`: write an FTW file (see ftw_format.py) from an HF checkpoint directory."""
+"""`freetoken convert`: write an FTW file (see ftw_format.py) from an HF checkpoint directory or a GGUF file."""
 from __future__ import annotations
 
 import time
@@ -7,10 +7,11 @@ import time
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "convert", help="write an FTW file: the model in its runtime layout, loaded at disk speed",
-        description="Convert an HF checkpoint directory into one FTW file: expert banks already in the "
+        description="Convert an HF checkpoint directory or a GGUF file into one FTW file: expert banks already in the "
                     "chosen format and runtime layout, the other tensors, tokenizer and config, with a "
                     "checksum per tensor. Serve it with `freetoken serve --model FILE.ftw`.")
-    p.add_argument("--model", required=True, help="HF checkpoint directory")
+    p.add_argument("--model", required=True, help="HF checkpoint directory or GGUF file (experts stay in their "
+                                                  "llama.cpp quantization)")
     p.add_argument("--out", required=True, help="FTW file to write (e.g. model.ftw)")
     p.add_argument("--expert-format", default=None, choices=["int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"],
                    help="re-encode float experts (default: keep the checkpoint's format)")

@@ -1,9 +1,12 @@
-"""`freetoken convert`: an HF checkpoint directory -> one FTW file (format in ftw_format.py).
+"""`freetoken convert`: an HF checkpoint directory or a GGUF file -> one FTW file (format in
+ftw_format.py).
 
 The model is built once on the CPU exactly as the engine builds it, through a checkpoint
 that records what the model reads: the expert pool it builds (already re-encoded to
 `expert_format`) is written bank by bank in its runtime layout, every other tensor it read
-or asked about is written unchanged, so loading the FTW file rebuilds the same model."""
+or asked about is written unchanged, so loading the FTW file rebuilds the same model. A GGUF's experts stay in their ggml
+quantization (the pool it prebuilds), its dense tensors are written as it gives them under
+their HF names, and its tokenizer metadata becomes the tokenizer side files."""
 from __future__ import annotations
 
 import contextlib
@@ -58,7 +61,7 @@ class RecordingCheckpoint:
         return self._ck.names()
 
     def prebuilt_experts(self):
-        return None
+        return self._ck.prebuilt_experts()     # a GGUF's packed ggml experts; None for HF directories
 
     @contextlib.contextmanager
     def reading(self, section: str):
@@ -78,10 +81,17 @@ def default_dtype(config: dict) -> str:
     return dt if dt in ("float32", "bfloat16", "float16") else "bfloat16"
 
 
-def side_files(model_dir: Path) -> list[Path]:
-    return sorted(p for p in model_dir.iterdir()
-                  if p.is_file() and not p.name.startswith(".") and p.name not in _SKIP_FILES
-                  and p.suffix in SIDE_FILE_SUFFIXES and p.stat().st_size <= SIDE_FILE_MAX)
+def side_files(model_dir: Path) -> list[tuple[str, bytes]]:
+    """(name, contents) of the files beside the weights: a directory's tokenizer/config files, or
+    those a GGUF's metadata stands for (tokenizer.json, tokenizer_config.json, generation_config.json)."""
+    if model_dir.is_file():
+        from .gguf_side import side_file
+        texts = ((n, side_file(model_dir, n)) for n in ("tokenizer.json", "tokenizer_config.json",
+                                                         "generation_config.json"))
+        return [(n, t.encode()) for n, t in texts if t is not None]
+    return [(p.name, p.read_bytes()) for p in sorted(model_dir.iterdir())
+            if p.is_file() and not p.name.startswith(".") and p.name not in _SKIP_FILES
+            and p.suffix in SIDE_FILE_SUFFIXES and p.stat().st_size <= SIDE_FILE_MAX]
 
 
 def _as_bytes(t: torch.Tensor) -> memoryview:
@@ -93,11 +103,15 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
     """Writes `out` and returns its header."""
     from ..models.loader import build_model
 
+    from .gguf import GgufFile, is_gguf
     src, out = Path(model_dir), Path(out)
-    ck = Checkpoint(src)
+    gguf = is_gguf(src)
+    ck = GgufFile(src) if gguf else Checkpoint(src)
     dtype = dtype or default_dtype(ck.config)
     cfg = EngineConfig(model=str(src), dtype=dtype, device="cpu", moe_backend="cpu",
                        expert_format=expert_format, num_threads=num_threads)
+    if gguf:        # the options decide how its float experts are stored
+        ck = GgufFile(src, cfg)
     rec = RecordingCheckpoint(ck)
     max_pos = int(ck.config.get("max_position_embeddings") or 4096)
     model = build_model(rec, cfg, min(max_pos, 4096))
@@ -105,9 +119,8 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
         model.experts.close()
 
     items: list[tuple[str, str, torch.Tensor]] = []
-    for f in side_files(src):
-        data = f.read_bytes()
-        items.append((f.name, "file", torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+    for name, data in side_files(src):
+        items.append((name, "file", torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
                       else torch.empty(0, dtype=torch.uint8)))
     for name in rec.dense:
         items.append((name, "dense", ck.get(name)))

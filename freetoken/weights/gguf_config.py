@@ -148,19 +148,23 @@ def _hybrid(c, m, tensors):
 
 def _routed(c, m, tensors, gating_default: int):
     """DeepSeek-style routing shared by deepseek2 and glm4moe: leading dense blocks, shared
-    experts, groups, sigmoid scores; next-token-prediction blocks counted in block_count are
-    dropped (they sit after the decoder layers and are never read)."""
+    experts, groups, sigmoid scores (softmax for DeepSeek-V2, whose groups rank by their best
+    expert as the original model does, where llama.cpp sums the best two); next-token-prediction
+    blocks counted in block_count are dropped (they sit after the decoder layers and are never
+    read). Weights are renormalised only when expert_weights_norm says so (llama.cpp's default)."""
     c["num_hidden_layers"] -= int(m.get("nextn_predict_layers", 0))
     gating = int(m.get("expert_gating_func", gating_default))
-    if GATING.get(gating) != "sigmoid":
+    if GATING.get(gating) not in ("sigmoid", "softmax"):
         raise CheckpointError(f"{m.path}: {m.arch}.expert_gating_func = {gating} ({GATING.get(gating, 'unknown')}"
                               f"{', the default when the key is absent' if m.get('expert_gating_func') is None else ''})"
-                              " is not supported (expected 2, sigmoid: DeepSeek-V3/R1, Kimi-K2, GLM-4.5+)")
+                              " is not supported (expected 2, sigmoid: DeepSeek-V3/R1, Kimi-K2, GLM-4.5+; "
+                              "or 1, softmax: DeepSeek-V2)")
     c.update(n_routed_experts=c["num_experts"], n_shared_experts=int(m.get("expert_shared_count", 0)),
              first_k_dense_replace=int(m.get("leading_dense_block_count", 0)),
              routed_scaling_factor=float(m.get("expert_weights_scale", 1.0)),
              n_group=int(m.get("expert_group_count", 1)), topk_group=int(m.get("expert_group_used_count", 1)),
-             scoring_func="sigmoid")
+             scoring_func=GATING[gating])
+    c.setdefault("norm_topk_prob", False)
 
 
 def _deepseek2(c, m, tensors):

@@ -1,8 +1,9 @@
 """A `tokenizers` tokenizer from a GGUF file's metadata (tokens, merges, token types,
 pre-tokenizer name, special-token ids, chat template).
 
-Byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`) are supported; the
-pre-tokenizer name selects the split regexes the model's own tokenizer.json uses.
+Byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`): the pre-tokenizer name selects
+the split regexes the model's own tokenizer.json uses. SentencePiece (`llama`) and Gemma-4
+(`gemma4`) vocabularies: gguf_spm.py. Other vocabulary types are refused by name.
 `save_tokenizer_dir` writes tokenizer.json + tokenizer_config.json so that
 `freetoken.tokenizer.Tokenizer` reads a GGUF vocabulary like any checkpoint's."""
 from __future__ import annotations
@@ -62,33 +63,54 @@ def _pre_tokenizer(name: str, path: Path):
     return pre_tokenizers.Sequence(splits + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
 
 
+# tokenizer.ggml.model values llama.cpp knows that have no conversion here, and what they are
+UNSUPPORTED = {"bert": "WordPiece", "t5": "Unigram (T5-style SentencePiece)", "rwkv": "RWKV world",
+               "plamo2": "PLaMo-2", "no_vocab": "no vocabulary", "none": "no vocabulary"}
+SUPPORTED = ("gpt2", "llama", "gemma4")
+
+
 def load_gguf_tokenizer(path: str | Path):
     """(tokenizers.Tokenizer, tokenizer_config dict) from a GGUF file's tokenizer metadata."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models
+    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
     path = Path(path)
     meta = _read(path)
     model = meta.get("ggml.model")
-    if model != "gpt2":
-        raise CheckpointError(f"{path}: tokenizer.ggml.model = {model!r}: only byte-level BPE ('gpt2') "
-                              "vocabularies can be converted")
+    if model not in SUPPORTED:
+        what = f" ({UNSUPPORTED[model]})" if model in UNSUPPORTED else ""
+        raise CheckpointError(f"{path}: tokenizer.ggml.model = {model!r}{what} cannot be converted (expected one of "
+                              "'gpt2' byte-level BPE, 'llama' SentencePiece, 'gemma4')")
     tokens = meta.get("ggml.tokens")
-    merges = meta.get("ggml.merges")
     types = meta.get("ggml.token_type") or [NORMAL] * len(tokens or [])
-    if not tokens or merges is None:
-        raise CheckpointError(f"{path}: tokenizer.ggml.tokens/merges missing")
+    if not tokens:
+        raise CheckpointError(f"{path}: tokenizer.ggml.tokens missing")
     if len(types) != len(tokens):
         raise CheckpointError(f"{path}: tokenizer.ggml.token_type has {len(types)} entries, "
                               f"expected {len(tokens)} (one per token)")
-    vocab = {t: i for i, t in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
-    tok.pre_tokenizer = _pre_tokenizer(meta.get("ggml.pre", "default"), path)
-    tok.decoder = decoders.ByteLevel()
+    if model == "gpt2":
+        merges = meta.get("ggml.merges")
+        if merges is None:
+            raise CheckpointError(f"{path}: tokenizer.ggml.merges missing")
+        vocab = {t: i for i, t in enumerate(tokens)}
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
+        tok.pre_tokenizer = _pre_tokenizer(meta.get("ggml.pre", "default"), path)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        from .gguf_spm import spm_tokenizer
+        if model == "gemma4" and not meta.get("ggml.merges"):
+            raise CheckpointError(f"{path}: tokenizer.ggml.merges missing (needed by a gemma4 vocabulary)")
+        tok = spm_tokenizer(meta, tokens, types, path, model)
     # control tokens are special (skipped when decoding with skip_special_tokens);
     # user-defined ones (<think>, <tool_call>, ...) are plain added tokens, as in tokenizer.json
     added = [AddedToken(t, special=(ty == CONTROL), normalized=False)
              for t, ty in zip(tokens, types) if ty in (CONTROL, USER_DEFINED)]
     tok.add_tokens(added)
+    # llama.cpp's defaults when the key is absent: BOS for SentencePiece, always for Gemma 4
+    add_bos = bool(meta.get("ggml.add_bos_token", model == "llama")) or model == "gemma4"
+    bos = meta.get("ggml.bos_token_id", 1 if model == "llama" else None)
+    if add_bos and isinstance(bos, int) and 0 <= bos < len(tokens):
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{tokens[bos]} $A", pair=f"{tokens[bos]} $A {tokens[bos]} $B", special_tokens=[(tokens[bos], bos)])
 
     def name(key):
         i = meta.get(f"ggml.{key}_token_id")
@@ -96,7 +118,7 @@ def load_gguf_tokenizer(path: str | Path):
 
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": name("bos"),
               "eos_token": name("eos"), "pad_token": name("padding"),
-              "add_bos_token": bool(meta.get("ggml.add_bos_token", False))}
+              "add_bos_token": add_bos}
     if meta.get("chat_template"):
         config["chat_template"] = meta["chat_template"]
     return tok, config

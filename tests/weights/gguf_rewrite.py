@@ -23,8 +23,10 @@ def _value(field):
 
 
 def rewrite(src: Path, dst: Path, type_of: Callable[[str, tuple], int | None] = lambda n, s: None,
-            split_max_tensors: int = 0) -> Path:
-    """dst (first part if split) from src; type_of(gguf name, shape) -> ggml type or None to keep."""
+            split_max_tensors: int = 0, set_keys: dict[str, str | int] | None = None) -> Path:
+    """dst (first part if split) from src; type_of(gguf name, shape) -> ggml type or None to keep;
+    `set_keys`: metadata to set, strings or uint32 (e.g. tokenizer.chat_template)."""
+    set_keys = dict(set_keys or {})
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(dst, arch, split_max_tensors=split_max_tensors)
@@ -32,7 +34,11 @@ def rewrite(src: Path, dst: Path, type_of: Callable[[str, tuple], int | None] = 
         if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment") or key.startswith("split."):
             continue
         val, vtype, sub = _value(field)
+        if key in set_keys:
+            continue
         w.add_key_value(key, val, vtype, sub_type=sub)
+    for key, val in set_keys.items():
+        w.add_key_value(key, val, T.STRING if isinstance(val, str) else T.UINT32)
     for t in reader.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         want = type_of(t.name, shape)

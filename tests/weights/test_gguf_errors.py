@@ -43,9 +43,12 @@ def test_truncated_and_foreign_files(tmp_path):
         GgufFile(p)
 
 
-def test_deepseek2_softmax_router_is_refused(tiny_dir, to_gguf):
-    """A deepseek2 file without expert_gating_func runs DeepSeek-V2's softmax router in
-    llama.cpp (our DeepSeek path routes with sigmoid scores only): a clear error, not wrong logits."""
-    g = to_gguf(tiny_dir("deepseek_v3"), "f32")       # the tiny config states no scoring_func
-    with pytest.raises(CheckpointError, match=r"deepseek2.expert_gating_func = 1 \(softmax, the default when"):
+def test_deepseek2_unknown_router_is_refused(tiny_dir, to_gguf, tmp_path):
+    """deepseek2 routes with sigmoid (V3) or softmax (V2) scores; another gating function is a
+    clear error, not wrong logits."""
+    from gguf_rewrite import rewrite
+    g = rewrite(to_gguf(tiny_dir("deepseek_v3"), "f32"), tmp_path / "g.gguf",
+                set_keys={"deepseek2.expert_gating_func": 3})
+    with pytest.raises(CheckpointError, match=r"deepseek2.expert_gating_func = 3 \(sqrtsoftplus\) is not supported "
+                                              r"\(expected 2, sigmoid: .*or 1, softmax: DeepSeek-V2\)"):
         GgufFile(g)

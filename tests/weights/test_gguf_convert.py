@@ -1,0 +1,62 @@
+"""`freetoken convert --model FILE.gguf --out FILE.ftw`: the FTW file keeps the GGUF's ggml
+experts packed (the same bytes and types), carries its tokenizer and chat template, and
+gives the logits of loading the GGUF directly, bit for bit."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gguf_rewrite import q4_k_m, rewrite
+
+from freetoken import LLM
+from freetoken.cli import main as cli_main
+from freetoken.weights import ggml_quants
+from freetoken.weights.ftw_reader import read_header
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from model_checks import ids_for  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def q4_k_m_gguf(tiny_dir, to_gguf, tmp_path_factory):
+    d = tiny_dir("qwen3_moe", hidden=256, experts=4, moe_intermediate_size=256, layers=3)
+    return rewrite(to_gguf(d, "f32"), tmp_path_factory.mktemp("q4km") / "m.gguf", q4_k_m)
+
+
+@pytest.mark.parametrize("source", ["q4_k_m", "q8_0-glm4_moe", "bf16-deepseek_v3"])
+def test_gguf_to_ftw_keeps_experts_packed_and_logits(request, tiny_dir, to_gguf, tmp_path, source):
+    if source == "q4_k_m":
+        g = request.getfixturevalue("q4_k_m_gguf")
+    else:
+        outtype, arch = source.split("-")
+        g = to_gguf(tiny_dir(arch, **({"scoring_func": "sigmoid"} if arch == "deepseek_v3" else {})), outtype)
+    out = tmp_path / "m.ftw"
+    assert cli_main(["convert", "--model", str(g), "--out", str(out)]) == 0
+    direct, ftw = LLM(str(g), dtype="float32"), LLM(str(out), dtype="float32")
+    want, got = direct.engine.model.pool, ftw.engine.model.pool
+    assert got.spec == want.spec
+    for name, bank in want.banks.items():
+        assert got.banks[name].dtype == bank.dtype and torch.equal(got.banks[name], bank), name
+    if source != "bf16-deepseek_v3":
+        assert want.spec.fmt == "ggml"
+        assert set(got.banks) == {"gate_up", "gate_up_types", "down", "down_types"}
+    if source == "q4_k_m":
+        assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= set(got.banks["down_types"].unique().tolist())
+    ids = ids_for(23, seed=3)
+    assert torch.equal(ftw.score(ids), direct.score(ids))
+    text = "hello <think> 世界"
+    assert ftw.tokenizer.encode(text) == direct.tokenizer.encode(text)
+    assert ftw.tokenizer.chat_template == direct.tokenizer.chat_template
+    assert ftw.tokenizer.eos_token_ids == direct.tokenizer.eos_token_ids
+    header = read_header(out)
+    assert header["source"] == g.name and {"tokenizer.json", "tokenizer_config.json"} <= \
+        {t["name"] for t in header["tensors"] if t["kind"] == "file"}
+
+
+def test_expert_format_on_quantized_gguf_is_refused(q4_k_m_gguf, tmp_path, capsys):
+    args = ["convert", "--model", str(q4_k_m_gguf), "--out", str(tmp_path / "m.ftw"), "--expert-format", "int8"]
+    assert cli_main(args) != 0
+    assert "m.gguf: the experts are already quantized by llama.cpp; drop --expert-format" in capsys.readouterr().err
+    assert not (tmp_path / "m.ftw").exists()
