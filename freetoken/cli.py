@@ -28,8 +28,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                         f"(admission control); default {DEFAULT_POLICY}")
     p.add_argument("--expert-format", default=None, choices=FORMAT_NAMES,
                    help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
-    p.add_argument("--dense-format", default=None, choices=["int8"],
-                   help="store attention/dense/lm_head weights as int8 (with --expert-format int8: a Q8_0-sized model)")
+    p.add_argument("--dense-format", default=None, choices=["int8", "float"],
+                   help="store attention/dense/lm_head weights as int8 (with --expert-format int8: a Q8_0-sized model); "
+                        "float: dequantize a GGUF's quantized dense weights at load (default: kept packed)")
     p.add_argument("--record-routing", default=None, metavar="FILE", help="record every step's routing (JSONL)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")

@@ -47,7 +47,8 @@ class EngineConfig:
     expert_cache_policy: str | None = None
     expert_format: str | None = None       # re-encode float experts at load: int8 | fp8 | mxfp4 | bf16 | ...
     # Dense layers (attention, dense MLPs, shared experts, lm_head): None keeps `dtype`;
-    # "int8" stores them as int8 + fp16 scale per 32 (llama.cpp Q8_0 size), run by the CPU kernels.
+    # "int8" stores them as int8 + fp16 scale per 32 (llama.cpp Q8_0 size), run by the CPU kernels;
+    # GGUF weights in a llama.cpp quantization stay in it on the CPU ("float": dequantized at load).
     dense_format: str | None = None
     bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
     record_routing: str | None = None      # write every step's routing to this JSONL file
@@ -68,8 +69,8 @@ class EngineConfig:
                 parse_policy(self.expert_cache_policy)
             except ValueError as e:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
-        if self.dense_format not in (None, "int8"):
-            raise InvalidRequestError(f"dense_format: expected int8 or none, got {self.dense_format!r}")
+        if self.dense_format not in (None, "int8", "float"):
+            raise InvalidRequestError(f"dense_format: expected int8, float or none, got {self.dense_format!r}")
         if self.state_cache_gib is not None and self.state_cache_gib < 0:
             raise InvalidRequestError(f"state_cache_gib: expected >= 0, got {self.state_cache_gib}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):

@@ -170,8 +170,6 @@ class CpuExpertExecutor:
     def _dequantize(self, fid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [2I, H], down [H, I]) of expert `fid` in fp32 by the C kernels, into buffers
         reused across calls (torch's dequantization of int8/mxfp4/fp8 is several passes)."""
-        if self.fmt == "ggml":
-            return dequantize_expert(self.banks, "ggml", fid)
         d = self._desc
         if self._deq is None:
             self._deq = (torch.empty(2 * self.I, self.H), torch.empty(self.H, self.I))

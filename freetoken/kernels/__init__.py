@@ -103,6 +103,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     ci = ctypes.c_int
     lib.ft_linear_run.argtypes = [vp, ci, vp, i64, vp, i64, ci, ci, vp, ci, i64, vp, vp]
     lib.ft_linear_run.restype = ci
+    lib.ft_ggml_linear_run.argtypes = [vp, vp, ci, ci, vp, ci, i64, vp, vp, i64]
+    lib.ft_ggml_linear_run.restype = ci
     lib.ft_dequant_rows.argtypes = [vp, ci, vp, i64, vp, i64, ci, ci, vp]
     lib.ft_dequant_rows.restype = None
     lib.ft_decode_attention.argtypes = [vp, vp, ci, ci, ci, ci, vp, vp, ci, vp, i64, vp, ctypes.c_float, vp, vp]

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..experts.formats import FORMATS
 from ..kernels.pool import CpuPool
+from .concat import cat_rows
 from ..weights.fp8 import block_scales, dequantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
 
@@ -151,6 +152,10 @@ class LinearFactory:
 
     def __init__(self, compute_dtype: torch.dtype, storage_dtype: torch.dtype, fmt: str | None,
                  pool: CpuPool | None, gemm_dtype: torch.dtype = torch.float32):
+        """fmt: None, "int8" (requantize float weights) or "float" (GGUF quantized weights
+        dequantized at load instead of kept packed)."""
+        self.keep_ggml = fmt != "float"
+        fmt = None if fmt == "float" else fmt
         self.compute_dtype, self.storage_dtype, self.fmt, self.pool = compute_dtype, storage_dtype, fmt, pool
         self.gemm_dtype = gemm_dtype
 
@@ -165,6 +170,10 @@ class LinearFactory:
         """One Linear from checkpoint weights `names` stacked by rows. FP8 weights (a
         `<name>_scale_inv` beside them) stay packed when every part but the last fills whole
         128-row blocks; otherwise they are dequantized into the storage dtype."""
+        if fmt == "default":
+            packed = self.packed(ck, names, shapes, bias, device)
+            if packed is not None:
+                return packed
         fp8 = [ck.has(f"{n}_scale_inv") for n in names]
         if all(fp8) and all(s[0] % 128 == 0 for s in shapes[:-1]):
             ws = [ck.get(n, s) for n, s in zip(names, shapes)]
@@ -180,3 +189,31 @@ class LinearFactory:
             else:
                 parts.append(ck.get_float(n, s, self.storage_dtype))
         return self((torch.cat(parts) if len(parts) > 1 else parts[0]).to(device), bias, fmt)
+
+    def packs_ggml(self, ck, device=None) -> bool:
+        """Whether GGUF quantized weights of `ck` stay packed: a GGUF, the C kernels, the CPU."""
+        return (self.keep_ggml and self.pool is not None and hasattr(ck, "packed")
+                and (device is None or torch.device(device).type == "cpu"))
+
+    def packed(self, ck, names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None = None,
+               device=None):
+        """A `GgmlLinear` over the GGUF rows of `names` (stacked) when every part is in a type the
+        C kernels read and `packs_ggml`; else None (the caller reads floats)."""
+        if not self.packs_ggml(ck, device):
+            return None
+        parts = [ck.packed(n, s) for n, s in zip(names, shapes)]
+        if any(p is None for p in parts):
+            return None
+        from .ggml_linear import GgmlLinear
+        return GgmlLinear(parts, bias, self.pool, self.gemm_dtype)
+
+    def load_rows(self, ck, names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None = None,
+                  device=None):
+        """Like `load`, but float parts are stacked with `cat_rows` (a view of the file's pages
+        when they lie back to back); FP8 parts are dequantized by `get_float`."""
+        packed = self.packed(ck, names, shapes, bias, device)
+        if packed is not None:
+            return packed
+        parts = [ck.get_float(n, s, self.storage_dtype) for n, s in zip(names, shapes)]
+        parts = [p.to(device) for p in parts] if device is not None else parts
+        return self(cat_rows(parts) if len(parts) > 1 else parts[0], bias)

@@ -22,6 +22,8 @@ class ModelShape:
     expert_bytes_on_disk: int
     native_expert_format: str          # float | mxfp4 | fp8 | prebuilt:<fmt> (FTW)
     prebuilt_expert_bytes: int | None = None   # FTW: the exact bank bytes per expert
+    # GGUF: dense tensors in a type the CPU kernels read, kept packed there: (elements, bytes)
+    packed_dense: tuple[int, int] = (0, 0)
 
     def get(self, *names, default=None):
         for n in names:
@@ -87,10 +89,13 @@ def _gguf_shape(p: Path) -> ModelShape:
     ck = GgufFile(p)
     infos = {n: t for n, (_, t) in ck._info.items()}
     dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)
+    from ..layers.ggml_linear import KERNEL_TYPES
+    packed = [t for n, t in infos.items() if "_exps." not in n and t.ggml_type in KERNEL_TYPES and len(t.shape) == 2]
+    packed_dense = (sum(_numel(t.shape) for t in packed), sum(t.nbytes for t in packed))
     expert_bytes = sum(t.nbytes for n, t in infos.items() if "_exps." in n)
     _, trios = expert_tensors(ck)
     if not trios or layout({t.ggml_type for trio in trios for t in trio}) != "ggml":
-        return ModelShape(_text(ck.config), dense, expert_bytes, "float")
+        return ModelShape(_text(ck.config), dense, expert_bytes, "float", packed_dense=packed_dense)
 
     def row(t, cols):
         return ggml_quants.row_bytes(t.ggml_type, cols)
@@ -100,7 +105,7 @@ def _gguf_shape(p: Path) -> ModelShape:
     per = 2 * inter * width_gu + hidden * width_d + 3 * 4
     if ck.arch == "gpt-oss":
         per += (2 * inter + hidden) * 4
-    return ModelShape(_text(ck.config), dense, expert_bytes, "prebuilt:ggml", per)
+    return ModelShape(_text(ck.config), dense, expert_bytes, "prebuilt:ggml", per, packed_dense)
 
 
 def _numel(shape) -> int:

@@ -195,9 +195,12 @@ def activation_bytes(s: ModelShape, cfg: EngineConfig, chunk: int, max_len: int,
 
 
 def dense_bytes(s: ModelShape, cfg: EngineConfig) -> int:
+    params, fixed = s.dense_params, 0
+    if cfg.dense_format != "float" and cfg.torch_device.type == "cpu":   # GGUF rows kept packed
+        params, fixed = params - s.packed_dense[0], s.packed_dense[1]
     if cfg.dense_format == "int8":
-        return s.dense_params * 34 // 32
-    return s.dense_params * _dtype_bytes(cfg.dtype)
+        return params * 34 // 32 + fixed
+    return params * _dtype_bytes(cfg.dtype) + fixed
 
 
 # --- the plan ----------------------------------------------------------------------------------

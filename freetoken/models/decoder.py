@@ -14,7 +14,7 @@ from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
 from ..layers.attention import paged_attention
-from ..layers.concat import cat_rows
+from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
@@ -56,13 +56,13 @@ class Attention:
         q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
         dtype = linear.compute_dtype
         get = lambda n, s, dt=dtype: ck.get_float(n, s, dt).to(device)  # noqa: E731
-        qkv = [get(f"{p}.{n}_proj.weight", (o, hidden), linear.storage_dtype)
-               for n, o in (("q", q_out), ("k", kv_out), ("v", kv_out))]
-        qkv_bias = torch.cat([get(f"{p}.{n}_proj.bias", (o,)) for n, o in
-                              (("q", q_out), ("k", kv_out), ("v", kv_out))]) if bias else None
-        self.qkv = linear(cat_rows(qkv), qkv_bias)     # a view of the file's pages when adjacent
+        parts = (("q", q_out), ("k", kv_out), ("v", kv_out))
+        qkv_bias = torch.cat([get(f"{p}.{n}_proj.bias", (o,)) for n, o in parts]) if bias else None
+        # float parts: a view of the file's pages when adjacent; GGUF quantized: kept packed
+        self.qkv = linear.load_rows(ck, [f"{p}.{n}_proj.weight" for n, _ in parts], [(o, hidden) for _, o in parts],
+                                    qkv_bias, device)
         o_bias = get(f"{p}.o_proj.bias", (hidden,)) if bias and ck.has(f"{p}.o_proj.bias") else None
-        self.o = linear(get(f"{p}.o_proj.weight", (hidden, q_out), linear.storage_dtype), o_bias)
+        self.o = linear.load_rows(ck, [f"{p}.o_proj.weight"], [(hidden, q_out)], o_bias, device)
         eps = hf.first("rms_norm_eps", default=1e-6, kind=float)
         self.q_norm = self.k_norm = None
         if arch.qk_norm == "head":
@@ -108,6 +108,7 @@ class MoECausalLM:
     """Embedding -> decoder layers -> final norm -> lm_head, with experts behind the seam."""
 
     arch = ArchSpec()
+    embed_rows = None       # GgmlEmbedding of a GGUF's quantized table (else `embed` holds floats)
 
     def __init__(self, ck: Checkpoint, cfg: BuildContext, max_len: int):
         hf = HFConfig(ck.config, ck.dir / "config.json")
@@ -151,6 +152,8 @@ class MoECausalLM:
         return self.hf.data
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_rows is not None:
+            return self.embed_rows(input_ids).to(self.dtype)
         return F.embedding(input_ids, self.embed).to(self.dtype)
 
     def num_experts(self) -> int:
@@ -193,13 +196,19 @@ class MoECausalLM:
     def _load_ends(self, ck: Checkpoint):
         """Embedding table, final norm and lm_head (tied to the embedding when the checkpoint says
         so or has none). The table stays in the storage dtype; looked-up rows are converted (exactly)."""
-        self.embed = ck.get_float("model.embed_tokens.weight", (self.vocab_size, self.hidden),
-                                  self.cfg.torch_dtype).to(self.device)
+        shape = (self.vocab_size, self.hidden)
+        packed = ck.packed("model.embed_tokens.weight", shape) if self.linear.packs_ggml(ck, self.device) else None
+        if packed is not None:          # GGUF: rows dequantized as looked up
+            self.embed, self.embed_rows = None, GgmlEmbedding(packed, self.cfg.torch_dtype)
+        else:
+            self.embed = ck.get_float("model.embed_tokens.weight", shape, self.cfg.torch_dtype).to(self.device)
+            self.embed_rows = None
         self.norm = RMSNorm(self._w(ck, "model.norm.weight", (self.hidden,)), self.eps)
         if self.hf.get("tie_word_embeddings", False) or not ck.has("lm_head.weight"):
-            self.lm_head = self.linear(self.embed)
+            self.lm_head = (self.linear(self.embed) if packed is None
+                            else GgmlLinear([packed], None, self.linear.pool, self.linear.gemm_dtype))
         else:
-            self.lm_head = self.linear(self._ws(ck, "lm_head.weight", (self.vocab_size, self.hidden)))
+            self.lm_head = self.linear.load_rows(ck, ["lm_head.weight"], [shape], device=self.device)
 
     def _load_experts(self, ck: Checkpoint):
         """The experts backend, which the loader builds from `build_pool` (models/loader.py)."""

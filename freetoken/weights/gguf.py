@@ -2,8 +2,8 @@
 its metadata (gguf_config.py), dense tensors under their HF names (gguf_names.py), and the
 routed experts as a prebuilt expert pool.
 
-Dense tensors in a quantized type are dequantized once at load to the storage dtype (they
-are a small part of a MoE model). Merged expert tensors (`blk.N.ffn_{gate,up,down}_exps`)
+Dense tensors in a quantized type are offered packed (`packed`: the file's rows, copied once) for the C kernels of layers/ggml_linear.py; `get` dequantizes them (the GPU path,
+types without a kernel, tensors the converter transformed across columns). Merged expert tensors (`blk.N.ffn_{gate,up,down}_exps`)
 stay in their ggml type: each output row's raw block bytes go into the "ggml" banks the C
 kernels read (experts/formats.py); F32/F16/BF16 experts become ordinary float banks."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from ..errors import CheckpointError
 from .gguf_config import synth_config
-from .gguf_hybrid import HYBRID, undo
+from .gguf_hybrid import HYBRID, rows_only, undo
 from .gguf_meta import GgufHeader, TensorInfo, read_header
 from .gguf_names import combine, derived, hf_names, needs_unpermute, unpermute_rows
 
@@ -130,6 +130,31 @@ class GgufFile:
         if self.arch in HYBRID:
             out = undo(self.arch, name, out, self.config)
         return out
+
+    def packed(self, name: str, shape: tuple | None = None):
+        """Dense tensor `name` as `GgmlWeight` rows in the file's quantized type (its bytes,
+        rows put back in order where the converter permuted them), or None: float types, types without a C kernel, and
+        tensors the converter split or regrouped across columns (read those with `get`)."""
+        from ..layers.ggml_linear import KERNEL_TYPES, GgmlWeight
+        g = self._hf.get(name)
+        if g is None:
+            return None
+        h, t = self._info[g]
+        if t.ggml_type not in KERNEL_TYPES or len(t.shape) != 2:
+            return None
+        if self.arch in HYBRID and not rows_only(self.arch, name, self.config):
+            return None
+        # copied once out of the map: resident like any loaded weight, and safe if the file changes
+        rows = torch.from_numpy(h.raw(t).copy())
+        if needs_unpermute(self.arch, name):
+            heads = self.config["num_attention_heads"] if ".q_proj." in name else self.config["num_key_value_heads"]
+            rows = unpermute_rows(rows, heads).contiguous()
+        if self.arch in HYBRID:
+            rows = undo(self.arch, name, rows, self.config).contiguous()
+        if shape is not None and tuple(shape) != (rows.shape[0], t.shape[1]):
+            raise CheckpointError(f"{self.path}: tensor {g!r} ({name}) has shape {(rows.shape[0], t.shape[1])}, "
+                                  f"expected {tuple(shape)}")
+        return GgmlWeight(rows, t.ggml_type, t.shape[1])
 
     def get_float(self, name: str, shape=None, dtype=torch.float32) -> torch.Tensor:
         return self.get(name, shape).to(dtype)

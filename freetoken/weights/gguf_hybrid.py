@@ -90,6 +90,13 @@ def undo(arch: str, hf: str, t: torch.Tensor, cfg: dict) -> torch.Tensor:
     return t
 
 
+def rows_only(arch: str, hf: str, cfg: dict) -> bool:
+    """Whether `undo` only selects or reorders whole rows of `hf` (so it can act on quantized
+    rows): all but qwen35moe's out_proj with regrouped value heads (its columns move)."""
+    return not (arch == "qwen35moe" and hf.endswith(".linear_attn.out_proj.weight")
+                and cfg["linear_num_key_heads"] != cfg["linear_num_value_heads"])
+
+
 def config_fields(c: dict, m, tensors) -> None:
     """The DeltaNet / hybrid-layout fields of the HF config from `{arch}.ssm.*` metadata."""
     c["linear_conv_kernel_dim"] = int(m.req("ssm.conv_kernel"))

@@ -9,6 +9,7 @@ from test_ggml_banks import mixed_banks
 
 from freetoken import kernels
 from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.formats import dequantize_expert
 from freetoken.experts.ggml_banks import KERNEL_TYPES, quantize_ggml
 from freetoken.weights import ggml_quants as gq
 
@@ -94,3 +95,20 @@ def test_types_without_a_kernel_fall_back_to_torch():
     with pytest.raises(NotImplementedError, match="IQ4_XS"):
         CpuExpertExecutor(banks, "ggml", H, I)
     assert isinstance(make_host_executor(ExpertPool(banks, 1, 2, ExpertSpec(H, I, "ggml"))), TorchHostExecutor)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_prefill_gemm_path_dequantizes_in_c(isa):
+    """Experts above gemm_tokens run dequantize + GEMM: the C row dequantization of ggml banks
+    equals the bit-exact torch one, and the result equals the float64 product (no int8 rounding)."""
+    gen = torch.Generator().manual_seed(11)
+    banks, _ = mixed_banks(3, H, I, gen)
+    n = banks["gate_up"].shape[0]
+    ex = CpuExpertExecutor(banks, "ggml", H, I, isa=isa, gemm_tokens=1)
+    for fid in (0, n - 1):
+        got, want = ex._dequantize(fid), dequantize_expert(banks, "ggml", fid)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ids, w = routes(9, 3, n, gen)
+    x = torch.randn(9, H, generator=gen)
+    assert rel_err(ex.run(x, ids, w), reference64(banks, dense64(banks, "ggml"), x, ids, w, "silu")) < 1e-5
+    ex.close()

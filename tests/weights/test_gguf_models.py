@@ -91,13 +91,14 @@ def test_f32_gguf_matches_checkpoint(tiny_dir, to_gguf, arch):
 
 
 def check_quantized(model_dir: Path, g: Path, ref_dir: Path, ids: list[int]):
-    """The torch expert path (exact dequantization) equals the rounded checkpoint to 1e-4 of scale;
+    """With dense layers dequantized at load (dense_format="float"; the packed ones: test_gguf_dense.py):
+    the torch expert path (exact dequantization) equals the rounded checkpoint to 1e-4 of scale;
     the C kernels, which round activations to int8 per 32 as llama.cpp does, add at most a
     quarter of the error the weights' own rounding costs against the original checkpoint."""
     ref = reference_logits(rounded_reference(model_dir, g, ref_dir), ids)
     exact = reference_logits(model_dir, ids)
-    assert_logits_close(LLM(str(g), dtype="float32", moe_backend="resident").score(ids), ref)
-    kernels = LLM(str(g), dtype="float32").score(ids)
+    assert_logits_close(LLM(str(g), dtype="float32", moe_backend="resident", dense_format="float").score(ids), ref)
+    kernels = LLM(str(g), dtype="float32", dense_format="float").score(ids)
     scale = max(1.0, ref.abs().max().item())
     weights_err = (ref - exact).abs().max().item()
     err = (kernels - ref).abs().max().item()

@@ -44,6 +44,11 @@ static void dequant_row(int fmt, const uint8_t *w, const uint8_t *s, int K, floa
         }
         break;
     }
+    case FMT_GGML: {   /* s: the int32 ggml type of this row (ggml_dense.c) */
+        int32_t type; memcpy(&type, s, 4);
+        ggml_dequant_row(type, w, K, o);
+        break;
+    }
     case FMT_MXFP4: {
         static const float E2M1[16] = {0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f,
                                        -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};

@@ -7,7 +7,7 @@
  * prefill GEMMs (ft_dequant_rows), decode attention over the paged KV cache
  * (ft_decode_attention), and two per-op helpers run on the calling thread (ft_rms_norm, ft_rope).
  *
- * One file per concept (dots.c, ggml.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
+ * One file per concept (dots.c, ggml.c, ggml_dense.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
  * all compiled together in one step by freetoken/kernels/__init__.py with the system C compiler
  * and -march=native, so the preprocessor picks the widest SIMD path the machine has:
  *   FT_AVX512:   AVX-512 F/BW/VL (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4) beside FT_AVX2
@@ -171,6 +171,8 @@ FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 FT_HIDDEN void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1);
 FT_HIDDEN void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                              const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
+/* ggml_dense.c: one row of a ggml type -> fp32, as gguf.quants.dequantize */
+FT_HIDDEN void ggml_dequant_row(int type, const uint8_t *w, int K, float *out);
 /* bf16 weights with bf16-rounded activations (bf16dot.c): on when ft_bf16_dot_on. */
 FT_HIDDEN extern int ft_bf16_dot_on;
 FT_HIDDEN void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, int j1);
