@@ -8,7 +8,9 @@ Per (trace, capacity): `lru`, the target line 0.85 x lru, the policies asked for
   belady-on-use     offline optimum of fetch-on-use policies (load only when routed,
                     bypass allowed): every replacement/admission rule without a predictor
   compulsory        first decode use of an entry never routed before (prefill included)
-A cell is out of reach for every policy when belady > target, and for every policy
+A shown engine policy's cell also gives its transfers (every copy into the cache, prefill
+fills and prefetches included) relative to LRU's. A cell is out of reach for every policy
+without prefetch when belady > target, and for every policy
 without prediction when belady-on-use > target.
 
   PYTHONPATH=. .venv/bin/python bench/policy_bounds.py --capacity 0.11,0.37 \\
@@ -53,10 +55,14 @@ def main(argv=None) -> int:
         compulsory = replay("lru", stream, stream.universe).miss_rate
         for cap in args.capacity.split(","):
             slots = parse_capacity(cap, stream.universe).slots
-            rate = {p: replay(p, stream, slots).miss_rate for p in ("lru", *shown, *BOUNDS)}
+            res = {p: replay(p, stream, slots) for p in ("lru", *shown, *BOUNDS)}
+            rate = {p: r.miss_rate for p, r in res.items()}
             target = 0.85 * rate["lru"]
             cells = [name, cap, f"{rate['lru']:.3f}", f"{target:.3f}"]
-            cells += [f"**{rate[p]:.3f}**" if rate[p] <= target else f"{rate[p]:.3f}" for p in (*shown, *BOUNDS)]
+            for p in shown:
+                moved = "" if res[p].transfers is None else f" ({res[p].transfers / max(res['lru'].transfers, 1):.2f}x)"
+                cells.append((f"**{rate[p]:.3f}**" if rate[p] <= target else f"{rate[p]:.3f}") + moved)
+            cells += [f"**{rate[p]:.3f}**" if rate[p] <= target else f"{rate[p]:.3f}" for p in BOUNDS]
             cells += [f"{compulsory:.3f}", "yes" if rate["belady"] <= target else "NO",
                       "yes" if rate["belady-on-use"] <= target else "NO"]
             print("| " + " | ".join(cells) + " |", flush=True)

@@ -37,7 +37,9 @@ def run(policy_cls, stream, slots) -> tuple[float, int]:
     p.place(Counter())
     acc = miss = 0
     for seg in stream.segments:
-        for cell in seg.cells:
+        for i, cell in enumerate(seg.cells):
+            if seg.phase == PREFILL and seg.rows:
+                p.prompt_rows(seg.layers[i], seg.rows[i])
             for k in cell:
                 if seg.phase == PREFILL:
                     p.prefill_access(k)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-THRESHOLD = 0.2
+THRESHOLD = 0.3     # measured: bench/prefetch_sweep.py, docs/routing-locality.md
 
 
 class NextLayerPredictor:

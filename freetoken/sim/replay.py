@@ -17,6 +17,7 @@ class ReplayResult:
     accesses: int  # decode accesses
     misses: int
     prefetches: int = 0  # transfers made ahead of use (a prefetching policy's copies)
+    transfers: int | None = None  # every copy into the cache (the engine's policies)
 
     @property
     def miss_rate(self) -> float:
@@ -63,4 +64,4 @@ def replay(name: str, stream: AccessStream, slots: int) -> ReplayResult:
                 if not access(k):
                     misses += 1
             end_cell(cell)
-    return ReplayResult(name, slots, accesses, misses, policy.prefetches)
+    return ReplayResult(name, slots, accesses, misses, policy.prefetches, policy.transfers)

@@ -18,6 +18,7 @@ class Policy:
 
     name = ""
     prefetches = 0      # transfers made ahead of use (prefetching policies count them)
+    transfers: int | None = None    # every copy into the cache (engine policies count them)
 
     def __init__(self, slots: int, num_layers: int, num_experts: int):
         self.slots = slots

@@ -22,6 +22,7 @@ class SlotTablePolicy(Policy):
 
     def __init__(self, slots, num_layers, num_experts):
         super().__init__(slots, num_layers, num_experts)
+        self.fills = 0
         self.table = SlotTable(num_layers * num_experts, num_experts, slots, self.table_policy, self.half_life,
                                self.threshold)
 
@@ -41,6 +42,7 @@ class SlotTablePolicy(Policy):
             t.assign(k, victim)
             t.ready(victim)
             t.unlock(victim)
+            self.fills += 1
         return False
 
     def prompt_rows(self, layer: int, rows) -> None:
@@ -59,6 +61,11 @@ class SlotTablePolicy(Policy):
     @property
     def prefetches(self) -> int:
         return self.table.prefetches
+
+    @property
+    def transfers(self) -> int:
+        """Every copy into the cache: admitted misses (prefill included) and prefetches."""
+        return self.fills + self.table.prefetches
 
 
 def learn_prompt(table: SlotTable, layer: int, rows) -> None:
