@@ -38,8 +38,10 @@ class NextLayerPredictor:
         rows = np.asarray(rows, np.int64)
         prev = self._tok_prev
         if layer == self._tok_layer + 1 and prev.shape[0] == rows.shape[0] and rows.size and prev.size:
-            np.add.at(self.pairs[layer - 1], (prev[:, :, None], rows[:, None, :]), 1.0)
-            np.add.at(self.seen[layer - 1], prev, 1.0)
+            E = self.E          # bincount: one pass over T*k*k pairs (np.add.at is ~10x slower)
+            idx = (prev[:, :, None] * E + rows[:, None, :]).ravel()
+            self.pairs[layer - 1] += np.bincount(idx, minlength=E * E).reshape(E, E)
+            self.seen[layer - 1] += np.bincount(prev.ravel(), minlength=E)
         self._tok_layer, self._tok_prev = layer, rows
 
     def observe(self, layer: int, experts: np.ndarray) -> None:
