@@ -25,7 +25,7 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-cache-gib", type=float, default=None)
     p.add_argument("--expert-cache-policy", default=None, metavar="POLICY",
                    help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "
-                        f"(admission control); default {DEFAULT_POLICY}")
+                        f"(admission control) and then +prefetch (next-layer prefetch); default {DEFAULT_POLICY}")
     p.add_argument("--expert-format", default=None, choices=FORMAT_NAMES,
                    help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
     p.add_argument("--dense-format", default=None, choices=["int8", "float"],

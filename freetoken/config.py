@@ -42,8 +42,8 @@ class EngineConfig:
     moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
     expert_cache_slots: int | None = None
     expert_cache_gib: float | None = None
-    # Replacement policy of the expert cache (experts/slots.py): lru | lfu | lrfu, "+admit" for
-    # admission control; None = the measured default (docs/routing-locality.md).
+    # Replacement policy of the expert cache (experts/slots.py): lru | lfu | lrfu | arc, "+admit" for
+    # admission control, then "+prefetch" for next-layer prefetch; None = the measured default (docs/routing-locality.md).
     expert_cache_policy: str | None = None
     expert_format: str | None = None       # re-encode float experts at load: int8 | fp8 | mxfp4 | bf16 | ...
     # Dense layers (attention, dense MLPs, shared experts, lm_head): None keeps `dtype`;

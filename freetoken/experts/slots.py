@@ -25,6 +25,12 @@ other branch) and the cache keeps the entry that is likelier to be reused. `offl
 prefill still fill every miss. Under LRU the score is recency, so a miss (the newest
 access) is always admitted; under ARC a miss is admitted when it is in a ghost list (seen
 recently) or a slot is empty, and a declined one is remembered in B1 (ARC with bypass).
+
+Prefetch ("+prefetch", decode only): after each decode layer call the table guesses the
+next layer's experts from this layer's routing (experts/next_layer.py, learnt online) and
+`prefetch_after` names the guesses that are not resident and the slots they take (the
+policy's victims); the caller copies them in the background. Every prefetch is a
+transfer (`prefetches` counts them); a guess that is wrong costs that copy and a victim.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ import math
 import numpy as np
 
 from .arc import ArcLists
+from .next_layer import THRESHOLD, NextLayerPredictor
 
 POLICIES = ("lru", "lfu", "lrfu", "arc")
 # measured: never worse than lru, within 0.01 of the best online policy in 13 of 14 cells
@@ -43,19 +50,29 @@ _NEVER = np.iinfo(np.int64).max
 
 
 def parse_policy(name: str) -> tuple[str, bool]:
-    """'lrfu', 'lfu+admit', ... -> (policy, admission); unknown names raise ValueError."""
-    base, _, extra = name.partition("+")
-    if base not in POLICIES or extra not in ("", "admit"):
+    """'lrfu', 'lfu+admit', 'lrfu+admit+prefetch', ... -> (policy, admission); unknown names
+    raise ValueError."""
+    base, admit, _ = parse_policy_options(name)
+    return base, admit
+
+
+def parse_policy_options(name: str) -> tuple[str, bool, bool]:
+    """-> (policy, admission, prefetch)."""
+    base, *extras = name.split("+")
+    if base not in POLICIES or extras not in ([], ["admit"], ["prefetch"], ["admit", "prefetch"]):
         raise ValueError(f"expert cache policy {name!r}: expected one of {', '.join(POLICIES)}, "
-                         "optionally with '+admit'")
-    return base, extra == "admit"
+                         "optionally with '+admit' and then '+prefetch'")
+    return base, "admit" in extras, "prefetch" in extras
 
 
 class SlotTable:
     def __init__(self, num_flat: int, num_experts: int, slots: int, policy: str = DEFAULT_POLICY,
-                 half_life: float = HALF_LIFE_TOKENS):
-        self.policy, self.admission = parse_policy(policy)
+                 half_life: float = HALF_LIFE_TOKENS, prefetch_threshold: float = THRESHOLD):
+        self.policy, self.admission, prefetch = parse_policy_options(policy)
         self.num_experts = num_experts
+        self.predictor = (NextLayerPredictor(num_flat // num_experts, num_experts, prefetch_threshold)
+                          if prefetch else None)
+        self.prefetches = 0
         self.slot_of = np.full(num_flat, -1, np.int64)
         self.count = np.zeros(num_flat, np.float64)    # lfu: accesses; lrfu: decayed score at `since`
         self.since = np.zeros(num_flat, np.int64)      # lrfu: the token of the last access
@@ -192,6 +209,29 @@ class SlotTable:
 
     def ready(self, slots: np.ndarray) -> None:
         self.pending[slots] = False
+
+    def learn_prompt(self, layer: int, rows: np.ndarray) -> None:
+        """"+prefetch": a prefill layer call's per-token routed ids (within the layer) teach the
+        next-layer predictor."""
+        if self.predictor is not None:
+            self.predictor.observe_tokens(layer, rows)
+
+    def prefetch_after(self, flat_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """After a decode layer call routed `flat_ids` (one layer's unique ids): learn from
+        them and return (next-layer ids to prefetch, their victim slots), likeliest first;
+        the caller assigns them (a transfer each). Empty without "+prefetch"."""
+        empty = np.empty(0, np.int64)
+        if self.predictor is None or len(flat_ids) == 0:
+            return empty, empty
+        E = self.num_experts
+        layer = int(flat_ids[0]) // E
+        local = np.asarray(flat_ids, np.int64) - layer * E
+        self.predictor.observe(layer, local)
+        want = self.predictor.predict(layer, local) + (layer + 1) * E
+        want = want[self.slot_of[want] < 0]
+        slots = self.candidates(len(want), want)
+        self.prefetches += len(slots)
+        return want[:len(slots)], slots
 
     def keep_most_recent(self, slots: int) -> np.ndarray:
         """Rebuild for `slots` slots keeping the most recent residents in slots 0..n-1 (least

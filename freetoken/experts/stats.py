@@ -8,7 +8,7 @@ import numpy as np
 
 log = logging.getLogger("freetoken.experts")
 
-COUNTS = ("calls", "routed", "hits", "misses", "fills", "warm_fills", "cpu_experts",
+COUNTS = ("calls", "routed", "hits", "misses", "fills", "warm_fills", "prefetches", "cpu_experts",
           "bytes_copied", "cpu_bytes", "streamed_layers")
 TIMES = ("fill_s", "cpu_s", "device_s", "wall_s")
 

@@ -9,6 +9,7 @@ One MoE layer of one step (`TieredExperts._forward_planned`):
      start their copies; run the hits on the device meanwhile; when the copies land run
      the fills. If fewer slots are free than fills, the fills go in waves.
   5. sum the gate-weighted partial outputs (exact up to summation order)
+  6. with "+prefetch" (decode): start background copies of the next layer's guessed experts
 Each branch's time feeds the bandwidth estimator that sets the next q*.
 
 Prefill with many tokens streams whole layers instead (prefill.py).
@@ -106,7 +107,10 @@ class TieredExperts(Experts):
         self._ensure_sized()
         self._harvest()
         T, K = topk_ids.shape
-        flat = topk_ids.to("cpu", torch.int64).numpy() + layer * self.E
+        local = topk_ids.to("cpu", torch.int64).numpy()
+        if self.phase == "prefill":
+            self.cache.table.learn_prompt(layer, local)     # "+prefetch": the predictor learns
+        flat = local + layer * self.E
         out = None
         if self.phase == "prefill" and self.streamer is not None and self.streamer.worth_it(T, K):
             out = self.streamer.forward(layer, hidden, flat, topk_weights, self._device_run, self.stats_)
@@ -209,15 +213,24 @@ class TieredExperts(Experts):
             out.add_(cpu_out.to(out.device))
             self.est.observe_cpu(len(cpu_ids) * S, cpu_s)
         self._harvest()
+        prefetched = self._prefetch(uniq) if decode else 0
 
         st = self.stats_
-        st.add(layer, hits=d.hits, misses=d.misses, fills=n_filled,
-               warm_fills=len(d.warm), cpu_experts=len(cpu_ids), bytes_copied=(n_filled + len(d.warm)) * S,
+        st.add(layer, hits=d.hits, misses=d.misses, fills=n_filled, prefetches=prefetched,
+               warm_fills=len(d.warm), cpu_experts=len(cpu_ids), bytes_copied=(n_filled + len(d.warm) + prefetched) * S,
                cpu_bytes=len(cpu_ids) * S, cpu_s=cpu_s, device_s=dev_s, fill_s=fill_s)
         if decode:
             st.q_sum += n_filled
             st.m_sum += d.plan.m
         return out
+
+    def _prefetch(self, uniq: np.ndarray) -> int:
+        """"+prefetch": copy the cache's guesses for the next layer in the background (they
+        land before that layer runs when the link keeps up; until then they run on the CPU)."""
+        ids, slots = self.cache.table.prefetch_after(uniq)
+        if len(ids):
+            self.cache.install(ids, slots, background=True)
+        return len(ids)
 
     def _prefill_policy(self) -> str:
         # Prefill on demand (the cache cannot free two layers, or few tokens): the device does

@@ -24,6 +24,7 @@ class Segment:
     layers: tuple[int, ...]  # the layer of each cell
     prompt_counts: Counter | None = None  # prefill only: key -> number of prompt tokens routing it
     token_counts: tuple[tuple[int, ...], ...] | None = None  # in-order streams: tokens routing each cell key
+    rows: tuple[tuple[tuple[int, ...], ...], ...] | None = None  # prefill: each cell's per-token expert ids
 
     def keys(self) -> list[int]:
         return [k for cell in self.cells for k in cell]
@@ -59,14 +60,17 @@ def build_stream(trace: Trace, in_order: bool = False) -> AccessStream:
         prompt = [c for c in mine if c.phase == PREFILL]
         if prompt:
             union: dict[int, set[int]] = {}
+            rows: dict[int, list] = {}
             counts: Counter = Counter()
             for c in prompt:
+                rows.setdefault(c.layer, []).extend(c.rows)
                 for row in c.rows:
                     union.setdefault(c.layer, set()).update(row)
                     counts.update(c.layer * E + e for e in set(row))
             layers = sorted(union)
             cells = tuple(tuple(l * E + e for e in sorted(union[l])) for l in layers)
-            segments.append(Segment(PREFILL, cells, tuple(layers), counts))
+            segments.append(Segment(PREFILL, cells, tuple(layers), counts,
+                                    rows=tuple(tuple(rows[l]) for l in layers)))
         decode = [c for c in mine if c.phase == DECODE]
         if decode:
             cells = tuple(tuple(c.layer * E + e for e in c.experts()) for c in decode)
@@ -86,7 +90,8 @@ def _in_order(trace: Trace) -> AccessStream:
             cells = tuple(tuple(sorted(n)) for n in per_cell)
             tokens = tuple(tuple(n[k] for k in cell) for n, cell in zip(per_cell, cells))
             counts = sum(per_cell, Counter()) if c.phase == PREFILL else None
-            segments.append(Segment(c.phase, cells, tuple(x.layer for x in run), counts, tokens))
+            rows = tuple(tuple(x.rows) for x in run) if c.phase == PREFILL else None
+            segments.append(Segment(c.phase, cells, tuple(x.layer for x in run), counts, tokens, rows))
             run = []
     return AccessStream(trace.num_layers, E, tuple(segments))
 

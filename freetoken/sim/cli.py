@@ -42,7 +42,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     proj.add_argument("--expert-bytes", type=float, help="bytes per expert, when the trace does not record it")
     proj.add_argument("--device-gbps", type=float, help="device memory bandwidth, when the hardware file lacks it")
     proj.add_argument("--cache", default=DEFAULT_POLICY, type=_cache_policy,
-                      help=f"the engine cache's policy: {', '.join(CACHE_POLICIES)}, optionally +admit (default {DEFAULT_POLICY})")
+                      help=f"the engine cache's policy: {', '.join(CACHE_POLICIES)}, optionally +admit, +prefetch (default {DEFAULT_POLICY})")
     proj.set_defaults(func=run_project)
 
     from freetoken.sim.sessions.cli import add_parser as add_sessions
@@ -105,7 +105,8 @@ def run_cache(args) -> int:
     if args.json:
         _describe(trace, sys.stderr)
         results = [
-            {"policy": r.policy, "capacity": c.requested, "slots": r.slots, "accesses": r.accesses, "miss_rate": r.miss_rate}
+            {"policy": r.policy, "capacity": c.requested, "slots": r.slots, "accesses": r.accesses, "miss_rate": r.miss_rate,
+             "prefetches": r.prefetches}
             for c, r in rows
         ]
         print(json.dumps({"results": results}))
@@ -115,6 +116,10 @@ def run_cache(args) -> int:
     head = ["policy"] + [f"{c.requested} ({c.slots} slots)" for c in caps]
     table = [[n] + [f"{r.miss_rate:.3f}" for _, r in rows if r.policy == n] for n in names]
     _print_table(head, table)
+    ahead = [(c, r) for c, r in rows if r.prefetches]
+    if ahead:
+        print("copies made ahead of use (prefetches, each a transfer): " +
+              ", ".join(f"{r.policy} @ {c.requested}: {r.prefetches}" for c, r in ahead))
     return 0
 
 

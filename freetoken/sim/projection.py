@@ -32,6 +32,7 @@ from freetoken.experts.planner import LayerPlan, MissPlanner
 from freetoken.experts.slots import DEFAULT_POLICY, SlotTable
 from freetoken.sim.access import AccessStream
 from freetoken.sim.hardware import Hardware
+from freetoken.sim.policies.slot_table import learn_prompt
 from freetoken.sim.split_time import layer_time
 from freetoken.sim.trace import DECODE, Trace
 
@@ -64,6 +65,7 @@ class Projection:
     cpu: int
     prefill_hits: int = 0     # prefill cells (untimed), for comparing with the engine's counters
     prefill_misses: int = 0
+    prefetches: int = 0       # "+prefetch" copies (counted, not timed)
 
     @property
     def tokens_per_second(self) -> float:
@@ -100,6 +102,8 @@ def project(
                 planner.end_step()
             last_layer = layer if decode else -1
             uniq = np.asarray(cell, np.int64)
+            if not decode and seg.rows:
+                learn_prompt(table, layer, seg.rows[i])
             routed = np.asarray(seg.token_counts[i], np.int64) if seg.token_counts else np.ones(len(uniq), np.int64)
             b, d = expert_bytes[layer], dense_bytes[layer]
             hits, fills, cpu = run_cell(table, planner, uniq, routed, decode, lambda misses, counts, room: _plan(
@@ -111,7 +115,8 @@ def project(
                 hits_total, fills_total, cpu_total = hits_total + hits, fills_total + fills, cpu_total + cpu
             else:
                 pre_hits, pre_misses = pre_hits + hits, pre_misses + fills + cpu
-    return Projection(split, slots, tokens, seconds, hits_total, fills_total, cpu_total, pre_hits, pre_misses)
+    return Projection(split, slots, tokens, seconds, hits_total, fills_total, cpu_total, pre_hits, pre_misses,
+                      table.prefetches)
 
 
 def run_cell(table: SlotTable, planner: MissPlanner, uniq: np.ndarray, tokens: np.ndarray, decode: bool,
@@ -131,6 +136,10 @@ def run_cell(table: SlotTable, planner: MissPlanner, uniq: np.ndarray, tokens: n
         _land(table, wave, slots)
         filled += len(wave)
     d.release()
+    if decode:                                      # "+prefetch": the engine's background copies
+        ids, slots = table.prefetch_after(uniq)
+        if len(ids):
+            _land(table, ids, slots)
     return d.hits, filled, d.misses - filled
 
 

@@ -16,6 +16,8 @@ class ReplayResult:
     slots: int
     accesses: int  # decode accesses
     misses: int
+    prefetches: int = 0  # transfers made ahead of use (a prefetching policy's copies)
+    transfers: int | None = None  # every copy into the cache (the engine's policies)
 
     @property
     def miss_rate(self) -> float:
@@ -29,10 +31,15 @@ def replay_hits(policy: Policy, stream: AccessStream) -> list[tuple[str, bool]]:
     policy.place(Counter())
     for seg in stream.segments:
         if seg.phase == PREFILL:
-            out += [(PREFILL, policy.prefill_access(k)) for cell in seg.cells for k in cell]
+            for i, cell in enumerate(seg.cells):
+                if seg.rows:
+                    policy.prompt_rows(seg.layers[i], seg.rows[i])
+                out += [(PREFILL, policy.prefill_access(k)) for k in cell]
             policy.place(seg.prompt_counts)
         else:
-            out += [(seg.phase, policy.access(k)) for cell in seg.cells for k in cell]
+            for cell in seg.cells:
+                out += [(seg.phase, policy.access(k)) for k in cell]
+                policy.end_cell(cell)
     return out
 
 
@@ -43,15 +50,18 @@ def replay(name: str, stream: AccessStream, slots: int) -> ReplayResult:
     accesses = misses = 0
     for seg in stream.segments:
         if seg.phase == PREFILL:
-            for cell in seg.cells:
+            for i, cell in enumerate(seg.cells):
+                if seg.rows:
+                    policy.prompt_rows(seg.layers[i], seg.rows[i])
                 for k in cell:
                     policy.prefill_access(k)
             policy.place(seg.prompt_counts)
             continue
-        access = policy.access
+        access, end_cell = policy.access, policy.end_cell
         for cell in seg.cells:
             accesses += len(cell)
             for k in cell:
                 if not access(k):
                     misses += 1
-    return ReplayResult(name, slots, accesses, misses)
+            end_cell(cell)
+    return ReplayResult(name, slots, accesses, misses, policy.prefetches, policy.transfers)

@@ -5,17 +5,25 @@ from tiered_helpers import one_torch_thread  # noqa: F401
 
 from freetoken import LLM
 from freetoken.experts.bandwidth import BandwidthEstimator
+from freetoken.experts.transfer import SyncCopyEngine
 from freetoken.sampling_params import SamplingParams
 from freetoken.sim.access import build_stream
 from freetoken.sim.hardware import Hardware
 from freetoken.sim.projection import project
 from freetoken.sim.readers import load_trace
 
+def _land_prefetches_at_once(llm, policy):
+    """The simulator lands a prefetch before the next layer runs; the engine's threaded copies
+    may still be in flight then (the expert runs on the CPU): copy synchronously to compare."""
+    if policy.endswith("+prefetch"):
+        llm.engine.model.experts.inner.cache.copy = SyncCopyEngine()
+
+
 PROMPTS = [list(range(5, 45)), list(range(50, 57)), list(range(3, 30, 2))]
 HW = Hardware("test", link_gbps=10, cpu_gbps=20, link_concurrent_gbps=10, cpu_concurrent_gbps=20, device_gbps=100)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit", "arc"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit", "arc", "lru+prefetch", "lrfu+admit+prefetch"])
 def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
     path = tmp_path / "routing.jsonl"
@@ -23,6 +31,7 @@ def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     llm = LLM(str(model), dtype="float32", moe_backend="offload", expert_cache_slots=slots,
               expert_cache_policy=policy, record_routing=str(path), max_num_seqs=2)
     try:
+        _land_prefetches_at_once(llm, policy)
         llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0))
         tot = llm.expert_stats()["total"]
     finally:
@@ -32,6 +41,7 @@ def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     assert p.hits + p.prefill_hits == tot["hits"]
     assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
     assert p.fills + p.prefill_misses == tot["fills"]
+    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == policy.endswith("+prefetch")
 
 
 # hybrid: B_P / B_H = 0.6 gives q* >= 1 for every m >= 1, so no background (timing-dependent) fills
@@ -39,7 +49,7 @@ HYBRID_HW = Hardware("test", link_gbps=6, cpu_gbps=10, link_concurrent_gbps=6, c
                      device_gbps=100)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit"])
+@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit", "lrfu+admit+prefetch"])
 def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy):
     """The q* split with fixed bandwidths (no online estimates, no split guard) is deterministic:
     the engine and the simulator fill and run on the CPU the same experts."""
@@ -52,6 +62,7 @@ def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy)
         tiered = llm.engine.model.experts.inner          # under the routing recorder
         tiered.est = BandwidthEstimator(HYBRID_HW.link_gbps * 1e9, HYBRID_HW.cpu_gbps * 1e9, online=False)
         tiered.guard = None
+        _land_prefetches_at_once(llm, policy)
         llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0))
         tot = llm.expert_stats()["total"]
     finally:
@@ -63,3 +74,4 @@ def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy)
     assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
     assert p.fills + p.prefill_misses == tot["fills"]
     assert p.cpu == tot["cpu_experts"]
+    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == policy.endswith("+prefetch")

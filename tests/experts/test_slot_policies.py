@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.experts.slots import POLICIES, SlotTable, parse_policy
+from freetoken.experts.slots import POLICIES, SlotTable, parse_policy, parse_policy_options
 
-ALL = [p + extra for p in POLICIES for extra in ("", "+admit")]
+ALL = [p + extra for p in POLICIES for extra in ("", "+admit", "+prefetch", "+admit+prefetch")]
 L, E = 3, 4
 
 layer_ids = st.lists(st.integers(0, E - 1), min_size=1, max_size=E, unique=True)
@@ -48,6 +48,15 @@ def test_victims_are_evictable_and_capacity_holds(policy, capacity, ops, resize)
         assert t.resident <= t.capacity
         if keep_locked:
             t.unlock(cands[:len(fill)])
+        ahead, victims = t.prefetch_after(ids)       # "+prefetch": the engine's background copies
+        free = (t.locks == 0) & ~t.pending
+        assert len(ahead) == len(victims) and all(free[v] for v in victims)
+        assert all(a // E == layer + 1 for a in ahead) and (t.slot_of[ahead] < 0).all()
+        assert len(ahead) == 0 or t.predictor is not None
+        t.assign(ahead, victims)
+        t.ready(victims)
+        t.unlock(victims)
+        t.check()
         if n == len(ops) // 2 and not t.locks.any():
             t.keep_most_recent(resize)
             t.check()
@@ -56,9 +65,13 @@ def test_victims_are_evictable_and_capacity_holds(policy, capacity, ops, resize)
 @pytest.mark.parametrize("policy", ALL)
 def test_policy_names_parse(policy):
     base, admit = parse_policy(policy)
-    assert base in POLICIES and admit == policy.endswith("+admit")
+    assert base in POLICIES and admit == ("+admit" in policy)
+    assert parse_policy_options(policy) == (base, admit, policy.endswith("+prefetch"))
 
 
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="lru, lfu, lrfu, arc"):
         parse_policy("clock")
+    for bad in ("lru+prefetch+admit", "lru+admit+admit", "lru+", "lrfu+prefetch+prefetch"):
+        with pytest.raises(ValueError, match="'\\+admit' and then '\\+prefetch'"):
+            parse_policy(bad)

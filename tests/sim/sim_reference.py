@@ -204,3 +204,25 @@ def ref_lrfu(stream, slots, half_life=32.0, admit=False):
         last[k] = t
         out.append((phase, hit))
     return out
+
+
+def optimal_on_use_misses(stream, slots):
+    """Exhaustive search, fetch-on-use model: the cache starts empty and persists; an entry
+    may enter only at an access to it (prefill accesses free), evicting any resident."""
+    seq = tuple((k, phase == DECODE) for phase, k, _ in accesses(stream))
+
+    @lru_cache(maxsize=None)
+    def best(i, state):
+        if i == len(seq):
+            return 0
+        x, decode = seq[i]
+        if x in state:
+            return best(i + 1, state)
+        options = [best(i + 1, state)]  # bypass
+        if len(state) < slots:
+            options.append(best(i + 1, state | {x}))
+        for y in state:
+            options.append(best(i + 1, (state - {y}) | {x}))
+        return int(decode) + min(options)
+
+    return best(0, frozenset())

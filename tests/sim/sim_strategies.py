@@ -23,6 +23,22 @@ def streams(draw, max_layers=3, max_experts=4, max_cells=14, max_segments=3):
     return stream_from_keys(L, E, segments)
 
 
+@st.composite
+def layer_ordered_streams(draw, max_layers=4, max_experts=5, max_tokens=8):
+    """Tokens passing through every layer in order (the shape decode has), so that a
+    next-layer predictor has consecutive layers to learn from; an optional prompt first."""
+    L = draw(st.integers(2, max_layers))
+    E = draw(st.integers(2, max_experts))
+    k = draw(st.integers(1, E))
+    sets = st.sets(st.integers(0, E - 1), min_size=1, max_size=k)
+    segments = []
+    if draw(st.booleans()):
+        segments.append(("prefill", [[l * E + e for e in sorted(draw(sets))] for l in range(L)]))
+    tokens = draw(st.integers(1, max_tokens))
+    segments.append(("decode", [[l * E + e for e in sorted(draw(sets))] for _ in range(tokens) for l in range(L)]))
+    return stream_from_keys(L, E, segments)
+
+
 def cyclic_stream(distinct: int, rounds: int, layers: int = 1):
     """Decode loop over ``distinct`` entries: LRU's worst case when slots < distinct."""
     E = -(-distinct // layers)

@@ -87,7 +87,9 @@ def test_real_traces_run_and_belady_is_never_beaten(run_sim, traces_dir):
         for cap in (0.11, 0.37):
             rates = {r["policy"]: r["miss_rate"] for r in results if r["capacity"] == cap}
             assert set(rates) == set(POLICIES)
-            assert min(rates.values()) == rates["belady"]
+            # prefetching policies load ahead of use: outside the model belady bounds
+            assert min(r for p, r in rates.items() if "prefetch" not in p) == rates["belady"]
+            assert rates["belady-on-use"] <= min(rates[p] for p in ("lru", "lfu", "lrfu", "arc", "default"))
 
 
 def test_module_entry_point(engine_trace, capsys):

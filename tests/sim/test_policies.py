@@ -10,7 +10,8 @@ from freetoken.experts.slots import DEFAULT_POLICY
 from freetoken.sim.policies import POLICIES, parse_policies
 from freetoken.sim.replay import replay, replay_hits
 import sim_reference as ref
-from sim_strategies import adversarial_streams, streams
+import sim_reference_prefetch as refp
+from sim_strategies import adversarial_streams, layer_ordered_streams, streams
 
 REFERENCES = {
     "lru": ref.ref_lru,
@@ -23,8 +24,12 @@ REFERENCES = {
     "lfu+admit": lambda stream, slots: ref.ref_lfu(stream, slots, admit=True),
     "lrfu+admit": lambda stream, slots: ref.ref_lrfu(stream, slots, admit=True),
     "arc+admit": lambda stream, slots: ref.ref_arc(stream, slots, admit=True),
+    "lru+prefetch": lambda stream, slots: refp.ref_prefetch(stream, slots, "lru"),
+    "lrfu+admit+prefetch": lambda stream, slots: refp.ref_prefetch(stream, slots, "lrfu", admit=True),
 }
 REFERENCES["default"] = REFERENCES[DEFAULT_POLICY]
+# load an entry only when it is routed (no prefetch, no placement ahead of use): belady-on-use's class
+ON_USE = ("lru", "per-layer-lru", "lfu", "arc", "lrfu", "lfu+admit", "lrfu+admit", "arc+admit")
 
 
 def hits(name, stream, slots):
@@ -64,9 +69,40 @@ def test_belady_equals_exhaustive_optimum_on_adversarial_streams():
 @settings(max_examples=80, deadline=None)
 @given(stream=streams(), slots=st.integers(0, 7))
 def test_no_policy_beats_belady(stream, slots):
+    # a prefetching policy may (it loads entries ahead of use, at the price of a transfer each)
     bound = decode_misses("belady", stream, slots)
     for name in POLICIES:
+        if "prefetch" not in name:
+            assert decode_misses(name, stream, slots) >= bound, name
+
+
+@settings(max_examples=100, deadline=None)
+@given(stream=streams(max_layers=2, max_experts=3, max_cells=7), slots=st.integers(0, 3))
+def test_belady_on_use_equals_exhaustive_optimum(stream, slots):
+    assert decode_misses("belady-on-use", stream, slots) == ref.optimal_on_use_misses(stream, slots)
+
+
+def test_belady_on_use_equals_exhaustive_optimum_on_adversarial_streams():
+    for stream in adversarial_streams():
+        if len(ref.accesses(stream)) <= 40:
+            for slots in range(0, 3):
+                assert decode_misses("belady-on-use", stream, slots) == ref.optimal_on_use_misses(stream, slots)
+
+
+@settings(max_examples=80, deadline=None)
+@given(stream=streams(), slots=st.integers(0, 7))
+def test_no_fetch_on_use_policy_beats_belady_on_use(stream, slots):
+    bound = decode_misses("belady-on-use", stream, slots)
+    assert bound >= decode_misses("belady", stream, slots)
+    for name in ON_USE:
         assert decode_misses(name, stream, slots) >= bound, name
+
+
+@settings(max_examples=60, deadline=None)
+@given(stream=layer_ordered_streams(), slots=st.integers(0, 9))
+def test_prefetching_policies_match_reference_on_layer_ordered_streams(stream, slots):
+    for name in ("lru+prefetch", "lrfu+admit+prefetch"):
+        assert hits(name, stream, slots) == REFERENCES[name](stream, slots), name
 
 
 def test_static_placement_beats_demand_paging_belady_so_the_bound_allows_bypass():

@@ -3,7 +3,8 @@
 ``lru``, ``lfu``, ``lrfu``, ``arc`` (and their ``+admit`` variants, and ``default``) are the
 engine's own `SlotTable` replayed (policies/slot_table.py); the others are study policies that only
 the simulator has; ``belady`` is the offline bound (a miss may bypass the cache) and
-``belady-no-bypass`` classic demand-paging MIN; ``static-oracle`` the best fixed placement
+``belady-no-bypass`` classic demand-paging MIN; ``belady-on-use`` the
+optimum of every policy that loads an expert only when it is routed (bypass allowed, no prefetch); ``static-oracle`` the best fixed placement
 in hindsight (the bound of frequency ranking).
 """
 
@@ -11,19 +12,22 @@ from freetoken.experts.slots import DEFAULT_POLICY
 from freetoken.sim.policies.base import Policy
 from freetoken.sim.policies.belady import Belady
 from freetoken.sim.policies.belady_demand import BeladyDemand
+from freetoken.sim.policies.belady_on_use import BeladyOnUse
 from freetoken.sim.policies.frequency_oracle import FrequencyOracle
 from freetoken.sim.policies.hot_placement import HotPlacement
 from freetoken.sim.policies.per_layer_lru import PerLayerLRU
 from freetoken.sim.policies.slot_table import slot_policy
 from freetoken.sim.policies.static_split import StaticSplit
 
-_ENGINE = {n: slot_policy(n, n) for n in ("lru", "lfu", "lrfu", "arc", "lfu+admit", "lrfu+admit", "arc+admit")}
+_ENGINE = {n: slot_policy(n, n) for n in ("lru", "lfu", "lrfu", "arc", "lfu+admit", "lrfu+admit", "arc+admit",
+                                          "lru+prefetch", "lrfu+admit+prefetch")}
 _ENGINE["default"] = slot_policy("default", DEFAULT_POLICY)
 
 POLICIES: dict[str, type[Policy]] = {
     p.name: p for p in (_ENGINE["lru"], PerLayerLRU, HotPlacement, StaticSplit, _ENGINE["lfu"], _ENGINE["arc"],
                         _ENGINE["lrfu"], _ENGINE["lfu+admit"], _ENGINE["lrfu+admit"], _ENGINE["arc+admit"],
-                        _ENGINE["default"], Belady, BeladyDemand, FrequencyOracle)
+                        _ENGINE["lru+prefetch"], _ENGINE["lrfu+admit+prefetch"],
+                        _ENGINE["default"], Belady, BeladyDemand, BeladyOnUse, FrequencyOracle)
 }
 
 

@@ -12,10 +12,13 @@ class Policy:
 
     The replay calls ``prepare`` once with the whole stream (only offline policies look),
     ``place`` at the start of the trace and at the end of every prefill (points where
-    placements may be rearranged without counting misses), then ``prefill_access`` / ``access`` per key.
+    placements may be rearranged without counting misses), then ``prefill_access`` / ``access`` per key,
+    and ``end_cell`` after each decode cell.
     """
 
     name = ""
+    prefetches = 0      # transfers made ahead of use (prefetching policies count them)
+    transfers: int | None = None    # every copy into the cache (engine policies count them)
 
     def __init__(self, slots: int, num_layers: int, num_experts: int):
         self.slots = slots
@@ -31,6 +34,12 @@ class Policy:
     def access(self, key: int) -> bool:
         """Record one decode access; True on a hit."""
         raise NotImplementedError
+
+    def end_cell(self, cell: tuple[int, ...]) -> None:
+        """A decode cell (one layer of one token) is done: a prefetching policy acts here."""
+
+    def prompt_rows(self, layer: int, rows) -> None:
+        """A prefill cell's per-token expert ids (within the layer), before its accesses."""
 
     def prefill_access(self, key: int) -> bool:
         """Record one prefill access (not counted); most policies treat it as any access."""

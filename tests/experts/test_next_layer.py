@@ -1,0 +1,80 @@
+"""The next-layer predictor against counts recomputed from the whole observation history."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from freetoken.experts.next_layer import NextLayerPredictor
+
+L, E = 4, 5
+calls = st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1, max_size=E)),
+                 max_size=40)
+
+
+def reference(history, layer, experts, threshold):
+    """P(b | experts at layer) from all consecutive (layer, layer+1) pairs of calls so far."""
+    pairs, seen = {}, {}
+    for (l0, a_set), (l1, b_set) in zip(history, history[1:]):
+        if l0 == layer and l1 == layer + 1:
+            for a in a_set:
+                seen[a] = seen.get(a, 0) + 1
+                for b in b_set:
+                    pairs[a, b] = pairs.get((a, b), 0) + 1
+    if layer + 1 >= L:
+        return [0.0] * E, []
+    p = [sum(pairs.get((a, b), 0) / max(seen.get(a, 0), 1) for a in experts) / len(experts) for b in range(E)]
+    return p, sorted((b for b in range(E) if p[b] >= threshold - 1e-9), key=lambda b: (-p[b], b))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=calls, threshold=st.sampled_from([0.1, 0.2, 0.5, 1.0]))
+def test_predictions_match_counts_from_the_history(ops, threshold):
+    pred = NextLayerPredictor(L, E, threshold)
+    history = []
+    for layer, experts in ops:
+        ids = np.array(sorted(experts), np.int64)
+        pred.observe(layer, ids)
+        history.append((layer, sorted(experts)))
+        p, guess = reference(history, layer, sorted(experts), threshold)
+        assert np.allclose(pred.probabilities(layer, ids), p)
+        assert pred.predict(layer, ids).tolist() == guess
+        assert (pred.probabilities(layer, ids) <= 1 + 1e-12).all()
+
+
+def test_a_deterministic_chain_is_predicted_after_one_token():
+    pred = NextLayerPredictor(3, 4, 0.5)
+    for layer, e in ((0, 1), (1, 3), (2, 0)):
+        pred.observe(layer, np.array([e]))
+    assert pred.predict(0, np.array([1])).tolist() == [3]
+    assert pred.predict(1, np.array([3])).tolist() == [0]
+    assert pred.predict(2, np.array([0])).tolist() == []          # no layer after the last
+    assert pred.predict(0, np.array([2])).tolist() == []          # never seen: no guess
+
+
+def test_threshold_out_of_range_is_a_clear_error():
+    with pytest.raises(ValueError, match="prefetch threshold"):
+        NextLayerPredictor(2, 2, 0.0)
+
+
+token_calls = st.integers(1, 3).flatmap(lambda T: st.lists(st.tuples(
+    st.integers(0, L - 1), st.lists(st.lists(st.integers(0, E - 1), min_size=2, max_size=2, unique=True),
+                                    min_size=T, max_size=T)), max_size=12))
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=token_calls)
+def test_prompt_rows_count_token_by_token(ops):
+    """observe_tokens pairs row i of layer l with row i of the next call when it is layer l+1."""
+    pred = NextLayerPredictor(L, E, 0.5)
+    pairs, seen = np.zeros((L, E, E)), np.zeros((L, E))
+    prev = None
+    for layer, rows in ops:
+        pred.observe_tokens(layer, np.array(rows))
+        if prev is not None and layer == prev[0] + 1 and len(rows) == len(prev[1]):
+            for a_row, b_row in zip(prev[1], rows):
+                for a in a_row:
+                    seen[layer - 1, a] += 1
+                    for b in b_row:
+                        pairs[layer - 1, a, b] += 1
+        prev = (layer, rows)
+    assert np.array_equal(pred.pairs, pairs) and np.array_equal(pred.seen, seen)
