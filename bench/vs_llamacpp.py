@@ -108,12 +108,12 @@ LLAMA_RUN = NO_AMX + textwrap.dedent("""
 # format -> (checkpoint builder, GGUF type, what FreeToken loads, FreeToken LLM options). GGUF type: a
 # converter --outtype, or a llama.cpp quantizer type made from the bf16 GGUF (QUANTIZE). FreeToken
 # loads the HF checkpoint ("hf") or the very GGUF file llama.cpp runs ("gguf": its quantized experts
-# stay packed, its dense tensors are dequantized at load, to int8 with dense_format="int8").
+# stay packed, and so do its quantized dense tensors: the ggml dense kernels, as llama.cpp reads them).
 FORMATS = {
     "bf16": (medium_checkpoint, "bf16", "hf", {}),
     "q8_0": (medium_checkpoint, "q8_0", "hf", {"expert_format": "int8", "dense_format": "int8"}),  # Q8_0-sized
-    "gguf_q8_0": (medium_checkpoint, "q8_0", "gguf", {"dense_format": "int8"}),
-    "q4_k_m": (medium_checkpoint, "q4_k_m", "gguf", {"dense_format": "int8"}),
+    "gguf_q8_0": (medium_checkpoint, "q8_0", "gguf", {}),
+    "q4_k_m": (medium_checkpoint, "q4_k_m", "gguf", {}),
     "mxfp4": (medium_gpt_oss, "bf16", "hf", {}),
 }
 
