@@ -38,7 +38,7 @@ def test_sigterm_drains_then_ends_long_streams_with_an_error_event():
     ]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60                         # generous: CI machines can be loaded
     while svc.loop.n_running < 3:
         assert time.monotonic() < deadline
         time.sleep(0.01)
@@ -48,7 +48,7 @@ def test_sigterm_drains_then_ends_long_streams_with_an_error_event():
         t.join(30)
     srv.thread.join(30)
     assert not srv.thread.is_alive(), "the server did not stop"
-    assert time.monotonic() - t0 < drain + 10
+    assert time.monotonic() - t0 < drain + 60                # ended by the drain, not by the ~1000 s streams
 
     oa = [d for _, d in parse_sse(out["oa"])]
     assert oa[-1] == "[DONE]" and "shutting down" in oa[-2]["error"]["message"], oa[-3:]
