@@ -84,6 +84,33 @@ def test_every_kernel_path_at_long_context(isa, dtype):
     pool.close()
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv,d", [(16, 1, 80), (20, 1, 40), (14, 2, 96), (24, 2, 64), (3, 1, 8), (32, 4, 128)])
+def test_every_kernel_path_odd_shapes(isa, dtype, hq, hkv, d):
+    """Group sizes that do and do not divide the vector width (16, 20, 7, 12, 3, 8 query heads per
+    KV head), head dims that are not multiples of the 32-column slices, ragged lengths."""
+    pool = CpuPool(kernels.load(isa), 2, small_job_bytes=0)
+    gen = torch.Generator().manual_seed(hq * 1000 + d)
+    q, k, v, cache, meta = _decode_step([1, 33, 70, 300, 17], hq, hkv, d, dtype, gen, pool)
+    out = paged_attention(q, k, v, cache, meta, d ** -0.5)
+    torch.testing.assert_close(out.double(), _reference(q, cache, meta, d ** -0.5), atol=2e-6, rtol=2e-5)
+    pool.close()
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_wide_score_range_flushes_nothing_that_counts(isa):
+    """Scores spanning far more than exp's range (softmax weights down to 1e-38 and below, where a
+    denormal accumulator would appear): still the float64 attention."""
+    pool = CpuPool(kernels.load(isa), 2, small_job_bytes=0)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, cache, meta = _decode_step([400, 1000], 8, 1, 64, torch.bfloat16, gen, pool)
+    q = q * 40                                   # scores ~N(0, 40^2): a range of hundreds
+    out = paged_attention(q, k, v, cache, meta, 64 ** -0.5)
+    torch.testing.assert_close(out.double(), _reference(q, cache, meta, 64 ** -0.5), atol=2e-6, rtol=2e-5)
+    pool.close()
+
+
 def test_decode_kernel_with_sinks_matches_reference():
     gen = torch.Generator().manual_seed(7)
     q, k, v, cache, meta = _decode_step([3, 64, 1], 8, 2, 32, torch.float32, gen)

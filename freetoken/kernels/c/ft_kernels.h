@@ -7,7 +7,8 @@
  * prefill GEMMs (ft_dequant_rows), decode attention over the paged KV cache
  * (ft_decode_attention), and two per-op helpers run on the calling thread (ft_rms_norm, ft_rope).
  *
- * One file per concept (dots.c, ggml.c, ggml_dense.c, pool.c, moe.c, dense.c, dequant.c, attention.c, norm_rope.c),
+ * One file per concept (dots.c, ggml.c, ggml_dense.c, pool.c, moe.c, dense.c, dequant.c, attention.c
+ * and its block loops attention_blocks.c, bf16dot.c, norm_rope.c),
  * all compiled together in one step by freetoken/kernels/__init__.py with the system C compiler
  * and -march=native, so the preprocessor picks the widest SIMD path the machine has:
  *   FT_AVX512:   AVX-512 F/BW/VL (Skylake-X, Ice Lake, Sapphire Rapids, Zen 4) beside FT_AVX2
@@ -180,6 +181,15 @@ FT_HIDDEN void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, in
 FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
                                    float (*res)[NTMAX]);
 #endif
+
+/* attention_blocks.c: the block loops of decode attention (attention.c) */
+FT_HIDDEN void att_prep_q(const float *q, int G, int D, int Dp, float *qf);
+FT_HIDDEN void att_scores_block(const float *const *rows, int64_t nb, int G, int D, int Dp, const float *qf,
+                                float scale, float *sc);
+FT_HIDDEN void att_softmax(float *sc, int64_t n, int G, float *m, float *l);
+FT_HIDDEN void att_values_block(const uint8_t *const *vr, int kvt, const float *p, int64_t nb, int G, int D, int Dp,
+                                float *acc);
+FT_HIDDEN int att_col(int kvt, int pos);
 
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                         const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
