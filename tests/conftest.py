@@ -5,9 +5,14 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from freetoken.tiny import make_tiny
 
+# Tests never assert timings: hypothesis' default 200 ms per-example deadline fails on a loaded
+# machine (seen at load 15-19), so it is off for every property test.
+settings.register_profile("freetoken", deadline=None)
+settings.load_profile("freetoken")
 
 
 @pytest.fixture(scope="session")
