@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
 from ..weights import ggml_quants as gq
-from .linear import GEMV_TOKENS, _fp32_scratch
+from .linear import GEMV_TOKENS, _fp32_scratch, gemv_operands, rows_apply  # noqa: F401 (re-exported)
 
 KERNEL_TYPES = (gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K)   # ggml_dense.c's types
 _GGML = 7                    # FMT_GGML of the C kernels
@@ -76,17 +76,10 @@ class GgmlLinear:
         return sum(p.rows.shape[0] * gq.row_bytes(p.type, p.cols) for p in self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = x.reshape(-1, self.in_features)
-        y = self._gemv(x2) if x2.shape[0] <= GEMV_TOKENS else self._gemm(x2)
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        return rows_apply(x, self.in_features, self.out_features, self._gemv, self._gemm)
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype not in (torch.float32, torch.bfloat16):
-            x = x.float()
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        x, y = gemv_operands(x, self.out_features)
         with self.pool.lock:
             rc = self.pool.lib.ft_ggml_linear_run(
                 self.pool.handle, ctypes.cast(self.segs, ctypes.c_void_p), len(self.parts), self.in_features,

@@ -46,6 +46,25 @@ def _fp32_scratch(numel: int) -> torch.Tensor:
     return buf[:numel]
 
 
+def rows_apply(x: torch.Tensor, in_features: int, out_features: int, gemv, gemm) -> torch.Tensor:
+    """x [..., K] through a kernel layer: few rows (decode) by `gemv`, many (prefill) by `gemm`,
+    back in x's dtype and leading shape."""
+    x2 = x.reshape(-1, in_features)
+    y = gemv(x2) if x2.shape[0] <= GEMV_TOKENS else gemm(x2)
+    if y.dtype != x.dtype:
+        y = y.to(x.dtype)
+    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
+
+
+def gemv_operands(x: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The GEMV kernels' input (contiguous fp32 or bf16; the kernel is told which by
+    `x.dtype == float32`) and a fresh fp32 output [M, out_features]."""
+    if x.dtype not in (torch.float32, torch.bfloat16):
+        x = x.float()
+    x = x.contiguous()
+    return x, torch.empty(x.shape[0], out_features, dtype=torch.float32)
+
+
 class Linear:
     """`weight` [N, K] (any float dtype, as loaded), `bias` [N] or None.
     compute_dtype: dtype of inputs/outputs; fmt: None keeps `storage_dtype`, "int8" quantizes;
@@ -100,17 +119,10 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.pool is None:
             return F.linear(x, self.weight, self.bias)
-        x2 = x.reshape(-1, self.in_features)
-        y = self._gemv(x2) if x2.shape[0] <= GEMV_TOKENS else self._gemm(x2)
-        if y.dtype != x.dtype:
-            y = y.to(x.dtype)
-        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+        return rows_apply(x, self.in_features, self.out_features, self._gemv, self._gemm)
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype not in (torch.float32, torch.bfloat16):
-            x = x.float()
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
+        x, y = gemv_operands(x, self.out_features)
         with self.pool.lock:
             rc = self.pool.lib.ft_linear_run(
                 self.pool.handle, *self._weight_args(), x.data_ptr(), 0 if x.dtype == torch.float32 else 1,

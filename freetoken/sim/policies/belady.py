@@ -43,6 +43,16 @@ def next_uses(keys: list[int]) -> list[float]:
     return nxt
 
 
+def furthest(heap: list, resident: dict) -> tuple[int, float]:
+    """The resident key whose next use is furthest away, from a max-heap of (-next use, key)
+    whose stale entries (key gone or its next use moved) are dropped lazily."""
+    while True:
+        neg, key = heap[0]
+        if resident.get(key) == -neg:
+            return key, -neg
+        heapq.heappop(heap)
+
+
 class Belady(Policy):
     name = "belady"
 
@@ -94,9 +104,4 @@ class Belady(Policy):
         heapq.heappush(self._heap, (-nxt, key))
 
     def _furthest(self) -> tuple[int, float]:
-        heap, resident = self._heap, self._resident
-        while True:
-            neg, key = heap[0]
-            if resident.get(key) == -neg:
-                return key, -neg
-            heapq.heappop(heap)
+        return furthest(self._heap, self._resident)

@@ -16,6 +16,7 @@ import heapq
 
 from freetoken.sim.access import AccessStream
 from freetoken.sim.policies.base import Policy
+from freetoken.sim.policies.belady import furthest
 from freetoken.sim.trace import DECODE
 
 NEVER = float("inf")
@@ -58,9 +59,4 @@ class BeladyOnUse(Policy):
         return hit
 
     def _furthest(self) -> tuple[int, float]:
-        heap, resident = self._heap, self._resident
-        while True:
-            neg, key = heap[0]
-            if resident.get(key) == -neg:
-                return key, -neg
-            heapq.heappop(heap)
+        return furthest(self._heap, self._resident)
