@@ -5,6 +5,8 @@ import functools
 import platform as _platform
 from pathlib import Path
 
+import torch
+
 
 @functools.cache
 def cpu_info() -> dict[str, str]:
@@ -41,3 +43,17 @@ def cpu_has_fast_bf16() -> bool:
     Qwen3-MoE ran 68 tok/s with bf16 dense layers against 144 tok/s in fp32 (decode: 16.2 vs 14.6)."""
     from .kernels.choices import NATIVE_BF16
     return bool(cpu_flags() & NATIVE_BF16)
+
+
+GEMM_ALIGN = 64     # bytes: what torch's CPU allocator gives every fresh tensor
+
+
+def gemm_aligned(t):
+    """`t`, or a copy at a GEMM_ALIGN-byte address when it is not at one. MKL's sgemm rounds
+    differently with the alignment of its operands on some CPUs (a Zen 4, torch 2.13 / MKL 2024.2:
+    an [11, 64] x [64, 64]^T product changes in the last bit when one operand moves by 4 bytes;
+    offsets of 16 bytes agree). Weights read in place from a safetensors file sit at the file's
+    offsets, those of an FTW file or a fresh tensor at 64 bytes, so the same model loaded from
+    both gave different logits. Weights that enter a torch GEMM go through here: every load of
+    a model then computes the same bits."""
+    return t if t.data_ptr() % GEMM_ALIGN == 0 else t.clone(memory_format=torch.contiguous_format)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..platform import gemm_aligned
+
 
 def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + eps).to(x.dtype)
@@ -16,7 +18,7 @@ def unweighted_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 class HyperConnection:
     def __init__(self, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc: int, iters: int,
                  hc_eps: float, norm_eps: float):
-        self.fn, self.base, self.scale = fn.float(), base.float(), scale.float()   # [(2+hc)hc, hc*D], [(2+hc)hc], [3]
+        self.fn, self.base, self.scale = gemm_aligned(fn.float()), base.float(), scale.float()   # [(2+hc)hc, hc*D], [(2+hc)hc], [3]
         self.hc, self.iters, self.hc_eps, self.norm_eps = hc, iters, hc_eps, norm_eps
 
     def __call__(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -46,7 +48,7 @@ class HyperHead:
     """The final collapse of the streams into one hidden state (before the last RMSNorm)."""
 
     def __init__(self, fn: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, hc_eps: float, norm_eps: float):
-        self.fn, self.base, self.scale, self.hc_eps, self.norm_eps = fn.float(), base.float(), scale.float(), hc_eps, norm_eps
+        self.fn, self.base, self.scale, self.hc_eps, self.norm_eps = gemm_aligned(fn.float()), base.float(), scale.float(), hc_eps, norm_eps
 
     def __call__(self, streams: torch.Tensor) -> torch.Tensor:
         mixes = F.linear(unweighted_rms_norm(streams.flatten(1).float(), self.norm_eps), self.fn)

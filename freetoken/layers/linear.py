@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..experts.formats import FORMATS
 from ..kernels.pool import CpuPool
+from ..platform import gemm_aligned
 from .concat import cat_rows
 from ..weights.fp8 import block_scales, dequantize_fp8_block
 from ..weights.int8 import dequantize_int8, quantize_int8
@@ -95,9 +96,9 @@ class Linear:
             else:
                 self.weight = dequantize_int8(q, s, compute_dtype)
         elif use_kernel:
-            self.weight, self.code = weight.to(storage).contiguous(), _FMT[storage]
+            self.weight, self.code = gemm_aligned(weight.to(storage).contiguous()), _FMT[storage]
         else:
-            self.weight = weight.to(compute_dtype)
+            self.weight = gemm_aligned(weight.to(compute_dtype))
         if bias is None:
             self.bias = None
         else:

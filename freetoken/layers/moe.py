@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ..experts.base import Experts
+from ..platform import gemm_aligned
 from .linear import Linear
 from .mlp import GatedMLP
 
@@ -17,7 +18,7 @@ class SparseMoE:
         # op of a decode step starts OpenMP workers that would fight the pool for the cores
         self.moe_layer, self.router = moe_layer, router
         self.experts, self.top_k, self.norm = experts, top_k, norm_topk_prob
-        self.shared, self.shared_gate = shared, shared_gate
+        self.shared, self.shared_gate = shared, None if shared_gate is None else gemm_aligned(shared_gate)
         self.softmax_after_topk = softmax_after_topk   # gpt-oss: top-k on logits, softmax over the k
         self.on_route = on_route                       # routing-trace hook: (layer, ids, weights)
 

@@ -59,33 +59,39 @@ def check_packed(g: Path, ids: list[int], monkeypatch):
     packed_llm = LLM(str(g), dtype="float32", moe_backend="resident")
     n_packed, embed_packed = packed_layers(packed_llm)
     assert n_packed >= 3 and embed_packed
-    packed = packed_llm.score(ids)
     scale = max(1.0, dequantized.abs().max().item())
+    calls = []                              # every packed call: its output vs the emulation on that input
     with monkeypatch.context() as mp:
+        kernel = ggml_linear.GgmlLinear.__call__
+
+        def checked(self, x):
+            y = kernel(self, x)
+            calls.append(((y - _float_path(self, x, q8_act)).abs().max().item(), y.abs().max().item()))
+            return y
+        mp.setattr(ggml_linear.GgmlLinear, "__call__", checked)
+        packed = packed_llm.score(ids)
         mp.setattr(ggml_linear.GgmlLinear, "__call__", _float_path)
         as_float = LLM(str(g), dtype="float32", moe_backend="resident").score(ids)
         mp.setattr(ggml_linear.GgmlLinear, "__call__", lambda self, x: _float_path(self, x, q8_act))
         emulated = LLM(str(g), dtype="float32", moe_backend="resident").score(ids)
     assert (as_float - dequantized).abs().max().item() <= 1e-4 * scale
-    # equal but where a float-summation difference flips one int8 rounding or router near-tie
-    # (seen at one position of 23 on deepseek_v3): most positions exact, none far off
-    per_pos = (packed - emulated).abs().amax(-1)
-    assert (per_pos <= 1e-4 * scale).float().mean().item() >= 0.9, per_pos.tolist()
-    assert per_pos.max().item() <= 2e-2 * scale, per_pos.tolist()
+    # (2), layer by layer on the packed model's own inputs: the same int8 roundings, only float
+    # summation apart. Whole models are not compared exactly: a 1e-7 summation difference
+    # upstream can flip one int8 rounding at a near-tie, and attention carries that flip to every
+    # later position (deepseek_v3 on a Zen 4: one flip at position 15 of 23, positions 15-22 off by
+    # 3e-3..1e-2), so how many positions agree depends on where a flip happens to fall
+    assert len(calls) >= n_packed
+    assert all(d <= 1e-5 * max(1.0, m) for d, m in calls), max(calls)
+    assert (packed - emulated).abs().max().item() <= 2e-2 * scale     # none far off
     # what the activation rounding costs on a tiny random model (logged for the record)
     print(f"{g.name}: packed vs dequantized dense {(packed - dequantized).abs().max().item():.3g} (scale {scale:.3g})")
-
-
-# olmoe, seed 6: positions 0-2 exact, from 3 on all ~0.006 off: one such flip at position 3,
-# carried on by attention
-SEED = {"olmoe": 1}
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "olmoe", "gpt_oss", "qwen3_5_moe", "deepseek_v3"])
 def test_q4_k_m_dense_layers_packed(tiny_dir, to_gguf, tmp_path, monkeypatch, arch):
     d = tiny_dir(arch, hidden=256, experts=4, **K_QUANT_SHAPES[arch], **TINY.get(arch, {}))
     g = rewrite(to_gguf(d, "f32", *CONVERT_ARGS.get(arch, ())), tmp_path / "q4km.gguf", q4_k_m)
-    check_packed(g, ids_for(23, seed=SEED.get(arch, 6)), monkeypatch)
+    check_packed(g, ids_for(23, seed=6), monkeypatch)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "qwen2_moe", "glm4_moe"])
