@@ -26,6 +26,14 @@ class EngineConfig:
     # place), prefill GEMMs in native bf16 where a calibration measures it faster; elsewhere `dtype`.
     # An explicit dtype holds everywhere. See freetoken/kernels/choices.py.
     compute_dtype: str = "auto"
+    # Force one of the CPU's automatic choices (kernels/choices.py) instead of letting the machine
+    # decide, e.g. to run a path this CPU would not pick. prefill_gemm: float32 | bfloat16 (prefill
+    # GEMMs over bf16 weights); bf16_dot: on | off (bf16 weights x bf16-rounded activations with
+    # vdpbf16ps, emulated where the CPU lacks it); kernel_isa: native | avx2 | portable (the C
+    # kernels' build, see kernels.variants_here()). "auto": the machine's choice.
+    prefill_gemm: str = "auto"
+    bf16_dot: str = "auto"
+    kernel_isa: str = "auto"
     max_model_len: int | None = None       # default: min(config max positions, 32768)
     max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
     max_num_batched_tokens: int = 2048     # tokens per engine step (prefill chunk size)
@@ -60,6 +68,9 @@ class EngineConfig:
             raise InvalidRequestError(f"dtype: expected one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.compute_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InvalidRequestError(f"compute_dtype: expected auto|float32|bfloat16|float16, got {self.compute_dtype!r}")
+        for name, allowed in FORCED_CHOICES.items():
+            if getattr(self, name) not in ("auto", *allowed):
+                raise InvalidRequestError(f"{name}: expected auto|{'|'.join(allowed)}, got {getattr(self, name)!r}")
         if self.moe_backend not in (*BACKENDS, "auto"):
             raise InvalidRequestError(f"moe_backend: expected {'|'.join(BACKENDS)}|auto, got {self.moe_backend!r}")
         if self.expert_format not in (None, *FORMAT_NAMES):
@@ -115,6 +126,9 @@ class EngineConfig:
 
 
 DEFAULT_MAX_LEN = 32768
+# the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
+FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16"), "bf16_dot": ("on", "off"),
+                  "kernel_isa": ("native", "avx2", "portable")}
 DEFAULT_SPIN_US = 200
 
 

@@ -15,6 +15,27 @@ settings.register_profile("freetoken", deadline=None)
 settings.load_profile("freetoken")
 
 
+# The CPU's automatic choices (kernels/choices.py), each forced once with the others left to the
+# machine: EngineConfig options for tests that must hold on every path, not only the one this
+# CPU picks (their plain version runs the machine's own pick). A kernel build this CPU cannot run skips.
+CPU_CHOICES = {
+    "gemm-fp32": {"prefill_gemm": "float32"}, "gemm-bf16": {"prefill_gemm": "bfloat16"},
+    "dot-on": {"bf16_dot": "on"}, "dot-off": {"bf16_dot": "off"},
+    "isa-avx2": {"kernel_isa": "avx2"}, "isa-portable": {"kernel_isa": "portable"},
+}
+
+
+@pytest.fixture(params=list(CPU_CHOICES))
+def cpu_choice(request) -> dict:
+    """EngineConfig options forcing one CPU choice (see CPU_CHOICES)."""
+    from freetoken.kernels import variants_here
+    opts = CPU_CHOICES[request.param]
+    isa = opts.get("kernel_isa")
+    if isa is not None and isa not in variants_here():
+        pytest.skip(f"the {isa} kernel build does not run on this CPU (here: {', '.join(variants_here())})")
+    return opts
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """tiny_dir(arch, **make_tiny kwargs) -> a cached checkpoint directory."""

@@ -98,8 +98,9 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
 
 
 def _host_executor(pool: ExpertPool, cfg: EngineConfig, spin_us: int):
+    from ..kernels.choices import kernel_variant
     from .host_exec import make_host_executor
-    return make_host_executor(pool, cfg.num_threads, spin_us=spin_us)
+    return make_host_executor(pool, cfg.num_threads, spin_us=spin_us, isa=kernel_variant(cfg.kernel_isa))
 
 
 def _pinned(pool: ExpertPool) -> bool:

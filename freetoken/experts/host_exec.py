@@ -21,10 +21,10 @@ class TorchHostExecutor:
 
 
 def make_host_executor(pool: ExpertPool, num_threads: int | None = None, prefer_fast: bool = True,
-                       spin_us: int = SPIN_US):
+                       spin_us: int = SPIN_US, isa: str = "native"):
     if prefer_fast:
         try:   # the process's one kernel pool, shared with the dense layers and attention
-            return CpuExpertExecutor.from_pool(pool, pool=shared_pool(num_threads, spin_us=spin_us))
+            return CpuExpertExecutor.from_pool(pool, pool=shared_pool(num_threads, isa=isa, spin_us=spin_us))
         except (ValueError, NotImplementedError):
             pass                     # a format the kernels do not cover yet
     return TorchHostExecutor(pool)

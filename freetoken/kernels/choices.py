@@ -124,10 +124,12 @@ def _cached(cache: os.PathLike | None, what: str, flags: frozenset[str], threads
 
 def prefill_gemm_dtype(requested: str, activations: torch.dtype, *, kernels: bool, flags: frozenset[str],
                        threads: int, measure: Callable[[int], dict] = measure_gemm,
-                       cache: os.PathLike | None = None) -> tuple[torch.dtype, dict | None]:
+                       cache: os.PathLike | None = None, forced: str = "auto") -> tuple[torch.dtype, dict | None]:
     """(dtype prefill GEMMs over bf16 weights multiply in, the timings that decided it or None).
-    Only "auto" on a CPU with the kernels and native bf16 is measured; an explicit
-    compute_dtype keeps every GEMM in that dtype."""
+    `forced` (EngineConfig.prefill_gemm) wins; else only "auto" on a CPU with the kernels and
+    native bf16 is measured, and an explicit compute_dtype keeps every GEMM in that dtype."""
+    if forced != "auto":
+        return _DTYPES[forced], None
     if requested != "auto" or not kernels or not flags & NATIVE_BF16:
         return activations, None
     t = _cached(cache, "gemm:m256n2048k2048", flags, threads, lambda: measure(threads))
@@ -171,8 +173,12 @@ def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[i
 
 def bf16_dot_choice(requested: str, weights: torch.dtype, *, kernels: bool, flags: frozenset[str], threads: int,
                     measure: Callable[[int], dict] = measure_bf16_dot,
-                    cache: os.PathLike | None = None) -> tuple[bool, dict | None]:
-    """(whether bf16 weights run through vdpbf16ps with bf16-rounded activations, the timings)."""
+                    cache: os.PathLike | None = None, forced: str = "auto") -> tuple[bool, dict | None]:
+    """(whether bf16 weights run through vdpbf16ps with bf16-rounded activations, the timings).
+    `forced` (EngineConfig.bf16_dot: on | off) wins; "on" without vdpbf16ps runs the kernels'
+    emulation of the same arithmetic."""
+    if forced != "auto":
+        return forced == "on" and kernels and weights == torch.bfloat16, None
     if requested != "auto" or not kernels or weights != torch.bfloat16 or not BF16_DOT <= flags \
             or isa_level(flags) != "avx512":
         return False, None
@@ -192,38 +198,73 @@ class CpuChoices:
     gemm_seconds: dict | None       # the calibration that chose prefill_gemm, if one ran
     bf16_dot: bool = False          # bf16 weights x bf16-rounded activations with vdpbf16ps
     dot_seconds: dict | None = None     # the calibration that chose bf16_dot, if one ran
+    kernels: str = "native"         # the C kernels' build (kernels.VARIANTS)
+    forced: tuple[str, ...] = ()    # the choices EngineConfig forced ("prefill_gemm", "bf16_dot", "kernel_isa")
 
     def describe(self) -> str:
         t, d = self.gemm_seconds, self.dot_seconds
-        why = (f" (calibrated: bf16 GEMM {t['fp32'] / t['bf16']:.2f}x the speed of fp32)" if t else "")
+        why = (f" (calibrated: bf16 GEMM {t['fp32'] / t['bf16']:.2f}x the speed of fp32)" if t
+               else " (forced)" if "prefill_gemm" in self.forced else "")
         dot = (f"; bf16 weights x {'bf16 (vdpbf16ps)' if self.bf16_dot else 'fp32'} activations in the kernels"
-               + (f" (calibrated: vdpbf16ps GEMV {d['fp32'] / d['bf16']:.2f}x the speed of fp32)" if d else ""))
-        return (f"CPU path {self.isa}; activations {str(self.activations).removeprefix('torch.')}; "
+               + (f" (calibrated: vdpbf16ps GEMV {d['fp32'] / d['bf16']:.2f}x the speed of fp32)" if d
+                  else " (forced)" if "bf16_dot" in self.forced else ""))
+        build = f" ({self.kernels} kernels, forced)" if "kernel_isa" in self.forced else ""
+        return (f"CPU path {self.isa}{build}; activations {str(self.activations).removeprefix('torch.')}; "
                 f"prefill GEMM {str(self.prefill_gemm).removeprefix('torch.')}{why}{dot}")
 
 
 def resolve(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
             flags: frozenset[str], threads: int, measure: Callable[[int], dict] = measure_gemm,
             cache: os.PathLike | None = None,
-            measure_dot: Callable[[int], dict] = measure_bf16_dot) -> CpuChoices:
+            measure_dot: Callable[[int], dict] = measure_bf16_dot, gemm: str = "auto", dot: str = "auto",
+            kernel_isa: str = "auto") -> CpuChoices:
+    """The CPU choices; gemm / dot / kernel_isa are EngineConfig's forcing options ("auto": decide)."""
     act = activation_dtype(weights, device, requested, kernels=kernels, flags=flags)
     if device.type == "cpu" and weights == torch.bfloat16:
-        gemm, t = prefill_gemm_dtype(requested, act, kernels=kernels, flags=flags, threads=threads,
-                                     measure=measure, cache=cache)
+        g, t = prefill_gemm_dtype(requested, act, kernels=kernels, flags=flags, threads=threads,
+                                  measure=measure, cache=cache, forced=gemm)
     else:
-        gemm, t = act, None
-    dot, dt = (bf16_dot_choice(requested, weights, kernels=kernels, flags=flags, threads=threads,
-                               measure=measure_dot, cache=cache) if device.type == "cpu" else (False, None))
-    return CpuChoices(isa_level(flags), act, gemm, t, dot, dt)
+        g, t = act, None
+    d, dt = (bf16_dot_choice(requested, weights, kernels=kernels, flags=flags, threads=threads,
+                             measure=measure_dot, cache=cache, forced=dot) if device.type == "cpu" else (False, None))
+    forced = tuple(n for n, v in (("prefill_gemm", gemm), ("bf16_dot", dot), ("kernel_isa", kernel_isa)) if v != "auto")
+    return CpuChoices(isa_level(flags), act, g, t, d, dt, kernel_variant(kernel_isa), forced)
+
+
+def kernel_variant(requested: str) -> str:
+    """The C kernels' build for EngineConfig.kernel_isa ("auto": the CPU's widest, "native")."""
+    return "native" if requested == "auto" else requested
 
 
 @functools.cache
 def machine_choices(weights: torch.dtype, device: torch.device, requested: str, kernels: bool,
-                    threads: int) -> CpuChoices:
-    """`resolve` for this machine, calibration cached under the kernels' cache dir; logged once."""
+                    threads: int, gemm: str = "auto", dot: str = "auto", kernel_isa: str = "auto") -> CpuChoices:
+    """`resolve` for this machine, calibration cached under the kernels' cache dir; logged once
+    per distinct set of options (so one process runs the same choices for every load of a model)."""
     from ..platform import cpu_flags
     c = resolve(weights, device, requested, kernels=kernels, flags=cpu_flags(), threads=threads,
-                cache=cache_dir())
+                cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa)
     if device.type == "cpu":
         log.info("%s", c.describe())
     return c
+
+
+def model_kernels(cfg) -> tuple[object, CpuChoices]:
+    """(the kernel pool or None, the CPU choices) of one model build, from its BuildContext:
+    the pool of the chosen kernel build, its bf16-dot switch set to the choice."""
+    from ..errors import InvalidRequestError
+    from . import variants_here
+    from .pool import shared_pool
+    device = cfg.torch_device
+    variant = kernel_variant(cfg.kernel_isa)
+    pool = None
+    if device.type == "cpu":
+        if variant not in variants_here():
+            raise InvalidRequestError(f"kernel_isa: {variant!r} does not run on this CPU; expected one of "
+                                      f"{'|'.join(['auto', *variants_here()])}")
+        pool = shared_pool(cfg.num_threads, isa=variant, spin_us=cfg.spin_us)
+    c = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
+                        pool.num_threads if pool is not None else 1, cfg.prefill_gemm, cfg.bf16_dot, cfg.kernel_isa)
+    if pool is not None:
+        pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
+    return pool, c

@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError
 from ..experts.pool import ExpertSpec, PoolBuilder
-from ..kernels.choices import machine_choices
-from ..kernels.pool import shared_pool
+from ..kernels.choices import model_kernels
 from ..layers.attention import paged_attention
 from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from ..layers.linear import LinearFactory
@@ -115,11 +114,7 @@ class MoECausalLM:
         self.hf, self.cfg = hf, cfg
         device = cfg.torch_device
         self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
-        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
-        self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
-                                       pool.num_threads if pool is not None else 1)
-        if pool is not None:
-            pool.lib.ft_set_bf16_dot(int(self.choices.bf16_dot))
+        pool, self.choices = model_kernels(cfg)
         dtype = self.choices.activations
         self.dtype, self.device = dtype, device
         # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:

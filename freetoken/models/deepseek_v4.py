@@ -14,8 +14,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..experts.pool import ExpertSpec, PoolBuilder
-from ..kernels.choices import machine_choices
-from ..kernels.pool import shared_pool
+from ..kernels.choices import model_kernels
 from ..layers.hyper import HyperConnection, HyperHead
 from ..layers.linear import Linear, LinearFactory
 from ..layers.mlp import GatedMLP
@@ -79,11 +78,7 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         self.hf, self.cfg, self.ck_dir, self.max_len = hf, cfg, ck.dir, max_len
         device = self.device = cfg.torch_device
         self.expert_dtype = self.kv_dtype = cfg.torch_dtype
-        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
-        self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
-                                       pool.num_threads if pool is not None else 1)
-        if pool is not None:
-            pool.lib.ft_set_bf16_dot(int(self.choices.bf16_dot))
+        pool, self.choices = model_kernels(cfg)
         self.dtype = self.choices.activations
         self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
         self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-6, kind=float)

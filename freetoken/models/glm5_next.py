@@ -18,8 +18,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..experts.pool import ExpertPool
-from ..kernels.choices import machine_choices
-from ..kernels.pool import shared_pool
+from ..kernels.choices import model_kernels
 from ..layers.dsa import SharedSelection
 from ..layers.dsa_pooled import PooledIndexer
 from ..layers.hyper import HyperConnection
@@ -82,9 +81,7 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
         self.hf, self.cfg = hf, cfg
         device = self.device = cfg.torch_device
         self.expert_dtype = self.kv_dtype = cfg.torch_dtype
-        pool = shared_pool(cfg.num_threads) if device.type == "cpu" else None
-        self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
-                                       pool.num_threads if pool is not None else 1)
+        pool, self.choices = model_kernels(cfg)
         self.dtype = self.choices.activations
         self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
         self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-5, kind=float)

@@ -16,6 +16,7 @@ import torch
 from ..config import EngineConfig
 from ..experts.factory import build_experts
 from ..experts.pool import ExpertPool, requantize
+from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US, shared_pool
 from ..weights.source import open_checkpoint
 from .registry import model_class
@@ -35,6 +36,9 @@ class BuildContext:
     compute_dtype = property(lambda self: self.cfg.compute_dtype)   # requested; kernels.choices decides
     dense_format = property(lambda self: self.cfg.dense_format)
     num_threads = property(lambda self: self.cfg.num_threads)
+    prefill_gemm = property(lambda self: self.cfg.prefill_gemm)     # forced CPU choices, or "auto"
+    bf16_dot = property(lambda self: self.cfg.bf16_dot)
+    kernel_isa = property(lambda self: self.cfg.kernel_isa)
 
     def experts(self, model, ck):
         """The pool in its final layout -- prebuilt by an FTW file, else `model.build_pool(ck)`
@@ -75,7 +79,7 @@ def load_model(cfg: EngineConfig, timings: dict | None = None):
     try:
         settings = cfg.resolve(ck.config)
         if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
-            shared_pool(settings.num_threads, spin_us=settings.spin_us)
+            shared_pool(settings.num_threads, isa=kernel_variant(cfg.kernel_isa), spin_us=settings.spin_us)
         model = build_model(ck, cfg, settings.max_model_len, settings.spin_us)
         t2 = time.perf_counter()
         ck.close()                          # FTW: every byte in and verified before the model runs

@@ -31,10 +31,24 @@ CASES = [
 
 @pytest.mark.parametrize("arch,fmt,dtype", CASES, ids=[f"{a}-{f or 'native'}-{d}" for a, f, d in CASES])
 def test_round_trip_identical_logits(tiny_dir, tmp_path, arch, fmt, dtype):
+    check_round_trip(tiny_dir, tmp_path, arch, fmt, dtype, {})
+
+
+# bf16 weights (the GEMM and dot choices apply), fp32 with hyper-connections, a hybrid
+EVERY_CHOICE = [("qwen3_moe", "bf16", "bfloat16"), ("glm_moe_dsa", None, "bfloat16"),
+                ("deepseek_v4", "int8", "float32"), ("qwen3_next", None, "float32")]
+
+
+@pytest.mark.parametrize("arch,fmt,dtype", EVERY_CHOICE, ids=[f"{a}-{f or 'native'}-{d}" for a, f, d in EVERY_CHOICE])
+def test_round_trip_identical_logits_under_every_choice(tiny_dir, tmp_path, cpu_choice, arch, fmt, dtype):
+    check_round_trip(tiny_dir, tmp_path, arch, fmt, dtype, cpu_choice)
+
+
+def check_round_trip(tiny_dir, tmp_path, arch, fmt, dtype, forced: dict):
     src = tiny_dir(arch)
     out = tmp_path / "m.ftw"
     convert(src, out, expert_format=fmt, dtype=dtype)
-    opts = dict(dtype=dtype, expert_format=fmt)
+    opts = dict(dtype=dtype, expert_format=fmt, **forced)
     ref, got = LLM(str(src), **opts), LLM(str(out), **opts)
     for name, bank in ref.engine.model.pool.banks.items():
         other = got.engine.model.pool.banks[name]
