@@ -72,3 +72,20 @@ def timed(fn, *args, **kw):
 
 def set_threads(n: int) -> None:
     torch.set_num_threads(n)
+
+
+def fresh_prompts(n: int, length: int, seed: int = 0, vocab: tuple[int, int] = (100, 8000)) -> list[list[int]]:
+    """`n` random prompts of `length` tokens whose first tokens all differ, so no prompt shares a
+    prefix with another (a prefix-cache hit or a reused warm-up cannot shorten a timed prefill)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        p = torch.randint(*vocab, (length,), generator=g).tolist()
+        p[0] = vocab[0] + i              # distinct first tokens: no common prefix at all
+        out.append(p)
+    return out
+
+
+def median(xs) -> float:
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2

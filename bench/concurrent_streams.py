@@ -58,7 +58,7 @@ def main():
     streams = [int(s) for s in args.streams.split(",")]
     g = torch.Generator().manual_seed(0)
     llm = LLM(str(model), dtype="bfloat16", num_threads=args.threads, max_model_len=args.prompt + args.decode + 64,
-              max_num_seqs=max(streams))
+              max_num_seqs=max(streams), prefix_cache=False)
     lib = cpu_kernels()
     modes = {"fp32 act": 0, "bf16 dot": 1}
     available = lib.ft_set_bf16_dot(1) == 2

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+from common import fresh_prompts  # noqa: E402
 from vs_llamacpp import FORMATS, make_gguf  # noqa: E402
 from llamacpp_setup import ensure_llamacpp  # noqa: E402
 
@@ -62,7 +63,7 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
             par: int = 1) -> tuple[dict, float, float, dict]:
     from freetoken import LLM, SamplingParams
     llm = LLM(str(source), dtype="bfloat16", num_threads=threads, max_model_len=plen + steps + 64, max_num_seqs=par,
-              **opts)
+              **{"prefix_cache": False, **opts})
     from freetoken.kernels import cpu_kernels
     for lib in {id(x): x for x in (cpu_kernels(), *(p.lib for p in _pools()))}.values():
         for name, phase in (("ft_moe_run", "experts"), ("ft_decode_attention", "attention"),
@@ -71,9 +72,8 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
                 WRAPPED.add((id(lib), name))
                 timed_c(lib, name, phase)
     g = dict(temperature=0.0, ignore_eos=True)
-    gen = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(100, 8000, (plen,), generator=gen).tolist() for _ in range(par)]
-    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=2, **g))
+    warm, *prompts = fresh_prompts(1 + par, plen)
+    llm.generate([warm[:32]], SamplingParams(max_tokens=2, **g))     # a warm-up no prompt shares a prefix with
     engine = llm.engine
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(max_tokens=steps + 2, **g))

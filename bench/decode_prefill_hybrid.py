@@ -1,7 +1,7 @@
 """Prefill and decode speed of the hybrid architectures, FreeToken vs transformers.
 
     .venv/bin/python bench/decode_prefill_hybrid.py [--arch qwen3_5_moe|gpt_oss_mxfp4|all]
-        [--threads 2] [--prompt 512] [--decode 64]
+        [--threads 2] [--prompt 512] [--decode 64] [--rounds 3]
 
 Batch 1, bf16 activations, random weights with realistic per-layer shapes and few layers:
   qwen3_5_moe     Qwen3.5-35B-A3B layer shapes (hidden 2048, 16/32 linear k/v heads of 128,
@@ -11,7 +11,8 @@ Batch 1, bf16 activations, random weights with realistic per-layer shapes and fe
                   16 MXFP4 experts top-4 of hidden/intermediate 2048, 4 layers. FreeToken keeps
                   the experts packed (4.25 bits/weight); transformers on a CPU dequantizes them
                   to bf16 at load, so it runs a bf16 copy of the same dequantized weights.
-Prints tok/s for both engines and the ratios freetoken/transformers."""
+Prints tok/s for both engines and the ratios freetoken/transformers: the protocol of
+decode_prefill.py (fresh prompts, FreeToken's prefix cache off, medians of the same rounds)."""
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import CACHE, medium_checkpoint, set_threads, timed  # noqa: E402
-from decode_prefill import bench_transformers  # noqa: E402
+from common import CACHE, fresh_prompts, medium_checkpoint, set_threads  # noqa: E402
+from decode_prefill import bench_freetoken, bench_transformers  # noqa: E402
 
 MEDIUM = {
     "qwen3_5_moe": dict(layers=4, experts=64, top_k=8, hidden=2048, vocab=8192, moe_intermediate_size=512,
@@ -69,37 +70,20 @@ def dequantized_copy(mx_dir: Path) -> Path:
     return out
 
 
-def bench_freetoken(model_dir, prompt, n_decode, threads, backend, repeats=3):
-    """Like decode_prefill.py's, but each timing is the best of `repeats` runs: a decode of a few
-    dozen tokens is short next to the noise of a shared 2-core machine."""
-    from freetoken import LLM, SamplingParams
-    llm = LLM(str(model_dir), dtype="bfloat16", num_threads=threads, moe_backend=backend, max_model_len=2048)
-    greedy = dict(temperature=0.0, ignore_eos=True)
-    llm.generate([prompt], SamplingParams(max_tokens=2, **greedy))                     # warm-up, same shapes
-    t_prefill = min(timed(llm.generate, [prompt], SamplingParams(max_tokens=1, **greedy))[0]
-                    for _ in range(repeats))
-    runs = [timed(llm.generate, [prompt], SamplingParams(max_tokens=n_decode, **greedy)) for _ in range(repeats)]
-    t_all, out = min(runs, key=lambda r: r[0])
-    used = llm.expert_stats().get("backend", backend)
-    llm.close()
-    return len(prompt) / t_prefill, (n_decode - 1) / (t_all - t_prefill), out[0].token_ids, used
-
-
 def run(arch: str, args) -> None:
     d = medium_checkpoint(arch, f"{arch.replace('_', '-')}-medium", **MEDIUM[arch])
     ref_dir = dequantized_copy(d) if arch.endswith("_mxfp4") else d
-    g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(100, 8000, (args.prompt,), generator=g).tolist()
-    ft_p, ft_d, ft_tokens, used = bench_freetoken(d, prompt, args.decode, args.threads, args.backend)
+    prompts = fresh_prompts(1 + 2 * args.rounds, args.prompt)
+    ft_p, ft_d, ft_tokens, used = bench_freetoken(d, prompts, args.decode, args.threads, args.backend)
     gc.collect()
     if args.skip_transformers:
         print(f"\n{arch}: freetoken prefill {ft_p:.1f} tok/s, decode {ft_d:.2f} tok/s (backend {used})", flush=True)
         return
-    tf_p, tf_d, tf_tokens = bench_transformers(ref_dir, prompt, args.decode)
+    tf_p, tf_d, tf_tokens = bench_transformers(ref_dir, prompts, args.decode)
     gc.collect()
     same = next((i for i, (a, b) in enumerate(zip(ft_tokens, tf_tokens)) if a != b), len(ft_tokens))
     print(f"\n{arch} ({d}), bf16, batch 1, {args.threads} threads, prompt {args.prompt}, decode {args.decode}, "
-          f"freetoken moe backend {used}")
+          f"freetoken moe backend {used}, median of {args.rounds} rounds, fresh prompts, no prefix cache")
     print(f"{'':12}{'prefill tok/s':>15}{'decode tok/s':>15}")
     print(f"{'freetoken':12}{ft_p:15.1f}{ft_d:15.2f}")
     print(f"{'transformers':12}{tf_p:15.1f}{tf_d:15.2f}")
@@ -114,6 +98,7 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--backend", default="auto")
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds per engine (medians reported)")
     ap.add_argument("--skip-transformers", action="store_true", help="FreeToken figures only")
     args = ap.parse_args()
     set_threads(args.threads)

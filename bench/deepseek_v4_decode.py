@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import medium_checkpoint, set_threads, timed  # noqa: E402
+from common import fresh_prompts, medium_checkpoint, set_threads  # noqa: E402
+from decode_prefill import rates  # noqa: E402
 
 # V4-Flash per layer: hidden 4096, 64 heads x 512, q_lora 1024, 8 output groups x 1024, 256
 # experts top-6 (I=2048), indexer 64 x 128 top-512, window 128, CSA rate 4, HCA rate 128, 4
@@ -66,26 +67,27 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds, fresh prompts each (medians reported)")
     args = ap.parse_args()
     set_threads(args.threads)
     from freetoken import LLM, SamplingParams
     from freetoken.experts.membw import read_bandwidth
     d = medium_checkpoint("deepseek_v4_fp4", "deepseek-v4-medium", initializer_range=0.02, **MEDIUM_V4)
-    prompt = torch.randint(100, 8000, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
-    llm = LLM(str(d), dtype="bfloat16", num_threads=args.threads, max_model_len=4096)
+    prompts = fresh_prompts(1 + 2 * args.rounds, args.prompt)
+    llm = LLM(str(d), dtype="bfloat16", num_threads=args.threads, max_model_len=4096, prefix_cache=False)
     greedy = dict(temperature=0.0, ignore_eos=True)
-    llm.generate([prompt[:32]], SamplingParams(max_tokens=4, **greedy))                       # warm-up
-    t_prefill, _ = timed(llm.generate, [prompt], SamplingParams(max_tokens=1, **greedy))
-    print(f"prefill {len(prompt) / t_prefill:.1f} tok/s", flush=True)
-    t_all, _ = timed(llm.generate, [prompt], SamplingParams(max_tokens=args.decode, **greedy))
-    prefill, decode = len(prompt) / t_prefill, (args.decode - 1) / (t_all - t_prefill)
+
+    def generate(p, n):
+        return llm.generate([p], SamplingParams(max_tokens=n, **greedy))[0].token_ids
+    prefill, decode, _ = rates(prompts, args.decode, lambda p: generate(p, 1), generate)
     model = llm.engine.model
     nbytes = bytes_per_token(model, args.prompt + args.decode // 2)
     llm.close()
     bw = read_bandwidth(num_threads=args.threads)
     roof = bw / nbytes
     print(f"model {d.name} ({sum(f.stat().st_size for f in d.glob('*.safetensors')) / 2**30:.2f} GiB stored), "
-          f"{args.threads} threads, prompt {args.prompt}, decode {args.decode}")
+          f"{args.threads} threads, prompt {args.prompt}, decode {args.decode}, median of {args.rounds} rounds, "
+          "fresh prompts, no prefix cache")
     print(f"prefill {prefill:.1f} tok/s, decode {decode:.2f} tok/s")
     print(f"bytes read per decoded token {nbytes / 2**20:.1f} MiB, read bandwidth {bw / 1e9:.1f} GB/s, "
           f"roofline {roof:.1f} tok/s, decode at {100 * decode / roof:.0f}% of it")

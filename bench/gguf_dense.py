@@ -38,7 +38,7 @@ def child(gguf: str, dense_format: str | None, threads: int, n_decode: int) -> d
     from freetoken import LLM, SamplingParams
     opts = {"dense_format": dense_format} if dense_format else {}
     llm = LLM(gguf, dtype="bfloat16", num_threads=threads, moe_backend="cpu", max_model_len=1024,
-              max_num_seqs=1, kv_cache_gib=0.25, **opts)
+              max_num_seqs=1, kv_cache_gib=0.25, prefix_cache=False, **opts)
     gc.collect()
     mem = rss()
     prompt = torch.randint(100, 8000, (4,), generator=torch.Generator().manual_seed(0)).tolist()

@@ -28,7 +28,8 @@ def main():
         d = make_tiny("qwen3_moe", tmp, layers=args.layers, hidden=64, experts=8, top_k=2)
         print(f"tiny qwen3_moe, {args.layers} layers, {args.tokens} decoded tokens, {args.threads} thread(s)")
         for backend in ("resident", "cpu"):
-            llm = LLM(str(d), dtype="float32", moe_backend=backend, num_threads=args.threads)
+            llm = LLM(str(d), dtype="float32", moe_backend=backend, num_threads=args.threads,
+                      prefix_cache=False)
             p = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
             llm.generate([[1, 2, 3]], p)
             t = time.perf_counter()
