@@ -109,3 +109,27 @@ def test_bf16_dot_calibration_runs_the_library_here():
         return
     t = measure_bf16_dot(1, n=256, k=512, reps=1)
     assert set(t) == {"fp32", "bf16"} and all(v > 0 for v in t.values())
+
+
+def test_forced_choices_win_and_skip_the_calibrations():
+    cal, dot = Calibration(fp32=1.0, bf16=3.0), Calibration(fp32=1.0, bf16=3.0)   # auto would say fp32, off
+    c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=AVX2, threads=2, measure=cal, measure_dot=dot,
+                gemm="bfloat16", dot="on", kernel_isa="portable")
+    assert (c.prefill_gemm, c.bf16_dot, c.kernels) == (torch.bfloat16, True, "portable")
+    assert cal.calls == dot.calls == 0 and c.forced == ("prefill_gemm", "bf16_dot", "kernel_isa")
+    assert "forced" in c.describe()
+    c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=Calibration(2, 1),
+                measure_dot=Calibration(2, 1), gemm="float32", dot="off")
+    assert (c.prefill_gemm, c.bf16_dot, c.kernels) == (torch.float32, False, "native")
+    # the dot applies to bf16 weights in the kernels only
+    assert not resolve(torch.float32, CPU, "auto", kernels=True, flags=SPR, threads=2, dot="on").bf16_dot
+
+
+def test_forcing_options_are_checked():
+    import pytest
+
+    from freetoken.config import EngineConfig
+    from freetoken.errors import InvalidRequestError
+    for name, bad in (("prefill_gemm", "fp16"), ("bf16_dot", "yes"), ("kernel_isa", "avx512")):
+        with pytest.raises(InvalidRequestError, match=name):
+            EngineConfig(model="m", **{name: bad})

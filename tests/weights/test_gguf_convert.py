@@ -56,6 +56,22 @@ def test_gguf_to_ftw_keeps_experts_packed_and_logits(request, tiny_dir, to_gguf,
         {t["name"] for t in header["tensors"] if t["kind"] == "file"}
 
 
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_gguf_and_its_ftw_agree_bit_for_bit_on_every_kernel_build(q4_k_m_gguf, tmp_path, isa):
+    """The ggml experts and dense kernels of the other builds (the native one runs above): the
+    FTW file still gives the GGUF's logits exactly."""
+    from freetoken.kernels import variants_here
+    if isa not in variants_here():
+        pytest.skip(f"the {isa} kernel build does not run on this CPU (here: {', '.join(variants_here())})")
+    out = tmp_path / "m.ftw"
+    assert cli_main(["convert", "--model", str(q4_k_m_gguf), "--out", str(out)]) == 0
+    direct = LLM(str(q4_k_m_gguf), dtype="float32", dense_format="float", kernel_isa=isa)
+    ftw = LLM(str(out), dtype="float32", kernel_isa=isa)
+    assert direct.engine.model.choices.kernels == ftw.engine.model.choices.kernels == isa
+    ids = ids_for(23, seed=3)
+    assert torch.equal(ftw.score(ids), direct.score(ids))
+
+
 def test_expert_format_on_quantized_gguf_is_refused(q4_k_m_gguf, tmp_path, capsys):
     args = ["convert", "--model", str(q4_k_m_gguf), "--out", str(tmp_path / "m.ftw"), "--expert-format", "int8"]
     assert cli_main(args) != 0
