@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from vs_llamacpp import FORMATS, make_gguf  # noqa: E402
+from vs_llamacpp import FORMATS, WARMUP, make_gguf  # noqa: E402
 from llamacpp_setup import ensure_llamacpp  # noqa: E402
 
 ACC: dict[str, float] = defaultdict(float)
@@ -73,7 +73,7 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
     g = dict(temperature=0.0, ignore_eos=True)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 8000, (plen,), generator=gen).tolist() for _ in range(par)]
-    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=2, **g))
+    llm.generate([WARMUP], SamplingParams(max_tokens=2, **g))        # shares no token with the timed prompts
     engine = llm.engine
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(max_tokens=steps + 2, **g))
@@ -117,12 +117,11 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     timed_linear(args.experts, args.vocab)
-    py, converter = ensure_llamacpp()
     for fmt in args.formats.split(","):
         build, gtype, source, opts = FORMATS[fmt]
         model = build()
-        if source == "gguf":
-            model = make_gguf(py, converter, model, gtype)
+        if source == "gguf":            # only the GGUF formats need llama.cpp (its converter, its quantizer)
+            model = make_gguf(*ensure_llamacpp(), model, gtype)
         ACC.clear(), BYTES.clear()
         phases, total, med, nbytes = profile(model, opts, args.prompt, args.steps, args.threads,
                                                args.parallel)
