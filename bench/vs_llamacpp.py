@@ -63,7 +63,7 @@ LLAMA_RUN = NO_AMX + textwrap.dedent("""
     model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
     cp = L.llama_context_default_params()
     cp.n_ctx = S * (plen + n_decode + 64)            # enough whether the KV cache is unified or split per sequence
-    cp.n_batch, cp.n_ubatch = 2048, 512               # llama.cpp's defaults; 2048 = FreeToken's tokens per step
+    cp.n_batch, cp.n_ubatch = 2048, 512               # llama.cpp's defaults (2048: FreeToken's tokens per step)
     cp.n_seq_max, cp.n_threads, cp.n_threads_batch = S, threads, threads
     cp.swa_full = False                               # as llama-cli/llama-server: sliding-window layers keep their window
     ctx = L.llama_init_from_model(model, cp)

@@ -217,7 +217,8 @@ class CpuChoices:
         t, d = self.gemm_seconds, self.dot_seconds
         why = (f" (calibrated: bf16 GEMM {t['fp32'] / t['bf16']:.2f}x the speed of fp32)" if t else "")
         dot = (f"; bf16 weights x {'bf16 (vdpbf16ps)' if self.bf16_dot else 'fp32'} activations in the kernels"
-               + (f" (calibrated: vdpbf16ps GEMV {d['fp32'] / d['bf16']:.2f}x the speed of fp32)" if d else ""))
+               + (f" (calibrated: vdpbf16ps decode GEMV + attention {d['fp32'] / d['bf16']:.2f}x the speed of fp32)"
+                  if d else ""))
         return (f"CPU path {self.isa}; activations {str(self.activations).removeprefix('torch.')}; "
                 f"prefill GEMM {str(self.prefill_gemm).removeprefix('torch.')}{why}{dot}")
 
