@@ -321,15 +321,21 @@ void att_softmax(float *sc, int64_t n, int G, float *m, float *l) {
 }
 
 #ifdef FT_AVX512
+/* The value tiles' register accumulators: heads g0.. g0+GH-1, 32 columns from c0 (store: 1). */
+FORCE_INLINE void acc_io(float *acc, int Dp, int c0, int g0, __m512 (*a)[2], const int GH, const int store) {
+    for (int u = 0; u < GH; u++) {
+        float *r = acc + (int64_t)(g0 + u) * Dp + c0;
+        if (store) { _mm512_storeu_ps(r, a[u][0]); _mm512_storeu_ps(r + 16, a[u][1]); }
+        else { a[u][0] = _mm512_loadu_ps(r); a[u][1] = _mm512_loadu_ps(r + 16); }
+    }
+}
+
 /* GH heads' accumulators over 32 columns from c0 (even then odd columns for bf16) in registers
  * for all nb rows: one load and two widening ops per row serve 2*GH FMAs. */
 FORCE_INLINE void vtile512(const uint8_t *const *vr, int kvt, const float *p, int64_t nb, int G, int D, int Dp,
                            int c0, int g0, float *acc, const int GH) {
     __m512 a[8][2];
-    for (int u = 0; u < GH; u++) {
-        a[u][0] = _mm512_loadu_ps(acc + (int64_t)(g0 + u) * Dp + c0);
-        a[u][1] = _mm512_loadu_ps(acc + (int64_t)(g0 + u) * Dp + c0 + 16);
-    }
+    acc_io(acc, Dp, c0, g0, a, GH, 0);
     const int w = D - c0 < 32 ? D - c0 : 32;
     const __mmask32 m = w == 32 ? ~(__mmask32)0 : (__mmask32)((1u << w) - 1);
     const __mmask16 m0 = (__mmask16)(w >= 16 ? 0xffff : (1u << w) - 1), m1 = (__mmask16)(w >= 32 ? 0xffff : w > 16 ? (1u << (w - 16)) - 1 : 0);
@@ -350,10 +356,7 @@ FORCE_INLINE void vtile512(const uint8_t *const *vr, int kvt, const float *p, in
             a[u][1] = _mm512_fmadd_ps(wu, od, a[u][1]);
         }
     }
-    for (int u = 0; u < GH; u++) {
-        _mm512_storeu_ps(acc + (int64_t)(g0 + u) * Dp + c0, a[u][0]);
-        _mm512_storeu_ps(acc + (int64_t)(g0 + u) * Dp + c0 + 16, a[u][1]);
-    }
+    acc_io(acc, Dp, c0, g0, a, GH, 1);
 }
 #define VT_WIDTH 32
 #define VT_HEADS 8
@@ -407,10 +410,7 @@ FORCE_INLINE void vtile256(const uint8_t *const *vr, int kvt, const float *p, in
 FORCE_INLINE void vtile_bf16(const uint8_t *const *vr, const uint32_t *pp, int64_t nb, int G, int D, int Dp,
                              int c0, int g0, float *acc, const int GH) {
     __m512 a[8][2];
-    for (int u = 0; u < GH; u++) {
-        a[u][0] = _mm512_loadu_ps(acc + (int64_t)(g0 + u) * Dp + c0);
-        a[u][1] = _mm512_loadu_ps(acc + (int64_t)(g0 + u) * Dp + c0 + 16);
-    }
+    acc_io(acc, Dp, c0, g0, a, GH, 0);
     const int w = D - c0 < 32 ? D - c0 : 32;
     const __mmask32 m = w == 32 ? ~(__mmask32)0 : (__mmask32)((1u << w) - 1);
     for (int64_t i = 0; i < nb; i += 2) {
@@ -425,10 +425,7 @@ FORCE_INLINE void vtile_bf16(const uint8_t *const *vr, const uint32_t *pp, int64
             a[u][1] = _mm512_dpbf16_ps(a[u][1], hi, wu);
         }
     }
-    for (int u = 0; u < GH; u++) {
-        _mm512_storeu_ps(acc + (int64_t)(g0 + u) * Dp + c0, a[u][0]);
-        _mm512_storeu_ps(acc + (int64_t)(g0 + u) * Dp + c0 + 16, a[u][1]);
-    }
+    acc_io(acc, Dp, c0, g0, a, GH, 1);
 }
 #define VTILE_BF16(GH) vtile_bf16(vr, pp, nb, G, D, Dp, c0, g0, acc, GH)
 #endif
