@@ -44,19 +44,24 @@ def timed_c(lib, name: str, phase: str) -> None:
 
 
 def timed_linear(n_experts: int, vocab: int) -> None:
+    """Linear and GgmlLinear (a GGUF's packed dense layers) calls count to router / lm_head / dense."""
+    from freetoken.layers.ggml_linear import GgmlLinear
     from freetoken.layers.linear import Linear
-    call = Linear.__call__
+    for cls, nbytes in ((Linear, lambda m: m.weight.nbytes + (m.scales.nbytes if getattr(m, "scales", None) is not None
+                                                                else 0)),
+                        (GgmlLinear, lambda m: m.nbytes)):
+        call = cls.__call__
 
-    def wrapper(self, x):
-        if not ON[0]:
-            return call(self, x)
-        phase = "router" if self.out_features == n_experts else "lm_head" if self.out_features == vocab else "dense"
-        t = time.perf_counter()
-        r = call(self, x)
-        ACC[phase] += time.perf_counter() - t
-        BYTES[phase] += self.weight.nbytes + (self.scales.nbytes if getattr(self, "scales", None) is not None else 0)
-        return r
-    Linear.__call__ = wrapper
+        def wrapper(self, x, call=call, nbytes=nbytes):
+            if not ON[0]:
+                return call(self, x)
+            phase = "router" if self.out_features == n_experts else "lm_head" if self.out_features == vocab else "dense"
+            t = time.perf_counter()
+            r = call(self, x)
+            ACC[phase] += time.perf_counter() - t
+            BYTES[phase] += nbytes(self)
+            return r
+        cls.__call__ = wrapper
 
 
 def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
@@ -117,12 +122,11 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     timed_linear(args.experts, args.vocab)
-    py, converter = ensure_llamacpp()
     for fmt in args.formats.split(","):
         build, gtype, source, opts = FORMATS[fmt]
         model = build()
-        if source == "gguf":
-            model = make_gguf(py, converter, model, gtype)
+        if source == "gguf":            # only the GGUF formats need llama.cpp (its converter, its quantizer)
+            model = make_gguf(*ensure_llamacpp(), model, gtype)
         ACC.clear(), BYTES.clear()
         phases, total, med, nbytes = profile(model, opts, args.prompt, args.steps, args.threads,
                                                args.parallel)

@@ -57,18 +57,18 @@ LLAMA_RUN = NO_AMX + textwrap.dedent("""
     import json, sys, time
     import llama_cpp as L, numpy as np
     path, threads, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    prompts = json.loads(sys.stdin.read())
+    warmup, prompts = json.loads(sys.stdin.read())
     S, plen = len(prompts), max(len(p) for p in prompts)
     L.llama_backend_init()
     model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
     cp = L.llama_context_default_params()
     cp.n_ctx = S * (plen + n_decode + 64)            # enough whether the KV cache is unified or split per sequence
-    cp.n_batch = cp.n_ubatch = 512
+    cp.n_batch, cp.n_ubatch = 2048, 512               # llama.cpp's defaults (2048: FreeToken's tokens per step)
     cp.n_seq_max, cp.n_threads, cp.n_threads_batch = S, threads, threads
     cp.swa_full = False                               # as llama-cli/llama-server: sliding-window layers keep their window
     ctx = L.llama_init_from_model(model, cp)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-    batch = L.llama_batch_init(512, 0, S)
+    batch = L.llama_batch_init(cp.n_batch, 0, S)
 
     def submit(entries):                              # [(token, pos, seq, wants logits)]
         batch.n_tokens = len(entries)
@@ -80,25 +80,40 @@ LLAMA_RUN = NO_AMX + textwrap.dedent("""
     def logits(i):
         return np.ctypeslib.as_array(L.llama_get_logits_ith(ctx, i), shape=(n_vocab,))
 
-    def prefill(s, prompt):
-        for j in range(0, len(prompt), 512):
-            part = prompt[j:j + 512]
-            submit([(t, j + i, s, j + i == len(prompt) - 1) for i, t in enumerate(part)])
-        return int(logits(len(prompt) - 1 - (len(prompt) - 1) // 512 * 512).argmax())
+    # All sequences' prompt tokens packed into llama_decode calls of up to n_batch tokens (as
+    # FreeToken's scheduler fills a step with up to max_num_batched_tokens, whatever the
+    # sequence); the first token of each from its last prompt position's logits.
+    def prefill(prompts):
+        entries = [(t, j, s, j == len(p) - 1) for s, p in enumerate(prompts) for j, t in enumerate(p)]
+        first, last = [0] * len(prompts), []
+        for c in range(0, len(entries), cp.n_batch):
+            part = entries[c:c + cp.n_batch]
+            submit(part)
+            for i, (_, _, s, lg) in enumerate(part):
+                if lg:
+                    first[s] = int(logits(i).argmax())
+                    if s == 0 and len(prompts) == 1:
+                        last = logits(i).tolist()
+        return first, last
 
-    prefill(0, prompts[0][:32])                                           # warm-up
+    def decode(nxt, pos, steps, toks):
+        for step in range(steps):
+            for s in range(len(nxt)):
+                toks[s].append(nxt[s])
+            submit([(nxt[s], pos[s] + step, s, True) for s in range(len(nxt))])
+            nxt = [int(logits(s).argmax()) for s in range(len(nxt))]
+
+    # warm-up as FreeToken's (its own 32-token prompt sharing no token with the timed ones, one
+    # decode step), then the memory cleared: nothing of it is reusable by the timed prompts
+    w, _ = prefill([warmup])
+    decode(w, [len(warmup)], 1, [[]])
     L.llama_memory_clear(L.llama_get_memory(ctx), True)
     t = time.perf_counter()
-    nxt = [prefill(s, p) for s, p in enumerate(prompts)]
+    nxt, last = prefill(prompts)
     t_prefill = time.perf_counter() - t
-    last = logits(len(prompts[-1]) - 1 - (len(prompts[-1]) - 1) // 512 * 512).tolist() if S == 1 else []
     toks = [[] for _ in range(S)]
     t = time.perf_counter()
-    for step in range(n_decode):
-        for s in range(S):
-            toks[s].append(nxt[s])
-        submit([(nxt[s], len(prompts[s]) + step, s, True) for s in range(S)])
-        nxt = [int(logits(s).argmax()) for s in range(S)]
+    decode(nxt, [len(p) for p in prompts], n_decode, toks)
     t_decode = time.perf_counter() - t
     print(json.dumps({"prefill": sum(map(len, prompts)) / t_prefill, "decode": S * n_decode / t_decode,
                       "tokens": toks[0], "last_logits": last}))
@@ -144,8 +159,14 @@ def make_gguf(py: Path, converter: Path, model: Path, gtype: str) -> Path:
     return out
 
 
+# The warm-up prompt of both engines: token ids below those of the timed prompts (randint(100, 8000)),
+# so not even a first token of it can be a prefix-cache hit for a timed prompt.
+WARMUP = [(7 * i) % 97 + 1 for i in range(32)]
+
+
 def run_llamacpp(py: Path, gguf: Path, prompts: list[list[int]], threads: int, n_decode: int) -> dict:
-    r = subprocess.run([py, "-c", LLAMA_RUN, str(gguf), str(threads), str(n_decode)], input=json.dumps(prompts),
+    r = subprocess.run([py, "-c", LLAMA_RUN, str(gguf), str(threads), str(n_decode)],
+                       input=json.dumps([WARMUP, prompts]),
                        capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp run failed:\n{r.stderr[-3000:]}")
@@ -160,7 +181,7 @@ def run_freetoken(model_dir: Path, prompts: list[list[int]], threads: int, n_dec
     llm = LLM(str(model_dir), dtype="bfloat16", num_threads=threads, max_model_len=plen + n_decode + 64,
               max_num_seqs=max(len(prompts), 1), **opts)
     g = dict(temperature=0.0, ignore_eos=True)
-    llm.generate([prompts[0][:32]], SamplingParams(max_tokens=2, **g))
+    llm.generate([WARMUP], SamplingParams(max_tokens=2, **g))      # shares no token with the timed prompts
     engine = llm.engine
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(max_tokens=n_decode + 1, **g))
@@ -168,6 +189,8 @@ def run_freetoken(model_dir: Path, prompts: list[list[int]], threads: int, n_dec
     t0, t_first, counted = time.perf_counter(), None, 0
     while engine.has_unfinished():
         for o in engine.step():
+            if o.num_cached_tokens:
+                raise RuntimeError(f"timed prompt {o.request_id} hit the prefix cache ({o.num_cached_tokens} tokens)")
             toks[o.request_id].extend(o.new_token_ids)
             if t_first is not None:
                 counted += len(o.new_token_ids)

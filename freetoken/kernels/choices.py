@@ -17,9 +17,12 @@ bf16 weights in the kernels' dot products: with AVX512-BF16, vdpbf16ps multiplie
 activations rounded to bf16 (llama.cpp's way), 32 pairs per instruction instead of widening the
 weights to fp32 for FMAs. A single-token GEMV from DRAM is memory bound either way; with several
 tokens per weight row (concurrent streams, prefill) it measured 1.2-1.5x faster on a Sapphire
-Rapids core. Switched on under "auto" where the CPU has it and a short calibration of the
-library's own GEMV says it is faster (cached like the GEMM choice); an explicit compute_dtype
-keeps fp32 activations exact."""
+Rapids core. The same switch rounds the queries and the softmax numerators of decode attention
+over a bf16 KV cache to bf16 (vdpbf16ps on the cache rows in place, as llama.cpp computes on its
+cache). Switched on under "auto" where the CPU has it and a short calibration of the decode
+step's shape (a 1-token GEMV streamed from DRAM plus attention over 4096 keys) says it is
+faster, cached per CPU model like the GEMM choice; an explicit compute_dtype keeps fp32
+activations exact."""
 from __future__ import annotations
 
 import functools
@@ -140,22 +143,37 @@ def prefill_gemm_dtype(requested: str, activations: torch.dtype, *, kernels: boo
         return (torch.bfloat16 if t["bf16"] < t["fp32"] else torch.float32), t
 
 
-def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[int, ...] = (1, 4), reps: int = 5) -> dict:
-    """Seconds of the library's GEMV over a bf16 weight, summed over `tokens` rows of activations,
-    with fp32 activations ("fp32") and with the vdpbf16ps tiles ("bf16"). Well under a second."""
+def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[int, ...] = (1,), reps: int = 5,
+                     keys: int = 4096, out_of_cache: int = 64 << 20) -> dict:
+    """Seconds of one decode step's shape with fp32 activations ("fp32") and with the vdpbf16ps
+    tiles ("bf16"): the library's GEMV of `tokens` rows over a bf16 [n, k] weight read from
+    DRAM (copies rotated past `out_of_cache` bytes, as a decode step streams its weights),
+    plus decode attention of 32 query heads over `keys` keys of 4 bf16 KV heads x 128 (scores
+    and values in bf16 under the switch). A cache-resident GEMV (what this measured before)
+    is compute-bound and flatters vdpbf16ps: on a Zen 4 it said 2.2x where the decode GEMV
+    from DRAM is at par. Well under a second."""
     from . import cpu_kernels
     from .pool import CpuPool
     lib = cpu_kernels()
     pool = CpuPool(lib, threads)
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(n, k, generator=g).bfloat16()
+    w0 = torch.randn(n, k, generator=g).bfloat16()
+    ws = [w0] + [w0.clone() for _ in range(max(1, -(-out_of_cache // w0.nbytes)) - 1)]
     xs = [torch.randn(m, k, generator=g) for m in tokens]
     ys = [torch.empty(m, n) for m in tokens]
+    hq, hkv, d = 32, 4, 128
+    kc, vc = (torch.randn(keys, hkv, d, generator=g).bfloat16() for _ in range(2))
+    slots, lens = torch.randperm(keys, generator=g)[None].contiguous(), torch.tensor([keys])
+    q, o = torch.randn(1, hq, d, generator=g), torch.empty(1, hq, d)
 
     def run():
-        for x, y in zip(xs, ys):
-            lib.ft_linear_run(pool.handle, 1, w.data_ptr(), 2 * k, None, 0, n, k, x.data_ptr(), 0, x.shape[0],
-                              None, y.data_ptr())
+        for w in ws:
+            for x, y in zip(xs, ys):
+                lib.ft_linear_run(pool.handle, 1, w.data_ptr(), 2 * k, None, 0, n, k, x.data_ptr(), 0, x.shape[0],
+                                  None, y.data_ptr())
+        if keys:
+            lib.ft_decode_attention(pool.handle, q.data_ptr(), 1, hq, hkv, d, kc.data_ptr(), vc.data_ptr(), 1,
+                                    slots.data_ptr(), keys, lens.data_ptr(), d ** -0.5, None, o.data_ptr())
     try:
         best = {}
         for _ in range(reps):                    # interleaved: a load change hits both alike
@@ -182,7 +200,9 @@ def bf16_dot_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
     if requested != "auto" or not kernels or weights != torch.bfloat16 or not BF16_DOT <= flags \
             or isa_level(flags) != "avx512":
         return False, None
-    t = _cached(cache, f"bf16dot:n2048k2048:{threads}", flags, threads, lambda: measure(threads))
+    from ..platform import cpu_model      # per CPU model: vCPUs with the same flags differ in it
+    t = _cached(cache, f"bf16dot:decode-dram-attn4096:{cpu_model()}:{threads}", flags, threads,
+                lambda: measure(threads))
     try:
         return t["bf16"] < t["fp32"], t
     except (KeyError, TypeError):
@@ -206,7 +226,7 @@ class CpuChoices:
         why = (f" (calibrated: bf16 GEMM {t['fp32'] / t['bf16']:.2f}x the speed of fp32)" if t
                else " (forced)" if "prefill_gemm" in self.forced else "")
         dot = (f"; bf16 weights x {'bf16 (vdpbf16ps)' if self.bf16_dot else 'fp32'} activations in the kernels"
-               + (f" (calibrated: vdpbf16ps GEMV {d['fp32'] / d['bf16']:.2f}x the speed of fp32)" if d
+               + (f" (calibrated: vdpbf16ps decode GEMV + attention {d['fp32'] / d['bf16']:.2f}x the speed of fp32)" if d
                   else " (forced)" if "bf16_dot" in self.forced else ""))
         build = f" ({self.kernels} kernels, forced)" if "kernel_isa" in self.forced else ""
         return (f"CPU path {self.isa}{build}; activations {str(self.activations).removeprefix('torch.')}; "

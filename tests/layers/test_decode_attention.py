@@ -163,3 +163,47 @@ def test_bf16_kv_cache_under_fp32_compute(tiny_dir):
     ref = LLM(d, dtype="float32").score(prompt + out.token_ids)
     got = llm.score(prompt + out.token_ids)
     assert ((got - ref).abs().max() / ref.abs().max()) < 2e-2
+
+
+def _reference_bf16(q, cache, meta, scale):
+    """The arithmetic of the kernel with the bf16 switch on (llama.cpp's for a bf16 cache), in
+    float64: q rounded to bf16 for the scores, the softmax numerators rounded to bf16 for the
+    values, their unrounded sum as the denominator."""
+    outs = []
+    hq = q.shape[1]
+    for i, n in enumerate(meta.context_lens.tolist()):
+        s = meta.key_slots[i, :n]
+        keys, values = cache.k[s].double(), cache.v[s].double()          # [n, hkv, d]
+        g = hq // keys.shape[1]
+        keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)
+        sc = torch.einsum("hd,nhd->hn", q[i].bfloat16().double(), keys) * scale
+        e = torch.exp(sc - sc.max(1, keepdim=True).values)
+        outs.append(torch.einsum("hn,nhd->hd", e.float().bfloat16().double(), values) / e.sum(1, keepdim=True))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("hq,hkv,d", [(32, 4, 128), (16, 1, 80), (20, 1, 40), (6, 2, 48), (8, 8, 64)])
+def test_bf16_switch_matches_float64_reference_of_rounded_q_and_weights(isa, hq, hkv, d):
+    """ft_set_bf16_dot(1) with a bf16 cache: vdpbf16ps scores and values where the build has it
+    and the group fits (G divides 16 / G <= 16), the same rounding emulated otherwise; against
+    float64 attention over bf16-rounded q and softmax numerators, split-K (3000 keys) included.
+    An fp32 cache stays exact."""
+    lib = kernels.load(isa)
+    pool = CpuPool(lib, 2, small_job_bytes=0)
+    gen = torch.Generator().manual_seed(hq * 100 + d)
+    try:
+        assert lib.ft_set_bf16_dot(1) in (1, 2)
+        q, k, v, cache, meta = _decode_step([1, 33, 70, 300, 17, 3000], hq, hkv, d, torch.bfloat16, gen, pool)
+        out = paged_attention(q, k, v, cache, meta, d ** -0.5).double()
+        ref = _reference_bf16(q, cache, meta, d ** -0.5)
+        exact = _reference(q, cache, meta, d ** -0.5)
+        err, err_exact = (out - ref).abs().max().item(), (out - exact).abs().max().item()
+        assert err < 3e-4 * ref.abs().max().item(), (err, err_exact)     # the exact reference is ~1e-3 off
+        assert err_exact < 3e-2 * exact.abs().max().item()                  # bf16 arithmetic, as llama.cpp's
+        q, k, v, cache, meta = _decode_step([1, 33, 300], hq, hkv, d, torch.float32, gen, pool)
+        out = paged_attention(q, k, v, cache, meta, d ** -0.5)
+        torch.testing.assert_close(out.double(), _reference(q, cache, meta, d ** -0.5), atol=2e-6, rtol=2e-5)
+    finally:
+        lib.ft_set_bf16_dot(0)
+        pool.close()

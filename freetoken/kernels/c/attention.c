@@ -19,6 +19,9 @@
  * accumulator made every FMA of a block take a microcode assist (~20x slower). */
 
 #define ATT_BLOCK 32
+#ifndef ATT_PF_LOC
+#define ATT_PF_LOC 2           /* __builtin_prefetch locality: 2 = prefetcht1, see att_prefetch */
+#endif
 #define ATT_CHUNK_MIN 256      /* keys per chunk at least: below that the merge costs more than the split saves */
 
 typedef struct {
@@ -35,12 +38,15 @@ typedef struct {
 } att_job;
 
 /* Ask for the rows of the next block while this one is computed: the blocks lie in random
- * order in the paged cache, which the hardware prefetchers cannot follow. */
+ * order in the paged cache, which the hardware prefetchers cannot follow. Into L2
+ * (prefetcht1), not L1: a block's 32 rows are ~128 lines in flight, more than L1's miss
+ * buffers hold; on a Zen 4 core prefetcht0 made the kernel 1.7x slower from DRAM (4096 keys,
+ * 123 vs 72 ns per key and KV head), cache-resident blocks ran the same. */
 FORCE_INLINE void att_prefetch(const uint8_t *base, int64_t row_bytes, int64_t head_off, const int64_t *slots,
                                int64_t nb, int64_t bytes) {
     for (int64_t i = 0; i < nb; i++) {
         const char *r = (const char *)(base + slots[i] * row_bytes + head_off);
-        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(r + o, 0, 3);
+        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(r + o, 0, ATT_PF_LOC);
     }
 }
 
@@ -83,28 +89,43 @@ FORCE_INLINE void att_chunk(const att_job *A, int s, int h, int64_t j0, int64_t 
     const int64_t n = j1 - j0, *slots = A->slots + (int64_t)s * A->kmax + j0;
     float *sc = ws, *qf = sc + A->chunk * G, *acc = qf + (int64_t)(G + 1) * Dp, *buf = acc + (int64_t)G * Dp;
     float *m = buf + (int64_t)ATT_BLOCK * Dp, *l = m + G;
-    att_prep_q(A->q + ((int64_t)s * A->Hq + (int64_t)h * G) * D, G, D, Dp, qf);
+    /* bf16 scores (ft_bf16_dot_on, a bf16 cache): q rounded to bf16 once, as llama.cpp does;
+     * vdpbf16ps on the rows in place where G divides the 16 lanes, else the same products emulated */
+    int qmode = kvt == XT_BF16 && ft_bf16_dot_on ? ATT_Q_ROUNDED : ATT_Q_F32;
+#ifdef FT_BF16DOT
+    if (qmode == ATT_Q_ROUNDED && 16 % G == 0) qmode = ATT_Q_BF16;
+#endif
+    att_prep_q(A->q + ((int64_t)s * A->Hq + (int64_t)h * G) * D, G, D, Dp, qf, qmode);
     const float *rows[ATT_BLOCK];
     for (int64_t b = 0; b < n; b += ATT_BLOCK) {
         const int64_t nb = n - b < ATT_BLOCK ? n - b : ATT_BLOCK, b2 = b + ATT_BLOCK;
         if (b2 < n) att_prefetch(A->k, row_bytes, head_off, slots + b2, n - b2 < ATT_BLOCK ? n - b2 : ATT_BLOCK, D * es);
         else att_prefetch(A->v, row_bytes, head_off, slots, n < ATT_BLOCK ? n : ATT_BLOCK, D * es);   /* V's first block */
+#ifdef FT_BF16DOT
+        if (qmode == ATT_Q_BF16) {
+            const uint16_t *kr[ATT_BLOCK];
+            for (int64_t i = 0; i < nb; i++) kr[i] = (const uint16_t *)(A->k + slots[b + i] * row_bytes + head_off);
+            att_scores_block_bf16(kr, nb, G, D, Dp, (const uint16_t *)qf, A->scale, sc + b * G);
+            continue;
+        }
+#endif
         att_rows(A->k, row_bytes, head_off, kvt, slots + b, nb, D, Dp, buf, rows);
         att_scores_block(rows, nb, G, D, Dp, qf, A->scale, sc + b * G);
     }
     att_softmax(sc, n, G, m, l);
     memset(acc, 0, (size_t)G * Dp * 4);
+    const int vkind = qmode == ATT_Q_F32 ? kvt : ATT_KV_BF16P;     /* the values' weights rounded alike */
     const uint8_t *vr[ATT_BLOCK];
     for (int64_t b = 0; b < n; b += ATT_BLOCK) {
         const int64_t nb = n - b < ATT_BLOCK ? n - b : ATT_BLOCK, b2 = b + ATT_BLOCK;
         if (b2 < n) att_prefetch(A->v, row_bytes, head_off, slots + b2, n - b2 < ATT_BLOCK ? n - b2 : ATT_BLOCK, D * es);
         for (int64_t i = 0; i < nb; i++) vr[i] = A->v + slots[b + i] * row_bytes + head_off;
-        att_values_block(vr, kvt, sc + b * G, nb, G, D, Dp, acc);
+        att_values_block(vr, vkind, sc + b * G, nb, G, D, Dp, acc);
     }
     for (int g = 0; g < G; g++) {
         float *pg = part + (int64_t)g * (D + 2);
         for (int pos = 0; pos < Dp; pos++) {
-            const int c = att_col(kvt, pos);
+            const int c = att_col(vkind, G, pos);
             if (c < D) pg[c] = acc[(int64_t)g * Dp + pos];
         }
         pg[D] = m[g];

@@ -83,7 +83,15 @@ FORCE_INLINE __m512 reduce16(const __m512 *a) {
 #endif
 
 /* Column of accumulator position pos (see att_values_block). */
-int att_col(int kvt, int pos) {
+int att_col(int kvt, int G, int pos) {
+#ifdef FT_BF16DOT
+    if (kvt == ATT_KV_BF16P && G <= 16) {   /* vtile_bf16: 32-bit lane j of the unpacked key pairs */
+        int b = pos & ~31, i = pos & 31, j = i & 15;
+        return b + 8 * (j >> 2) + (i >= 16 ? 4 : 0) + (j & 3);
+    }
+#endif
+    (void)G;
+    if (kvt == ATT_KV_BF16P) kvt = XT_BF16;
 #if defined(FT_AVX512)
     if (kvt == XT_BF16) { int b = pos & ~31, i = pos & 31; return b + (i < 16 ? 2 * i : 2 * (i - 16) + 1); }
 #elif defined(FT_AVX2)
@@ -94,10 +102,19 @@ int att_col(int kvt, int pos) {
 }
 
 /* The G query heads of an item, zero padded to Dp columns, with one zero row after them (for
- * the unused pairs of a last tile). */
-void att_prep_q(const float *q, int G, int D, int Dp, float *qf) {
+ * the unused pairs of a last tile): fp32 as they are (ATT_Q_F32), rounded to bf16 but kept as
+ * fp32 (ATT_Q_ROUNDED: the fp32 tiles then compute the products of vdpbf16ps), or as bf16
+ * values (ATT_Q_BF16, for att_scores_block_bf16). */
+void att_prep_q(const float *q, int G, int D, int Dp, float *qf, int mode) {
     memset(qf, 0, (size_t)(G + 1) * Dp * 4);
-    for (int g = 0; g < G; g++) memcpy(qf + (int64_t)g * Dp, q + (int64_t)g * D, (size_t)D * 4);
+    for (int g = 0; g < G; g++) {
+        const float *src = q + (int64_t)g * D;
+        if (mode == ATT_Q_F32) memcpy(qf + (int64_t)g * Dp, src, (size_t)D * 4);
+        else if (mode == ATT_Q_ROUNDED)
+            for (int c = 0; c < D; c++) qf[(int64_t)g * Dp + c] = bf16_to_f32(f32_to_bf16(src[c]));
+        else
+            for (int c = 0; c < D; c++) ((uint16_t *)qf)[(int64_t)g * Dp + c] = f32_to_bf16(src[c]);
+    }
 }
 
 /* Score tiles of one vector of (key, head) pairs when G divides the width: W/GG keys x all GG
@@ -147,6 +164,49 @@ FORCE_INLINE void gtiles(const float *const *rows, int64_t nb, int Dp, const flo
         _mm256_storeu_ps(r, _mm256_mul_ps(gtile_f32(kp, qf, Dp, GG), _mm256_set1_ps(scale)));
         memcpy(sc + j * GG, r, (size_t)cnt * 4);
 #endif
+    }
+}
+#endif
+
+#ifdef FT_BF16DOT
+/* gtile_f32 on the bf16 key rows as they lie in the cache, with bf16 queries: 32 columns per
+ * vdpbf16ps (twice the multiply-adds of an fp32 FMA per instruction, and no widening of the
+ * rows); the last partial slice through a masked load (the queries are zero padded). */
+FORCE_INLINE __m512 gtile_bf16(const uint16_t *const *kp, const uint16_t *qb, int D, int Dp, const int GG) {
+    __m512 a[16];
+    for (int u = 0; u < 16; u++) a[u] = _mm512_setzero_ps();
+    for (int c = 0; c < Dp; c += 32) {
+        const __mmask32 m = D - c >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (D - c)) - 1);
+        for (int kk = 0; kk < 16 / GG; kk++) {
+            const __m512bh k = (__m512bh)_mm512_maskz_loadu_epi16(m, kp[kk] + c);
+            for (int h = 0; h < GG; h++)
+                a[kk * GG + h] = _mm512_dpbf16_ps(a[kk * GG + h], k, (__m512bh)_mm512_loadu_si512(qb + h * Dp + c));
+        }
+    }
+    return reduce16(a);
+}
+
+FORCE_INLINE void gtiles_bf16(const uint16_t *const *rows, int64_t nb, int D, int Dp, const uint16_t *qb,
+                              float scale, float *sc, const int GG) {
+    const int NK = 16 / GG;
+    for (int64_t j = 0; j < nb; j += NK) {
+        const int keys = nb - j < NK ? (int)(nb - j) : NK;
+        const uint16_t *kp[16];
+        for (int kk = 0; kk < NK; kk++) kp[kk] = rows[j + (kk < keys ? kk : 0)];
+        _mm512_mask_storeu_ps(sc + j * GG, (__mmask16)((1u << (keys * GG)) - 1),
+                              _mm512_mul_ps(gtile_bf16(kp, qb, D, Dp, GG), _mm512_set1_ps(scale)));
+    }
+}
+
+/* att_scores_block with bf16 queries qb [G+1][Dp] on bf16 rows read in place (G divides 16). */
+void att_scores_block_bf16(const uint16_t *const *rows, int64_t nb, int G, int D, int Dp, const uint16_t *qb,
+                           float scale, float *sc) {
+    switch (G) {
+    case 1: gtiles_bf16(rows, nb, D, Dp, qb, scale, sc, 1); break;
+    case 2: gtiles_bf16(rows, nb, D, Dp, qb, scale, sc, 2); break;
+    case 4: gtiles_bf16(rows, nb, D, Dp, qb, scale, sc, 4); break;
+    case 8: gtiles_bf16(rows, nb, D, Dp, qb, scale, sc, 8); break;
+    default: gtiles_bf16(rows, nb, D, Dp, qb, scale, sc, 16); break;
     }
 }
 #endif
@@ -261,15 +321,21 @@ void att_softmax(float *sc, int64_t n, int G, float *m, float *l) {
 }
 
 #ifdef FT_AVX512
+/* The value tiles' register accumulators: heads g0.. g0+GH-1, 32 columns from c0 (store: 1). */
+FORCE_INLINE void acc_io(float *acc, int Dp, int c0, int g0, __m512 (*a)[2], const int GH, const int store) {
+    for (int u = 0; u < GH; u++) {
+        float *r = acc + (int64_t)(g0 + u) * Dp + c0;
+        if (store) { _mm512_storeu_ps(r, a[u][0]); _mm512_storeu_ps(r + 16, a[u][1]); }
+        else { a[u][0] = _mm512_loadu_ps(r); a[u][1] = _mm512_loadu_ps(r + 16); }
+    }
+}
+
 /* GH heads' accumulators over 32 columns from c0 (even then odd columns for bf16) in registers
  * for all nb rows: one load and two widening ops per row serve 2*GH FMAs. */
 FORCE_INLINE void vtile512(const uint8_t *const *vr, int kvt, const float *p, int64_t nb, int G, int D, int Dp,
                            int c0, int g0, float *acc, const int GH) {
     __m512 a[8][2];
-    for (int u = 0; u < GH; u++) {
-        a[u][0] = _mm512_loadu_ps(acc + (int64_t)(g0 + u) * Dp + c0);
-        a[u][1] = _mm512_loadu_ps(acc + (int64_t)(g0 + u) * Dp + c0 + 16);
-    }
+    acc_io(acc, Dp, c0, g0, a, GH, 0);
     const int w = D - c0 < 32 ? D - c0 : 32;
     const __mmask32 m = w == 32 ? ~(__mmask32)0 : (__mmask32)((1u << w) - 1);
     const __mmask16 m0 = (__mmask16)(w >= 16 ? 0xffff : (1u << w) - 1), m1 = (__mmask16)(w >= 32 ? 0xffff : w > 16 ? (1u << (w - 16)) - 1 : 0);
@@ -290,10 +356,7 @@ FORCE_INLINE void vtile512(const uint8_t *const *vr, int kvt, const float *p, in
             a[u][1] = _mm512_fmadd_ps(wu, od, a[u][1]);
         }
     }
-    for (int u = 0; u < GH; u++) {
-        _mm512_storeu_ps(acc + (int64_t)(g0 + u) * Dp + c0, a[u][0]);
-        _mm512_storeu_ps(acc + (int64_t)(g0 + u) * Dp + c0 + 16, a[u][1]);
-    }
+    acc_io(acc, Dp, c0, g0, a, GH, 1);
 }
 #define VT_WIDTH 32
 #define VT_HEADS 8
@@ -339,9 +402,65 @@ FORCE_INLINE void vtile256(const uint8_t *const *vr, int kvt, const float *p, in
 #define VTILE(GH) vtile256(vr, kvt, p, nb, G, D, Dp, c0, g0, acc, GH)
 #endif
 
-/* acc[g][pos] += sum_i p[i*G+g] * V_i[att_col(kvt, pos)] over the nb rows vr of a block
- * (bf16 or fp32 cache rows, read in place); acc [G][Dp]. */
-void att_values_block(const uint8_t *const *vr, int kvt, const float *p, int64_t nb, int G, int D, int Dp, float *acc) {
+#ifdef FT_BF16DOT
+/* vtile512 for ATT_KV_BF16P: two keys at a time, their rows' 32-column slices interleaved per
+ * column (unpacklo/hi: lane j of lo holds the pair of column 8(j/4) + j%4, of hi that + 4) and
+ * one vdpbf16ps per half with the pair of bf16 weights pp[i/2][g]: half the instructions of the
+ * fp32 FMAs, and no widening. */
+FORCE_INLINE void vtile_bf16(const uint8_t *const *vr, const uint32_t *pp, int64_t nb, int G, int D, int Dp,
+                             int c0, int g0, float *acc, const int GH) {
+    __m512 a[8][2];
+    acc_io(acc, Dp, c0, g0, a, GH, 0);
+    const int w = D - c0 < 32 ? D - c0 : 32;
+    const __mmask32 m = w == 32 ? ~(__mmask32)0 : (__mmask32)((1u << w) - 1);
+    for (int64_t i = 0; i < nb; i += 2) {
+        const __m512i x0 = _mm512_maskz_loadu_epi16(m, (const uint16_t *)vr[i] + c0);
+        const __m512i x1 = i + 1 < nb ? _mm512_maskz_loadu_epi16(m, (const uint16_t *)vr[i + 1] + c0)
+                                      : _mm512_setzero_si512();
+        const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(x0, x1), hi = (__m512bh)_mm512_unpackhi_epi16(x0, x1);
+        const uint32_t *pi = pp + (i / 2) * G + g0;
+        for (int u = 0; u < GH; u++) {
+            const __m512bh wu = (__m512bh)_mm512_set1_epi32((int)pi[u]);
+            a[u][0] = _mm512_dpbf16_ps(a[u][0], lo, wu);
+            a[u][1] = _mm512_dpbf16_ps(a[u][1], hi, wu);
+        }
+    }
+    acc_io(acc, Dp, c0, g0, a, GH, 1);
+}
+#define VTILE_BF16(GH) vtile_bf16(vr, pp, nb, G, D, Dp, c0, g0, acc, GH)
+#endif
+
+/* acc[g][pos] += sum_i p[i*G+g] * V_i[att_col(kvt, G, pos)] over the nb (<= 32) rows vr of a
+ * block (bf16 or fp32 cache rows, read in place); acc [G][Dp]. ATT_KV_BF16P: bf16 rows and p
+ * rounded to bf16 (vdpbf16ps, or emulated: p rounded in place, then the fp32 tiles). */
+void att_values_block(const uint8_t *const *vr, int kvt, float *p, int64_t nb, int G, int D, int Dp, float *acc) {
+    if (kvt == ATT_KV_BF16P) {
+#ifdef FT_BF16DOT
+        if (G <= 16) {
+            uint32_t pp[16 * 16];
+            for (int64_t i = 0; i < nb; i += 2)
+                for (int g = 0; g < G; g++)
+                    pp[(i / 2) * G + g] = f32_to_bf16(p[i * G + g])
+                                          | (uint32_t)(i + 1 < nb ? f32_to_bf16(p[(i + 1) * G + g]) : 0) << 16;
+            for (int c0 = 0; c0 < D; c0 += 32)
+                for (int g0 = 0; g0 < G; g0 += 8) {
+                    switch (G - g0 < 8 ? G - g0 : 8) {
+                    case 1: VTILE_BF16(1); break;
+                    case 2: VTILE_BF16(2); break;
+                    case 3: VTILE_BF16(3); break;
+                    case 4: VTILE_BF16(4); break;
+                    case 5: VTILE_BF16(5); break;
+                    case 6: VTILE_BF16(6); break;
+                    case 7: VTILE_BF16(7); break;
+                    default: VTILE_BF16(8); break;
+                    }
+                }
+            return;
+        }
+#endif
+        for (int64_t i = 0; i < nb * G; i++) p[i] = bf16_to_f32(f32_to_bf16(p[i]));
+        kvt = XT_BF16;
+    }
 #ifdef VT_WIDTH
     for (int c0 = 0; c0 < D; c0 += VT_WIDTH)
         for (int g0 = 0; g0 < G; g0 += VT_HEADS) {

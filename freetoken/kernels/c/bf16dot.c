@@ -19,13 +19,6 @@ int ft_set_bf16_dot(int on) {
 #endif
 }
 
-static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as vcvtneps2bf16 */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* quiet NaN */
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* Elements [j0, j1) of src rounded to bf16: natural order bf16 for vdpbf16ps, else as fp32 in
  * the layout of dots.c's bf16 tiles. */
 void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, int j1) {

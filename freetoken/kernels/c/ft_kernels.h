@@ -88,6 +88,12 @@ FT_HIDDEN void init_tables(void);
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
 }
+static inline uint16_t f32_to_bf16(float f) {   /* round to nearest even, as vcvtneps2bf16 */
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);   /* quiet NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
 static inline float f16_to_f32(uint16_t h) {
     uint32_t s = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, u;
     if (e == 0) {
@@ -183,13 +189,20 @@ FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const
 #endif
 
 /* attention_blocks.c: the block loops of decode attention (attention.c) */
-FT_HIDDEN void att_prep_q(const float *q, int G, int D, int Dp, float *qf);
+enum { ATT_Q_F32 = 0, ATT_Q_ROUNDED = 1, ATT_Q_BF16 = 2 };   /* att_prep_q's output */
+FT_HIDDEN void att_prep_q(const float *q, int G, int D, int Dp, float *qf, int mode);
+#ifdef FT_BF16DOT
+FT_HIDDEN void att_scores_block_bf16(const uint16_t *const *rows, int64_t nb, int G, int D, int Dp,
+                                     const uint16_t *qb, float scale, float *sc);
+#endif
 FT_HIDDEN void att_scores_block(const float *const *rows, int64_t nb, int G, int D, int Dp, const float *qf,
                                 float scale, float *sc);
 FT_HIDDEN void att_softmax(float *sc, int64_t n, int G, float *m, float *l);
-FT_HIDDEN void att_values_block(const uint8_t *const *vr, int kvt, const float *p, int64_t nb, int G, int D, int Dp,
+/* att_values_block's kvt beside XT_F32/XT_BF16: bf16 rows, weights rounded to bf16 (vdpbf16ps) */
+#define ATT_KV_BF16P 2
+FT_HIDDEN void att_values_block(const uint8_t *const *vr, int kvt, float *p, int64_t nb, int G, int D, int Dp,
                                 float *acc);
-FT_HIDDEN int att_col(int kvt, int pos);
+FT_HIDDEN int att_col(int kvt, int G, int pos);
 
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                         const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
