@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 
 from freetoken.tiny import make_tiny
@@ -13,6 +14,19 @@ from freetoken.tiny import make_tiny
 # machine (seen at load 15-19), so it is off for every property test.
 settings.register_profile("freetoken", deadline=None)
 settings.load_profile("freetoken")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one; `pytest -m cuda` runs them)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
