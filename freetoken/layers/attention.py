@@ -5,7 +5,9 @@ is written (`slot_mapping`) and, per sequence in the batch, which cache slots ho
 keys (`key_slots`, padded with the null slot 0) and which flat tokens are its queries
 (`query_index`, padded with a dummy row). On the CPU, decode steps run the C kernel over the
 cache in place and prefill chunks the blockwise causal attention of `prefill_attention` (no
-mask); elsewhere (CUDA, sliding windows) it is one batched SDPA with a boolean mask, so prefill
+mask). On CUDA attention reads the cache in place (`paged_flex`: the cache tensor with the
+step's block tables as a block mask, no per-step KV copy). Otherwise (CPU sliding windows, the
+device fallback) it is one batched SDPA over gathered keys with a boolean mask, so prefill
 chunks and decode tokens of many sequences run in one call.
 """
 from __future__ import annotations
