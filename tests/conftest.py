@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 
 from freetoken.tiny import make_tiny
@@ -34,6 +35,19 @@ def cpu_choice(request) -> dict:
     if isa is not None and isa not in variants_here():
         pytest.skip(f"the {isa} kernel build does not run on this CPU (here: {', '.join(variants_here())})")
     return opts
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one; `pytest -m cuda` runs them)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

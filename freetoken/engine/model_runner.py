@@ -123,7 +123,7 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping=torch.cat(slot_map).to(dev), key_slots=torch.stack(key_slots).to(dev),
                                  key_positions=key_pos.to(dev), query_index=q_index.to(dev),
                                  query_positions=q_pos.to(dev), num_tokens=n_total, context_lens=ctx_lens,
-                                 kernel_pool=self.kernel_pool)
+                                 kernel_pool=self.kernel_pool, block_size=self.block_size)
         phase = "decode" if qmax == 1 else "prefill"
         ctx = ForwardContext(attn=meta, kv=self.kv, states=[s.state for s, _ in batch],
                              query_lens=[n for _, n in batch], phase=phase)

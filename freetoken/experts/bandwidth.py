@@ -5,6 +5,12 @@ B_P: bytes/s of expert rows copied host -> cache (pinned, real rows, the model's
 B_H: bytes/s of expert weights the host memory system delivers; the CPU branch gets
      B_H - B_P while the link is busy (they share it). q* = m * B_P / B_H.
 
+One meaning of B_H everywhere (`q_rates`: the engine's estimator, `freetoken sim project`
+and the profile file's readers all call it): B_H = B_P' + C', with B_P' the link's rate while
+the CPU branch runs and C' the CPU branch's rate while the link runs, measured (`b_p_shared`,
+`b_h_shared`) or, without them, modelled as B_P and B_H_alone - B_P (at least 10% of
+B_H_alone). With both branches busy the whole layer, q/B_P' = (m - q)/C' gives q* exactly.
+
 A profile file holds one entry per (machine, device, expert format):
   {"version": 1, "profiles": {"<machine>|<device>|<format>": {"b_p": .., "b_h": .., ...}}}
 
@@ -103,6 +109,25 @@ def save_profile(path: str | os.PathLike, prof: BandwidthProfile) -> None:
     os.replace(tmp, path)
 
 
+def concurrent_rates(b_p: float, b_h: float, b_p_shared: float | None = None,
+                     b_h_shared: float | None = None) -> tuple[float, float]:
+    """(link rate, CPU-branch rate) while both branches run, any unit: the measured shared
+    rates when given, else the model's (the link unchanged, the CPU branch gets B_H - B_P)."""
+    link = b_p_shared if b_p_shared else b_p
+    cpu = b_h_shared if b_h_shared else max(b_h - b_p, 0.1 * b_h)
+    return link, cpu
+
+
+def q_rates(link: float, cpu: float) -> tuple[float, float]:
+    """(B_P, B_H) for q* = m * B_P / B_H from the concurrent link and CPU-branch rates."""
+    return link, link + cpu
+
+
+def profile_q_rates(prof: BandwidthProfile) -> tuple[float, float]:
+    """(B_P, B_H) of a `freetoken profile` entry, bytes/s: what the engine starts q* from."""
+    return q_rates(*concurrent_rates(prof.b_p, prof.b_h, prof.b_p_shared, prof.b_h_shared))
+
+
 class BandwidthEstimator:
     """EWMA estimates of the fill rate (B_P) and the CPU branch's rate (B_H - B_P)."""
 
@@ -120,10 +145,8 @@ class BandwidthEstimator:
             b_p, b_h = (25e9, 50e9) if torch.device(device).type == "cuda" else (10e9, 20e9)
             return cls(b_p, b_h, **kw)
         est = cls(prof.b_p, prof.b_h, **kw)
-        if prof.b_p_shared:
-            est.fill_spb = 1.0 / prof.b_p_shared
-        if prof.b_h_shared:
-            est.cpu_spb = 1.0 / prof.b_h_shared
+        link, cpu = concurrent_rates(prof.b_p, prof.b_h, prof.b_p_shared, prof.b_h_shared)
+        est.fill_spb, est.cpu_spb = 1.0 / link, 1.0 / cpu
         return est
 
     @property
@@ -136,7 +159,7 @@ class BandwidthEstimator:
 
     @property
     def b_h(self) -> float:
-        return self.b_p + self.cpu_rate
+        return q_rates(self.b_p, self.cpu_rate)[1]
 
     def _ewma(self, old: float, n: int, nbytes: int, seconds: float) -> float:
         # A running mean for the first samples (a wrong starting profile is forgotten within a

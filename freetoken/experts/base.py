@@ -24,8 +24,10 @@ class Experts(ABC):
         topk_ids [T, K] expert ids within the layer; topk_weights [T, K].
         Returns [T, H] in hidden's dtype."""
 
-    def begin_step(self, phase: str) -> None:
-        """Called once per model forward with "prefill" or "decode" (the step's dominant phase)."""
+    def begin_step(self, phase: str, tokens: int | None = None) -> None:
+        """Called once per model forward, before the first layer, with "prefill" or "decode"
+        (the step's dominant phase) and the step's token count (a backend may start copying
+        the first layers' experts now, while the embedding and the first attention run)."""
 
     def stats(self) -> dict:
         return {}

@@ -8,10 +8,18 @@ where they are, the rest take the least-recent slots, and everything stays an or
 cache entry afterwards (what survives prefill serves decode). A streamed layer's slots are
 locked from its issue until its compute is done, so at most two layers are borrowed.
 
+When the copies start: layers 0 and 1 at the step's start (`start`, from `begin_step`, while
+the embedding and layer 0's attention run); layer l+2 as soon as layer l's experts have run
+(its buffer is free again), i.e. before layer l+1's attention. So every layer's copy overlaps
+the previous layer's MoE and its own attention, not only the MoE. On CUDA the copy stream
+first waits for the compute stream's queued work (transfer.py: the reused slots may still
+be read), so the copy of l+2 runs beside l+1's attention and MoE.
+
 Used when the cache can hold two whole layers and the step routes at least 2*E
 (token, expert) pairs (then ~86% of the layer's experts are expected to be used);
 otherwise, or when two layers cannot be freed (slots locked), the layer falls back to
-on-demand filling and never oversubscribes the cache.
+on-demand filling and never oversubscribes the cache. The top-k is learnt from the first
+MoE call (until then a step's first layer issues its own copy, as before).
 """
 from __future__ import annotations
 
@@ -26,8 +34,18 @@ class LayerStreamer:
         self.cache, self.L, self.E = cache, num_layers, num_experts
         self.issued: dict[int, tuple] = {}    # layer -> (job, slots[E], newly filled mask)
 
-    def worth_it(self, tokens: int, k: int) -> bool:
+    top_k: int | None = None      # learnt at the first MoE call
+
+    def worth_it(self, tokens: int, k: int, remember: bool = False) -> bool:
+        if remember:
+            self.top_k = k
         return self.cache.capacity >= 2 * self.E and tokens * k >= 2 * self.E
+
+    def start(self, tokens: int | None) -> None:
+        """Step start of a prefill of `tokens` tokens: begin copying layers 0 and 1."""
+        if tokens and self.top_k and self.worth_it(tokens, self.top_k):
+            self.issue(0)
+            self.issue(1)
 
     def issue(self, layer: int) -> bool:
         """Start filling all of `layer`'s experts (locked until computed). False: no room."""
@@ -62,12 +80,13 @@ class LayerStreamer:
         """The layer's output from its streamed experts, or None to fall back to on-demand."""
         if not self.issue(layer):
             return None
-        self.issue(layer + 1)                       # the second buffer: overlaps this layer
+        self.issue(layer + 1)          # the second buffer (already issued unless the step began here)
         job, slots, new = self._land(layer)
         per_choice = torch.zeros(*flat.shape, hidden.shape[1], dtype=torch.float32, device=hidden.device)
         device_run(self.cache.slot_of[flat], hidden, weights, per_choice)   # summed as the on-demand path does
         out = per_choice.sum(1)
         self.cache.unlock(slots)
+        self.issue(layer + 2)          # this buffer is free: the copy overlaps layer+1's attention
         n = int(new.sum())
         routed = np.unique(flat)
         routed = routed[routed >= 0]

@@ -12,9 +12,9 @@ class RoutingRecorder(Experts):
         self.writer = None                       # opened at the first forward, when top-k is known
         self.phase, self.step = "decode", -1
 
-    def begin_step(self, phase: str) -> None:
+    def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.phase, self.step = phase, self.step + 1
-        self.inner.begin_step(phase)
+        self.inner.begin_step(phase, tokens)
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         if self.writer is None:

@@ -88,10 +88,12 @@ class TieredExperts(Experts):
             self.cache.resize(self._size_later())
             self._size_later = None
 
-    def begin_step(self, phase: str) -> None:
+    def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self._ensure_sized()
         if self.streamer is not None:
             self.streamer.release_all()
+            if phase == "prefill":
+                self.streamer.start(tokens)         # layers 0 and 1 copy during embedding + attention
         if self.guard is not None and self.phase == "decode" and self._step_s > 0:
             self.guard.record(self._step_s)
         self._step_s = 0.0
@@ -112,7 +114,7 @@ class TieredExperts(Experts):
             self.cache.table.learn_prompt(layer, local)     # "+prefetch": the predictor learns
         flat = local + layer * self.E
         out = None
-        if self.phase == "prefill" and self.streamer is not None and self.streamer.worth_it(T, K):
+        if self.phase == "prefill" and self.streamer is not None and self.streamer.worth_it(T, K, remember=True):
             out = self.streamer.forward(layer, hidden, flat, topk_weights, self._device_run, self.stats_)
         if out is None:
             out = self._forward_planned(layer, hidden, flat, topk_weights)
@@ -258,7 +260,7 @@ class CpuExperts(Experts):
         self.host = host_executor or make_host_executor(pool)
         self.stats_ = ExpertStats(pool.num_layers, "cpu")
 
-    def begin_step(self, phase: str) -> None:
+    def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.stats_.step(phase)
 
     def forward(self, layer, hidden, topk_ids, topk_weights):

@@ -5,7 +5,9 @@ is written (`slot_mapping`) and, per sequence in the batch, which cache slots ho
 keys (`key_slots`, padded with the null slot 0) and which flat tokens are its queries
 (`query_index`, padded with a dummy row). On the CPU, decode steps run the C kernel over the
 cache in place and prefill chunks the blockwise causal attention of `prefill_attention` (no
-mask); elsewhere (CUDA, sliding windows) it is one batched SDPA with a boolean mask, so prefill
+mask). On CUDA attention reads the cache in place (`paged_flex`: the cache tensor with the
+step's block tables as a block mask, no per-step KV copy). Otherwise (CPU sliding windows, the
+device fallback) it is one batched SDPA over gathered keys with a boolean mask, so prefill
 chunks and decode tokens of many sequences run in one call.
 """
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
 from ..memory.zeros import zeros
-from . import prefill_attention
+from . import paged_flex, prefill_attention
 
 _KV_CODE = {torch.float32: 0, torch.bfloat16: 1}
 
@@ -32,7 +34,16 @@ class AttentionMetadata:
     num_tokens: int
     context_lens: torch.Tensor | None = None   # [B] keys of each sequence (int64, on the host)
     kernel_pool: CpuPool | None = None         # the CPU kernels' pool: decode attention in C
+    block_size: int = 0                        # KV block size (0: unknown, no paged in-place path)
+    paged: bool | None = None                  # read the cache in place (paged_flex); None: on CUDA
     _masks: dict = field(default_factory=dict)
+
+    def use_paged(self, q: torch.Tensor) -> bool:
+        """True when attention reads the paged cache in place (paged_flex.py) instead of
+        gathering each sequence's KV: by default on CUDA; `paged=True` forces it (tests, CPU)."""
+        if self.block_size <= 0 or not paged_flex.available(q.device):
+            return False
+        return self.paged if self.paged is not None else q.device.type == "cuda"
 
     def mask(self, window: int | None = None) -> torch.Tensor:
         """[B, 1, Qmax, Kmax] True where a query may attend a key (causal, optional window)."""
@@ -156,6 +167,11 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
                     prefill_dtype: torch.dtype | None = None) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]. prefill_dtype: what
     the CPU prefill attention multiplies in (default q's dtype)."""
+    if meta.use_paged(q):
+        cache.write(meta.slot_mapping, k, v)
+        out = in_place(gather_queries(q, meta), cache.k, cache.v, meta, scale, window)
+        if out is not None:
+            return scatter(out, meta)
     if meta.decode_kernel(q, cache.k.dtype, window):
         return decode_attention(q, k, v, cache, meta, scale)
     if (q.device.type == "cpu" and prefill_attention.available() and meta.context_lens is not None
@@ -183,3 +199,18 @@ def masked_sdpa(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
             mask, causal = None, True
     return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=causal,
                                           scale=scale, enable_gqa=keys.shape[1] != hq)
+
+
+def in_place(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, meta: AttentionMetadata,
+             scale: float, window: int | None = None, sinks: torch.Tensor | None = None,
+             selected: torch.Tensor | None = None) -> torch.Tensor | None:
+    """paged_flex over the cache tensors; None when the device kernel fails (then the caller
+    gathers, and every later call does: the failure is logged once)."""
+    try:
+        return paged_flex.paged_flex_attention(queries, keys, values, meta, meta.block_size, scale, window,
+                                               sinks, selected)
+    except Exception as e:                  # a compile/launch failure on the device: gathered path
+        if queries.device.type != "cuda":
+            raise
+        paged_flex.disable(e)
+        return None

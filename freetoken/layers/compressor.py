@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .host_copy import to_host
 from .linear import Linear
 from .norm import rms_norm
 
@@ -60,16 +61,15 @@ class CompressorState:
     def snapshot(self) -> "CompressorState":
         snap = object.__new__(CompressorState)
         snap.__dict__.update(self.__dict__)
-        for t in self._fixed:
-            setattr(snap, t, getattr(self, t).clone())
-        snap.entries = self.entries[:self.count].clone()
+        names = self._fixed + ("entries",)
+        snap.host = to_host([getattr(self, t) for t in self._fixed] + [self.entries[:self.count]])
+        for t, host in zip(names, snap.host.tensors):    # in host memory, copied asynchronously
+            setattr(snap, t, host)
         return snap
 
     @torch.inference_mode()
     def restore(self, snap: "CompressorState") -> None:
-        for t in self._fixed:
-            getattr(self, t).copy_(getattr(snap, t))
-        self.entries[:snap.count].copy_(snap.entries)
+        snap.host.copy_back([getattr(self, t) for t in self._fixed] + [self.entries[:snap.count]])
         self.entries[snap.count:].zero_()
         self.nbuf, self.count, self.has_overlap, self.position = snap.nbuf, snap.count, snap.has_overlap, snap.position
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionMetadata, KVCache, attend_rows, gather_queries, gather_rows, masked_sdpa, scatter
+from .attention import (AttentionMetadata, KVCache, attend_rows, gather_queries, gather_rows, in_place, masked_sdpa,
+                        scatter)
 from .linear import LinearFactory
 from .norm import RMSNorm
 from .rope import Rotary, rope_parameters
@@ -113,7 +114,9 @@ class MLA:
             row = torch.cat([row, self.indexer.keys(x, cos, sin)[:, None].to(row.dtype)], dim=-1)
         cache.write(meta.slot_mapping, row)
         chosen = None if self.indexer is None else self.indexer.select(x, ql, cos, sin, cache.k, self.c.row, meta)
-        if meta.query_index.shape[1] == 1:
+        if meta.use_paged(q_nope):     # every step absorbed, over the cache rows in place
+            o = self.absorbed(q_nope, q_rope, cache, meta, chosen)
+        elif meta.query_index.shape[1] == 1:
             o = self.absorbed(q_nope, q_rope, cache, meta, chosen)
         else:
             o = self.expanded(q_nope, q_rope, cache, meta, chosen)
@@ -139,6 +142,12 @@ class MLA:
         """One query per sequence against the latent rows as one shared head -> [N, H, v]."""
         c = self.c
         q = torch.cat([torch.einsum("nhd,hdc->nhc", q_nope, self.w_kb), q_rope], dim=-1)   # [N, H, row]
+        o = None
+        if meta.use_paged(q):          # latent rows are keys ([.., :row]) and values ([.., :rank]) in place
+            o = in_place(gather_queries(q, meta), cache.k[..., :c.row], cache.k[..., :c.kv_lora_rank], meta,
+                         c.scale, selected=None if chosen is None else chosen.mask)
+            if o is not None:
+                return torch.einsum("nhc,hvc->nhv", scatter(o, meta), self.w_vb)
         if meta.decode_kernel(q, cache.k.dtype, None):
             # the C kernel reads whole cache rows in place: zero query entries past the latent and
             # rope key leave the scores alone, and the values are the same rows (the latent part is kept)

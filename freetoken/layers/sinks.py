@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata, KVCache, decode_attention, gather, scatter
+from .attention import AttentionMetadata, KVCache, decode_attention, gather, gather_queries, in_place, scatter
 
 QUERY_BLOCK = 256
 
@@ -34,6 +34,11 @@ def paged_attention_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cac
                           meta: AttentionMetadata, scale: float, sinks: torch.Tensor,
                           window: int | None = None) -> torch.Tensor:
     """q [N, Hq, D], k/v [N, Hkv, D] for the step's new tokens -> [N, Hq, D]."""
+    if meta.use_paged(q):
+        cache.write(meta.slot_mapping, k, v)
+        out = in_place(gather_queries(q, meta), cache.k, cache.v, meta, scale, window, sinks=sinks)
+        if out is not None:
+            return scatter(out, meta)
     if meta.decode_kernel(q, cache.k.dtype, window):
         return decode_attention(q, k, v, cache, meta, scale, sinks.float().contiguous())
     queries, keys, values = gather(q, k, v, cache, meta)

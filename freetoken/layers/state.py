@@ -3,13 +3,17 @@
 A state object knows how many tokens it has absorbed (`position`) and can
 `snapshot()` itself into a detached copy and `restore()` from one (both work inside or
 outside inference mode: the runner creates states under it). The prefix
-cache stores snapshots; models only read and write the live tensors.
+cache stores snapshots; models only read and write the live tensors. Snapshots live in host
+memory whatever the live device (pinned and copied asynchronously from a GPU: host_copy.py);
+`restore` copies them back to the live tensors' device.
 """
 
 import copy
 from dataclasses import dataclass, field
 
 import torch
+
+from .host_copy import to_host
 
 
 class TensorState:
@@ -25,14 +29,19 @@ class TensorState:
     @torch.inference_mode()
     def snapshot(self):
         snap = copy.copy(self)
-        for t in self.tensors:
-            setattr(snap, t, getattr(self, t).clone())
+        snap.host = to_host([getattr(self, t) for t in self.tensors])
+        for t, host in zip(self.tensors, snap.host.tensors):
+            setattr(snap, t, host)
         return snap
 
     @torch.inference_mode()
     def restore(self, snap) -> None:
-        for t in self.tensors:
-            getattr(self, t).copy_(getattr(snap, t))
+        live = [getattr(self, t) for t in self.tensors]
+        if getattr(snap, "host", None) is not None:
+            snap.host.copy_back(live)
+        else:                                   # another live state
+            for dst, t in zip(live, self.tensors):
+                dst.copy_(getattr(snap, t))
         self.position = snap.position
 
     @torch.inference_mode()

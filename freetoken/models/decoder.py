@@ -311,7 +311,7 @@ class MoECausalLM:
     # --- compute -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         if self.experts is not None:
-            self.experts.begin_step(ctx.phase)
+            self.experts.begin_step(ctx.phase, len(input_ids))
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions)
         for i, layer in enumerate(self.layers):

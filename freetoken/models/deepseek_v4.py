@@ -219,7 +219,7 @@ class DeepseekV4ForCausalLM(MoECausalLM):
     # --- compute ---------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         check_positions(ctx.states, ctx.query_lens, positions)
-        self.experts.begin_step(ctx.phase)
+        self.experts.begin_step(ctx.phase, len(input_ids))
         x = self.embed_tokens(input_ids)
         streams = x.unsqueeze(1).expand(-1, self.hc, -1).contiguous()
         rope = {k: (c.index_select(0, positions), s.index_select(0, positions)) for k, (c, s) in self.rope.items()}

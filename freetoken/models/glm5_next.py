@@ -166,7 +166,7 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         check_positions(ctx.states, ctx.query_lens, positions)
         if self.experts is not None:
-            self.experts.begin_step(ctx.phase)
+            self.experts.begin_step(ctx.phase, len(input_ids))
         x = self.embed_tokens(input_ids)
         streams = x.unsqueeze(1).expand(-1, self.hc, -1).contiguous()
         for layer in self.layers:

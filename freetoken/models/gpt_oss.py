@@ -169,7 +169,7 @@ class GptOssForCausalLM(MoECausalLM):
 
     def forward(self, input_ids, positions, ctx: ForwardContext):
         check_positions(ctx.states, ctx.query_lens, positions)
-        self.experts.begin_step(ctx.phase)
+        self.experts.begin_step(ctx.phase, len(input_ids))
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions)
         for i, layer in enumerate(self.layers):

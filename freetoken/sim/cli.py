@@ -16,7 +16,7 @@ from freetoken.sim.access import build_stream
 from freetoken.sim.capacity import Capacity, parse_capacity
 from freetoken.sim.hardware import HardwareError, load_hardware, preset_names
 from freetoken.sim.policies import POLICIES, parse_policies
-from freetoken.sim.projection import SPLITS, best_fixed_fraction, model_bytes, project
+from freetoken.sim.projection import SPLITS, best_fixed_fraction, model_bytes, planner_rates, project
 from freetoken.sim.readers import load_trace
 from freetoken.sim.replay import replay
 from freetoken.sim.trace import Trace, TraceError, with_prompt_tokens
@@ -155,9 +155,11 @@ def run_project(args) -> int:
         print(json.dumps({"hardware": hw.name, "cache": args.cache, "results": out, "speedup": speedups}))
         return 0
     _describe(trace, sys.stdout)
+    b_p, b_h = planner_rates(hw)
     print(
-        f"hardware {hw.name}: B_P {hw.link_gbps:g} GB/s, B_H {hw.cpu_gbps:g} GB/s "
-        f"(both running: {hw.link_concurrent_gbps:.1f} / {hw.cpu_concurrent_gbps:.1f}), device {hw.device_gbps:g} GB/s; "
+        f"hardware {hw.name}: link {hw.link_gbps:g} GB/s, CPU experts {hw.cpu_gbps:g} GB/s alone "
+        f"(both running: {hw.link_concurrent_gbps:.1f} / {hw.cpu_concurrent_gbps:.1f}; q* from B_P {b_p:.1f}, "
+        f"B_H {b_h:.1f}), device {hw.device_gbps:g} GB/s; "
         f"expert {experts[0] / 2**20:.2f} MiB; engine cache {args.cache}"
     )
     head = ["split"] + [f"{c.requested} ({c.slots} slots) tok/s" for c, *_ in results]

@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from freetoken.errors import FreeTokenError
+from freetoken.experts.bandwidth import concurrent_rates
 
 
 class HardwareError(FreeTokenError, ValueError):
@@ -82,12 +83,17 @@ def from_engine_profile(data: dict, where: str) -> dict:
     key = next((k for k in entries if "|cuda" in k), next(iter(entries)))
     entry = entries[key]
     out = {"name": key}
-    for src, dst in (("b_p", "link_gbps"), ("b_h", "cpu_gbps"), ("b_p_shared", "link_concurrent_gbps"), ("b_h_shared", "cpu_concurrent_gbps")):
+    rates = {}
+    for src in ("b_p", "b_h", "b_p_shared", "b_h_shared"):
         value = entry.get(src)
-        if isinstance(value, (int, float)) and value > 0:
-            out[dst] = value / 1e9
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            rates[src] = value / 1e9
         elif src in ("b_p", "b_h"):
             raise HardwareError(f"{where}: profile {key!r} has no positive field {src!r} (bytes/s)")
+    out["link_gbps"], out["cpu_gbps"] = rates["b_p"], rates["b_h"]
+    # the engine's reading of the same entry (one meaning of B_H: experts/bandwidth.py)
+    out["link_concurrent_gbps"], out["cpu_concurrent_gbps"] = concurrent_rates(
+        rates["b_p"], rates["b_h"], rates.get("b_p_shared"), rates.get("b_h_shared"))
     device = str(entry.get("device", ""))
     if device == "cpu":
         out["device_gbps"] = out["cpu_gbps"]  # the cache tier is host memory

@@ -10,9 +10,11 @@ rules for the decode cells:
 
 - ``all-fill``: every miss fills (the engine's ``offload``);  ``all-cpu``: none (``cpu``);
 - ``q*``: the planner's own rule (``hybrid``): q = m * B_P / B_H rounded to the shorter
-  slower branch, at least one fill (as a background fill when the balance says 0);
+  slower branch, at least one fill (as a background fill when the balance says 0), with the
+  engine's B_P and B_H (`planner_rates`: the concurrent link rate, and B_H = that + the CPU
+  branch's concurrent rate);
 - ``fixed``: q = round(fraction * m);
-- ``balanced``: q = round(m * B_P' / (B_P' + B_H')) with the concurrent bandwidths;
+- ``balanced``: q = round(m * B_P / B_H) with the same rates, without q*'s clamp;
 - ``greedy-q``: per cell, the q in 0..m with the least layer time now (ties: more fills).
 The last three take the planner's fill order. Prefill cells fill every miss (the engine's
 on-demand prefill) and are not timed.
@@ -27,8 +29,9 @@ from importlib import resources
 
 import numpy as np
 
+from freetoken.experts.bandwidth import q_rates
 from freetoken.experts.decision import decide
-from freetoken.experts.planner import LayerPlan, MissPlanner
+from freetoken.experts.planner import LayerPlan, MissPlanner, balanced_q
 from freetoken.experts.slots import DEFAULT_POLICY, SlotTable
 from freetoken.sim.access import AccessStream
 from freetoken.sim.hardware import Hardware
@@ -43,15 +46,20 @@ def round_half_up(x: float) -> int:
     return math.floor(x + 0.5)
 
 
+def planner_rates(hw: Hardware) -> tuple[float, float]:
+    """(B_P, B_H) the planner is given: the engine's one definition (experts/bandwidth.py)."""
+    return q_rates(hw.link_concurrent_gbps, hw.cpu_concurrent_gbps)
+
+
 def q_star(m: int, hw: Hardware) -> int:
     if m == 0:
         return 0
-    return min(m, max(1, round_half_up(m * hw.link_gbps / hw.cpu_gbps)))
+    return max(1, balanced_q(m, *planner_rates(hw)))     # the planner's rounding and clamp
 
 
 def q_balanced(m: int, hw: Hardware) -> int:
-    link, cpu = hw.link_concurrent_gbps, hw.cpu_concurrent_gbps
-    return round_half_up(m * link / (link + cpu))
+    b_p, b_h = planner_rates(hw)
+    return round_half_up(m * b_p / b_h)
 
 
 @dataclass(frozen=True)
@@ -153,9 +161,9 @@ def _plan(planner: MissPlanner, split: str, misses: np.ndarray, tokens: np.ndarr
           room: int, time_of) -> LayerPlan:
     m = len(misses)
     if split in ("all-fill", "all-cpu"):
-        return planner.plan(misses, tokens, hw.link_gbps, hw.cpu_gbps)
+        return planner.plan(misses, tokens, *planner_rates(hw))
     if split == "q*":
-        return planner.plan(misses, tokens, hw.link_gbps, hw.cpu_gbps, policy="hybrid")
+        return planner.plan(misses, tokens, *planner_rates(hw), policy="hybrid")
     ranked = planner.order(misses, tokens)
     if split == "fixed":
         q = round_half_up(fraction * m)

@@ -9,7 +9,7 @@ from freetoken.experts.transfer import SyncCopyEngine
 from freetoken.sampling_params import SamplingParams
 from freetoken.sim.access import build_stream
 from freetoken.sim.hardware import Hardware
-from freetoken.sim.projection import project
+from freetoken.sim.projection import planner_rates, project
 from freetoken.sim.readers import load_trace
 
 def _land_prefetches_at_once(llm, policy):
@@ -44,8 +44,9 @@ def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == policy.endswith("+prefetch")
 
 
-# hybrid: B_P / B_H = 0.6 gives q* >= 1 for every m >= 1, so no background (timing-dependent) fills
-HYBRID_HW = Hardware("test", link_gbps=6, cpu_gbps=10, link_concurrent_gbps=6, cpu_concurrent_gbps=10,
+# hybrid: B_P / B_H = 6 / (6 + 4) = 0.6 gives q* >= 1 for every m >= 1, so no background
+# (timing-dependent) fills
+HYBRID_HW = Hardware("test", link_gbps=6, cpu_gbps=10, link_concurrent_gbps=6, cpu_concurrent_gbps=4,
                      device_gbps=100)
 
 
@@ -60,7 +61,8 @@ def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy)
               expert_cache_policy=policy, record_routing=str(path), max_num_seqs=2)
     try:
         tiered = llm.engine.model.experts.inner          # under the routing recorder
-        tiered.est = BandwidthEstimator(HYBRID_HW.link_gbps * 1e9, HYBRID_HW.cpu_gbps * 1e9, online=False)
+        b_p, b_h = planner_rates(HYBRID_HW)              # the one meaning of B_H both sides use
+        tiered.est = BandwidthEstimator(b_p * 1e9, b_h * 1e9, online=False)
         tiered.guard = None
         _land_prefetches_at_once(llm, policy)
         llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0))

@@ -34,7 +34,9 @@ def test_layer_time_adds_device_work_and_dense_weights():
 def test_q_star_rule_and_its_clamps():
     assert q_star(0, HW) == 0
     assert q_star(1, HW) == 1  # at least one fill while misses remain
-    assert q_star(8, HW) == 2  # round(8 * 10 / 40)
+    # B_P = 5 and B_H = 5 + 20 while both run (experts/bandwidth.py): 8 * 5 / 25 = 1.6, and q = 1
+    # gives the shorter slower branch (max(1/5, 7/20) < max(2/5, 6/20))
+    assert q_star(8, HW) == 1
     fast_link = Hardware("f", 100, 10, 100, 10, 1000)
     assert q_star(4, fast_link) == 4
     assert q_balanced(8, HW) == 2 and q_balanced(0, HW) == 0 and q_balanced(1, HW) == 0
@@ -107,7 +109,8 @@ def test_cpu_only_profile_uses_host_bandwidth_for_the_cache_tier(tmp_path):
     p.write_text(json.dumps({"version": 1, "profiles": {"box|cpu|bf16": {"b_p": 40e9, "b_h": 20e9, "device": "cpu"}}}))
     hw = load_hardware(str(p))
     assert (hw.link_gbps, hw.cpu_gbps, hw.device_gbps) == (40, 20, 20)
-    assert hw.link_concurrent_gbps == 40  # no shared measurement: no contention assumed
+    # no shared measurement: the engine's model (link unchanged, CPU branch gets B_H - B_P, >= 10%)
+    assert (hw.link_concurrent_gbps, hw.cpu_concurrent_gbps) == (40, 2)
 
 
 def test_unknown_gpu_in_a_profile_asks_for_device_bandwidth(tmp_path):
