@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError
+from ..experts.numerics import set_bf16_dot
 from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
@@ -119,7 +120,7 @@ class MoECausalLM:
         self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
                                        pool.num_threads if pool is not None else 1)
         if pool is not None:
-            pool.lib.ft_set_bf16_dot(int(self.choices.bf16_dot))
+            set_bf16_dot(pool.lib, self.choices.bf16_dot)     # the torch expert executors follow it
         dtype = self.choices.activations
         self.dtype, self.device = dtype, device
         # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CheckpointError
+from ..experts.numerics import set_bf16_dot
 from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import machine_choices
 from ..kernels.pool import shared_pool
@@ -83,7 +84,7 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         self.choices = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
                                        pool.num_threads if pool is not None else 1)
         if pool is not None:
-            pool.lib.ft_set_bf16_dot(int(self.choices.bf16_dot))
+            set_bf16_dot(pool.lib, self.choices.bf16_dot)     # the torch expert executors follow it
         self.dtype = self.choices.activations
         self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
         self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-6, kind=float)
