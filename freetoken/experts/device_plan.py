@@ -169,10 +169,10 @@ class DeviceLRU:
         victims = by_key[:P]
         # 5. commit: evict the victims' owners, map the fills (touch in fill order)
         self._assign(fill_ids, victims, fill_mask)
-        warm_id = uniq[ranked[0]]
+        warm_id = uniq[ranked[:1]]                    # [1]: a 0-d index would read it on the host
         warm_mask = (n_warm > 0).reshape(1)
         warm_slot = by_key[:1]
-        self._assign(warm_id.reshape(1), warm_slot, warm_mask)
+        self._assign(warm_id, warm_slot, warm_mask)
         self.pending.scatter_(0, warm_slot, warm_mask | self.pending[warm_slot])
         # 6. rewrite the routing
         dev_u = hit | fill_u
