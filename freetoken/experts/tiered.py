@@ -12,7 +12,9 @@ One MoE layer of one step (`TieredExperts._forward_planned`):
   6. with "+prefetch" (decode): start background copies of the next layer's guessed experts
 Each branch's time feeds the bandwidth estimator that sets the next q*.
 
-Prefill with many tokens streams whole layers instead (prefill.py).
+Prefill with many tokens streams whole layers instead (prefill.py). Decode under lru on a GPU
+decides on the device instead, without host syncs (device_path.py); the host table is then
+brought up to date at the next prefill, resize or statistics call.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from .bandwidth import BandwidthEstimator
 from .base import Experts
 from .cache import ExpertCache
 from .decision import decide
+from .device_path import DeviceDecisions, applies
 from .host_exec import make_host_executor
 from .planner import MissPlanner, SplitGuard
 from .pool import ExpertPool
@@ -60,7 +63,8 @@ class TieredExperts(Experts):
     def __init__(self, pool: ExpertPool, device: torch.device, slots: int, policy: str = "hybrid",
                  host_executor=None, copy_engine: CopyEngine | None = None,
                  estimator: BandwidthEstimator | None = None, stream_prefill: bool = True,
-                 device_executor=run_experts, guard: bool = True, cache_policy: str = DEFAULT_POLICY):
+                 device_executor=run_experts, guard: bool = True, cache_policy: str = DEFAULT_POLICY,
+                 device_decisions: bool | None = None):
         self.pool, self.spec, self.E = pool, pool.spec, pool.num_experts
         self.device = torch.device(device)
         # `slots` may be a callable: the size is then decided at the first step, once the
@@ -81,6 +85,9 @@ class TieredExperts(Experts):
         self._step_s = 0.0                           # MoE seconds of the current step
         self._fill_jobs: list = []          # (job, extra device seconds) awaiting their link time
         self._host_device = self.device.type == "cpu"
+        # decode decisions on the device: by default on CUDA; the CPU tests force them
+        self._want_device = self.device.type == "cuda" if device_decisions is None else device_decisions
+        self._devpath: DeviceDecisions | None = None
 
     # ---- Experts seam -------------------------------------------------------------------
     def _ensure_sized(self) -> None:
@@ -101,14 +108,24 @@ class TieredExperts(Experts):
             self._decode_policy = "offload" if self.guard.next_step() == "fill" else None
         self.phase = phase
         self.stats_.step(phase)
-        self.planner.end_step()
+        if self._devpath is not None and self._devpath.active:
+            self._devpath.lru.end_step()
+        else:
+            self.planner.end_step()
         self._harvest()
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
         self._ensure_sized()
-        self._harvest()
         T, K = topk_ids.shape
+        if self.phase == "decode" and self._device_decides(T * K):
+            out = self._forward_device(layer, hidden, topk_ids, topk_weights)
+            dt = time.perf_counter() - t0
+            self._step_s += dt
+            self.stats_.add(layer, calls=1, routed=T * K, wall_s=dt)
+            return out.to(hidden.dtype)
+        self._host_decides()
+        self._harvest()
         local = topk_ids.to("cpu", torch.int64).numpy()
         if self.phase == "prefill":
             self.cache.table.learn_prompt(layer, local)     # "+prefetch": the predictor learns
@@ -124,6 +141,7 @@ class TieredExperts(Experts):
         return out.to(hidden.dtype)
 
     def stats(self) -> dict:
+        self._host_decides()
         c = self.cache
         return self.stats_.as_dict(cache={"slots": c.capacity, "resident": c.resident, "evictions": c.evictions,
                                           "expert_nbytes": self.S, "gib": c.capacity * self.S / 2**30},
@@ -134,17 +152,49 @@ class TieredExperts(Experts):
 
     def resize_cache(self, slots: int) -> None:
         """Elastic memory: rebuild the cache with `slots` slots at a safe point (between steps)."""
+        self._host_decides()
         if self.streamer is not None:
             self.streamer.release_all()
         self.cache.resize(slots)
 
     def close(self) -> None:
+        self._host_decides()
         if self.streamer is not None:
             self.streamer.release_all()
         self.cache.drain()
         self.cpu.close()
         self.cache.copy.close()
         getattr(self.cpu.executor, "close", lambda: None)()
+
+    # ---- decode decisions on the device ----------------------------------------------------
+    def _device_decides(self, pairs: int) -> bool:
+        return (self._want_device and self.planner.policy in ("offload", "hybrid")
+                and applies(self.cache.table, self.planner, self.spec) and self.cache.capacity >= pairs + 1)
+
+    def _forward_device(self, layer, hidden, topk_ids, weights):
+        if self._devpath is None or self._devpath.lru.capacity != self.cache.capacity:
+            self._devpath = DeviceDecisions(self.cache, self.planner, self.pool.num_layers)
+        if self.streamer is not None:
+            self.streamer.release_all()
+        dp = self._devpath
+        dp.take()
+        policy = self._decode_policy or self.planner.policy
+        out, cpu_s, n_cpu = dp.forward(layer, hidden, topk_ids, weights, policy, self.est.b_p, self.est.b_h, self.cpu)
+        if n_cpu:
+            self.est.observe_cpu(n_cpu * self.S, cpu_s)
+            self.stats_.add(layer, cpu_s=cpu_s)
+        return out
+
+    def _host_decides(self) -> None:
+        """The host table becomes the truth again; the device counters join the statistics."""
+        if self._devpath is None or not self._devpath.active:
+            return
+        S, st = self.S, self.stats_
+        for layer, (hits, misses, fills, cpu) in enumerate(self._devpath.give_back()):
+            st.add(layer, hits=hits, misses=misses, fills=fills, cpu_experts=cpu, bytes_copied=fills * S,
+                   cpu_bytes=cpu * S)
+            st.q_sum += fills
+            st.m_sum += misses
 
     # ---- one layer ----------------------------------------------------------------------
     def _device_run(self, slot_ids: np.ndarray, hidden, weights, out) -> None:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from typing import TYPE_CHECKING
 
 from ..errors import CheckpointError
+from ..experts.numerics import set_bf16_dot
 from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
 from ..layers.attention import paged_attention
@@ -115,6 +116,8 @@ class MoECausalLM:
         device = cfg.torch_device
         self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
         pool, self.choices = model_kernels(cfg)
+        if pool is not None:
+            set_bf16_dot(pool.lib, self.choices.bf16_dot)     # the torch expert executors follow it
         dtype = self.choices.activations
         self.dtype, self.device = dtype, device
         # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CheckpointError
+from ..experts.numerics import set_bf16_dot
 from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
 from ..layers.hyper import HyperConnection, HyperHead
@@ -79,6 +80,8 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         device = self.device = cfg.torch_device
         self.expert_dtype = self.kv_dtype = cfg.torch_dtype
         pool, self.choices = model_kernels(cfg)
+        if pool is not None:
+            set_bf16_dot(pool.lib, self.choices.bf16_dot)     # the torch expert executors follow it
         self.dtype = self.choices.activations
         self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
         self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-6, kind=float)
