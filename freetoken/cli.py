@@ -37,6 +37,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", default="on", choices=["on", "off"],
                    help="FTW files: verify every tensor's checksum while reading (default on)")
     p.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache budget, prefix cache included")
+    p.add_argument("--memory-headroom-gib", type=float, default=None,
+                   help="host memory the plan leaves to the rest of the machine (default max(10%%, 2 GiB))")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="recompute every prompt from its first token (no KV/state reuse across requests)")
     p.add_argument("--state-checkpoints", type=int, default=16,
@@ -52,7 +54,8 @@ def engine_options(args) -> dict:
                 max_model_len=args.max_model_len, num_threads=args.threads, expert_format=args.expert_format,
                 dense_format=args.dense_format, record_routing=args.record_routing, kv_cache_gib=args.kv_cache_gib,
                 prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,
-                state_cache_gib=args.state_cache_gib, verify_weights=args.verify == "on")
+                state_cache_gib=args.state_cache_gib, verify_weights=args.verify == "on",
+                memory_headroom_gib=args.memory_headroom_gib)
 
 
 def cmd_generate(args) -> int:

@@ -39,6 +39,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048     # tokens per engine step (prefill chunk size)
     kv_block_size: int = 16
     kv_cache_gib: float | None = None      # KV budget; default fits max_num_seqs x max_model_len, capped at 4 GiB
+    # Host memory the plan leaves to the rest of the machine; None: max(10% of host memory, 2 GiB)
+    memory_headroom_gib: float | None = None
     num_threads: int | None = None         # torch CPU threads; default all cores
     # Prefix cache (engine/prefix_cache.py): finished and running sequences leave their KV
     # blocks in a radix tree (inside kv_cache_gib); hybrid models also keep state snapshots.
@@ -82,6 +84,8 @@ class EngineConfig:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
         if self.dense_format not in (None, "int8", "float"):
             raise InvalidRequestError(f"dense_format: expected int8, float or none, got {self.dense_format!r}")
+        if self.memory_headroom_gib is not None and not self.memory_headroom_gib >= 0:
+            raise InvalidRequestError(f"memory_headroom_gib: expected >= 0, got {self.memory_headroom_gib}")
         if self.state_cache_gib is not None and self.state_cache_gib < 0:
             raise InvalidRequestError(f"state_cache_gib: expected >= 0, got {self.state_cache_gib}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):

@@ -62,10 +62,12 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
     device = torch.device(device)
     backend = resolve_backend(pool, cfg, device, non_expert_bytes)
     if backend in ("offload", "hybrid") and device.type == "cuda" and not _pinned(pool):
+        from .pinning import PinError
         try:
             pool.pin()
-        except RuntimeError as e:           # page-locking refused (OS limits): stay deployable
-            log.warning("cannot pin the expert pool (%s); using the cpu backend", e)
+        except PinError as e:               # page-locking refused or capped (ulimit -l, WSL)
+            log.warning("cannot pin the expert pool in place (%s); pageable banks, every expert runs on "
+                        "the CPU (moe_backend cpu)", e)
             backend = "cpu"
     if backend == "resident":
         experts: Experts = ResidentExperts(pool, device)

@@ -31,9 +31,19 @@ DEVICE_HEADROOM = 1 * GiB      # CUDA allocator slack, other programs
 MIN_CHUNK = 256
 
 
-def host_reserve(m: MachineMemory) -> int:
-    """Room left to the OS and other programs: 5% of host memory, at least 512 MiB."""
-    return max(GiB // 2, m.host_total // 20)
+def host_headroom(m: MachineMemory, cfg: EngineConfig | None = None) -> int:
+    """Host memory left to the OS and other programs: `memory_headroom_gib`, by default
+    max(10% of host memory, 2 GiB)."""
+    if cfg is not None and cfg.memory_headroom_gib is not None:
+        return int(cfg.memory_headroom_gib * GiB)
+    return max(2 * GiB, m.host_total // 10)
+
+
+def host_budget(m: MachineMemory, cfg: EngineConfig | None = None) -> int:
+    """What the plan may fill on the host: host memory (or the cgroup limit) less the headroom.
+    A fixed number for a machine and its options, so the sizes chosen from it (prefill chunk,
+    max_model_len, caches) are the same at every launch whatever happens to be free then."""
+    return max(0, m.host_total - host_headroom(m, cfg))
 
 
 @dataclass
@@ -52,6 +62,7 @@ class MemoryPlan:
     warnings: list[str] = field(default_factory=list)
     options: dict = field(default_factory=dict)
     host_source: str = ""
+    pinned: int = 0                # host bytes page-locked in place (the expert pool on CUDA; no copy)
 
     def used(self, device: str) -> int:
         return sum(i.nbytes for i in self.items if i.device == device)
@@ -59,7 +70,7 @@ class MemoryPlan:
     def to_json(self) -> dict:
         return {"devices": {d: {"available": a, "planned": self.used(d)} for d, a in self.available.items()},
                 "items": [dataclasses.asdict(i) for i in self.items], "warnings": self.warnings,
-                "options": self.options, "host_available_from": self.host_source}
+                "options": self.options, "host_available_from": self.host_source, "pinned_bytes": self.pinned}
 
     def table(self) -> str:
         rows = [f"{'device':<7}{'component':<24}{'GiB':>10}  note"]
@@ -68,7 +79,10 @@ class MemoryPlan:
             rows.append(f"{i.device:<7}{i.name:<24}{i.nbytes / GiB:>10.3f}  {i.note}{asked}")
         for d, a in self.available.items():
             rows.append(f"{d:<7}{'= planned / available':<24}{self.used(d) / GiB:>10.3f}  of {a / GiB:.3f} GiB"
-                        + (f" ({self.host_source}, after the reserve)" if d == "host" else ""))
+                        + (f" ({self.host_source})" if d == "host" else ""))
+        if self.pinned:
+            rows.append(f"{'host':<7}{'pinned (in place)':<24}{self.pinned / GiB:>10.3f}  the expert pool page-locked "
+                        "where it lies (cudaHostRegister): no copy, counted above")
         return "\n".join(rows)
 
 
@@ -206,9 +220,10 @@ def dense_bytes(s: ModelShape, cfg: EngineConfig) -> int:
 # --- the plan ----------------------------------------------------------------------------------
 def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[EngineConfig, MemoryPlan]:
     dev = cfg.torch_device.type
-    plan = MemoryPlan(host_source=m.host_source)
+    plan = MemoryPlan(host_source=f"host memory {m.host_total / GiB:.2f} GiB less headroom "
+                                  f"{host_headroom(m, cfg) / GiB:.2f} GiB")
     warn = plan.warnings.append
-    host_avail = max(0, m.host_available - host_reserve(m))
+    host_avail = host_budget(m, cfg)
     plan.available["host"] = host_avail
     if dev == "cuda":
         plan.available["cuda"] = max(0, (m.device_free or 0) - DEVICE_HEADROOM)
@@ -223,9 +238,12 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     plan.items.append(Item("host", "expert pool", pool, note=f"{n_experts} experts x {S / 2**20:.2f} MiB ({fmt})"))
     plan.items.append(Item(compute, "dense weights", dense, note="attention, dense MLPs, embeddings, lm_head"))
     fixed = pool + dense if compute == "host" else dense
+    if dense > plan.available[compute]:
+        warn(f"{compute}: this machine cannot hold even the non-expert weights: they need {dense / GiB:.2f} GiB "
+             f"(plus {pool / GiB:.2f} GiB of experts) but the budget is {plan.available[compute] / GiB:.2f} GiB")
     if dev == "cuda" and pool > host_avail:
         warn(f"host: the expert pool needs {pool / GiB:.2f} GiB but {host_avail / GiB:.2f} GiB is free "
-             "after the OS reserve; booting anyway (expect swapping or an OOM kill)")
+             "after the headroom; booting anyway (expect swapping or an OOM kill)")
 
     max_pos = int(s.get("max_position_embeddings", default=32768) or 32768)
     max_len = cfg.max_model_len or min(max_pos, 32768)
@@ -244,7 +262,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     cache = slots * S
 
     room = budget - fixed
-    if room < 0:
+    if room < 0 and dense <= budget:
         warn(f"{compute}: the weights alone need {fixed / GiB:.2f} GiB but {budget / GiB:.2f} GiB is free; "
              "booting with minimum sizes (expect swapping or an OOM kill)")
     act = activation_bytes(s, cfg, chunk, max_len, dev)
@@ -343,6 +361,17 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         resolved["expert_cache_slots"] = slots
     if states and cfg.prefix_cache and ckpt < cfg.state_cache_bytes:
         resolved["state_cache_gib"] = ckpt / GiB
+    if 0 < m.host_available < plan.used("host"):     # said, not acted on: sizes follow the budget only
+        warn(f"host: {m.host_available / GiB:.2f} GiB free now ({m.host_source}) for a plan of "
+             f"{plan.used('host') / GiB:.2f} GiB: other programs hold the rest of the budget (expect pressure)")
+    if dev == "cuda" and backend in ("offload", "hybrid") and pool:
+        from ..experts.pinning import memlock_limit
+        cap = memlock_limit()
+        if cap is not None and pool > cap:
+            warn(f"page-lock limit (ulimit -l) {cap / GiB:.2f} GiB is below the expert pool's {pool / GiB:.2f} GiB: "
+                 "pageable banks, every expert on the CPU")
+        else:
+            plan.pinned = pool
     plan.options = resolved
     return dataclasses.replace(cfg, **resolved), plan
 

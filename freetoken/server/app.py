@@ -27,6 +27,12 @@ OPEN_PATHS = {"/health", "/api/hello"}
 ADMIN = "/admin/"            # admin routes check their own token (server/admin.py)
 
 
+
+def pinned_bytes(engine) -> int:
+    """Host bytes of the expert pool page-locked in place now (0 without CUDA or pinning)."""
+    pool = getattr(getattr(engine, "model", None), "pool", None)
+    return int(getattr(pool, "pinned_bytes", 0) or 0)
+
 def _key_from(request: Request) -> str | None:
     key = request.headers.get("x-api-key") or request.headers.get("api-key")
     if key:
@@ -134,6 +140,7 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         if plan is None:
             raise NotFound("this engine has no memory plan")
         body = plan.to_json()
+        body["pinned_bytes_now"] = pinned_bytes(svc.engine)
         try:
             now = await asyncio.wait_for(asyncio.wrap_future(svc.loop.memory(None)), CURRENT_SIZES_TIMEOUT_S)
             body["current"] = now["sizes"]

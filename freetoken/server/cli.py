@@ -185,6 +185,8 @@ def build(args):
                                    admin_token=getattr(args, "admin_token", None)))
     svc.loop.watcher = memory_watcher(args, llm.engine)
     svc.metrics.set_memory_sizes(llm.engine.memory_sizes())
+    from .app import pinned_bytes
+    svc.metrics.memory_pinned.set(pinned_bytes(llm.engine))
     return llm, svc, app, demo, model
 
 

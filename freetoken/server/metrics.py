@@ -91,6 +91,8 @@ class Metrics:
         self.memory_bytes = Gauge("freetoken_memory_bytes", "Current size of each resizable memory "
                                   "component (expert_cache, kv_cache; state_cache is its budget)",
                                   ["component"], registry=r)
+        self.memory_pinned = Gauge("freetoken_memory_pinned_bytes", "Host bytes page-locked in place "
+                                   "(the expert pool on CUDA; no copy)", registry=r)
         self.memory_free = Gauge("freetoken_memory_free_bytes", "Free memory the watcher last read",
                                  ["device"], registry=r)
         self.engine_stats: dict = {}

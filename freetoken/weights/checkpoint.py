@@ -23,6 +23,42 @@ def read_json(path: Path, what: str) -> dict:
     return data
 
 
+_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+              "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+class _SafetensorsFile:
+    """One safetensors file read with pread straight into each tensor's own buffer (safe_open
+    maps the file, and every page a load touches stays resident until it is closed: a peak
+    of twice the weights)."""
+
+    def __init__(self, path: Path, on_bytes):
+        import struct
+
+        from .pread import RangeReader
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            self.header = json.loads(f.read(n))
+        self.base = 8 + n
+        self.reader = RangeReader(path, on_bytes)
+
+    def get(self, name: str) -> torch.Tensor | None:
+        meta = self.header[name]
+        dt = _ST_DTYPES.get(meta["dtype"])
+        if dt is None:
+            return None
+        a, b = meta["data_offsets"]
+        out = torch.empty(meta["shape"], dtype=dt)
+        if out.nbytes != b - a:
+            return None
+        self.reader.tensor_into(out, self.base + a)
+        return out
+
+    def close(self):
+        self.reader.close()
+
+
 class Checkpoint:
     """Tensor names -> safetensors files; tensors are read lazily, one at a time."""
 
@@ -73,14 +109,17 @@ class Checkpoint:
         path = self._file_of.get(name)
         if path is None:
             raise CheckpointError(f"{self.dir}: tensor {name!r} not found in the checkpoint")
-        handle = self._handles.get(path)
-        if handle is None:
-            handle = self._handles[path] = safe_open(str(path), "pt")
-        t = handle.get_tensor(name)
         if self._bar is None:
             from .progress import progress
             self._bar = progress(sum(p.stat().st_size for p in set(self._file_of.values())), f"load {self.dir.name}")
-        self._bar.update(t.nbytes)
+        handle = self._handles.get(path)
+        if handle is None:
+            handle = self._handles[path] = _SafetensorsFile(path, self._bar.update)
+        t = handle.get(name)
+        if t is None:                       # a dtype or layout the direct reader does not know
+            with safe_open(str(path), "pt") as f:
+                t = f.get_tensor(name)
+            self._bar.update(t.nbytes)
         if shape is not None:
             ok = len(shape) == t.dim() and all(s is None or s == d for s, d in zip(shape, t.shape))
             if not ok:
@@ -112,6 +151,8 @@ class Checkpoint:
         return contextlib.nullcontext()
 
     def close(self):
+        for h in self._handles.values():
+            h.close()
         self._handles.clear()
         if self._bar is not None:
             self._bar.close()

@@ -52,15 +52,17 @@ def split_parts(path: str | os.PathLike) -> list[Path]:
     return parts
 
 
-def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """float32 (F32/F16: their own dtype, BF16: bfloat16) tensor of `shape` from raw GGUF bytes."""
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], owned: bool = False) -> torch.Tensor:
+    """float32 (F32/F16: their own dtype, BF16: bfloat16) tensor of `shape` from raw GGUF bytes;
+    `owned`: raw is the caller's own writable array (float types then use it without a copy)."""
+    own = (lambda a: a) if owned else np.copy
     if ggml_type in FLOAT_TYPES:
-        return torch.from_numpy(raw.view(FLOAT_TYPES[ggml_type]).reshape(shape).copy())
+        return torch.from_numpy(own(raw.view(FLOAT_TYPES[ggml_type]).reshape(shape)))
     if ggml_type == BF16:
-        return torch.from_numpy(raw.copy()).view(torch.bfloat16).reshape(shape)
+        return torch.from_numpy(own(raw)).view(torch.bfloat16).reshape(shape)
     from . import ggml_quants
     if ggml_type in ggml_quants.NAMES:      # torch, bit-exact to gguf.quants
-        return ggml_quants.dequantize(torch.from_numpy(raw.copy()), ggml_type, shape[-1]).reshape(shape)
+        return ggml_quants.dequantize(torch.from_numpy(own(raw)), ggml_type, shape[-1]).reshape(shape)
     import gguf                             # the rarer types: the package's numpy reference
     out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type))
     return torch.as_tensor(np.asarray(out, dtype=np.float32)).reshape(shape)
@@ -89,6 +91,8 @@ class GgufFile:
                 raise CheckpointError(f"{self.path}: tensor {missing[0]!r} missing (needed with {sources[0]!r})")
         self.float_experts_dtype = cfg.torch_dtype if cfg is not None else torch.float32
         self.expert_format = getattr(cfg, "expert_format", None)
+        self._readers: dict = {}
+        self._bar = None
 
     def names(self) -> list[str]:
         return sorted([*self._hf, *self._derived])
@@ -100,13 +104,28 @@ class GgufFile:
         hit = self._info.get(gguf_name)
         return hit[1] if hit else None
 
-    def raw(self, gguf_name: str) -> np.ndarray:
+    def reader(self, gguf_name: str):
+        """(RangeReader of the file holding the tensor, its TensorInfo): reads go straight into
+        the caller's buffer with the page cache dropped behind (weights/pread.py)."""
+        from .pread import RangeReader
         h, t = self._info[gguf_name]
-        return h.raw(t)
+        r = self._readers.get(h.path)
+        if r is None:
+            if self._bar is None:
+                from .progress import progress
+                self._bar = progress(sum(t.nbytes for _, t in self._info.values()), f"load {self.path.name}")
+            r = self._readers[h.path] = RangeReader(h.path, on_bytes=self._bar.update)
+        return r, t
+
+    def raw(self, gguf_name: str) -> np.ndarray:
+        """The tensor's bytes, u8 [..., rows, row_bytes], read into a new array."""
+        from .gguf_meta import byte_shape
+        r, t = self.reader(gguf_name)
+        return r.array(t.offset, t.nbytes).reshape(byte_shape(t))
 
     def _read(self, g: str) -> torch.Tensor:
-        h, t = self._info[g]
-        return dequantize(h.raw(t), t.ggml_type, t.shape)
+        t = self._info[g][1]
+        return dequantize(self.raw(g), t.ggml_type, t.shape, owned=True)
 
     def get(self, name: str, shape: tuple | None = None) -> torch.Tensor:
         g = self._hf.get(name)
@@ -139,13 +158,13 @@ class GgufFile:
         g = self._hf.get(name)
         if g is None:
             return None
-        h, t = self._info[g]
+        t = self._info[g][1]
         if t.ggml_type not in KERNEL_TYPES or len(t.shape) != 2:
             return None
         if self.arch in HYBRID and not rows_only(self.arch, name, self.config):
             return None
-        # copied once out of the map: resident like any loaded weight, and safe if the file changes
-        rows = torch.from_numpy(h.raw(t).copy())
+        # read once into its own buffer: resident like any loaded weight, and safe if the file changes
+        rows = torch.from_numpy(self.raw(g))
         if needs_unpermute(self.arch, name):
             heads = self.config["num_attention_heads"] if ".q_proj." in name else self.config["num_key_value_heads"]
             rows = unpermute_rows(rows, heads).contiguous()
@@ -167,4 +186,9 @@ class GgufFile:
         return contextlib.nullcontext()
 
     def close(self):
-        pass
+        for r in self._readers.values():
+            r.close()
+        self._readers.clear()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -72,9 +72,9 @@ def build_pool(ck):
         down = torch.empty((n, hidden, inter), dtype=dt)
         for m, (g, u, d) in enumerate(parts):
             rows = slice(m * e, (m + 1) * e)
-            gate_up[rows, :inter] = dequantize(ck.raw(g.name), g.ggml_type, g.shape)
-            gate_up[rows, inter:] = dequantize(ck.raw(u.name), u.ggml_type, u.shape)
-            down[rows] = dequantize(ck.raw(d.name), d.ggml_type, d.shape)
+            gate_up[rows, :inter] = dequantize(ck.raw(g.name), g.ggml_type, g.shape, owned=True)
+            gate_up[rows, inter:] = dequantize(ck.raw(u.name), u.ggml_type, u.shape, owned=True)
+            down[rows] = dequantize(ck.raw(d.name), d.ggml_type, d.shape, owned=True)
         banks = {"gate_up": gate_up, "down": down}
         spec = ExpertSpec(hidden=hidden, intermediate=inter, **spec_kw)
     if gpt_oss:
@@ -97,11 +97,26 @@ def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
     for m, (g, u, d) in enumerate(parts):
         rows = slice(m * e, (m + 1) * e)
         for t, dst in ((g, gate_up[rows, :inter]), (u, gate_up[rows, inter:]), (d, down[rows])):
-            raw = ck.raw(t.name)
-            dst.numpy()[..., :raw.shape[-1]] = raw        # straight from the file's pages
+            _read_rows(ck, t, dst)
         gate_up_types[rows, 0], gate_up_types[rows, 1] = g.ggml_type, u.ggml_type
         down_types[rows, 0] = d.ggml_type
     return {"gate_up": gate_up, "gate_up_types": gate_up_types, "down": down, "down_types": down_types}
+
+
+def _read_rows(ck, t, dst: torch.Tensor) -> None:
+    """Merged expert tensor `t` [E, rows, row_bytes] into bank rows `dst` [E, rows, width >=
+    row_bytes], one expert at a time straight from the file (no whole-tensor copy in memory)."""
+    from .gguf_meta import byte_shape
+    r, _ = ck.reader(t.name)
+    e, rows, rb = byte_shape(t)
+    per = rows * rb
+    scratch = None if dst.shape[-1] == rb else torch.empty((rows, rb), dtype=torch.uint8)
+    for j in range(e):
+        if scratch is None:
+            r.tensor_into(dst[j], t.offset + j * per)
+        else:                                   # a narrower type in a padded bank
+            r.tensor_into(scratch, t.offset + j * per)
+            dst[j, :, :rb] = scratch
 
 
 def _biases(ck, blocks, e, inter, hidden) -> dict[str, torch.Tensor]:

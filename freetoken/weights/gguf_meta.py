@@ -31,12 +31,17 @@ class GgufHeader:
     buf: object                 # the memory map (kept open while tensors are viewed)
 
     def raw(self, t: TensorInfo) -> np.ndarray:
-        """The tensor's bytes, u8 [..., rows, row_bytes] (no copy)."""
-        import gguf
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.ggml_type)]
-        cols = t.shape[-1]
+        """The tensor's bytes, u8 [..., rows, row_bytes], viewed in the map (no copy; the pages
+        it touches stay resident while mapped: loaders read with `GgufFile.raw` instead)."""
         arr = np.frombuffer(self.buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
-        return arr.reshape(*t.shape[:-1], cols // block * size)
+        return arr.reshape(byte_shape(t))
+
+
+def byte_shape(t: TensorInfo) -> tuple[int, ...]:
+    """u8 shape [..., rows, row_bytes] of tensor `t`'s bytes."""
+    import gguf
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.ggml_type)]
+    return (*t.shape[:-1], t.shape[-1] // block * size)
 
 
 def read_header(path: str | Path, tensors: bool = True, keys: str = "") -> GgufHeader:

@@ -20,8 +20,11 @@ ORDER = ["expert cache", "state checkpoints", "KV cache", "prefill chunk", "max_
 
 
 def machine(free_gib: float, total_gib: float = 4.0, device_free_gib: float | None = None) -> MachineMemory:
+    """A machine whose plan budget (host memory less the default 2 GiB headroom) is
+    free_gib - 0.5 GiB, all of it free now (total_gib: kept for the callers' reading)."""
     dev = None if device_free_gib is None else int(device_free_gib * GiB)
-    return MachineMemory(int(total_gib * GiB), int(free_gib * GiB), "test", dev, dev)
+    total = int((free_gib - 0.5 + 2) * GiB)
+    return MachineMemory(total, total, "test", dev, dev)
 
 
 @pytest.mark.parametrize("arch,fmt", [("qwen3_moe", None), ("qwen3_moe", "int8"), ("qwen3_moe", "mxfp4"),
@@ -114,8 +117,14 @@ def test_cuda_plan_auto_resident_or_hybrid(tiny_dir):
 def test_weights_that_do_not_fit_warn_and_boot_plan(tiny_dir):
     src = tiny_dir("qwen3_moe")
     resolved, plan = make_plan(EngineConfig(model=str(src)), read_model_shape(src), machine(0.5, 4))
-    assert any("weights alone" in w for w in plan.warnings)
+    lines = [w for w in plan.warnings if "non-expert weights" in w]
+    assert len(lines) == 1 and "they need" in lines[0]            # one line saying what it would need
     assert resolved.max_model_len >= 32
+    items = {i.name: i.nbytes for i in plan.items}
+    between = (items["dense weights"] + items["expert pool"] // 2) / GiB + 0.5   # dense fits, the pool does not
+    resolved, plan = make_plan(EngineConfig(model=str(src)), read_model_shape(src), machine(between, 4))
+    assert any("weights alone" in w for w in plan.warnings)
+    assert not any("non-expert" in w for w in plan.warnings)
 
 
 @pytest.mark.parametrize("opts", [dict(kv_cache_gib=1e6), dict(max_model_len=10**9),

@@ -115,6 +115,7 @@ def test_the_engine_thread_runs_the_watcher_and_counts_its_resizes(admin):
     metrics = httpx.get(url + "/metrics", headers={"authorization": "Bearer user-key"}).text
     assert 'freetoken_memory_resizes_total{component="expert_cache",direction="shrink",trigger="watcher"}' in metrics
     assert 'freetoken_memory_free_bytes{device="host"}' in metrics
+    assert "freetoken_memory_pinned_bytes 0.0" in metrics                  # CPU: nothing page-locked
 
 
 def test_v1_memory_shows_the_current_sizes_beside_the_plan(admin):
@@ -125,6 +126,7 @@ def test_v1_memory_shows_the_current_sizes_beside_the_plan(admin):
     kv, ex = before["current"]["kv_cache"]["bytes"], before["current"]["expert_cache"]["bytes"]
     plan_kv = next(i for i in before["items"] if i["name"] == "KV cache")["nbytes"]
     assert kv == plan_kv == llm.engine.runner.kv_nbytes
+    assert before["pinned_bytes"] == before["pinned_bytes_now"] == 0        # CPU: nothing page-locked
     try:
         r = httpx.post(url + "/admin/memory", headers=auth(), timeout=120,
                        json={"kv_cache_gib": kv / 2 / GiB, "expert_cache_gib": ex / 2 / GiB})

@@ -1,0 +1,64 @@
+"""Page-locking the host expert banks in place, once, after they are filled.
+
+`torch.Tensor.pin_memory()` copies the bank into a new pinned block (PyTorch's caching host
+allocator, which also rounds each block up to a power of two): the pool's host memory doubles
+during start-up. Registering the filled buffer itself (`cudaHostRegister`) pins the same pages
+without a copy. The register/unregister calls are the only device-specific part; tests pass
+their own that record bytes."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger("freetoken.experts")
+
+
+class PinError(RuntimeError):
+    pass
+
+
+def cuda_register(t: torch.Tensor) -> None:
+    """Page-locks tensor t's buffer in place (cudaHostRegisterDefault)."""
+    rt = torch.cuda.cudart()
+    err = rt.cudaHostRegister(t.data_ptr(), t.untyped_storage().nbytes(), 0)
+    if int(err) != 0:
+        raise PinError(f"cudaHostRegister failed ({err}) for {t.nbytes / 2**20:.1f} MiB")
+
+
+def cuda_unregister(t: torch.Tensor) -> None:
+    torch.cuda.cudart().cudaHostUnregister(t.data_ptr())
+
+
+def memlock_limit() -> int | None:
+    """RLIMIT_MEMLOCK soft limit in bytes (`ulimit -l`), None when unlimited or unknown."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    except (ImportError, OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def pin_banks(banks: dict[str, torch.Tensor], register=cuda_register, unregister=cuda_unregister,
+              limit: int | None = None) -> list[torch.Tensor]:
+    """Registers every bank in place; returns the registered tensors. All or nothing: on the
+    first refusal (or when the banks exceed `limit`) what was registered is released and
+    PinError is raised, leaving pageable banks."""
+    total = sum(b.untyped_storage().nbytes() for b in banks.values())
+    if limit is not None and total > limit:
+        raise PinError(f"{total / 2**30:.2f} GiB of banks exceed the page-lock limit of {limit / 2**30:.2f} GiB")
+    done: list[torch.Tensor] = []
+    try:
+        for b in banks.values():
+            if b.numel():
+                register(b)
+                done.append(b)
+    except Exception as e:                  # noqa: BLE001 -- every refusal leaves pageable banks
+        for b in done:
+            try:
+                unregister(b)
+            except Exception:               # noqa: BLE001
+                pass
+        raise PinError(str(e) or type(e).__name__) from None
+    return done
