@@ -8,8 +8,9 @@ expert is read with one `pread` per piece:
 
   FTW          one piece per bank: bank tensor offset + flat * row bytes
   GGUF         gate_up: the gate piece and the up piece (blk.N.ffn_{gate,up}_exps, expert e's
-               rows), down: one piece; ggml rows narrower than the bank row (mixed types) are
-               placed row by row (`pitch`), float types cast to the engine dtype
+               rows), down: one piece; with mixed types (Q4_K_M) one piece per row width, and
+               rows narrower than the bank row placed row by row (`pitch`, zero padding);
+               float types cast to the engine dtype
   safetensors  per-expert gate/up/down tensors, or the fused `gate_up_proj` row e
 
 Tiny per-expert banks (ggml type ids, gpt-oss biases) are `resident`: read once at start.
@@ -34,7 +35,7 @@ from .pool import ExpertSpec
 @dataclass
 class Piece:
     """One contiguous stretch of every expert's row of a bank in the file."""
-    files: np.ndarray             # int32 [N]: index into DiskLayout.paths
+    files: np.ndarray             # int32 [N]: index into DiskLayout.paths; -1: not for this expert
     offsets: np.ndarray           # int64 [N]: absolute file offset of expert `flat`'s piece
     nbytes: int                   # bytes of the piece in the file
     dst: int                      # byte offset of the piece within the bank row
@@ -165,20 +166,22 @@ def gguf_layout(ck) -> DiskLayout:
             raise CheckpointError(f"{ck.path}: the experts are already quantized by llama.cpp; drop --expert-format")
         width_gu = max(ggml_quants.row_bytes(t.ggml_type, hidden) for trio in parts for t in trio[:2])
         width_d = max(ggml_quants.row_bytes(trio[2].ggml_type, inter) for trio in parts)
-        for which, w in ((0, width_gu), (1, width_gu), (2, width_d)):   # one row width per piece
-            rbs = {ggml_quants.row_bytes(trio[which].ggml_type, inter if which == 2 else hidden) for trio in parts}
-            if len(rbs) > 1:
-                raise CheckpointError(f"{ck.path}: the disk tier needs one ggml type per expert tensor kind "
-                                      f"across layers (found row widths {sorted(rbs)}); load it into RAM")
-        rb_g = ggml_quants.row_bytes(parts[0][0].ggml_type, hidden)
-        rb_u = ggml_quants.row_bytes(parts[0][1].ggml_type, hidden)
-        rb_d = ggml_quants.row_bytes(parts[0][2].ggml_type, inter)
-        pad = lambda rb, w: dict(rows=inter, pitch=w) if rb != w else {}      # noqa: E731
-        banks = {
-            "gate_up": BankLayout(torch.uint8, (2 * inter, width_gu), [
-                piece(0, inter * rb_g, 0, **pad(rb_g, width_gu)),
-                piece(1, inter * rb_u, inter * width_gu, **pad(rb_u, width_gu))]),
-            "down": BankLayout(torch.uint8, (hidden, width_d), [piece(2, hidden * rb_d, 0)])}
+        gu_pieces, d_pieces = [], []
+        for which, cols, w, dst, out in ((0, hidden, width_gu, 0, gu_pieces), (1, hidden, width_gu, inter * width_gu,
+                                                                                gu_pieces),
+                                         (2, inter, width_d, 0, d_pieces)):
+            rows = hidden if which == 2 else inter
+            widths = [ggml_quants.row_bytes(trio[which].ggml_type, cols) for trio in parts]
+            for rb in sorted(set(widths)):        # mixed types (Q4_K_M): one piece per row width
+                layers = [m for m, x in enumerate(widths) if x == rb]
+                pc = piece(which, rows * rb, dst, **(dict(rows=rows, pitch=w) if rb != w else {}))
+                keep = np.zeros(n, bool)
+                for m in layers:
+                    keep[m * e:(m + 1) * e] = True
+                pc.files[~keep] = -1
+                out.append(pc)
+        banks = {"gate_up": BankLayout(torch.uint8, (2 * inter, width_gu), gu_pieces),
+                 "down": BankLayout(torch.uint8, (hidden, width_d), d_pieces)}
         resident["gate_up_types"] = torch.tensor([[g.ggml_type, u.ggml_type] for g, u, _ in parts],
                                                  dtype=torch.int32).repeat_interleave(e, 0)
         resident["down_types"] = torch.tensor([[d.ggml_type] for _, _, d in parts],

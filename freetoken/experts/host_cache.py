@@ -52,6 +52,8 @@ class ExpertReader:
         for name, bank in self.layout.banks.items():
             row = _bytes_of(dst[name])
             for pc in bank.pieces:
+                if pc.files[flat] < 0:
+                    continue
                 fd, off = self.fds[pc.files[flat]], int(pc.offsets[flat])
                 direct = pc.file_dtype is None and not pc.pitch
                 buf = row[pc.dst:pc.dst + pc.nbytes] if direct else memoryview(bytearray(pc.nbytes))

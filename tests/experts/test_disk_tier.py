@@ -1,0 +1,70 @@
+"""The disk tier gives the fully resident pool's numbers bit for bit: prompt logits and greedy
+tokens, with a host cache holding the whole pool, 10% of it, and one slot per MoE layer, for
+every architecture family over FTW (every expert format), safetensors and GGUF (ggml types)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken import LLM, SamplingParams
+from freetoken.errors import CheckpointError
+from freetoken.weights.ftw_writer import convert
+
+
+PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+
+def _outputs(llm: LLM):
+    return llm.score(PROMPT), llm.generate([PROMPT, PROMPT[:5]], GREEDY)
+
+
+def _sizes(llm: LLM) -> list[int]:
+    pool = llm.engine.model.pool
+    n = pool.num_layers * pool.num_experts
+    return [n, max(1, n // 10), pool.num_layers]      # all, 10%, one slot per layer
+
+
+def assert_disk_tier_matches(path, **opts):
+    ref = LLM(str(path), **opts)
+    logits, gens = _outputs(ref)
+    sizes = _sizes(ref)
+    ref.close()
+    for slots in sizes:
+        got = LLM(str(path), host_cache_slots=slots, **opts)
+        assert got.engine.model.experts.settings["expert_tier"] == "disk"
+        g_logits, g_gens = _outputs(got)
+        assert torch.equal(g_logits, logits), f"{slots} slots: prompt logits differ"
+        assert [c.token_ids for c in g_gens] == [c.token_ids for c in gens], f"{slots} slots: tokens differ"
+        st = got.expert_stats()
+        assert st["disk"]["bytes_read"] > 0 and st["host_cache"]["slots"] == slots
+        got.close()
+
+
+FTW_CASES = [
+    ("qwen3_moe", None, "float32"), ("qwen3_moe", "bf16", "bfloat16"), ("qwen3_moe", "int8", "float32"),
+    ("qwen3_moe", "mxfp4", "float32"), ("mixtral", "int8", "float32"), ("deepseek_v3", None, "float32"),
+    ("gpt_oss", None, "float32"), ("gpt_oss_mxfp4", None, "float32"), ("qwen3_5_moe", "int8", "float32"),
+    ("qwen3_5_moe", None, "bfloat16"),
+]
+
+
+@pytest.mark.parametrize("arch,fmt,dtype", FTW_CASES, ids=[f"{a}-{f or 'native'}-{d}" for a, f, d in FTW_CASES])
+def test_ftw_disk_tier_identical(tiny_dir, tmp_path, arch, fmt, dtype):
+    out = tmp_path / "m.ftw"
+    convert(tiny_dir(arch), out, expert_format=fmt, dtype=dtype)
+    assert_disk_tier_matches(out, dtype=dtype)
+
+
+ST_CASES = [("qwen3_moe", "float32"), ("qwen3_moe", "bfloat16"), ("mixtral", "float32"),
+            ("deepseek_v3", "float32"), ("qwen3_5_moe", "float32")]
+
+
+@pytest.mark.parametrize("arch,dtype", ST_CASES, ids=[f"{a}-{d}" for a, d in ST_CASES])
+def test_safetensors_disk_tier_identical(tiny_dir, arch, dtype):
+    assert_disk_tier_matches(tiny_dir(arch), dtype=dtype)
+
+
+def test_safetensors_without_a_layout_says_convert(tiny_dir):
+    with pytest.raises(CheckpointError, match="convert to FTW"):
+        LLM(str(tiny_dir("qwen3_moe")), dtype="float32", expert_tier="disk", expert_format="int8")
