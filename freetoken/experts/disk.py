@@ -17,6 +17,7 @@ The expert pool stays in the model file (`disk_layout.py` says where each expert
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -28,6 +29,8 @@ from .host_cache import HostExpertCache
 from .next_layer import THRESHOLD, NextLayerPredictor
 from .stats import ExpertStats
 from .torch_exec import run_experts
+
+log = logging.getLogger("freetoken.experts")
 
 
 class _TorchSlots:
@@ -63,7 +66,8 @@ class DiskExperts(Experts):
             return CpuExpertExecutor(self.cache.banks, sp.fmt, sp.hidden, sp.intermediate, sp.activation,
                                      sp.alpha, sp.limit,
                                      pool=shared_pool(num_threads, spin_us=SPIN_US if spin_us is None else spin_us))
-        except (ValueError, NotImplementedError):
+        except (ValueError, NotImplementedError) as e:
+            log.warning("disk tier: no CPU kernel for these experts (%s); running them with torch", e)
             return _TorchSlots(self.cache.banks, sp)
 
     def begin_step(self, phase: str) -> None:

@@ -108,8 +108,8 @@ class HostExpertCache:
         self.banks: dict[str, torch.Tensor] = {}
         for name, b in layout.banks.items():       # fresh pages: nothing touched until a read
             self.banks[name] = torch.empty((slots, *b.row_shape), dtype=b.dtype)
-        for name, t in layout.resident.items():
-            self.banks[name] = torch.zeros((slots, *t.shape[1:]), dtype=t.dtype)
+        for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
+            self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
         self._cv = threading.Condition()
         self._landed: dict[int, threading.Event] = {}      # slot -> set when its read is over
         self._failed: dict[int, BaseException] = {}        # flat -> the read error (until retried)
