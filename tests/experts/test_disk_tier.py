@@ -3,6 +3,8 @@ tokens, with a host cache holding the whole pool, 10% of it, and one slot per Mo
 every architecture family over FTW (every expert format), safetensors and GGUF (ggml types)."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -68,3 +70,30 @@ def test_safetensors_disk_tier_identical(tiny_dir, arch, dtype):
 def test_safetensors_without_a_layout_says_convert(tiny_dir):
     with pytest.raises(CheckpointError, match="convert to FTW"):
         LLM(str(tiny_dir("qwen3_moe")), dtype="float32", expert_tier="disk", expert_format="int8")
+
+
+def _cut_last_bank(ftw, keep_fraction=0.5):
+    """Shrink the file inside its last expert bank (banks follow the dense tensors); returns the
+    original bytes so the test can put them back."""
+    from freetoken.weights.ftw_reader import read_header
+    last = max((t for t in read_header(ftw)["tensors"] if t["kind"] == "bank"), key=lambda t: t["offset"])
+    data = ftw.read_bytes()
+    os.truncate(ftw, last["offset"] + int(last["nbytes"] * keep_fraction))
+    return data
+
+
+def test_file_shrunk_while_serving_fails_those_requests_engine_stays_up(tiny_dir, tmp_path):
+    out = tmp_path / "m.ftw"
+    convert(tiny_dir("qwen3_moe"), out, dtype="float32")
+    ref = LLM(str(out), dtype="float32")
+    want = ref.generate([PROMPT], GREEDY)[0].token_ids
+    ref.close()
+    llm = LLM(str(out), dtype="float32", host_cache_slots=2, prefix_cache=False)
+    assert llm.generate([PROMPT], GREEDY)[0].token_ids == want
+    data = _cut_last_bank(out)
+    with pytest.raises(RuntimeError, match=r"truncated: expert \d+ of MoE layer \d+ \(bank 'down'\)"):
+        llm.generate([PROMPT], GREEDY)
+    assert llm.expert_stats()["disk"]["errors"] >= 1
+    out.write_bytes(data)                            # the file is back: the same engine serves again
+    assert llm.generate([PROMPT], GREEDY)[0].token_ids == want
+    llm.close()
