@@ -26,6 +26,11 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-cache-policy", default=None, metavar="POLICY",
                    help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "
                         f"(admission control) and then +prefetch (next-layer prefetch); default {DEFAULT_POLICY}")
+    p.add_argument("--expert-tier", default="auto", choices=["auto", "ram", "disk"],
+                   help="disk: keep the expert pool in the model file behind a host cache (auto: when the "
+                        "pool does not fit host memory, or --host-cache-gib/--host-cache-slots is given)")
+    p.add_argument("--host-cache-gib", type=float, default=None, help="disk tier: host expert cache size")
+    p.add_argument("--host-cache-slots", type=int, default=None, help="disk tier: host expert cache, whole experts")
     p.add_argument("--expert-format", default=None, choices=FORMAT_NAMES,
                    help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
     p.add_argument("--dense-format", default=None, choices=["int8", "float"],
@@ -50,7 +55,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
 def engine_options(args) -> dict:
     return dict(dtype=args.dtype, device=args.device, moe_backend=args.moe_backend,
                 expert_cache_slots=args.expert_cache_slots, expert_cache_gib=args.expert_cache_gib,
-                expert_cache_policy=args.expert_cache_policy,
+                expert_cache_policy=args.expert_cache_policy, expert_tier=args.expert_tier,
+                host_cache_gib=args.host_cache_gib, host_cache_slots=args.host_cache_slots,
                 max_model_len=args.max_model_len, num_threads=args.threads, expert_format=args.expert_format,
                 dense_format=args.dense_format, record_routing=args.record_routing, kv_cache_gib=args.kv_cache_gib,
                 prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,

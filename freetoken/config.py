@@ -55,6 +55,12 @@ class EngineConfig:
     # Replacement policy of the expert cache (experts/slots.py): lru | lfu | lrfu | arc, "+admit" for
     # admission control, then "+prefetch" for next-layer prefetch; None = the measured default (docs/routing-locality.md).
     expert_cache_policy: str | None = None
+    # Three tiers (experts/disk.py): "disk" keeps the expert pool in the model file behind a host
+    # cache of host_cache_gib / host_cache_slots whole experts; "ram" loads the pool; "auto": disk
+    # when the memory plan finds the pool does not fit host memory, or a host cache size is given.
+    expert_tier: str = "auto"
+    host_cache_gib: float | None = None
+    host_cache_slots: int | None = None
     expert_format: str | None = None       # re-encode float experts at load: int8 | fp8 | mxfp4 | bf16 | ...
     # Dense layers (attention, dense MLPs, shared experts, lm_head): None keeps `dtype`;
     # "int8" stores them as int8 + fp16 scale per 32 (llama.cpp Q8_0 size), run by the CPU kernels;
@@ -82,6 +88,11 @@ class EngineConfig:
                 parse_policy(self.expert_cache_policy)
             except ValueError as e:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
+        if self.expert_tier not in ("auto", "ram", "disk"):
+            raise InvalidRequestError(f"expert_tier: expected auto, ram or disk, got {self.expert_tier!r}")
+        for name in ("host_cache_gib", "host_cache_slots"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise InvalidRequestError(f"{name}: expected > 0, got {getattr(self, name)}")
         if self.dense_format not in (None, "int8", "float"):
             raise InvalidRequestError(f"dense_format: expected int8, float or none, got {self.dense_format!r}")
         if self.memory_headroom_gib is not None and not self.memory_headroom_gib >= 0:
@@ -95,6 +106,12 @@ class EngineConfig:
     @property
     def state_cache_bytes(self) -> int:
         return int((AUTO_STATE_CACHE_GIB if self.state_cache_gib is None else self.state_cache_gib) * (1 << 30))
+
+    @property
+    def disk_tier(self) -> bool:
+        """The expert pool stays in the file (forced, or a host cache size given)."""
+        return self.expert_tier == "disk" or (self.expert_tier == "auto" and (
+            self.host_cache_gib is not None or self.host_cache_slots is not None))
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -163,6 +180,8 @@ class Resolved:
     moe_backend: str | None = None
     expert_cache_slots: int | str | None = None
     expert_cache_policy: str | None = None
+    expert_tier: str | None = None           # "disk": the pool stays in the file (experts/disk.py)
+    host_cache_slots: int | None = None
 
     def table(self, **more) -> str:
         """One aligned `name  value` row per setting (and per extra keyword), for the start-up log."""

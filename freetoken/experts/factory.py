@@ -107,3 +107,29 @@ def _host_executor(pool: ExpertPool, cfg: EngineConfig, spin_us: int):
 
 def _pinned(pool: ExpertPool) -> bool:
     return all(b.is_pinned() for b in pool.banks.values())
+
+
+def host_cache_slots(expert_nbytes: int, n: int, cfg: EngineConfig, num_experts: int) -> int:
+    """Slots of the disk tier's host cache: host_cache_slots, else host_cache_gib, else (forced
+    with no size) half the pool; at least one."""
+    if cfg.host_cache_slots is not None:
+        return max(1, min(n, cfg.host_cache_slots))
+    if cfg.host_cache_gib is not None:
+        return max(1, min(n, int(cfg.host_cache_gib * 2**30 // expert_nbytes)))
+    return max(1, min(n, max(2 * num_experts, n // 2)))
+
+
+def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US):
+    """The disk tier (experts/disk.py): (layout of the experts in the file, backend)."""
+    from .disk import DiskExperts
+    from .disk_layout import disk_layout
+    layout = disk_layout(model, ck, cfg)
+    n = layout.num_layers * layout.num_experts
+    slots = host_cache_slots(layout.expert_nbytes, n, cfg, layout.num_experts)
+    experts = DiskExperts(layout, torch.device(cfg.torch_device), slots, cfg.expert_cache_policy,
+                          num_threads=cfg.num_threads, spin_us=spin_us)
+    log.info("experts: disk tier, %.2f GiB pool in %s, host cache %d of %d experts (%.2f GiB)",
+             layout.nbytes / 2**30, layout.paths[0].name, slots, n, slots * layout.expert_nbytes / 2**30)
+    experts.settings = {"moe_backend": "cpu", "expert_cache_slots": None, "expert_tier": "disk",
+                        "host_cache_slots": slots}
+    return layout, experts

@@ -235,9 +235,16 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     S = expert_nbytes(s, fmt.removeprefix("prebuilt:")) if n_experts else 0
     pool = n_experts * S
     dense = dense_bytes(s, cfg)
-    plan.items.append(Item("host", "expert pool", pool, note=f"{n_experts} experts x {S / 2**20:.2f} MiB ({fmt})"))
+    from ..experts.disk_plan import disk_tier
+    tier = disk_tier(cfg, n_experts, moe_layer_count(s), S, pool, dense if compute == "host" else 0, host_avail)
+    plan.items.append(Item("disk" if tier else "host", "expert pool", pool,
+                           note=f"{n_experts} experts x {S / 2**20:.2f} MiB ({fmt})"))
     plan.items.append(Item(compute, "dense weights", dense, note="attention, dense MLPs, embeddings, lm_head"))
-    fixed = pool + dense if compute == "host" else dense
+    if tier:
+        plan.items.append(Item("host", "host expert cache", tier.nbytes,
+                               note=f"{tier.slots} experts, read from the model file (disk tier)"))
+        plan.warnings += [tier.line] if tier.line else []
+    fixed = (tier.nbytes if tier else pool) + dense if compute == "host" else dense
     if dense > plan.available[compute]:
         warn(f"{compute}: this machine cannot hold even the non-expert weights: they need {dense / GiB:.2f} GiB "
              f"(plus {pool / GiB:.2f} GiB of experts) but the budget is {plan.available[compute] / GiB:.2f} GiB")
@@ -359,6 +366,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         resolved["moe_backend"] = backend
     if backend in ("offload", "hybrid"):
         resolved["expert_cache_slots"] = slots
+    if tier:
+        resolved.update(expert_tier="disk", host_cache_slots=tier.slots)
     if states and cfg.prefix_cache and ckpt < cfg.state_cache_bytes:
         resolved["state_cache_gib"] = ckpt / GiB
     if 0 < m.host_available < plan.used("host"):     # said, not acted on: sizes follow the budget only

@@ -44,6 +44,9 @@ class BuildContext:
         """The pool in its final layout -- prebuilt by an FTW file, else `model.build_pool(ck)`
         re-encoded to `expert_format` (`reading("experts")` lets `freetoken convert` tell the
         expert tensors apart) -- and the backend built over it."""
+        if self.cfg.disk_tier:       # no pool: only where each expert lies in the file
+            from ..experts.factory import build_disk_experts
+            return build_disk_experts(model, ck, self.cfg, self.spin_us)
         pool = ck.prebuilt_experts()
         if pool is None:
             with ck.reading("experts"):

@@ -70,7 +70,7 @@ class FtwFile:
     mismatch), `abandon()` stops the reading. Else everything is read and verified here."""
 
     def __init__(self, path: str | os.PathLike, verify: bool = True, threads: int | None = None,
-                 direct: bool = True, mapped: bool = True, background: bool = False):
+                 direct: bool = True, mapped: bool = True, background: bool = False, banks: bool = True):
         self.path = self.dir = Path(path)
         header = read_header(self.path)
         self.header, self.config = header, header["config"]
@@ -80,7 +80,9 @@ class FtwFile:
             raise CheckpointError(f"{self.path}: malformed tensor table ({e})") from None
         self.direct = direct
         self.float_experts_dtype: torch.dtype | None = None    # set by open_checkpoint from the engine options
-        self._load = TensorLoad(self.path, self.entries, verify, threads, direct, mapped)
+        # banks=False (the disk tier): the expert banks stay in the file, read per expert later
+        self._load = TensorLoad(self.path, [e for e in self.entries if banks or e.kind != "bank"],
+                                verify, threads, direct, mapped)
         self._tensors = self._load.tensors
         if not background:
             self._load.finish()

@@ -26,7 +26,8 @@ def open_checkpoint(path: str | os.PathLike, cfg=None):
             raise CheckpointError(f"{path}: experts were converted to {made or 'the checkpoint format'}, "
                                   f"not {cfg.expert_format}; re-run `freetoken convert --expert-format "
                                   f"{cfg.expert_format}` or drop --expert-format")
-    f = FtwFile(path, verify=getattr(cfg, "verify_weights", True) if cfg is not None else True, background=True)
+    f = FtwFile(path, verify=getattr(cfg, "verify_weights", True) if cfg is not None else True, background=True,
+                banks=not getattr(cfg, "disk_tier", False))
     if cfg is not None:
         f.float_experts_dtype = cfg.torch_dtype
     return f

@@ -1,0 +1,153 @@
+"""The disk tier's experts backend: disk -> host expert cache -> the CPU kernels.
+
+The expert pool stays in the model file (`disk_layout.py` says where each expert lies); a
+`HostExpertCache` of whole experts holds the working set in RAM. One MoE layer call:
+  1. the call's unique experts, in ascending flat id, are made resident in the host cache
+     (hits locked; misses read from the file, several at once) -- as many as the free slots
+     hold; the rest follow in further rounds;
+  2. the CPU kernels run them from the cache's slot banks. The kernel adds each token's
+     expert outputs in ascending slot order, so each call covers a run of experts whose
+     slots ascend with their flat ids: every token's outputs are then added in the same order
+     as the fully resident pool adds them, and the result is bit for bit the resident one
+     whatever the cache size (tested down to one slot per layer);
+  3. decode: the next-layer predictor (`next_layer.py`) learns from the routing and the
+     experts it expects at layer l+1 are read in the background while attention runs;
+     prefill with >= 2*E routed pairs: layer l+1's whole expert set is read meanwhile (the
+     double buffer of `prefill.py`, when the cache holds two layers).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import torch
+
+from .base import Experts
+from .disk_layout import DiskLayout
+from .host_cache import HostExpertCache
+from .next_layer import THRESHOLD, NextLayerPredictor
+from .stats import ExpertStats
+from .torch_exec import run_experts
+
+log = logging.getLogger("freetoken.experts")
+
+
+class _TorchSlots:
+    """Fallback executor (formats without a C kernel): torch over the slot banks."""
+
+    def __init__(self, banks, spec):
+        self.banks, self.spec = banks, spec
+
+    def run(self, x, ids, w, out=None):
+        return run_experts(self.banks, self.spec, ids, x, w, out=out)
+
+
+class DiskExperts(Experts):
+    def __init__(self, layout: DiskLayout, device, slots: int, policy: str | None = None,
+                 num_threads: int | None = None, spin_us: int | None = None, io_threads: int = 4,
+                 prefetch: bool = True, drop_cache: bool = True):
+        from .slots import DEFAULT_POLICY, parse_policy_options
+        base, admit, _ = parse_policy_options(policy or DEFAULT_POLICY)
+        self.layout, self.E, self.device = layout, layout.num_experts, torch.device(device)
+        self.cache = HostExpertCache(layout, slots, base, io_threads, drop_cache)
+        self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD) if prefetch else None
+        self.host = self._executor(num_threads, spin_us)
+        self.stats_ = ExpertStats(layout.num_layers, "disk")
+        self.phase = "decode"
+        self.kernel_calls = 0        # kernel calls (runs of ascending slots), for the stats
+        self.pool = layout           # what the engine reads as `experts.pool` (shape, bytes)
+
+    def _executor(self, num_threads, spin_us):
+        from ..kernels.pool import SPIN_US, shared_pool
+        from .cpu import CpuExpertExecutor
+        sp = self.layout.spec
+        try:
+            return CpuExpertExecutor(self.cache.banks, sp.fmt, sp.hidden, sp.intermediate, sp.activation,
+                                     sp.alpha, sp.limit,
+                                     pool=shared_pool(num_threads, spin_us=SPIN_US if spin_us is None else spin_us))
+        except (ValueError, NotImplementedError) as e:
+            log.warning("disk tier: no CPU kernel for these experts (%s); running them with torch", e)
+            return _TorchSlots(self.cache.banks, sp)
+
+    def begin_step(self, phase: str) -> None:
+        self.phase = phase
+        self.stats_.step(phase)
+
+    def forward(self, layer, hidden, topk_ids, topk_weights):
+        t0 = time.perf_counter()
+        on_host = self.device.type == "cpu"
+        x = hidden if on_host else hidden.to("cpu")
+        w = topk_weights if on_host else topk_weights.to("cpu")
+        local = topk_ids.to("cpu", torch.int64).numpy()
+        flat = local + layer * self.E
+        uniq = np.unique(flat)
+        T, K = flat.shape
+        if self.predictor is not None and self.phase == "prefill":
+            self.predictor.observe_tokens(layer, local)
+        if self.phase == "prefill" and T * K >= 2 * self.E and self.cache.capacity >= 2 * self.E \
+                and layer + 1 < self.layout.num_layers:
+            nxt = np.arange((layer + 1) * self.E, (layer + 2) * self.E)   # the second buffer
+            streamed = True
+        else:
+            streamed = False
+            nxt = self._predict(layer, uniq - layer * self.E)
+        out = torch.zeros(T, self.layout.spec.hidden, dtype=torch.float32)
+        c0 = dict(self.cache.c)
+        read0 = self.cache.read_s
+        calls = 0
+        rest, started = uniq, 0
+        while len(rest):
+            n, slots = self.cache.acquire(rest)
+            try:
+                if n == len(rest) and len(nxt):      # this call's experts locked: read ahead meanwhile
+                    started, nxt = self.cache.prefetch(nxt), nxt[:0]
+                calls += self._run(rest[:n], slots, flat, x, w, out)
+            finally:
+                self.cache.release(slots)
+            rest = rest[n:]
+        if len(nxt):
+            started = self.cache.prefetch(nxt)
+        self.kernel_calls += calls
+        c = self.cache.c
+        dt = time.perf_counter() - t0
+        self.stats_.add(layer, calls=1, routed=T * K, hits=c["hits"] - c0["hits"] + c["waited"] - c0["waited"],
+                        misses=c["misses"] - c0["misses"], fills=c["misses"] - c0["misses"],
+                        prefetches=started, cpu_experts=len(uniq),
+                        cpu_bytes=len(uniq) * self.layout.expert_nbytes,
+                        fill_s=self.cache.read_s - read0, cpu_s=dt - (self.cache.read_s - read0), wall_s=dt)
+        if streamed:
+            self.stats_.add(layer + 1, streamed_layers=1)
+        return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
+
+    def _run(self, ids: np.ndarray, slots: np.ndarray, flat: np.ndarray, x, w, out) -> int:
+        """Kernel calls over `ids` (ascending) in runs whose slots ascend too (see the module doc)."""
+        breaks = np.flatnonzero(np.diff(slots) <= 0) + 1
+        calls = 0
+        for run_ids, run_slots in zip(np.split(ids, breaks), np.split(slots, breaks)):
+            pos = np.searchsorted(run_ids, flat)
+            pos = np.minimum(pos, len(run_ids) - 1)
+            mine = run_ids[pos] == flat
+            sid = np.where(mine, run_slots[pos], -1)
+            self.host.run(x, torch.from_numpy(sid), w, out=out)
+            calls += 1
+        return calls
+
+    def _predict(self, layer: int, local: np.ndarray) -> np.ndarray:
+        if self.predictor is None or self.phase == "prefill":
+            return np.empty(0, np.int64)
+        self.predictor.observe(layer, local)
+        return self.predictor.predict(layer, local) + (layer + 1) * self.E
+
+    def stats(self) -> dict:
+        hc = self.cache.stats()
+        return self.stats_.as_dict(cache={k: hc[k] for k in ("slots", "resident", "evictions", "gib")},
+                                   host_cache=hc, disk={"bytes_read": hc["bytes_read"], "reads": hc["reads"],
+                                                        "read_s": hc["read_s"], "read_gbs": hc["read_gbs"],
+                                                        "errors": hc["read_errors"],
+                                                        "pool_gib": self.layout.nbytes / 2**30},
+                                   kernel_calls=self.kernel_calls)
+
+    def close(self) -> None:
+        self.cache.close()
+        getattr(self.host, "close", lambda: None)()

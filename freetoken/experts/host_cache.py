@@ -1,0 +1,276 @@
+"""The host expert cache: the RAM tier between the model file and the compute.
+
+N slots of whole experts (a row of every bank, as `ExpertPool` would hold it), keyed by
+(layer, expert) through the same `SlotTable` as the device cache (residency, policy,
+victims, locks, pending flags). A miss takes a victim slot and its bytes are read from the
+file straight into the slot's rows (`os.preadv`, one call per contiguous piece; the GIL is
+released while the disk works, so the reads of several experts are in flight at once on a
+small thread pool). After each read the file's pages are dropped from the page cache
+(`posix_fadvise(DONTNEED)`): the slot is the copy in RAM, the page cache would be a second.
+Reads are buffered, not O_DIRECT: expert rows of a GGUF file sit at arbitrary offsets.
+
+Thread safety: every table change happens under one condition lock; the reads run outside
+it. A slot being read is `pending` and locked by its reader: nobody reads its rows or evicts
+it until the read has landed; a caller that needs it waits on its event. A failed read
+(file shrunk or damaged) drops the slot again and raises `ExpertReadError` to every caller
+that needed that expert; the cache stays consistent and keeps serving the others.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+
+from .disk_layout import DiskLayout
+from .slots import DEFAULT_POLICY, SlotTable
+
+
+class ExpertReadError(RuntimeError):
+    """An expert's bytes could not be read from the model file (shrunk, damaged, I/O)."""
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+class ExpertReader:
+    """Reads one expert's rows of every disk bank into given destination rows."""
+
+    def __init__(self, layout: DiskLayout, drop_cache: bool = True):
+        self.layout, self.drop_cache = layout, drop_cache
+        self.fds = [os.open(p, os.O_RDONLY) for p in layout.paths]
+        for fd in self.fds:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)   # no readahead beyond what we ask
+
+    def read(self, flat: int, dst: dict[str, torch.Tensor]) -> int:
+        """Fills dst[bank] (one expert's row of each disk bank); returns bytes read."""
+        total = 0
+        for name, bank in self.layout.banks.items():
+            row = _bytes_of(dst[name])
+            for pc in bank.pieces:
+                if pc.files[flat] < 0:
+                    continue
+                fd, off = self.fds[pc.files[flat]], int(pc.offsets[flat])
+                direct = pc.file_dtype is None and not pc.pitch
+                buf = row[pc.dst:pc.dst + pc.nbytes] if direct else memoryview(bytearray(pc.nbytes))
+                got = 0
+                while got < pc.nbytes:
+                    k = os.preadv(fd, [buf[got:]], off + got)
+                    if k == 0:
+                        break
+                    got += k
+                if got < pc.nbytes:
+                    L, E = divmod(flat, self.layout.num_experts)
+                    path = self.layout.paths[pc.files[flat]]
+                    raise ExpertReadError(
+                        f"{path}: truncated: expert {E} of MoE layer {L} (bank {name!r}) needs bytes "
+                        f"{off}..{off + pc.nbytes} but the file has {os.fstat(fd).st_size}")
+                if self.drop_cache:
+                    os.posix_fadvise(fd, off, pc.nbytes, os.POSIX_FADV_DONTNEED)
+                if not direct:
+                    self._place(bank, pc, buf, dst[name])
+                total += pc.nbytes
+        return total
+
+    @staticmethod
+    def _place(bank, pc, buf: memoryview, dst: torch.Tensor) -> None:
+        src = torch.frombuffer(buf, dtype=torch.uint8)
+        if pc.file_dtype is not None:             # float piece stored in another dtype: cast
+            vals = src.view(pc.file_dtype).to(bank.dtype)
+            es = vals.element_size()
+            dst.view(torch.uint8).view(-1)[pc.dst:pc.dst + vals.numel() * es] = vals.view(torch.uint8)
+            return
+        rb = pc.nbytes // pc.rows                  # ggml rows narrower than the bank row
+        flat = dst.view(torch.uint8).view(-1)[pc.dst:pc.dst + pc.rows * pc.pitch].view(pc.rows, pc.pitch)
+        flat[:, :rb] = src.view(pc.rows, rb)
+        flat[:, rb:] = 0
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+class HostExpertCache:
+    """`slots` whole experts in host memory over the file described by `layout`."""
+
+    def __init__(self, layout: DiskLayout, slots: int, policy: str = DEFAULT_POLICY, threads: int = 4,
+                 drop_cache: bool = True):
+        if slots < 1:
+            raise ValueError(f"host expert cache: at least 1 slot, got {slots}")
+        self.layout = layout
+        self.table = SlotTable(layout.num_layers * layout.num_experts, layout.num_experts, int(slots), policy)
+        self.reader = ExpertReader(layout, drop_cache)
+        self.banks: dict[str, torch.Tensor] = {}
+        for name, b in layout.banks.items():       # fresh pages: nothing touched until a read
+            self.banks[name] = torch.empty((slots, *b.row_shape), dtype=b.dtype)
+        for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
+            self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
+        self._cv = threading.Condition()
+        self._landed: dict[int, threading.Event] = {}      # slot -> set when its read is over
+        self._failed: dict[int, BaseException] = {}        # flat -> the read error (until retried)
+        self._prefetched = np.zeros(slots, bool)           # filled by a prefetch, not yet used
+        self._io = ThreadPoolExecutor(max(1, threads), thread_name_prefix="freetoken-disk")
+        self.c = dict(hits=0, misses=0, waited=0, reads=0, bytes_read=0, prefetches=0, prefetch_used=0,
+                      read_errors=0)
+        self.read_s = 0.0            # wall time callers waited for reads
+
+    capacity = property(lambda self: self.table.capacity)
+    resident = property(lambda self: self.table.resident)
+    evictions = property(lambda self: self.table.evictions)
+
+    # ---- reading ----------------------------------------------------------------------
+    def _read_into(self, flat: int, slot: int) -> None:
+        """Runs on an I/O thread: the slot's rows from the file; then the slot is readable."""
+        err = None
+        try:
+            n = self.reader.read(flat, {k: self.banks[k][slot] for k in self.layout.banks})
+            for k, t in self.layout.resident.items():
+                self.banks[k][slot].copy_(t[flat])
+        except BaseException as e:  # noqa: BLE001 -- handed to every waiter
+            err = e if isinstance(e, ExpertReadError) else ExpertReadError(
+                f"{self.layout.paths[0]}: reading expert {flat % self.layout.num_experts} of MoE layer "
+                f"{flat // self.layout.num_experts} failed: {e}")
+        with self._cv:
+            if err is None:
+                self.c["reads"] += 1
+                self.c["bytes_read"] += n
+                self.table.ready(np.array([slot]))
+            else:
+                self.c["read_errors"] += 1
+                self._failed[flat] = err
+                self._drop(slot)
+            self._landed.pop(slot).set()
+            self._cv.notify_all()
+
+    def _drop(self, slot: int) -> None:
+        """Empty a slot whose read failed (under the lock; its locks stay with their holders)."""
+        t = self.table
+        flat = int(t.owner[slot])
+        if flat >= 0:
+            t.slot_of[flat] = -1
+        t.owner[slot], t.stamp[slot], t.pending[slot] = -1, -1, False
+        if t.arc is not None:
+            t.arc.keep(set(t.owner[t.owner >= 0].tolist()), t.capacity)
+
+    def _start(self, flats: np.ndarray, slots: np.ndarray) -> list[threading.Event]:
+        """Assign flats into victim slots (locked, pending) and queue their reads (under the lock)."""
+        self.table.assign(flats, slots)
+        events = []
+        for f, s in zip(flats.tolist(), slots.tolist()):
+            self._failed.pop(f, None)
+            ev = self._landed[s] = threading.Event()
+            events.append(ev)
+            self._io.submit(self._read_into, f, s)
+        return events
+
+    # ---- callers ------------------------------------------------------------------------
+    def acquire(self, flat_ids: np.ndarray) -> tuple[int, np.ndarray]:
+        """Make a leading run of `flat_ids` (unique) resident and lock it: returns (n, slots of
+        flat_ids[:n]), n >= 1. Fewer than all when the free slots cannot hold every miss at
+        once: the caller runs them, `release`s and asks for the rest. Raises ExpertReadError
+        when one of them cannot be read (the others are released)."""
+        flat_ids = np.asarray(flat_ids, np.int64)
+        t = self.table
+        with self._cv:
+            while True:
+                slots = t.slot_of[flat_ids]
+                hit = slots >= 0
+                # the longest prefix whose misses fit the evictable slots left after locking its hits
+                free_after = t.evictable() - np.cumsum(hit & (t.locks[np.maximum(slots, 0)] == 0)
+                                                       & ~t.pending[np.maximum(slots, 0)])
+                need = np.cumsum(~hit)
+                ok = need <= free_after
+                n = len(flat_ids) if ok.all() else int(np.argmin(ok))
+                if n > 0:
+                    break
+                if not t.pending.any() and not t.locks.any():
+                    raise RuntimeError("host expert cache: no slot can be freed")
+                self._cv.wait(0.05)                 # every slot locked by other callers or reads
+            ids, hit, slots = flat_ids[:n], hit[:n], slots[:n].copy()
+            t.record(ids)
+            t.lock(slots[hit])
+            t.touch(slots[hit])
+            waits = [self._landed[s] for s in slots[hit] if t.pending[s]]
+            landed = hit.copy()
+            landed[hit] = ~t.pending[slots[hit]]
+            self.c["hits"] += int(landed.sum())
+            self.c["waited"] += len(waits)
+            self.c["misses"] += int((~hit).sum())
+            used = slots[hit]
+            self.c["prefetch_used"] += int(self._prefetched[used].sum())
+            self._prefetched[used] = False
+            miss = ids[~hit]
+            if len(miss):
+                victims = t.candidates(len(miss), miss)
+                slots[~hit] = victims
+                self._prefetched[victims] = False
+                waits += self._start(miss, victims)
+        if waits:
+            t0 = time.perf_counter()
+            for ev in waits:
+                ev.wait()
+            self.read_s += time.perf_counter() - t0
+        with self._cv:
+            bad = [self._failed[f] for f in ids.tolist() if f in self._failed and t.slot_of[f] < 0]
+            if bad:
+                t.unlock(slots)
+                self._cv.notify_all()
+                raise bad[0]
+        return n, slots
+
+    def release(self, slots: np.ndarray) -> None:
+        with self._cv:
+            self.table.unlock(np.asarray(slots, np.int64))
+            self._cv.notify_all()
+
+    def prefetch(self, flat_ids: np.ndarray) -> int:
+        """Start background reads of those of `flat_ids` not resident, into victims the policy
+        gives up without waiting (never a locked slot); returns how many were started."""
+        with self._cv:
+            t = self.table
+            want = np.asarray(flat_ids, np.int64)
+            want = want[t.slot_of[want] < 0]
+            if not len(want):
+                return 0
+            slots = t.candidates(len(want), want)
+            want = want[:len(slots)]
+            if not len(want):
+                return 0
+            self._start(want, slots)
+            t.unlock(slots)          # a prefetch holds no user lock: pending keeps it safe
+            self._prefetched[slots] = True
+            self.c["prefetches"] += len(want)
+            return len(want)
+
+    def drain(self) -> None:
+        """Wait for every read in flight (between steps, before a resize or close)."""
+        with self._cv:
+            events = list(self._landed.values())
+        for ev in events:
+            ev.wait()
+
+    def stats(self) -> dict:
+        with self._cv:
+            c = dict(self.c)
+        looked = c["hits"] + c["waited"] + c["misses"]
+        S = self.layout.expert_nbytes
+        return {**c, "hit_rate": (c["hits"] + c["waited"]) / looked if looked else 0.0,
+                "slots": self.capacity, "resident": self.resident, "evictions": self.evictions,
+                "gib": self.capacity * S / 2**30, "read_s": self.read_s,
+                "read_gbs": c["bytes_read"] / self.read_s / 1e9 if self.read_s else 0.0}
+
+    def check(self) -> None:
+        """Invariants (tests): the table's, plus: a slot is pending exactly while its read runs."""
+        with self._cv:
+            self.table.check()
+            assert set(np.flatnonzero(self.table.pending).tolist()) == set(self._landed), "pending != reads in flight"
+
+    def close(self) -> None:
+        self.drain()
+        self._io.shutdown(wait=True)
+        self.reader.close()

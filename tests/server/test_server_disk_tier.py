@@ -1,0 +1,47 @@
+"""A server over the disk tier whose model file shrinks while it serves: the requests that
+need the lost expert rows fail with a 500 in the API's error shape naming the file, /health
+says degraded (why) but the engine runs, and once the file is whole again the same server answers as before."""
+import os
+
+import httpx
+import pytest
+
+from freetoken import LLM
+from freetoken.server.app import create_app
+from freetoken.server.generation import GenerationService
+from freetoken.server.server_state import Settings
+from freetoken.weights.ftw_reader import read_header
+from freetoken.weights.ftw_writer import convert
+
+from live_server import MODEL_NAMES, LiveServer
+
+BODY = {"model": MODEL_NAMES[0], "prompt": "one two three four", "max_tokens": 4, "temperature": 0}
+
+
+@pytest.mark.timeout(300)
+def test_shrunk_file_fails_requests_server_stays_up(tiny_model_dir, tmp_path):
+    ftw = tmp_path / "m.ftw"
+    convert(tiny_model_dir, ftw, dtype="float32")
+    llm = LLM(str(ftw), dtype="float32", host_cache_slots=2, prefix_cache=False, max_model_len=512)
+    svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
+                            max_running=4, max_waiting=8, max_tokens_cap=8)
+    srv = LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES)))
+    try:
+        post = lambda: httpx.post(srv.url + "/v1/completions", json=BODY, timeout=120)   # noqa: E731
+        first = post()
+        assert first.status_code == 200, first.text
+        last = max((t for t in read_header(ftw)["tensors"] if t["kind"] == "bank"), key=lambda t: t["offset"])
+        data = ftw.read_bytes()
+        os.truncate(ftw, last["offset"] + last["nbytes"] // 2)
+        bad = post()
+        assert bad.status_code == 500, bad.text
+        assert "error" in bad.json() and "truncated" in bad.text and ftw.name in bad.text
+        health = httpx.get(srv.url + "/health", timeout=30).json()
+        assert health["status"] == "degraded" and "truncated" in health["error"]     # up, and says why
+        ftw.write_bytes(data)
+        again = post()
+        assert again.status_code == 200 and again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+    finally:
+        srv.stop()
+        llm.close()
