@@ -60,9 +60,18 @@ def state(request: Request) -> AppState:
 
 async def parse_body(request: Request, model: type[BaseModel]):
     raw = await read_body(request, state(request).settings.max_body_bytes)
+    # parsing and validation hold the GIL: in a worker thread, after the counts are bounded
+    return await asyncio.to_thread(validate_body, raw, model)
+
+
+def validate_body(raw: bytes, model: type[BaseModel]):
+    """Bounded parse, unknown top-level fields dropped (they are accepted and ignored, so
+    they need not be validated or kept), then the route's model."""
     obj = parse_json(raw)
     if not isinstance(obj, dict):
         raise BadRequest("the request body must be a JSON object")
+    known = model.model_fields
+    obj = {k: v for k, v in obj.items() if k in known}
     try:
         return model.model_validate(obj)
     except ValidationError as e:
