@@ -75,8 +75,11 @@ def _stop_list(stop) -> list[str]:
 def _forced_tools(inp: ChatInput) -> list[dict] | None:
     """The tools a tool_choice forces the model to call, or None."""
     tc = inp.tool_choice
-    if not inp.tools or tc in (None, "auto", "none"):
+    if tc in (None, "auto", "none"):
         return None
+    if not inp.tools:
+        raise BadRequest(f"tool_choice {tc!r} needs tools, and the request has none",
+                         param="tool_choice")
     if tc == "required":
         return inp.tools
     if isinstance(tc, dict) and tc.get("name"):
