@@ -56,11 +56,11 @@ def check_config(cfg: dict, where) -> None:
             if isinstance(v, bool) or not isinstance(v, int):
                 if isinstance(v, float) and v.is_integer() and lo <= v <= hi:
                     continue      # 64.0: the model code decides whether it takes it
-                raise CheckpointError(f"{where}: field {scope}{name!r} is {_show(v)}, expected an "
-                                      f"integer in [{lo}, {hi}]")
+                raise CheckpointError(f"{where}: field {scope}{name!r} is {_show(v)}, expected "
+                                      f"int in [{lo}, {hi}]")
             if not lo <= v <= hi:
-                raise CheckpointError(f"{where}: field {scope}{name!r} is {_show(v)}, expected an "
-                                      f"integer in [{lo}, {hi}]")
+                raise CheckpointError(f"{where}: field {scope}{name!r} is {_show(v)}, expected "
+                                      f"int in [{lo}, {hi}]")
         for name in POSITIVE_FLOATS:
             v = data.get(name)
             if v is None:
