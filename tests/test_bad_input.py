@@ -106,3 +106,47 @@ def test_cli_generate_json(tiny_dir, capsys):
                "--seed", "3", "--json", "--dtype", "float32"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(out["token_ids"]) <= 4 and isinstance(out["text"], str)
+
+
+# ---- issue 25.5: damaged and hostile model files through the real CLI (bench/bad_files.py) ----
+
+BAD_FILES_CI = ["num_hidden_layers=1000000000", "num_attention_heads=0", "num_experts=1000000000000",
+                "hidden_size='sixty-four'", "vocab_size=10000000000000000000000000000000000000000",
+                "rope_theta=-1", "rms_norm_eps=nan", "config_nested_100k", "config_5000_digits",
+                "config_fifo", "safetensors_fifo", "long_model_name", "ftw_header_2^62",
+                "ftw_num_experts_1e9", "gguf_alignment_0", "template_recursion", "template_class",
+                "template_300mb", "template_spin", "safetensors_truncated"]
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bad_files as bf
+    root = tmp_path_factory.mktemp("bad-files")
+    work = root / "work"
+    work.mkdir()
+    return bf, bf.tiny_dir(root), work
+
+
+def test_bad_file_generator_has_over_100_cases(bad_files):
+    bf, _, _ = bad_files
+    assert len(bf.cases()) >= 101
+    assert set(BAD_FILES_CI) <= set(bf.cases())
+
+
+@pytest.mark.parametrize("name", BAD_FILES_CI)
+def test_bad_file_one_line_exit_2(bad_files, name):
+    bf, tiny, work = bad_files
+    ok, what = bf.run_case(name, bf.cases()[name], tiny, work, timeout=5, in_process=True)
+    assert ok, what
+
+
+@pytest.mark.parametrize("name", ["safetensors_fifo", "num_attention_heads=0", "template_300mb"])
+def test_bad_file_real_cli_process(bad_files, name):
+    """A fresh `python -m freetoken.cli generate`: one line, exit 2, never a hang (the time
+    bound is the bench's; a test allows for a loaded machine)."""
+    bf, tiny, work = bad_files
+    ok, what = bf.run_case(name, bf.cases()[name], tiny, work, timeout=600)
+    assert ok, what

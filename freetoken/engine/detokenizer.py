@@ -2,8 +2,20 @@
 
 Text is decoded from a short window of ids so each step costs O(1) tokens, waits while
 the tail is an incomplete UTF-8 sequence, and holds back as many characters as a stop
-string could still need so that no part of a stop string is ever emitted."""
+string could still need so that no part of a stop string is ever emitted. Stop strings
+are found with one Aho-Corasick automaton (built once per request) over the new text and
+the held-back tail, so a step costs the same however many stop strings there are."""
 from __future__ import annotations
+
+import ahocorasick
+
+
+def stop_automaton(stop: list[str]):
+    a = ahocorasick.Automaton()
+    for s in stop:
+        a.add_word(s, s)
+    a.make_automaton()
+    return a
 
 
 class IncrementalDetokenizer:
@@ -14,6 +26,7 @@ class IncrementalDetokenizer:
         self.text = ""
         self.emitted = 0
         self.stop = stop
+        self.matcher = stop_automaton(stop) if stop else None
         self.holdback = max((len(s) for s in stop), default=1) - 1
         self.matched_stop: str | None = None
 
@@ -31,9 +44,10 @@ class IncrementalDetokenizer:
             drop = self.prefix_offset
             self.ids = self.ids[drop:]
             self.prefix_offset, self.read_offset = 0, self.read_offset - drop
-        if self.stop:
+        if self.matcher is not None:
             start = max(0, before - self.holdback)
-            hits = [(i, s) for i, s in ((self.text.find(s, start), s) for s in self.stop) if i >= 0]
+            # the earliest-starting stop string (ties: the smallest), as min(text.find(s)) would
+            hits = [(end - len(s) + 1, s) for end, s in self.matcher.iter(self.text, start)]
             if hits:
                 i, self.matched_stop = min(hits)
                 self.text = self.text[:i]

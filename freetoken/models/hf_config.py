@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..weights.validate import check_config
 
 _MISSING = object()
 
@@ -36,4 +37,5 @@ class HFConfig:
             raise CheckpointError(f"{self.path}: field {name!r} is {v!r}, expected {kind.__name__}")
         if kind is int and v < 0:
             raise CheckpointError(f"{self.path}: field {name!r} is {v}, expected a non-negative int")
+        check_config({name: v}, self.path)      # the field's range, before a size is taken from it
         return v

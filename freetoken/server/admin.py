@@ -70,7 +70,7 @@ def make_router(admin_token: str) -> APIRouter:
     @router.post("/admin/memory")
     async def post_memory(request: Request):
         _authorize(request, admin_token)
-        body = parse_json(await read_body(request, state(request).settings.max_body_bytes))
+        body = await asyncio.to_thread(parse_json, await read_body(request, state(request).settings.max_body_bytes))
         return await run(request, _resize_args(body))
 
     return router

@@ -40,6 +40,8 @@ class MessagesRequest(BaseModel):
     top_k: int | None = None
     stop_sequences: list[str] | None = None
     thinking: dict | None = None
+    seed: int | None = None                 # not in Anthropic's API: honoured as on OpenAI routes
+    logit_bias: dict | None = None          # refused: this server does not bias logits
 
 
 class CountTokensRequest(MessagesRequest):
@@ -169,6 +171,10 @@ def _template_kwargs(body: MessagesRequest) -> dict:
     kind = (body.thinking or {}).get("type")
     if kind is not None and not isinstance(kind, str):
         raise BadRequest("thinking.type: expected enabled, disabled or adaptive", param="thinking.type")
+    budget = (body.thinking or {}).get("budget_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise BadRequest(f"thinking.budget_tokens: expected a positive integer, got {budget!r:.40}",
+                         param="thinking.budget_tokens")
     return {"enable_thinking": kind in ("enabled", "adaptive")}
 
 
@@ -182,7 +188,7 @@ def _convert(body: MessagesRequest, max_tokens) -> ChatInput:
                      tools=anthropic_tools(body.tools), tool_choice=anthropic_tool_choice(body.tool_choice),
                      max_tokens=max_tokens, stop=body.stop_sequences or [],
                      sampling={"temperature": body.temperature, "top_p": body.top_p,
-                               "top_k": body.top_k},
+                               "top_k": body.top_k, "seed": body.seed},
                      template_kwargs=_template_kwargs(body))
 
 

@@ -65,6 +65,13 @@ def register(subparsers) -> None:
     s.add_argument("--stall-timeout", type=float, default=30.0,
                    help="abort a request whose client has read none of its output for this many "
                    "seconds (default 30)")
+    s.add_argument("--allowed-hosts", default="",
+                   help="comma-separated Host names to answer besides loopback names and IP "
+                   "addresses ('*' = any); other Host headers get 403 (DNS rebinding)")
+    s.add_argument("--cors-origins", default="",
+                   help="comma-separated web origins (https://app.example) allowed to call the "
+                   "server from a browser; default none: CORS off, requests with another "
+                   "Origin get 403")
     s.add_argument("--max-body-mb", type=float, default=32,
                    help="largest request body accepted; bigger ones get 413 (default 32)")
     s.add_argument("--admin-token", default=os.environ.get("FREETOKEN_ADMIN_TOKEN"),
@@ -182,12 +189,18 @@ def build(args):
     app = create_app(svc, Settings(model_names=names, api_key=args.api_key,
                                    model_match=args.model_match,
                                    max_body_bytes=int(args.max_body_mb * (1 << 20)),
-                                   admin_token=getattr(args, "admin_token", None)))
+                                   admin_token=getattr(args, "admin_token", None),
+                                   allowed_hosts=_csv(getattr(args, "allowed_hosts", "")),
+                                   cors_origins=_csv(getattr(args, "cors_origins", ""))))
     svc.loop.watcher = memory_watcher(args, llm.engine)
     svc.metrics.set_memory_sizes(llm.engine.memory_sizes())
     from .app import pinned_bytes
     svc.metrics.memory_pinned.set(pinned_bytes(llm.engine))
     return llm, svc, app, demo, model
+
+
+def _csv(value: str | None) -> list[str]:
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
 def memory_watcher(args, engine):

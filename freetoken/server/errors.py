@@ -12,6 +12,7 @@ _TYPES = {
     404: ("not_found_error", "not_found_error"),
     405: ("invalid_request_error", "invalid_request_error"),
     413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "invalid_request_error"),
     429: ("rate_limit_error", "rate_limit_error"),
     500: ("server_error", "api_error"),
     503: ("server_error", "overloaded_error"),

@@ -39,6 +39,7 @@ class _SamplingFields(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     n: int | None = None
+    logit_bias: dict | None = None     # refused when not empty (server_state.validate_body)
 
 
 class ChatCompletionRequest(_SamplingFields):

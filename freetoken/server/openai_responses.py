@@ -98,6 +98,8 @@ def _format(text: dict | None) -> dict | None:
         return {"type": "json_schema", "schema": fmt.get("schema")}
     if fmt.get("type") == "json_object":
         return {"type": "json_object"}
+    if fmt.get("type") not in (None, "text"):       # grammar, regex, ...: refused as chat does
+        return {"type": fmt.get("type")}
     return None
 
 

@@ -51,21 +51,35 @@ def sampling_params(svc: GenerationService, max_tokens: int, stop: list[str], sa
         raise BadRequest(str(e)) from None
 
 
+MAX_STOP_STRINGS = 64     # OpenAI allows 4; agents send a handful
+MAX_STOP_CHARS = 256      # each one's length is also how much streamed text is held back
+
+
 def _stop_list(stop) -> list[str]:
     if stop is None:
         return []
     if isinstance(stop, str):
-        return [stop] if stop else []
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return [s for s in stop if s]
-    raise BadRequest("stop: expected a string or a list of strings", param="stop")
+        stop = [stop]
+    if not (isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise BadRequest("stop: expected a string or a list of strings", param="stop")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise BadRequest(f"stop: {len(stop)} stop strings; this server accepts at most "
+                         f"{MAX_STOP_STRINGS}", param="stop")
+    long = next((s for s in stop if len(s) > MAX_STOP_CHARS), None)
+    if long is not None:
+        raise BadRequest(f"stop: a stop string of {len(long)} characters; at most "
+                         f"{MAX_STOP_CHARS} each", param="stop")
+    return [s for s in stop if s]
 
 
 def _forced_tools(inp: ChatInput) -> list[dict] | None:
     """The tools a tool_choice forces the model to call, or None."""
     tc = inp.tool_choice
-    if not inp.tools or tc in (None, "auto", "none"):
+    if tc in (None, "auto", "none"):
         return None
+    if not inp.tools:
+        raise BadRequest(f"tool_choice {tc!r} needs tools, and the request has none",
+                         param="tool_choice")
     if tc == "required":
         return inp.tools
     if isinstance(tc, dict) and tc.get("name"):

@@ -24,6 +24,8 @@ class Settings:
     model_match: str = "auto"        # auto: OpenAI routes strict, Anthropic routes map any id
     max_body_bytes: int = 32 << 20
     admin_token: str | None = None   # enables /admin/memory (server/admin.py)
+    allowed_hosts: list[str] = field(default_factory=list)   # beyond loopback names and IPs
+    cors_origins: list[str] = field(default_factory=list)    # CORS off when empty
 
 
 @dataclass
@@ -60,9 +62,28 @@ def state(request: Request) -> AppState:
 
 async def parse_body(request: Request, model: type[BaseModel]):
     raw = await read_body(request, state(request).settings.max_body_bytes)
+    # parsing and validation hold the GIL: in a worker thread, after the counts are bounded
+    return await asyncio.to_thread(validate_body, raw, model)
+
+
+NUMBER_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty", "max_tokens", "max_completion_tokens",
+                 "max_output_tokens", "n")
+
+
+def validate_body(raw: bytes, model: type[BaseModel]):
+    """Bounded parse, unknown top-level fields dropped (they are accepted and ignored, so
+    they need not be validated or kept), then the route's model."""
     obj = parse_json(raw)
     if not isinstance(obj, dict):
         raise BadRequest("the request body must be a JSON object")
+    known = model.model_fields
+    obj = {k: v for k, v in obj.items() if k in known}
+    for k in NUMBER_FIELDS:            # pydantic would read true as 1.0
+        if isinstance(obj.get(k), bool):
+            raise BadRequest(f"{k}: expected a number, got {str(obj[k]).lower()}", param=k)
+    if obj.get("logit_bias"):
+        raise BadRequest("logit_bias is not supported by this server", param="logit_bias")
     try:
         return model.model_validate(obj)
     except ValidationError as e:

@@ -9,15 +9,19 @@ import torch
 from safetensors import safe_open
 
 from ..errors import CheckpointError
+from .validate import check_config, check_regular_file
 
 
 def read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
+    if not path.exists():
         raise CheckpointError(f"{path}: missing {what}")
+    check_regular_file(path, what)
     try:
         data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: malformed JSON ({e})") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as e:      # ValueError: also a 5000-digit integer
+        raise CheckpointError(f"{path}: malformed JSON ({str(e)[:200]})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object at top level")
     return data
@@ -67,6 +71,7 @@ class Checkpoint:
         if not self.dir.is_dir():
             raise CheckpointError(f"{self.dir}: model directory does not exist")
         self.config = read_json(self.dir / "config.json", "config.json")
+        check_config(self.config, self.dir / "config.json")
         self._file_of: dict[str, Path] = {}
         index = self.dir / "model.safetensors.index.json"
         single = self.dir / "model.safetensors"
@@ -79,10 +84,13 @@ class Checkpoint:
                 if not path.is_file():
                     raise CheckpointError(f"{path}: shard listed in {index.name} for tensor {name!r} is missing")
                 self._file_of[name] = path
-        elif single.is_file():
+        elif single.exists():
+            check_regular_file(single, "safetensors file")
             self._scan(single)
         else:
             files = sorted(self.dir.glob("*.safetensors"))
+            for f in files:
+                check_regular_file(f, "safetensors file")
             if not files:
                 raise CheckpointError(f"{self.dir}: no model.safetensors, model.safetensors.index.json or *.safetensors")
             for f in files:

@@ -20,6 +20,7 @@ import torch
 from ..errors import CheckpointError
 from .ftw_format import MAGIC, PREAMBLE, VERSION, TensorEntry, config_hash
 from .ftw_load import TensorLoad
+from .validate import check_config, check_header_size
 
 log = logging.getLogger("freetoken.weights")
 
@@ -42,15 +43,20 @@ def read_header(path: Path) -> dict:
         if version != VERSION:
             raise CheckpointError(f"{path}: FTW format version {version}, this FreeToken reads version "
                                   f"{VERSION}; re-run `freetoken convert`")
+        check_header_size(path, size, os.fstat(f.fileno()).st_size)
         body = f.read(size)
     if len(body) < size:
         raise CheckpointError(f"{path}: truncated inside the header ({len(body)} of {size} bytes)")
     from xxhash import xxh3_64_intdigest
     if xxh3_64_intdigest(body) != digest:
         raise CheckpointError(f"{path}: header checksum mismatch (the tensor table is corrupt)")
-    header = json.loads(body)
-    if config_hash(header["config"]) != header["config_hash"]:
-        raise CheckpointError(f"{path}: config hash mismatch (config.json inside the file was altered)")
+    try:
+        header = json.loads(body)
+        if config_hash(header["config"]) != header["config_hash"]:
+            raise CheckpointError(f"{path}: config hash mismatch (config.json inside the file was altered)")
+    except (ValueError, KeyError, TypeError, RecursionError) as e:
+        raise CheckpointError(f"{path}: malformed FTW header ({type(e).__name__}: {str(e)[:100]})") from None
+    check_config(header["config"], f"{path}: config")
     return header
 
 

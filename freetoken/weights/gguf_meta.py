@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import CheckpointError
+from .validate import check_gguf_alignment
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ def read_header(path: str | Path, tensors: bool = True, keys: str = "") -> GgufH
                 name = string()
                 dims = [take("<Q") for _ in range(take("<I"))]
                 raw.append((name, tuple(reversed(dims)), take("<I"), take("<Q")))
-            align = int(fields.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
+            align = check_gguf_alignment(path, fields.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
             start = -(-pos // align) * align
             for name, shape, ty, off in raw:
                 block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ty)]

@@ -32,10 +32,19 @@ def ollama_models_dir() -> Path:
     return Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models")
 
 
+MAX_SPEC_CHARS = 4096      # PATH_MAX
+
+
 def _path(spec: str) -> Path | None:
+    if len(spec) > MAX_SPEC_CHARS:
+        raise CheckpointError(f"--model is {len(spec)} characters long; a path or model name has "
+                              f"at most {MAX_SPEC_CHARS}")
     p = Path(spec).expanduser()
-    if not p.exists():
-        return None
+    try:
+        if not p.exists():
+            return None
+    except OSError as e:
+        raise CheckpointError(f"{spec[:100]}: cannot look up this path ({e.strerror or e})") from None
     if p.is_file() and p.suffix == ".gguf":
         from .gguf import split_parts
         return split_parts(p)[0]

@@ -6,9 +6,31 @@ however the text is split. Markup that might still turn into a marker is held ba
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 
 from ..events import Event, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+
+
+def _non_finite(token: str):
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def _finite_float(token: str) -> float | str:
+    x = float(token)
+    return x if x - x == 0 else token        # 1e999 reads as inf: keep the digits as a string
+
+
+def strict_loads(text: str):
+    """JSON as the model wrote it, with only what strict JSON allows: NaN/Infinity are refused
+    (ValueError), a number too large for a float (1e999) is kept as its text, so every tool
+    argument re-serializes as strict JSON (json.dumps(allow_nan=False))."""
+    return json.loads(text, parse_constant=_non_finite, parse_float=_finite_float)
+
+
+def dropped(log, why: str, body: str) -> None:
+    """Log a dropped tool call by its size only: generated text stays out of the logs."""
+    log.warning("dropped a malformed tool call (%s; %d characters)", why, len(body))
 
 
 def new_call_id() -> str:
@@ -55,12 +77,17 @@ class Parser:
         if (props.get(key) or {}).get("type", "string") == "string":
             return value
         try:
-            return json.loads(value)
+            return strict_loads(value)
         except ValueError:
             return value
 
     def tool_call(self, name: str, arguments: dict | str) -> list[Event]:
-        args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        try:
+            args = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False,
+                                                                            allow_nan=False)
+        except ValueError as e:                 # a non-finite float: this call alone is dropped
+            dropped(logging.getLogger("freetoken.server"), str(e), str(arguments))
+            return []
         i = self.n_calls
         self.n_calls += 1
         return [ToolCallStart(i, new_call_id(), name), ToolCallDelta(i, args), ToolCallEnd(i, args)]

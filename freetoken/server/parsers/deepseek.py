@@ -9,12 +9,11 @@ V3.2 (`function_calls`) and V4 (`tool_calls`) DSML blocks, in plain text:
 string="false" values are JSON. Each call is emitted when its closing marker arrives."""
 from __future__ import annotations
 
-import json
 import logging
 import re
 
 from ..events import Event
-from .base import MarkerParser
+from .base import MarkerParser, dropped, strict_loads
 
 log = logging.getLogger("freetoken.server")
 
@@ -61,7 +60,7 @@ class DeepSeekParser(MarkerParser):
 
     def _checked(self, name, args, body) -> list[Event]:
         if not isinstance(name, str) or not name or not isinstance(args, dict):
-            log.warning("dropped a malformed tool call: %.200r", body)
+            dropped(log, "no name or arguments", body)
             return []
         return self.tool_call(name, args)
 
@@ -76,11 +75,11 @@ class DeepSeekParser(MarkerParser):
                 raise ValueError("no <｜tool▁sep｜>")
             fenced = _FENCED.match(rest) if head.strip() == "function" else None
             name, raw = (fenced.group(1), fenced.group(2)) if fenced else (head.strip(), rest)
-            args = json.loads(raw) if raw.strip() else {}
+            args = strict_loads(raw) if raw.strip() else {}
             if isinstance(args, str):                      # arguments rendered as a JSON string
-                args = json.loads(args)
+                args = strict_loads(args)
         except ValueError as e:
-            log.warning("dropped a malformed tool call (%s): %.200r", e, body)
+            dropped(log, str(e), body)
             return []
         return self._checked(name.strip(), args, body)
 
@@ -88,13 +87,13 @@ class DeepSeekParser(MarkerParser):
         f = _INVOKE.search(body)
         if not f:
             if body.strip():
-                log.warning("dropped a malformed tool call: %.200r", body)
+                dropped(log, "no name or arguments", body)
             return []
         args = {}
         for key, is_string, value in _PARAM.findall(body[f.end():]):
             if is_string == "false":
                 try:
-                    value = json.loads(value)
+                    value = strict_loads(value)
                 except ValueError:
                     pass
             args[key] = value

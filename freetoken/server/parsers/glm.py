@@ -9,6 +9,7 @@ import logging
 import re
 
 from ..events import Event
+from .base import dropped
 from .qwen import QwenParser
 
 log = logging.getLogger("freetoken.server")
@@ -26,6 +27,6 @@ class GlmParser(QwenParser):
         cut = body.find("<arg_key>")
         name = (body if cut < 0 else body[:cut]).strip()
         if not name or "<" in name or "\n" in name:
-            log.warning("dropped a malformed tool call (no function name): %.200r", body)
+            dropped(log, "no function name", body)
             return []
         return self.tool_call(name, {k.strip(): self.typed_arg(name, k.strip(), v) for k, v in _PAIR.findall(body)})

@@ -3,12 +3,11 @@ analysis -> reasoning, final / commentary -> text, commentary to=functions.NAME 
 (ended by <|call|>)."""
 from __future__ import annotations
 
-import json
 import logging
 import re
 
 from ..events import Event, ReasoningDelta, TextDelta
-from .base import Parser, WhitespaceHold, find_first, held_suffix
+from .base import Parser, WhitespaceHold, dropped, find_first, held_suffix, strict_loads
 
 log = logging.getLogger("freetoken.server")
 
@@ -51,12 +50,12 @@ class HarmonyParser(Parser):
         if self.recipient:
             name = self.recipient.removeprefix("functions.")
             try:
-                args = json.loads(self.args) if self.args.strip() else {}
+                args = strict_loads(self.args) if self.args.strip() else {}
                 if not isinstance(args, dict):
                     raise ValueError("arguments must be an object")
                 out += self.tool_call(name, args)
             except ValueError as e:
-                log.warning("dropped a malformed tool call (%s): %.200r", e, self.args)
+                dropped(log, str(e), self.args)
         self.thought.ws = ""
         self.text.ws = ""
         self.recipient, self.args = None, ""

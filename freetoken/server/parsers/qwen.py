@@ -3,12 +3,11 @@ whose body is either JSON {"name", "arguments"} or the XML function/parameter fo
 <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>"""
 from __future__ import annotations
 
-import json
 import logging
 import re
 
 from ..events import Event
-from .base import MarkerParser
+from .base import MarkerParser, dropped, strict_loads
 
 log = logging.getLogger("freetoken.server")
 
@@ -43,15 +42,15 @@ class QwenParser(MarkerParser):
             if body.startswith("<function="):
                 name, args = self._xml(body)
             else:
-                obj = json.loads(body)
+                obj = strict_loads(body)
                 name = obj["name"]
                 args = obj.get("arguments", obj.get("parameters", {}))
                 if isinstance(args, str):
-                    args = json.loads(args)
+                    args = strict_loads(args)
             if not isinstance(name, str) or not isinstance(args, dict):
                 raise ValueError("name must be a string and arguments an object")
         except (ValueError, KeyError, TypeError) as e:
-            log.warning("dropped a malformed tool call (%s): %.200r", e, body)
+            dropped(log, str(e), body)
             return []
         return self.tool_call(name, args)
 
