@@ -102,6 +102,11 @@ class EngineReplica:
                 chunks.append(item)
         return status, b"".join(chunks)
 
+    def pid(self, fwd: Forward | None = None) -> int:
+        """This replica's process id (the fault tests kill it)."""
+        import os
+        return os.getpid()
+
     def record_routing_stats(self) -> dict:
         return self.meta()
 

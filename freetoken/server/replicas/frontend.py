@@ -165,7 +165,7 @@ class Frontend:
                     if isinstance(item, tuple) and item[0] == HELLO:
                         replica = item[1]
                     elif isinstance(item, tuple) and item[0] == START:
-                        return self._respond(fwd.path, gen, item[1], item[2])
+                        return self._respond(fwd.path, gen, item[1], item[2] + [("x-freetoken-replica", replica or "")])
                     elif isinstance(item, tuple) and item[0] == META:
                         self._on_meta(item[1])
                 last = RuntimeError("the replica closed the response before it started")
