@@ -62,8 +62,16 @@ def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_
     kw = {"runtime_env": {"env_vars": env}, "include_dashboard": False, "log_to_driver": True}
     if address:
         ray.init(address=address, **kw)
-    else:
-        ray.init(num_cpus=num_cpus, object_store_memory=object_store_bytes, **kw)
+        return
+    for attempt in range(3):      # Ray gives its raylet 30 s to register: not enough on a loaded box
+        try:
+            ray.init(num_cpus=num_cpus, object_store_memory=object_store_bytes, **kw)
+            return
+        except Exception as e:  # noqa: BLE001 - only that timeout is retried
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise
+            log.warning("the local Ray instance did not start in time (attempt %d): retrying", attempt + 1)
+            ray.shutdown()
 
 
 def resolve_model_dir(args) -> None:
