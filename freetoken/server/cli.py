@@ -88,6 +88,7 @@ def register(subparsers) -> None:
     s.add_argument("--memory-watch-interval", type=float, default=5.0,
                    help="seconds between two watcher resizes at least (default 5)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _replica_args(s)
     _engine_args(s)
     s.set_defaults(func=cmd_serve)
 
@@ -101,6 +102,22 @@ def register(subparsers) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter)
     la.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     la.set_defaults(func=cmd_launch)
+
+
+def _replica_args(s) -> None:
+    g = s.add_argument_group("replicas on Ray Serve (pip install 'freetoken[ray]'; docs/distributed.md)")
+    g.add_argument("--replicas", type=int, default=None,
+                   help="serve N engine replicas (each its own process and memory plan) behind one "
+                   "prefix-aware router")
+    g.add_argument("--ray-address", default=None,
+                   help="join this Ray cluster ('auto' or HOST:PORT); default: start a local Ray instance")
+    g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica asks Ray for (default 1)")
+    g.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica asks Ray for (default 0)")
+    g.add_argument("--route-queue-bound", type=int, default=None,
+                   help="send a request to its longest-prefix replica unless that replica has more "
+                   "than this many requests in flight (default: --max-running-requests)")
+    g.add_argument("--routing", default="prefix", choices=["prefix", "round-robin"],
+                   help="replica choice: prefix (default) or round-robin (for comparison)")
 
 
 def demo_model_dir() -> Path:
@@ -224,6 +241,9 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
+    if getattr(args, "replicas", None) is not None:
+        from .replicas.app import cmd_serve_replicas
+        return cmd_serve_replicas(args)
     llm, svc, app, demo, model = build(args)
     try:
         svc.grammar_tokenizer()   # now, not on the first json_schema request (it holds the GIL)

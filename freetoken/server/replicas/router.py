@@ -1,0 +1,128 @@
+"""Ray Serve request routers for the engine deployment: prefix-aware (the default) and
+round-robin (for comparison). They run in the process that holds the deployment handle
+(the front end), which reads the same table through `registry.router_for(deployment)`."""
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import Counter
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from . import registry
+from .forward import Forward
+from .table import PrefixTable, Sessions, choose
+
+log = logging.getLogger("freetoken.replicas")
+
+
+def _forward(pending: PendingRequest | None) -> Forward | None:
+    if pending is None:
+        return None
+    for a in pending.args or ():
+        if isinstance(a, Forward):
+            return a
+    return None
+
+
+class _FreeTokenRouter(RequestRouter):
+    """What both policies share: the table of live replicas, requests in flight per
+    replica (counted here, for the requests this process sends), targeted requests."""
+
+    def initialize_state(self, queue_bound: int = 16, **_):
+        self.queue_bound = queue_bound
+        self.table = PrefixTable()
+        self.sessions = Sessions()
+        self.inflight: Counter = Counter()
+        self.routed: Counter = Counter()          # reason -> requests
+        registry.register(self._deployment_id.name, self)
+
+    # --- replica set ----------------------------------------------------------------
+    def update_replicas(self, replicas: list[RunningReplica]):
+        super().update_replicas(replicas)
+        live = {r.replica_id.unique_id for r in replicas}
+        for r in live:
+            self.table.add_replica(r)
+        for r in set(self.table.replicas()) - live:
+            self._forget(r, "left the deployment")
+
+    def on_replica_actor_died(self, replica_id: ReplicaID):
+        super().on_replica_actor_died(replica_id)
+        self._forget(replica_id.unique_id, "died")
+
+    def _forget(self, r: str, why: str) -> None:
+        self.table.drop(r)
+        n = self.sessions.drop_replica(r)
+        self.inflight.pop(r, None)
+        log.warning("replica %s %s: dropped from the routing table (%d sessions re-routed)", r, why, n)
+
+    def live_replicas(self) -> list[str]:
+        return sorted(r.unique_id for r in self._replica_id_set)
+
+    # --- load -----------------------------------------------------------------------
+    def on_request_routed(self, pending_request, replica_id: ReplicaID, result):
+        self.inflight[replica_id.unique_id] += 1
+        fwd = _forward(pending_request)
+        if fwd is not None and fwd.target is None:
+            self.record(fwd, replica_id.unique_id)
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str):
+        r = replica_id.unique_id
+        if self.inflight.get(r, 0) > 0:
+            self.inflight[r] -= 1
+
+    def record(self, fwd: Forward, r: str) -> None:
+        """The request went to r: r will hold its prompt, and its session sticks there."""
+
+    # --- choice ---------------------------------------------------------------------
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None):
+        fwd = _forward(pending_request)
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        if fwd is not None and fwd.target is not None:
+            return [[by_id[fwd.target]]] if fwd.target in by_id else []
+        if fwd is not None and fwd.avoid in by_id and len(by_id) > 1:
+            del by_id[fwd.avoid]
+        if not by_id:
+            return []
+        first = self.pick(fwd, by_id)
+        rest = sorted((r for r in by_id if r != first), key=lambda r: (self.inflight[r], r))
+        return [[by_id[first]], [by_id[r] for r in rest]] if rest else [[by_id[first]]]
+
+    def pick(self, fwd: Forward | None, by_id: dict) -> str:
+        raise NotImplementedError
+
+
+class PrefixAwareRouter(_FreeTokenRouter):
+    """Longest cached prefix first, sessions stick, the least loaded past a queue bound
+    (the rule is `table.choose`)."""
+
+    def pick(self, fwd, by_id):
+        loads = {r: self.inflight[r] for r in by_id}
+        key = fwd.key if fwd is not None and fwd.key else []
+        session = fwd.session if fwd is not None else None
+        c = choose(self.table.matches(key, list(by_id)), loads, self.sessions.get(session),
+                   self.queue_bound)
+        self.routed[c.reason] += 1
+        return c.replica
+
+    def record(self, fwd, r):
+        if fwd.key:
+            self.table.insert(r, fwd.key)
+        self.sessions.set(fwd.session, r)
+
+
+class RoundRobinRouter(_FreeTokenRouter):
+    """Each request to the next replica in turn, whatever it holds (the baseline)."""
+
+    def initialize_state(self, **kw):
+        super().initialize_state(**kw)
+        self._turn = itertools.count()
+
+    def pick(self, fwd, by_id):
+        self.routed["round-robin"] += 1
+        ids = sorted(by_id)
+        return ids[next(self._turn) % len(ids)]
+
+
+ROUTERS = {"prefix": PrefixAwareRouter, "round-robin": RoundRobinRouter}

@@ -1,0 +1,106 @@
+"""The prefix router's table and rule (server/replicas/table.py) against brute force: a
+replica's match is the longest block-aligned prefix of the prompt that some prompt sent to
+it shares (minus what was dropped), and the choice follows the documented rule."""
+from hypothesis import given, settings, strategies as st
+
+from freetoken.server.replicas.table import PrefixTable, Sessions, block_hashes, choose
+
+BS = 4
+REPLICAS = ["a", "b", "c"]
+
+tokens = st.lists(st.integers(0, 3), min_size=0, max_size=24)   # a tiny alphabet: many shared prefixes
+ops = st.lists(st.one_of(st.tuples(st.just("send"), st.sampled_from(REPLICAS), tokens),
+                         st.tuples(st.just("drop"), st.sampled_from(REPLICAS), st.just([]))),
+               max_size=30)
+
+
+def brute_match(sent: list[list[int]], prompt: list[int]) -> int:
+    """Longest k such that prompt[:k*BS] == s[:k*BS] for some sent s of at least that length."""
+    best = 0
+    for s in sent:
+        k = 0
+        while (k + 1) * BS <= min(len(s), len(prompt)) and s[:(k + 1) * BS] == prompt[:(k + 1) * BS]:
+            k += 1
+        best = max(best, k)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, tokens)
+def test_longest_prefix_matches_brute_force(history, prompt):
+    table, sent = PrefixTable(), {r: [] for r in REPLICAS}
+    for r in REPLICAS:
+        table.add_replica(r)
+    for op, r, toks in history:
+        if op == "send":
+            table.insert(r, block_hashes(toks, BS))
+            sent[r].append(toks)
+        else:
+            table.drop(r)
+            sent[r] = []
+            table.add_replica(r)           # a restarted replica starts empty
+    key = block_hashes(prompt, BS)
+    assert table.matches(key) == {r: brute_match(sent[r], prompt) for r in REPLICAS}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(tokens, min_size=1, max_size=10), st.integers(0, 40), tokens)
+def test_evictions_only_shrink_and_count(prompts, n_evicted, prompt):
+    table = PrefixTable()
+    table.add_replica("a")
+    for p in prompts:
+        table.insert("a", block_hashes(p, BS))
+    before, m0 = table.size("a"), table.match("a", block_hashes(prompt, BS))
+    table.evicted("a", 0)                  # first report: the baseline
+    table.evicted("a", n_evicted)
+    assert table.size("a") == max(0, before - n_evicted)
+    assert table.match("a", block_hashes(prompt, BS)) <= m0
+    # the newest prompt's root end goes last: with one block left it is the newest's first
+    if table.size("a") == 1 and block_hashes(prompts[-1], BS):
+        assert table.match("a", block_hashes(prompts[-1], BS)) == 1
+
+
+def test_capacity_keeps_the_newest_prompt():
+    table = PrefixTable()
+    table.add_replica("a")
+    table.set_capacity("a", 3)
+    old, new = list(range(12)), [9] * 12
+    table.insert("a", block_hashes(old, BS))
+    table.insert("a", block_hashes(new, BS))
+    assert table.match("a", block_hashes(new, BS)) == 3 and table.match("a", block_hashes(old, BS)) == 0
+
+
+def brute_choose(matches, loads, session, bound):
+    live = sorted(loads)
+    least = sorted(live, key=lambda r: (loads[r], -matches.get(r, 0), r))[0]
+    best = max(matches.get(r, 0) for r in live)
+    if best:
+        tied = [r for r in live if matches.get(r, 0) == best]
+        pick = session if session in tied else sorted(tied, key=lambda r: (loads[r], r))[0]
+    else:
+        pick = session if session in loads else least
+    if loads[pick] > bound and loads[least] < loads[pick]:
+        pick = least
+    return pick
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.sampled_from(REPLICAS), st.integers(0, 5), min_size=1),
+       st.dictionaries(st.sampled_from(REPLICAS), st.integers(0, 6)),
+       st.one_of(st.none(), st.sampled_from(REPLICAS)), st.integers(0, 4))
+def test_choice_follows_the_rule(loads, matches, session, bound):
+    c = choose(matches, loads, session, bound)
+    assert c.replica == brute_choose(matches, loads, session, bound)
+    assert c.replica in loads
+    if c.reason == "prefix":
+        assert c.matched_blocks == max(matches.get(r, 0) for r in loads)
+
+
+def test_dead_replica_sessions_are_rerouted():
+    s = Sessions()
+    s.set("s1", "a")
+    s.set("s2", "b")
+    assert s.drop_replica("a") == 1 and s.get("s1") is None and s.get("s2") == "b"
+    assert choose({}, {"b": 3, "c": 0}, s.get("s1"), 8).replica == "c"     # least loaded
+    assert choose({}, {"b": 3, "c": 0}, s.get("s2"), 8).replica == "b"     # sticks
+    assert choose({}, {"b": 9, "c": 0}, s.get("s2"), 8).replica == "c"     # over the bound
