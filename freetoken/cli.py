@@ -36,6 +36,12 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dense-format", default=None, choices=["int8", "float"],
                    help="store attention/dense/lm_head weights as int8 (with --expert-format int8: a Q8_0-sized model); "
                         "float: dequantize a GGUF's quantized dense weights at load (default: kept packed)")
+    p.add_argument("--prefill-gemm", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="force the dtype prefill GEMMs over bf16 weights multiply in (auto: calibrated)")
+    p.add_argument("--bf16-dot", default="auto", choices=["auto", "on", "off"],
+                   help="force the vdpbf16ps dots with bf16-rounded activations on or off (auto: calibrated)")
+    p.add_argument("--kernel-isa", default="auto", choices=["auto", "native", "avx2", "portable"],
+                   help="force a C kernel build (auto: the widest this CPU runs)")
     p.add_argument("--record-routing", default=None, metavar="FILE", help="record every step's routing (JSONL)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
@@ -61,7 +67,8 @@ def engine_options(args) -> dict:
                 dense_format=args.dense_format, record_routing=args.record_routing, kv_cache_gib=args.kv_cache_gib,
                 prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,
                 state_cache_gib=args.state_cache_gib, verify_weights=args.verify == "on",
-                memory_headroom_gib=args.memory_headroom_gib)
+                memory_headroom_gib=args.memory_headroom_gib, prefill_gemm=args.prefill_gemm,
+                bf16_dot=args.bf16_dot, kernel_isa=args.kernel_isa)
 
 
 def cmd_generate(args) -> int:
