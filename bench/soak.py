@@ -159,7 +159,7 @@ async def stalled_reader(url: str, model: str, deadline: float, api_key: str | N
         s.setblocking(False)
         loop = asyncio.get_running_loop()
         await loop.sock_connect(s, (host, port))
-        await loop.sock_sendall(s, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + auth +
+        await loop.sock_sendall(s, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth +
                                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                 % (len(body), body))
         await asyncio.sleep(min(hold, max(0.0, deadline - time.monotonic())))

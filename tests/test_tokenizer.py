@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import json
 
-import jinja2
 import pytest
+
+from freetoken.errors import CheckpointError
 
 from freetoken.tokenizer import Tokenizer
 
@@ -47,8 +48,8 @@ def test_template_sandbox_blocks_attribute_escape(tmp_path, tiny_dir):
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg["chat_template"] = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    with pytest.raises(jinja2.exceptions.SecurityError):
-        Tokenizer(d).apply_chat_template([{"role": "user", "content": "x"}])
+    with pytest.raises(CheckpointError, match="cannot be rendered safely"):   # refused at load, one line
+        Tokenizer(d)
 
 
 def test_chat_template_file_takes_precedence(tmp_path, tiny_dir):

@@ -70,7 +70,7 @@ class DiskExperts(Experts):
             log.warning("disk tier: no CPU kernel for these experts (%s); running them with torch", e)
             return _TorchSlots(self.cache.banks, sp)
 
-    def begin_step(self, phase: str) -> None:
+    def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.phase = phase
         self.stats_.step(phase)
 

@@ -46,7 +46,7 @@ class RangeReader:
         if not dst.is_contiguous():
             raise ValueError("tensor_into needs a contiguous destination")
         if dst.numel():
-            self.into(memoryview(dst.view(torch.uint8).reshape(-1).numpy()), offset)
+            self.into(memoryview(dst.reshape(-1).view(torch.uint8).numpy()), offset)   # reshape first: a 0-dim scalar cannot be viewed as bytes
 
     def close(self) -> None:
         if self.fd is not None:

@@ -20,7 +20,7 @@ INT_RANGES = {
     "num_attention_heads": (1, 1024), "num_key_value_heads": (1, 1024), "n_head": (1, 1024),
     "hidden_size": (1, 1 << 17), "intermediate_size": (1, 1 << 20),
     "moe_intermediate_size": (1, 1 << 20), "shared_expert_intermediate_size": (0, 1 << 20),
-    "head_dim": (1, 1 << 13), "kv_lora_rank": (0, 1 << 14), "q_lora_rank": (0, 1 << 14),
+    "head_dim": (0, 1 << 13), "kv_lora_rank": (0, 1 << 14), "q_lora_rank": (0, 1 << 14),
     "qk_nope_head_dim": (0, 1 << 13), "qk_rope_head_dim": (0, 1 << 13), "v_head_dim": (0, 1 << 13),
     "num_experts": (0, 1 << 14), "num_local_experts": (0, 1 << 14), "n_routed_experts": (0, 1 << 14),
     "n_shared_experts": (0, 1 << 10), "num_experts_per_tok": (1, 1 << 10), "moe_topk": (1, 1 << 10),

@@ -88,7 +88,7 @@ def test_client_that_drops_mid_upload_is_not_a_500(server):
     port = int(url.rsplit(":", 1)[1])
     for _ in range(5):
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 100000\r\n\r\n{\"model\": \"capture-model\", ")
         time.sleep(0.05)
         s.close()
@@ -134,7 +134,7 @@ def test_client_that_stops_reading_is_aborted_and_others_keep_going():
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         s.connect(("127.0.0.1", srv.port))
         req = json.dumps(body("stall", stream=True, max_tokens=50_000_000)).encode()
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                   b"Content-Length: %d\r\n\r\n%s" % (len(req), req))     # ...and never read
         deadline = time.monotonic() + 30
         while not engine.aborted:

@@ -43,7 +43,9 @@ def serve_args(model: str):
 
 
 def chat(app, model_name, messages=({"role": "user", "content": "hi"},)):
-    with TestClient(app) as client:            # the context runs the app's lifespan (engine loop)
+    # the context runs the app's lifespan (engine loop); Host must be a loopback name for the
+    # request guard (TestClient's default "testserver" is a DNS name and refused, 403)
+    with TestClient(app, base_url="http://localhost") as client:
         assert client.get("/v1/models").json()["data"][0]["id"] == model_name
         r = client.post("/v1/chat/completions", json={"model": model_name, "max_tokens": 5, "temperature": 0,
                                                       "messages": list(messages)})
