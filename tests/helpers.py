@@ -1,6 +1,7 @@
 """Helpers shared by tests (importable as `helpers`: pytest adds tests/ to sys.path)."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -41,6 +42,22 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4
     scale = max(1.0, ref.abs().max().item())
     err = (ours - ref).abs().max().item()
     assert err <= rel * scale, f"max abs logit error {err:.3g} > {rel} x logit scale {scale:.3g}"
+
+
+@contextlib.contextmanager
+def exact_experts():
+    """Inside: the torch expert executors (the `resident` backend, the CPU executor's prefill
+    split) skip the C kernels' activation rounding (int8 per 32 for int8/mxfp4/nvfp4/ggml, bf16
+    under the bf16 dots; experts/numerics.py), i.e. the exact dequantize-then-matmul math a
+    transformers reference computes. As served, every tier (resident included) rounds as the C
+    kernels do, so it matches such a reference only to the kernels' tolerance."""
+    from freetoken.experts import torch_exec
+    saved = torch_exec.default_rounding
+    torch_exec.default_rounding = lambda banks, spec, dtype: "none"
+    try:
+        yield
+    finally:
+        torch_exec.default_rounding = saved
 
 
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import transformers
 
 from freetoken import LLM
 
-from helpers import assert_logits_close, reference_logits
+from helpers import assert_logits_close, exact_experts, reference_logits
 from model_checks import (
     check_batch_equals_single,
     check_incremental_equals_full,
@@ -166,7 +166,10 @@ def test_fp8_dense_fp4_experts_as_shipped(tiny_dir, tmp_path):
     assert model.pool.spec.fmt == "mxfp4"
     attn = model.layers[1].attn
     assert attn.wq_b.weight.dtype == torch.float8_e4m3fn and attn.wo_a[1].weight.dtype == torch.float8_e4m3fn
-    assert_logits_close(exact.score(ids), ref)                 # dequantize-then-matmul experts: exact
+    with exact_experts():        # dequantize-then-matmul experts, activations not rounded: exact
+        assert_logits_close(exact.score(ids), ref)
+    # as served, resident rounds the activations as the kernels do (int8 per 32): one answer with cpu
+    assert_logits_close(exact.score(ids), ref, rel=2e-2)
     # the CPU kernels quantize activations to int8 per 32 for MXFP4 (llama.cpp's Q8_0 scheme)
     assert_logits_close(LLM(str(d), dtype="float32", moe_backend="cpu").score(ids), ref, rel=2e-2)
 

@@ -14,7 +14,7 @@ from freetoken import LLM
 from freetoken.weights.checkpoint import Checkpoint
 from freetoken.weights.modelopt import dequantize, quantize_checkpoint
 
-from helpers import assert_logits_close, reference_logits
+from helpers import assert_logits_close, exact_experts, reference_logits
 from model_checks import check_incremental_equals_full, ids_for
 
 
@@ -45,7 +45,10 @@ def test_make_tiny_nvfp4_experts_match_transformers(tiny_dir, tmp_path):
     resident = LLM(str(d), dtype="float32", moe_backend="resident")
     assert resident.engine.model.pool.spec.fmt == "nvfp4"
     assert resident.engine.model.pool.banks["gate_up_blocks"].dtype == torch.uint8
-    assert_logits_close(resident.score(ids), ref)
+    with exact_experts():        # dequantize-then-matmul experts, activations not rounded: exact
+        assert_logits_close(resident.score(ids), ref)
+    # as served, resident rounds the activations as the kernels do (int8 per 32): one answer with cpu
+    assert_logits_close(resident.score(ids), ref, rel=2e-2)
     cpu = LLM(str(d), dtype="float32", moe_backend="cpu").score(ids)     # int8 activations in the kernels
     assert (cpu - ref).abs().max() < 0.02 * ref.abs().max()
 
@@ -57,7 +60,8 @@ def test_every_linear_nvfp4(tiny_dir, tmp_path):
     quantize_checkpoint(d, lambda n: n.startswith("model.layers.") and not n.endswith("mlp.gate.weight"))
     ids = ids_for(29, seed=2)
     ref = reference_logits(dequantized_copy(d, tmp_path / "float"), ids)
-    assert_logits_close(LLM(str(d), dtype="float32", moe_backend="resident").score(ids), ref)
+    with exact_experts():        # the experts' activations not rounded as the kernels round them
+        assert_logits_close(LLM(str(d), dtype="float32", moe_backend="resident").score(ids), ref)
 
 
 def test_nvfp4_decode_equals_full_forward(tiny_dir):

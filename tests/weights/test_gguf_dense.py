@@ -15,6 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import exact_experts
+
 from freetoken import LLM
 from freetoken.layers import ggml_linear
 from freetoken.layers.ggml_linear import GgmlEmbedding, GgmlLinear
@@ -55,6 +57,11 @@ def _walk(obj, depth=0):
 
 def check_packed(g: Path, ids: list[int], monkeypatch):
     """Experts on the exact torch path (no int8 rounding there), so only the dense layers differ."""
+    with exact_experts():
+        _check_packed(g, ids, monkeypatch)
+
+
+def _check_packed(g: Path, ids: list[int], monkeypatch):
     dequantized = LLM(str(g), dtype="float32", moe_backend="resident", dense_format="float").score(ids)
     packed_llm = LLM(str(g), dtype="float32", moe_backend="resident")
     n_packed, embed_packed = packed_layers(packed_llm)
