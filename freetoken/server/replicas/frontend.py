@@ -31,6 +31,7 @@ log = logging.getLogger("freetoken.replicas")
 
 GENERATION_PATHS = {"/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/completions"}
 TARGETED_TIMEOUT_S = 10.0     # /health and /metrics wait at most this for one replica
+LOOPBACK_HOST = (b"host", b"localhost")   # the replica's Host guard refuses a request without one
 ATTEMPTS = 2                  # a replica that dies before answering: once more, elsewhere
 
 
@@ -95,7 +96,7 @@ class Frontend:
             try:
                 return await asyncio.wait_for(
                     self.engine.options(method_name="call").remote(
-                        Forward("GET", path, target=rid)), TARGETED_TIMEOUT_S)
+                        Forward("GET", path, headers=[LOOPBACK_HOST], target=rid)), TARGETED_TIMEOUT_S)
             except Exception as e:  # noqa: BLE001 - reported per replica
                 return e
         # one at a time: calls made while serving one HTTP request share Ray's internal
