@@ -95,8 +95,12 @@ class Compressor:
         self.norm = get(f"{p}.norm.weight", (dim,))
 
     def make_state(self, capacity: int, dtype, device) -> CompressorState:
-        return CompressorState(self.rate, 2 * self.dim if self.overlap else self.dim, self.dim, capacity, self.overlap,
-                               dtype, device)
+        return self.new_state(self.rate, self.dim, self.overlap, capacity, dtype, device)
+
+    @staticmethod
+    def new_state(rate: int, dim: int, overlap: bool, capacity: int, dtype, device) -> CompressorState:
+        """A sequence's state for a compressor of these sizes (read from the config alone)."""
+        return CompressorState(rate, 2 * dim if overlap else dim, dim, capacity, overlap, dtype, device)
 
     @torch.inference_mode()
     def step(self, st: CompressorState, x: torch.Tensor, cos_table: torch.Tensor, sin_table: torch.Tensor):

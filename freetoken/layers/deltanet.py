@@ -146,6 +146,13 @@ class GatedDeltaNet:
         return cls(lin(in_proj), t(conv), t(get("dt_bias"), torch.float32), t(get("A_log"), torch.float32),
                    t(get("norm.weight")), lin(get("out_proj.weight")), hk, dk, dv, cfg.get("rms_norm_eps", 1e-6))
 
+    @staticmethod
+    def state_shapes(cfg: dict) -> tuple[tuple, tuple]:
+        """(conv, recurrent) state shapes of one layer, from the config alone."""
+        hk, hv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+        return (2 * hk * dk + hv * dv, cfg.get("linear_conv_kernel_dim", 4) - 1), (hv, dk, dv)
+
     @property
     def conv_state_shape(self):
         return (self.conv_dim, self.conv_kernel - 1)

@@ -145,6 +145,12 @@ class KimiDeltaAttention:
                    t(get("A_log"), torch.float32), t(get("o_norm.weight"), torch.float32), lin(get("o_proj.weight")),
                    h, d, cfg.get("rms_norm_eps", 1e-5), cfg.get("linear_lower_bound", -5.0))
 
+    @staticmethod
+    def state_shapes(cfg: dict) -> tuple[tuple, tuple]:
+        """(conv, recurrent) state shapes of one layer, from the config alone."""
+        h, d = cfg.get("linear_num_heads", 64), cfg.get("linear_head_dim", 128)
+        return (3 * h * d, cfg.get("linear_conv_kernel_dim", 4) - 1), (h, d, d)
+
     @property
     def conv_state_shape(self):
         return (3 * self.qkv_dim, self.conv_kernel - 1)

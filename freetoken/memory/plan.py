@@ -21,6 +21,7 @@ import struct
 from dataclasses import dataclass, field
 
 from ..config import EngineConfig
+from ..models.cache_spec import CacheSpec, cache_spec_for
 from .model_size import ModelShape, read_model_shape
 from .probe import GiB, MachineMemory, probe
 
@@ -143,51 +144,19 @@ def _attn(s: ModelShape):
     return heads, kvh, hd
 
 
-def kv_layer_count(s: ModelShape) -> int:
-    n = s.get("num_hidden_layers")
-    types = s.get("layer_types")
-    if s.get("model_type") in ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text") and not types:
-        k = s.get("full_attention_interval", default=4)
-        return sum(1 for i in range(n) if (i + 1) % k == 0)
-    if types and ("linear_attention" in types or s.get("model_type") == "gpt_oss"):
-        return sum(1 for t in types if t == "full_attention")
-    return n
+def cache_spec(s: ModelShape, cfg: EngineConfig, max_len: int) -> CacheSpec:
+    """What the model class allocates per token and per sequence (models/cache_spec.py), with
+    the activation dtype the engine will pick (the states that keep activations use it)."""
+    return cache_spec_for(s.config, "config.json", max_len, cfg.torch_dtype, cfg.torch_device, cfg.compute_dtype)
 
 
 def kv_bytes_per_token(s: ModelShape, cfg: EngineConfig) -> int:
-    b = _dtype_bytes(cfg.dtype)
-    if s.get("model_type") == "deepseek_v4":      # no paged KV: windows and compressed rows are states
-        return 0
-    if s.get("kv_lora_rank"):                     # MLA: one latent row per token and layer, no values
-        n = s.get("num_hidden_layers")
-        row = s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)
-        indexed = 0                               # DSA layers also keep their indexer key in the row
-        if s.get("model_type") == "deepseek_v32":
-            indexed = n
-        elif s.get("model_type") == "glm_moe_dsa":
-            from ..models.glm_moe_dsa import indexer_types
-            indexed = indexer_types(s.config, "config.json").count("full")
-        return (n * row + indexed * s.get("index_head_dim", default=0)) * b
-    _, kvh, hd = _attn(s)
-    return kv_layer_count(s) * 2 * kvh * hd * b
+    return cache_spec(s, cfg, 1).kv_bytes_per_token
 
 
-def state_bytes_per_seq(s: ModelShape, cfg: EngineConfig) -> int:
-    """Recurrent (gated DeltaNet) and sliding-window states every sequence carries."""
-    b = _dtype_bytes(cfg.dtype)
-    types = s.get("layer_types") or []
-    if s.get("model_type") == "gpt_oss":
-        _, kvh, hd = _attn(s)
-        return sum(1 for t in types if t == "sliding_attention") * 2 * s.get("sliding_window", default=128) * kvh * hd * b
-    linear = sum(1 for t in types if t == "linear_attention")
-    if not linear and s.get("model_type") in ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
-        linear = s.get("num_hidden_layers") - kv_layer_count(s)
-    if not linear:
-        return 0
-    hk, dk = s.get("linear_num_key_heads", default=16), s.get("linear_key_head_dim", default=128)
-    hv, dv = s.get("linear_num_value_heads", default=32), s.get("linear_value_head_dim", default=128)
-    conv = (2 * hk * dk + hv * dv) * (s.get("linear_conv_kernel_dim", default=4) - 1) * b
-    return linear * (conv + hv * dk * dv * 4)
+def state_bytes_per_seq(s: ModelShape, cfg: EngineConfig, max_len: int = 1) -> int:
+    """Recurrent, sliding-window and compressed states one sequence of max_len tokens carries."""
+    return cache_spec(s, cfg, max_len).state_bytes
 
 
 def activation_bytes(s: ModelShape, cfg: EngineConfig, chunk: int, max_len: int, device: str) -> int:
@@ -258,7 +227,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     per_tok = max(1, kv_tok_bytes)                    # tokens per byte of budget, as the engine counts
     bs = cfg.kv_block_size
     kv_blocks = lambda tokens: -(-tokens // bs) + 1  # noqa: E731  (+1: the null block)
-    states = state_bytes_per_seq(s, cfg) * cfg.max_num_seqs
+    states = state_bytes_per_seq(s, cfg, max_len) * cfg.max_num_seqs
     chunk = cfg.max_num_batched_tokens
 
     # what the options ask for
@@ -324,6 +293,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         new_len = max(2 * bs, kv_tokens)
         warn(f"max_model_len: {max_len} reduced to {new_len} (the KV pool asked for holds {kv_tokens} tokens)")
         max_len, kv_tokens = new_len, max(kv_tokens, new_len)
+        states = state_bytes_per_seq(s, cfg, max_len) * cfg.max_num_seqs
         chunk = min(chunk, max_len)
         act = activation_bytes(s, cfg, chunk, max_len, dev)
     elif over() > 0 and kv_tokens > 2 * bs and kv_tok_bytes:
@@ -336,6 +306,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
             lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
         warn(f"max_model_len: {max_len} reduced to {lo} (KV pool and activations for one sequence of that length)")
         kv_tokens = max_len = lo
+        states = state_bytes_per_seq(s, cfg, max_len) * cfg.max_num_seqs
         chunk = min(chunk, lo)
         act = activation_bytes(s, cfg, chunk, max_len, dev)
     if over() > 0 and room >= 0:

@@ -24,6 +24,7 @@ from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
 from ..weights.fp8 import block_scales
 from ..weights.nvfp4 import pack_scales
+from .cache_spec import CacheSpec, allocated_bytes
 from .context import ForwardContext
 from .hf_config import HFConfig
 
@@ -112,7 +113,7 @@ class MoECausalLM:
 
     def __init__(self, ck: Checkpoint, cfg: BuildContext, max_len: int):
         hf = HFConfig(ck.config, ck.dir / "config.json")
-        self.hf, self.cfg = hf, cfg
+        self.hf, self.cfg, self.max_len = hf, cfg, max_len
         device = cfg.torch_device
         self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
         pool, self.choices = model_kernels(cfg)
@@ -182,13 +183,39 @@ class MoECausalLM:
         """Features per head the rotary tables cover (before partial_rotary_factor)."""
         return self.head_dim
 
+    # --- what the model keeps per token and per sequence: from the config alone ------------
+    @classmethod
+    def text_config(cls, config: dict) -> dict:
+        """The config of the text model (a hook for checkpoints that nest it)."""
+        return config
+
+    @classmethod
+    def kv_rows(cls, hf: HFConfig) -> list[tuple]:
+        """(layer index, kv heads, head dim) of every layer that keeps paged K and V, or
+        (layer index, 1, row size, False) of a layer that keeps one latent row per token."""
+        heads = hf.req("num_attention_heads")
+        head_dim = hf.first("head_dim", default=hf.req("hidden_size") // heads)
+        kv_heads = hf.first("num_key_value_heads", default=heads)
+        return [(i, kv_heads, head_dim) for i in range(hf.req("num_hidden_layers"))]
+
+    @classmethod
+    def new_state(cls, hf: HFConfig, max_len: int, kv_dtype: torch.dtype, act_dtype: torch.dtype, device):
+        """One sequence's recurrent/window/compressed state (hybrid models); None if it keeps none."""
+        return None
+
+    @classmethod
+    def cache_spec(cls, config: dict, path, max_len: int, kv_dtype: torch.dtype,
+                   act_dtype: torch.dtype) -> CacheSpec:
+        """What `kv_layers()` and `make_state()` allocate for a model of this config."""
+        hf = HFConfig(cls.text_config(config), path)
+        state = cls.new_state(hf, max_len, kv_dtype, act_dtype, "meta")
+        return CacheSpec(tuple(cls.kv_rows(hf)), kv_dtype, allocated_bytes(state))
+
     def kv_layers(self) -> list[tuple]:
-        """(layer index, kv heads, head dim) of every layer that keeps paged KV."""
-        return [(i, self.kv_heads, self.head_dim) for i in range(self.num_layers)]
+        return self.kv_rows(self.hf)
 
     def make_state(self):
-        """Per-sequence recurrent state (hybrid models); plain attention models keep none."""
-        return None
+        return self.new_state(self.hf, self.max_len, self.kv_dtype, self.dtype, self.device)
 
     # --- loading -------------------------------------------------------------------------
     def _load_ends(self, ck: Checkpoint):

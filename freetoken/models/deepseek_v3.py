@@ -16,6 +16,11 @@ from ..layers.norm import RMSNorm
 from .decoder import DecoderLayer, MoECausalLM
 
 
+def latent_row(hf) -> int:
+    """Values an MLA layer caches per token: the KV latent and the rope key."""
+    return hf.req("kv_lora_rank") + hf.first("qk_rope_head_dim", default=0)
+
+
 class DeepseekV3ForCausalLM(MoECausalLM):
     def __init__(self, ck, cfg, max_len: int):
         from .hf_config import HFConfig
@@ -31,9 +36,10 @@ class DeepseekV3ForCausalLM(MoECausalLM):
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts() > 0 and i >= self.hf.get("first_k_dense_replace", 0)
 
-    def kv_layers(self):
+    @classmethod
+    def kv_rows(cls, hf):
         """Every layer keeps one latent row per token (no values)."""
-        return [(i, 1, self.mla.row, False) for i in range(self.num_layers)]
+        return [(i, 1, latent_row(hf), False) for i in range(hf.req("num_hidden_layers"))]
 
     def attention(self, ck, i: int):
         return MLA(ck, f"model.layers.{i}.self_attn", self.mla, self.linear, self.rotary, self.dtype, self.device)

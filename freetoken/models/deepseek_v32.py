@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from ..layers.dsa import Indexer
 from ..layers.mla import MLA
-from .deepseek_v3 import DeepseekV3ForCausalLM
+from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
@@ -20,9 +20,10 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
             return super().is_moe_layer(i)
         return self.num_experts() > 0 and types[i] == "sparse"
 
-    def kv_layers(self):
+    @classmethod
+    def kv_rows(cls, hf):
         """One row per token: latent, rope key, indexer key."""
-        return [(i, 1, self.mla.row + self.hf.req("index_head_dim"), False) for i in range(self.num_layers)]
+        return [(i, 1, latent_row(hf) + hf.req("index_head_dim"), False) for i in range(hf.req("num_hidden_layers"))]
 
     def attention(self, ck, i: int):
         p = f"model.layers.{i}.self_attn"

@@ -16,6 +16,7 @@ from ..errors import CheckpointError
 from ..experts.numerics import set_bf16_dot
 from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
+from ..layers.compressor import Compressor
 from ..layers.hyper import HyperConnection, HyperHead
 from ..layers.linear import Linear, LinearFactory
 from ..layers.mlp import GatedMLP
@@ -29,6 +30,7 @@ from .decoder import MoECausalLM
 from .hf_config import HFConfig
 
 ATTENTION_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
+DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 
 
 def rope_tables(cfg: dict, max_len: int, device) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -96,8 +98,7 @@ class DeepseekV4ForCausalLM(MoECausalLM):
                                               "sliding_window", "o_groups", "o_lora_rank", "index_n_heads",
                                               "index_head_dim", "index_topk")}
         self.c["rms_norm_eps"] = self.eps
-        self.c["compress_rates"] = hf.get("compress_rates") or {"compressed_sparse_attention": 4,
-                                                                 "heavily_compressed_attention": 128}
+        self.c["compress_rates"] = hf.get("compress_rates") or DEFAULT_COMPRESS_RATES
         missing = [k for k, v in self.c.items() if v is None]
         if missing:
             raise CheckpointError(f"{hf.path}: field {missing[0]!r} is missing (DeepSeek-V4 needs it)")
@@ -141,7 +142,8 @@ class DeepseekV4ForCausalLM(MoECausalLM):
         raise CheckpointError(f"{ck.dir}: tensor {names[-1]!r} not found in the checkpoint")
 
     # --- hooks the engine reads -------------------------------------------------------------
-    def kv_layers(self):
+    @classmethod
+    def kv_rows(cls, hf):
         return []           # windows and compressed entries are per-sequence states
 
     def num_experts(self) -> int:
@@ -150,16 +152,21 @@ class DeepseekV4ForCausalLM(MoECausalLM):
     def expert_intermediate(self) -> int:
         return self.hf.req("moe_intermediate_size")
 
-    def make_state(self) -> SequenceState:
-        parts = {"window": SlidingWindowKV(self.num_layers, self.c["sliding_window"], 1, self.c["head_dim"],
-                                           self.kv_dtype, self.device, values=False)}
-        for i, layer in enumerate(self.layers):
-            comp = layer.attn.compressor
-            if comp is not None:
-                parts[f"compress{i}"] = comp.make_state(self.max_len // comp.rate + 1, self.kv_dtype, self.device)
-            if layer.attn.indexer is not None:
-                ic = layer.attn.indexer.compressor
-                parts[f"index{i}"] = ic.make_state(self.max_len // ic.rate + 1, self.kv_dtype, self.device)
+    @classmethod
+    def new_state(cls, hf, max_len, kv_dtype, act_dtype, device) -> SequenceState:
+        """The keys-only window ring of every layer, and each compressor's buffers and entries
+        (the main one's at head_dim, CSA's indexer's at index_head_dim), room for max_len tokens."""
+        d, n = hf.req("head_dim"), hf.req("num_hidden_layers")
+        parts = {"window": SlidingWindowKV(n, hf.req("sliding_window"), 1, d, kv_dtype, device, values=False)}
+        rates = hf.get("compress_rates") or DEFAULT_COMPRESS_RATES
+        for i, t in enumerate(hf.get("layer_types") or []):
+            if t not in rates:
+                continue
+            csa, rate = t == "compressed_sparse_attention", rates[t]
+            parts[f"compress{i}"] = Compressor.new_state(rate, d, csa, max_len // rate + 1, kv_dtype, device)
+            if csa:
+                parts[f"index{i}"] = Compressor.new_state(rate, hf.req("index_head_dim"), True, max_len // rate + 1,
+                                                          kv_dtype, device)
         return SequenceState(parts)
 
     # --- loading ---------------------------------------------------------------------------

@@ -29,10 +29,10 @@ from ..layers.mla import MLA, MLAConfig
 from ..layers.norm import RMSNorm
 from ..layers.state import DeltaNetState, SequenceState, check_positions
 from .context import ForwardContext
-from .deepseek_v3 import DeepseekV3ForCausalLM
+from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 from .glm_moe_dsa import indexer_types
 from .hf_config import HFConfig
-from .qwen3_5_moe import LanguageModelView
+from .qwen3_5_moe import LanguageModelView, text_part
 from .qwen3_next import LinearAttentionLayer
 
 
@@ -79,7 +79,7 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
         if isinstance(ck.config.get("text_config"), dict) or ck.has("model.language_model.embed_tokens.weight"):
             ck = LanguageModelView(ck)
         hf = HFConfig(ck.config, ck.dir / "config.json")
-        self.hf, self.cfg = hf, cfg
+        self.hf, self.cfg, self.max_len = hf, cfg, max_len
         device = self.device = cfg.torch_device
         self.expert_dtype = self.kv_dtype = cfg.torch_dtype
         pool, self.choices = model_kernels(cfg)
@@ -114,18 +114,24 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
         self.layers = [self._load_layer(ck, i) for i in range(self.num_layers)]
 
     # --- hooks the engine reads -----------------------------------------------------------
-    def kv_layers(self):
-        """MLA layers: one latent row per token, plus [indexer key | pool gate] on "full" ones."""
-        extra = 2 * self.hf.req("index_head_dim")
-        return [(i, 1, self.mla.row + (extra if self.indexer_types[i] == "full" else 0), False)
-                for i, t in enumerate(self.layer_types) if t == "indexed_attention"]
+    @classmethod
+    def text_config(cls, config: dict) -> dict:
+        return text_part(config)
 
-    def make_state(self) -> SequenceState:
-        if not self.linear_layers:
+    @classmethod
+    def kv_rows(cls, hf):
+        """MLA layers: one latent row per token, plus [indexer key | pool gate] on "full" ones."""
+        extra, types = 2 * hf.req("index_head_dim"), indexer_types(hf.data, hf.path)
+        return [(i, 1, latent_row(hf) + (extra if types[i] == "full" else 0), False)
+                for i, t in enumerate(layer_schedule(hf)[0]) if t == "indexed_attention"]
+
+    @classmethod
+    def new_state(cls, hf, max_len, kv_dtype, act_dtype, device) -> SequenceState:
+        linear = layer_schedule(hf)[0].count("linear_attention")
+        if not linear:
             return SequenceState()
-        kda = self.layers[self.linear_layers[0]].mixer.mixer
-        return SequenceState({"deltanet": DeltaNetState(len(self.linear_layers), kda.conv_state_shape,
-                                                        kda.rec_state_shape, self.dtype, self.device)})
+        conv, rec = KimiDeltaAttention.state_shapes(hf.data)
+        return SequenceState({"deltanet": DeltaNetState(linear, conv, rec, act_dtype, device)})
 
     # --- loading ---------------------------------------------------------------------------
     def build_pool(self, ck) -> ExpertPool:

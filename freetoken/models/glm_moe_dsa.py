@@ -10,6 +10,7 @@ from dataclasses import replace
 from ..errors import CheckpointError
 from ..layers.dsa import Indexer, SharedSelection
 from ..layers.mla import MLA
+from .deepseek_v3 import latent_row
 from .deepseek_v32 import DeepseekV32ForCausalLM
 
 
@@ -36,10 +37,11 @@ class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):
         self._full_indexer = None
         super().__init__(ck, cfg, max_len)
 
-    def kv_layers(self):
+    @classmethod
+    def kv_rows(cls, hf):
         """One row per token: latent and rope key, plus the indexer key on "full" layers."""
-        extra = self.hf.req("index_head_dim")
-        return [(i, 1, self.mla.row + (extra if t == "full" else 0), False) for i, t in enumerate(self.indexer_types)]
+        extra, types = hf.req("index_head_dim"), indexer_types(hf.data, hf.path)
+        return [(i, 1, latent_row(hf) + (extra if t == "full" else 0), False) for i, t in enumerate(types)]
 
     def attention(self, ck, i: int):
         p = f"model.layers.{i}.self_attn"

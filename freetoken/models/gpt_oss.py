@@ -106,16 +106,25 @@ class GptOssForCausalLM(MoECausalLM):
     def window_layers(self) -> list[int]:
         return [i for i in range(self.num_layers) if self.sliding_window(i)]
 
-    def kv_layers(self):
-        return [(i, self.kv_heads, self.head_dim) for i in range(self.num_layers) if not self.sliding_window(i)]
+    @staticmethod
+    def _windowed(hf) -> list[bool]:
+        types = hf.get("layer_types") or []
+        return [t == "sliding_attention" and bool(hf.get("sliding_window")) for t in types] or \
+            [False] * hf.req("num_hidden_layers")
 
-    def make_state(self) -> SequenceState:
-        layers = self.window_layers
-        if not layers:
+    @classmethod
+    def kv_rows(cls, hf):
+        windowed = cls._windowed(hf)
+        return [row for row in super().kv_rows(hf) if not windowed[row[0]]]
+
+    @classmethod
+    def new_state(cls, hf, max_len, kv_dtype, act_dtype, device) -> SequenceState:
+        n = sum(cls._windowed(hf))
+        if not n:
             return SequenceState()
-        w = self.sliding_window(layers[0])
-        return SequenceState({"window": SlidingWindowKV(len(layers), w, self.kv_heads, self.head_dim,
-                                                        self.dtype, self.device)})
+        _, kv_heads, head_dim = super().kv_rows(hf)[0]
+        return SequenceState({"window": SlidingWindowKV(n, hf.get("sliding_window"), kv_heads, head_dim,
+                                                        act_dtype, device)})
 
     def expert_intermediate(self) -> int:
         return self.hf.req("intermediate_size")

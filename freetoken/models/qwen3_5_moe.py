@@ -12,16 +12,21 @@ import torch
 from .qwen3_next import Qwen3NextForCausalLM
 
 
+def text_part(config: dict) -> dict:
+    """The language model's config of a multimodal one (a flat text-only config as it is)."""
+    text = dict(config.get("text_config") or config)
+    for k in ("tie_word_embeddings",):
+        if k not in text and k in config:
+            text[k] = config[k]
+    return text
+
+
 class LanguageModelView:
     """A checkpoint seen through its language model: `model.X` reads `model.language_model.X`."""
 
     def __init__(self, ck):
         self._ck, self.dir = ck, ck.dir
-        text = dict(ck.config.get("text_config") or ck.config)     # flat text-only configs too
-        for k in ("tie_word_embeddings",):
-            if k not in text and k in ck.config:
-                text[k] = ck.config[k]
-        self.config = text
+        self.config = text_part(ck.config)
 
     def _name(self, name: str) -> str:
         return "model.language_model." + name[6:] if name.startswith("model.") else name
@@ -50,6 +55,10 @@ class LanguageModelView:
 
 class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
     arch = replace(Qwen3NextForCausalLM.arch, always_norm_topk=True)
+
+    @classmethod
+    def text_config(cls, config: dict) -> dict:
+        return text_part(config)
 
     def __init__(self, ck, cfg, max_len: int):
         if isinstance(ck.config.get("text_config"), dict):

@@ -58,24 +58,32 @@ class Qwen3NextForCausalLM(MoECausalLM):
     arch = ArchSpec(shared_expert=True, norm_topk_default=True)
 
     def __init__(self, ck, cfg, max_len: int):
-        data = ck.config
-        types = data.get("layer_types") or [
-            "full_attention" if (i + 1) % data.get("full_attention_interval", 4) == 0 else "linear_attention"
-            for i in range(data["num_hidden_layers"])]
+        types = self.layer_schedule(ck.config)
         self.layer_types = list(types)
         self.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
         super().__init__(ck, cfg, max_len)
         self.norm = RMSNorm1p(self.norm.weight, self.eps)
 
-    def kv_layers(self):
-        return [(i, self.kv_heads, self.head_dim) for i, t in enumerate(self.layer_types) if t == "full_attention"]
+    @staticmethod
+    def layer_schedule(config: dict) -> list[str]:
+        """`layer_types`, or the schedule Qwen3-Next's config class derives (every
+        `full_attention_interval`-th layer full attention, the others gated DeltaNet)."""
+        return config.get("layer_types") or [
+            "full_attention" if (i + 1) % config.get("full_attention_interval", 4) == 0 else "linear_attention"
+            for i in range(config["num_hidden_layers"])]
 
-    def make_state(self) -> SequenceState:
-        mixer = self.layers[self.linear_layers[0]].mixer if self.linear_layers else None
-        if mixer is None:
+    @classmethod
+    def kv_rows(cls, hf):
+        full = {i for i, t in enumerate(cls.layer_schedule(hf.data)) if t == "full_attention"}
+        return [row for row in super().kv_rows(hf) if row[0] in full]
+
+    @classmethod
+    def new_state(cls, hf, max_len, kv_dtype, act_dtype, device) -> SequenceState:
+        linear = cls.layer_schedule(hf.data).count("linear_attention")
+        if not linear:
             return SequenceState()
-        return SequenceState({"deltanet": DeltaNetState(len(self.linear_layers), mixer.conv_state_shape,
-                                                        mixer.rec_state_shape, self.dtype, self.device)})
+        conv, rec = GatedDeltaNet.state_shapes(hf.data)
+        return SequenceState({"deltanet": DeltaNetState(linear, conv, rec, act_dtype, device)})
 
     def _load_layer(self, ck, i: int):
         p = f"model.layers.{i}"

@@ -1,62 +1,36 @@
 """What a model's config says about its caches, without loading weights: the bytes of one
-state snapshot (gated-DeltaNet conv + recurrent state, sliding-window K/V) and of one token
-of paged KV. Mirrors the shapes `make_state()` and `kv_layers()` of the model classes build."""
+state snapshot (gated-DeltaNet conv + recurrent state, sliding-window K/V, a compressor's
+buffers) and of one token of paged KV -- asked of the model class itself
+(`models/cache_spec.py`), so the simulator sizes what the engine allocates."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import torch
+
 from ...errors import CheckpointError
+from ...models.cache_spec import cache_spec_for
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def text_config(model_dir: str | Path) -> dict:
+def read_config(model_dir: str | Path) -> dict:
     path = Path(model_dir) / "config.json"
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except OSError:
         raise CheckpointError(f"{path}: missing config.json") from None
     except ValueError as e:
         raise CheckpointError(f"{path}: not JSON ({e})") from None
-    return {**data, **data.get("text_config", {})}
-
-
-def _layer_types(c: dict) -> list[str]:
-    n = c.get("num_hidden_layers", 0)
-    if c.get("layer_types"):
-        return list(c["layer_types"])
-    if "linear_num_value_heads" in c:
-        k = c.get("full_attention_interval", 4)
-        return ["full_attention" if (i + 1) % k == 0 else "linear_attention" for i in range(n)]
-    return ["full_attention"] * n
 
 
 def cache_shapes(model_dir: str | Path, dtype: str | None = None) -> dict:
-    """{state_bytes, kv_bytes_per_token, kind} for the model in model_dir."""
-    c = text_config(model_dir)
-    width = DTYPE_BYTES.get(dtype or c.get("dtype") or c.get("torch_dtype") or "bfloat16", 2)
-    n = c.get("num_hidden_layers", 0)
-    if c.get("model_type") == "deepseek_v4":      # window ring per layer; compressed entries grow with context
-        return {"state_bytes": n * c["sliding_window"] * c["head_dim"] * width, "kv_bytes_per_token": 0,
-                "kind": "hybrid"}
-    if "kv_lora_rank" in c:                        # MLA: one latent row (+ DSA indexer key) per token and layer
-        row = c["kv_lora_rank"] + c["qk_rope_head_dim"] + (c.get("index_head_dim", 0) if "index_topk" in c else 0)
-        return {"state_bytes": 0, "kv_bytes_per_token": n * row * width, "kind": "full attention"}
-    types = _layer_types(c)
-    heads = c.get("num_attention_heads", 1)
-    kv_heads = c.get("num_key_value_heads") or heads
-    head_dim = c.get("head_dim") or c.get("hidden_size", 0) // max(1, heads)
-    linear = types.count("linear_attention")
-    window = types.count("sliding_attention") if c.get("sliding_window") else 0
-    state = 0
-    if linear:
-        hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
-        dk, dv = c["linear_key_head_dim"], c["linear_value_head_dim"]
-        conv = (2 * hk * dk + hv * dv) * (c.get("linear_conv_kernel_dim", 4) - 1) * width
-        state += linear * (conv + hv * dk * dv * 4)             # recurrent state is fp32
-    if window:
-        state += window * 2 * c["sliding_window"] * kv_heads * head_dim * width
-    full = len(types) - linear - window
-    return {"state_bytes": state, "kv_bytes_per_token": 2 * full * kv_heads * head_dim * width,
-            "kind": "hybrid" if state else "full attention"}
+    """{state_bytes, kv_bytes_per_token, kind} for the model in model_dir on this CPU. A
+    DeepSeek-V4 snapshot holds the compressed entries made so far on top of the state counted
+    here (window ring and compressor buffers)."""
+    c = read_config(model_dir)
+    text = c.get("text_config") if isinstance(c.get("text_config"), dict) else c
+    name = dtype or text.get("dtype") or text.get("torch_dtype") or c.get("torch_dtype") or "bfloat16"
+    spec = cache_spec_for(c, Path(model_dir) / "config.json", 1, DTYPES.get(name, torch.bfloat16), torch.device("cpu"))
+    return {"state_bytes": spec.state_bytes, "kv_bytes_per_token": spec.kv_bytes_per_token, "kind": spec.kind}
