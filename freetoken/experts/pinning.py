@@ -62,3 +62,16 @@ def pin_banks(banks: dict[str, torch.Tensor], register=cuda_register, unregister
                 pass
         raise PinError(str(e) or type(e).__name__) from None
     return done
+
+
+def pin_or_pageable(pin) -> bool:
+    """Calls `pin()` (the pool's page-locking); False with one warning when it is refused or
+    capped: the tiered backend then keeps pageable banks, runs cache hits on the device and
+    every miss on the CPU (policy `pageable`, experts/planner.py)."""
+    try:
+        pin()
+    except PinError as e:                   # refused or capped (ulimit -l, Windows/WSL limits)
+        log.warning("cannot pin the expert pool in place (%s); pageable banks: cache hits run on the device, "
+                    "misses on the CPU, the cache fills in the background", e)
+        return False
+    return True

@@ -378,7 +378,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         cap = memlock_limit()
         if cap is not None and pool > cap:
             warn(f"page-lock limit (ulimit -l) {cap / GiB:.2f} GiB is below the expert pool's {pool / GiB:.2f} GiB: "
-                 "pageable banks, every expert on the CPU")
+                 "pageable banks: cache hits on the device, misses on the CPU")
         else:
             plan.pinned = pool
     plan.options = resolved
