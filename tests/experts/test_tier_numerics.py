@@ -122,3 +122,27 @@ def test_every_tier_gives_one_answer(tiny_dir, dtype, compute, fmt):
         logits, tokens = _tier(model, dtype, compute, fmt, backend, slots)
         assert _agree(logits, ref_logits, rounds), (backend, slots, rel(logits, ref_logits))
         assert tokens == ref_tokens, (backend, slots)
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "ggml"])
+def test_resident_sync_free_decode_equals_the_grouped_executor(fmt):
+    """`resident` on CUDA runs decode batches through run_slots (no host sync, capturable by a
+    CUDA graph): the same answer as the grouped run_experts to fp32 summation order, no host
+    read of device data."""
+    from helpers import CountHostSyncs
+
+    from freetoken.experts.pool import ExpertPool
+    from freetoken.experts.resident import ResidentExperts
+    gen = torch.Generator().manual_seed(5)
+    L, E, H, I = 2, 6, 64, 32
+    banks = quantize_banks(torch.randn(L * E, 2 * I, H, generator=gen) * 0.1,
+                           torch.randn(L * E, H, I, generator=gen) * 0.1, fmt)
+    pool = ExpertPool(banks, L, E, ExpertSpec(H, I, spec_format(fmt)))
+    grouped, free = ResidentExperts(pool, torch.device("cpu")), ResidentExperts(pool, torch.device("cpu"), True)
+    for T in (1, 3, 8):
+        ids = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(T)])
+        w, x = torch.rand(T, 2, generator=gen), torch.randn(T, H, generator=gen)
+        with CountHostSyncs() as mode:
+            got = free.forward(1, x, ids, w)
+        assert mode.ops == []
+        assert rel(got, grouped.forward(1, x, ids, w)) <= 1e-5
