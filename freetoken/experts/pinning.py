@@ -18,6 +18,26 @@ class PinError(RuntimeError):
     pass
 
 
+def page_size() -> int:
+    try:
+        import os
+        return os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 4096
+
+
+def registered_bytes(nbytes: int, regions: int = 1) -> int:
+    """Bytes page-locked by registering `regions` buffers of `nbytes` in all (cudaHostRegister
+    locks whole pages: an unaligned start and end each touch one more page)."""
+    return -(-nbytes // page_size()) * page_size() + regions * page_size() if nbytes else 0
+
+
+def caching_host_block(nbytes: int) -> int:
+    """What PyTorch's caching host allocator (`pin_memory=True`) takes for one `nbytes` request:
+    the next power of two."""
+    return 1 << max(0, int(nbytes) - 1).bit_length() if nbytes > 0 else 0
+
+
 def cuda_register(t: torch.Tensor) -> None:
     """Page-locks tensor t's buffer in place (cudaHostRegisterDefault)."""
     rt = torch.cuda.cudart()

@@ -160,3 +160,17 @@ def test_cuda_hybrid_backend_uses_the_pinned_pool():
     assert experts.settings["moe_backend"] == "hybrid" and p.pinned_bytes == p.nbytes
     getattr(experts, "close", lambda: None)()
     p.unpin()
+
+
+@pytest.mark.cuda
+@cuda
+def test_caching_host_allocator_rounds_as_the_plan_counts():
+    """PyTorch's pinned host allocator (state checkpoints) takes the next power of two per
+    request: what memory/plan.py counts (pinning.caching_host_block)."""
+    from freetoken.experts.pinning import caching_host_block
+    n = 3 * 2**20 + 5
+    before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    after = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    assert after - before == caching_host_block(n) == 4 * 2**20
+    del t
