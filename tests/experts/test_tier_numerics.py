@@ -96,7 +96,8 @@ def _agree(logits, ref, rounds: bool):
     """<= 1e-5 of the logit scale at every position; where the kernels round activations
     (bf16 / int8 per 32) a float32 summation-order difference can flip one rounding, so there
     at most 1 position in 8 may differ, each by < 1e-3 of the scale (one rounding step
-    propagated; measured 1.7e-4 with int8)."""
+    propagated; measured up to 3.1e-4 with bf16 prefill GEMMs: docs/expert-memory.md says why
+    these flips cannot be removed)."""
     per_pos = (logits.double() - ref.double()).abs().amax(-1) / ref.double().abs().max()
     if not rounds:
         return per_pos.max().item() <= 1e-5
