@@ -174,60 +174,22 @@ def kv_bytes_per_token(s: ModelShape, cfg: EngineConfig) -> int:
     return kv_layer_count(s) * 2 * kvh * hd * b
 
 
-def state_parts(s: ModelShape, cfg: EngineConfig) -> tuple[int, int]:
-    """(layers with a per-sequence state, bytes of one layer's state): recurrent (gated DeltaNet)
-    and sliding-window states. A state checkpoint copies each layer's part separately."""
+def state_bytes_per_seq(s: ModelShape, cfg: EngineConfig) -> int:
+    """Recurrent (gated DeltaNet) and sliding-window states every sequence carries."""
     b = _dtype_bytes(cfg.dtype)
     types = s.get("layer_types") or []
     if s.get("model_type") == "gpt_oss":
         _, kvh, hd = _attn(s)
-        return sum(1 for t in types if t == "sliding_attention"), 2 * s.get("sliding_window", default=128) * kvh * hd * b
+        return sum(1 for t in types if t == "sliding_attention") * 2 * s.get("sliding_window", default=128) * kvh * hd * b
     linear = sum(1 for t in types if t == "linear_attention")
     if not linear and s.get("model_type") in ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
         linear = s.get("num_hidden_layers") - kv_layer_count(s)
     if not linear:
-        return 0, 0
+        return 0
     hk, dk = s.get("linear_num_key_heads", default=16), s.get("linear_key_head_dim", default=128)
     hv, dv = s.get("linear_num_value_heads", default=32), s.get("linear_value_head_dim", default=128)
     conv = (2 * hk * dk + hv * dv) * (s.get("linear_conv_kernel_dim", default=4) - 1) * b
-    return linear, conv + hv * dk * dv * 4
-
-
-def state_bytes_per_seq(s: ModelShape, cfg: EngineConfig) -> int:
-    """Recurrent (gated DeltaNet) and sliding-window states every sequence carries."""
-    parts, each = state_parts(s, cfg)
-    return parts * each
-
-
-def pinned_checkpoint_bytes(budget: int, s: ModelShape, cfg: EngineConfig) -> int:
-    """Host bytes a CUDA engine's state checkpoints take for a `budget` of snapshot bytes: each
-    layer's part is one pinned buffer from PyTorch's caching host allocator (layers/host_copy.py),
-    rounded up to a power of two."""
-    from ..experts.pinning import caching_host_block
-    _, each = state_parts(s, cfg)
-    return budget // each * caching_host_block(each) if each and budget else 0
-
-
-def gathered_kv_bytes(s: ModelShape, cfg: EngineConfig, max_len: int) -> int:
-    """Device bytes one attention layer materialises when it gathers every decoding sequence's
-    keys for a whole context (layers/attention.gather: the cache rows, plus a copy in the compute
-    dtype when the KV dtype differs). CUDA attention reads the paged cache in place
-    (paged_flex.py); the gather is its fallback when the fused kernel cannot run, and DSA's
-    indexer always gathers its fp32 keys (dsa.py). Budgeted, so the fallback does not run the
-    device out of memory."""
-    rows = cfg.max_num_seqs * max_len
-    kv_b = _dtype_bytes(cfg.dtype)
-    comp_b = kv_b if cfg.compute_dtype == "auto" else _dtype_bytes(cfg.compute_dtype)
-    copies = kv_b + (comp_b if comp_b != kv_b else 0)
-    if s.get("model_type") == "deepseek_v4":      # windows and compressed rows are states
-        return 0
-    if s.get("kv_lora_rank"):                     # MLA: one latent row per key (keys and values)
-        n = rows * (s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)) * copies
-        if s.get("model_type") in ("deepseek_v32", "glm_moe_dsa"):
-            n += rows * s.get("index_head_dim", default=0) * (kv_b + 4)
-        return n
-    _, kvh, hd = _attn(s)
-    return rows * 2 * kvh * hd * copies
+    return linear * (conv + hv * dk * dv * 4)
 
 
 def activation_bytes(s: ModelShape, cfg: EngineConfig, chunk: int, max_len: int, device: str) -> int:
@@ -256,6 +218,60 @@ def dense_bytes(s: ModelShape, cfg: EngineConfig) -> int:
     if cfg.dense_format == "int8":
         return params * 34 // 32 + fixed
     return params * _dtype_bytes(cfg.dtype) + fixed
+
+
+# --- what CUDA adds: gathered KV, pinned bytes and their rounding ------------------------------
+def gathered_kv_bytes(s: ModelShape, cfg: EngineConfig, max_len: int) -> int:
+    """Device bytes one attention layer materialises when it gathers every decoding sequence's
+    keys for a whole context (layers/attention.gather: the cache rows, plus a copy in the compute
+    dtype when the KV dtype differs). CUDA attention reads the paged cache in place
+    (paged_flex.py); the gather is its fallback when the fused kernel cannot run, and DSA's
+    indexer always gathers its fp32 keys (dsa.py). Budgeted, so the fallback does not run the
+    device out of memory."""
+    rows = cfg.max_num_seqs * max_len
+    kv_b = _dtype_bytes(cfg.dtype)
+    comp_b = kv_b if cfg.compute_dtype == "auto" else _dtype_bytes(cfg.compute_dtype)
+    copies = kv_b + (comp_b if comp_b != kv_b else 0)
+    if s.get("model_type") == "deepseek_v4":      # windows and compressed rows are states
+        return 0
+    if s.get("kv_lora_rank"):                     # MLA: one latent row per key (keys and values)
+        n = rows * (s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)) * copies
+        if s.get("model_type") in ("deepseek_v32", "glm_moe_dsa"):
+            n += rows * s.get("index_head_dim", default=0) * (kv_b + 4)
+        return n
+    _, kvh, hd = _attn(s)
+    return rows * 2 * kvh * hd * copies
+
+
+def state_parts(s: ModelShape, cfg: EngineConfig) -> tuple[int, int]:
+    """(layers with a per-sequence state, bytes of one layer's state): recurrent (gated DeltaNet)
+    and sliding-window states; a state checkpoint copies each layer's part into its own pinned
+    buffer. (The same formulas as state_bytes_per_seq, split per layer; where the model classes
+    answer their cache facts themselves, take the per-part bytes from there.)"""
+    b = _dtype_bytes(cfg.dtype)
+    types = s.get("layer_types") or []
+    if s.get("model_type") == "gpt_oss":
+        _, kvh, hd = _attn(s)
+        return sum(1 for t in types if t == "sliding_attention"), 2 * s.get("sliding_window", default=128) * kvh * hd * b
+    linear = sum(1 for t in types if t == "linear_attention")
+    if not linear and s.get("model_type") in ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
+        k = s.get("full_attention_interval", default=4)
+        linear = sum(1 for i in range(s.get("num_hidden_layers")) if (i + 1) % k)
+    if not linear:
+        return 0, 0
+    hk, dk = s.get("linear_num_key_heads", default=16), s.get("linear_key_head_dim", default=128)
+    hv, dv = s.get("linear_num_value_heads", default=32), s.get("linear_value_head_dim", default=128)
+    conv = (2 * hk * dk + hv * dv) * (s.get("linear_conv_kernel_dim", default=4) - 1) * b
+    return linear, conv + hv * dk * dv * 4
+
+
+def pinned_checkpoint_bytes(budget: int, s: ModelShape, cfg: EngineConfig) -> int:
+    """Host bytes a CUDA engine's state checkpoints take for a `budget` of snapshot bytes: each
+    layer's part is one pinned buffer from PyTorch's caching host allocator (layers/host_copy.py),
+    rounded up to a power of two."""
+    from ..experts.pinning import caching_host_block
+    _, each = state_parts(s, cfg)
+    return budget // each * caching_host_block(each) if each and budget else 0
 
 
 # --- the plan ----------------------------------------------------------------------------------
