@@ -3,8 +3,10 @@
 On the medium Qwen3-class model (bench/common.py): decode tok/s of resident / hybrid / offload /
 cpu at 10, 30 and 100% of the experts cached, the bandwidth profile (`freetoken profile`'s
 measurement), prefill of a 4k prompt with whole-layer double buffering on and off (alternating
-rounds, fresh prompts), cold start, peak device memory and peak host memory. Writes
-gpu_check.json and gpu_check.md into the output folder.
+rounds, fresh prompts), decode with CUDA graphs on and off (`resident`, batches of 1 and 4,
+alternating rounds), cold start, peak device memory and peak host memory. Writes
+gpu_check.json and gpu_check.md into the output folder. The dry run drives the graph runner with
+its eager "capture" (cuda_graphs.eager_capture), which measures nothing about graphs.
 
     PYTHONPATH=. python bench/gpu_check.py --out DIR               # on a GPU
     PYTHONPATH=. python bench/gpu_check.py --device cpu --tiny --out DIR   # dry run (CI)
@@ -42,6 +44,44 @@ def _decode(llm, vocab, rng, tokens: int) -> float:
     t0 = time.perf_counter()
     out = llm.generate([_prompt(16, vocab, rng)], params)[0]
     return len(out.token_ids) / (time.perf_counter() - t0)
+
+
+def _decode_batch(llm, vocab, rng, tokens: int, batch: int) -> float:
+    from freetoken.sampling_params import SamplingParams
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate([_prompt(16, vocab, rng) for _ in range(batch)], params)
+    return sum(len(o.token_ids) for o in outs) / (time.perf_counter() - t0)
+
+
+def graphs_decode(model, device, vocab: int, tokens: int, rounds: int, rng, batches=(1, 4)) -> dict:
+    """`resident` decode tok/s with CUDA graphs on and off, alternating rounds, medians."""
+    from freetoken.engine.cuda_graphs import DecodeGraphs, eager_capture
+    llms = {}
+    for mode in ("off", "on"):
+        on = mode == "on" and device.type == "cuda"
+        llms[mode], _ = _llm(model, device, moe_backend="resident", cuda_graphs=on, max_num_seqs=max(batches))
+    if device.type != "cuda":                 # dry run: the runner's logic with the eager "capture"
+        r = llms["on"].engine.runner
+        kmax = -(-llms["on"].engine.max_model_len // r.block_size) * r.block_size
+        r.graphs = DecodeGraphs(r._static_step, max(batches), kmax, device, eager_capture)
+    res: dict = {"batches": list(batches), "rounds": rounds, "tok_s": {}}
+    try:
+        for llm in llms.values():
+            _decode_batch(llm, vocab, rng, 2, max(batches))              # warm-up, captures the buckets
+        for b in batches:
+            times = {"on": [], "off": []}
+            for _ in range(rounds):
+                for mode in ("off", "on"):
+                    times[mode].append(_decode_batch(llms[mode], vocab, rng, tokens, b))
+            res["tok_s"][str(b)] = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        g = llms["on"].engine.runner.graphs
+        res["replays"], res["disabled"] = g.replays, g.disabled
+        res["capture"] = "cuda" if device.type == "cuda" else "eager (dry run)"
+    finally:
+        for llm in llms.values():
+            llm.close()
+    return res
 
 
 def decode_table(model, device, total_experts: int, vocab: int, tokens: int, rng,
@@ -117,7 +157,13 @@ def markdown(res: dict) -> str:
               f"without {p['tok_s']['off']:.0f} tok/s ({p['speedup_on_over_off']:.2f}x, medians of {p['rounds']})",
               "", f"profile: B_P {res['profile']['b_p_gbs']:.1f} GB/s, B_H (q*) {res['profile']['q_rates_gbs'][1]:.1f} "
               f"GB/s, q*/m {res['profile']['q_star_over_m']:.2f}", ""]
-    return "\n".join(lines)
+    g = res["graphs"]
+    lines += [f"decode, resident, CUDA graphs ({g['capture']} capture; replays {g['replays']}"
+              + (f"; turned off: {g['disabled']}" if g["disabled"] else "") + "):",
+              "", "| batch | graphs off tok/s | graphs on tok/s | on/off |", "|---|---|---|---|"]
+    for b, t in g["tok_s"].items():
+        lines.append(f"| {b} | {t['off']:.1f} | {t['on']:.1f} | {t['on'] / t['off']:.2f}x |")
+    return "\n".join(lines + [""])
 
 
 def main(argv=None) -> int:
@@ -158,7 +204,8 @@ def main(argv=None) -> int:
     res = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "model": str(model),
            "cold_start_s": cold, "decode": decode_table(model, device, total, vocab, tokens, rng, fractions),
            "prefill": prefill_double_buffering(model, device, total, vocab, prompt, rounds, rng),
-           "profile": profile(model, device, seconds)}
+           "profile": profile(model, device, seconds),
+           "graphs": graphs_decode(model, device, vocab, tokens, rounds, rng)}
     res["peak_device_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
     res["peak_host_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     (out / "gpu_check.json").write_text(json.dumps(res, indent=2))

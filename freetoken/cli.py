@@ -43,6 +43,9 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernel-isa", default="auto", choices=["auto", "native", "avx2", "portable"],
                    help="force a C kernel build (auto: the widest this CPU runs)")
     p.add_argument("--record-routing", default=None, metavar="FILE", help="record every step's routing (JSONL)")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="decode batches of up to the most sequences decoded together as CUDA graph replays (resident experts only; "
+                        "off by default until checked on a real GPU)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--verify", default="on", choices=["on", "off"],
@@ -68,7 +71,7 @@ def engine_options(args) -> dict:
                 prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,
                 state_cache_gib=args.state_cache_gib, verify_weights=args.verify == "on",
                 memory_headroom_gib=args.memory_headroom_gib, prefill_gemm=args.prefill_gemm,
-                bf16_dot=args.bf16_dot, kernel_isa=args.kernel_isa)
+                bf16_dot=args.bf16_dot, kernel_isa=args.kernel_isa, cuda_graphs=args.cuda_graphs)
 
 
 def cmd_generate(args) -> int:

@@ -69,6 +69,9 @@ class EngineConfig:
     bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
     record_routing: str | None = None      # write every step's routing to this JSONL file
     verify_weights: bool = True            # FTW files: check every tensor's checksum while reading
+    # Decode steps of 1..max_num_seqs sequences as CUDA graph replays (engine/cuda_graphs.py):
+    # off until the GPU check has passed on a real device; resident experts only.
+    cuda_graphs: bool = False
     seed: int = 0
 
     def __post_init__(self):
@@ -102,6 +105,10 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.cuda_graphs:                # what is known before loading; the engine checks the rest
+            from .engine.cuda_graphs import check_supported
+            check_supported(self.torch_device, None if self.moe_backend == "auto" else self.moe_backend,
+                            self.expert_tier, False, bool(self.record_routing))
 
     @property
     def state_cache_bytes(self) -> int:

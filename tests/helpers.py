@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 ARCHS = ["qwen3_moe", "qwen2_moe", "mixtral", "olmoe"]
 # ../shared/data next to the checkout (found from a git worktree one level deeper too)
@@ -63,3 +64,29 @@ def exact_experts():
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:
     top = torch.topk(logits, 2, dim=-1).values
     return top[..., 0] - top[..., 1]
+
+
+# ops that need tensor data on the host (a device sync on CUDA)
+SYNC_OPS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "_unique2", "unique_dim",
+            "unique_consecutive", "equal", "allclose", "tolist"}
+
+
+class CountHostSyncs(TorchDispatchMode):
+    """Counts the ops that need tensor data on the host (a device sync on CUDA) and copies to
+    the CPU from another device."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name in SYNC_OPS:
+            self.ops.append(name)
+        if name in ("_to_copy", "copy_") and args and isinstance(args[0], torch.Tensor):
+            dst = (kwargs or {}).get("device")
+            src = args[1] if name == "copy_" else args[0]
+            if (name == "copy_" and args[0].device.type == "cpu" and src.device.type != "cpu") or \
+                    (dst is not None and torch.device(dst).type == "cpu" and src.device.type != "cpu"):
+                self.ops.append("d2h")
+        return func(*args, **(kwargs or {}))

@@ -69,8 +69,16 @@ class LLMEngine:
         tokens = min(want_tokens, int(budget_gib * (1 << 30) / max(per_token, 1)))
         num_blocks = max(2, -(-tokens // bs) + 1)
         self.blocks = BlockManager(num_blocks, bs)
-        self.runner = ModelRunner(self.model, num_blocks, bs)
         make_state = self._state_factory()
+        graphs = None
+        if cfg.cuda_graphs:
+            from .cuda_graphs import check_supported
+            tier = getattr(self.model.experts, "settings", {}).get("expert_tier") if self.model.experts else None
+            backend = getattr(self.model.experts, "settings", {}).get("moe_backend") if self.model.experts else None
+            check_supported(self.settings.device, backend, tier, self.model.make_state() is not None,
+                            bool(cfg.record_routing))
+            graphs = {"max_batch": cfg.max_num_seqs, "max_model_len": self.max_model_len}
+        self.runner = ModelRunner(self.model, num_blocks, bs, graphs)
         self._has_state = make_state is not None   # a recurrent state: no per-sequence rerun
         self.num_request_failures = 0                          # requests failed alone by their own fault
         anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and cfg.prefix_cache else None

@@ -6,13 +6,14 @@ import torch
 
 from ..layers.attention import AttentionMetadata, KVCache
 from ..models.context import ForwardContext
+from .cuda_graphs import PAD_POS as _PAD_POS
 from .sequence import Sequence
-
-_PAD_POS = 1 << 30
 
 
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int):
+    def __init__(self, model, num_blocks: int, block_size: int, graphs: dict | None = None):
+        """graphs: decode CUDA graphs (cuda_graphs.py), {"max_batch": N, "max_model_len": L} and
+        optionally "capture" (tests: cuda_graphs.eager_capture); None: every step eager."""
         self.model = model
         self.block_size = block_size
         self.device = model.device
@@ -24,6 +25,12 @@ class ModelRunner:
         # the CPU kernels' pool of a pure-CPU model (None on CUDA): decode attention runs there
         self.kernel_pool = model.linear.pool
         self._saved_threads: int | None = None
+        self.graphs = None
+        if graphs is not None:
+            from .cuda_graphs import DecodeGraphs, cuda_capture
+            kmax = -(-graphs["max_model_len"] // block_size) * block_size
+            self.graphs = DecodeGraphs(self._static_step, graphs["max_batch"], kmax, self.device,
+                                       graphs.get("capture", cuda_capture))
 
     @property
     def kv_nbytes(self) -> int:
@@ -68,6 +75,8 @@ class ModelRunner:
                 new[keep:].zero_()
                 setattr(c, name, new)
                 del old
+        if self.graphs is not None:
+            self.graphs.reset()                        # captured graphs hold the old addresses
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -92,10 +101,39 @@ class ModelRunner:
             torch.set_num_threads(self._saved_threads)
             self._saved_threads = None
 
+    def _static_step(self, st, paged: bool | None = None) -> torch.Tensor:
+        """One decode step over a bucket's static buffers (cuda_graphs.StaticBatch): fixed shapes,
+        no host tensors; what a graph captures. paged: force the in-place attention (tests)."""
+        meta = AttentionMetadata(slot_mapping=st.slot_mapping, key_slots=st.key_slots,
+                                 key_positions=st.key_positions, query_index=st.query_index,
+                                 query_positions=st.query_positions, num_tokens=st.rows, context_lens=None,
+                                 kernel_pool=None, block_size=self.block_size, padded_keys=True,
+                                 paged=paged)
+        ctx = ForwardContext(attn=meta, kv=self.kv, states=[None] * st.rows, query_lens=[1] * st.rows, phase="decode")
+        return self.model.compute_logits(self.model.forward(st.ids, st.positions, ctx))
+
+    def _graph_run(self, batch: list[tuple[Sequence, int]]) -> torch.Tensor | None:
+        """A decode step as a graph replay, or None (run it eagerly)."""
+        if any(n != 1 or s.want_prompt_logits for s, n in batch):
+            return None
+        ids = torch.tensor([s.all_ids[s.num_computed] for s, _ in batch])
+        positions = torch.tensor([s.num_computed for s, _ in batch])
+        kmax = max(s.num_computed + 1 for s, _ in batch)
+        key_slots = torch.stack([torch.nn.functional.pad(sl, (0, kmax - len(sl))) for sl in
+                                 (self._slots(s, s.num_computed + 1) for s, _ in batch)])
+        for s, _ in batch:
+            if s.state is None:
+                s.state = self.model.make_state()
+        return self.graphs.run(ids, positions, key_slots.gather(1, positions[:, None]).squeeze(1), key_slots)
+
     @torch.inference_mode()
     def run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Returns (logits of each sequence's last new token [B, V], all-position logits per
         sequence where it asked for prompt logits, else None)."""
+        if self.graphs is not None:
+            logits = self._graph_run(batch)
+            if logits is not None:
+                return logits, [None] * len(batch)
         ids, pos, slot_map, key_slots, qidx = [], [], [], [], []
         n_total = sum(n for _, n in batch)
         qmax = max(n for _, n in batch)

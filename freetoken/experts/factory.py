@@ -55,20 +55,18 @@ def resolve_backend(pool: ExpertPool, cfg: EngineConfig, device: torch.device, n
 
 
 def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0,
-                  spin_us: int = SPIN_US) -> Experts:
+                  spin_us: int = SPIN_US, pin=None) -> Experts:
     """non_expert_bytes: device bytes the engine will still allocate for non-expert weights (CUDA
     `auto` needs it to know whether the pool fits; the cache itself is sized at the first step).
+    pin: the call that page-locks the pool (default `pool.pin` on CUDA, nothing elsewhere; tests
+    pass a fake to take the fallback on any device).
     The result's `settings` say which backend and how many cache slots were chosen."""
     device = torch.device(device)
     backend = resolve_backend(pool, cfg, device, non_expert_bytes)
-    if backend in ("offload", "hybrid") and device.type == "cuda" and not _pinned(pool):
-        from .pinning import PinError
-        try:
-            pool.pin()
-        except PinError as e:               # page-locking refused or capped (ulimit -l, WSL)
-            log.warning("cannot pin the expert pool in place (%s); pageable banks, every expert runs on "
-                        "the CPU (moe_backend cpu)", e)
-            backend = "cpu"
+    pinned = True
+    if backend in ("offload", "hybrid") and (pin is not None or device.type == "cuda" and not _pinned(pool)):
+        from .pinning import pin_or_pageable
+        pinned = pin_or_pageable(pin or pool.pin)
     if backend == "resident":
         experts: Experts = ResidentExperts(pool, device)
     elif backend == "cpu":
@@ -83,10 +81,14 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
         policy = cfg.expert_cache_policy or DEFAULT_POLICY
         sized = cfg.expert_cache_slots is not None or cfg.expert_cache_gib is not None or device.type != "cuda"
         slots = cache_slots(pool, cfg, device) if sized else (lambda: cache_slots(pool, cfg, device))
-        experts = TieredExperts(pool, device, slots, backend, cache_policy=policy,
+        from .transfer import make_copy_engine
+        experts = TieredExperts(pool, device, slots, backend if pinned else "pageable", cache_policy=policy,
                                 host_executor=_host_executor(pool, cfg, spin_us),
+                                copy_engine=make_copy_engine(device, pinned=pinned),
                                 estimator=BandwidthEstimator.from_profile(prof, device))
     settings = {"moe_backend": backend, "expert_cache_slots": None}
+    if not pinned:
+        settings["pinned"] = False          # misses on the CPU, hits on the device
     if backend in ("offload", "hybrid"):
         settings["expert_cache_slots"] = slots if isinstance(slots, int) else "sized at the first step"
         settings["expert_cache_policy"] = policy

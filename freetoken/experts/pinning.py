@@ -18,6 +18,26 @@ class PinError(RuntimeError):
     pass
 
 
+def page_size() -> int:
+    try:
+        import os
+        return os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 4096
+
+
+def registered_bytes(nbytes: int, regions: int = 1) -> int:
+    """Bytes page-locked by registering `regions` buffers of `nbytes` in all (cudaHostRegister
+    locks whole pages: an unaligned start and end each touch one more page)."""
+    return -(-nbytes // page_size()) * page_size() + regions * page_size() if nbytes else 0
+
+
+def caching_host_block(nbytes: int) -> int:
+    """What PyTorch's caching host allocator (`pin_memory=True`) takes for one `nbytes` request:
+    the next power of two."""
+    return 1 << max(0, int(nbytes) - 1).bit_length() if nbytes > 0 else 0
+
+
 def cuda_register(t: torch.Tensor) -> None:
     """Page-locks tensor t's buffer in place (cudaHostRegisterDefault)."""
     rt = torch.cuda.cudart()
@@ -62,3 +82,16 @@ def pin_banks(banks: dict[str, torch.Tensor], register=cuda_register, unregister
                 pass
         raise PinError(str(e) or type(e).__name__) from None
     return done
+
+
+def pin_or_pageable(pin) -> bool:
+    """Calls `pin()` (the pool's page-locking); False with one warning when it is refused or
+    capped: the tiered backend then keeps pageable banks, runs cache hits on the device and
+    every miss on the CPU (policy `pageable`, experts/planner.py)."""
+    try:
+        pin()
+    except PinError as e:                   # refused or capped (ulimit -l, Windows/WSL limits)
+        log.warning("cannot pin the expert pool in place (%s); pageable banks: cache hits run on the device, "
+                    "misses on the CPU, the cache fills in the background", e)
+        return False
+    return True

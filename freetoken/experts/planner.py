@@ -14,7 +14,9 @@
    B_P is the link rate of fills and B_H the host rate (fills plus the CPU branch
    share the host memory system, so the CPU branch gets B_H - B_P while the link is
    busy). Equal branch times q/B_P = (m - q)/(B_H - B_P) give exactly this q*.
-   `offload` fills every miss (q = m); `cpu` never fills.
+   `offload` fills every miss (q = m); `cpu` never fills; `pageable` (the host banks could
+   not be page-locked, experts/pinning.py) runs every miss on the CPU and keeps the cache
+   warming with one background fill per layer call (rule 4's background fill, always).
 3. Which misses fill (the documented rule): the misses routed by the most tokens this
    step first (they save the most device work); ties go to the expert requested in the
    most recent steps (a decayed per-expert demand count: the likeliest to be reused),
@@ -73,7 +75,7 @@ class LayerPlan:
 
 
 class MissPlanner:
-    POLICIES = ("offload", "hybrid", "cpu")
+    POLICIES = ("offload", "hybrid", "cpu", "pageable")
 
     def __init__(self, num_flat: int, policy: str, explore_every: int = 16,
                  demand_halflife_steps: int = 64):
@@ -111,6 +113,10 @@ class MissPlanner:
             return LayerPlan(_EMPTY, _EMPTY, ranked, 0)
         if policy == "offload":
             return LayerPlan(ranked, _EMPTY, _EMPTY, m)
+        if policy == "pageable":     # a copy from pageable memory never holds up the step
+            if link_busy:
+                return LayerPlan(_EMPTY, _EMPTY, ranked, 0)
+            return LayerPlan(_EMPTY, ranked[:1], ranked[1:], 0)
         if self.fixed_q is not None:
             q = min(m, self.fixed_q)
             return LayerPlan(ranked[:q], _EMPTY, ranked[q:], q)

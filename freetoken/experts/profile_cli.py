@@ -81,13 +81,15 @@ def _timed(fn, seconds: float) -> tuple[int, float]:
 
 
 def measure(pool: ExpertPool, device: torch.device, seconds: float = 1.0, threads: int | None = None,
-            link_bytes_per_s: float | None = None) -> BandwidthProfile:
+            link_bytes_per_s: float | None = None, pin=None) -> BandwidthProfile:
+    """pin: the pool's page-locking call (default pool.pin on CUDA; tests pass a fake). Refused,
+    B_P is measured over pageable banks (what the engine then copies from), with one warning."""
     from .cache import ExpertCache
+    from .pinning import pin_or_pageable
     from .transfer import make_copy_engine
-    if device.type == "cuda":
-        pool.pin()
+    pinned = pin_or_pageable(pin) if pin else device.type != "cuda" or pin_or_pageable(pool.pin)
     S, N = pool.expert_nbytes, pool.num_experts
-    cache = ExpertCache(pool, 2 * BATCH, device, make_copy_engine(device, link_bytes_per_s))
+    cache = ExpertCache(pool, 2 * BATCH, device, make_copy_engine(device, link_bytes_per_s, pinned))
     host = make_host_executor(pool, threads)
     rng = np.random.default_rng(0)
     order = rng.permutation(N)

@@ -5,18 +5,30 @@ import torch
 
 from .base import Experts
 from .pool import ExpertPool
-from .torch_exec import run_experts
+from .torch_exec import batched_ok, run_experts, run_slots
+
+# Decode batches up to this many routed (token, choice) pairs run as batched matmuls gathered by
+# expert id (run_slots: no host sync, so a CUDA graph can capture them); larger batches group
+# per expert (run_experts), which would gather far more weight rows than it computes with.
+SYNC_FREE_PAIRS = 512
 
 
 class ResidentExperts(Experts):
-    def __init__(self, pool: ExpertPool, device: torch.device):
+    def __init__(self, pool: ExpertPool, device: torch.device, sync_free: bool | None = None):
+        """sync_free: small batches without host syncs (default on CUDA; tests force it)."""
         self.pool = pool
         self.banks = {k: b.to(device) for k, b in pool.banks.items()}
         self.calls = 0
+        self.sync_free = (torch.device(device).type == "cuda") if sync_free is None else sync_free
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         self.calls += 1
         flat = self.pool.flat_ids(layer, topk_ids)
+        if self.sync_free and batched_ok(self.pool.spec) and flat.numel() <= SYNC_FREE_PAIRS:
+            T, K = flat.shape
+            per_choice = torch.zeros(T, K, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+            run_slots(self.banks, self.pool.spec, flat, hidden, topk_weights, per_choice)
+            return per_choice.sum(1).to(hidden.dtype)
         return run_experts(self.banks, self.pool.spec, flat, hidden, topk_weights).to(hidden.dtype)
 
     def stats(self) -> dict:

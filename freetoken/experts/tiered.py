@@ -1,4 +1,7 @@
 """The tiered backends: `offload` (fill every miss), `hybrid` (q* split) and `cpu`.
+Policy `pageable` is what `offload`/`hybrid` become when the host banks cannot be page-locked
+(experts/pinning.py): cache hits still run on the device, every miss runs on the CPU, and one
+background fill per layer call (on the copy engine's thread) keeps the cache warming.
 
 One MoE layer of one step (`TieredExperts._forward_planned`):
   1-2. the layer's cache decision (decision.py, the same code `freetoken sim` replays):
@@ -73,6 +76,8 @@ class TieredExperts(Experts):
         self.cache = ExpertCache(pool, 0 if callable(slots) else slots, self.device,
                                  copy_engine or make_copy_engine(self.device), cache_policy)
         self.planner = MissPlanner(pool.num_layers * pool.num_experts, policy)
+        if policy == "pageable":            # streaming whole layers from pageable memory would block
+            stream_prefill = False
         self.est = estimator or BandwidthEstimator.from_profile(None, self.device)
         self.cpu = CpuBranch(host_executor or make_host_executor(pool))
         self.run_device = device_executor
@@ -287,7 +292,7 @@ class TieredExperts(Experts):
     def _prefill_policy(self) -> str:
         # Prefill on demand (the cache cannot free two layers, or few tokens): the device does
         # the token-heavy work, so every miss fills unless this backend never fills.
-        return "cpu" if self.planner.policy == "cpu" else "offload"
+        return self.planner.policy if self.planner.policy in ("cpu", "pageable") else "offload"
 
     def _harvest(self) -> None:
         for job in self.cache.poll():

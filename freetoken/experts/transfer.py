@@ -9,6 +9,9 @@ order (one link), so waiting on a job also means every earlier job has landed.
                     reading the new rows.
   ThreadCopyEngine  one background thread doing real memcpy (torch releases the
                     GIL), used when the cache tier is host memory.
+  PageableCudaCopyEngine  pageable host banks (pinning refused): the copies run on a
+                    thread and its own stream, since a copy from pageable memory blocks
+                    the calling thread while the driver stages it.
   PacedCopyEngine   ThreadCopyEngine whose link runs no faster than `bytes_per_s`:
                     emulates a PCIe link of a chosen speed (benchmarks, tests).
   SyncCopyEngine    copies inline; the simplest correct engine.
@@ -90,7 +93,7 @@ class ThreadCopyEngine(CopyEngine):
             job, pairs = item
             t0 = time.perf_counter()
             try:
-                _copy_all(pairs)
+                self._copy(pairs)
                 if self.bytes_per_s:
                     left = t0 + job.nbytes / self.bytes_per_s - time.perf_counter()
                     if left > 0:
@@ -99,9 +102,35 @@ class ThreadCopyEngine(CopyEngine):
             except BaseException as e:  # surfaced to the waiter
                 job._finish(time.perf_counter() - t0, e)
 
+    def _copy(self, pairs) -> None:
+        _copy_all(pairs)
+
     def close(self) -> None:
         self._q.put(None)
         self._thread.join(timeout=5)
+
+
+class PageableCudaCopyEngine(ThreadCopyEngine):
+    """Fills from pageable host banks into CUDA slots, off the decode thread. A job is done
+    once its stream has finished (the tiered backend only uses background fills then)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+        super().__init__()
+
+    def submit(self, pairs, nbytes):
+        # slots being overwritten may still be read by kernels queued on the compute stream
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.device))
+        return super().submit((ev, pairs), nbytes)
+
+    def _copy(self, item) -> None:
+        ev, pairs = item
+        self.stream.wait_event(ev)
+        with torch.cuda.stream(self.stream):
+            _copy_all(pairs)
+        self.stream.synchronize()
 
 
 class PacedCopyEngine(ThreadCopyEngine):
@@ -147,7 +176,9 @@ class CudaCopyEngine(CopyEngine):
         torch.cuda.current_stream(self.device).wait_event(job.end)
 
 
-def make_copy_engine(device: torch.device, link_bytes_per_s: float | None = None) -> CopyEngine:
+def make_copy_engine(device: torch.device, link_bytes_per_s: float | None = None,
+                     pinned: bool = True) -> CopyEngine:
+    """pinned: whether the pool's banks are page-locked (CUDA: async copies on a stream)."""
     if device.type == "cuda" and link_bytes_per_s is None:
-        return CudaCopyEngine(device)
+        return CudaCopyEngine(device) if pinned else PageableCudaCopyEngine(device)
     return ThreadCopyEngine(link_bytes_per_s)

@@ -36,6 +36,8 @@ class AttentionMetadata:
     kernel_pool: CpuPool | None = None         # the CPU kernels' pool: decode attention in C
     block_size: int = 0                        # KV block size (0: unknown, no paged in-place path)
     paged: bool | None = None                  # read the cache in place (paged_flex); None: on CUDA
+    # key_slots padded past the longest context (decode CUDA graphs' fixed Kmax): never skip the mask
+    padded_keys: bool = False
     _masks: dict = field(default_factory=dict)
 
     def use_paged(self, q: torch.Tensor) -> bool:
@@ -192,7 +194,7 @@ def masked_sdpa(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     b, hq, qmax, _ = queries.shape
     kmax = keys.shape[2]
     mask, causal = meta.mask(window), False
-    if b == 1 and (window is None or kmax <= window):
+    if b == 1 and not meta.padded_keys and (window is None or kmax <= window):
         if qmax == 1:                       # one sequence decoding: every cached key is visible
             mask = None
         elif qmax == kmax:                  # one fresh prompt: plain causal attention (fast kernel path)

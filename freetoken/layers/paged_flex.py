@@ -87,8 +87,11 @@ def tables(meta, num_slots: int, block_size: int) -> PagedTables:
     member = torch.zeros(b, nblk, dtype=torch.bool, device=dev)
     member.scatter_(1, torch.where(used, blocks, 0), used)
     member[:, 0] = False                                            # the null block
+    # fixed shapes, no boolean indexing (a host sync; CUDA graphs capture this): unused entries
+    # write 0 into the null block's start, which no mask reads
+    first = (torch.arange(blocks.shape[1], device=dev)[None] * bs).expand_as(blocks)
     start = torch.zeros(nblk, dtype=torch.int64, device=dev)
-    start[blocks[used]] = (torch.arange(blocks.shape[1], device=dev)[None] * bs).expand_as(blocks)[used]
+    start.scatter_(0, torch.where(used, blocks, 0).reshape(-1), torch.where(used, first, 0).reshape(-1))
     qmax = meta.query_positions.shape[1]
     nqb = -(-qmax // BLOCK_Q)
     # flex wants every physical block in each row's order, the ones to visit first

@@ -63,7 +63,8 @@ class MemoryPlan:
     warnings: list[str] = field(default_factory=list)
     options: dict = field(default_factory=dict)
     host_source: str = ""
-    pinned: int = 0                # host bytes page-locked in place (the expert pool on CUDA; no copy)
+    pinned: int = 0                # host bytes page-locked (CUDA: the expert pool in place, whole pages;
+                                   # state checkpoints in the pinned allocator's power-of-two blocks)
 
     def used(self, device: str) -> int:
         return sum(i.nbytes for i in self.items if i.device == device)
@@ -82,8 +83,9 @@ class MemoryPlan:
             rows.append(f"{d:<7}{'= planned / available':<24}{self.used(d) / GiB:>10.3f}  of {a / GiB:.3f} GiB"
                         + (f" ({self.host_source})" if d == "host" else ""))
         if self.pinned:
-            rows.append(f"{'host':<7}{'pinned (in place)':<24}{self.pinned / GiB:>10.3f}  the expert pool page-locked "
-                        "where it lies (cudaHostRegister): no copy, counted above")
+            rows.append(f"{'host':<7}{'pinned (in place)':<24}{self.pinned / GiB:>10.3f}  page-locked where it lies "
+                        "(the expert pool: cudaHostRegister, whole pages; state checkpoints: pinned blocks): "
+                        "no copy, counted above")
         return "\n".join(rows)
 
 
@@ -162,7 +164,8 @@ def state_bytes_per_seq(s: ModelShape, cfg: EngineConfig, max_len: int = 1) -> i
 def activation_bytes(s: ModelShape, cfg: EngineConfig, chunk: int, max_len: int, device: str) -> int:
     """Estimate for one step of `chunk` tokens: hidden states, q/k/v, MLP and routed-expert
     intermediates and per-choice expert outputs in fp32, the prefill mask against the whole context, logits, the rope tables
-    of max_len positions; on CUDA also the keys/values gathered for every decoding sequence."""
+    of max_len positions; on CUDA also the keys/values gathered for every decoding sequence
+    (`gathered_kv_bytes`)."""
     heads, kvh, hd = _attn(s)
     h = s.get("hidden_size")
     inter = max(s.get("intermediate_size", default=0) or 0,
@@ -173,7 +176,7 @@ def activation_bytes(s: ModelShape, cfg: EngineConfig, chunk: int, max_len: int,
     n = 4 * chunk * per_token + 4 * chunk * max_len + 8 * cfg.max_num_seqs * s.get("vocab_size")
     n += 4 * 4 * max_len * hd                     # rope cos/sin tables for every position (+ build temporaries)
     if device == "cuda":
-        n += 4 * 2 * kvh * hd * max_len * cfg.max_num_seqs
+        n += gathered_kv_bytes(s, cfg, max_len)
     return n
 
 
@@ -184,6 +187,60 @@ def dense_bytes(s: ModelShape, cfg: EngineConfig) -> int:
     if cfg.dense_format == "int8":
         return params * 34 // 32 + fixed
     return params * _dtype_bytes(cfg.dtype) + fixed
+
+
+# --- what CUDA adds: gathered KV, pinned bytes and their rounding ------------------------------
+def gathered_kv_bytes(s: ModelShape, cfg: EngineConfig, max_len: int) -> int:
+    """Device bytes one attention layer materialises when it gathers every decoding sequence's
+    keys for a whole context (layers/attention.gather: the cache rows, plus a copy in the compute
+    dtype when the KV dtype differs). CUDA attention reads the paged cache in place
+    (paged_flex.py); the gather is its fallback when the fused kernel cannot run, and DSA's
+    indexer always gathers its fp32 keys (dsa.py). Budgeted, so the fallback does not run the
+    device out of memory."""
+    rows = cfg.max_num_seqs * max_len
+    kv_b = _dtype_bytes(cfg.dtype)
+    comp_b = kv_b if cfg.compute_dtype == "auto" else _dtype_bytes(cfg.compute_dtype)
+    copies = kv_b + (comp_b if comp_b != kv_b else 0)
+    if s.get("model_type") == "deepseek_v4":      # windows and compressed rows are states
+        return 0
+    if s.get("kv_lora_rank"):                     # MLA: one latent row per key (keys and values)
+        n = rows * (s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)) * copies
+        if s.get("model_type") in ("deepseek_v32", "glm_moe_dsa"):
+            n += rows * s.get("index_head_dim", default=0) * (kv_b + 4)
+        return n
+    _, kvh, hd = _attn(s)
+    return rows * 2 * kvh * hd * copies
+
+
+def state_parts(s: ModelShape, cfg: EngineConfig) -> tuple[int, int]:
+    """(layers with a per-sequence state, bytes of one layer's state): recurrent (gated DeltaNet)
+    and sliding-window states; a state checkpoint copies each layer's part into its own pinned
+    buffer. (The same formulas as state_bytes_per_seq, split per layer; where the model classes
+    answer their cache facts themselves, take the per-part bytes from there.)"""
+    b = _dtype_bytes(cfg.dtype)
+    types = s.get("layer_types") or []
+    if s.get("model_type") == "gpt_oss":
+        _, kvh, hd = _attn(s)
+        return sum(1 for t in types if t == "sliding_attention"), 2 * s.get("sliding_window", default=128) * kvh * hd * b
+    linear = sum(1 for t in types if t == "linear_attention")
+    if not linear and s.get("model_type") in ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
+        k = s.get("full_attention_interval", default=4)
+        linear = sum(1 for i in range(s.get("num_hidden_layers")) if (i + 1) % k)
+    if not linear:
+        return 0, 0
+    hk, dk = s.get("linear_num_key_heads", default=16), s.get("linear_key_head_dim", default=128)
+    hv, dv = s.get("linear_num_value_heads", default=32), s.get("linear_value_head_dim", default=128)
+    conv = (2 * hk * dk + hv * dv) * (s.get("linear_conv_kernel_dim", default=4) - 1) * b
+    return linear, conv + hv * dk * dv * 4
+
+
+def pinned_checkpoint_bytes(budget: int, s: ModelShape, cfg: EngineConfig) -> int:
+    """Host bytes a CUDA engine's state checkpoints take for a `budget` of snapshot bytes: each
+    layer's part is one pinned buffer from PyTorch's caching host allocator (layers/host_copy.py),
+    rounded up to a power of two."""
+    from ..experts.pinning import caching_host_block
+    _, each = state_parts(s, cfg)
+    return budget // each * caching_host_block(each) if each and budget else 0
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -245,8 +302,15 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     # prefix cache of hybrid models: state snapshots, in host memory
     ckpt = cfg.state_cache_bytes if states and cfg.prefix_cache else 0
     auto_ckpt = cfg.state_cache_gib is None          # the default shrinks to what fits without a warning
-    if compute != "host" and ckpt and pool + ckpt > host_avail:
+
+    def pinned_ckpt(budget: int) -> int:           # CUDA: snapshots in pinned, rounded blocks
+        return pinned_checkpoint_bytes(budget, s, cfg) if dev == "cuda" else budget
+    if compute != "host" and ckpt and pool + pinned_ckpt(ckpt) > host_avail:
         new = max(0, host_avail - pool)
+        each = state_parts(s, cfg)[1]
+        if dev == "cuda" and each:                  # whole snapshots, each in its rounded block
+            from ..experts.pinning import caching_host_block
+            new = new // caching_host_block(each) * each
         if not auto_ckpt:
             warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit in host memory; reduced to {new / GiB:.2f} GiB")
         ckpt = new
@@ -328,7 +392,14 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         asked = cfg.state_cache_bytes
         plan.items.append(Item("host", "state checkpoints", ckpt, asked if ckpt < asked else None,
                                "prefix cache: recurrent-state snapshots (budget)"))
-    plan.items.append(Item(compute, "activations", act, note=f"chunk {chunk} tokens, rope tables (estimate)"))
+    if dev == "cuda" and ckpt:
+        rounded = pinned_ckpt(ckpt)
+        plan.items.append(Item("host", "checkpoint rounding", max(0, rounded - ckpt),
+                               note="pinned host allocator: each layer's snapshot rounded up to a power of two"))
+        plan.pinned += rounded
+    gathered = gathered_kv_bytes(s, cfg, max_len) if dev == "cuda" else 0
+    plan.items.append(Item(compute, "activations", act, note=f"chunk {chunk} tokens, rope tables (estimate)"
+                           + (f"; gathered KV of one layer {gathered / GiB:.3f} GiB" if gathered else "")))
 
     # the engine turns kv_cache_gib back into floor(bytes / per_token) tokens: half a token of slack
     resolved = dict(max_model_len=max_len, kv_cache_gib=(kv_tokens * per_tok + per_tok // 2) / GiB,
@@ -349,9 +420,10 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         cap = memlock_limit()
         if cap is not None and pool > cap:
             warn(f"page-lock limit (ulimit -l) {cap / GiB:.2f} GiB is below the expert pool's {pool / GiB:.2f} GiB: "
-                 "pageable banks, every expert on the CPU")
+                 "pageable banks: cache hits on the device, misses on the CPU")
         else:
-            plan.pinned = pool
+            from ..experts.pinning import registered_bytes
+            plan.pinned += registered_bytes(pool, regions=6)   # whole pages, at most 6 banks
     plan.options = resolved
     return dataclasses.replace(cfg, **resolved), plan
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from test_tiered_exact import run_and_compare
+from helpers import CountHostSyncs
 from tiered_helpers import make_pool, random_step, torch_host, one_torch_thread  # noqa: F401
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from freetoken.experts import device_path
 from freetoken.experts.bandwidth import BandwidthEstimator
@@ -55,31 +55,6 @@ def test_ggml_and_lfu_keep_the_host_planner():
     run_and_compare(be, pool, steps=3)
     assert be._devpath is None
     be.close()
-
-
-SYNC_OPS = {"_local_scalar_dense", "item", "is_nonzero", "nonzero", "masked_select", "_unique2", "unique_dim",
-            "unique_consecutive", "equal", "allclose", "tolist"}
-
-
-class CountHostSyncs(TorchDispatchMode):
-    """Counts the ops that need tensor data on the host (a device sync on CUDA) and copies to
-    the CPU from another device."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        if name in SYNC_OPS:
-            self.ops.append(name)
-        if name in ("_to_copy", "copy_") and args and isinstance(args[0], torch.Tensor):
-            dst = (kwargs or {}).get("device")
-            src = args[1] if name == "copy_" else args[0]
-            if (name == "copy_" and args[0].device.type == "cpu" and src.device.type != "cpu") or \
-                    (dst is not None and torch.device(dst).type == "cpu" and src.device.type != "cpu"):
-                self.ops.append("d2h")
-        return func(*args, **(kwargs or {}))
 
 
 @pytest.mark.parametrize("policy,syncs", [("offload", 0), ("hybrid", 1)])

@@ -42,3 +42,16 @@ def test_dry_run_writes_json_and_markdown(tmp_path):
     assert res["cold_start_s"] > 0 and res["peak_host_gib"] > 0
     md = (tmp_path / "gpu_check.md").read_text()
     assert "| hybrid | 30% |" in md and "double buffering" in md
+
+
+def test_dry_run_decodes_through_the_graph_runner(tmp_path):
+    """The graphs on/off rows: on the CPU the runner's buckets and padding run with the eager
+    capture, and every decode step of the "on" engine was a replay."""
+    gpu_check = _load()
+    import random
+    from freetoken.tiny import make_tiny
+    model = make_tiny("qwen3_moe", tmp_path / "m", layers=2, experts=8, top_k=2, dtype="bfloat16")
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    res = gpu_check.graphs_decode(model, torch.device("cpu"), vocab, 3, 1, random.Random(0))
+    assert set(res["tok_s"]) == {"1", "4"} and res["disabled"] is None
+    assert res["replays"] > 0 and all(v["on"] > 0 and v["off"] > 0 for v in res["tok_s"].values())

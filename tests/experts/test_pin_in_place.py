@@ -1,10 +1,11 @@
 """Pinning the host expert pool in place (experts/pinning.py): one registration per filled
-bank, never a copy; all-or-nothing with pageable banks and the cpu backend on refusal.
+bank, never a copy; all-or-nothing; on refusal pageable banks, hits on the device and misses on the CPU.
 The register/unregister callables are the only fakes (they stand for cudaHostRegister)."""
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,19 +69,68 @@ def test_memlock_limit_refuses_before_registering():
     assert not rec.registered
 
 
-def test_factory_falls_back_to_cpu_with_one_warning(monkeypatch, caplog):
-    """A CUDA hybrid backend whose pool cannot be pinned: pageable banks, every expert on the
-    CPU, one warning line."""
-    p = pool()
-    monkeypatch.setattr(factory, "_pinned", lambda _p: False)
-    monkeypatch.setattr(p, "pin", lambda *a, **k: (_ for _ in ()).throw(PinError("ulimit -l 64 KiB")))
-    cfg = EngineConfig(model="x", moe_backend="hybrid", expert_cache_slots=2)
+class Recording:
+    """The CPU branch's executor, recording which flat expert ids it was asked to run."""
+
+    def __init__(self, inner):
+        self.inner, self.ran = inner, []
+
+    def run(self, x, ids, w):
+        self.ran.append(set(ids[ids >= 0].tolist()))
+        return self.inner.run(x, ids, w)
+
+
+@pytest.mark.parametrize("backend", ["hybrid", "offload"])
+def test_refused_pin_keeps_hits_on_the_device_and_runs_misses_on_the_cpu(backend, caplog):
+    """Pinning refused (a fake pin function that fails): pageable banks, one warning; cache hits
+    still run from the device cache, only the misses go to the CPU, and the answer equals the
+    resident reference."""
+    from freetoken.experts.resident import ResidentExperts
+    from freetoken.experts.tiered import TieredExperts
+    from tests.experts.tiered_helpers import random_step, torch_host
+    p = pool(layers=2, experts=8, hidden=32, inter=16)
+    cfg = EngineConfig(model="x", moe_backend=backend, expert_cache_slots=6)
+
+    def refuse():
+        raise PinError("ulimit -l 64 KiB")
     with caplog.at_level(logging.WARNING, logger="freetoken.experts"):
-        experts = factory.build_experts(p, cfg, torch.device("cuda"))
-    assert experts.settings["moe_backend"] == "cpu"
+        experts = factory.build_experts(p, cfg, torch.device("cpu"), pin=refuse)
+    assert isinstance(experts, TieredExperts) and experts.planner.policy == "pageable"
+    assert experts.settings["moe_backend"] == backend and experts.settings["pinned"] is False
     lines = [r for r in caplog.records if "cannot pin" in r.getMessage()]
     assert len(lines) == 1 and "ulimit -l" in lines[0].getMessage()
-    getattr(experts, "close", lambda: None)()
+    experts.cpu.executor = rec = Recording(torch_host(p))
+    ref = ResidentExperts(p, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    hits = 0
+    for step in range(12):
+        experts.begin_step("decode")
+        for layer in range(p.num_layers):
+            x, ids, w = random_step(p, 1, 2, g, hot=3)
+            resident = set(int(f) for f in np.flatnonzero(experts.cache.slot_of >= 0)
+                           if not experts.cache.pending[experts.cache.slot_of[f]])
+            rec.ran.clear()
+            out = experts.forward(layer, x, ids, w)
+            torch.testing.assert_close(out, ref.forward(layer, x, ids, w), rtol=1e-5, atol=1e-5)
+            flat = set((ids + layer * p.num_experts).flatten().tolist())
+            ran_on_cpu = set().union(*rec.ran)
+            assert ran_on_cpu == flat - resident              # misses only: hits never go to the CPU
+            hits += len(flat & resident)
+        experts.cache.drain()                                 # background fills land between steps
+    assert hits > 0                                            # the cache warmed from pageable banks
+    total = experts.stats()["total"]
+    assert total["fills"] == 0 and total["warm_fills"] > 0 and total["hits"] == hits   # no fill waits
+    experts.close()
+
+
+def test_plan_says_what_the_pageable_fallback_does():
+    from freetoken.experts.planner import MissPlanner
+    pl = MissPlanner(16, "pageable")
+    misses, tokens = np.array([3, 5, 9]), np.array([1, 2, 1])
+    plan = pl.plan(misses, tokens, 1e9, 2e9)
+    assert len(plan.fill) == 0 and plan.warm.tolist() == [5] and sorted(plan.cpu.tolist()) == [3, 9]
+    busy = pl.plan(misses, tokens, 1e9, 2e9, link_busy=True)
+    assert len(busy.fill) == 0 and len(busy.warm) == 0 and sorted(busy.cpu.tolist()) == [3, 5, 9]
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -110,3 +160,17 @@ def test_cuda_hybrid_backend_uses_the_pinned_pool():
     assert experts.settings["moe_backend"] == "hybrid" and p.pinned_bytes == p.nbytes
     getattr(experts, "close", lambda: None)()
     p.unpin()
+
+
+@pytest.mark.cuda
+@cuda
+def test_caching_host_allocator_rounds_as_the_plan_counts():
+    """PyTorch's pinned host allocator (state checkpoints) takes the next power of two per
+    request: what memory/plan.py counts (pinning.caching_host_block)."""
+    from freetoken.experts.pinning import caching_host_block
+    n = 37 * 2**20 + 5                       # a size no earlier test left cached
+    before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    t = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    after = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
+    assert after - before == caching_host_block(n) == 64 * 2**20
+    del t

@@ -32,3 +32,20 @@ def test_profile_writes_a_loadable_entry(tmp_path, capsys):
 def test_model_format(tiny_dir):
     assert model_format(tiny_dir("qwen3_moe"))[2] in ("fp32", "bf16")
     assert model_format(tiny_dir("gpt_oss_mxfp4"))[2] == "mxfp4"
+
+
+def test_profile_measures_pageable_copies_when_pinning_is_refused(caplog):
+    """`profile` on CUDA pins the test pool through pinning.py's fallback: a refused pin (a fake
+    that fails) gives one warning and a profile of pageable copies, not a traceback."""
+    import logging
+
+    from freetoken.experts.pinning import PinError
+    from freetoken.experts.profile_cli import measure
+
+    def refuse():
+        raise PinError("cudaHostRegister failed (1)")
+    pool = synthetic_pool(64, 32, "fp32", 0.002)
+    with caplog.at_level(logging.WARNING, logger="freetoken.experts"):
+        prof = measure(pool, torch.device("cpu"), seconds=0.02, threads=1, pin=refuse)
+    assert prof.b_p > 0 and prof.b_h > 0
+    assert sum("cannot pin" in r.getMessage() for r in caplog.records) == 1

@@ -96,7 +96,8 @@ def _agree(logits, ref, rounds: bool):
     """<= 1e-5 of the logit scale at every position; where the kernels round activations
     (bf16 / int8 per 32) a float32 summation-order difference can flip one rounding, so there
     at most 1 position in 8 may differ, each by < 1e-3 of the scale (one rounding step
-    propagated; measured 1.7e-4 with int8)."""
+    propagated; measured up to 3.1e-4 with bf16 prefill GEMMs: docs/expert-memory.md says why
+    these flips cannot be removed)."""
     per_pos = (logits.double() - ref.double()).abs().amax(-1) / ref.double().abs().max()
     if not rounds:
         return per_pos.max().item() <= 1e-5
@@ -122,3 +123,27 @@ def test_every_tier_gives_one_answer(tiny_dir, dtype, compute, fmt):
         logits, tokens = _tier(model, dtype, compute, fmt, backend, slots)
         assert _agree(logits, ref_logits, rounds), (backend, slots, rel(logits, ref_logits))
         assert tokens == ref_tokens, (backend, slots)
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "ggml"])
+def test_resident_sync_free_decode_equals_the_grouped_executor(fmt):
+    """`resident` on CUDA runs decode batches through run_slots (no host sync, capturable by a
+    CUDA graph): the same answer as the grouped run_experts to fp32 summation order, no host
+    read of device data."""
+    from helpers import CountHostSyncs
+
+    from freetoken.experts.pool import ExpertPool
+    from freetoken.experts.resident import ResidentExperts
+    gen = torch.Generator().manual_seed(5)
+    L, E, H, I = 2, 6, 64, 32
+    banks = quantize_banks(torch.randn(L * E, 2 * I, H, generator=gen) * 0.1,
+                           torch.randn(L * E, H, I, generator=gen) * 0.1, fmt)
+    pool = ExpertPool(banks, L, E, ExpertSpec(H, I, spec_format(fmt)))
+    grouped, free = ResidentExperts(pool, torch.device("cpu")), ResidentExperts(pool, torch.device("cpu"), True)
+    for T in (1, 3, 8):
+        ids = torch.stack([torch.randperm(E, generator=gen)[:2] for _ in range(T)])
+        w, x = torch.rand(T, 2, generator=gen), torch.randn(T, H, generator=gen)
+        with CountHostSyncs() as mode:
+            got = free.forward(1, x, ids, w)
+        assert mode.ops == []
+        assert rel(got, grouped.forward(1, x, ids, w)) <= 1e-5

@@ -60,10 +60,95 @@ def test_plan_shows_pinned_bytes_on_cuda(tiny_dir, monkeypatch):
     cfg = EngineConfig(model=str(src), device="cuda", moe_backend="hybrid", expert_cache_slots=4)
     _, plan = make_plan(cfg, shape, m)
     pool = next(i.nbytes for i in plan.items if i.name == "expert pool")
-    assert plan.pinned == pool > 0 and plan.to_json()["pinned_bytes"] == pool
+    page = pinning.page_size()
+    # cudaHostRegister locks whole pages: the pool rounded up, one more page per bank at most
+    assert pool > 0 and plan.to_json()["pinned_bytes"] == plan.pinned == -(-pool // page) * page + 6 * page
     assert "pinned (in place)" in plan.table()
     monkeypatch.setattr(pinning, "memlock_limit", lambda: 64 << 10)      # ulimit -l 64
     _, plan = make_plan(cfg, shape, m)
     assert plan.pinned == 0 and sum("ulimit -l" in w for w in plan.warnings) == 1
     _, plan = make_plan(EngineConfig(model=str(src)), shape, m)            # CPU: nothing pinned
     assert plan.pinned == 0 and "pinned" not in plan.table()
+
+
+def test_cuda_plan_counts_checkpoints_in_pinned_power_of_two_blocks(tiny_dir, monkeypatch):
+    """A hybrid (recurrent-state) model on CUDA: each layer's snapshot is one pinned block of
+    PyTorch's caching host allocator, rounded up to a power of two; the plan counts the rounding
+    as host memory and in the pinned bytes."""
+    from freetoken.experts import pinning
+    monkeypatch.setattr(pinning, "memlock_limit", lambda: None)
+    src = tiny_dir("qwen3_next")
+    shape = read_model_shape(src)
+    m = MachineMemory(16 * GiB, 16 * GiB, "test", 8 * GiB, 8 * GiB)
+    cfg = EngineConfig(model=str(src), device="cuda", moe_backend="resident", state_cache_gib=0.5)
+    _, plan = make_plan(cfg, shape, m)
+    parts, each = plan_mod.state_parts(shape, cfg)
+    assert parts > 0 and each & (each - 1)                    # not already a power of two
+    block = 1 << (each - 1).bit_length()
+    snaps = int(0.5 * GiB) // each
+    items = {i.name: i.nbytes for i in plan.items}
+    assert items["state checkpoints"] == int(0.5 * GiB)
+    assert items["checkpoint rounding"] == snaps * block - int(0.5 * GiB)
+    assert plan.pinned == snaps * block                         # resident: no pool pinned
+    _, cpu_plan = make_plan(EngineConfig(model=str(src), state_cache_gib=0.5), shape, m)
+    assert "checkpoint rounding" not in {i.name for i in cpu_plan.items} and cpu_plan.pinned == 0
+
+
+def test_checkpoints_shrink_to_whole_rounded_snapshots_when_host_is_short(tiny_dir, monkeypatch):
+    from freetoken.experts import pinning
+    monkeypatch.setattr(pinning, "memlock_limit", lambda: None)
+    src = tiny_dir("qwen3_next")
+    shape = read_model_shape(src)
+    cfg = EngineConfig(model=str(src), device="cuda", moe_backend="hybrid", expert_cache_slots=4)
+    pool_bytes = next(i.nbytes for i in make_plan(cfg, shape, MachineMemory(64 * GiB, 64 * GiB, "t", 8 * GiB, 8 * GiB))[1].items
+                      if i.name == "expert pool")
+    m = MachineMemory(4 * GiB, 4 * GiB, "test", 8 * GiB, 8 * GiB)    # host budget 2 GiB < the 8 GiB default
+    _, plan = make_plan(cfg, shape, m)
+    assert plan.used("host") <= plan.available["host"]
+    ckpt = next(i.nbytes for i in plan.items if i.name == "state checkpoints")
+    _, each = plan_mod.state_parts(shape, cfg)
+    assert 0 < ckpt and ckpt % each == 0
+    assert pool_bytes + plan_mod.pinned_checkpoint_bytes(ckpt, shape, cfg) <= plan.available["host"]
+
+
+@pytest.mark.parametrize("arch,kv,compute", [("qwen3_moe", "bfloat16", "auto"), ("qwen3_moe", "bfloat16", "float32"),
+                                             ("deepseek_v3", "bfloat16", "auto")])
+def test_cuda_plan_budgets_the_gathered_kv(tiny_dir, arch, kv, compute):
+    """What attention.gather materialises for max_num_seqs sequences of max_model_len keys (the
+    CUDA fallback when the paged kernel cannot run), measured on real tensors, is what the
+    plan's CUDA activations add over the CPU plan's."""
+    import torch
+
+    from freetoken.layers.attention import AttentionMetadata, KVCache, gather, gather_rows
+    src = tiny_dir(arch)
+    shape = read_model_shape(src)
+    seqs, max_len = 3, 64
+    opts = dict(model=str(src), dtype=kv, compute_dtype=compute, max_num_seqs=seqs, max_model_len=max_len)
+    m = MachineMemory(16 * GiB, 16 * GiB, "test", 8 * GiB, 8 * GiB)
+    want = plan_mod.gathered_kv_bytes(shape, EngineConfig(**opts), max_len)
+    cuda_act = plan_mod.activation_bytes(shape, EngineConfig(**opts, device="cuda"), 64, max_len, "cuda")
+    cpu_act = plan_mod.activation_bytes(shape, EngineConfig(**opts), 64, max_len, "cpu")
+    assert cuda_act - cpu_act == want > 0
+    dt = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+    q_dtype = dt[kv] if compute == "auto" else dt[compute]
+    meta = AttentionMetadata(slot_mapping=torch.zeros(seqs, dtype=torch.long),
+                             key_slots=torch.arange(seqs * max_len).view(seqs, max_len),
+                             key_positions=torch.arange(max_len).expand(seqs, max_len),
+                             query_index=torch.arange(seqs).view(seqs, 1),
+                             query_positions=torch.full((seqs, 1), max_len - 1), num_tokens=seqs)
+    cfg = shape.config
+    if cfg.get("kv_lora_rank"):                        # MLA: one latent row per key, no values
+        row = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+        cache = KVCache(seqs * max_len, 1, row, dt[kv], "cpu", values=False)
+        rows = gather_rows(cache.k, meta)
+        got = rows.nbytes + (rows.to(q_dtype).nbytes if q_dtype != dt[kv] else 0)
+    else:
+        kvh = cfg["num_key_value_heads"]
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        cache = KVCache(seqs * max_len, kvh, hd, dt[kv], "cpu")
+        k = torch.zeros(seqs, kvh, hd)
+        q = torch.zeros(seqs, cfg["num_attention_heads"], hd, dtype=q_dtype)
+        _, keys, values = gather(q, k, k, cache, meta)          # the rows, then their conversion
+        rows = gather_rows(cache.k, meta).nbytes + gather_rows(cache.v, meta).nbytes
+        got = rows + (keys.nbytes + values.nbytes if keys.dtype != cache.k.dtype else 0)
+    assert got == want
