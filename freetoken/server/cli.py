@@ -72,6 +72,15 @@ def register(subparsers) -> None:
                    help="comma-separated web origins (https://app.example) allowed to call the "
                    "server from a browser; default none: CORS off, requests with another "
                    "Origin get 403")
+    s.add_argument("--header-timeout-s", type=float, default=10.0,
+                   help="close a connection whose request line and headers are not complete this "
+                   "many seconds after its first byte (408; slowloris) (default 10)")
+    s.add_argument("--body-timeout-s", type=float, default=60.0,
+                   help="close a connection whose request body is not complete this many seconds "
+                   "after its headers (default 60)")
+    s.add_argument("--idle-timeout-s", type=float, default=5.0,
+                   help="close a connection that sends nothing for this many seconds, after "
+                   "connecting or between two requests (keep-alive) (default 5)")
     s.add_argument("--max-body-mb", type=float, default=32,
                    help="largest request body accepted; bigger ones get 413 (default 32)")
     s.add_argument("--admin-token", default=os.environ.get("FREETOKEN_ADMIN_TOKEN"),
@@ -216,6 +225,16 @@ def build(args):
     return llm, svc, app, demo, model
 
 
+def conn_timeouts(args):
+    from .conn_timeouts import ConnTimeouts
+    try:
+        return ConnTimeouts(header_s=args.header_timeout_s, body_s=args.body_timeout_s,
+                            idle_s=args.idle_timeout_s)
+    except ValueError as e:     # "header_s: ..." -> "--header-timeout-s: ..."
+        field, _, why = str(e).partition(": ")
+        raise SystemExit(f"freetoken serve: --{field[:-2]}-timeout-s: {why}") from None
+
+
 def _csv(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
@@ -268,7 +287,9 @@ def cmd_serve(args) -> int:
                         url, url)
             print(f"READY {url}", flush=True)
 
-    config = uvicorn_config(app, args.shutdown_timeout, host=args.host, port=args.port,
+    config = uvicorn_config(app, args.shutdown_timeout, conn_timeouts(args),
+                            lambda phase: svc.metrics.conn_timeouts.labels(phase).inc(),
+                            host=args.host, port=args.port,
                             log_level=args.log_level, access_log=args.log_level == "debug")
     server = Server(config, svc, args.shutdown_timeout)
     try:
