@@ -102,7 +102,8 @@ class GrammarProcessor:
         self.seen = len(output_token_ids)
         for t in new:
             if not self.matcher.consume_token(t):
-                log.warning("grammar rejected token %d: %s", t, self.matcher.get_error())
+                # not get_error(): it quotes the output generated so far
+                log.warning("grammar rejected token %d; the output ends here", t)
         out = logits.clone()
         if self.matcher.is_error():     # cannot continue: end the output
             if self.eos:

@@ -16,8 +16,11 @@ def uvicorn_config(app, drain_timeout: float, timeouts=None, on_timeout=None, **
     timeouts = timeouts or ConnTimeouts()
     # uvicorn cancels what is still running after timeout_graceful_shutdown: leave the
     # streams time to write their final events after the drain deadline.
-    return uvicorn.Config(app, timeout_graceful_shutdown=drain_timeout + 5,
-                          http=guarded_protocol(timeouts, on_timeout), timeout_keep_alive=timeouts.idle_s, **kw)
+    config = uvicorn.Config(app, timeout_graceful_shutdown=drain_timeout + 5,
+                            http=guarded_protocol(timeouts, on_timeout), timeout_keep_alive=timeouts.idle_s, **kw)
+    from .log_privacy import install
+    install()                  # after the Config: making one configures uvicorn's loggers
+    return config
 
 
 class GracefulServer(uvicorn.Server):
