@@ -45,8 +45,10 @@ def memory_sizes(engine) -> dict:
         "expert_cache": None if tiered is None else {
             "bytes": tiered.cache.capacity * tiered.S, "slots": tiered.cache.capacity,
             "resident": tiered.cache.resident, "device": str(tiered.device)},
-        "kv_cache": {"bytes": engine.runner.kv_nbytes, "blocks": blocks.num_blocks,
-                     "blocks_in_use": blocks.num_used, "block_size": blocks.block_size,
+        # blocks as /metrics counts them: the null block left out, tree-only blocks cached
+        "kv_cache": {"bytes": engine.runner.kv_nbytes, "blocks": blocks.num_usable,
+                     "blocks_in_use": blocks.num_held_by_requests, "blocks_cached": blocks.reclaimable,
+                     "block_size": blocks.block_size,
                      "device": str(engine.runner.device)},
         "state_cache": {"bytes": engine.prefix.state_budget, "used_bytes": engine.prefix.checkpoint_bytes,
                         "checkpoints": engine.prefix.num_checkpoints, "device": "host"},
@@ -81,7 +83,7 @@ def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cac
         per_block = max(1, engine.runner.kv_nbytes // engine.blocks.num_blocks)
         r = resize_kv(engine, max(2, want["kv_cache"] // per_block), allow_preempt=allow_preempt)
         done["kv_cache"] = {"before": before["kv_cache"]["bytes"], "after": engine.runner.kv_nbytes,
-                            "blocks_before": r.blocks_before, "blocks_after": r.blocks_after,
+                            "blocks_before": r.blocks_before - 1, "blocks_after": r.blocks_after - 1,
                             "evicted_blocks": r.evicted_blocks, "preempted": r.preempted,
                             "moved_blocks": r.moved_blocks, "clamped": r.clamped}
     seconds = time.perf_counter() - t0

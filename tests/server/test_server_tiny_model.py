@@ -122,3 +122,29 @@ def test_memory_plan_endpoint(tiny):
     assert kv["nbytes"] == llm.engine.runner.kv_nbytes
     assert plan["devices"]["host"]["planned"] <= plan["devices"]["host"]["available"]
     assert plan["options"]["max_model_len"] == llm.engine.max_model_len == 65536
+
+
+def _gauge(metrics: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + " "))
+
+
+def test_v1_memory_metrics_and_health_count_kv_blocks_alike(tiny):
+    """One definition of the KV block counts: the null block is not in the total, and blocks
+    only the prefix tree holds are cached, not in use (they were in use on /v1/memory)."""
+    llm, url, _ = tiny
+    r = oai(url).chat.completions.create(model="capture-model", max_tokens=4,
+                                         messages=[{"role": "user", "content": "count the blocks " * 40}])
+    assert r.choices[0].message is not None
+    deadline = time.monotonic() + 10
+    while True:
+        kv = httpx.get(url + "/v1/memory").json()["current"]["kv_cache"]
+        metrics, health = httpx.get(url + "/metrics").text, httpx.get(url + "/health").json()
+        if _gauge(metrics, "freetoken_kv_blocks_in_use") == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    eng = llm.engine
+    assert kv["blocks"] == eng.capacity_tokens // eng.blocks.block_size          # what requests can use
+    assert kv["blocks"] == _gauge(metrics, "freetoken_kv_blocks_total") == health["kv_blocks_total"]
+    assert kv["blocks_in_use"] == _gauge(metrics, "freetoken_kv_blocks_in_use") == health["kv_blocks_in_use"] == 0
+    if eng.prefix.enabled:
+        assert kv["blocks_cached"] > 0          # the prompt's blocks stay in the prefix tree
