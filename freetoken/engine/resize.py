@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from ..config import MAX_GIB
 from ..errors import InvalidRequestError
 from .kv_resize import resize_kv
 
@@ -55,12 +56,23 @@ def memory_sizes(engine) -> dict:
     }
 
 
-def _gib(name: str, value) -> int | None:
+def _gib(name: str, value, most: int | None = None) -> int | None:
+    """Bytes of a GiB size, checked before anything is resized (a bad one changes nothing).
+    most: the bytes this machine has for it (above: an error, not an allocation attempt)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise InvalidRequestError(f"{name}: expected a number of GiB >= 0, got {value!r}")
-    return int(value * GiB)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_GIB:
+        raise InvalidRequestError(f"{name}: expected a number of GiB in [0, {MAX_GIB:.0f}], got {value!r}")
+    n = int(value * GiB)
+    if most and n > most:
+        raise InvalidRequestError(f"{name}: {value:g} GiB is more than this machine's memory "
+                                  f"({most / GiB:.1f} GiB)")
+    return n
+
+
+def _host_total() -> int | None:
+    from ..memory.probe import probe
+    return probe("cpu").host_total or None
 
 
 def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cache_gib=None,
@@ -69,7 +81,8 @@ def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cac
     component changed, {"before": bytes, "after": bytes, ...details}."""
     want = {"expert_cache": _gib("expert_cache_gib", expert_cache_gib),
             "kv_cache": _gib("kv_cache_gib", kv_cache_gib),
-            "state_cache": _gib("state_cache_gib", state_cache_gib)}
+            "state_cache": _gib("state_cache_gib", state_cache_gib,
+                                _host_total() if state_cache_gib is not None else None)}
     t0 = time.perf_counter()
     done: dict = {}
     before = memory_sizes(engine)
