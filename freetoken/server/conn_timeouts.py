@@ -95,6 +95,8 @@ def guarded_protocol(limits: ConnTimeouts, on_timeout: Callable[[str], None] | N
             self._ft_timer = None
             if self.transport is None or self.transport.is_closing():
                 return
+            if self.transport.get_protocol() is not self:   # handed over (a WebSocket upgrade)
+                return
             self._ft_sync()
             now, phase = time.monotonic(), self._ft_phase
             if phase == "body" and self.flow.read_paused:

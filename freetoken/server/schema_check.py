@@ -1,8 +1,8 @@
 """Checks on a request's JSON schema before llguidance compiles it (response_format, a forced
 tool's parameters): references that never reach a value (`{"$ref": "#"}`, two `$defs` naming
-each other, an `anyOf` whose every branch leads back) compile to a grammar that accepts nothing, and the request would
-answer 200 with empty content; a huge `enum` costs compile time on every such request. Both
-are a 400 naming the place. Iterative walks: the request chooses the depth."""
+each other, an `anyOf` whose every branch leads back) compile to a grammar that accepts
+nothing, and the request would answer 200 with empty content; a huge `enum` costs compile
+time on every such request. Both are a 400 naming the place. Iterative walks: the request chooses the depth."""
 from __future__ import annotations
 
 from urllib.parse import unquote
