@@ -17,6 +17,10 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
 
+# Memory sizes in GiB; none may exceed 1 PiB (more than any machine: a typo or an attack).
+GIB_OPTIONS = ("kv_cache_gib", "memory_headroom_gib", "state_cache_gib", "expert_cache_gib", "host_cache_gib")
+MAX_GIB = float(1 << 20)
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
@@ -93,6 +97,10 @@ class EngineConfig:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
         if self.expert_tier not in ("auto", "ram", "disk"):
             raise InvalidRequestError(f"expert_tier: expected auto, ram or disk, got {self.expert_tier!r}")
+        for name in GIB_OPTIONS:      # before any plan multiplies them (1e308 GiB overflows int())
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_GIB):
+                raise InvalidRequestError(f"{name}: expected a number of GiB in [0, {MAX_GIB:.0f}], got {v!r}")
         for name in ("host_cache_gib", "host_cache_slots"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise InvalidRequestError(f"{name}: expected > 0, got {getattr(self, name)}")

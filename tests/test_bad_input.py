@@ -96,6 +96,15 @@ def test_cli_reports_one_line_and_exit_code_2(ckpt, capsys):
     assert rc == 2 and "\n" not in err and "config.json" in err
 
 
+@pytest.mark.parametrize("flag,value", [("--state-cache-gib", "1e12"), ("--kv-cache-gib", "1e308"),
+                                        ("--expert-cache-gib", "nan")])
+def test_cli_absurd_memory_sizes_one_line(tiny_dir, capsys, flag, value):
+    """Refused by the config check, before a plan multiplies them or anything is allocated."""
+    rc = main(["generate", "--model", str(tiny_dir("qwen3_moe")), "--prompt", "hi", flag, value])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and flag[2:].replace("-", "_") in err and "GiB" in err, err
+
+
 def test_cli_prompt_too_long(tiny_dir, capsys):
     rc = main(["generate", "--model", str(tiny_dir("qwen3_moe")), "--prompt", "hello " * 50, "--max-model-len", "16"])
     assert rc == 2 and "context" in capsys.readouterr().err

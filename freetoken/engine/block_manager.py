@@ -93,6 +93,18 @@ class BlockManager:
         """Blocks held by anyone (sequences or the prefix tree), the null block excluded."""
         return self.num_blocks - 1 - len(self.free)
 
+    @property
+    def num_usable(self) -> int:
+        """Blocks that can ever be handed out: all but the null block. The one total that
+        /v1/memory, /health and /metrics report."""
+        return self.num_blocks - 1
+
+    @property
+    def num_held_by_requests(self) -> int:
+        """Blocks some sequence holds; blocks only the prefix tree holds are not counted
+        (they are cached, and handed out again when free blocks run short)."""
+        return self.num_used - self.reclaimable
+
     # --- elastic pool (engine/kv_resize.py) ------------------------------------------------
     def grow(self, num_blocks: int) -> None:
         """More blocks: the new ids go to the bottom of the free list, so low ids keep being

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from ..config import MAX_GIB
 from ..errors import InvalidRequestError
 from .kv_resize import resize_kv
 
@@ -45,20 +46,33 @@ def memory_sizes(engine) -> dict:
         "expert_cache": None if tiered is None else {
             "bytes": tiered.cache.capacity * tiered.S, "slots": tiered.cache.capacity,
             "resident": tiered.cache.resident, "device": str(tiered.device)},
-        "kv_cache": {"bytes": engine.runner.kv_nbytes, "blocks": blocks.num_blocks,
-                     "blocks_in_use": blocks.num_used, "block_size": blocks.block_size,
+        # blocks as /metrics counts them: the null block left out, tree-only blocks cached
+        "kv_cache": {"bytes": engine.runner.kv_nbytes, "blocks": blocks.num_usable,
+                     "blocks_in_use": blocks.num_held_by_requests, "blocks_cached": blocks.reclaimable,
+                     "block_size": blocks.block_size,
                      "device": str(engine.runner.device)},
         "state_cache": {"bytes": engine.prefix.state_budget, "used_bytes": engine.prefix.checkpoint_bytes,
                         "checkpoints": engine.prefix.num_checkpoints, "device": "host"},
     }
 
 
-def _gib(name: str, value) -> int | None:
+def _gib(name: str, value, most: int | None = None) -> int | None:
+    """Bytes of a GiB size, checked before anything is resized (a bad one changes nothing).
+    most: the bytes this machine has for it (above: an error, not an allocation attempt)."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
-        raise InvalidRequestError(f"{name}: expected a number of GiB >= 0, got {value!r}")
-    return int(value * GiB)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_GIB:
+        raise InvalidRequestError(f"{name}: expected a number of GiB in [0, {MAX_GIB:.0f}], got {value!r}")
+    n = int(value * GiB)
+    if most and n > most:
+        raise InvalidRequestError(f"{name}: {value:g} GiB is more than this machine's memory "
+                                  f"({most / GiB:.1f} GiB)")
+    return n
+
+
+def _host_total() -> int | None:
+    from ..memory.probe import probe
+    return probe("cpu").host_total or None
 
 
 def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cache_gib=None,
@@ -67,7 +81,8 @@ def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cac
     component changed, {"before": bytes, "after": bytes, ...details}."""
     want = {"expert_cache": _gib("expert_cache_gib", expert_cache_gib),
             "kv_cache": _gib("kv_cache_gib", kv_cache_gib),
-            "state_cache": _gib("state_cache_gib", state_cache_gib)}
+            "state_cache": _gib("state_cache_gib", state_cache_gib,
+                                _host_total() if state_cache_gib is not None else None)}
     t0 = time.perf_counter()
     done: dict = {}
     before = memory_sizes(engine)
@@ -81,7 +96,7 @@ def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cac
         per_block = max(1, engine.runner.kv_nbytes // engine.blocks.num_blocks)
         r = resize_kv(engine, max(2, want["kv_cache"] // per_block), allow_preempt=allow_preempt)
         done["kv_cache"] = {"before": before["kv_cache"]["bytes"], "after": engine.runner.kv_nbytes,
-                            "blocks_before": r.blocks_before, "blocks_after": r.blocks_after,
+                            "blocks_before": r.blocks_before - 1, "blocks_after": r.blocks_after - 1,
                             "evicted_blocks": r.evicted_blocks, "preempted": r.preempted,
                             "moved_blocks": r.moved_blocks, "clamped": r.clamped}
     seconds = time.perf_counter() - t0

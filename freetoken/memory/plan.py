@@ -382,7 +382,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     else:
         kv_note = f"{kv_tokens} tokens = {kv_tokens // max(1, max_len)} x max_model_len {max_len}"
     plan.items.append(Item(compute, "KV cache", kv, asked_kv if kv < asked_kv else None,
-                           f"{kv_tokens // bs + 1} blocks x {bs}; {kv_note}"))
+                           f"{-(-kv_tokens // bs)} blocks x {bs} (+1 null block); {kv_note}"))
     if cache or backend in ("offload", "hybrid"):
         plan.items.append(Item(compute, "expert cache", cache, slots_asked * S if slots < slots_asked else None,
                                f"{slots} slots, moe_backend {backend}"))

@@ -44,9 +44,12 @@ def register(subparsers) -> None:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name", default=None,
                    help="model id(s) clients use, comma-separated; the first is the main one")
-    s.add_argument("--api-key", default=os.environ.get("FREETOKEN_API_KEY"),
+    s.add_argument("--api-key", default=None,
                    help="require this key (Authorization: Bearer or x-api-key) on every route but "
-                   "/health (default: $FREETOKEN_API_KEY)")
+                   "/health; visible in ps: prefer --api-key-file or $FREETOKEN_API_KEY")
+    s.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="read the API key from this file (one line) instead (default: "
+                   "$FREETOKEN_API_KEY, else no key)")
     s.add_argument("--max-running-requests", type=int, default=16,
                    help="requests decoded together by the engine")
     s.add_argument("--max-waiting-requests", type=int, default=256,
@@ -72,12 +75,23 @@ def register(subparsers) -> None:
                    help="comma-separated web origins (https://app.example) allowed to call the "
                    "server from a browser; default none: CORS off, requests with another "
                    "Origin get 403")
+    s.add_argument("--header-timeout-s", type=float, default=10.0,
+                   help="close a connection whose request line and headers are not complete this "
+                   "many seconds after its first byte (408; slowloris) (default 10)")
+    s.add_argument("--body-timeout-s", type=float, default=60.0,
+                   help="close a connection whose request body is not complete this many seconds "
+                   "after its headers (default 60)")
+    s.add_argument("--idle-timeout-s", type=float, default=5.0,
+                   help="close a connection that sends nothing for this many seconds, after "
+                   "connecting or between two requests (keep-alive) (default 5)")
     s.add_argument("--max-body-mb", type=float, default=32,
                    help="largest request body accepted; bigger ones get 413 (default 32)")
-    s.add_argument("--admin-token", default=os.environ.get("FREETOKEN_ADMIN_TOKEN"),
+    s.add_argument("--admin-token", default=None,
                    help="enable GET/POST /admin/memory (runtime resizing) for requests carrying this "
                    "token as 'x-admin-token' or 'Authorization: Bearer' (default: off; "
-                   "$FREETOKEN_ADMIN_TOKEN)")
+                   "$FREETOKEN_ADMIN_TOKEN); visible in ps: prefer --admin-token-file")
+    s.add_argument("--admin-token-file", default=None, metavar="PATH",
+                   help="read the admin token from this file (one line) instead")
     s.add_argument("--memory-floor-gib", type=float, default=None,
                    help="watch free memory (host MemAvailable/cgroup, CUDA free): below this many GiB "
                    "give memory back (expert cache, then checkpoints, then unused KV blocks); "
@@ -175,6 +189,8 @@ def build(args):
     from .server_state import Settings
 
     from freetoken.weights.stores import resolve_model
+    from .keys import resolve_keys
+    resolve_keys(args)
     model = args.model
     demo = model is None
     if not demo:
@@ -216,6 +232,16 @@ def build(args):
     return llm, svc, app, demo, model
 
 
+def conn_timeouts(args):
+    from .conn_timeouts import ConnTimeouts
+    try:
+        return ConnTimeouts(header_s=args.header_timeout_s, body_s=args.body_timeout_s,
+                            idle_s=args.idle_timeout_s)
+    except ValueError as e:     # "header_s: ..." -> "--header-timeout-s: ..."
+        field, _, why = str(e).partition(": ")
+        raise SystemExit(f"freetoken serve: --{field[:-2]}-timeout-s: {why}") from None
+
+
 def _csv(value: str | None) -> list[str]:
     return [v.strip() for v in (value or "").split(",") if v.strip()]
 
@@ -241,6 +267,8 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
+    from .keys import resolve_keys
+    resolve_keys(args)
     if getattr(args, "replicas", None) is not None:
         from .replicas.app import cmd_serve_replicas
         return cmd_serve_replicas(args)
@@ -268,7 +296,9 @@ def cmd_serve(args) -> int:
                         url, url)
             print(f"READY {url}", flush=True)
 
-    config = uvicorn_config(app, args.shutdown_timeout, host=args.host, port=args.port,
+    config = uvicorn_config(app, args.shutdown_timeout, conn_timeouts(args),
+                            lambda phase: svc.metrics.conn_timeouts.labels(phase).inc(),
+                            host=args.host, port=args.port,
                             log_level=args.log_level, access_log=args.log_level == "debug")
     server = Server(config, svc, args.shutdown_timeout)
     try:

@@ -306,9 +306,9 @@ def kv_blocks(engine) -> tuple[int, int, int] | None:
     blocks = getattr(engine, "blocks", None)
     if blocks is None:
         return None
-    total = blocks.num_blocks - 1
     prefix = getattr(engine, "prefix", None)
-    return total, total - blocks.available, prefix.stats.evicted_blocks if prefix is not None else 0
+    return (blocks.num_usable, blocks.num_held_by_requests,
+            prefix.stats.evicted_blocks if prefix is not None else 0)
 
 
 def _count_preemptions(engine, metrics) -> None:

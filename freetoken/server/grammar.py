@@ -8,6 +8,7 @@ import logging
 import torch
 
 from .errors import BadRequest
+from .schema_check import check_schema
 
 log = logging.getLogger("freetoken.server")
 
@@ -43,8 +44,9 @@ def build_tokenizer(tokenizer):
     return llguidance.hf.from_tokenizer(hf, eos_token=eos)
 
 
-def json_schema_grammar(schema: dict | None) -> str:
+def json_schema_grammar(schema: dict | None, where: str = "response_format.json_schema.schema") -> str:
     llguidance = _llguidance()
+    check_schema(schema, where)
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(
             schema if schema is not None else {"type": "object"},
@@ -74,6 +76,7 @@ def forced_tool_call_grammar(calls: list[tuple[str, dict]], open_tag: str, close
     """One tool call in the Qwen JSON form to one of `calls` (name, parameters schema)."""
     alts = []
     for i, (name, schema) in enumerate(calls):
+        check_schema(schema, f"tools[{name!r}].function.parameters")
         head = json.dumps('{"name": ' + json.dumps(name) + ', "arguments": ')
         # compact JSON: with free whitespace a weak model can pad between tokens forever
         schema = dict(schema or {"type": "object"}, **{"x-guidance": {"whitespace_flexible": False}})
@@ -87,22 +90,29 @@ def forced_tool_call_grammar(calls: list[tuple[str, dict]], open_tag: str, close
 class GrammarProcessor:
     """Logits processor (engine contract: f(output_token_ids, logits[vocab]) -> logits)."""
 
-    def __init__(self, lltok, grammar: str, eos_ids=()):
+    def __init__(self, lltok, grammar: str, eos_ids=(), where: str = "response_format"):
         llguidance = _llguidance()
         self.matcher = llguidance.LLMatcher(lltok, grammar)
         if self.matcher.is_error():
-            raise BadRequest(f"invalid response format: {self.matcher.get_error()}")
+            raise BadRequest(f"invalid {where}: {self.matcher.get_error()}", param=where)
         self.vocab = lltok.vocab_size
         self.seen = 0
         self.eos = sorted(eos_ids)
         self.mask = torch.full(((self.vocab + 31) // 32,), -1, dtype=torch.int32)
+        # the first mask, now: a grammar that accepts nothing (a cycle the schema check did not
+        # see) fails here as a 400, not as a 200 with empty content
+        self.matcher.unsafe_compute_mask_ptr(self.mask.data_ptr(), self.mask.numel() * 4)
+        if self.matcher.is_error():
+            why = (self.matcher.get_error() or "").splitlines()[0][:200]
+            raise BadRequest(f"invalid {where}: the schema accepts no JSON value ({why})", param=where)
 
     def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         new = output_token_ids[self.seen:]
         self.seen = len(output_token_ids)
         for t in new:
             if not self.matcher.consume_token(t):
-                log.warning("grammar rejected token %d: %s", t, self.matcher.get_error())
+                # not get_error(): it quotes the output generated so far
+                log.warning("grammar rejected token %d; the output ends here", t)
         out = logits.clone()
         if self.matcher.is_error():     # cannot continue: end the output
             if self.eos:

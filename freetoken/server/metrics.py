@@ -72,6 +72,10 @@ class Metrics:
                                           registry=r)
         self.stalled = Counter("freetoken_stalled_clients", "Requests aborted because their client "
                                "stopped reading (serve --stall-timeout)", registry=r)
+        self.conn_timeouts = Counter("freetoken_connections_timed_out", "Connections closed because "
+                                     "the client sent nothing, or its headers or body too slowly "
+                                     "(serve --idle-timeout-s/--header-timeout-s/--body-timeout-s)",
+                                     ["phase"], registry=r)
         self.kv_blocks_total = Gauge("freetoken_kv_blocks_total", "KV cache blocks (usable)",
                                      registry=r)
         self.kv_blocks_in_use = Gauge("freetoken_kv_blocks_in_use", "KV cache blocks held by requests",

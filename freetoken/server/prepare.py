@@ -134,7 +134,8 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
     if grammar is not None:
         from .grammar import GrammarProcessor
         lltok = await asyncio.to_thread(svc.grammar_tokenizer)
-        processors.append(await asyncio.to_thread(GrammarProcessor, lltok, grammar, svc.eos_ids))
+        where = "response_format.json_schema.schema" if json_out else "tools"
+        processors.append(await asyncio.to_thread(GrammarProcessor, lltok, grammar, svc.eos_ids, where))
     stop = _stop_list(inp.stop)
     params = sampling_params(svc, max_tokens, stop, inp.sampling, processors)
     reasoning = starts_in_reasoning(prompt) and grammar is None

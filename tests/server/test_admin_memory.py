@@ -138,3 +138,21 @@ def test_v1_memory_shows_the_current_sizes_beside_the_plan(admin):
     finally:
         httpx.post(url + "/admin/memory", headers=auth(), timeout=120,
                    json={"kv_cache_gib": kv / GiB, "expert_cache_gib": ex / GiB})
+
+
+@pytest.mark.parametrize("raw", [b'{"kv_cache_gib": 1e308}', b'{"expert_cache_gib": 1e308}',
+                                 b'{"state_cache_gib": 1e12}', b'{"state_cache_gib": 1e6}',
+                                 b'{"kv_cache_gib": NaN}', b'{"kv_cache_gib": Infinity}',
+                                 b'{"kv_cache_gib": -1e-9}', b'{"state_cache_gib": "1"}',
+                                 b'{"kv_cache_gib": 1, "state_cache_gib": 1e12}',
+                                 b'{"kv_cache_gib": ' + b"9" * 400 + b'}', b'{"kv_cache_gib": true}'])
+def test_absurd_sizes_are_400_and_change_nothing(admin, raw):
+    """Huge, negative, NaN and non-numeric sizes: a 4xx naming the field, no allocation tried,
+    every size as it was (a bad field next to a good one changes neither)."""
+    _, url, _ = admin
+    before = httpx.get(url + "/admin/memory", headers=auth()).json()["sizes"]
+    r = httpx.post(url + "/admin/memory", content=raw, headers={**auth(), "content-type": "application/json"})
+    assert r.status_code == 400, (raw, r.status_code, r.text[:200])
+    assert "_cache_gib" in r.json()["error"]["message"] or "number" in r.json()["error"]["message"], r.text
+    after = httpx.get(url + "/admin/memory", headers=auth()).json()["sizes"]
+    assert {k: v and v["bytes"] for k, v in after.items()} == {k: v and v["bytes"] for k, v in before.items()}

@@ -1,5 +1,5 @@
 """`serve` as a process: the demo model when no --model is given, a ready line with the
-URL, the API key, graceful SIGTERM; `launch --dry-run` for each agent."""
+URL, the API key from a file (not in argv), graceful SIGTERM; `launch --dry-run` for each agent."""
 import os
 import signal
 import subprocess
@@ -22,8 +22,10 @@ def served(tmp_path_factory, tiny_model_dir):
     demo.parent.mkdir(parents=True)
     demo.symlink_to(tiny_model_dir, target_is_directory=True)
     env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONUNBUFFERED="1")
+    key_file = cache / "key"
+    key_file.write_text("sekret\n")
     p = subprocess.Popen([sys.executable, "-m", "freetoken.server.cli", "serve", "--port", "0",
-                          "--api-key", "sekret", "--max-model-len", "2048"],
+                          "--api-key-file", str(key_file), "--max-model-len", "2048"],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, url = [], None
     deadline = time.monotonic() + 120
@@ -49,6 +51,7 @@ def test_demo_model_ready_and_key(served):
     assert list((cache / "freetoken").glob("demo-qwen3_moe*/config.json"))
     assert httpx.get(url + "/health").json()["status"] == "ok"
     assert httpx.get(url + "/v1/models").status_code == 401
+    assert b"sekret" not in Path(f"/proc/{p.pid}/cmdline").read_bytes()     # what ps shows
     r = httpx.post(url + "/v1/messages", headers={"x-api-key": "sekret"}, timeout=60, json={
         "model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200 and r.json()["usage"]["output_tokens"] <= 4

@@ -16,6 +16,8 @@ class Records(logging.Handler):
         self.text = []
 
     def emit(self, record):
+        if record.name.startswith(("httpx", "httpcore")):       # the test's own client
+            return
         self.text.append(record.getMessage())
         if record.exc_info:
             self.text.append("".join(traceback.format_exception(*record.exc_info)))
@@ -31,9 +33,13 @@ def logs():
         lg = logging.getLogger(n)
         saved[n] = lg.level
         lg.setLevel(logging.DEBUG)
-    logging.getLogger().addHandler(seen)
+    # uvicorn's own loggers do not propagate to the root once a Config has configured them
+    holders = [logging.getLogger(n) for n in ("", "uvicorn", "uvicorn.access")]
+    for lg in holders:
+        lg.addHandler(seen)
     yield seen
-    logging.getLogger().removeHandler(seen)
+    for lg in holders:
+        lg.removeHandler(seen)
     for n, level in saved.items():
         logging.getLogger(n).setLevel(level)
 
@@ -78,3 +84,33 @@ def test_prompt_text_never_reaches_the_logs(fake, logs):
     leaked = [t for t in logs.text if SECRET in t]
     assert not leaked, leaked[:3]
     assert logs.text, "nothing was logged at all: the capture is broken"
+
+
+@pytest.fixture(scope="module")
+def served_as_debug():
+    """A server configured as `serve --log-level debug` configures it (access log on)."""
+    import uvicorn
+
+    from freetoken.server.shutdown import uvicorn_config
+    from live_server import LiveServer, make_fake
+    engine, _, app = make_fake(api_key=SECRET + "-key")
+    engine.default = f"generated {SECRET}-out text"
+    srv = LiveServer(app, make_server=lambda kw: uvicorn.Server(
+        uvicorn_config(app, 2, **dict(kw, log_level="debug", access_log=True))))
+    yield srv
+    srv.stop()
+
+
+def test_no_query_string_key_or_generated_text_in_debug_logs(served_as_debug, logs):
+    url, key = served_as_debug.url, SECRET + "-key"
+    r = httpx.get(url + f"/v1/models?api_key={SECRET}-query", headers={"authorization": f"Bearer {key}"})
+    assert r.status_code == 200
+    assert httpx.get(url + f"/v1/models?api_key={key}").status_code == 401       # wrong place for it
+    for stream in (False, True):
+        r = httpx.post(url + "/v1/chat/completions?x=" + SECRET, timeout=30, headers={"x-api-key": key},
+                       json={"model": "capture-model", "stream": stream, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and ("[DONE]" if stream else SECRET + "-out") in r.text
+    access = [t for t in logs.text if "/v1/models" in t]
+    assert access, f"the access log was not captured: {logs.text[:5]}"
+    leaked = [t for t in logs.text if SECRET in t]
+    assert not leaked, leaked[:3]

@@ -122,3 +122,76 @@ def test_memory_plan_endpoint(tiny):
     assert kv["nbytes"] == llm.engine.runner.kv_nbytes
     assert plan["devices"]["host"]["planned"] <= plan["devices"]["host"]["available"]
     assert plan["options"]["max_model_len"] == llm.engine.max_model_len == 65536
+
+
+def _gauge(metrics: str, name: str) -> float:
+    return next(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(name + " "))
+
+
+def test_v1_memory_metrics_and_health_count_kv_blocks_alike(tiny):
+    """One definition of the KV block counts: the null block is not in the total, and blocks
+    only the prefix tree holds are cached, not in use (they were in use on /v1/memory)."""
+    llm, url, _ = tiny
+    r = oai(url).chat.completions.create(model="capture-model", max_tokens=4,
+                                         messages=[{"role": "user", "content": "count the blocks " * 40}])
+    assert r.choices[0].message is not None
+    deadline = time.monotonic() + 10
+    while True:
+        kv = httpx.get(url + "/v1/memory").json()["current"]["kv_cache"]
+        metrics, health = httpx.get(url + "/metrics").text, httpx.get(url + "/health").json()
+        if _gauge(metrics, "freetoken_kv_blocks_in_use") == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    eng = llm.engine
+    assert kv["blocks"] == eng.capacity_tokens // eng.blocks.block_size          # what requests can use
+    assert kv["blocks"] == _gauge(metrics, "freetoken_kv_blocks_total") == health["kv_blocks_total"]
+    assert kv["blocks_in_use"] == _gauge(metrics, "freetoken_kv_blocks_in_use") == health["kv_blocks_in_use"] == 0
+    if eng.prefix.enabled:
+        assert kv["blocks_cached"] > 0          # the prompt's blocks stay in the prefix tree
+
+
+def _deep(n: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(n):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+CYCLIC = [({"$ref": "#"}, "describes no value"),
+          ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "#/$defs/b"),
+          ({"allOf": [{"$ref": "#"}, {"type": "object"}]}, "allOf"),
+          ({"anyOf": [{"$ref": "#"}]}, "describes no value"),
+          ({"enum": list(range(5000))}, "enum"),
+          ([{"type": "string"}], "object")]
+
+
+@pytest.mark.parametrize("schema,needle", CYCLIC)
+def test_cyclic_or_huge_schemas_are_400(uncapped, schema, needle):
+    """Cycles that never reach a value and huge enums: a 400 naming the place, quickly, for
+    response_format and a forced tool's parameters alike (it was 200 with empty content)."""
+    pytest.importorskip("llguidance", reason="constrained decoding needs llguidance")
+    _, url, svc = uncapped
+    msgs = [{"role": "user", "content": "hi"}]
+    bodies = [
+        ("response_format", {"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}}),
+        ("tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}],
+                   "tool_choice": "required"})]
+    for where, extra in bodies:
+        t0 = time.monotonic()
+        r = httpx.post(url + "/v1/chat/completions", timeout=30,
+                       json={"model": "capture-model", "max_tokens": 16, "messages": msgs, **extra})
+        assert r.status_code == 400, (where, r.status_code, r.text[:300])
+        err = r.json()["error"]
+        assert needle in err["message"] and where in (err["param"] or ""), (where, err)
+        assert time.monotonic() - t0 < 20
+    assert svc.loop.n_running == 0
+
+
+def test_deep_and_recursive_schemas_never_500(uncapped):
+    pytest.importorskip("llguidance", reason="constrained decoding needs llguidance")
+    _, url, _ = uncapped
+    for schema in (_deep(25), _deep(200), {"type": "object", "properties": {"x": {"$ref": "#"}}}):
+        r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+            "model": "capture-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
+        assert r.status_code in (200, 400), r.text[:300]
