@@ -45,3 +45,36 @@ def test_shrunk_file_fails_requests_server_stays_up(tiny_model_dir, tmp_path):
     finally:
         srv.stop()
         llm.close()
+
+
+@pytest.mark.timeout(300)
+def test_memory_and_metrics_show_each_tier(tiny_model_dir, tmp_path):
+    """GET /v1/memory and /metrics over the disk tier: the host cache's size and hit rate and
+    the disk reads, as the engine counted them."""
+    import time
+    ftw = tmp_path / "m.ftw"
+    convert(tiny_model_dir, ftw, dtype="float32")
+    llm = LLM(str(ftw), dtype="float32", host_cache_slots=3, prefix_cache=False, max_model_len=512)
+    svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
+                            max_running=4, max_waiting=8, max_tokens_cap=8)
+    srv = LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES)))
+    try:
+        tiers = {}
+        for _ in range(20):          # the engine thread snapshots its statistics about once a second
+            assert httpx.post(srv.url + "/v1/completions", json=BODY, timeout=120).status_code == 200
+            tiers = httpx.get(srv.url + "/v1/memory", timeout=30).json()["tiers"]
+            if tiers.get("disk", {}).get("bytes_read"):
+                break
+            time.sleep(0.5)
+        want = llm.expert_stats()
+        assert tiers["backend"] == "disk" and "device_cache" not in tiers
+        hc = tiers["host_cache"]
+        assert hc["slots"] == 3 and 0 < hc["gib"] and 0 <= hc["hit_rate"] <= 1 and hc["misses"] > 0
+        assert 0 < tiers["disk"]["bytes_read"] <= want["disk"]["bytes_read"] and tiers["disk"]["reads"] > 0
+        text = httpx.get(srv.url + "/metrics", timeout=30).text
+        for name in ("freetoken_engine_host_cache_slots 3.0", "freetoken_engine_host_cache_hit_rate",
+                     "freetoken_engine_disk_bytes_read", "freetoken_engine_disk_reads"):
+            assert name in text, name
+    finally:
+        srv.stop()
+        llm.close()
