@@ -78,5 +78,6 @@ def tier_summary(stats: dict | None) -> dict:
                                                          "prefetches", "evictions")}
     disk = stats.get("disk")
     if disk:
-        out["disk"] = {k: disk.get(k, 0) for k in ("reads", "bytes_read", "read_s", "read_gbs", "errors", "pool_gib")}
+        out["disk"] = {k: disk.get(k, 0) for k in ("reads", "bytes_read", "read_s", "read_gbs", "errors", "pool_gib",
+                                                   "b_d_gbs", "prefetch_cut")}
     return out

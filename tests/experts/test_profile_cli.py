@@ -32,3 +32,17 @@ def test_profile_writes_a_loadable_entry(tmp_path, capsys):
 def test_model_format(tiny_dir):
     assert model_format(tiny_dir("qwen3_moe"))[2] in ("fp32", "bf16")
     assert model_format(tiny_dir("gpt_oss_mxfp4"))[2] == "mxfp4"
+
+
+def test_profile_measures_b_d_on_a_given_file(tmp_path):
+    data = tmp_path / "model.bin"
+    data.write_bytes(bytes(range(256)) * (16 << 10))        # 4 MiB
+    out = tmp_path / "bw.json"
+    args = parse(["profile", "--hidden", "64", "--intermediate", "32", "--format", "fp32", "--pool-gib", "0.005",
+                  "--seconds", "0.05", "--device", "cpu", "--out", str(out), "--threads", "1",
+                  "--disk-file", str(data)])
+    assert args.func(args) == 0
+    entry = next(iter(json.loads(out.read_text())["profiles"].values()))
+    assert entry["b_d"] > 0
+    prof = load_profile(out, machine_id(), "cpu", "other-format")      # B_D does not depend on the format
+    assert prof is not None and prof.b_d == entry["b_d"]
