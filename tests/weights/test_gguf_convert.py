@@ -99,3 +99,13 @@ def test_gguf_in_ftw_damaged_tensor_is_named(q4_k_m_gguf, tmp_path):
     with pytest.raises(CheckpointError, match=r"m\.ftw: checksum mismatch in tensor 'blk\.1\.ffn_down_exps\.weight'"):
         LLM(str(out), dtype="float32")
     LLM(str(out), dtype="float32", verify_weights=False)
+
+
+def test_split_gguf_converts_into_one_ftw(q4_k_m_gguf, tmp_path):
+    """A GGUF split into parts (gguf-split's naming) becomes one FTW file with the same logits."""
+    first = rewrite(q4_k_m_gguf, tmp_path / "split.gguf", split_max_tensors=10)
+    assert "-00001-of-" in first.name
+    out = tmp_path / "m.ftw"
+    assert cli_main(["convert", "--model", str(first), "--out", str(out)]) == 0
+    ids = ids_for(23, seed=3)
+    assert torch.equal(LLM(str(out), dtype="float32").score(ids), LLM(str(q4_k_m_gguf), dtype="float32").score(ids))
