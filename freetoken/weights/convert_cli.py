@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     p.add_argument("--expert-format", default=None, choices=["int8", "fp8", "mxfp4", "bf16", "fp16", "fp32"],
                    help="re-encode float experts (default: keep the checkpoint's format)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="storage of float experts (default: the checkpoint's dtype)")
+                   help="storage of float experts (default: the checkpoint's dtype; a GGUF's tensors are kept as they "
+                        "are, its float experts take the serving --dtype at load)")
     p.add_argument("--threads", type=int, default=None, help="CPU threads for re-encoding")
     p.set_defaults(func=main)
 
