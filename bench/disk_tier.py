@@ -1,8 +1,8 @@
 """The disk tier with the expert pool at twice the memory it may use: decode tok/s of
 FreeToken's disk tier (host cache = half the pool, the file's page cache dropped first so
 the disk is really read) against the fully resident pool, and against llama.cpp's mmap on the
-same GGUF (if `llama_cpp` is importable), optionally every engine under one cgroup-v1 memory
-limit (`--cgroup-mib`). Each engine runs alone in its own process, rounds alternate.
+same GGUF (if `llama_cpp` is importable), optionally the disk tier and llama.cpp under one
+cgroup-v1 memory limit (`--cgroup-mib`; the resident reference runs outside it). Each engine runs alone in its own process, rounds alternate.
 The disk tier must give the resident run's tokens exactly (checked, printed).
 
   PYTHONPATH=. python bench/disk_tier.py [--gguf FILE] [--decode 32] [--rounds 2] [--cgroup-mib M]
@@ -77,7 +77,7 @@ def main():
     from freetoken.experts.disk_layout import gguf_layout
     from freetoken.weights.gguf import GgufFile
     sys.path.insert(0, str(HERE))
-    from vs_llamacpp import LLAMA_RUN as LLAMA, isa_line
+    from vs_llamacpp import LLAMA_RUN as LLAMA, WARMUP, isa_line
     layout = gguf_layout(GgufFile(args.gguf))
     pool_gib = layout.nbytes / 2**30
     cache_gib = pool_gib * args.cache_share
@@ -102,14 +102,14 @@ def main():
             base = [str(args.gguf), "", str(args.decode), str(args.threads), f"{cache_gib:.4f}"]
             for mode in ("resident", "disk"):
                 a = list(base)
-                a[1] = mode
-                rows[mode].append(run(FT, a, stdin, cg))
+                a[1] = mode        # the resident reference (its tokens) runs outside the limit: it cannot fit
+                rows[mode].append(run(FT, a, stdin, cg if mode == "disk" else None))
             if have_ll:
                 drop = os.open(args.gguf, os.O_RDONLY)
                 os.posix_fadvise(drop, 0, 0, os.POSIX_FADV_DONTNEED)
                 os.close(drop)
                 rows["llama.cpp mmap"].append(run(LLAMA, [str(args.gguf), str(args.threads), str(args.decode)],
-                                                  json.dumps([prompt]), cg))
+                                                  json.dumps([WARMUP, [prompt]]), cg))
             res, disk = rows["resident"][-1], rows["disk"][-1]
             same = "tokens" in res and res.get("tokens") == disk.get("tokens")
             ll = rows["llama.cpp mmap"][-1] if have_ll else {}

@@ -4,6 +4,8 @@ estimates kept current while serving.
 B_P: bytes/s of expert rows copied host -> cache (pinned, real rows, the model's format).
 B_H: bytes/s of expert weights the host memory system delivers; the CPU branch gets
      B_H - B_P while the link is busy (they share it). q* = m * B_P / B_H.
+B_D: bytes/s the disk delivers to the disk tier's expert reads (diskbw.py): the disk tier
+     prefetches at most B_D * (time between two layer calls) / expert bytes predicted experts.
 
 One meaning of B_H everywhere (`q_rates`: the engine's estimator, `freetoken sim project`
 and the profile file's readers all call it): B_H = B_P' + C', with B_P' the link's rate while
@@ -42,6 +44,7 @@ class BandwidthProfile:
     b_p_shared: float | None = None  # link while the CPU branch runs
     b_h_shared: float | None = None  # CPU branch while the link runs
     read_bw: float | None = None     # STREAM-like host read bandwidth (the roofline of b_h)
+    b_d: float | None = None         # disk -> host cache, whole-expert reads, several in flight
     machine: str = ""
     device: str = ""
     fmt: str = ""

@@ -13,7 +13,11 @@ The expert pool stays in the model file (`disk_layout.py` says where each expert
   3. decode: the next-layer predictor (`next_layer.py`) learns from the routing and the
      experts it expects at layer l+1 are read in the background while attention runs;
      prefill with >= 2*E routed pairs: layer l+1's whole expert set is read meanwhile (the
-     double buffer of `prefill.py`, when the cache holds two layers).
+     double buffer of `prefill.py`, when the cache holds two layers). With the disk
+     bandwidth B_D known (`freetoken profile`), a decode prefetch is cut to the experts the
+     disk can bring while layer l+1's attention runs (B_D x the measured time between two
+     layer calls / expert bytes, diskbw.py), likeliest first: more would queue ahead of that
+     layer's own misses.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ import torch
 
 from .base import Experts
 from .disk_layout import DiskLayout
+from .diskbw import prefetch_budget
 from .host_cache import HostExpertCache
 from .next_layer import THRESHOLD, NextLayerPredictor
 from .stats import ExpertStats
@@ -46,7 +51,7 @@ class _TorchSlots:
 class DiskExperts(Experts):
     def __init__(self, layout: DiskLayout, device, slots: int, policy: str | None = None,
                  num_threads: int | None = None, spin_us: int | None = None, io_threads: int = 4,
-                 prefetch: bool = True, drop_cache: bool = True):
+                 prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None):
         from .slots import DEFAULT_POLICY, parse_policy_options
         base, admit, _ = parse_policy_options(policy or DEFAULT_POLICY)
         self.layout, self.E, self.device = layout, layout.num_experts, torch.device(device)
@@ -57,6 +62,10 @@ class DiskExperts(Experts):
         self.phase = "decode"
         self.kernel_calls = 0        # kernel calls (runs of ascending slots), for the stats
         self.pool = layout           # what the engine reads as `experts.pool` (shape, bytes)
+        self.b_d = b_d               # disk bytes/s (the profile's B_D), None: prefetch unbounded
+        self.gap_s: float | None = None     # EWMA of the time from one decode layer call to the next
+        self._last = (-2, 0.0)       # (layer, end time) of the previous call
+        self.prefetch_cut = 0        # predicted experts not prefetched (over the B_D budget)
 
     def _executor(self, num_threads, spin_us):
         from ..kernels.pool import SPIN_US, shared_pool
@@ -76,6 +85,9 @@ class DiskExperts(Experts):
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
+        if self.phase == "decode" and layer == self._last[0] + 1:
+            gap = t0 - self._last[1]
+            self.gap_s = gap if self.gap_s is None else 0.8 * self.gap_s + 0.2 * gap
         on_host = self.device.type == "cpu"
         x = hidden if on_host else hidden.to("cpu")
         w = topk_weights if on_host else topk_weights.to("cpu")
@@ -92,6 +104,10 @@ class DiskExperts(Experts):
         else:
             streamed = False
             nxt = self._predict(layer, uniq - layer * self.E)
+            budget = prefetch_budget(self.b_d, self.gap_s, self.layout.expert_nbytes)
+            if budget is not None and len(nxt) > budget:
+                self.prefetch_cut += len(nxt) - budget
+                nxt = nxt[:budget]
         out = torch.zeros(T, self.layout.spec.hidden, dtype=torch.float32)
         c0 = dict(self.cache.c)
         read0 = self.cache.read_s
@@ -118,6 +134,7 @@ class DiskExperts(Experts):
                         fill_s=self.cache.read_s - read0, cpu_s=dt - (self.cache.read_s - read0), wall_s=dt)
         if streamed:
             self.stats_.add(layer + 1, streamed_layers=1)
+        self._last = (layer, time.perf_counter())
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
     def _run(self, ids: np.ndarray, slots: np.ndarray, flat: np.ndarray, x, w, out) -> int:
@@ -145,7 +162,10 @@ class DiskExperts(Experts):
                                    host_cache=hc, disk={"bytes_read": hc["bytes_read"], "reads": hc["reads"],
                                                         "read_s": hc["read_s"], "read_gbs": hc["read_gbs"],
                                                         "errors": hc["read_errors"],
-                                                        "pool_gib": self.layout.nbytes / 2**30},
+                                                        "pool_gib": self.layout.nbytes / 2**30,
+                                                        "b_d_gbs": (self.b_d or 0.0) / 1e9,
+                                                        "layer_gap_s": self.gap_s or 0.0,
+                                                        "prefetch_cut": self.prefetch_cut},
                                    kernel_calls=self.kernel_calls)
 
     def close(self) -> None:

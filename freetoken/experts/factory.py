@@ -128,10 +128,13 @@ def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US):
     layout = disk_layout(model, ck, cfg)
     n = layout.num_layers * layout.num_experts
     slots = host_cache_slots(layout.expert_nbytes, n, cfg, layout.num_experts)
-    experts = DiskExperts(layout, torch.device(cfg.torch_device), slots, cfg.expert_cache_policy,
-                          num_threads=cfg.num_threads, spin_us=spin_us)
-    log.info("experts: disk tier, %.2f GiB pool in %s, host cache %d of %d experts (%.2f GiB)",
-             layout.nbytes / 2**30, layout.paths[0].name, slots, n, slots * layout.expert_nbytes / 2**30)
+    device = torch.device(cfg.torch_device)
+    prof = load_profile(cfg.bandwidth_profile or DEFAULT_PROFILE, machine_id(), device_id(device), format_id(layout))
+    experts = DiskExperts(layout, device, slots, cfg.expert_cache_policy,
+                          num_threads=cfg.num_threads, spin_us=spin_us, b_d=prof.b_d if prof is not None else None)
+    log.info("experts: disk tier, %.2f GiB pool in %s, host cache %d of %d experts (%.2f GiB), B_D %s",
+             layout.nbytes / 2**30, layout.paths[0].name, slots, n, slots * layout.expert_nbytes / 2**30,
+             f"{experts.b_d / 1e9:.2f} GB/s" if experts.b_d else "not profiled (prefetch unbounded)")
     experts.settings = {"moe_backend": "cpu", "expert_cache_slots": None, "expert_tier": "disk",
                         "host_cache_slots": slots}
     return layout, experts

@@ -4,6 +4,8 @@ them to the bandwidth profile the runtime reads (see bandwidth.py).
   B_P  host -> cache copies of whole expert rows (pinned when CUDA is present), 8 at a time
   B_H  the CPU branch executing one decode token through 8 experts, in weight bytes/s
   both also measured at the same time (they share the host memory system)
+  B_D  the disk: whole-expert reads at random offsets, uncached, 4 in flight (the disk
+       tier's reads; --disk-file to read a given file, else a scratch file beside --out)
 
 The expert shapes and format come from --model's config.json (random rows of that exact
 layout: bandwidth depends on bytes and layout, not on values), or from --hidden etc.
@@ -38,6 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--pool-gib", type=float, default=1.0, help="size of the test pool (larger than the caches)")
     p.add_argument("--seconds", type=float, default=1.0, help="time per measurement")
     p.add_argument("--threads", type=int, default=None, help="CPU expert threads (default: all physical cores)")
+    p.add_argument("--disk-file", default=None, help="measure B_D reading this file (e.g. the model); default: "
+                                                      "a 512 MiB scratch file written beside --out")
+    p.add_argument("--no-disk", action="store_true", help="skip B_D")
     p.add_argument("--link-gbs", type=float, default=None, help="emulate a link of this speed (testing)")
     p.set_defaults(func=main)
 
@@ -153,10 +158,18 @@ def main(args) -> int:
         prof.read_bw = read_bandwidth(num_threads=args.threads)
     except Exception:                      # the roofline is informative only
         prof.read_bw = None
+    if not args.no_disk:
+        from .diskbw import read_bandwidth, scratch_bandwidth
+        try:
+            prof.b_d = (read_bandwidth(args.disk_file, prof.expert_nbytes, args.seconds) if args.disk_file else
+                        scratch_bandwidth(Path(args.out).parent, prof.expert_nbytes, args.seconds))
+        except (OSError, ValueError) as e:
+            print(f"B_D not measured: {e}")
     save_profile(args.out, prof)
     print(f"B_P {prof.b_p / 1e9:.1f} GB/s alone, {prof.b_p_shared / 1e9:.1f} GB/s shared\n"
           f"B_H {prof.b_h / 1e9:.1f} GB/s alone, CPU branch {prof.b_h_shared / 1e9:.1f} GB/s while copying\n"
           + (f"host read bandwidth {prof.read_bw / 1e9:.1f} GB/s (B_H reaches {prof.b_h / prof.read_bw:.0%})\n"
              if prof.read_bw else "")
+          + (f"B_D {prof.b_d / 1e9:.2f} GB/s (disk, whole-expert reads)\n" if prof.b_d else "")
           + f"q*/m = {prof.b_p / prof.b_h:.2f}   written to {args.out} [{prof.key}]")
     return 0

@@ -57,3 +57,27 @@ class ExpertStats:
         for v in (*self.c.values(), *self.t.values()):
             v[:] = 0
         self.q_sum = self.m_sum = 0
+
+
+def tier_summary(stats: dict | None) -> dict:
+    """The expert memory tier by tier from `expert_stats()`: the device slot cache (size, hit
+    rate), the host expert cache of the disk tier (size, hit rate, evictions) and the disk
+    (reads, bytes, rate); a tier the backend does not have is absent."""
+    stats = stats or {}
+    backend, tot, out = stats.get("backend"), stats.get("total") or {}, {}
+    if not backend:
+        return out
+    out["backend"] = backend
+    cache = stats.get("cache")
+    if cache and backend not in ("disk", "cpu"):
+        out["device_cache"] = {"slots": cache.get("slots", 0), "gib": cache.get("gib", 0.0),
+                               "hit_rate": tot.get("hit_rate", 0.0), "fills": tot.get("fills", 0)}
+    hc = stats.get("host_cache")
+    if hc:
+        out["host_cache"] = {k: hc.get(k, 0) for k in ("slots", "resident", "gib", "hit_rate", "hits", "misses",
+                                                         "prefetches", "evictions")}
+    disk = stats.get("disk")
+    if disk:
+        out["disk"] = {k: disk.get(k, 0) for k in ("reads", "bytes_read", "read_s", "read_gbs", "errors", "pool_gib",
+                                                   "b_d_gbs", "prefetch_cut")}
+    return out

@@ -53,10 +53,14 @@ def read_model_shape(model: str | Path) -> ModelShape:
     if p.is_file():
         from ..weights.gguf import is_gguf
         if is_gguf(p):
-            return _gguf_shape(p)
+            from ..weights.gguf import GgufFile
+            return _gguf_shape(GgufFile(p))
         if not is_ftw(p):
             raise CheckpointError(f"{p}: not an FTW, GGUF file or checkpoint directory")
         header = read_header(p)
+        from ..weights.ftw_gguf import GgufInFtw, is_gguf_ftw
+        if is_gguf_ftw(header):
+            return _gguf_shape(GgufInFtw(p, header=header))
         config = header["config"]
         dense = sum(_numel(t["shape"]) for t in header["tensors"]
                     if t["kind"] == "dense" and t["dtype"].startswith(("float", "bfloat")))
@@ -81,12 +85,11 @@ def read_model_shape(model: str | Path) -> ModelShape:
     return ModelShape(_text(ck.config), dense, expert_bytes, native)
 
 
-def _gguf_shape(p: Path) -> ModelShape:
-    """GGUF: quantized experts stay in their ggml rows (prebuilt:ggml), float ones are float."""
+def _gguf_shape(ck) -> ModelShape:
+    """GGUF (or one kept in an FTW file): quantized experts stay in their ggml rows
+    (prebuilt:ggml), float ones are float."""
     from ..weights import ggml_quants
-    from ..weights.gguf import GgufFile
     from ..weights.gguf_experts import expert_tensors, layout
-    ck = GgufFile(p)
     infos = {n: t for n, (_, t) in ck._info.items()}
     dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)
     from ..layers.ggml_linear import KERNEL_TYPES

@@ -142,13 +142,16 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
 
     @app.get("/v1/memory")
     async def memory():
-        """The memory plan the engine was started with (see freetoken/memory/plan.py) and,
-        under "current", the sizes now, after any runtime resize (read between two steps)."""
+        """The memory plan the engine was started with (see freetoken/memory/plan.py), under
+        "current" the sizes now, after any runtime resize (read between two steps), and under
+        "tiers" each expert tier's size, hit rate and disk reads (experts/stats.py)."""
         plan = getattr(svc.engine, "memory_plan", None)
         if plan is None:
             raise NotFound("this engine has no memory plan")
         body = plan.to_json()
         body["pinned_bytes_now"] = pinned_bytes(svc.engine)
+        from ..experts.stats import tier_summary
+        body["tiers"] = tier_summary(svc.metrics.engine_stats)    # the engine thread's latest snapshot
         try:
             now = await asyncio.wait_for(asyncio.wrap_future(svc.loop.memory(None)), CURRENT_SIZES_TIMEOUT_S)
             body["current"] = now["sizes"]

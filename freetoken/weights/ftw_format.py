@@ -7,8 +7,11 @@
                  reader can use O_DIRECT and read straight into page-aligned buffers
 
 Tensor kinds: "dense" (a checkpoint tensor under its HF name, bytes unchanged), "bank" (an
-expert-pool bank, rows `moe_layer * num_experts + expert`, already in the chosen format) and
-"file" (a side file of the checkpoint directory: tokenizer, chat template, generation config).
+expert-pool bank, rows `moe_layer * num_experts + expert`, already in the chosen format),
+"file" (a side file of the checkpoint directory: tokenizer, chat template, generation config)
+and "ggml" (version 2: a GGUF tensor under its GGUF name, its bytes as the GGUF has them, with
+its ggml type and element shape; a file converted from a GGUF holds only these and side
+files, and the header's "gguf" section names the architecture, see ftw_gguf.py).
 Each tensor's checksum is the xxh3-64 of the xxh3-64 digests of its CHUNK_BYTES pieces, so
 several threads can verify one tensor while they read it."""
 from __future__ import annotations
@@ -21,7 +24,8 @@ import torch
 import xxhash
 
 MAGIC = b"FREETOKW"
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)            # version 1: no "ggml" tensors
 ALIGN = 4096
 CHUNK_BYTES = 8 << 20
 PREAMBLE = struct.Struct("<8sIIQQ")
@@ -64,14 +68,21 @@ class TensorEntry:
     offset: int
     nbytes: int
     xxh3: str
+    ggml_type: int | None = None      # kind "ggml": the GGUF tensor's type and element shape
+    dims: tuple[int, ...] | None = None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "dtype": self.dtype, "shape": list(self.shape),
-                "offset": self.offset, "nbytes": self.nbytes, "xxh3": self.xxh3}
+        d = {"name": self.name, "kind": self.kind, "dtype": self.dtype, "shape": list(self.shape),
+             "offset": self.offset, "nbytes": self.nbytes, "xxh3": self.xxh3}
+        if self.ggml_type is not None:
+            d.update(ggml_type=self.ggml_type, dims=list(self.dims))
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorEntry":
-        return cls(d["name"], d["kind"], d["dtype"], tuple(d["shape"]), int(d["offset"]), int(d["nbytes"]), d["xxh3"])
+        ggml = d.get("ggml_type")
+        return cls(d["name"], d["kind"], d["dtype"], tuple(d["shape"]), int(d["offset"]), int(d["nbytes"]), d["xxh3"],
+                   None if ggml is None else int(ggml), None if ggml is None else tuple(int(x) for x in d["dims"]))
 
 
 def encode_preamble_and_header(header: dict) -> bytes:

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .ftw_format import MAGIC, PREAMBLE, VERSION, TensorEntry, config_hash
+from .ftw_format import MAGIC, PREAMBLE, READABLE, TensorEntry, config_hash
 from .ftw_load import TensorLoad
 from .validate import check_config, check_header_size
 
@@ -40,9 +40,9 @@ def read_header(path: Path) -> dict:
         if len(pre) < PREAMBLE.size or pre[:len(MAGIC)] != MAGIC:
             raise CheckpointError(f"{path}: not an FTW file (expected magic {MAGIC!r} at byte 0)")
         _, version, _, size, digest = PREAMBLE.unpack(pre)
-        if version != VERSION:
-            raise CheckpointError(f"{path}: FTW format version {version}, this FreeToken reads version "
-                                  f"{VERSION}; re-run `freetoken convert`")
+        if version not in READABLE:
+            raise CheckpointError(f"{path}: FTW format version {version}, this FreeToken reads versions "
+                                  f"{', '.join(map(str, READABLE))}; re-run `freetoken convert`")
         check_header_size(path, size, os.fstat(f.fileno()).st_size)
         body = f.read(size)
     if len(body) < size:

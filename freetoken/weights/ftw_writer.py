@@ -1,12 +1,12 @@
 """`freetoken convert`: an HF checkpoint directory or a GGUF file -> one FTW file (format in
 ftw_format.py).
 
-The model is built once on the CPU exactly as the engine builds it, through a checkpoint
-that records what the model reads: the expert pool it builds (already re-encoded to
-`expert_format`) is written bank by bank in its runtime layout, every other tensor it read
-or asked about is written unchanged, so loading the FTW file rebuilds the same model. A GGUF's experts stay in their ggml
-quantization (the pool it prebuilds), its dense tensors are written as it gives them under
-their HF names, and its tokenizer metadata becomes the tokenizer side files."""
+From an HF directory the model is built once on the CPU exactly as the engine builds it,
+through a checkpoint that records what the model reads: the expert pool it builds (already
+re-encoded to `expert_format`) is written bank by bank in its runtime layout, every other
+tensor it read or asked about is written unchanged, so loading the FTW file rebuilds the same
+model. A GGUF is not built at all: its tensors are streamed into the file as they are
+(ftw_gguf.py), its tokenizer metadata becomes the tokenizer side files."""
 from __future__ import annotations
 
 import contextlib
@@ -103,15 +103,15 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
     """Writes `out` and returns its header."""
     from ..models.loader import build_model
 
-    from .gguf import GgufFile, is_gguf
+    from .gguf import is_gguf
     src, out = Path(model_dir), Path(out)
-    gguf = is_gguf(src)
-    ck = GgufFile(src) if gguf else Checkpoint(src)
+    if is_gguf(src):
+        from .ftw_gguf import convert_gguf
+        return convert_gguf(src, out, expert_format)
+    ck = Checkpoint(src)
     dtype = dtype or default_dtype(ck.config)
     cfg = EngineConfig(model=str(src), dtype=dtype, device="cpu", moe_backend="cpu",
                        expert_format=expert_format, num_threads=num_threads)
-    if gguf:        # the options decide how its float experts are stored
-        ck = GgufFile(src, cfg)
     rec = RecordingCheckpoint(ck)
     max_pos = int(ck.config.get("max_position_embeddings") or 4096)
     model = build_model(rec, cfg, min(max_pos, 4096))
@@ -133,22 +133,48 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
     header = {"format_version": VERSION, "config": ck.config, "config_hash": config_hash(ck.config),
               "source": src.resolve().name, "options": {"dtype": dtype, "expert_format": expert_format},
               "experts": experts, "chunk_bytes": CHUNK_BYTES, "tensors": []}
-    entries = _layout(header, items)
+    entries = _layout(header, [(name, kind, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size())
+                               for name, kind, t in items])
+    write_ftw(out, header, entries, [(lambda t=t: _pieces(_as_bytes(t))) for _, _, t in items])
+    ck.close()
+    return header
+
+
+def _pieces(data: memoryview):
+    for a in range(0, len(data), CHUNK_BYTES):
+        yield data[a:a + CHUNK_BYTES]
+
+
+def write_ftw(out: Path, header: dict, entries: list[TensorEntry], sources) -> None:
+    """Writes the FTW file `out` (through `out.partial`, renamed when complete): tensor i's bytes
+    are the pieces `sources[i]()` yields (CHUNK_BYTES each but the last: one checksum per piece),
+    at `entries[i].offset`; `header["tensors"]` gets the entries with their checksums. The
+    written pages are flushed and dropped from the page cache every GiB (a 17 GB convert
+    would otherwise leave the machine's memory full of dirty pages)."""
     tmp = out.with_name(out.name + ".partial")
     total = sum(e.nbytes for e in entries)
+    flushed = 0
     try:
         with open(tmp, "wb") as f, progress(total, f"convert -> {out.name}") as bar:
-            for i, (entry, (_, _, t)) in enumerate(zip(entries, items)):
+            for i, (entry, source) in enumerate(zip(entries, sources)):
                 f.seek(entry.offset)
-                data = _as_bytes(t)
-                digests = []
-                for a in range(0, len(data), CHUNK_BYTES):
-                    piece = data[a:a + CHUNK_BYTES]
+                digests, n = [], 0
+                for piece in source():
+                    if len(piece) != min(CHUNK_BYTES, entry.nbytes - n):
+                        raise CheckpointError(f"{out}: internal error: tensor {entry.name!r} piece of {len(piece)} bytes")
                     f.write(piece)
                     digests.append(chunk_digest(piece))
+                    n += len(piece)
                     bar.update(len(piece))
+                if n != entry.nbytes:
+                    raise CheckpointError(f"{out}: internal error: tensor {entry.name!r} got {n} of {entry.nbytes} bytes")
                 f.write(b"\0" * (align_up(entry.nbytes) - entry.nbytes))
                 entries[i] = TensorEntry(**{**entry.__dict__, "xxh3": combine_digests(digests)})
+                if f.tell() - flushed >= 1 << 30 and hasattr(os, "posix_fadvise"):
+                    f.flush()
+                    os.fdatasync(f.fileno())
+                    os.posix_fadvise(f.fileno(), flushed, f.tell() - flushed, os.POSIX_FADV_DONTNEED)
+                    flushed = f.tell()
             header["tensors"] = [e.to_json() for e in entries]
             head = encode_preamble_and_header(header)
             if len(head) > (entries[0].offset if entries else ALIGN):
@@ -158,18 +184,16 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    ck.close()
-    return header
 
 
-def _layout(header: dict, items) -> list[TensorEntry]:
-    """Offsets for every tensor after a header big enough to hold the final table."""
+def _layout(header: dict, items, extra=None) -> list[TensorEntry]:
+    """Offsets for every tensor (name, kind, dtype name, shape, nbytes) after a header big enough
+    to hold the final table; `extra[i]`: more TensorEntry fields of tensor i (ggml type, dims)."""
     reserve = ALIGN
     while True:
         entries, off = [], reserve
-        for name, kind, t in items:
-            nbytes = t.numel() * t.element_size()
-            entries.append(TensorEntry(name, kind, dtype_name(t.dtype), tuple(t.shape), off, nbytes, "0" * 16))
+        for i, (name, kind, dtype, shape, nbytes) in enumerate(items):
+            entries.append(TensorEntry(name, kind, dtype, shape, off, nbytes, "0" * 16, **(extra[i] if extra else {})))
             off += align_up(nbytes)
         need = header_reserve({**header, "tensors": [e.to_json() for e in entries]})
         if need <= reserve:

@@ -72,17 +72,25 @@ class GgufFile:
     """Checkpoint interface (config, has/get/get_float) over one GGUF (all parts of a split one)."""
 
     def __init__(self, path: str | os.PathLike, cfg=None):
+        headers = [read_header(p) for p in split_parts(path)]
+        fields = headers[0].fields
+        shapes = {n: t.shape for h in headers for n, t in h.tensors.items()}
+        self._setup(path, headers, fields.get("general.architecture"),
+                    lambda: synth_config(fields, shapes, Path(path)), cfg)
+
+    def _setup(self, path, headers: list[GgufHeader], arch, config, cfg) -> None:
+        """The tensor table of `headers` (their files and offsets), the HF config (`config()`
+        builds it) and the name maps; shared with a GGUF kept in an FTW file (ftw_gguf.py)."""
         self.path = self.dir = Path(path)
-        self.headers: list[GgufHeader] = [read_header(p) for p in split_parts(path)]
-        fields = self.headers[0].fields
+        self.headers = headers
         self._info: dict[str, tuple[GgufHeader, TensorInfo]] = {}
         for h in self.headers:
             for name, t in h.tensors.items():
                 self._info[name] = (h, t)
         if "token_embd.weight" not in self._info:
             raise CheckpointError(f"{self.path}: tensor token_embd.weight missing (not a language model GGUF?)")
-        self.arch = fields.get("general.architecture")
-        self.config = synth_config(fields, {n: t.shape for n, (_, t) in self._info.items()}, self.path)
+        self.arch = arch
+        self.config = config()
         self._hf = {hf: n for n in self._info for hf in hf_names(self.arch, n)}
         self._derived = derived(self.arch, self._info)
         for hf, sources in self._derived.items():
@@ -93,6 +101,10 @@ class GgufFile:
         self.expert_format = getattr(cfg, "expert_format", None)
         self._readers: dict = {}
         self._bar = None
+
+    def _open_reader(self, path: Path, on_bytes):
+        from .pread import RangeReader
+        return RangeReader(path, on_bytes=on_bytes)
 
     def names(self) -> list[str]:
         return sorted([*self._hf, *self._derived])
@@ -107,14 +119,13 @@ class GgufFile:
     def reader(self, gguf_name: str):
         """(RangeReader of the file holding the tensor, its TensorInfo): reads go straight into
         the caller's buffer with the page cache dropped behind (weights/pread.py)."""
-        from .pread import RangeReader
         h, t = self._info[gguf_name]
         r = self._readers.get(h.path)
         if r is None:
             if self._bar is None:
                 from .progress import progress
                 self._bar = progress(sum(t.nbytes for _, t in self._info.values()), f"load {self.path.name}")
-            r = self._readers[h.path] = RangeReader(h.path, on_bytes=self._bar.update)
+            r = self._readers[h.path] = self._open_reader(h.path, self._bar.update)
         return r, t
 
     def raw(self, gguf_name: str) -> np.ndarray:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint, read_json
+from .ftw_gguf import GgufInFtw, is_gguf_ftw
 from .ftw_reader import FtwFile, is_ftw, read_header, read_side_file
 from .gguf import GgufFile, is_gguf
 
@@ -20,8 +21,11 @@ def open_checkpoint(path: str | os.PathLike, cfg=None):
         return Checkpoint(path)
     if is_gguf(path):
         return GgufFile(path, cfg)
+    header = read_header(Path(path))
+    if is_gguf_ftw(header):          # a GGUF kept in an FTW file: read as the GGUF is
+        return GgufInFtw(path, cfg, header, verify=getattr(cfg, "verify_weights", True) if cfg is not None else True)
     if cfg is not None:
-        made = (read_header(Path(path)).get("options") or {}).get("expert_format")
+        made = (header.get("options") or {}).get("expert_format")
         if cfg.expert_format and cfg.expert_format != made:
             raise CheckpointError(f"{path}: experts were converted to {made or 'the checkpoint format'}, "
                                   f"not {cfg.expert_format}; re-run `freetoken convert --expert-format "

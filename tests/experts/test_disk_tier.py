@@ -119,3 +119,33 @@ def test_plan_turns_the_disk_tier_on_when_the_pool_does_not_fit(tiny_dir):
     llm = LLM(str(src), dtype="float32", expert_tier="disk", host_cache_slots=disk.host_cache_slots)
     assert llm.expert_stats()["host_cache"]["slots"] == disk.host_cache_slots
     llm.close()
+
+
+def test_prefetch_budget_from_b_d():
+    from freetoken.experts.diskbw import prefetch_budget
+    assert prefetch_budget(1e9, 1e-3, 100_000) == 10          # 1 MB in the gap: 10 experts of 100 kB
+    assert prefetch_budget(1.0, 1e-3, 100_000) == 1           # at least one
+    assert prefetch_budget(None, 1e-3, 100_000) is None and prefetch_budget(1e9, None, 100_000) is None
+
+
+def test_profiled_b_d_bounds_the_prefetch_tokens_unchanged(tiny_dir, tmp_path):
+    """A profile's B_D reaches the disk tier (stats, /v1/memory): a disk too slow for any
+    predicted expert in the gap between layers cuts the prefetch to one; tokens stay the
+    resident run's."""
+    import json
+
+    from freetoken.experts.bandwidth import BandwidthProfile, machine_id, save_profile
+    out = tmp_path / "m.ftw"
+    convert(tiny_dir("qwen3_moe"), out, dtype="float32")
+    ref = LLM(str(out), dtype="float32")
+    want = ref.generate([PROMPT], GREEDY)[0].token_ids
+    ref.close()
+    prof = tmp_path / "bw.json"
+    save_profile(prof, BandwidthProfile(b_p=1e9, b_h=2e9, b_d=1e3, machine=machine_id(), device="cpu", fmt="any"))
+    llm = LLM(str(out), dtype="float32", host_cache_slots=8, prefix_cache=False, bandwidth_profile=str(prof))
+    assert llm.engine.model.experts.b_d == 1e3
+    for _ in range(3):                   # the predictor learns from the first tokens
+        assert llm.generate([PROMPT], GREEDY)[0].token_ids == want
+    disk = llm.expert_stats()["disk"]
+    assert disk["b_d_gbs"] == 1e-6 and disk["layer_gap_s"] > 0 and disk["prefetch_cut"] > 0, json.dumps(disk)
+    llm.close()

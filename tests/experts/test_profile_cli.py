@@ -49,3 +49,17 @@ def test_profile_measures_pageable_copies_when_pinning_is_refused(caplog):
         prof = measure(pool, torch.device("cpu"), seconds=0.02, threads=1, pin=refuse)
     assert prof.b_p > 0 and prof.b_h > 0
     assert sum("cannot pin" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_profile_measures_b_d_on_a_given_file(tmp_path):
+    data = tmp_path / "model.bin"
+    data.write_bytes(bytes(range(256)) * (16 << 10))        # 4 MiB
+    out = tmp_path / "bw.json"
+    args = parse(["profile", "--hidden", "64", "--intermediate", "32", "--format", "fp32", "--pool-gib", "0.005",
+                  "--seconds", "0.05", "--device", "cpu", "--out", str(out), "--threads", "1",
+                  "--disk-file", str(data)])
+    assert args.func(args) == 0
+    entry = next(iter(json.loads(out.read_text())["profiles"].values()))
+    assert entry["b_d"] > 0
+    prof = load_profile(out, machine_id(), "cpu", "other-format")      # B_D does not depend on the format
+    assert prof is not None and prof.b_d == entry["b_d"]

@@ -18,14 +18,19 @@ from live_server import MODEL_NAMES, LiveServer
 BODY = {"model": MODEL_NAMES[0], "prompt": "one two three four", "max_tokens": 4, "temperature": 0}
 
 
-@pytest.mark.timeout(300)
-def test_shrunk_file_fails_requests_server_stays_up(tiny_model_dir, tmp_path):
+def _serve(model_dir, tmp_path, slots: int):
+    """(FTW file, LLM over it with the disk tier, live server over that LLM)."""
     ftw = tmp_path / "m.ftw"
-    convert(tiny_model_dir, ftw, dtype="float32")
-    llm = LLM(str(ftw), dtype="float32", host_cache_slots=2, prefix_cache=False, max_model_len=512)
+    convert(model_dir, ftw, dtype="float32")
+    llm = LLM(str(ftw), dtype="float32", host_cache_slots=slots, prefix_cache=False, max_model_len=512)
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
                             max_running=4, max_waiting=8, max_tokens_cap=8)
-    srv = LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES)))
+    return ftw, llm, LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES)))
+
+
+@pytest.mark.timeout(300)
+def test_shrunk_file_fails_requests_server_stays_up(tiny_model_dir, tmp_path):
+    ftw, llm, srv = _serve(tiny_model_dir, tmp_path, slots=2)
     try:
         post = lambda: httpx.post(srv.url + "/v1/completions", json=BODY, timeout=120)   # noqa: E731
         first = post()
@@ -42,6 +47,34 @@ def test_shrunk_file_fails_requests_server_stays_up(tiny_model_dir, tmp_path):
         again = post()
         assert again.status_code == 200 and again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
         assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+    finally:
+        srv.stop()
+        llm.close()
+
+
+@pytest.mark.timeout(300)
+def test_memory_and_metrics_show_each_tier(tiny_model_dir, tmp_path):
+    """GET /v1/memory and /metrics over the disk tier: the host cache's size and hit rate and
+    the disk reads, as the engine counted them."""
+    import time
+    ftw, llm, srv = _serve(tiny_model_dir, tmp_path, slots=3)
+    try:
+        tiers = {}
+        for _ in range(20):          # the engine thread snapshots its statistics about once a second
+            assert httpx.post(srv.url + "/v1/completions", json=BODY, timeout=120).status_code == 200
+            tiers = httpx.get(srv.url + "/v1/memory", timeout=30).json()["tiers"]
+            if tiers.get("disk", {}).get("bytes_read"):
+                break
+            time.sleep(0.5)
+        want = llm.expert_stats()
+        assert tiers["backend"] == "disk" and "device_cache" not in tiers
+        hc = tiers["host_cache"]
+        assert hc["slots"] == 3 and 0 < hc["gib"] and 0 <= hc["hit_rate"] <= 1 and hc["misses"] > 0
+        assert 0 < tiers["disk"]["bytes_read"] <= want["disk"]["bytes_read"] and tiers["disk"]["reads"] > 0
+        text = httpx.get(srv.url + "/metrics", timeout=30).text
+        for name in ("freetoken_engine_host_cache_slots 3.0", "freetoken_engine_host_cache_hit_rate",
+                     "freetoken_engine_disk_bytes_read", "freetoken_engine_disk_reads"):
+            assert name in text, name
     finally:
         srv.stop()
         llm.close()

@@ -73,7 +73,7 @@ def _entry(path, name):
 
 def test_layout_aligned_and_described(ftw_file):
     h = read_header(ftw_file)
-    assert h["format_version"] == 1 and h["options"]["expert_format"] == "int8"
+    assert h["format_version"] == 2 and h["options"]["expert_format"] == "int8"
     assert all(t["offset"] % ALIGN == 0 for t in h["tensors"])
     kinds = {t["kind"] for t in h["tensors"]}
     assert kinds == {"dense", "bank", "file"}
@@ -107,7 +107,7 @@ def test_version_mismatch(ftw_file):
     magic, _, z, size, digest = PREAMBLE.unpack(data[:PREAMBLE.size])
     data[:PREAMBLE.size] = PREAMBLE.pack(magic, 99, z, size, digest)
     ftw_file.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="FTW format version 99, this FreeToken reads version 1"):
+    with pytest.raises(CheckpointError, match="FTW format version 99, this FreeToken reads versions 1, 2"):
         FtwFile(ftw_file)
 
 

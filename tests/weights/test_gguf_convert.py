@@ -1,6 +1,7 @@
-"""`freetoken convert --model FILE.gguf --out FILE.ftw`: the FTW file keeps the GGUF's ggml
-experts packed (the same bytes and types), carries its tokenizer and chat template, and
-gives the logits of loading the GGUF directly, bit for bit."""
+"""`freetoken convert --model FILE.gguf --out FILE.ftw`: the FTW file keeps every GGUF tensor
+as the file has it (the same bytes and types, dense rows too), carries its tokenizer and chat
+template, is the GGUF's size, and gives the logits of loading the GGUF directly, bit for bit,
+with the GGUF's dense rows kept packed or dequantized alike."""
 from __future__ import annotations
 
 import sys
@@ -34,8 +35,10 @@ def test_gguf_to_ftw_keeps_experts_packed_and_logits(request, tiny_dir, to_gguf,
         g = to_gguf(tiny_dir(arch, **({"scoring_func": "sigmoid"} if arch == "deepseek_v3" else {})), outtype)
     out = tmp_path / "m.ftw"
     assert cli_main(["convert", "--model", str(g), "--out", str(out)]) == 0
-    # the FTW file holds the dense weights dequantized: compare with the GGUF read that way
-    direct, ftw = LLM(str(g), dtype="float32", dense_format="float"), LLM(str(out), dtype="float32")
+    assert out.stat().st_size <= 1.02 * g.stat().st_size + (1 << 20)     # + the tokenizer side files
+    header = read_header(out)
+    assert {t["kind"] for t in header["tensors"]} == {"ggml", "file"}
+    direct, ftw = LLM(str(g), dtype="float32"), LLM(str(out), dtype="float32")
     want, got = direct.engine.model.pool, ftw.engine.model.pool
     assert got.spec == want.spec
     for name, bank in want.banks.items():
@@ -47,11 +50,12 @@ def test_gguf_to_ftw_keeps_experts_packed_and_logits(request, tiny_dir, to_gguf,
         assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= set(got.banks["down_types"].unique().tolist())
     ids = ids_for(23, seed=3)
     assert torch.equal(ftw.score(ids), direct.score(ids))
+    floats = [LLM(str(m), dtype="float32", dense_format="float") for m in (g, out)]   # dense rows dequantized
+    assert torch.equal(floats[1].score(ids), floats[0].score(ids))
     text = "hello <think> 世界"
     assert ftw.tokenizer.encode(text) == direct.tokenizer.encode(text)
     assert ftw.tokenizer.chat_template == direct.tokenizer.chat_template
     assert ftw.tokenizer.eos_token_ids == direct.tokenizer.eos_token_ids
-    header = read_header(out)
     assert header["source"] == g.name and {"tokenizer.json", "tokenizer_config.json"} <= \
         {t["name"] for t in header["tensors"] if t["kind"] == "file"}
 
@@ -65,7 +69,7 @@ def test_gguf_and_its_ftw_agree_bit_for_bit_on_every_kernel_build(q4_k_m_gguf, t
         pytest.skip(f"the {isa} kernel build does not run on this CPU (here: {', '.join(variants_here())})")
     out = tmp_path / "m.ftw"
     assert cli_main(["convert", "--model", str(q4_k_m_gguf), "--out", str(out)]) == 0
-    direct = LLM(str(q4_k_m_gguf), dtype="float32", dense_format="float", kernel_isa=isa)
+    direct = LLM(str(q4_k_m_gguf), dtype="float32", kernel_isa=isa)
     ftw = LLM(str(out), dtype="float32", kernel_isa=isa)
     assert direct.engine.model.choices.kernels == ftw.engine.model.choices.kernels == isa
     ids = ids_for(23, seed=3)
@@ -75,5 +79,33 @@ def test_gguf_and_its_ftw_agree_bit_for_bit_on_every_kernel_build(q4_k_m_gguf, t
 def test_expert_format_on_quantized_gguf_is_refused(q4_k_m_gguf, tmp_path, capsys):
     args = ["convert", "--model", str(q4_k_m_gguf), "--out", str(tmp_path / "m.ftw"), "--expert-format", "int8"]
     assert cli_main(args) != 0
-    assert "m.gguf: the experts are already quantized by llama.cpp; drop --expert-format" in capsys.readouterr().err
+    assert "m.gguf: a GGUF converts with its tensors as they are; pass --expert-format int8 to `freetoken serve`" \
+        in capsys.readouterr().err
     assert not (tmp_path / "m.ftw").exists()
+
+
+def test_gguf_in_ftw_damaged_tensor_is_named(q4_k_m_gguf, tmp_path):
+    """A byte flipped inside a GGUF tensor of the FTW file: the load stops with the tensor's
+    name (its checksum is verified as it is read); with verify_weights off it loads."""
+    from freetoken.errors import CheckpointError
+    out = tmp_path / "m.ftw"
+    assert cli_main(["convert", "--model", str(q4_k_m_gguf), "--out", str(out)]) == 0
+    t = next(t for t in read_header(out)["tensors"] if t["name"] == "blk.1.ffn_down_exps.weight")
+    with open(out, "r+b") as f:
+        f.seek(t["offset"] + t["nbytes"] // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x40]))
+    with pytest.raises(CheckpointError, match=r"m\.ftw: checksum mismatch in tensor 'blk\.1\.ffn_down_exps\.weight'"):
+        LLM(str(out), dtype="float32")
+    LLM(str(out), dtype="float32", verify_weights=False)
+
+
+def test_split_gguf_converts_into_one_ftw(q4_k_m_gguf, tmp_path):
+    """A GGUF split into parts (gguf-split's naming) becomes one FTW file with the same logits."""
+    first = rewrite(q4_k_m_gguf, tmp_path / "split.gguf", split_max_tensors=10)
+    assert "-00001-of-" in first.name
+    out = tmp_path / "m.ftw"
+    assert cli_main(["convert", "--model", str(first), "--out", str(out)]) == 0
+    ids = ids_for(23, seed=3)
+    assert torch.equal(LLM(str(out), dtype="float32").score(ids), LLM(str(q4_k_m_gguf), dtype="float32").score(ids))

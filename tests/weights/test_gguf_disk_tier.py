@@ -24,3 +24,14 @@ def test_gguf_disk_tier_identical(tiny_dir, to_gguf, tmp_path, arch, kind):
     else:
         g = to_gguf(d, kind, *args)
     assert_disk_tier_matches(g, dtype="float32")
+
+
+def test_gguf_in_ftw_disk_tier_identical(tiny_dir, to_gguf, tmp_path):
+    """The FTW file converted from a GGUF (mixed Q4_K_M types) under the disk tier: the
+    experts are read from the FTW file at the GGUF tensors' new offsets."""
+    from gguf_rewrite import q4_k_m, rewrite
+
+    from freetoken.weights.ftw_writer import convert
+    g = rewrite(to_gguf(tiny_dir("qwen3_moe"), "f32"), tmp_path / "q4km.gguf", q4_k_m)
+    convert(g, tmp_path / "q4km.ftw")
+    assert_disk_tier_matches(tmp_path / "q4km.ftw", dtype="float32")

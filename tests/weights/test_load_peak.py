@@ -15,12 +15,13 @@ import pytest
 from freetoken.weights import synthetic_gguf as sg
 
 ALLOWANCE = 96 << 20
+CONVERT_BUFFERS = 256 << 20     # a convert's whole growth: piece buffer, side files, interpreter
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load_peak(model: Path) -> dict:
+def load_peak(*args) -> dict:
     child = Path(__file__).with_name("load_peak_child.py")
-    out = subprocess.run([sys.executable, str(child), str(model)], capture_output=True, text=True, timeout=600,
+    out = subprocess.run([sys.executable, str(child), *map(str, args)], capture_output=True, text=True, timeout=600,
                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "2"})
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -45,6 +46,16 @@ def test_gguf_load_has_no_spike(gguf_file):
     size = gguf_file.stat().st_size
     assert size > 200 << 20
     check(load_peak(gguf_file), int(0.8 * size))
+
+
+def test_gguf_to_ftw_convert_streams_and_its_load_has_no_spike(gguf_file, tmp_path):
+    """convert holds one 8 MiB piece buffer (plus the tokenizer side files it makes), not the
+    model; the FTW file is the GGUF's size and loads like it, without a spike."""
+    ftw = tmp_path / "m.ftw"
+    r = load_peak("convert", gguf_file, ftw)
+    assert r["peak"] - r["base"] <= CONVERT_BUFFERS, r
+    assert ftw.stat().st_size <= 1.02 * gguf_file.stat().st_size
+    check(load_peak(ftw), int(0.8 * ftw.stat().st_size))
 
 
 @pytest.fixture(scope="module")
