@@ -163,7 +163,7 @@ def _get(http: httpx.Client, url: str, part: Path, st: _State, name: str, bar: P
         expect = int(length) + st.have if length and length.isdigit() else None
         with open(part, "ab" if st.have else "wb") as f:
             try:
-                for chunk in r.iter_bytes(CHUNK):
+                for chunk in r.iter_raw():      # as received: a cut keeps every byte that came
                     f.write(chunk)
                     st.h.update(chunk)
                     st.have += len(chunk)
