@@ -8,6 +8,7 @@ send blobs to a CDN); httpx drops Authorization when a redirect leaves the origi
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -94,24 +95,34 @@ class _State:
     def __init__(self, digest: Digest, size: int | None):
         self.digest, self.size, self.have, self.h = digest, size, 0, digest.hasher(size)
 
-    def restart(self, part: Path) -> None:
-        part.unlink(missing_ok=True)
+    def restart(self) -> None:          # the caller rewrites the .partial from byte 0 ("wb")
         self.have, self.h = 0, self.digest.hasher(self.size)
 
 
 def fetch(http: httpx.Client, url: str, dest: Path, *, size: int | None, digest: Digest, name: str,
           bar: Progress | None = None, retries: int = 3) -> None:
-    """`dest` complete and verified, or a PullError (a cut connection keeps the .partial to resume)."""
+    """`dest` complete and verified, or a PullError (a cut connection keeps the .partial to resume).
+    A second pull of the same blob (another process) waits for the first on the partial's lock."""
     if dest.is_file():
         return
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = partial_of(dest)
+    with open(part, "ab") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not dest.is_file():
+                _fetch_locked(http, url, dest, part, size, digest, name, bar, retries)
+        finally:
+            if part.is_file() and part.stat().st_size == 0:
+                part.unlink(missing_ok=True)     # nothing received: no empty partial left behind
+
+
+def _fetch_locked(http, url, dest: Path, part: Path, size, digest: Digest, name: str, bar, retries: int) -> None:
     st = _State(digest, size)
-    if part.is_file():
-        if size is not None and part.stat().st_size > size:
-            part.unlink()
-        else:
-            st.have = _rehash(part, st.h, f"checksum {name} (resume)")
+    if size is not None and part.stat().st_size > size:
+        os.truncate(part, 0)                     # the same inode: the lock stays on it
+    elif part.stat().st_size:
+        st.have = _rehash(part, st.h, f"checksum {name} (resume)")
     attempt = 0
     while True:
         try:
@@ -151,7 +162,7 @@ def _get(http: httpx.Client, url: str, part: Path, st: _State, name: str, bar: P
         if r.status_code == 416 and st.size is not None and st.have == st.size:
             return
         if r.status_code == 200 and st.have:               # Range ignored: start over
-            st.restart(part)
+            st.restart()
         elif r.status_code == 206:
             start = r.headers.get("Content-Range", "").removeprefix("bytes ").split("-")[0]
             if start != str(st.have):

@@ -86,8 +86,8 @@ def select(repo: str, files: list[str], quant: str | None, include: list[str]) -
 
 
 def _hub_errors():
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
     transport: tuple = ()
     for mod in ("httpx", "httpx2", "requests"):
         try:
@@ -95,15 +95,17 @@ def _hub_errors():
             transport += (getattr(m, "TransportError", None) or getattr(m, "ConnectionError"),)
         except ImportError:
             pass
-    return GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, HfHubHTTPError, transport
+    return OfflineModeIsEnabled, GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError, HfHubHTTPError, transport
 
 
 def repo_listing(repo: str, revision: str, token: str | None):
     from huggingface_hub import HfApi
-    gated, missing, no_rev, http_err, transport = _hub_errors()
+    offline, gated, missing, no_rev, http_err, transport = _hub_errors()
     url = f"{endpoint()}/api/models/{repo}"
     try:
         return HfApi(endpoint=endpoint()).model_info(repo, revision=revision, files_metadata=True, token=token)
+    except offline:
+        raise PullError(f"{repo}: HF_HUB_OFFLINE is set; unset it to download") from None
     except gated:
         raise PullError(f"{repo}: a gated repo; accept its terms on the Hub and set HF_TOKEN "
                         "to a token of that account") from None

@@ -198,3 +198,15 @@ def test_hf_cut_and_corrupt_files(stores, hub, gguf, capsys):
     hub.corrupt.clear()
     assert pull(capsys, "org/tiny-GGUF:Q8_0")[0] == 0
     assert hub.ranges(f"/cdn/{sha}") == [None, "bytes=1000-", None]
+
+
+def test_two_pulls_of_one_model_at_once_fetch_each_blob_once(stores, registry, gguf):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from freetoken.hub import ollama
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda _: ollama.pull("tiny:q8", registry=registry.url), range(2)))
+    assert got[0] == got[1] and got[0].is_file()
+    digest = "sha256:" + hashlib.sha256(gguf.read_bytes()).hexdigest()
+    assert len(registry.ranges(digest)) == 1
+    assert (stores / "ollama" / "blobs" / digest.replace(":", "-")).read_bytes() == gguf.read_bytes()
