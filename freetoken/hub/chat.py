@@ -25,8 +25,8 @@ class ServerProcess:
         env.setdefault("FREETOKEN_PROGRESS", "bar" if sys.stderr.isatty() else "log")
         cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model", model, "--host", "127.0.0.1",
                "--port", str(port), "--log-level", "error", *serve_args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                     start_new_session=True)   # Ctrl-C stops an answer, not the server
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, start_new_session=True)   # Ctrl-C stops an answer, not the server
         self.url: str | None = None
         self._ready = threading.Event()
         threading.Thread(target=self._stdout, daemon=True).start()

@@ -121,7 +121,8 @@ def resolve_model(spec: str | os.PathLike) -> str:
     looked = [f"path {Path(s).expanduser()}"]
     found = _ollama(s, looked) or _hf_cache(s, looked)
     if found is not None and found.is_dir():
-        found = _gguf_in(found, s.partition(":")[2] or None if "/" in s else None) or found
+        quant = (s.partition(":")[2] or None) if "/" in s else None      # ORG/NAME:QUANT
+        found = _gguf_in(found, quant) or found
     if found is None:
         raise CheckpointError(f"model {s!r} not found; looked in: {'; '.join(looked)}")
     return str(found)
