@@ -14,7 +14,8 @@ from .experts.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES
 
 # Subcommands that live with their subsystem: module with register(subparsers).
 _PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.sim.cli",
-            "freetoken.weights.convert_cli", "freetoken.memory.plan_cli", "freetoken.memory.check_cli"]
+            "freetoken.weights.convert_cli", "freetoken.memory.plan_cli", "freetoken.memory.check_cli",
+            "freetoken.hub.cli"]
 
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -157,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "json", False):
+        from .progress import set_mode
+        set_mode("off")             # stdout is one JSON object; stderr stays quiet too
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -23,3 +23,7 @@ class InvalidRequestError(FreeTokenError, ValueError):
 
 class NumericalError(FreeTokenError):
     """The model produced NaN logits (damaged weights or an overflow in a kernel)."""
+
+
+class PullError(FreeTokenError):
+    """A download failed: unknown name, no network, not enough disk, a checksum mismatch."""

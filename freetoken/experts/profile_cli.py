@@ -116,12 +116,16 @@ def measure(pool: ExpertPool, device: torch.device, seconds: float = 1.0, thread
         ids = torch.from_numpy(order[(i * BATCH + N // 2 + np.arange(BATCH)) % N]).view(1, BATCH)
         host.run(x, ids, w)
 
+    from ..progress import progress
+    bar = progress(3, "profile B_P, B_H", unit="steps")
     copy_batch(0)
     cpu_batch(0)
     n, dt = _timed(copy_batch, seconds)
     b_p = n * BATCH * S / dt
+    bar.update(1)
     n, dt = _timed(cpu_batch, seconds)
     b_h = n * BATCH * S / dt
+    bar.update(1)
 
     stop, result = threading.Event(), {}
 
@@ -137,6 +141,8 @@ def measure(pool: ExpertPool, device: torch.device, seconds: float = 1.0, thread
     n, dt = _timed(cpu_batch, seconds)
     stop.set()
     th.join()
+    bar.update(1)
+    bar.close()
     getattr(host, "close", lambda: None)()
     cache.copy.close()
     return BandwidthProfile(b_p=b_p, b_h=b_h, b_p_shared=result["b_p"], b_h_shared=n * BATCH * S / dt,

@@ -112,7 +112,10 @@ def _cached(cache: os.PathLike | None, what: str, flags: frozenset[str], threads
                 return json.load(f)
         except (OSError, ValueError):
             pass
-    t = measure()
+    from ..progress import progress
+    with progress(1, f"calibrate {what.split(':')[0]} (once per machine, cached)", unit="steps") as bar:
+        t = measure()
+        bar.update(1)
     if path is not None:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -95,13 +95,13 @@ def main(args) -> int:
     from ..experts.profile_cli import measure, synthetic_pool
     from ..llm import LLM
     from ..weights.ftw_reader import is_ftw
-    from ..weights.progress import progress
+    from ..progress import progress
     from .model_size import read_model_shape
     from .plan import expert_format, resolve_memory
     logging.getLogger("freetoken.memory").setLevel(logging.ERROR)
     opts = {k: v for k, v in engine_options(args).items() if v is not None}
     cfg = EngineConfig.from_options(args.model, **opts)
-    with progress(5, "check") as bar:
+    with progress(5, "check", unit="steps") as bar:
         resolved, plan = resolve_memory(cfg)
         print("== memory plan\n" + plan.table(), flush=True)
         bar.update(1)

@@ -118,7 +118,7 @@ class Checkpoint:
         if path is None:
             raise CheckpointError(f"{self.dir}: tensor {name!r} not found in the checkpoint")
         if self._bar is None:
-            from .progress import progress
+            from ..progress import progress
             self._bar = progress(sum(p.stat().st_size for p in set(self._file_of.values())), f"load {self.dir.name}")
         handle = self._handles.get(path)
         if handle is None:

@@ -25,7 +25,7 @@ import torch
 from ..errors import CheckpointError
 from .ftw_format import CHUNK_BYTES, TensorEntry, align_up, chunk_digest, combine_digests, dtype_from_name
 from .ftw_map import map_file
-from .progress import progress
+from ..progress import progress
 
 log = logging.getLogger("freetoken.weights")
 

@@ -21,7 +21,7 @@ from ..errors import CheckpointError
 from .checkpoint import Checkpoint
 from .ftw_format import (ALIGN, CHUNK_BYTES, VERSION, TensorEntry, align_up, chunk_digest, combine_digests,
                          config_hash, dtype_name, encode_preamble_and_header, header_reserve)
-from .progress import progress
+from ..progress import progress
 
 SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken", ".vocab")
 SIDE_FILE_MAX = 64 << 20

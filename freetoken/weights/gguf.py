@@ -123,7 +123,7 @@ class GgufFile:
         r = self._readers.get(h.path)
         if r is None:
             if self._bar is None:
-                from .progress import progress
+                from ..progress import progress
                 self._bar = progress(sum(t.nbytes for _, t in self._info.values()), f"load {self.path.name}")
             r = self._readers[h.path] = self._open_reader(h.path, self._bar.update)
         return r, t

@@ -5,14 +5,16 @@ Accepted, in this order:
       (`NAME-00002-of-00003.gguf` resolves to part 1, which holds the metadata);
   an Ollama model `NAME[:TAG]` or `NAMESPACE/NAME[:TAG]` (tag "latest" by default), read
       from ~/.ollama/models (OLLAMA_MODELS overrides): its manifest's model layer blob;
-  a Hugging Face repo id `ORG/NAME`, from the HF hub cache (HF_HUB_CACHE, else
-      HF_HOME/hub, else ~/.cache/huggingface/hub): the snapshot refs/main names, else the
-      newest snapshot.
-Nothing is downloaded; a name found nowhere is a one-line error listing where we looked."""
+  a Hugging Face repo id `ORG/NAME` or `ORG/NAME:QUANT`, from the HF hub cache (HF_HUB_CACHE,
+      else HF_HOME/hub, else ~/.cache/huggingface/hub): the snapshot refs/main names, else the
+      newest snapshot; with `:QUANT` (Q4_K_M, Q8_0 ...) the snapshot's GGUF of that quantization.
+Nothing is downloaded here (`freetoken pull` does that, hub/); a name found nowhere is a
+one-line error listing where we looked."""
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from ..errors import CheckpointError
@@ -73,6 +75,7 @@ def _ollama(spec: str, looked: list[str]) -> Path | None:
 
 
 def _hf_cache(spec: str, looked: list[str]) -> Path | None:
+    spec = spec.partition(":")[0]
     parts = spec.split("/")
     if len(parts) != 2 or not all(parts):
         return None
@@ -88,14 +91,24 @@ def _hf_cache(spec: str, looked: list[str]) -> Path | None:
     return found[-1] if found else None
 
 
-def _gguf_in(d: Path) -> Path | None:
-    """A snapshot with GGUF files and no config.json: its only model (or first split part)."""
-    if (d / "config.json").is_file():
+def quant_in(path: str, quant: str) -> bool:
+    """Whether a GGUF file's path names quantization `quant` (Q4_K is not Q4_K_M)."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(quant)}(?![A-Za-z0-9_])", path, re.I) is not None
+
+
+def _gguf_in(d: Path, quant: str | None = None) -> Path | None:
+    """A snapshot with GGUF files and no config.json: its only model (or first split part);
+    with `quant`, the one whose path names that quantization (subfolders too)."""
+    if (d / "config.json").is_file() and not quant:
         return None
-    ggufs = sorted(p for p in d.glob("*.gguf") if "-of-" not in p.name or "-00001-of-" in p.name)
+    ggufs = sorted(p for p in d.rglob("*.gguf") if "-of-" not in p.name or "-00001-of-" in p.name)
+    if quant:
+        ggufs = [p for p in ggufs if quant_in(str(p.relative_to(d)), quant)]
+        if not ggufs:
+            raise CheckpointError(f"{d}: no GGUF file of quantization {quant} (run `freetoken pull` for it)")
     if len(ggufs) > 1:
-        raise CheckpointError(f"{d}: holds several GGUF files ({', '.join(p.name for p in ggufs)}); "
-                              "pass the one to serve as --model")
+        raise CheckpointError(f"{d}: holds several GGUF files ({', '.join(str(p.relative_to(d)) for p in ggufs)}); "
+                              "name the quantization (ORG/NAME:Q4_K_M) or pass the file as --model")
     return ggufs[0] if ggufs else None
 
 
@@ -108,7 +121,8 @@ def resolve_model(spec: str | os.PathLike) -> str:
     looked = [f"path {Path(s).expanduser()}"]
     found = _ollama(s, looked) or _hf_cache(s, looked)
     if found is not None and found.is_dir():
-        found = _gguf_in(found) or found
+        quant = (s.partition(":")[2] or None) if "/" in s else None      # ORG/NAME:QUANT
+        found = _gguf_in(found, quant) or found
     if found is None:
         raise CheckpointError(f"model {s!r} not found; looked in: {'; '.join(looked)}")
     return str(found)

@@ -113,6 +113,22 @@ def test_several_gguf_files_in_a_snapshot_need_a_choice(home):
         resolve_model("Org/Many-GGUF")
 
 
+def test_a_quantization_tag_picks_the_gguf(home):
+    cache = home / ".cache" / "huggingface" / "hub"
+    snap = hf_snapshot(cache, "Org/Many-GGUF", "r", {"a-Q4_K_M.gguf": b"GGUF", "a-Q4_K_S.gguf": b"GGUF",
+                                                     "a-Q8_0.gguf": b"GGUF"})
+    (snap / "UD-Q4_K_XL").mkdir()
+    for i in (1, 2):
+        (snap / "UD-Q4_K_XL" / f"a-UD-Q4_K_XL-0000{i}-of-00002.gguf").write_bytes(b"GGUF")
+    assert resolve_model("Org/Many-GGUF:Q4_K_M") == str(snap / "a-Q4_K_M.gguf")
+    assert resolve_model("Org/Many-GGUF:q8_0") == str(snap / "a-Q8_0.gguf")
+    assert resolve_model("Org/Many-GGUF:Q4_K_XL") == str(snap / "UD-Q4_K_XL" / "a-UD-Q4_K_XL-00001-of-00002.gguf")
+    with pytest.raises(CheckpointError, match="no GGUF file of quantization Q4_K "):
+        resolve_model("Org/Many-GGUF:Q4_K")           # Q4_K is neither Q4_K_M nor Q4_K_S
+    with pytest.raises(CheckpointError, match="no GGUF file of quantization IQ2_XXS"):
+        resolve_model("Org/Many-GGUF:IQ2_XXS")
+
+
 def test_not_found_lists_every_place_looked(home):
     with pytest.raises(CheckpointError) as e:
         resolve_model("someorg/nothing")
