@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import anthropic_api, openai_api, openai_responses
+from . import anthropic_api, openai_api, openai_responses, tokenize_api
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
 from .engine_loop import kv_blocks
 from .generation import GenerationService
@@ -167,7 +167,7 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
     async def metrics():
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    for r in (openai_api.router, openai_responses.router, anthropic_api.router):
+    for r in (openai_api.router, openai_responses.router, anthropic_api.router, tokenize_api.router):
         app.include_router(r)
     if settings.admin_token:
         from .admin import make_router
