@@ -19,8 +19,6 @@ from freetoken.server.server_state import Settings
 
 from live_server import MODEL_NAMES, LiveServer, make_fake
 
-pytestmark = pytest.mark.browser
-
 KEY, ADMIN = "page-key", "page-admin"
 WEATHER = ('<think>\nThe user wants the weather in Paris, so I will call the tool.\n</think>\n\n'
            'Let me check that for you.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
@@ -36,6 +34,7 @@ def chromium_path() -> str | None:
 
 @pytest.fixture(scope="module")
 def browser():
+    """The system's Chromium under Playwright (no browser download), or a skip saying why."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="the web-test extra (playwright) is not installed")
     exe = chromium_path()
     if exe is None:
@@ -86,6 +85,7 @@ def fake_page_server():
     srv.stop()
 
 
+@pytest.mark.browser
 def test_page_asks_for_the_key_and_streams_a_chat(page, fake_page_server):
     url = fake_page_server
     page.goto(url + "/")
@@ -112,6 +112,7 @@ def test_page_asks_for_the_key_and_streams_a_chat(page, fake_page_server):
     assert "finish: tool_calls" in msg.locator(".meta").text_content()
 
 
+@pytest.mark.browser
 def test_a_wrong_key_is_asked_again(page, fake_page_server):
     page.goto(fake_page_server + "/")
     give_key(page, "wrong")
@@ -175,6 +176,7 @@ def expected(samples, name, labels, how):
     return sum(vals) if how == "sum" else vals[0]
 
 
+@pytest.mark.browser
 def test_dashboard_numbers_equal_metrics(page, tiny_page_server):
     url, llm = tiny_page_server
     page.goto(url + "/")
@@ -225,6 +227,7 @@ def test_dashboard_numbers_equal_metrics(page, tiny_page_server):
     assert page.locator(".mem-bar[data-device=host] .mem-seg").count() >= 3
 
 
+@pytest.mark.browser
 def test_resize_control_with_the_admin_token(page, tiny_page_server):
     url, llm = tiny_page_server
     page.goto(url + "/")
@@ -238,3 +241,25 @@ def test_resize_control_with_the_admin_token(page, tiny_page_server):
     wait_js(page, "document.getElementById('resize-result').textContent.startsWith('done')", 30)
     assert llm.engine.memory_sizes()["expert_cache"]["slots"] == 3
     assert page.evaluate("sessionStorage.getItem('freetoken.adminToken')") == ADMIN
+
+
+def test_api_stats_is_the_snapshot_metrics_renders(tiny_page_server):
+    """Without a browser: /api/stats's engine snapshot and its per-expert sums against /metrics."""
+    url, _ = tiny_page_server
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(url + "/v1/chat/completions", headers=auth, timeout=120, json={
+        "model": MODEL_NAMES[0], "max_tokens": 5, "messages": [{"role": "user", "content": "stats?"}]})
+    assert r.status_code == 200
+    time.sleep(1.0)
+    st = httpx.get(url + "/api/stats", headers=auth).json()
+    samples = metrics_samples(url)
+    eng = st["engine"]
+    for k in ("hits", "fills", "cpu_experts"):
+        assert eng["total"][k] == expected(samples, f"freetoken_engine_total_{k}", {}, "one")
+        for layer, row in enumerate(eng["per_expert"][k]):
+            assert sum(row) == expected(samples, f"freetoken_engine_layer_{k}", {"layer": str(layer)}, "one")
+    assert eng["bandwidth"]["b_p_gbs"] == expected(samples, "freetoken_engine_bandwidth_b_p_gbs", {}, "one")
+    last = st["requests"][-1]
+    assert last["completion_tokens"] == r.json()["usage"]["completion_tokens"]
+    assert last["prompt_tokens"] == r.json()["usage"]["prompt_tokens"]
+    assert st["admin"] is True and st["model"] == MODEL_NAMES[0]

@@ -125,11 +125,16 @@
     for (const [dev, d] of Object.entries(plan.devices || {})) {
       const wrap = FT.el("div", "mem-device");
       wrap.append(FT.el("div", "mem-title", `${dev}: ${FT.bytes(d.planned)} planned of ${FT.bytes(d.available)}`));
-      const bar = FT.el("div", "mem-bar");
+      const use = FT.el("div", "mem-bar");       // the plan against what the device has
+      const used = FT.el("span", "mem-seg used");
+      used.style.width = Math.min(100, 100 * d.planned / Math.max(1, d.available)) + "%";
+      use.append(used);
+      wrap.append(use);
+      const bar = FT.el("div", "mem-bar");       // the plan's parts, to the planned total
       bar.dataset.device = dev;
       (plan.items || []).filter((i) => i.device === dev).forEach((i, k) => {
         const seg = FT.el("span", "mem-seg c" + (k % 6));
-        seg.style.width = (100 * i.nbytes / Math.max(1, d.available)) + "%";
+        seg.style.width = (100 * i.nbytes / Math.max(1, d.planned)) + "%";
         seg.title = `${i.name}: ${FT.bytes(i.nbytes)} — ${i.note}`;
         seg.dataset.name = i.name;
         bar.append(seg);
