@@ -75,6 +75,13 @@ def give_key(pg, key):
     pg.click("#key-ok")
 
 
+def open_page(pg, url):
+    """Load the page behind --api-key: it asks for the key, then the dashboard updates."""
+    pg.goto(url + "/")
+    give_key(pg, KEY)
+    wait_js(pg, "window.FT.dash.polls > 0", 30)
+
+
 @pytest.fixture(scope="module")
 def fake_page_server():
     from fake_engine import FakeEngine
@@ -88,9 +95,7 @@ def fake_page_server():
 @pytest.mark.browser
 def test_page_asks_for_the_key_and_streams_a_chat(page, fake_page_server):
     url = fake_page_server
-    page.goto(url + "/")
-    give_key(page, KEY)
-    wait_js(page, "window.FT.dash.polls > 0", 20)
+    open_page(page, url)
     assert page.evaluate("sessionStorage.getItem('freetoken.apiKey')") == KEY
     assert page.text_content("#model-name") == MODEL_NAMES[0]
     page.click("#chat-options summary")
@@ -179,9 +184,7 @@ def expected(samples, name, labels, how):
 @pytest.mark.browser
 def test_dashboard_numbers_equal_metrics(page, tiny_page_server):
     url, llm = tiny_page_server
-    page.goto(url + "/")
-    give_key(page, KEY)
-    wait_js(page, "window.FT.dash.polls > 0", 30)
+    open_page(page, url)
     # a chat round trip through the page, then a few requests the page did not send
     page.fill("#prompt", "hello there")
     page.press("#prompt", "Enter")
@@ -230,9 +233,7 @@ def test_dashboard_numbers_equal_metrics(page, tiny_page_server):
 @pytest.mark.browser
 def test_resize_control_with_the_admin_token(page, tiny_page_server):
     url, llm = tiny_page_server
-    page.goto(url + "/")
-    give_key(page, KEY)
-    wait_js(page, "window.FT.dash.polls > 0", 30)
+    open_page(page, url)
     assert page.is_visible("#resize-form")
     gib = 3 * llm.engine.model.experts.S / 2 ** 30           # three slots
     page.fill("#resize-form input[name=expert_cache_gib]", repr(gib))
