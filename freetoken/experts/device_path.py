@@ -41,6 +41,8 @@ class DeviceDecisions:
         self.lru = DeviceLRU(self.pool.num_layers * self.pool.num_experts, cache.capacity, self.device,
                              planner.explore_every, planner.halve_every)
         self.counts = torch.zeros(num_layers, 4, dtype=torch.int64, device=self.device)
+        # per flat id (+ the sentinel, where padding lands): hits, fills, CPU runs (heat map)
+        self.per_expert = torch.zeros(3, self.lru.num_flat + 1, dtype=torch.int64, device=self.device)
         self.active = False                       # the device state is the truth
         self._src = None
         self._pinned = None
@@ -56,7 +58,7 @@ class DeviceDecisions:
             self._src = {k: device_rows(b, self.device) for k, b in self.pool.banks.items()}
         self.active = True
 
-    def give_back(self) -> dict[str, int] | None:
+    def give_back(self) -> tuple[list[list[int]], np.ndarray] | None:
         """Device -> host (prefill, resize, stats, another policy): the table and the counters."""
         if not self.active:
             return None
@@ -65,10 +67,13 @@ class DeviceDecisions:
         self.active = False
         return self.fold_counts()
 
-    def fold_counts(self) -> list[list[int]]:
+    def fold_counts(self) -> tuple[list[list[int]], np.ndarray]:
+        """([L][hits, misses, fills, cpu], [3, L * E] hits/fills/CPU runs per expert), zeroed."""
         c = self.counts.cpu().tolist()
+        pe = self.per_expert[:, :-1].cpu().numpy().copy()     # (a view on a CPU device)
         self.counts.zero_()
-        return c
+        self.per_expert.zero_()
+        return c, pe
 
     # ---- one layer ----------------------------------------------------------------------------
     def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor, weights: torch.Tensor,
@@ -89,6 +94,7 @@ class DeviceDecisions:
         run_slots(self.cache.banks, self.pool.spec, p.slot_ids, hidden, weights, per_choice)
         out = per_choice.sum(1)
         self.counts[layer].add_(p.counts)
+        self._count_experts(p)
         cpu_s, n_cpu = 0.0, 0
         if packed is not None:
             host = self._wait(packed)
@@ -100,6 +106,12 @@ class DeviceDecisions:
                 cpu_out, cpu_s = fut.result()
                 out.add_(cpu_out.to(out.device))
         return out, cpu_s, n_cpu
+
+    def _count_experts(self, p) -> None:
+        """Per-expert counters, on the device (no sync): masked-out entries land on the sentinel."""
+        pad = self.lru.num_flat
+        for row, ids, mask in ((0, p.uniq, p.hit), (1, p.fill, p.fill_mask), (2, p.uniq, p.on_cpu)):
+            self.per_expert[row].index_add_(0, torch.where(mask, ids, pad), mask.to(torch.int64))
 
     def _fill(self, ids: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor) -> None:
         """bank[slots[i]] = pool[ids[i]] where mask[i]; other slots rewritten as they are."""

@@ -91,7 +91,10 @@ class LayerStreamer:
         routed = np.unique(flat)
         routed = routed[routed >= 0]
         self.cache.table.record(routed)
-        was_hit = int((~new[routed - layer * self.E]).sum())
+        hit = ~new[routed - layer * self.E]
+        was_hit = int(hit.sum())
+        stats.add_experts("hits", routed[hit])
+        stats.add_experts("fills", layer * self.E + np.flatnonzero(new))
         stats.add(layer, streamed_layers=1, fills=n, bytes_copied=n * self.cache.pool.expert_nbytes,
                   hits=was_hit, misses=len(routed) - was_hit)
         return out

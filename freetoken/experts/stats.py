@@ -11,12 +11,18 @@ log = logging.getLogger("freetoken.experts")
 COUNTS = ("calls", "routed", "hits", "misses", "fills", "warm_fills", "prefetches", "cpu_experts",
           "bytes_copied", "cpu_bytes", "streamed_layers")
 TIMES = ("fill_s", "cpu_s", "device_s", "wall_s")
+# per (layer, expert): how often each expert ran from the cache, was filled, ran on the CPU
+# (the web page's heat map; each sums over the experts to its per-layer count)
+PER_EXPERT = ("hits", "fills", "cpu_experts")
 
 
 class ExpertStats:
-    def __init__(self, num_layers: int, backend: str, log_every_s: float = 60.0):
+    def __init__(self, num_layers: int, backend: str, log_every_s: float = 60.0,
+                 num_experts: int | None = None):
         self.backend = backend
         self.c = {k: np.zeros(num_layers, np.int64) for k in COUNTS}
+        self.E = num_experts
+        self.pe = {k: np.zeros((num_layers, num_experts), np.int64) for k in PER_EXPERT} if num_experts else {}
         self.t = {k: np.zeros(num_layers, np.float64) for k in TIMES}
         self.q_sum = 0
         self.m_sum = 0
@@ -27,6 +33,16 @@ class ExpertStats:
     def add(self, layer: int, **vals) -> None:
         for k, v in vals.items():
             (self.c if k in self.c else self.t)[k][layer] += v
+
+    def add_experts(self, key: str, flat_ids) -> None:
+        """One count for each expert of `flat_ids` (layer * E + expert, each at most once)."""
+        if self.pe and len(flat_ids):
+            np.add.at(self.pe[key].reshape(-1), np.asarray(flat_ids, np.int64), 1)
+
+    def add_expert_counts(self, key: str, counts: np.ndarray) -> None:
+        """Counts per flat id ([L * E]) gathered elsewhere (the device path's counters)."""
+        if self.pe:
+            self.pe[key] += np.asarray(counts, np.int64).reshape(self.pe[key].shape)
 
     def step(self, phase: str) -> None:
         self.steps[phase] = self.steps.get(phase, 0) + 1
@@ -50,11 +66,14 @@ class ExpertStats:
     def as_dict(self, **extra) -> dict:
         per_layer = [{**{k: int(v[i]) for k, v in self.c.items()}, **{k: float(v[i]) for k, v in self.t.items()}}
                      for i in range(len(self.c["calls"]))]
-        return {"backend": self.backend, "steps": dict(self.steps), "total": self.totals(),
-                "per_layer": per_layer, **extra}
+        out = {"backend": self.backend, "steps": dict(self.steps), "total": self.totals(),
+               "per_layer": per_layer, **extra}
+        if self.pe:    # lists of lists: /metrics (server/metrics.flatten) leaves them out
+            out["per_expert"] = {k: v.tolist() for k, v in self.pe.items()}
+        return out
 
     def reset(self) -> None:
-        for v in (*self.c.values(), *self.t.values()):
+        for v in (*self.c.values(), *self.t.values(), *self.pe.values()):
             v[:] = 0
         self.q_sum = self.m_sum = 0
 

@@ -82,7 +82,7 @@ class TieredExperts(Experts):
         self.cpu = CpuBranch(host_executor or make_host_executor(pool))
         self.run_device = device_executor
         self.streamer = LayerStreamer(self.cache, pool.num_layers, pool.num_experts) if stream_prefill else None
-        self.stats_ = ExpertStats(pool.num_layers, policy)
+        self.stats_ = ExpertStats(pool.num_layers, policy, num_experts=pool.num_experts)
         self.S = pool.expert_nbytes
         self.phase = "decode"
         self.guard = SplitGuard() if guard and policy == "hybrid" else None
@@ -195,7 +195,10 @@ class TieredExperts(Experts):
         if self._devpath is None or not self._devpath.active:
             return
         S, st = self.S, self.stats_
-        for layer, (hits, misses, fills, cpu) in enumerate(self._devpath.give_back()):
+        counts, per_expert = self._devpath.give_back()
+        for key, c in zip(("hits", "fills", "cpu_experts"), per_expert):
+            st.add_expert_counts(key, c)
+        for layer, (hits, misses, fills, cpu) in enumerate(counts):
             st.add(layer, hits=hits, misses=misses, fills=fills, cpu_experts=cpu, bytes_copied=fills * S,
                    cpu_bytes=cpu * S)
             st.q_sum += fills
@@ -242,6 +245,7 @@ class TieredExperts(Experts):
         t_dev = time.perf_counter()
         if d.hits:
             slot_u[d.hit] = d.hit_slots
+            self.stats_.add_experts("hits", uniq[d.hit])
             self._device_run(slot_u[inv], hidden, weights, per_choice)
         dev_s = hits_s = time.perf_counter() - t_dev
         n_filled = 0
@@ -257,6 +261,7 @@ class TieredExperts(Experts):
             dev_s += wave_dev
             self._fill_jobs.append((job, wave_dev if self._host_device else 0.0))
             n_filled += len(ids)
+            self.stats_.add_experts("fills", ids)
             wave = next(waves, None)
             if wave is not None:
                 job = cache.install(*wave)
@@ -273,6 +278,7 @@ class TieredExperts(Experts):
         prefetched = self._prefetch(uniq) if decode else 0
 
         st = self.stats_
+        st.add_experts("cpu_experts", cpu_ids)
         st.add(layer, hits=d.hits, misses=d.misses, fills=n_filled, prefetches=prefetched,
                warm_fills=len(d.warm), cpu_experts=len(cpu_ids), bytes_copied=(n_filled + len(d.warm) + prefetched) * S,
                cpu_bytes=len(cpu_ids) * S, cpu_s=cpu_s, device_s=dev_s, fill_s=fill_s)
@@ -313,7 +319,7 @@ class CpuExperts(Experts):
     def __init__(self, pool: ExpertPool, device: torch.device, host_executor=None):
         self.pool, self.E, self.device = pool, pool.num_experts, torch.device(device)
         self.host = host_executor or make_host_executor(pool)
-        self.stats_ = ExpertStats(pool.num_layers, "cpu")
+        self.stats_ = ExpertStats(pool.num_layers, "cpu", num_experts=pool.num_experts)
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.stats_.step(phase)
@@ -324,9 +330,11 @@ class CpuExperts(Experts):
         ids = (topk_ids if on_host else topk_ids.to("cpu")).long() + layer * self.E
         out = self.host.run(hidden if on_host else hidden.to("cpu"), ids,
                             topk_weights if on_host else topk_weights.to("cpu"))
-        n = getattr(self.host, "last_experts", None)    # the C kernels count them for free
-        if n is None:
-            n = int(torch.unique(ids).numel())
+        # the distinct experts run, by id (the heat map; a bincount, cheaper than a sort)
+        ran = layer * self.E + np.flatnonzero(np.bincount(ids.reshape(-1).numpy() - layer * self.E,
+                                                          minlength=self.E))
+        n = len(ran)
+        self.stats_.add_experts("cpu_experts", ran)
         dt = time.perf_counter() - t0
         self.stats_.add(layer, calls=1, routed=ids.numel(), misses=n, cpu_experts=n,
                         cpu_bytes=n * self.pool.expert_nbytes, cpu_s=dt, wall_s=dt)

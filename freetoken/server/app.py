@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import anthropic_api, openai_api, openai_responses
+from . import anthropic_api, openai_api, openai_responses, tokenize_api, web_ui
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
 from .engine_loop import kv_blocks
 from .generation import GenerationService
@@ -26,6 +26,11 @@ log = logging.getLogger("freetoken.server")
 
 OPEN_PATHS = {"/health", "/api/hello"}
 ADMIN = "/admin/"            # admin routes check their own token (server/admin.py)
+
+
+def needs_api_key(path: str) -> bool:
+    """Everything but the probes, the admin routes (their own token) and the web page's files."""
+    return path not in OPEN_PATHS and not path.startswith(ADMIN) and not web_ui.is_page_path(path)
 
 
 
@@ -51,7 +56,7 @@ class APIKeyMiddleware:
         self.app, self.key, self.metrics = app, key.encode(), metrics
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not scope["path"].startswith(ADMIN):
+        if scope["type"] == "http" and needs_api_key(scope["path"]):
             key = _key_from(Request(scope))
             if key is None or not hmac.compare_digest(key.encode(), self.key):
                 self.metrics.http_errors.labels("401").inc()
@@ -170,7 +175,8 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
     async def metrics():
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    for r in (openai_api.router, openai_responses.router, anthropic_api.router):
+    for r in (openai_api.router, openai_responses.router, anthropic_api.router, tokenize_api.router,
+              web_ui.router):
         app.include_router(r)
     if settings.admin_token:
         from .admin import make_router

@@ -133,6 +133,8 @@ class Generation:
         m.prompt_tokens.inc(prompt_tokens)
         m.generation_tokens.inc(completion)
         m.requests.labels(req.endpoint, reason).inc()
+        m.record_request(req.endpoint, reason, prompt_tokens, out.num_cached_tokens, completion,
+                         ttft if first else None, tps)
         log.info("req=%s %s prompt=%d cached=%d completion=%d ttft=%.3fs decode=%.1f tok/s finish=%s",
                  self.request_id, req.endpoint, prompt_tokens, out.num_cached_tokens, completion,
                  ttft, tps, reason)

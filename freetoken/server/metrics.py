@@ -1,10 +1,15 @@
 """Prometheus metrics. One registry per app, so several servers can live in one process."""
 from __future__ import annotations
 
+import collections
+import itertools
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+RECENT_REQUESTS = 256      # finished requests the web page's per-request charts get (/api/stats)
 _TPS_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
 
 
@@ -101,6 +106,16 @@ class Metrics:
                                  ["device"], registry=r)
         self.engine_stats: dict = {}
         r.register(EngineStatsCollector(lambda: self.engine_stats))
+        self.recent: collections.deque = collections.deque(maxlen=RECENT_REQUESTS)
+        self._seq = itertools.count(1)
+
+    def record_request(self, endpoint: str, finish: str, prompt: int, cached: int, completion: int,
+                       ttft: float | None, tps: float) -> None:
+        """One finished request for the page's charts (the histograms above observe the same
+        values); `seq` orders them."""
+        self.recent.append({"seq": next(self._seq), "time": time.time(), "endpoint": endpoint,
+                            "finish_reason": finish, "prompt_tokens": prompt, "cached_tokens": cached,
+                            "completion_tokens": completion, "ttft_s": ttft, "decode_tps": tps})
 
     def record_resize(self, result: dict, sizes: dict) -> None:
         """One count per component a resize changed, and the new sizes."""

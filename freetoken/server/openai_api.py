@@ -6,7 +6,7 @@ import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool
 
 from . import sse
 from .chat import parse_arguments
@@ -40,6 +40,7 @@ class _SamplingFields(BaseModel):
     repetition_penalty: float | None = None
     n: int | None = None
     logit_bias: dict | None = None     # refused when not empty (server_state.validate_body)
+    ignore_eos: StrictBool | None = None   # vLLM/SGLang: generate past EOS up to max_tokens
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -165,7 +166,7 @@ def response_format(rf: dict | None) -> dict | None:
 def _sampling(body) -> dict:
     return {k: getattr(body, k) for k in ("temperature", "top_p", "top_k", "min_p", "seed",
                                           "presence_penalty", "frequency_penalty",
-                                          "repetition_penalty")}
+                                          "repetition_penalty", "ignore_eos")}
 
 
 def _usage(d: Done) -> dict:

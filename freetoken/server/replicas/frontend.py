@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from .. import sse
-from ..app import ADMIN, OPEN_PATHS, _key_from
+from ..app import _key_from, needs_api_key
 from ..errors import APIError, Unauthorized, error_body, error_response, is_anthropic_path
 from ..metrics import Metrics
 from .forward import HELLO, META, START, Forward
@@ -64,7 +64,7 @@ class Frontend:
 
     async def __call__(self, request: Request):
         p = request.url.path
-        if self.api_key and p not in OPEN_PATHS and not p.startswith(ADMIN):
+        if self.api_key and needs_api_key(p):
             key = _key_from(request)
             if key is None or not hmac.compare_digest(key.encode(), self.api_key.encode()):
                 self.metrics.http_errors.labels("401").inc()
