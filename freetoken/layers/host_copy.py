@@ -18,7 +18,7 @@ import logging
 import torch
 
 log = logging.getLogger(__name__)
-_ALIGN = 64
+ALIGN = 64
 _pin_failed = False       # pinning refused once (ulimit -l, WSL limits): pageable from then on
 
 
@@ -58,7 +58,7 @@ def to_host(tensors: list[torch.Tensor]) -> HostCopy:
     offsets, total = [], 0
     for t in tensors:
         offsets.append(total)
-        total += -(-t.nbytes // _ALIGN) * _ALIGN
+        total += -(-t.nbytes // ALIGN) * ALIGN
     buf = _host_buffer(max(total, 1), pin=bool(cuda))
     pinned = buf.is_pinned() if cuda else False
     out = []

@@ -212,35 +212,24 @@ def gathered_kv_bytes(s: ModelShape, cfg: EngineConfig, max_len: int) -> int:
     return rows * 2 * kvh * hd * copies
 
 
-def state_parts(s: ModelShape, cfg: EngineConfig) -> tuple[int, int]:
-    """(layers with a per-sequence state, bytes of one layer's state): recurrent (gated DeltaNet)
-    and sliding-window states; a state checkpoint copies each layer's part into its own pinned
-    buffer. (The same formulas as state_bytes_per_seq, split per layer; where the model classes
-    answer their cache facts themselves, take the per-part bytes from there.)"""
-    b = _dtype_bytes(cfg.dtype)
-    types = s.get("layer_types") or []
-    if s.get("model_type") == "gpt_oss":
-        _, kvh, hd = _attn(s)
-        return sum(1 for t in types if t == "sliding_attention"), 2 * s.get("sliding_window", default=128) * kvh * hd * b
-    linear = sum(1 for t in types if t == "linear_attention")
-    if not linear and s.get("model_type") in ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text"):
-        k = s.get("full_attention_interval", default=4)
-        linear = sum(1 for i in range(s.get("num_hidden_layers")) if (i + 1) % k)
-    if not linear:
-        return 0, 0
-    hk, dk = s.get("linear_num_key_heads", default=16), s.get("linear_key_head_dim", default=128)
-    hv, dv = s.get("linear_num_value_heads", default=32), s.get("linear_value_head_dim", default=128)
-    conv = (2 * hk * dk + hv * dv) * (s.get("linear_conv_kernel_dim", default=4) - 1) * b
-    return linear, conv + hv * dk * dv * 4
+def snapshot_parts(s: ModelShape, cfg: EngineConfig) -> tuple[int, ...]:
+    """Bytes of each host buffer one state snapshot takes (one per state part; the model class's
+    cache_spec)."""
+    return cache_spec(s, cfg, 1).snapshot_parts
+
+
+def pinned_snapshot_bytes(s: ModelShape, cfg: EngineConfig) -> tuple[int, int]:
+    """(bytes one snapshot holds, the pinned host bytes it takes on CUDA): each part's buffer is
+    one block of PyTorch's caching host allocator (layers/host_copy.py), a power of two."""
+    from ..experts.pinning import caching_host_block
+    parts = snapshot_parts(s, cfg)
+    return sum(parts), sum(caching_host_block(p) for p in parts)
 
 
 def pinned_checkpoint_bytes(budget: int, s: ModelShape, cfg: EngineConfig) -> int:
-    """Host bytes a CUDA engine's state checkpoints take for a `budget` of snapshot bytes: each
-    layer's part is one pinned buffer from PyTorch's caching host allocator (layers/host_copy.py),
-    rounded up to a power of two."""
-    from ..experts.pinning import caching_host_block
-    _, each = state_parts(s, cfg)
-    return budget // each * caching_host_block(each) if each and budget else 0
+    """Host bytes a CUDA engine's state checkpoints take for a `budget` of snapshot bytes."""
+    each, block = pinned_snapshot_bytes(s, cfg)
+    return budget // each * block if each and budget else 0
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -307,10 +296,9 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         return pinned_checkpoint_bytes(budget, s, cfg) if dev == "cuda" else budget
     if compute != "host" and ckpt and pool + pinned_ckpt(ckpt) > host_avail:
         new = max(0, host_avail - pool)
-        each = state_parts(s, cfg)[1]
-        if dev == "cuda" and each:                  # whole snapshots, each in its rounded block
-            from ..experts.pinning import caching_host_block
-            new = new // caching_host_block(each) * each
+        each, block = pinned_snapshot_bytes(s, cfg)
+        if dev == "cuda" and each:                  # whole snapshots, each in its rounded blocks
+            new = new // block * each
         if not auto_ckpt:
             warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit in host memory; reduced to {new / GiB:.2f} GiB")
         ckpt = new

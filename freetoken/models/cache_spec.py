@@ -11,6 +11,7 @@ import torch
 
 from ..kernels.choices import activation_dtype
 from ..layers.attention import kv_values_per_token
+from ..layers.host_copy import ALIGN as HOST_ALIGN
 from ..platform import cpu_flags
 from .registry import model_class
 
@@ -20,6 +21,7 @@ class CacheSpec:
     kv_layers: tuple[tuple, ...]     # as `kv_layers()`: (layer, kv heads, head dim[, values])
     kv_dtype: torch.dtype
     state_bytes: int                 # one sequence's states, allocated for max_len tokens
+    snapshot_parts: tuple[int, ...] = ()   # bytes of each state part's snapshot buffer (one buffer a part)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -28,6 +30,15 @@ class CacheSpec:
     @property
     def kind(self) -> str:
         return "hybrid" if self.state_bytes else "full attention"
+
+
+def snapshot_part_bytes(state) -> tuple[int, ...]:
+    """The host buffer each part of a state snapshot takes (`layers/host_copy.to_host`: one
+    buffer per part, its tensors 64-byte aligned in it)."""
+    if state is None:
+        return ()
+    return tuple(sum(-(-v.nbytes // HOST_ALIGN) * HOST_ALIGN for v in vars(p).values() if isinstance(v, torch.Tensor))
+                 for p in state.parts.values())
 
 
 def allocated_bytes(state) -> int:

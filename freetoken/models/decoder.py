@@ -24,7 +24,7 @@ from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
 from ..weights.fp8 import block_scales
 from ..weights.nvfp4 import pack_scales
-from .cache_spec import CacheSpec, allocated_bytes
+from .cache_spec import CacheSpec, allocated_bytes, snapshot_part_bytes
 from .context import ForwardContext
 from .hf_config import HFConfig
 
@@ -209,7 +209,7 @@ class MoECausalLM:
         """What `kv_layers()` and `make_state()` allocate for a model of this config."""
         hf = HFConfig(cls.text_config(config), path)
         state = cls.new_state(hf, max_len, kv_dtype, act_dtype, "meta")
-        return CacheSpec(tuple(cls.kv_rows(hf)), kv_dtype, allocated_bytes(state))
+        return CacheSpec(tuple(cls.kv_rows(hf)), kv_dtype, allocated_bytes(state), snapshot_part_bytes(state))
 
     def kv_layers(self) -> list[tuple]:
         return self.kv_rows(self.hf)

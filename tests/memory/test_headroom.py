@@ -72,7 +72,7 @@ def test_plan_shows_pinned_bytes_on_cuda(tiny_dir, monkeypatch):
 
 
 def test_cuda_plan_counts_checkpoints_in_pinned_power_of_two_blocks(tiny_dir, monkeypatch):
-    """A hybrid (recurrent-state) model on CUDA: each layer's snapshot is one pinned block of
+    """A hybrid (recurrent-state) model on CUDA: each state part's snapshot is one pinned block of
     PyTorch's caching host allocator, rounded up to a power of two; the plan counts the rounding
     as host memory and in the pinned bytes."""
     from freetoken.experts import pinning
@@ -82,9 +82,10 @@ def test_cuda_plan_counts_checkpoints_in_pinned_power_of_two_blocks(tiny_dir, mo
     m = MachineMemory(16 * GiB, 16 * GiB, "test", 8 * GiB, 8 * GiB)
     cfg = EngineConfig(model=str(src), device="cuda", moe_backend="resident", state_cache_gib=0.5)
     _, plan = make_plan(cfg, shape, m)
-    parts, each = plan_mod.state_parts(shape, cfg)
-    assert parts > 0 and each & (each - 1)                    # not already a power of two
-    block = 1 << (each - 1).bit_length()
+    parts = plan_mod.snapshot_parts(shape, cfg)
+    each = sum(parts)
+    assert parts and any(p & (p - 1) for p in parts)          # not already powers of two
+    block = sum(1 << (p - 1).bit_length() for p in parts)   # one pinned block a part
     snaps = int(0.5 * GiB) // each
     items = {i.name: i.nbytes for i in plan.items}
     assert items["state checkpoints"] == int(0.5 * GiB)
@@ -106,7 +107,7 @@ def test_checkpoints_shrink_to_whole_rounded_snapshots_when_host_is_short(tiny_d
     _, plan = make_plan(cfg, shape, m)
     assert plan.used("host") <= plan.available["host"]
     ckpt = next(i.nbytes for i in plan.items if i.name == "state checkpoints")
-    _, each = plan_mod.state_parts(shape, cfg)
+    each = sum(plan_mod.snapshot_parts(shape, cfg))
     assert 0 < ckpt and ckpt % each == 0
     assert pool_bytes + plan_mod.pinned_checkpoint_bytes(ckpt, shape, cfg) <= plan.available["host"]
 
