@@ -18,7 +18,7 @@ _PLUGINS = ["freetoken.server.cli", "freetoken.experts.profile_cli", "freetoken.
             "freetoken.hub.cli"]
 
 
-def _add_engine_args(p: argparse.ArgumentParser) -> None:
+def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--moe-backend", default="auto", choices=["auto", *BACKENDS])
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--json", action="store_true", help="print one JSON object with token_ids and text")
-    _add_engine_args(g)
+    add_engine_args(g)
     g.set_defaults(func=cmd_generate)
 
     from .tiny import ARCHS

@@ -52,7 +52,7 @@ def resize_kv(engine, num_blocks: int, *, allow_preempt: bool = True) -> KVResiz
         if blocks.num_used > keep and prefix.enabled:
             prefix.reclaim(blocks.num_used - keep)
         while blocks.num_used > keep and allow_preempt and sched.running:
-            sched._preempt(sched.running[-1])
+            sched.preempt(sched.running[-1])
             res.preempted += 1
             if prefix.enabled and blocks.num_used > keep:
                 prefix.reclaim(blocks.num_used - keep)

@@ -40,7 +40,7 @@ def memory_sizes(engine) -> dict:
     """Current bytes of every resizable component (None where the engine has none)."""
     tiered = _cache(engine)
     if tiered is not None:
-        tiered._ensure_sized()
+        tiered.ensure_sized()
     blocks = engine.blocks
     return {
         "expert_cache": None if tiered is None else {
@@ -119,7 +119,7 @@ def _resize_experts(engine, nbytes: int) -> dict | None:
     tiered = _cache(engine)
     if tiered is None:
         return None                                   # resident / cpu backend: no cache to size
-    tiered._ensure_sized()
+    tiered.ensure_sized()
     n_total = tiered.pool.num_layers * tiered.pool.num_experts
     before = tiered.cache.capacity
     slots = max(0, min(n_total, nbytes // tiered.S))

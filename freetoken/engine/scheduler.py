@@ -55,7 +55,7 @@ class Scheduler:
             n = self._chunk(seq, budget)
             while not self.blocks.can_allocate(seq, seq.num_computed + n):
                 victim = self.running[-1]
-                self._preempt(victim)
+                self.preempt(victim)
                 if victim is seq:
                     break
             if seq.status is not Status.RUNNING:
@@ -102,7 +102,7 @@ class Scheduler:
                     return True
         return False
 
-    def _preempt(self, seq: Sequence) -> None:
+    def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.prefix.release(seq)
         seq.num_computed = 0

@@ -87,7 +87,7 @@ class DeviceLRU:
         self.clock.fill_(table.clock)
         self.evictions.fill_(table.evictions)
         self.demand[:-1].copy_(torch.from_numpy(planner.demand).to(dev))
-        self.calls, self.steps = planner._calls, planner._steps
+        self.calls, self.steps = planner.calls, planner.steps
 
     def store(self, table: SlotTable, planner: MissPlanner) -> None:
         """Write the state back to the host table (one device->host copy of each tensor)."""
@@ -98,7 +98,7 @@ class DeviceLRU:
         table.clock = int(self.clock)
         table.evictions = int(self.evictions)
         planner.demand[:] = self.demand[:-1].cpu().numpy()
-        planner._calls, planner._steps = self.calls, self.steps
+        planner.calls, planner.steps = self.calls, self.steps
 
     def end_step(self) -> None:
         self.steps += 1

@@ -138,7 +138,7 @@ def _read_resident(path: Path, offset: int, nbytes: int, dtype: torch.dtype, sha
 def gguf_layout(ck) -> DiskLayout:
     from ..weights import ggml_quants
     from ..weights.gguf import BF16, F16, F32
-    from ..weights.gguf_experts import _biases, expert_tensors, layout
+    from ..weights.gguf_experts import expert_biases, expert_tensors, layout
     blocks, parts = expert_tensors(ck)
     if not blocks:
         raise CheckpointError(f"{ck.path}: no routed experts in this GGUF file")
@@ -155,7 +155,7 @@ def gguf_layout(ck) -> DiskLayout:
         files = np.empty(n, np.int32)
         offs = np.empty(n, np.int64)
         for m in range(L):
-            h, t = ck._info[parts[m][which].name]
+            h, t = ck.tensor_info[parts[m][which].name]
             files[m * e:(m + 1) * e] = file_of[id(h)]
             offs[m * e:(m + 1) * e] = t.offset + local * per_expert
         return Piece(files, offs, per_expert, dst, **kw)
@@ -207,7 +207,7 @@ def gguf_layout(ck) -> DiskLayout:
         raise CheckpointError(f"{ck.path}: expert types without a CPU kernel are dequantized at load; "
                               "the disk tier cannot serve them (load into RAM)")
     if gpt_oss:
-        resident.update(_biases(ck, blocks, e, inter, hidden))
+        resident.update(expert_biases(ck, blocks, e, inter, hidden))
     return DiskLayout(paths, banks, L, e, spec, resident)
 
 
@@ -239,7 +239,7 @@ def safetensors_layout(model, ck, cfg) -> DiskLayout:
     p0 = f"model.layers.{model.moe_layers[0]}.{model.arch.moe_prefix}.experts.0.{g}.weight"
     if modelopt.is_nvfp4(ck, p0) or ck.has(f"{p0}_scale_inv"):
         raise CheckpointError(f"{ck.dir}: quantized HF experts: convert to FTW for the disk tier")
-    paths = sorted(set(ck._file_of.values()))
+    paths = sorted(set(ck.file_of.values()))
     idx = {p: i for i, p in enumerate(paths)}
     headers = {p: _st_header(p) for p in paths}
     dt = model.expert_dtype
@@ -249,7 +249,7 @@ def safetensors_layout(model, ck, cfg) -> DiskLayout:
 
     def where(name, shape):
         nonlocal ftype
-        path = ck._file_of.get(name)
+        path = ck.file_of.get(name)
         if path is None:
             raise CheckpointError(f"{ck.dir}: tensor {name!r} not found in the checkpoint")
         st, shp, off, nb = headers[path][name]

@@ -86,12 +86,12 @@ class MissPlanner:
         self.explore_every = explore_every
         self.halve_every = demand_halflife_steps
         self.fixed_q: int | None = None        # benchmarks: a fixed q instead of q*
-        self._calls = 0
-        self._steps = 0
+        self.calls = 0
+        self.steps = 0
 
     def end_step(self) -> None:
-        self._steps += 1
-        if self._steps % self.halve_every == 0:
+        self.steps += 1
+        if self.steps % self.halve_every == 0:
             self.demand *= 0.5
 
     def order(self, misses: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -104,7 +104,7 @@ class MissPlanner:
     def plan(self, misses: np.ndarray, tokens: np.ndarray, b_p: float, b_h: float,
              link_busy: bool = False, policy: str | None = None) -> LayerPlan:
         policy = policy or self.policy
-        self._calls += 1
+        self.calls += 1
         m = len(misses)
         if m == 0:
             return LayerPlan(_EMPTY, _EMPTY, _EMPTY, 0)
@@ -126,7 +126,7 @@ class MissPlanner:
             if link_busy:
                 return LayerPlan(_EMPTY, _EMPTY, ranked, q)
             return LayerPlan(_EMPTY, ranked[:1], ranked[1:], q)
-        if q == m and m >= 2 and self.explore_every and self._calls % self.explore_every == 0:
+        if q == m and m >= 2 and self.explore_every and self.calls % self.explore_every == 0:
             return LayerPlan(ranked[:m - 1], _EMPTY, ranked[m - 1:], q)
         return LayerPlan(ranked[:q], _EMPTY, ranked[q:], q)
 

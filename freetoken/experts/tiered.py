@@ -95,13 +95,13 @@ class TieredExperts(Experts):
         self._devpath: DeviceDecisions | None = None
 
     # ---- Experts seam -------------------------------------------------------------------
-    def _ensure_sized(self) -> None:
+    def ensure_sized(self) -> None:
         if self._size_later is not None:
             self.cache.resize(self._size_later())
             self._size_later = None
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
-        self._ensure_sized()
+        self.ensure_sized()
         if self.streamer is not None:
             self.streamer.release_all()
             if phase == "prefill":
@@ -121,7 +121,7 @@ class TieredExperts(Experts):
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
-        self._ensure_sized()
+        self.ensure_sized()
         T, K = topk_ids.shape
         if self.phase == "decode" and self._device_decides(T * K):
             out = self._forward_device(layer, hidden, topk_ids, topk_weights)

@@ -42,7 +42,7 @@ class CopyJob:
         if self.error is not None:
             raise self.error
 
-    def _finish(self, seconds: float, error: BaseException | None = None) -> None:
+    def finish(self, seconds: float, error: BaseException | None = None) -> None:
         self.seconds, self.error = seconds, error
         self._done.set()
 
@@ -69,7 +69,7 @@ class SyncCopyEngine(CopyEngine):
         job = CopyJob(nbytes)
         t0 = time.perf_counter()
         _copy_all(pairs)
-        job._finish(time.perf_counter() - t0)
+        job.finish(time.perf_counter() - t0)
         return job
 
 
@@ -98,9 +98,9 @@ class ThreadCopyEngine(CopyEngine):
                     left = t0 + job.nbytes / self.bytes_per_s - time.perf_counter()
                     if left > 0:
                         time.sleep(left)
-                job._finish(time.perf_counter() - t0)
+                job.finish(time.perf_counter() - t0)
             except BaseException as e:  # surfaced to the waiter
-                job._finish(time.perf_counter() - t0, e)
+                job.finish(time.perf_counter() - t0, e)
 
     def _copy(self, pairs) -> None:
         _copy_all(pairs)
@@ -147,7 +147,7 @@ class _CudaJob(CopyJob):
 
     def done(self) -> bool:
         if not self._done.is_set() and self.end.query():
-            self._finish(self.start.elapsed_time(self.end) / 1e3)
+            self.finish(self.start.elapsed_time(self.end) / 1e3)
         return self._done.is_set()
 
     def wait(self) -> None:

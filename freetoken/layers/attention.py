@@ -38,7 +38,7 @@ class AttentionMetadata:
     paged: bool | None = None                  # read the cache in place (paged_flex); None: on CUDA
     # key_slots padded past the longest context (decode CUDA graphs' fixed Kmax): never skip the mask
     padded_keys: bool = False
-    _masks: dict = field(default_factory=dict)
+    masks: dict = field(default_factory=dict)
 
     def use_paged(self, q: torch.Tensor) -> bool:
         """True when attention reads the paged cache in place (paged_flex.py) instead of
@@ -49,7 +49,7 @@ class AttentionMetadata:
 
     def mask(self, window: int | None = None) -> torch.Tensor:
         """[B, 1, Qmax, Kmax] True where a query may attend a key (causal, optional window)."""
-        m = self._masks.get(window)
+        m = self.masks.get(window)
         if m is None:
             q = self.query_positions.unsqueeze(-1)
             k = self.key_positions.unsqueeze(-2)
@@ -57,7 +57,7 @@ class AttentionMetadata:
             if window is not None:
                 m &= k > q - window
             m[..., 0] |= self.query_positions < 0   # padded queries attend the null slot, never NaN
-            m = self._masks[window] = m.unsqueeze(1)
+            m = self.masks[window] = m.unsqueeze(1)
         return m
 
     @property

@@ -73,7 +73,7 @@ class PagedTables:
 
 def tables(meta, num_slots: int, block_size: int) -> PagedTables:
     key = ("paged", num_slots, block_size)
-    t = meta._masks.get(key)
+    t = meta.masks.get(key)
     if t is not None:
         return t
     dev = meta.key_slots.device
@@ -98,7 +98,7 @@ def tables(meta, num_slots: int, block_size: int) -> PagedTables:
     idx = torch.argsort((~member).to(torch.int8), dim=1, stable=True).to(torch.int32)
     kv_idx = idx[:, None, None, :].expand(b, 1, nqb, nblk)
     kv_num = member.sum(1).to(torch.int32)[:, None, None].expand(b, 1, nqb).contiguous()
-    t = meta._masks[key] = PagedTables(member, start, meta.query_positions, kv_num, kv_idx, bs, num_slots)
+    t = meta.masks[key] = PagedTables(member, start, meta.query_positions, kv_num, kv_idx, bs, num_slots)
     return t
 
 

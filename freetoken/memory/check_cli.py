@@ -15,7 +15,7 @@ import time
 def register(subparsers) -> None:
     import argparse
 
-    from ..cli import _add_engine_args
+    from ..cli import add_engine_args
     p = subparsers.add_parser("check", help="validate a deployment: memory plan, bandwidths, a cold and a warm "
                               "request, and a diagnosis", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -23,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seconds", type=float, default=0.5, help="time per bandwidth measurement")
-    _add_engine_args(p)
+    add_engine_args(p)
     p.set_defaults(func=main)
 
 

@@ -72,7 +72,7 @@ def read_model_shape(model: str | Path) -> ModelShape:
     from ..weights.checkpoint import Checkpoint
     ck = Checkpoint(p)
     dense, expert_bytes = 0, 0
-    for f in sorted(set(ck._file_of.values())):
+    for f in sorted(set(ck.file_of.values())):
         for name, numel, nbytes, dtype in _safetensors_entries(f):
             if name.startswith(_SKIP) or ".mtp." in name:
                 continue
@@ -90,7 +90,7 @@ def _gguf_shape(ck) -> ModelShape:
     (prebuilt:ggml), float ones are float."""
     from ..weights import ggml_quants
     from ..weights.gguf_experts import expert_tensors, layout
-    infos = {n: t for n, (_, t) in ck._info.items()}
+    infos = {n: t for n, (_, t) in ck.tensor_info.items()}
     dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)
     from ..layers.ggml_linear import KERNEL_TYPES
     packed = [t for n, t in infos.items() if "_exps." not in n and t.ggml_type in KERNEL_TYPES and len(t.shape) == 2]

@@ -5,7 +5,7 @@ import json
 
 
 def register(subparsers) -> None:
-    from ..cli import _add_engine_args
+    from ..cli import add_engine_args
     p = subparsers.add_parser("plan", help="print the memory plan (weights, expert cache, KV, activations) "
                               "without loading the model",
                               description="Print what the engine would put in host and device memory for "
@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    _add_engine_args(p)
+    add_engine_args(p)
     p.set_defaults(func=main)
 
 

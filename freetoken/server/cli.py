@@ -15,8 +15,8 @@ DEMO_CONTEXT = 131072     # agent prompts are 20-50k tokens with the demo's smal
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    from freetoken.cli import _add_engine_args
-    _add_engine_args(p)
+    from freetoken.cli import add_engine_args
+    add_engine_args(p)
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other engine option (see freetoken/config.py), e.g. kv_cache_gib=2")
 

@@ -72,7 +72,7 @@ class Checkpoint:
             raise CheckpointError(f"{self.dir}: model directory does not exist")
         self.config = read_json(self.dir / "config.json", "config.json")
         check_config(self.config, self.dir / "config.json")
-        self._file_of: dict[str, Path] = {}
+        self.file_of: dict[str, Path] = {}
         index = self.dir / "model.safetensors.index.json"
         single = self.dir / "model.safetensors"
         if index.is_file():
@@ -83,7 +83,7 @@ class Checkpoint:
                 path = self.dir / shard
                 if not path.is_file():
                     raise CheckpointError(f"{path}: shard listed in {index.name} for tensor {name!r} is missing")
-                self._file_of[name] = path
+                self.file_of[name] = path
         elif single.exists():
             check_regular_file(single, "safetensors file")
             self._scan(single)
@@ -102,24 +102,24 @@ class Checkpoint:
         try:
             with safe_open(str(path), "pt") as f:
                 for name in f.keys():
-                    self._file_of[name] = path
+                    self.file_of[name] = path
         except Exception as e:  # safetensors raises several error types for bad headers
             raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
     def names(self) -> list[str]:
-        return list(self._file_of)
+        return list(self.file_of)
 
     def has(self, name: str) -> bool:
-        return name in self._file_of
+        return name in self.file_of
 
     def get(self, name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         """The tensor `name`, checked against `shape` (None entries match anything)."""
-        path = self._file_of.get(name)
+        path = self.file_of.get(name)
         if path is None:
             raise CheckpointError(f"{self.dir}: tensor {name!r} not found in the checkpoint")
         if self._bar is None:
             from ..progress import progress
-            self._bar = progress(sum(p.stat().st_size for p in set(self._file_of.values())), f"load {self.dir.name}")
+            self._bar = progress(sum(p.stat().st_size for p in set(self.file_of.values())), f"load {self.dir.name}")
         handle = self._handles.get(path)
         if handle is None:
             handle = self._handles[path] = _SafetensorsFile(path, self._bar.update)
@@ -143,10 +143,10 @@ class Checkpoint:
             from .fp8 import block_scales, dequantize_fp8_block
             return dequantize_fp8_block(t, block_scales(self.get(f"{name}_scale_inv"))).to(dtype)
         if not t.is_floating_point():
-            raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")
+            raise CheckpointError(f"{self.file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")
         head = t.reshape(-1)[:4096]     # a sample: damaged files are NaN throughout, scanning all costs a pass
         if head.numel() and bool(torch.isnan(head).all()):
-            raise CheckpointError(f"{self._file_of[name].name}: tensor {name!r} is NaN (every value "
+            raise CheckpointError(f"{self.file_of[name].name}: tensor {name!r} is NaN (every value "
                                   "sampled): the file is damaged")
         return t.to(dtype)
 

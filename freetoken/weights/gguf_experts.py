@@ -45,7 +45,7 @@ def expert_tensors(ck) -> tuple[list[int], list[list]]:
 
 
 def moe_blocks(ck) -> list[int]:
-    return sorted(int(n.split(".")[1]) for n in ck._info if n.endswith(".ffn_gate_exps.weight"))
+    return sorted(int(n.split(".")[1]) for n in ck.tensor_info if n.endswith(".ffn_gate_exps.weight"))
 
 
 def build_pool(ck):
@@ -78,7 +78,7 @@ def build_pool(ck):
         banks = {"gate_up": gate_up, "down": down}
         spec = ExpertSpec(hidden=hidden, intermediate=inter, **spec_kw)
     if gpt_oss:
-        banks.update(_biases(ck, blocks, e, inter, hidden))
+        banks.update(expert_biases(ck, blocks, e, inter, hidden))
     pool = ExpertPool(banks, len(blocks), e, spec)
     return requantize(pool, ck.expert_format) if ck.expert_format and spec.fmt == "float" else pool
 
@@ -119,7 +119,7 @@ def _read_rows(ck, t, dst: torch.Tensor) -> None:
             dst[j, :, :rb] = scratch
 
 
-def _biases(ck, blocks, e, inter, hidden) -> dict[str, torch.Tensor]:
+def expert_biases(ck, blocks, e, inter, hidden) -> dict[str, torch.Tensor]:
     gu, dn = [], []
     for b in blocks:
         got = {}

@@ -144,9 +144,9 @@ def test_refusals_are_one_line():
 def test_cli_flag_reaches_the_config():
     import argparse
 
-    from freetoken.cli import _add_engine_args, engine_options
+    from freetoken.cli import add_engine_args, engine_options
     p = argparse.ArgumentParser()
-    _add_engine_args(p)
+    add_engine_args(p)
     assert engine_options(p.parse_args(["--cuda-graphs"]))["cuda_graphs"] is True
     assert engine_options(p.parse_args([]))["cuda_graphs"] is False
 
