@@ -37,14 +37,13 @@ def build_application(args, *, routing: str = "prefix"):
     args = copy.copy(args)
     if args.threads is None:          # torch would take every core of the node
         args.threads = max(1, int(args.replica_cpus))
-    bound = args.route_queue_bound if args.route_queue_bound is not None else args.max_running_requests
     engine = serve.deployment(
         EngineReplica, name=ENGINE_NAME, num_replicas=args.replicas,
         ray_actor_options={"num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus},
         max_ongoing_requests=args.max_running_requests + args.max_waiting_requests,
         health_check_period_s=2, health_check_timeout_s=30, graceful_shutdown_timeout_s=args.shutdown_timeout,
         request_router_config=RequestRouterConfig(request_router_class=f"{ROUTERS[routing].__module__}.{ROUTERS[routing].__name__}",
-                                                  request_router_kwargs={"queue_bound": bound}),
+                                                  request_router_kwargs={"queue_bound": args.route_queue_bound}),
     ).bind(args)
     return Frontend.bind(engine, api_key=args.api_key, engine_name=ENGINE_NAME, model_dir=model_dir,
                          block_size=engine_block_size(args))

@@ -29,7 +29,7 @@ class _FreeTokenRouter(RequestRouter):
     """What both policies share: the table of live replicas, requests in flight per
     replica (counted here, for the requests this process sends), targeted requests."""
 
-    def initialize_state(self, queue_bound: int = 16, **_):
+    def initialize_state(self, queue_bound: int = 2, **_):
         self.queue_bound = queue_bound
         self.table = PrefixTable()
         self.sessions = Sessions()
@@ -94,8 +94,8 @@ class _FreeTokenRouter(RequestRouter):
 
 
 class PrefixAwareRouter(_FreeTokenRouter):
-    """Longest cached prefix first, sessions stick, the least loaded past a queue bound
-    (the rule is `table.choose`)."""
+    """Sessions stick, else the longest cached prefix, else the least loaded, and the least
+    loaded past a queue bound (the rule is `table.choose`)."""
 
     def pick(self, fwd, by_id):
         loads = {r: self.inflight[r] for r in by_id}
