@@ -70,28 +70,30 @@ def test_capacity_keeps_the_newest_prompt():
     assert table.match("a", block_hashes(new, BS)) == 3 and table.match("a", block_hashes(old, BS)) == 0
 
 
-def brute_choose(matches, loads, session, bound):
+def brute_choose(matches, loads, session, bound, held):
     """The rule written out as a ranking: the session's replica if nobody holds more of the
     prompt; else the best (match, -load, id) unless its load exceeds the minimum by more
-    than the bound, then the best (-load, match, id)."""
+    than the bound, then the best (-load, match, id); equal loads: fewer blocks held first."""
     live = sorted(loads)
     match = {r: matches.get(r, 0) for r in live}
     if session in loads and all(match[r] <= match[session] for r in live):
         return session
-    by_prefix = sorted(live, key=lambda r: (-match[r], loads[r], r))[0]
+    size = {r: held.get(r, 0) for r in live}
+    by_prefix = sorted(live, key=lambda r: (-match[r], loads[r], size[r], r))[0]
     if not any(match.values()):
-        by_prefix = sorted(live, key=lambda r: (loads[r], r))[0]
-    by_load = sorted(live, key=lambda r: (loads[r], -match[r], r))[0]
+        by_prefix = sorted(live, key=lambda r: (loads[r], size[r], r))[0]
+    by_load = sorted(live, key=lambda r: (loads[r], -match[r], size[r], r))[0]
     return by_load if loads[by_prefix] > min(loads.values()) + bound else by_prefix
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.dictionaries(st.sampled_from(REPLICAS), st.integers(0, 5), min_size=1),
        st.dictionaries(st.sampled_from(REPLICAS), st.integers(0, 6)),
-       st.one_of(st.none(), st.sampled_from(REPLICAS)), st.integers(0, 4))
-def test_choice_follows_the_rule(loads, matches, session, bound):
-    c = choose(matches, loads, session, bound)
-    assert c.replica == brute_choose(matches, loads, session, bound)
+       st.one_of(st.none(), st.sampled_from(REPLICAS)), st.integers(0, 4),
+       st.dictionaries(st.sampled_from(REPLICAS), st.integers(0, 3)))
+def test_choice_follows_the_rule(loads, matches, session, bound, held):
+    c = choose(matches, loads, session, bound, held)
+    assert c.replica == brute_choose(matches, loads, session, bound, held)
     assert c.replica in loads
     if c.reason == "prefix":
         assert c.matched_blocks == max(matches.get(r, 0) for r in loads)

@@ -64,7 +64,9 @@ def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_
         return
     for attempt in range(3):      # Ray gives its raylet 30 s to register: not enough on a loaded box
         try:
-            ray.init(num_cpus=num_cpus, object_store_memory=object_store_bytes, **kw)
+            # "local": a new instance even where `ray start` left a cluster address behind
+            # (ray.init() would join that one)
+            ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_bytes, **kw)
             return
         except Exception as e:  # noqa: BLE001 - only that timeout is retried
             if "timed out during startup" not in str(e) or attempt == 2:

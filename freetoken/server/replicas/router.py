@@ -102,7 +102,7 @@ class PrefixAwareRouter(_FreeTokenRouter):
         key = fwd.key if fwd is not None and fwd.key else []
         session = fwd.session if fwd is not None else None
         c = choose(self.table.matches(key, list(by_id)), loads, self.sessions.get(session),
-                   self.queue_bound)
+                   self.queue_bound, self.table.sizes())
         self.routed[c.reason] += 1
         return c.replica
 
