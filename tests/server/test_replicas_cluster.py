@@ -31,21 +31,21 @@ def _free_port() -> int:
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     env.update(PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p),
                RAY_USAGE_STATS_ENABLED="0")
     return env
 
 
-def _wait_port(port: int, proc: subprocess.Popen, log: Path, deadline: float) -> None:
+def _wait_head(proc: subprocess.Popen, log: Path, deadline: float) -> None:
+    """Until `ray start` says the runtime started (its GCS port opens well before)."""
     while time.monotonic() < deadline:
+        if "Ray runtime started" in log.read_text():
+            return
         if proc.poll() is not None:
             pytest.fail(f"`ray start --head` exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
         time.sleep(0.5)
-    pytest.fail(f"the Ray head did not listen on {port} in time:\n{log.read_text()[-3000:]}")
+    pytest.fail(f"the Ray head did not start in {START_S} s:\n{log.read_text()[-3000:]}")
 
 
 def _wait_ready(proc: subprocess.Popen, log: Path, deadline: float) -> None:
@@ -94,7 +94,7 @@ def test_serve_joins_a_ray_cluster(tiny_dir, tmp_path):
     srv = None
     try:
         deadline = time.monotonic() + START_S
-        _wait_port(gcs, head, head_log, deadline)
+        _wait_head(head, head_log, deadline)
         srv = subprocess.Popen(
             [sys.executable, "-m", "freetoken.cli", "serve", "--model", str(model), "--dtype", "float32",
              "--max-model-len", "4096", "--kv-cache-gib", "0.1", "--max-tokens-cap", "4",
@@ -116,7 +116,8 @@ def test_serve_joins_a_ray_cluster(tiny_dir, tmp_path):
         assert len(seen) == 2, seen
         # the application lives in the cluster the head runs, not in a local instance
         probe = subprocess.run(
-            [sys.executable, "-c", "import json, ray; ray.init(address=%r, log_to_driver=False); "
+            [sys.executable, "-c", "import json, ray; from freetoken.server.replicas.app import _token_auth_if_token; "
+             "_token_auth_if_token(); ray.init(address=%r, log_to_driver=False); "
              "print(json.dumps(ray.util.list_named_actors(all_namespaces=True)))" % f"127.0.0.1:{gcs}"],
             capture_output=True, text=True, timeout=180, env=_env())
         assert probe.returncode == 0, probe.stderr[-2000:]

@@ -55,11 +55,22 @@ def package_root() -> str:
     return str(Path(freetoken.__file__).resolve().parent.parent)
 
 
+def _token_auth_if_token() -> None:
+    """Join a cluster as `ray start --address` does: with token authentication when this
+    machine has a Ray token and RAY_AUTH_MODE is unset (Ray 2.60 turns tokens on for a new
+    cluster, but `ray.init(address=...)` would not send one). Ray's own function, the one
+    `ray start` calls (ray[serve] is pinned)."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available)
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
 def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_bytes: int | None = None):
     import ray
     env = {"PYTHONPATH": os.pathsep.join(p for p in (package_root(), os.environ.get("PYTHONPATH")) if p)}
     kw = {"runtime_env": {"env_vars": env}, "include_dashboard": False, "log_to_driver": True}
     if address:
+        _token_auth_if_token()
         ray.init(address=address, **kw)
         return
     for attempt in range(3):      # Ray gives its raylet 30 s to register: not enough on a loaded box
