@@ -37,25 +37,17 @@ def _env() -> dict:
     return env
 
 
-def _wait_head(proc: subprocess.Popen, log: Path, deadline: float) -> None:
-    """Until `ray start` says the runtime started (its GCS port opens well before)."""
+def _wait_for(line: str, proc: subprocess.Popen, log: Path, what: str) -> None:
+    """Until the process's log shows `line` (a port opening is not enough: Ray's GCS
+    listens well before the head is up)."""
+    deadline = time.monotonic() + START_S
     while time.monotonic() < deadline:
-        if "Ray runtime started" in log.read_text():
+        if line in log.read_text():
             return
         if proc.poll() is not None:
-            pytest.fail(f"`ray start --head` exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            pytest.fail(f"{what} exited {proc.returncode}:\n{log.read_text()[-4000:]}")
         time.sleep(0.5)
-    pytest.fail(f"the Ray head did not start in {START_S} s:\n{log.read_text()[-3000:]}")
-
-
-def _wait_ready(proc: subprocess.Popen, log: Path, deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if "READY http" in log.read_text():
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"freetoken serve exited {proc.returncode}:\n{log.read_text()[-4000:]}")
-        time.sleep(1)
-    pytest.fail(f"freetoken serve was not ready in {START_S} s:\n{log.read_text()[-4000:]}")
+    pytest.fail(f"{what} was not ready in {START_S} s:\n{log.read_text()[-4000:]}")
 
 
 def _stop(proc: subprocess.Popen, timeout: float) -> None:
@@ -93,15 +85,14 @@ def test_serve_joins_a_ray_cluster(tiny_dir, tmp_path):
         stdout=head_log.open("w"), stderr=subprocess.STDOUT, env=_env(), cwd=tmp_path)
     srv = None
     try:
-        deadline = time.monotonic() + START_S
-        _wait_head(head, head_log, deadline)
+        _wait_for("Ray runtime started", head, head_log, "`ray start --head`")
         srv = subprocess.Popen(
             [sys.executable, "-m", "freetoken.cli", "serve", "--model", str(model), "--dtype", "float32",
              "--max-model-len", "4096", "--kv-cache-gib", "0.1", "--max-tokens-cap", "4",
              "--served-model-name", "m", "--replicas", "2", "--replica-cpus", "1",
              "--ray-address", f"127.0.0.1:{gcs}", "--host", "127.0.0.1", "--port", str(http)],
             stdout=serve_log.open("w"), stderr=subprocess.STDOUT, env=_env(), cwd=ROOT)
-        _wait_ready(srv, serve_log, time.monotonic() + START_S)
+        _wait_for("READY http", srv, serve_log, "freetoken serve")
         url = f"http://127.0.0.1:{http}"
         seen = set()
         for i in range(4):        # four conversations: both replicas take some

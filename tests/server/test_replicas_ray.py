@@ -105,7 +105,10 @@ def test_health_models_metrics_through_the_front_end(cluster, prefix_run):
     replicas = {ln.split('replica="')[1].split('"')[0] for ln in m.splitlines()
                 if ln.startswith("freetoken_prompt_tokens_total{")}
     assert len(replicas) == 2, m[:2000]
-    assert 'freetoken_router_requests_total{reason="prefix"}' in m
+    reasons = {ln.split('reason="')[1].split('"')[0]: float(ln.split()[-1]) for ln in m.splitlines()
+               if ln.startswith("freetoken_router_requests_total{")}
+    # every later turn of a session stayed on its session's replica
+    assert reasons.get("session", 0) >= prefix_run.requests - N_SESSIONS, reasons
     # both replicas took sessions: the shared system prompt did not pile everything on one
     served = [float(ln.split()[-1]) for ln in m.splitlines() if ln.startswith("freetoken_prompt_tokens_total{")]
     assert min(served) > 0, served
