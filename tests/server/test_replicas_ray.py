@@ -25,7 +25,7 @@ from freetoken.server.replicas.replay import replay, session_bodies  # noqa: E40
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]   # a slow fresh CI machine: Ray, then 2 engines
 
 SESSIONS = SHARED_DATA / "agent-sessions" / "tau-bench_gpt-4o-airline"
-N_SESSIONS, TURNS = 6, 6
+N_SESSIONS, TURNS = 6, 12     # 12 turns: histories long enough that round-robin clearly loses
 
 
 def _free_port() -> int:
