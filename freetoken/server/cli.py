@@ -124,12 +124,14 @@ def _replica_args(s) -> None:
                    help="serve N engine replicas (each its own process and memory plan) behind one "
                    "prefix-aware router")
     g.add_argument("--ray-address", default=None,
-                   help="join this Ray cluster ('auto' or HOST:PORT); default: start a local Ray instance")
+                   help="join this Ray cluster (HOST:PORT, or 'auto': the one 'ray start' started on this node), "
+                   "with this machine's Ray token if it has one; default: start a new local Ray instance")
     g.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs each replica asks Ray for (default 1)")
     g.add_argument("--replica-gpus", type=float, default=0.0, help="GPUs each replica asks Ray for (default 0)")
-    g.add_argument("--route-queue-bound", type=int, default=None,
-                   help="send a request to its longest-prefix replica unless that replica has more "
-                   "than this many requests in flight (default: --max-running-requests)")
+    g.add_argument("--route-queue-bound", type=int, default=2,
+                   help="a request that continues no session goes to its longest-prefix replica "
+                   "unless that replica has more than this many requests in flight beyond the least "
+                   "loaded one (default 2); a session's requests stay on its replica")
     g.add_argument("--routing", default="prefix", choices=["prefix", "round-robin"],
                    help="replica choice: prefix (default) or round-robin (for comparison)")
 

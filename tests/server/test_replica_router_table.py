@@ -70,27 +70,30 @@ def test_capacity_keeps_the_newest_prompt():
     assert table.match("a", block_hashes(new, BS)) == 3 and table.match("a", block_hashes(old, BS)) == 0
 
 
-def brute_choose(matches, loads, session, bound):
+def brute_choose(matches, loads, session, bound, held):
+    """The rule written out as a ranking: the session's replica if nobody holds more of the
+    prompt; else the best (match, -load, id) unless its load exceeds the minimum by more
+    than the bound, then the best (-load, match, id); equal loads: fewer blocks held first."""
     live = sorted(loads)
-    least = sorted(live, key=lambda r: (loads[r], -matches.get(r, 0), r))[0]
-    best = max(matches.get(r, 0) for r in live)
-    if best:
-        tied = [r for r in live if matches.get(r, 0) == best]
-        pick = session if session in tied else sorted(tied, key=lambda r: (loads[r], r))[0]
-    else:
-        pick = session if session in loads else least
-    if loads[pick] > bound and loads[least] < loads[pick]:
-        pick = least
-    return pick
+    match = {r: matches.get(r, 0) for r in live}
+    if session in loads and all(match[r] <= match[session] for r in live):
+        return session
+    size = {r: held.get(r, 0) for r in live}
+    by_prefix = sorted(live, key=lambda r: (-match[r], loads[r], size[r], r))[0]
+    if not any(match.values()):
+        by_prefix = sorted(live, key=lambda r: (loads[r], size[r], r))[0]
+    by_load = sorted(live, key=lambda r: (loads[r], -match[r], size[r], r))[0]
+    return by_load if loads[by_prefix] > min(loads.values()) + bound else by_prefix
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.dictionaries(st.sampled_from(REPLICAS), st.integers(0, 5), min_size=1),
        st.dictionaries(st.sampled_from(REPLICAS), st.integers(0, 6)),
-       st.one_of(st.none(), st.sampled_from(REPLICAS)), st.integers(0, 4))
-def test_choice_follows_the_rule(loads, matches, session, bound):
-    c = choose(matches, loads, session, bound)
-    assert c.replica == brute_choose(matches, loads, session, bound)
+       st.one_of(st.none(), st.sampled_from(REPLICAS)), st.integers(0, 4),
+       st.dictionaries(st.sampled_from(REPLICAS), st.integers(0, 3)))
+def test_choice_follows_the_rule(loads, matches, session, bound, held):
+    c = choose(matches, loads, session, bound, held)
+    assert c.replica == brute_choose(matches, loads, session, bound, held)
     assert c.replica in loads
     if c.reason == "prefix":
         assert c.matched_blocks == max(matches.get(r, 0) for r in loads)
@@ -103,4 +106,28 @@ def test_dead_replica_sessions_are_rerouted():
     assert s.drop_replica("a") == 1 and s.get("s1") is None and s.get("s2") == "b"
     assert choose({}, {"b": 3, "c": 0}, s.get("s1"), 8).replica == "c"     # least loaded
     assert choose({}, {"b": 3, "c": 0}, s.get("s2"), 8).replica == "b"     # sticks
-    assert choose({}, {"b": 9, "c": 0}, s.get("s2"), 8).replica == "c"     # over the bound
+    assert choose({}, {"b": 9, "c": 0}, s.get("s2"), 8).replica == "b"     # sticks past the bound too
+    assert choose({}, {"b": 9, "c": 0}, None, 8).replica == "c"            # no session: over the bound
+    # a new session whose only match is the shared system prompt goes where the load is
+    assert choose({"b": 5, "c": 0}, {"b": 3, "c": 0}, None, 2).replica == "c"
+    assert choose({"b": 5, "c": 0}, {"b": 2, "c": 0}, None, 2).replica == "b"
+    # a session moved elsewhere (its replica restarted) follows its longer prefix
+    assert choose({"b": 1, "c": 7}, {"b": 0, "c": 0}, "b", 2).replica == "c"
+
+
+def test_a_conversation_keeps_its_session_as_it_grows():
+    import json
+
+    from freetoken.server.replicas.route_key import session_of
+    first = [{"role": "system", "content": "policy"}, {"role": "user", "content": "book a flight"}]
+    later = first + [{"role": "assistant", "content": "where to?"}, {"role": "user", "content": "Paris"}]
+    other = [first[0], {"role": "user", "content": "cancel my booking"}]
+
+    def of(body, headers=None):
+        return session_of(headers or {}, json.dumps(body).encode())
+    assert of({"messages": first}) == of({"messages": later}) != of({"messages": other})
+    assert of({"system": "policy", "messages": first[1:]}) == of({"system": "policy", "messages": later[1:]})
+    assert of({"instructions": "i", "input": "hello"}) == of({"instructions": "i", "input": [
+        {"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]})
+    assert of({"messages": later, "user": "u1"}) == "u1" == of({"messages": other}, {"x-session-id": "u1"})
+    assert of({"prompt": "text"}) is None and of({"messages": [first[0]]}) is None

@@ -22,10 +22,10 @@ from freetoken.server.replicas.forward import Forward  # noqa: E402
 from freetoken.server.replicas.registry import router_for  # noqa: E402
 from freetoken.server.replicas.replay import replay, session_bodies  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]   # a slow fresh CI machine: Ray, then 2 engines
 
 SESSIONS = SHARED_DATA / "agent-sessions" / "tau-bench_gpt-4o-airline"
-N_SESSIONS, TURNS = 6, 6
+N_SESSIONS, TURNS = 6, 12     # 12 turns: histories long enough that round-robin clearly loses
 
 
 def _free_port() -> int:
@@ -105,7 +105,10 @@ def test_health_models_metrics_through_the_front_end(cluster, prefix_run):
     replicas = {ln.split('replica="')[1].split('"')[0] for ln in m.splitlines()
                 if ln.startswith("freetoken_prompt_tokens_total{")}
     assert len(replicas) == 2, m[:2000]
-    assert 'freetoken_router_requests_total{reason="prefix"}' in m
+    reasons = {ln.split('reason="')[1].split('"')[0]: float(ln.split()[-1]) for ln in m.splitlines()
+               if ln.startswith("freetoken_router_requests_total{")}
+    # every later turn of a session stayed on its session's replica
+    assert reasons.get("session", 0) >= prefix_run.requests - N_SESSIONS, reasons
     # both replicas took sessions: the shared system prompt did not pile everything on one
     served = [float(ln.split()[-1]) for ln in m.splitlines() if ln.startswith("freetoken_prompt_tokens_total{")]
     assert min(served) > 0, served
@@ -140,13 +143,13 @@ def test_a_replica_killed_mid_stream(cluster, prefix_run):
             "model": "m", "max_tokens": 1, "user": "victim-session",
             "messages": [{"role": "user", "content": f"after the crash {i}"}]})
         assert x.status_code == 200, x.text
-    # Ray restarts the replica
-    deadline = time.monotonic() + 120
+    # Ray restarts the replica (a new process builds its engine: minutes on a loaded machine)
+    deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         h = httpx.get(cluster + "/health", timeout=60).json()
         if h["replicas_ok"] == 2 and victim not in h["replicas"]:
             break
-        time.sleep(1)
+        time.sleep(2)
     assert h["replicas_ok"] == 2 and victim not in h["replicas"], h
 
 

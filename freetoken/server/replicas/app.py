@@ -37,14 +37,13 @@ def build_application(args, *, routing: str = "prefix"):
     args = copy.copy(args)
     if args.threads is None:          # torch would take every core of the node
         args.threads = max(1, int(args.replica_cpus))
-    bound = args.route_queue_bound if args.route_queue_bound is not None else args.max_running_requests
     engine = serve.deployment(
         EngineReplica, name=ENGINE_NAME, num_replicas=args.replicas,
         ray_actor_options={"num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus},
         max_ongoing_requests=args.max_running_requests + args.max_waiting_requests,
         health_check_period_s=2, health_check_timeout_s=30, graceful_shutdown_timeout_s=args.shutdown_timeout,
         request_router_config=RequestRouterConfig(request_router_class=f"{ROUTERS[routing].__module__}.{ROUTERS[routing].__name__}",
-                                                  request_router_kwargs={"queue_bound": bound}),
+                                                  request_router_kwargs={"queue_bound": args.route_queue_bound}),
     ).bind(args)
     return Frontend.bind(engine, api_key=args.api_key, engine_name=ENGINE_NAME, model_dir=model_dir,
                          block_size=engine_block_size(args))
@@ -56,16 +55,29 @@ def package_root() -> str:
     return str(Path(freetoken.__file__).resolve().parent.parent)
 
 
+def _token_auth_if_token() -> None:
+    """Join a cluster as `ray start --address` does: with token authentication when this
+    machine has a Ray token and RAY_AUTH_MODE is unset (Ray 2.60 turns tokens on for a new
+    cluster, but `ray.init(address=...)` would not send one). Ray's own function, the one
+    `ray start` calls (ray[serve] is pinned)."""
+    from ray._private.authentication.authentication_token_setup import (
+        maybe_enable_token_auth_if_token_available)
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
 def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_bytes: int | None = None):
     import ray
     env = {"PYTHONPATH": os.pathsep.join(p for p in (package_root(), os.environ.get("PYTHONPATH")) if p)}
     kw = {"runtime_env": {"env_vars": env}, "include_dashboard": False, "log_to_driver": True}
     if address:
+        _token_auth_if_token()
         ray.init(address=address, **kw)
         return
     for attempt in range(3):      # Ray gives its raylet 30 s to register: not enough on a loaded box
         try:
-            ray.init(num_cpus=num_cpus, object_store_memory=object_store_bytes, **kw)
+            # "local": a new instance even where `ray start` left a cluster address behind
+            # (ray.init() would join that one)
+            ray.init(address="local", num_cpus=num_cpus, object_store_memory=object_store_bytes, **kw)
             return
         except Exception as e:  # noqa: BLE001 - only that timeout is retried
             if "timed out during startup" not in str(e) or attempt == 2:

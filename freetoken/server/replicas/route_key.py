@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import logging
 
+import xxhash
+
 from ..chat import render
 from ..prepare import ChatInput
 
@@ -63,10 +65,28 @@ def prompt_ids(tokenizer, path: str, raw: bytes) -> list[int] | None:
         return None
 
 
+def _opening(body: dict):
+    """What opens the conversation: the system prompt and the messages up to the first
+    user message (OpenAI and Anthropic `messages`, Responses `instructions` + `input`)."""
+    msgs = body.get("messages")
+    if msgs is None:
+        msgs = body.get("input")
+    if isinstance(msgs, str):                 # Responses: a bare string is one user message
+        msgs = [{"role": "user", "content": msgs}]
+    if not isinstance(msgs, list):
+        return None
+    for i, m in enumerate(msgs):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return [body.get("system"), body.get("instructions"), msgs[:i + 1]]
+    return None
+
+
 def session_of(headers: dict[str, str], raw: bytes) -> str | None:
     """The agent session a request belongs to: a session header, OpenAI's
     `prompt_cache_key`, Anthropic's `metadata.user_id` (Claude Code puts its session
-    there), or OpenAI's `user`."""
+    there), OpenAI's `user`; else, for a conversation, a hash of how it opens (system
+    prompt and first user message): an agent's history only grows, so every later turn
+    of one conversation opens the same way (two that open alike share that prefix too)."""
     for h in SESSION_HEADERS:
         if headers.get(h):
             return headers[h]
@@ -81,4 +101,7 @@ def session_of(headers: dict[str, str], raw: bytes) -> str | None:
               body.get("user")):
         if isinstance(v, str) and v:
             return v
-    return None
+    opening = _opening(body)
+    if opening is None:
+        return None
+    return "opening:" + xxhash.xxh3_64_hexdigest(json.dumps(opening, sort_keys=True, default=str).encode())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import Counter
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -14,6 +15,8 @@ from .forward import Forward
 from .table import PrefixTable, Sessions, choose
 
 log = logging.getLogger("freetoken.replicas")
+
+TENTATIVE_S = 30.0     # a pick not routed by then no longer counts as load
 
 
 def _forward(pending: PendingRequest | None) -> Forward | None:
@@ -29,12 +32,15 @@ class _FreeTokenRouter(RequestRouter):
     """What both policies share: the table of live replicas, requests in flight per
     replica (counted here, for the requests this process sends), targeted requests."""
 
-    def initialize_state(self, queue_bound: int = 16, **_):
+    def initialize_state(self, queue_bound: int = 2, **_):
         self.queue_bound = queue_bound
         self.table = PrefixTable()
         self.sessions = Sessions()
         self.inflight: Counter = Counter()
         self.routed: Counter = Counter()          # reason -> requests
+        # picked but not yet routed: Ray picks for several pending requests before it tells
+        # us where any went, so each pick counts (and records its prompt and session) at once
+        self.tentative: dict[int, tuple[str, float]] = {}   # id(pending request) -> (replica, when)
         registry.register(self._deployment_id.name, self)
 
     # --- replica set ----------------------------------------------------------------
@@ -61,6 +67,7 @@ class _FreeTokenRouter(RequestRouter):
 
     # --- load -----------------------------------------------------------------------
     def on_request_routed(self, pending_request, replica_id: ReplicaID, result):
+        self._untentative(id(pending_request))
         self.inflight[replica_id.unique_id] += 1
         fwd = _forward(pending_request)
         if fwd is not None and fwd.target is None:
@@ -74,6 +81,21 @@ class _FreeTokenRouter(RequestRouter):
     def record(self, fwd: Forward, r: str) -> None:
         """The request went to r: r will hold its prompt, and its session sticks there."""
 
+    def _untentative(self, key: int) -> None:
+        r = self.tentative.pop(key, (None, 0))[0]
+        if r is not None and self.inflight.get(r, 0) > 0:
+            self.inflight[r] -= 1
+
+    def _tentative(self, pending, fwd: Forward | None, r: str) -> None:
+        now = time.monotonic()
+        for k in [k for k, (_, t) in self.tentative.items() if now - t > TENTATIVE_S]:
+            self._untentative(k)                 # a pick Ray never routed (cancelled)
+        self._untentative(id(pending))           # Ray asks again for one it could not place
+        self.tentative[id(pending)] = (r, now)
+        self.inflight[r] += 1
+        if fwd is not None:
+            self.record(fwd, r)
+
     # --- choice ---------------------------------------------------------------------
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None):
@@ -86,6 +108,8 @@ class _FreeTokenRouter(RequestRouter):
         if not by_id:
             return []
         first = self.pick(fwd, by_id)
+        if pending_request is not None:
+            self._tentative(pending_request, fwd, first)
         rest = sorted((r for r in by_id if r != first), key=lambda r: (self.inflight[r], r))
         return [[by_id[first]], [by_id[r] for r in rest]] if rest else [[by_id[first]]]
 
@@ -94,15 +118,15 @@ class _FreeTokenRouter(RequestRouter):
 
 
 class PrefixAwareRouter(_FreeTokenRouter):
-    """Longest cached prefix first, sessions stick, the least loaded past a queue bound
-    (the rule is `table.choose`)."""
+    """Sessions stick, else the longest cached prefix, else the least loaded, and the least
+    loaded past a queue bound (the rule is `table.choose`)."""
 
     def pick(self, fwd, by_id):
         loads = {r: self.inflight[r] for r in by_id}
         key = fwd.key if fwd is not None and fwd.key else []
         session = fwd.session if fwd is not None else None
         c = choose(self.table.matches(key, list(by_id)), loads, self.sessions.get(session),
-                   self.queue_bound)
+                   self.queue_bound, self.table.sizes())
         self.routed[c.reason] += 1
         return c.replica
 

@@ -59,6 +59,10 @@ class PrefixTable:
         with self._lock:
             return len(self._held.get(r, ()))
 
+    def sizes(self) -> dict[str, int]:
+        with self._lock:
+            return {r: len(h) for r, h in self._held.items()}
+
     def set_capacity(self, r: str, blocks: int) -> None:
         with self._lock:
             if r in self._held and blocks > 0:
@@ -121,27 +125,35 @@ class Choice:
 
 
 def choose(matches: dict[str, int], loads: dict[str, int], session_replica: str | None,
-           queue_bound: int) -> Choice | None:
-    """The routing rule. Among the live replicas (the keys of `loads`): the one holding the
-    longest prefix of the prompt (ties: the session's replica, then the least loaded);
-    with no prefix anywhere, the session's replica; else the least loaded. If the pick has
-    more than `queue_bound` requests in flight, the least loaded instead (ties: the longer
-    prefix). Ties left after that go to the smaller replica id (deterministic)."""
+           queue_bound: int, held: dict[str, int] | None = None) -> Choice | None:
+    """The routing rule. Among the live replicas (the keys of `loads`):
+    1. a session's request goes to the session's replica when no other replica holds a
+       longer prefix of its prompt: sessions stick, whatever the load (their history is
+       cached there alone; moving one re-prefills all of it, and a replica that is full
+       is still skipped by Ray's `max_ongoing_requests`);
+    2. any other request to the replica holding the longest prefix of the prompt (ties: the
+       least loaded), or with no prefix anywhere to the least loaded;
+    3. unless that replica has more than `queue_bound` requests in flight beyond the least
+       loaded one: then the least loaded (ties: the longer prefix). A new session whose
+       only match is a shared system prompt thus goes where the load is, and pays that
+       prompt once per replica, not its history on every spill.
+    Ties in load go to the replica holding fewer blocks (`held`: so new sessions that come
+    one at a time still alternate), then to the smaller replica id (deterministic)."""
     if not loads:
         return None
     live = sorted(loads)
     m = {r: matches.get(r, 0) for r in live}
-    least = min(live, key=lambda r: (loads[r], -m[r], r))
+    size = {r: (held or {}).get(r, 0) for r in live}
+    least = min(live, key=lambda r: (loads[r], -m[r], size[r], r))
     best = max(m.values())
+    if session_replica in loads and m[session_replica] == best:
+        return Choice(session_replica, "session", best)
     if best > 0:
-        tied = [r for r in live if m[r] == best]
-        pick = session_replica if session_replica in tied else min(tied, key=lambda r: (loads[r], r))
+        pick = min((r for r in live if m[r] == best), key=lambda r: (loads[r], size[r], r))
         reason = "prefix"
-    elif session_replica in loads:
-        pick, reason = session_replica, "session"
     else:
         pick, reason = least, "least-loaded"
-    if loads[pick] > queue_bound and loads[least] < loads[pick]:
+    if loads[pick] - loads[least] > queue_bound:
         pick, reason = least, "spill"
     return Choice(pick, reason, m[pick])
 
