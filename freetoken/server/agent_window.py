@@ -13,6 +13,7 @@ import os
 import subprocess
 import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -93,7 +94,10 @@ def capture_first_request(make_plan, exe: str, timeout: float = PROBE_TIMEOUT_S)
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                     start_new_session=True)
             try:
-                srv.got.wait(timeout)
+                deadline = time.monotonic() + timeout
+                while not srv.got.wait(0.1) and proc.poll() is None and time.monotonic() < deadline:
+                    pass
+                srv.got.wait(0.5)       # a request sent just before the agent gave up
             finally:
                 _end(proc)
     finally:
