@@ -21,8 +21,8 @@ import httpx
 
 # a one-turn, non-interactive run of each agent (its first model request is all we need)
 PROBE_ARGS = {"claude": ["-p", "hi"], "opencode": ["run", "hi"],
-              "openclaw": ["agent", "--local", "--message", "hi"]}
-PROBE_TIMEOUT_S = 60
+              "openclaw": ["agent", "--local", "--agent", "main", "--message", "hi"]}
+PROBE_TIMEOUT_S = 120     # OpenClaw 2026.9.6 takes ~50 s to its first request on a busy 2-core box
 
 
 class _Listener(ThreadingHTTPServer):
