@@ -6,6 +6,7 @@ import base64
 import json
 import uuid
 
+import pydantic_core
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
@@ -236,11 +237,24 @@ async def messages(request: Request):
         content.append({"type": "text", "text": text})
     for start, args in calls:
         content.append({"type": "tool_use", "id": _tool_id(start.id), "name": start.name,
-                        "input": json.loads(args)})
+                        "input": _tool_input(args)})
     return {"id": mid, "type": "message", "role": "assistant", "model": body.model,
             "content": content, "stop_reason": _stop_reason(done),
             "stop_sequence": done.stop_sequence,
             "usage": _usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)}
+
+
+def _tool_input(args: str) -> dict:
+    """A call's arguments as the object `input` must be; a call max_tokens cut off (stop_reason
+    max_tokens) keeps what was complete of it, as the SDKs' own partial-JSON readers do."""
+    try:
+        return json.loads(args)
+    except ValueError:
+        try:
+            obj = pydantic_core.from_json(args, allow_partial=True)
+        except ValueError:
+            return {}
+        return obj if isinstance(obj, dict) else {}
 
 
 def _stop_reason(done: Done) -> str:

@@ -82,7 +82,7 @@ class Generation:
                 events = parser.feed(out.new_text) if out.new_text else []
                 if out.finished:
                     self.finished = True
-                    events += parser.finish()
+                    events += parser.finish(truncated=out.finish_reason == "length")
                 for ev in events:
                     if isinstance(ev, (ToolCallStart, ToolCallDelta, ToolCallEnd)):
                         if not req.tools or (req.max_tool_calls is not None

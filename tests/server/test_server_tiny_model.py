@@ -122,3 +122,29 @@ def test_memory_plan_endpoint(tiny):
     assert kv["nbytes"] == llm.engine.runner.kv_nbytes
     assert plan["devices"]["host"]["planned"] <= plan["devices"]["host"]["available"]
     assert plan["options"]["max_model_len"] == llm.engine.max_model_len == 65536
+
+
+def test_forced_tool_call_cut_by_max_tokens_is_returned_truncated(uncapped):
+    """The same greedy forced call, once whole and then with its last tokens cut off: each cut
+    one is returned (it was dropped: no tool_calls, empty content) with finish_reason
+    "length", as the whole call's beginning, or whole where only the closing tag was cut."""
+    pytest.importorskip("llguidance", reason="constrained decoding needs llguidance")
+    _, url, _ = uncapped
+    kw = dict(model="capture-model", tools=TOOLS, tool_choice="required", temperature=0,
+              messages=[{"role": "user", "content": "weather?"}])
+    whole = oai(url).chat.completions.create(max_tokens=64, **kw)
+    obj = json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
+    compact = json.dumps(obj, separators=(",", ":"))            # the grammar's whitespace
+    partial = 0
+    for k in range(2, 7):
+        ch = oai(url).chat.completions.create(max_tokens=whole.usage.completion_tokens - k, **kw).choices[0]
+        assert ch.finish_reason == "length"
+        (call,) = ch.message.tool_calls
+        assert call.function.name == "get_weather"
+        args = call.function.arguments
+        try:
+            assert json.loads(args) == obj
+        except ValueError:
+            assert compact.startswith(args) and args != compact
+            partial += 1
+    assert partial
