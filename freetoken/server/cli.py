@@ -237,10 +237,17 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
+    from .shutdown import bind_listener
+    sock = bind_listener(args.host, args.port)      # before the model loads: a busy port fails now
     if getattr(args, "replicas", None) is not None:
+        sock.close()                                # the replicas' front end binds its own
         from .replicas.app import cmd_serve_replicas
         return cmd_serve_replicas(args)
-    llm, svc, app, demo, model = build(args)
+    try:
+        llm, svc, app, demo, model = build(args)
+    except BaseException:
+        sock.close()
+        raise
     try:
         svc.grammar_tokenizer()   # now, not on the first json_schema request (it holds the GIL)
     except Exception as e:  # noqa: BLE001 - constrained output is optional
@@ -268,7 +275,7 @@ def cmd_serve(args) -> int:
                             log_level=args.log_level, access_log=args.log_level == "debug")
     server = Server(config, svc, args.shutdown_timeout)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         llm.close()
     log.warning("FreeToken server stopped")
