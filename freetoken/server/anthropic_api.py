@@ -266,10 +266,17 @@ def _stop_reason(done: Done) -> str:
 
 
 async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool):
-    yield sse.event("message_start", {"type": "message_start", "message": {
-        "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": _usage(n_prompt, 1)}})
-    yield sse.event("ping", {"type": "ping"})
+    started = False
+
+    def message_start() -> str:
+        """Sent with the first event (or the first keep-alive of a long prefill), once the
+        prefix cache's share of the prompt is known: it goes into cache_read_input_tokens."""
+        nonlocal started
+        started = True
+        return sse.event("message_start", {"type": "message_start", "message": {
+            "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": _usage(n_prompt, 1, gen.cached_tokens)}}) + sse.event("ping", {"type": "ping"})
     index, kind = -1, None
 
     def stop_block():
@@ -296,6 +303,10 @@ async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool)
     done = None
     try:
         async for ev in with_keepalive(gen.events()):
+            if not started:
+                yield message_start()
+                if ev is None:
+                    continue
             if ev is None:
                 yield sse.event("ping", {"type": "ping"})
             elif isinstance(ev, ReasoningDelta):
@@ -321,6 +332,8 @@ async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool)
     except APIError as e:
         yield sse.event("error", error_body(e, anthropic=True))
         return
+    if not started:
+        yield message_start()
     if kind is not None:
         yield stop_block()
     if done.error:

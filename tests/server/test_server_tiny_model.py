@@ -148,3 +148,25 @@ def test_forced_tool_call_cut_by_max_tokens_is_returned_truncated(uncapped):
             assert compact.startswith(args) and args != compact
             partial += 1
     assert partial
+
+
+def test_anthropic_message_start_reports_the_prefix_cache_hit(tiny):
+    """The same request twice: the second one's message_start says how much of its prompt the
+    prefix cache served (it said 0 always), the figure message_delta and the engine report."""
+    _, url, _ = tiny
+    body = {"model": "claude-opus-5-5", "max_tokens": 4, "stream": True,
+            "system": "You are a careful assistant. " * 40,
+            "messages": [{"role": "user", "content": "list the files in this folder please"}]}
+
+    def usages():
+        with httpx.stream("POST", url + "/v1/messages", json=body, timeout=120) as r:
+            events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert events[0]["type"] == "message_start" and events[1]["type"] == "ping"
+        delta = next(e for e in events if e["type"] == "message_delta")
+        return events[0]["message"]["usage"], delta["usage"]
+
+    usages()
+    start, end = usages()
+    assert start["cache_read_input_tokens"] > 100
+    assert start["cache_read_input_tokens"] == end["cache_read_input_tokens"]
+    assert start["input_tokens"] == end["input_tokens"]
