@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import threading
@@ -97,7 +98,6 @@ def capture_first_request(make_plan, exe: str, timeout: float = PROBE_TIMEOUT_S)
                 deadline = time.monotonic() + timeout
                 while not srv.got.wait(0.1) and proc.poll() is None and time.monotonic() < deadline:
                     pass
-                srv.got.wait(0.5)       # a request sent just before the agent gave up
             finally:
                 _end(proc)
     finally:
@@ -108,7 +108,6 @@ def capture_first_request(make_plan, exe: str, timeout: float = PROBE_TIMEOUT_S)
 
 def _end(proc: subprocess.Popen) -> None:
     """Stop the probe run and whatever it started (its own process group)."""
-    import signal
     for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 5)):
         if proc.poll() is not None:
             return

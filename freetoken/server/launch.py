@@ -199,7 +199,7 @@ def dry_run(env: dict[str, str], files: dict[Path, str], cmd: list[str]) -> None
     print("# command:\n" + shlex.join(cmd))
 
 
-def window_check(args, limits: Limits, key: str, exe: str, agent_args: list[str]) -> str | None:
+def window_check(args, limits: Limits, key: str, exe: str) -> str | None:
     """None when the server's window holds the agent's first request (measured: one probe run
     of the agent, counted by the server) plus a reply and the compaction headroom; else why not
     and the window it needs. A probe that sees no request only warns."""
@@ -264,7 +264,7 @@ def launch(args) -> int:
               f"{NPM_PACKAGE[args.agent]}). Nothing was started.", file=sys.stderr)
         return 127
     if not args.skip_window_check:
-        problem = window_check(args, limits, key, exe, agent_args)
+        problem = window_check(args, limits, key, exe)
         if problem:
             print(f"freetoken launch: {problem} Nothing was started.", file=sys.stderr)
             return 1
