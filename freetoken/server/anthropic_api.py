@@ -6,6 +6,7 @@ import base64
 import json
 import uuid
 
+import pydantic_core
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
@@ -236,11 +237,24 @@ async def messages(request: Request):
         content.append({"type": "text", "text": text})
     for start, args in calls:
         content.append({"type": "tool_use", "id": _tool_id(start.id), "name": start.name,
-                        "input": json.loads(args)})
+                        "input": _tool_input(args)})
     return {"id": mid, "type": "message", "role": "assistant", "model": body.model,
             "content": content, "stop_reason": _stop_reason(done),
             "stop_sequence": done.stop_sequence,
             "usage": _usage(done.prompt_tokens, done.completion_tokens, done.cached_tokens)}
+
+
+def _tool_input(args: str) -> dict:
+    """A call's arguments as the object `input` must be; a call max_tokens cut off (stop_reason
+    max_tokens) keeps what was complete of it, as the SDKs' own partial-JSON readers do."""
+    try:
+        return json.loads(args)
+    except ValueError:
+        try:
+            obj = pydantic_core.from_json(args, allow_partial=True)
+        except ValueError:
+            return {}
+        return obj if isinstance(obj, dict) else {}
 
 
 def _stop_reason(done: Done) -> str:
@@ -252,10 +266,17 @@ def _stop_reason(done: Done) -> str:
 
 
 async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool):
-    yield sse.event("message_start", {"type": "message_start", "message": {
-        "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-        "stop_reason": None, "stop_sequence": None, "usage": _usage(n_prompt, 1)}})
-    yield sse.event("ping", {"type": "ping"})
+    started = False
+
+    def message_start() -> str:
+        """Sent with the first event (or the first keep-alive of a long prefill), once the
+        prefix cache's share of the prompt is known: it goes into cache_read_input_tokens."""
+        nonlocal started
+        started = True
+        return sse.event("message_start", {"type": "message_start", "message": {
+            "id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": None, "stop_sequence": None,
+            "usage": _usage(n_prompt, 1, gen.cached_tokens)}}) + sse.event("ping", {"type": "ping"})
     index, kind = -1, None
 
     def stop_block():
@@ -282,6 +303,10 @@ async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool)
     done = None
     try:
         async for ev in with_keepalive(gen.events()):
+            if not started:
+                yield message_start()
+                if ev is None:
+                    continue
             if ev is None:
                 yield sse.event("ping", {"type": "ping"})
             elif isinstance(ev, ReasoningDelta):
@@ -307,6 +332,8 @@ async def _stream(gen, mid: str, model: str, n_prompt: int, omit_thinking: bool)
     except APIError as e:
         yield sse.event("error", error_body(e, anthropic=True))
         return
+    if not started:
+        yield message_start()
     if kind is not None:
         yield stop_block()
     if done.error:

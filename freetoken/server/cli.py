@@ -106,14 +106,10 @@ def register(subparsers) -> None:
     _engine_args(s)
     s.set_defaults(func=cmd_serve)
 
-    la = subparsers.add_parser(
-        "launch", help="configure and start an agent CLI against a running server",
-        usage="freetoken launch {claude,opencode,openclaw} [--server URL] [--model ID] [--api-key KEY] "
-              "[--config-dir DIR] [--dry-run] [-- AGENT ARGS...]",
-        description="Write the agent's provider configuration for a running FreeToken server and "
-                    "start the agent with it. Arguments after -- go to the agent.",
-        epilog=launch_parser().format_help().split("\n", 2)[-1],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+    # one parser, launch_parser(), reads every option and prints the help (`freetoken launch
+    # --help` shows one options section); this entry only hands it the rest of the line
+    la = subparsers.add_parser("launch", add_help=False, prefix_chars="\0",
+                               help="configure and start an agent CLI against a running server")
     la.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     la.set_defaults(func=cmd_launch)
 
@@ -271,10 +267,17 @@ def cmd_serve(args) -> int:
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
     from .keys import resolve_keys
     resolve_keys(args)
+    from .shutdown import bind_listener
+    sock = bind_listener(args.host, args.port)      # before the model loads: a busy port fails now
     if getattr(args, "replicas", None) is not None:
+        sock.close()                                # the replicas' front end binds its own
         from .replicas.app import cmd_serve_replicas
         return cmd_serve_replicas(args)
-    llm, svc, app, demo, model = build(args)
+    try:
+        llm, svc, app, demo, model = build(args)
+    except BaseException:
+        sock.close()
+        raise
     try:
         svc.grammar_tokenizer()   # now, not on the first json_schema request (it holds the GIL)
     except Exception as e:  # noqa: BLE001 - constrained output is optional
@@ -304,7 +307,7 @@ def cmd_serve(args) -> int:
                             log_level=args.log_level, access_log=args.log_level == "debug")
     server = Server(config, svc, args.shutdown_timeout)
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         llm.close()
     log.warning("FreeToken server stopped")
@@ -312,13 +315,23 @@ def cmd_serve(args) -> int:
 
 
 def launch_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="freetoken launch")
+    p = argparse.ArgumentParser(
+        prog="freetoken launch",
+        usage="freetoken launch {claude,opencode,openclaw} [--server URL] [--model ID] "
+              "[--api-key KEY] [--config-dir DIR] [--skip-window-check] [--dry-run] "
+              "[-- AGENT ARGS...]",
+        description="Write the agent's provider configuration for a running FreeToken server and "
+                    "start the agent with it. Arguments after -- go to the agent. The user's own "
+                    "agent files are never written.")
     p.add_argument("agent", choices=["claude", "opencode", "openclaw"])
     p.add_argument("--server", default="http://127.0.0.1:8000", help="the FreeToken server URL")
     p.add_argument("--model", default=None, help="model id (default: the server's first model)")
     p.add_argument("--api-key", default=os.environ.get("FREETOKEN_API_KEY"))
     p.add_argument("--config-dir", default=None, help="where to write the agent config "
                    "(default: ~/.config/freetoken/agents)")
+    p.add_argument("--skip-window-check", action="store_true",
+                   help="start the agent without first measuring whether the server's window holds "
+                   "its first request (system prompt + tools), a reply and compaction headroom")
     p.add_argument("--dry-run", action="store_true", help="print the config and command; run nothing")
     return p
 

@@ -48,6 +48,7 @@ class Generation:
         self.token_ids: list[int] = []
         self.finished = False
         self.accounted = False         # metrics and the log line have seen this request
+        self.cached_tokens = 0         # prompt tokens the prefix cache served (known from the first output)
         self.job = Job(self.request_id, req.prompt_ids, req.params, asyncio.get_running_loop())
         service.loop.submit(self.job)
 
@@ -76,13 +77,14 @@ class Generation:
                     m.requests.labels(req.endpoint, "error").inc()
                     yield Done("error", len(req.prompt_ids), len(self.token_ids), error=str(out))
                     return
+                self.cached_tokens = getattr(out, "num_cached_tokens", 0)
                 if first is None and out.new_token_ids:
                     first = time.monotonic()
                 self.token_ids += out.new_token_ids
                 events = parser.feed(out.new_text) if out.new_text else []
                 if out.finished:
                     self.finished = True
-                    events += parser.finish()
+                    events += parser.finish(truncated=out.finish_reason == "length")
                 for ev in events:
                     if isinstance(ev, (ToolCallStart, ToolCallDelta, ToolCallEnd)):
                         if not req.tools or (req.max_tool_calls is not None

@@ -48,6 +48,7 @@ class Limits:
     model: str
     context: int             # the context window (prompt + reply)
     output: int              # what the agent is told it may ask for per reply
+    cap: int | None = None   # the server's own output cap (max_output_tokens), if any
 
 
 def agent_output(context: int, server_max_output: int | None) -> int:
@@ -92,12 +93,34 @@ def server_limits(server: str, api_key: str | None, model: str | None) -> Limits
     except (ValueError, KeyError, IndexError, TypeError) as e:
         raise LaunchError(f"GET {url} did not list a model ({type(e).__name__}: {e}); is this a "
                           f"FreeToken (OpenAI-compatible) server?") from None
-    return Limits(model or row["id"], context, agent_output(context, row.get("max_output_tokens")))
+    cap = row.get("max_output_tokens")
+    return Limits(model or row["id"], context, agent_output(context, cap), cap)
+
+
+def user_claude_settings(home: Path) -> dict:
+    """The user's own Claude Code settings (read, never written), less what could send it to
+    a cloud endpoint or another model: their permissions, hooks, MCP servers still apply."""
+    src = Path(os.environ.get("CLAUDE_CONFIG_DIR") or home / ".claude") / "settings.json"
+    try:
+        settings = json.loads(src.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(settings, dict):
+        return {}
+    for k in ("model", "apiKeyHelper", "awsAuthRefresh", "awsCredentialExport"):
+        settings.pop(k, None)
+    if isinstance(settings.get("env"), dict):
+        settings["env"] = {k: v for k, v in settings["env"].items()
+                           if k not in CLOUD_VARS and not k.startswith("ANTHROPIC_")}
+    return settings
 
 
 def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
-         agent_args: list[str]) -> tuple[dict[str, str], dict[Path, str], list[str]]:
-    """(environment, files to write, command) for one agent."""
+         agent_args: list[str], home: Path | None = None
+         ) -> tuple[dict[str, str], dict[Path, str], list[str]]:
+    """(environment, files to write, command) for one agent. Nothing of the user's (under
+    `home`, default ~) is written: Claude Code gets a profile of its own (CLAUDE_CONFIG_DIR),
+    OpenCode and OpenClaw a config file named by a variable."""
     server = server.rstrip("/")
     model, context, output = limits.model, limits.context, limits.output
     env = dict(QUIET[agent])
@@ -114,6 +137,14 @@ def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
         if context >= CLAUDE_MIN_COMPACT_WINDOW:    # below, Claude Code ignores it with a warning
             env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] = str(context)
         files[settings] = json.dumps({"env": env, "model": model}, indent=2) + "\n"
+        # Its own profile: Claude Code rewrites the settings.json of the profile it runs in
+        # (2.1.x turns "model": "opus" into "opus[1m]" when ANTHROPIC_DEFAULT_OPUS_MODEL is set)
+        # and keeps its state (.claude.json, projects/, sessions/) there; the user's settings
+        # are layered in as a copy, refreshed at every launch.
+        profile = cfg_dir / "claude"
+        env["CLAUDE_CONFIG_DIR"] = str(profile)
+        files[profile / "settings.json"] = json.dumps(
+            user_claude_settings(home or Path.home()), indent=2) + "\n"
         cmd = ["claude", "--settings", str(settings), *agent_args]
     elif agent == "opencode":
         path = cfg_dir / "opencode.json"
@@ -161,11 +192,45 @@ def write_private(path: Path, text: str) -> None:
 def dry_run(env: dict[str, str], files: dict[Path, str], cmd: list[str]) -> None:
     for path, text in files.items():
         print(f"# would write {path} (mode 0600):\n{text}")
-    print("# environment:")
+    print("# environment (cloud variables first unset, then ours):")
+    print("unset " + " ".join(CLOUD_VARS))
     for k, v in env.items():
         print(f"export {k}={shlex.quote(v)}")
-    print("unset " + " ".join(CLOUD_VARS))
     print("# command:\n" + shlex.join(cmd))
+
+
+def window_check(args, limits: Limits, key: str, exe: str) -> str | None:
+    """None when the server's window holds the agent's first request (measured: one probe run
+    of the agent, counted by the server) plus a reply and the compaction headroom; else why not
+    and the window it needs. A probe that sees no request only warns."""
+    from . import agent_window as aw
+
+    def make_plan(url: str, cfg: Path, home: Path):
+        return plan(args.agent, url, limits, key, cfg, aw.PROBE_ARGS[args.agent], home=home)
+
+    print(f"freetoken launch: measuring {args.agent}'s first request (one run in a scratch "
+          f"HOME; --skip-window-check skips it)", file=sys.stderr)
+    captured = aw.capture_first_request(make_plan, exe)
+    if captured is None:
+        print(f"freetoken launch: warning: {args.agent} sent no request within "
+              f"{aw.PROBE_TIMEOUT_S} s; the window was not checked", file=sys.stderr)
+        return None
+    try:
+        first = aw.count_tokens(args.server, args.api_key, aw.as_messages_request(captured, limits.model))
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        print(f"freetoken launch: warning: the server did not count the agent's first request "
+              f"({type(e).__name__}: {e}); the window was not checked", file=sys.stderr)
+        return None
+    room = compact_headroom(limits.context, limits.output)
+    print(f"freetoken launch: {args.agent}'s first request is {first} tokens; the window is "
+          f"{limits.context} (reply {limits.output}, compaction headroom {room})", file=sys.stderr)
+    if limits.context - first >= room:
+        return None
+    need = aw.window_needed(first, lambda w: compact_headroom(w, agent_output(w, limits.cap)))
+    return (f"the server's window ({limits.context} tokens) cannot hold {args.agent}'s first "
+            f"request ({first} tokens: its system prompt and tools) plus a reply and room to "
+            f"compact ({room}); it needs a window of at least {need}: restart the server with "
+            f"`freetoken serve --max-model-len {need}` (or pass --skip-window-check).")
 
 
 def launch(args) -> int:
@@ -198,6 +263,11 @@ def launch(args) -> int:
         print(f"freetoken launch: `{cmd[0]}` is not on PATH; install it (npm i -g "
               f"{NPM_PACKAGE[args.agent]}). Nothing was started.", file=sys.stderr)
         return 127
+    if not args.skip_window_check:
+        problem = window_check(args, limits, key, exe)
+        if problem:
+            print(f"freetoken launch: {problem} Nothing was started.", file=sys.stderr)
+            return 1
     for path, text in files.items():
         write_private(path, text)
         print(f"wrote {path}", file=sys.stderr)

@@ -6,7 +6,7 @@ import itertools
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RECENT_REQUESTS = 256      # finished requests the web page's per-request charts get (/api/stats)
@@ -33,6 +33,12 @@ def flatten(stats: dict, prefix: str = "") -> dict[tuple[str, str | None], float
     return out
 
 
+# engine statistics that only ever grow (totals since start): Prometheus counters, exposed as
+# freetoken_engine_<name>_total, so rate() and increase() work on them
+ENGINE_COUNTERS = {"prefix_hit_tokens", "prefix_miss_tokens", "prefix_evicted_blocks",
+                   "prefix_evicted_checkpoints", "prefix_restored_checkpoints"}
+
+
 class EngineStatsCollector:
     """Exports the engine's `expert_stats()` (expert-cache hits, misses, fills, CPU-run
     experts, bytes moved, ...) as freetoken_engine_<name>. The engine thread takes the
@@ -48,7 +54,8 @@ class EngineStatsCollector:
             metric = f"freetoken_engine_{name}"
             fam = families.get(metric)
             if fam is None:
-                fam = families[metric] = GaugeMetricFamily(
+                kind = CounterMetricFamily if name in ENGINE_COUNTERS else GaugeMetricFamily
+                fam = families[metric] = kind(
                     metric, f"engine statistic {name}", labels=["layer"] if layer is not None else None)
             if layer is None:
                 fam.add_metric([], v)

@@ -129,7 +129,8 @@ class Builder:
     def ev(self, kind: str, **fields) -> str:
         return sse.event(kind, {"type": kind, "sequence_number": next(self.seq), **fields})
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[str]:
+        """End the open item; "incomplete" when the output budget cut it off."""
         it, self.open = self.open, None
         if it is None:
             return []
@@ -148,7 +149,7 @@ class Builder:
         elif it["type"] == "function_call":
             out.append(self.ev("response.function_call_arguments.done", item_id=it["id"],
                                output_index=idx, arguments=it["arguments"], name=it["name"]))
-        it["status"] = "completed"
+        it["status"] = status
         out.append(self.ev("response.output_item.done", output_index=idx, item=it))
         return out
 
@@ -202,7 +203,7 @@ class Builder:
         return out
 
     def finish(self, done: Done) -> tuple[list[str], dict]:
-        out = self._close()
+        out = self._close("incomplete" if done.finish_reason == "length" else "completed")
         usage = {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,
                  "total_tokens": done.prompt_tokens + done.completion_tokens,
                  "input_tokens_details": {"cached_tokens": done.cached_tokens},

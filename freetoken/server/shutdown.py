@@ -3,7 +3,9 @@ requests finish for up to `drain_timeout` seconds, then ends the rest with a pro
 protocol error event (never a stream cut mid-chunk) and exits."""
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 
 import uvicorn
 
@@ -21,6 +23,24 @@ def uvicorn_config(app, drain_timeout: float, timeouts=None, on_timeout=None, **
     from .log_privacy import install
     install()                  # after the Config: making one configures uvicorn's loggers
     return config
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before the model loads (minutes, for a large
+    one): a busy port is reported at once, in one line (SystemExit)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)     # as uvicorn binds its own
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        why = ("is already in use (another server? pick one with --port)"
+               if e.errno == errno.EADDRINUSE else f"cannot be bound: {e.strerror}")
+        raise SystemExit(f"freetoken serve: port {port} on {host} {why}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 class GracefulServer(uvicorn.Server):

@@ -60,7 +60,7 @@ def test_launch_passes_the_servers_limits(keyed, agent, tmp_path):
     seen = json.loads(out.read_text())
     env, argv = seen["env"], seen["argv"]
     assert "ANTHROPIC_API_KEY" not in env and "OPENAI_BASE_URL" not in env
-    files = list(cfg.iterdir())
+    files = [f for f in cfg.rglob("*") if f.is_file()]
     assert files and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     assert stat.S_IMODE(cfg.stat().st_mode) & 0o077 == 0
     assert argv[-3:] == ["agent", "exec", "it's a \"test\""]
@@ -141,3 +141,57 @@ def test_dry_run_prints_a_command_the_shell_gives_back(keyed, tmp_path):
                for ln in lines if ln.startswith("export ")}
     assert exports["OPENCLAW_CONFIG_PATH"] == str(tmp_path / "my cfg" / "openclaw.json5")
     assert not (tmp_path / "my cfg").exists()
+
+
+def test_claude_runs_in_its_own_profile_with_the_users_settings_layered(tmp_path, monkeypatch):
+    """Claude Code rewrites the settings.json of the profile it runs in ("model": "opus" became
+    "opus[1m]" under ANTHROPIC_DEFAULT_OPUS_MODEL): launch gives it a profile of its own
+    (CLAUDE_CONFIG_DIR) with a copy of the user's settings, less what points elsewhere."""
+    from freetoken.server.launch import Limits, plan
+    monkeypatch.delenv("CLAUDE_CONFIG_DIR", raising=False)
+    home, cfg = tmp_path / "home", tmp_path / "cfg"
+    (home / ".claude").mkdir(parents=True)
+    user = {"model": "opus", "permissions": {"allow": ["Bash(ls:*)"]}, "apiKeyHelper": "pass show x",
+            "env": {"ANTHROPIC_API_KEY": "cloud", "ANTHROPIC_BASE_URL": "https://cloud",
+                    "MY_TOOL_FLAG": "1"}, "hooks": {"Stop": []}}
+    (home / ".claude" / "settings.json").write_text(json.dumps(user))
+    env, files, cmd = plan("claude", "http://127.0.0.1:1", Limits("m", 131072, 8192), "k", cfg, [],
+                           home=home)
+    profile = cfg / "claude"
+    assert env["CLAUDE_CONFIG_DIR"] == str(profile)
+    assert all(str(p).startswith(str(cfg)) for p in files)          # nothing under the user's HOME
+    layered = json.loads(files[profile / "settings.json"])
+    assert layered == {"permissions": {"allow": ["Bash(ls:*)"]}, "env": {"MY_TOOL_FLAG": "1"},
+                       "hooks": {"Stop": []}}
+    ours = json.loads(files[cfg / "claude-settings.json"])         # --settings: above the user's layer
+    assert cmd[:3] == ["claude", "--settings", str(cfg / "claude-settings.json")]
+    assert ours["model"] == "m" and ours["env"]["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:1"
+
+
+def test_claude_profile_without_user_settings(tmp_path, monkeypatch):
+    from freetoken.server.launch import Limits, plan
+    monkeypatch.delenv("CLAUDE_CONFIG_DIR", raising=False)
+    _, files, _ = plan("claude", "http://x", Limits("m", 4096, 512), "k", tmp_path / "c", [],
+                       home=tmp_path / "nohome")
+    assert json.loads(files[tmp_path / "c" / "claude" / "settings.json"]) == {}
+
+
+def test_dry_run_unsets_the_cloud_variables_before_it_exports(keyed):
+    """The printed lines, run by a shell, leave our ANTHROPIC_BASE_URL set (an `unset` after
+    the exports cleared the names both lists share)."""
+    r = run_launch("claude", "--server", keyed, "--api-key", "sekret", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    unset = next(i for i, ln in enumerate(lines) if ln.startswith("unset "))
+    assert unset < min(i for i, ln in enumerate(lines) if ln.startswith("export "))
+    script = "\n".join(ln for ln in lines if ln.startswith(("unset ", "export ")))
+    out = subprocess.run(["bash", "-c", script + '\necho "$ANTHROPIC_BASE_URL|$ANTHROPIC_AUTH_TOKEN"'],
+                         capture_output=True, text=True, env=dict(os.environ, ANTHROPIC_BASE_URL="https://cloud"))
+    assert out.stdout.strip() == f"{keyed}|sekret"
+
+
+def test_launch_help_has_one_options_section():
+    r = run_launch("--help")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("options:") == 1 and "--dry-run" in r.stdout
+    assert "--skip-window-check" in r.stdout and r.stdout.startswith("usage: freetoken launch")

@@ -91,3 +91,23 @@ def test_sigterm_graceful_shutdown(served):
     rest = p.communicate(timeout=30)[0]
     assert p.returncode == 0, rest
     assert "server stopped" in rest
+
+
+def test_a_busy_port_fails_at_once_before_the_model_loads(tmp_path):
+    """The port is bound before the model loads: with it taken, `serve` names the port in one
+    line and exits, without touching the model (a path that does not exist would fail the load)."""
+    import socket
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        r = subprocess.run([sys.executable, "-m", "freetoken.server.cli", "serve", "--port", str(port),
+                            "--model", str(tmp_path / "no-such-model")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        taken.close()
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert lines == [f"freetoken serve: port {port} on 127.0.0.1 is already in use (another server? "
+                     f"pick one with --port)"], r.stderr

@@ -195,3 +195,51 @@ def test_deep_and_recursive_schemas_never_500(uncapped):
             "model": "capture-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}],
             "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
         assert r.status_code in (200, 400), r.text[:300]
+
+
+def test_forced_tool_call_cut_by_max_tokens_is_returned_truncated(uncapped):
+    """The same greedy forced call, once whole and then with its last tokens cut off: each cut
+    one is returned (it was dropped: no tool_calls, empty content) with finish_reason
+    "length", as the whole call's beginning, or whole where only the closing tag was cut."""
+    pytest.importorskip("llguidance", reason="constrained decoding needs llguidance")
+    _, url, _ = uncapped
+    kw = dict(model="capture-model", tools=TOOLS, tool_choice="required", temperature=0,
+              messages=[{"role": "user", "content": "weather?"}])
+    whole = oai(url).chat.completions.create(max_tokens=64, **kw)
+    obj = json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
+    compact = json.dumps(obj, separators=(",", ":"))            # the grammar's whitespace
+    partial = 0
+    for k in range(2, 7):
+        ch = oai(url).chat.completions.create(max_tokens=whole.usage.completion_tokens - k, **kw).choices[0]
+        assert ch.finish_reason == "length"
+        (call,) = ch.message.tool_calls
+        assert call.function.name == "get_weather"
+        args = call.function.arguments
+        try:
+            assert json.loads(args) == obj
+        except ValueError:
+            assert compact.startswith(args) and args != compact
+            partial += 1
+    assert partial
+
+
+def test_anthropic_message_start_reports_the_prefix_cache_hit(tiny):
+    """The same request twice: the second one's message_start says how much of its prompt the
+    prefix cache served (it said 0 always), the figure message_delta and the engine report."""
+    _, url, _ = tiny
+    body = {"model": "claude-opus-5-5", "max_tokens": 4, "stream": True,
+            "system": "You are a careful assistant. " * 40,
+            "messages": [{"role": "user", "content": "list the files in this folder please"}]}
+
+    def usages():
+        with httpx.stream("POST", url + "/v1/messages", json=body, timeout=120) as r:
+            events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert events[0]["type"] == "message_start" and events[1]["type"] == "ping"
+        delta = next(e for e in events if e["type"] == "message_delta")
+        return events[0]["message"]["usage"], delta["usage"]
+
+    usages()
+    start, end = usages()
+    assert start["cache_read_input_tokens"] > 100
+    assert start["cache_read_input_tokens"] == end["cache_read_input_tokens"]
+    assert start["input_tokens"] == end["input_tokens"]

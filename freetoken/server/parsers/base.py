@@ -67,7 +67,8 @@ class Parser:
     def feed(self, text: str) -> list[Event]:
         return [TextDelta(text)] if text else []
 
-    def finish(self) -> list[Event]:
+    def finish(self, truncated: bool = False) -> list[Event]:
+        """The end of the output; `truncated`: the token budget ended it (not the model)."""
         return []
 
     def typed_arg(self, tool: str, key: str, value: str):
@@ -91,6 +92,11 @@ class Parser:
         i = self.n_calls
         self.n_calls += 1
         return [ToolCallStart(i, new_call_id(), name), ToolCallDelta(i, args), ToolCallEnd(i, args)]
+
+    def truncated_call(self, name: str, arguments_text: str) -> list[Event]:
+        """A call the token budget cut off: its arguments as far as they were written (not
+        valid JSON in general); the finish reason "length" tells the client."""
+        return self.tool_call(name, arguments_text)
 
 
 class MarkerParser(Parser):
@@ -147,9 +153,16 @@ class MarkerParser(Parser):
             self._flush(body, out)
             self.mode = self._next(m)
 
-    def finish(self) -> list[Event]:
+    def _partial_call(self, body: str) -> list[Event]:
+        """A call body the token budget cut off (subclasses that can read one return it)."""
+        return self._call_body(body)
+
+    def finish(self, truncated: bool = False) -> list[Event]:
         out: list[Event] = []
-        self._flush(self.buf, out)
+        if truncated and self.mode in self.call_modes:
+            out += self._partial_call(self.buf)
+        else:
+            self._flush(self.buf, out)
         self.buf = ""
         return out
 

@@ -84,7 +84,7 @@ class HarmonyParser(Parser):
             self.buf = self.buf[i + len(m):]
             self.in_body = False
 
-    def finish(self) -> list[Event]:
+    def finish(self, truncated: bool = False) -> list[Event]:
         out: list[Event] = []
         if self.in_body:
             self._body(self.buf, out)

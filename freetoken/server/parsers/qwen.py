@@ -3,6 +3,7 @@ whose body is either JSON {"name", "arguments"} or the XML function/parameter fo
 <tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>"""
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -16,6 +17,8 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 # chat-format tokens that are never part of an answer (a weak or random model may emit them)
 DROP = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_response>", "</tool_response>"]
 _FUNC = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
+# the start of a JSON-form call body: its name, complete, then where the arguments begin
+_JSON_HEAD = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?(?:</parameter>|(?=<parameter=)|$)", re.S)
 
 
@@ -36,23 +39,48 @@ class QwenParser(MarkerParser):
     def _call_body(self, body: str) -> list[Event]:
         return self._call(body)
 
+    def _partial_call(self, body: str) -> list[Event]:
+        """The call as far as it was written, if its name was: the JSON form's arguments text,
+        or the XML form's parameters so far (the last one's value cut)."""
+        body = body.strip()
+        try:                            # only the closing tag was cut: the call is whole
+            return self.tool_call(*self._parse(body))
+        except (ValueError, KeyError, TypeError):
+            pass
+        if body.startswith("<function="):
+            f = _FUNC.search(body)
+            if f is None or ">" not in body:
+                return []
+            name = f.group(1).strip()
+            args = {k.strip(): self.typed_arg(name, k.strip(), v) for k, v in _PARAM.findall(f.group(2))}
+            return self.truncated_call(name, json.dumps(args, ensure_ascii=False))
+        m = _JSON_HEAD.match(body)
+        if m is None:
+            dropped(log, "cut off before the tool name", body)
+            return []
+        return self.truncated_call(json.loads(m.group(1)), body[m.end():])
+
     def _call(self, body: str) -> list[Event]:
         body = body.strip()
         try:
-            if body.startswith("<function="):
-                name, args = self._xml(body)
-            else:
-                obj = strict_loads(body)
-                name = obj["name"]
-                args = obj.get("arguments", obj.get("parameters", {}))
-                if isinstance(args, str):
-                    args = strict_loads(args)
-            if not isinstance(name, str) or not isinstance(args, dict):
-                raise ValueError("name must be a string and arguments an object")
+            name, args = self._parse(body)
         except (ValueError, KeyError, TypeError) as e:
             dropped(log, str(e), body)
             return []
         return self.tool_call(name, args)
+
+    def _parse(self, body: str) -> tuple[str, dict]:
+        if body.startswith("<function="):
+            name, args = self._xml(body)
+        else:
+            obj = strict_loads(body)
+            name = obj["name"]
+            args = obj.get("arguments", obj.get("parameters", {}))
+            if isinstance(args, str):
+                args = strict_loads(args)
+        if not isinstance(name, str) or not isinstance(args, dict):
+            raise ValueError("name must be a string and arguments an object")
+        return name, args
 
     def _xml(self, body: str) -> tuple[str, dict]:
         f = _FUNC.search(body)
