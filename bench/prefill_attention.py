@@ -79,7 +79,7 @@ def main():
     for ctx in map(int, args.contexts.split(",")):
         q, k, v, cache, meta = setup(ctx, args.chunk)
         scale = 128 ** -0.5
-        masked = AttentionMetadata(**{**meta.__dict__, "context_lens": None, "_masks": {}})
+        masked = AttentionMetadata(**{**meta.__dict__, "context_lens": None, "masks": {}})
         t_mask = best(lambda: paged_attention(q, k, v, cache, masked, scale))
         t_f32 = best(lambda: paged_attention(q, k, v, cache, meta, scale))
         t_b16 = best(lambda: paged_attention(q, k, v, cache, meta, scale, prefill_dtype=torch.bfloat16))

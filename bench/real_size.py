@@ -108,7 +108,7 @@ def _nbytes(shape, ty) -> int:
 def file_expert_bytes(path: Path) -> int:
     from freetoken.weights.gguf import GgufFile
     ck = GgufFile(path)
-    return sum(t.nbytes for n, (_, t) in ck._info.items() if "_exps." in n)
+    return sum(t.nbytes for n, (_, t) in ck.tensors_by_name.items() if "_exps." in n)
 
 
 def step_load(path: Path) -> dict:

@@ -155,7 +155,7 @@ def gguf_layout(ck) -> DiskLayout:
         files = np.empty(n, np.int32)
         offs = np.empty(n, np.int64)
         for m in range(L):
-            h, t = ck.tensor_info[parts[m][which].name]
+            h, t = ck.tensors_by_name[parts[m][which].name]
             files[m * e:(m + 1) * e] = file_of[id(h)]
             offs[m * e:(m + 1) * e] = t.offset + local * per_expert
         return Piece(files, offs, per_expert, dst, **kw)

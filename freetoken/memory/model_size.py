@@ -90,7 +90,7 @@ def _gguf_shape(ck) -> ModelShape:
     (prebuilt:ggml), float ones are float."""
     from ..weights import ggml_quants
     from ..weights.gguf_experts import expert_tensors, layout
-    infos = {n: t for n, (_, t) in ck.tensor_info.items()}
+    infos = {n: t for n, (_, t) in ck.tensors_by_name.items()}
     dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)
     from ..layers.ggml_linear import KERNEL_TYPES
     packed = [t for n, t in infos.items() if "_exps." not in n and t.ggml_type in KERNEL_TYPES and len(t.shape) == 2]

@@ -33,7 +33,7 @@ def convert_gguf(src: Path, out: Path, expert_format: str | None = None) -> dict
         raise CheckpointError(f"{src}: a GGUF converts with its tensors as they are; pass --expert-format "
                               f"{expert_format} to `freetoken serve` instead (float experts are re-encoded at load)")
     files = [(n, np.frombuffer(d, dtype=np.uint8)) for n, d in side_files(src)]
-    tensors = sorted(ck.tensor_info.values(), key=lambda ht: (str(ht[0].path), ht[1].offset))
+    tensors = sorted(ck.tensors_by_name.values(), key=lambda ht: (str(ht[0].path), ht[1].offset))
     items = [(n, "file", "uint8", (len(d),), len(d)) for n, d in files]
     items += [(t.name, "ggml", "uint8", byte_shape(t), t.nbytes) for _, t in tensors]
     extra = [{}] * len(files) + [{"ggml_type": t.ggml_type, "dims": tuple(t.shape)} for _, t in tensors]

@@ -83,18 +83,18 @@ class GgufFile:
         builds it) and the name maps; shared with a GGUF kept in an FTW file (ftw_gguf.py)."""
         self.path = self.dir = Path(path)
         self.headers = headers
-        self.tensor_info: dict[str, tuple[GgufHeader, TensorInfo]] = {}
+        self.tensors_by_name: dict[str, tuple[GgufHeader, TensorInfo]] = {}
         for h in self.headers:
             for name, t in h.tensors.items():
-                self.tensor_info[name] = (h, t)
-        if "token_embd.weight" not in self.tensor_info:
+                self.tensors_by_name[name] = (h, t)
+        if "token_embd.weight" not in self.tensors_by_name:
             raise CheckpointError(f"{self.path}: tensor token_embd.weight missing (not a language model GGUF?)")
         self.arch = arch
         self.config = config()
-        self._hf = {hf: n for n in self.tensor_info for hf in hf_names(self.arch, n)}
-        self._derived = derived(self.arch, self.tensor_info)
+        self._hf = {hf: n for n in self.tensors_by_name for hf in hf_names(self.arch, n)}
+        self._derived = derived(self.arch, self.tensors_by_name)
         for hf, sources in self._derived.items():
-            missing = [s for s in sources if s not in self.tensor_info]
+            missing = [s for s in sources if s not in self.tensors_by_name]
             if missing:
                 raise CheckpointError(f"{self.path}: tensor {missing[0]!r} missing (needed with {sources[0]!r})")
         self.float_experts_dtype = cfg.torch_dtype if cfg is not None else torch.float32
@@ -113,18 +113,18 @@ class GgufFile:
         return name in self._hf or name in self._derived
 
     def tensor_info(self, gguf_name: str) -> TensorInfo | None:
-        hit = self.tensor_info.get(gguf_name)
+        hit = self.tensors_by_name.get(gguf_name)
         return hit[1] if hit else None
 
     def reader(self, gguf_name: str):
         """(RangeReader of the file holding the tensor, its TensorInfo): reads go straight into
         the caller's buffer with the page cache dropped behind (weights/pread.py)."""
-        h, t = self.tensor_info[gguf_name]
+        h, t = self.tensors_by_name[gguf_name]
         r = self._readers.get(h.path)
         if r is None:
             if self._bar is None:
                 from ..progress import progress
-                self._bar = progress(sum(t.nbytes for _, t in self.tensor_info.values()), f"load {self.path.name}")
+                self._bar = progress(sum(t.nbytes for _, t in self.tensors_by_name.values()), f"load {self.path.name}")
             r = self._readers[h.path] = self._open_reader(h.path, self._bar.update)
         return r, t
 
@@ -135,7 +135,7 @@ class GgufFile:
         return r.array(t.offset, t.nbytes).reshape(byte_shape(t))
 
     def _read(self, g: str) -> torch.Tensor:
-        t = self.tensor_info[g][1]
+        t = self.tensors_by_name[g][1]
         return dequantize(self.raw(g), t.ggml_type, t.shape, owned=True)
 
     def get(self, name: str, shape: tuple | None = None) -> torch.Tensor:
@@ -148,7 +148,7 @@ class GgufFile:
         elif g is None:
             raise CheckpointError(f"{self.path}: tensor {name!r} not found in the GGUF file")
         else:
-            out, got = None, self.tensor_info[g][1].shape
+            out, got = None, self.tensors_by_name[g][1].shape
         fits = shape is None or (len(shape) == len(got) and all(s in (None, d) for s, d in zip(shape, got)))
         if not fits:
             raise CheckpointError(f"{self.path}: tensor {g!r} ({name}) has shape {got}, expected {tuple(shape)}")
@@ -169,7 +169,7 @@ class GgufFile:
         g = self._hf.get(name)
         if g is None:
             return None
-        t = self.tensor_info[g][1]
+        t = self.tensors_by_name[g][1]
         if t.ggml_type not in KERNEL_TYPES or len(t.shape) != 2:
             return None
         if self.arch in HYBRID and not rows_only(self.arch, name, self.config):

@@ -45,7 +45,7 @@ def expert_tensors(ck) -> tuple[list[int], list[list]]:
 
 
 def moe_blocks(ck) -> list[int]:
-    return sorted(int(n.split(".")[1]) for n in ck.tensor_info if n.endswith(".ffn_gate_exps.weight"))
+    return sorted(int(n.split(".")[1]) for n in ck.tensors_by_name if n.endswith(".ffn_gate_exps.weight"))
 
 
 def build_pool(ck):

@@ -89,7 +89,7 @@ def test_paged_matches_dense_reference(ctx_lens, q_lens, window):
     gen = torch.Generator().manual_seed(len(ctx_lens) * 7 + (window or 0))
     meta, cache, q, k, v = _step(ctx_lens, q_lens, 4, 2, 8, 8, gen)
     out = paged_attention(q, k, v, cache, meta, 0.35, window)
-    assert "paged" in str(list(meta._masks))            # the in-place path ran, not the gather
+    assert "paged" in str(list(meta.masks))            # the in-place path ran, not the gather
     torch.testing.assert_close(out.double(), reference(q, cache.k, cache.v, meta, 0.35, window), atol=1e-5, rtol=1e-5)
 
 
