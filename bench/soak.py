@@ -74,7 +74,7 @@ def metric_sum(m: dict[str, float], prefix: str, contains: str = "") -> float:
 class Server:
     """`freetoken serve` on the tiny model in a child process (loopback, random port)."""
 
-    def __init__(self, clients: int, max_running: int):
+    def __init__(self, clients: int, max_running: int, extra_args: tuple[str, ...] = ()):
         from freetoken.tiny import make_tiny
         cache = Path(os.environ.get("FREETOKEN_BENCH_CACHE", Path.home() / ".cache/freetoken/bench"))
         model = cache / "soak-tiny-qwen3-moe"
@@ -84,7 +84,7 @@ class Server:
         cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model", str(model), "--host",
                "127.0.0.1", "--port", "0", "--dtype", "float32", "--max-model-len", "4096",
                "--max-running-requests", str(max_running), "--max-waiting-requests", str(waiting),
-               "--engine-option", "kv_cache_gib=0.25", "--log-level", "warning"]
+               "--engine-option", "kv_cache_gib=0.25", "--log-level", "warning", *extra_args]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self.url, self.log = None, []
