@@ -5,6 +5,7 @@ context. Each soak client walks its own session in order, so consecutive turns s
 prefix as an agent's do (the prefix cache sees agent-shaped reuse)."""
 from __future__ import annotations
 
+import json
 import os
 import random
 from functools import lru_cache
@@ -13,8 +14,9 @@ from pathlib import Path
 _FOUND = next((p / "shared/data/agent-sessions" for p in Path(__file__).resolve().parents
                if (p / "shared/data/agent-sessions").is_dir()), Path("shared/data/agent-sessions"))
 SESSIONS = Path(os.environ.get("FREETOKEN_AGENT_SESSIONS", _FOUND))   # the checkout's ../shared
-MESSAGE_CHARS = 400          # each message cut to this (tiny model: 4096 positions)
+MESSAGE_CHARS = 300          # each message cut to this (tiny model: 4096 positions)
 KEEP_HEAD, KEEP_TAIL = 2, 6  # the system prompt and task, then the latest turns
+TOOL_CHARS = 2000            # the tools' JSON at most (a prompt stays under ~2,500 tokens)
 
 
 @lru_cache(maxsize=1)
@@ -32,12 +34,24 @@ def agent_requests() -> tuple[tuple[list[dict], list[dict] | None], ...]:
 
 def _cut(m: dict) -> dict:
     m = dict(m)
-    if isinstance(m.get("content"), str):
-        m["content"] = m["content"][:MESSAGE_CHARS]
-    elif isinstance(m.get("content"), list):
+    for k in ("content", "reasoning_content"):
+        if isinstance(m.get(k), str):
+            m[k] = m[k][:MESSAGE_CHARS]
+    if m.get("tool_calls"):            # long arguments (file edits) become a short JSON object
+        m["tool_calls"] = [_cut_call(c) for c in m["tool_calls"]]
+    if isinstance(m.get("content"), list):
         m["content"] = [dict(p, text=p["text"][:MESSAGE_CHARS]) if isinstance(p.get("text"), str) else p
                         for p in m["content"]][:4]
     return m
+
+
+def _cut_call(c: dict) -> dict:
+    fn = c.get("function") or {}
+    args = fn.get("arguments")
+    text = args if isinstance(args, str) else json.dumps(args)
+    if len(text) <= MESSAGE_CHARS:
+        return c
+    return {**c, "function": {**fn, "arguments": json.dumps({"cut": text[:MESSAGE_CHARS]})}}
 
 
 def trimmed(messages: list[dict]) -> list[dict]:
@@ -64,6 +78,12 @@ class AgentWalk:
         self.i += 1
         body = {"model": model, "messages": trimmed(messages), "max_tokens": max_tokens, "stream": True,
                 "stream_options": {"include_usage": True}}
-        if tools:
-            body["tools"] = tools[:8]
+        kept, size = [], 0
+        for t in tools or []:          # the tools that fit TOOL_CHARS, in their order
+            size += len(json.dumps(t))
+            if size > TOOL_CHARS:
+                break
+            kept.append(t)
+        if kept:
+            body["tools"] = kept
         return body

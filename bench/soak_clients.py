@@ -111,7 +111,7 @@ async def one_request(client, url: str, kind: str, model: str, max_tokens: int, 
                 return _rejected(out, r)
             if r.status_code != 200:
                 await r.aread()
-                out.error = f"http {r.status_code}"
+                out.error = f"http {r.status_code} {_why(r)}"
                 return out
             name, end = None, None
             async for line in r.aiter_lines():
@@ -146,6 +146,15 @@ async def one_request(client, url: str, kind: str, model: str, max_tokens: int, 
     except Exception as e:  # noqa: BLE001 - every failure is an outcome with its class
         out.error = type(e).__name__
         return out
+
+
+def _why(r) -> str:
+    """The error's code and param (the class of the refusal, not its text)."""
+    try:
+        e = r.json().get("error") or {}
+        return f"({e.get('code') or e.get('type')}, {e.get('param')})"
+    except ValueError:
+        return ""
 
 
 def _rejected(out: Outcome, r) -> Outcome:
