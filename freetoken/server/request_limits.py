@@ -16,6 +16,7 @@ import re
 from starlette.requests import ClientDisconnect, Request
 
 from .errors import APIError, BadRequest
+from .memory_trim import mark_large
 
 MAX_DEPTH = 64
 MAX_VALUES = 1_000_000        # JSON values in one body (a 262k-token id prompt is 262k)
@@ -40,10 +41,12 @@ async def read_body(request: Request, limit: int) -> bytes:
         async for chunk in request.stream():
             n += len(chunk)
             if n > limit:
+                mark_large(request.scope, n)
                 raise _too_large(n, limit, more=True)
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientGone("the client left during the upload") from None
+    mark_large(request.scope, n)      # the heap is trimmed after the reply (memory_trim.py)
     return b"".join(chunks)
 
 
