@@ -1,7 +1,7 @@
 """Give the C heap back to the OS after a request with a large body. glibc keeps freed
 memory in its arenas (and after one large free raises its mmap threshold, so the next
 large buffer comes from the heap too): a refused 9 MB message left the server's RSS +60 MiB
-for good, which malloc_trim(0) returns (measured: bench/fuzz_api.py --canary). read_body marks
+for good, most of which malloc_trim(0) returns (bench/fuzz_api.py --canary, docs/reliability.md). read_body marks
 the request; this ASGI middleware trims once the reply is sent, in a worker thread, at most
 one trim at a time. A no-op where the C library has no malloc_trim (not glibc)."""
 from __future__ import annotations

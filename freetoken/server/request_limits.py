@@ -87,7 +87,7 @@ def parse_json(raw: bytes) -> object:
         raise BadRequest(f"the request body is nested too deeply (at most {MAX_DEPTH} levels)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
-    check_json(obj, surrogates=_SURROGATE_ESCAPE.search(raw) is not None)
+    check_json(obj, surrogates=_may_hold_surrogates(raw))
     return obj
 
 
@@ -126,6 +126,11 @@ def _where(entry) -> str:
 # A lone surrogate arrives as a \uD800-\uDFFF escape or as its 3-byte UTF-8 form ED A0-BF xx
 # (json.loads decodes bytes with "surrogatepass")
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _may_hold_surrogates(raw: bytes) -> bool:
+    """False only for UTF-8 bytes without either form (UTF-16/32 bodies are scanned)."""
+    return json.detect_encoding(raw) != "utf-8" or _SURROGATE_ESCAPE.search(raw) is not None
 
 
 def _surrogate(where: str) -> BadRequest:

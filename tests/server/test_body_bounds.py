@@ -89,6 +89,7 @@ def test_depth_and_surrogate_errors_name_the_place():
     cases = {b'{"a": [1, {"b": "\\ud800"}]}': "body.a[1].b: contains a lone UTF-16 surrogate",
              b'{"x\\udc00": 1}': "body: contains a lone UTF-16 surrogate",
              b'{"m": ["\xed\xa0\x80"]}': "body.m[0]: contains a lone UTF-16 surrogate",   # raw UTF-8 form
+             '{"u": "x\ud800"}'.encode("utf-16-le", "surrogatepass"): "body.u: contains a lone",  # json reads UTF-16
              b'{"a":' * 65 + b"1" + b"}" * 65: "body" + ".a" * 64 + ": nested more than 64"}
     for raw, msg in cases.items():
         with pytest.raises(BadRequest) as e:
