@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests" / "server")]
 
 from fuzz import protocol_problem  # noqa: E402
-from fuzz_cases import ADMIN, Case, encode, generate  # noqa: E402
+from fuzz_cases import Case, generate  # noqa: E402
 
 ADMIN_TOKEN = "fuzz-admin"
 

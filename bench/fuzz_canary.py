@@ -90,6 +90,8 @@ def run_canary(n: int, seed: int, case_limit: float, rss_pct: float) -> dict:
             if Path(log_path).exists():
                 log = CanaryLog(log_path)
             time.sleep(0.1)
+        if log is None:
+            raise SystemExit("the canary process never started streaming")
         log.wait_past(time.monotonic() + 1.0, 60)     # the canary streams before the first case
         rss_start = rss_mib(server.proc.pid)
         state = {}
