@@ -39,6 +39,7 @@ TEMPLATES = {
     "template_300mb_loop": "{% for i in range(100000) %}{{ 'y' * 3000 }}{% endfor %}",
     "template_spin": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
     "template_syntax": "{% for %}",
+    "template_raises_at_render": "{{ 1 / 0 }}",
     "template_not_string": 42,
 }
 
@@ -190,6 +191,8 @@ def cases() -> dict[str, object]:
         "safetensors_garbage": _write("model.safetensors", b"\x00" * 64),
         "tokenizer_garbage": _write("tokenizer.json", "{}"),
         "tokenizer_not_json": _write("tokenizer.json", "nope"),
+        "tokenizer_not_utf8": _write("tokenizer.json", b'{"version": "\xff"}'),
+        "tokenizer_config_not_utf8": _write("tokenizer_config.json", b'{"eos_token": "\xed\xb3\xbf"}'),
         "tokenizer_config_not_json": _write("tokenizer_config.json", "{"),
         "generation_config_not_json": _write("generation_config.json", "{"),
         "long_model_name": _long_model,

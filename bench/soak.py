@@ -1,6 +1,7 @@
 """Soak: N concurrent streaming clients against a live FreeToken server on loopback for a
 set time, then end-of-run checks. Mixed traffic: OpenAI chat (some with tools), the
-Responses API, Anthropic messages (some with tools), JSON-schema outputs; ~10% of streams
+Responses API, Anthropic messages (some with tools), JSON-schema outputs, and a third of the
+turns from recorded agent sessions (bench/soak_agents.py, each client walking a session); ~10% of streams
 are dropped by their client mid-stream; ~10% of turns send a second request at once so the
 queue limit is passed and some requests get 429.
 
@@ -12,8 +13,9 @@ idle, RSS growth after warm-up under a bound. Exit 0 when every check passes.
 Without --url it starts `freetoken serve` on a random-weight tiny model (built once in
 ~/.cache/freetoken/bench). Only 127.0.0.1 / localhost / ::1 is ever contacted.
 
-    python bench/soak.py --clients 32 --duration 600          # the 10-minute target
-    python bench/soak.py --clients 8 --duration 30            # what CI runs
+    python bench/soak.py                                      # 32 clients x 10 minutes, the target
+    python bench/soak.py --clients 8 --minutes 3              # shorter
+    python bench/soak.py --clients 8 --duration 25 --sample-every 2   # about what CI runs
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+from soak_agents import AgentWalk, agent_requests  # noqa: E402
 from soak_clients import KINDS, Outcome, one_request  # noqa: E402
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -74,7 +77,7 @@ def metric_sum(m: dict[str, float], prefix: str, contains: str = "") -> float:
 class Server:
     """`freetoken serve` on the tiny model in a child process (loopback, random port)."""
 
-    def __init__(self, clients: int, max_running: int):
+    def __init__(self, clients: int, max_running: int, extra_args: tuple[str, ...] = ()):
         from freetoken.tiny import make_tiny
         cache = Path(os.environ.get("FREETOKEN_BENCH_CACHE", Path.home() / ".cache/freetoken/bench"))
         model = cache / "soak-tiny-qwen3-moe"
@@ -84,7 +87,7 @@ class Server:
         cmd = [sys.executable, "-m", "freetoken.cli", "serve", "--model", str(model), "--host",
                "127.0.0.1", "--port", "0", "--dtype", "float32", "--max-model-len", "4096",
                "--max-running-requests", str(max_running), "--max-waiting-requests", str(waiting),
-               "--engine-option", "kv_cache_gib=0.25", "--log-level", "warning"]
+               "--engine-option", "kv_cache_gib=0.25", "--log-level", "warning", *extra_args]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self.url, self.log = None, []
@@ -167,13 +170,16 @@ async def stalled_reader(url: str, model: str, deadline: float, api_key: str | N
 
 
 async def client_loop(i: int, client, url: str, deadline: float, budget: list[int], rng: random.Random,
-                      outcomes: list[Outcome], model: str):
+                      outcomes: list[Outcome], model: str, kinds: dict):
+    walk = AgentWalk(rng)
     while time.monotonic() < deadline and budget[0] > 0:
         budget[0] -= 1
-        kind = rng.choices(list(KINDS), weights=[w for w, _ in KINDS.values()])[0]
+        kind = rng.choices(list(kinds), weights=[w for w, _ in kinds.values()])[0]
         drop = rng.random() < 0.10
         double = rng.random() < 0.10
-        jobs = [one_request(client, url, kind, model, rng.randint(8, 48), drop, rng.randint(1, 4))]
+        max_tokens = rng.randint(8, 48)
+        body = walk.next_body(model, max_tokens) if kind == "chat_agent" else None
+        jobs = [one_request(client, url, kind, model, max_tokens, drop, rng.randint(1, 4), body)]
         if double:
             budget[0] -= 1
             jobs.append(one_request(client, url, "chat", model, 8, False, 0))
@@ -200,6 +206,9 @@ async def run(args) -> dict:
     async with httpx.AsyncClient(limits=limits, timeout=args.request_timeout,
                                  headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else None) as client:
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        kinds = {k: v for k, v in KINDS.items() if args.agents or k != "chat_agent"}
+        if args.agents:
+            agent_requests()                  # read the sessions before the clock starts
         before = scrape((await client.get(url + "/metrics")).text)
         idle_kv = before.get("freetoken_kv_blocks_in_use", 0.0)
         stop = asyncio.Event()
@@ -211,7 +220,7 @@ async def run(args) -> dict:
         stalled = [asyncio.ensure_future(stalled_reader(url, model, deadline, args.api_key, t0, args.stall_phase))
                    for _ in range(args.stalled)]
         await asyncio.gather(*(client_loop(i, client, url, deadline, budget, random.Random(rng.random()),
-                                           outcomes, model) for i in range(args.clients)))
+                                           outcomes, model, kinds) for i in range(args.clients)))
         await asyncio.gather(*stalled)
         elapsed = time.monotonic() - t0
         settle = time.monotonic() + 15      # cancelled requests leave the engine within a step or two
@@ -251,6 +260,7 @@ def report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server)
     rss = [s["rss_mib"] for s in samples if s.get("rss_mib")]
     warm = [s["rss_mib"] for s in samples if s.get("rss_mib") and s["t"] >= args.warmup] or rss
     growth = (100.0 * (rss[-1] - warm[0]) / warm[0]) if len(warm) > 1 else 0.0
+    at2 = next((s["rss_mib"] for s in samples if s.get("rss_mib") and s["t"] >= 120), None)
     server_5xx = metric_sum(after, "freetoken_http_errors", 'status="5') - \
         metric_sum(before, "freetoken_http_errors", 'status="5')
     cancelled_srv = metric_sum(after, "freetoken_requests_total", "cancelled") - \
@@ -265,6 +275,9 @@ def report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server)
                                    and not after.get("freetoken_requests_running")),
         f"RSS growth after warm-up < {args.rss_growth_pct}%": growth < args.rss_growth_pct,
     }
+    if at2 and elapsed > 150:
+        checks[f"RSS at the end within {args.rss_2min_pct}% of minute 2"] = \
+            abs(rss[-1] / at2 - 1) * 100 <= args.rss_2min_pct
     if server is not None:
         checks["server exits 0 on SIGTERM"] = rc == 0
         checks["no traceback in the server log"] = not any("Traceback" in ln for ln in server.log)
@@ -277,7 +290,8 @@ def report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server)
         "itl_s": {"p50": percentile(itl, 0.5), "p99": percentile(itl, 0.99)},
         "tokens_streamed": sum(o.events for o in outcomes),
         "rss_mib": {"first": rss[0] if rss else None, "after_warmup": warm[0] if warm else None,
-                    "last": rss[-1] if rss else None, "growth_pct": round(growth, 2)},
+                    "last": rss[-1] if rss else None, "growth_pct": round(growth, 2), "minute_2": at2,
+                    "end_vs_minute_2": round(rss[-1] / at2, 4) if at2 and rss else None},
         "kv_blocks_in_use": {"idle": idle_kv, "max": max((s.get("kv_blocks_in_use") or 0) for s in samples),
                              "end": after.get("freetoken_kv_blocks_in_use")},
         "samples": samples, "checks": checks, "ok": all(checks.values()),
@@ -295,6 +309,9 @@ def print_report(r: dict) -> None:
     if rs["first"]:
         print(f"  RSS MiB: first {rs['first']:.0f}, after warm-up {rs['after_warmup']:.0f}, "
               f"last {rs['last']:.0f} ({rs['growth_pct']:+.2f}%)")
+    if rs["minute_2"]:
+        print(f"  RSS at minute 2 {rs['minute_2']:.0f} MiB, at the end {rs['last']:.0f} MiB: "
+              f"end / minute 2 = {rs['end_vs_minute_2']:.3f}")
     kv = r["kv_blocks_in_use"]
     print(f"  KV blocks in use: idle {kv['idle']:.0f}, max {kv['max']:.0f}, end {kv['end']:.0f}")
     for name, ok in r["checks"].items():
@@ -310,17 +327,23 @@ def parse_args(argv=None):
     p.add_argument("--stall-phase", type=float, default=0.0, help="with --stalled: connect the stalled "
                    "readers only in alternate phases of this many seconds (side-by-side comparison)")
     p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of load (at most 3600)")
+    p.add_argument("--duration", type=float, default=600.0, help="seconds of load (at most 3600)")
+    p.add_argument("--minutes", type=float, default=None, help="minutes of load (sets --duration)")
+    p.add_argument("--no-agents", dest="agents", action="store_false",
+                   help="leave the recorded agent sessions' turns out of the mix")
     p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
     p.add_argument("--max-running", type=int, default=8, help="the started server's --max-running-requests")
     p.add_argument("--request-timeout", type=float, default=120.0)
-    p.add_argument("--sample-every", type=float, default=2.0)
+    p.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS / KV samples")
     p.add_argument("--warmup", type=float, default=None, help="seconds before RSS growth is measured "
                    "(default: a fifth of the duration)")
     p.add_argument("--rss-growth-pct", type=float, default=5.0)
+    p.add_argument("--rss-2min-pct", type=float, default=10.0, help="RSS at the end vs at minute 2")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the report (with all samples) here")
     args = p.parse_args(argv)
+    if args.minutes is not None:
+        args.duration = args.minutes * 60
     if not (1 <= args.clients <= 256 and 0 < args.duration <= 3600):
         p.error("--clients must be in 1..256 and --duration in (0, 3600]")
     if args.warmup is None:

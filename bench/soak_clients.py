@@ -21,7 +21,8 @@ PROMPTS = ["Write a haiku about the sea.", "List three prime numbers.", "What is
 KINDS = {"chat": (3, "OpenAI chat, streamed"), "chat_tools": (2, "OpenAI chat with tools, streamed"),
          "responses": (2, "Responses API, streamed"), "messages": (2, "Anthropic messages, streamed"),
          "messages_tools": (2, "Anthropic messages with tools, streamed"),
-         "json_schema": (1, "OpenAI chat with a json_schema response_format, not streamed")}
+         "json_schema": (1, "OpenAI chat with a json_schema response_format, not streamed"),
+         "chat_agent": (6, "a recorded agent session's next turn (bench/soak_agents.py), streamed")}
 
 
 @dataclass
@@ -81,9 +82,11 @@ def _terminal(kind: str, name: str | None, data) -> str | None:
 
 
 async def one_request(client, url: str, kind: str, model: str, max_tokens: int, drop: bool,
-                      drop_after: int) -> Outcome:
+                      drop_after: int, body: dict | None = None) -> Outcome:
+    """body: the request to send (an agent turn) instead of the kind's own."""
     import random
-    path, body = _body(kind, model, max_tokens, random.choice(PROMPTS))
+    path, own = _body(kind, model, max_tokens, random.choice(PROMPTS))
+    body = body or own
     out = Outcome(kind)
     t0 = time.monotonic()
     last = None
@@ -108,7 +111,7 @@ async def one_request(client, url: str, kind: str, model: str, max_tokens: int, 
                 return _rejected(out, r)
             if r.status_code != 200:
                 await r.aread()
-                out.error = f"http {r.status_code}"
+                out.error = f"http {r.status_code} {_why(r)}"
                 return out
             name, end = None, None
             async for line in r.aiter_lines():
@@ -143,6 +146,15 @@ async def one_request(client, url: str, kind: str, model: str, max_tokens: int, 
     except Exception as e:  # noqa: BLE001 - every failure is an outcome with its class
         out.error = type(e).__name__
         return out
+
+
+def _why(r) -> str:
+    """The error's code and param (the class of the refusal, not its text)."""
+    try:
+        e = r.json().get("error") or {}
+        return f"({e.get('code') or e.get('type')}, {e.get('param')})"
+    except ValueError:
+        return ""
 
 
 def _rejected(out: Outcome, r) -> Outcome:

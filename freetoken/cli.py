@@ -81,7 +81,12 @@ def cmd_generate(args) -> int:
     llm = LLM(args.model, **engine_options(args))
     prompt = args.prompt
     if args.chat:
-        prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        try:
+            prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        except FreeTokenError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a template raises anything (the server answers 400)
+            raise FreeTokenError(f"the chat template could not render this prompt: {type(e).__name__}: {e}") from None
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             top_p=args.top_p, top_k=args.top_k)
     engine = llm.engine

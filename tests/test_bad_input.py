@@ -124,7 +124,8 @@ BAD_FILES_CI = ["num_hidden_layers=1000000000", "num_attention_heads=0", "num_ex
                 "rope_theta=-1", "rms_norm_eps=nan", "config_nested_100k", "config_5000_digits",
                 "config_fifo", "safetensors_fifo", "long_model_name", "ftw_header_2^62",
                 "ftw_num_experts_1e9", "gguf_alignment_0", "template_recursion", "template_class",
-                "template_300mb", "template_spin", "safetensors_truncated"]
+                "template_300mb", "template_spin", "safetensors_truncated", "tokenizer_not_utf8",
+                "tokenizer_config_not_utf8", "template_raises_at_render"]
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +151,15 @@ def test_bad_file_one_line_exit_2(bad_files, name):
     bf, tiny, work = bad_files
     ok, what = bf.run_case(name, bf.cases()[name], tiny, work, timeout=5, in_process=True)
     assert ok, what
+
+
+def test_seeded_bad_file_mutations():
+    """The first 18 of bench/fuzz_api.py --files (seed 0; two rounds of each kind): each runs
+    or stops with one line and exit 2 (non-UTF-8 tokenizer files and templates that raise
+    when rendering once ended in a traceback)."""
+    import fuzz_files
+    r = fuzz_files.run_files(18, 0)
+    assert r["ok"], {k: v for k, v in r["cases"].items() if not v["ok"]}
 
 
 @pytest.mark.parametrize("name", ["safetensors_fifo", "num_attention_heads=0", "template_300mb"])

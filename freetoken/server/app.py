@@ -16,6 +16,7 @@ from . import anthropic_api, openai_api, openai_responses, tokenize_api, web_ui
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
 from .engine_loop import kv_blocks
 from .generation import GenerationService
+from .memory_trim import TrimAfterLargeBodies
 from .request_guard import RequestGuard
 from .request_limits import ClientGone
 from .server_state import AppState, Settings
@@ -84,6 +85,7 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
 
     if settings.api_key:
         app.add_middleware(APIKeyMiddleware, key=settings.api_key, metrics=svc.metrics)
+    app.add_middleware(TrimAfterLargeBodies)
     # added last = runs first: Host/Origin/Content-Type before the key, CORS outermost
     app.add_middleware(RequestGuard, allowed_hosts=settings.allowed_hosts,
                        cors_origins=settings.cors_origins, metrics=svc.metrics)

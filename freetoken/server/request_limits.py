@@ -16,6 +16,7 @@ import re
 from starlette.requests import ClientDisconnect, Request
 
 from .errors import APIError, BadRequest
+from .memory_trim import mark_large
 
 MAX_DEPTH = 64
 MAX_VALUES = 1_000_000        # JSON values in one body (a 262k-token id prompt is 262k)
@@ -40,10 +41,12 @@ async def read_body(request: Request, limit: int) -> bytes:
         async for chunk in request.stream():
             n += len(chunk)
             if n > limit:
+                mark_large(request.scope, n)
                 raise _too_large(n, limit, more=True)
             chunks.append(chunk)
     except ClientDisconnect:
         raise ClientGone("the client left during the upload") from None
+    mark_large(request.scope, n)      # the heap is trimmed after the reply (memory_trim.py)
     return b"".join(chunks)
 
 
@@ -84,26 +87,50 @@ def parse_json(raw: bytes) -> object:
         raise BadRequest(f"the request body is nested too deeply (at most {MAX_DEPTH} levels)") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"the request body is not valid JSON: {e}") from None
-    check_json(obj)
+    check_json(obj, surrogates=_may_hold_surrogates(raw))
     return obj
 
 
-def check_json(obj: object) -> None:
-    """Depth and lone surrogates, without recursion (the input chooses the depth)."""
-    stack = [(obj, 1, "body")]
+def check_json(obj: object, surrogates: bool = True) -> None:
+    """Depth and lone surrogates, without recursion (the input chooses the depth). The path
+    of a value is built only for the error (an f-string per value cost ~8 s on 1M values);
+    surrogates=False skips the string scan (parse_json: the raw bytes hold no such escape)."""
+    stack = [(obj, 1, None, "body")]
     while stack:
-        v, depth, where = stack.pop()
+        entry = stack.pop()
+        v, depth = entry[0], entry[1]
         if isinstance(v, (dict, list)):
             if depth > MAX_DEPTH:
-                raise BadRequest(f"{where}: nested more than {MAX_DEPTH} levels deep")
+                raise BadRequest(f"{_where(entry)}: nested more than {MAX_DEPTH} levels deep")
             items = v.items() if isinstance(v, dict) else enumerate(v)
             for k, x in items:
-                if isinstance(k, str) and _SURROGATE.search(k):
-                    raise _surrogate(where)
-                if isinstance(x, (dict, list, str)):
-                    stack.append((x, depth + 1, f"{where}.{k}" if isinstance(k, str) else f"{where}[{k}]"))
+                if surrogates and isinstance(k, str) and _SURROGATE.search(k):
+                    raise _surrogate(_where(entry))
+                if isinstance(x, (dict, list)) or (surrogates and isinstance(x, str)):
+                    stack.append((x, depth + 1, entry, k))
         elif isinstance(v, str) and _SURROGATE.search(v):
-            raise _surrogate(where)
+            raise _surrogate(_where(entry))
+
+
+def _where(entry) -> str:
+    keys = []
+    while entry is not None:
+        keys.append(entry[3])
+        entry = entry[2]
+    out = keys.pop()
+    for k in reversed(keys):
+        out += f".{k}" if isinstance(k, str) else f"[{k}]"
+    return out
+
+
+# A lone surrogate arrives as a \uD800-\uDFFF escape or as its 3-byte UTF-8 form ED A0-BF xx
+# (json.loads decodes bytes with "surrogatepass")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+
+
+def _may_hold_surrogates(raw: bytes) -> bool:
+    """False only for UTF-8 bytes without either form (UTF-16/32 bodies are scanned)."""
+    return json.detect_encoding(raw) != "utf-8" or _SURROGATE_ESCAPE.search(raw) is not None
 
 
 def _surrogate(where: str) -> BadRequest:

@@ -40,12 +40,15 @@ def open_checkpoint(path: str | os.PathLike, cfg=None):
 def read_model_text(path: str | os.PathLike, name: str) -> str | None:
     """A side file (tokenizer.json, generation_config.json, ...) of a directory or FTW file."""
     p = Path(path)
-    if p.is_dir():
-        f = p / name
-        return f.read_text() if f.is_file() else None
-    if is_ftw(p):
-        data = read_side_file(p, name)
-        return data.decode() if data is not None else None
+    try:
+        if p.is_dir():
+            f = p / name
+            return f.read_text(encoding="utf-8") if f.is_file() else None
+        if is_ftw(p):
+            data = read_side_file(p, name)
+            return data.decode() if data is not None else None
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{p / name if p.is_dir() else f'{p}:{name}'}: not UTF-8 text ({e})") from None
     if is_gguf(p):
         from .gguf_side import side_file
         return side_file(p, name)

@@ -16,7 +16,7 @@ def test_short_soak(tmp_path, monkeypatch):
     import soak
     monkeypatch.setenv("FREETOKEN_BENCH_CACHE", str(tmp_path))
     args = soak.parse_args(["--clients", "8", "--duration", "25", "--warmup", "8",
-                            "--rss-growth-pct", "10", "--max-running", "4"])
+                            "--rss-growth-pct", "10", "--max-running", "4", "--sample-every", "2"])
     r = asyncio.run(soak.run(args))
     soak.print_report(r)
     assert r["ok"], r["checks"]
