@@ -1,6 +1,6 @@
 """Progress of every long step (load, convert, checksum, download, calibration, profile), one
 shape for all: a tqdm bar on stderr when it is a terminal; otherwise one INFO line on the
-`freetoken.progress` logger per ~10% (done, rate, ETA) so a service log shows it without a bar's
+`freetoken.progress` logger per ~10% (done, rate, ETA); a step over within DELAY_S shows nothing so a service log shows it without a bar's
 carriage returns; nothing at all under `--json` (`set_mode("off")`).
 
 The mode comes from FREETOKEN_PROGRESS (auto | bar | log | off; `freetoken run` sets "bar" for
@@ -19,6 +19,9 @@ log = logging.getLogger("freetoken.progress")
 log.setLevel(logging.INFO)          # shown under the CLI's default WARNING root level
 MODES = ("auto", "bar", "log", "off")
 _mode: str | None = None
+# a step done sooner says nothing: a small model's load must not bury a one-line error or a
+# reply under ten progress lines (the bar and the first log line wait this long)
+DELAY_S = 2.0
 
 
 def set_mode(mode: str) -> None:
@@ -57,7 +60,7 @@ class Progress:
         self._bar = None
         if self.mode == "bar":
             self._bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024,
-                             leave=False, dynamic_ncols=True, initial=initial, file=sys.stderr)
+                             leave=False, dynamic_ncols=True, initial=initial, file=sys.stderr, delay=DELAY_S)
         self._lock = threading.Lock()
         self._t0, self._start = time.monotonic(), initial
         self._next = (int(10 * initial / total) + 1) / 10 if total else 1.0
@@ -68,7 +71,8 @@ class Progress:
             if self._bar is not None:
                 self._bar.update(n)
             elif self.mode == "log" and self.total and self.done >= self._next * self.total:
-                self._log()
+                if time.monotonic() - self._t0 >= DELAY_S:
+                    self._log()
                 while self._next * self.total <= self.done:
                     self._next += 0.1
 

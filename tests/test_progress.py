@@ -14,8 +14,19 @@ from freetoken import progress as prog
 @pytest.fixture
 def mode(monkeypatch):
     monkeypatch.setattr(prog, "_mode", None)
+    monkeypatch.setattr(prog, "DELAY_S", 0.0)      # the tests' steps are all instant
     monkeypatch.delenv("FREETOKEN_PROGRESS", raising=False)
     return monkeypatch
+
+
+def test_a_step_done_within_the_delay_says_nothing(monkeypatch, caplog, capfd):
+    """A small model's load: no lines in a log, no bar on a terminal (a one-line error stays one line)."""
+    monkeypatch.setattr(prog, "_mode", None)
+    monkeypatch.delenv("FREETOKEN_PROGRESS", raising=False)
+    with caplog.at_level(logging.INFO, logger="freetoken.progress"), prog.progress(1000, "load q") as bar:
+        for _ in range(10):
+            bar.update(100)
+    assert lines(caplog, "load q") == []
 
 
 def lines(caplog, prefix: str) -> list[str]:
