@@ -91,6 +91,7 @@ class Tokenizer:
         except Exception as e:
             raise CheckpointError(f"{where / 'tokenizer.json'}: not a readable tokenizer ({e})") from None
         self.config = load_json_side_file(d, "tokenizer_config.json") or {}
+        self._config_path = where / "tokenizer_config.json"
         template = read_model_text(d, "chat_template.jinja")
         self.chat_template = template if template is not None else self.config.get("chat_template")
         if isinstance(self.chat_template, list):    # [{"name": "default", "template": ...}, ...]
@@ -151,8 +152,13 @@ class Tokenizer:
         self._template = None
 
     def _token_str(self, key: str) -> str | None:
+        """A special token as tokenizer_config.json names it: a string or {"content": string}."""
         t = self.config.get(key)
-        return t.get("content") if isinstance(t, dict) else t
+        t = t.get("content") if isinstance(t, dict) else t
+        if t is not None and not isinstance(t, str):
+            raise CheckpointError(f"{self._config_path}: field {key!r} is {str(t)[:60]!r} "
+                                  f"({type(t).__name__}), expected a token string or {{\"content\": string}}")
+        return t
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return self.hf.encode(text, add_special_tokens=add_special_tokens).ids

@@ -43,6 +43,27 @@ def test_config_field_of_wrong_type(ckpt):
         _load(ckpt)
 
 
+@pytest.mark.parametrize("field,value", [("rope_parameters", -1), ("rope_scaling", "yarn"), ("layer_types", 3)])
+def test_config_object_or_list_field_of_wrong_shape(ckpt, field, value):
+    """Found by bench/fuzz_files.py: `rope_parameters: -1` raised TypeError deep in the rope code."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg[field] = value
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match=f"config.json: field '{field}'.*expected an? (object|list) or null"):
+        _load(ckpt)
+
+
+@pytest.mark.parametrize("value", [1e308, ["<eos>"], {"content": 7}])
+def test_special_token_of_wrong_type(ckpt, value):
+    """Found by bench/fuzz_files.py: `eos_token: 1e308` raised TypeError in the tokenizer."""
+    path = ckpt / "tokenizer_config.json"
+    tc = json.loads(path.read_text()) if path.exists() else {}
+    tc["eos_token"] = value
+    path.write_text(json.dumps(tc))
+    with pytest.raises(CheckpointError, match="tokenizer_config.json: field 'eos_token'.*expected a token string"):
+        _load(ckpt)
+
+
 def test_unsupported_architecture(ckpt):
     cfg = json.loads((ckpt / "config.json").read_text())
     cfg["architectures"] = ["LlamaForCausalLM"]

@@ -43,6 +43,12 @@ def check_depth(obj, where, limit: int = MAX_CONFIG_DEPTH) -> None:
             stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
 
 
+# fields the model code reads as an object / a list (null: absent)
+SHAPED_FIELDS = {"rope_parameters": dict, "rope_scaling": dict, "quantization_config": dict,
+                 "compress_rates": dict, "layer_types": list, "mlp_layer_types": list,
+                 "mlp_only_layers": list, "indexer_types": list}
+
+
 def check_config(cfg: dict, where) -> None:
     """The size fields of a config (top level and text_config), before a model is built."""
     check_depth(cfg, where)
@@ -61,6 +67,11 @@ def check_config(cfg: dict, where) -> None:
             if not lo <= v <= hi:
                 raise CheckpointError(f"{where}: field {scope}{name!r} is {_show(v)}, expected "
                                       f"int in [{lo}, {hi}]")
+        for name, kind in SHAPED_FIELDS.items():
+            v = data.get(name)
+            if v is not None and not isinstance(v, kind):
+                raise CheckpointError(f"{where}: field {scope}{name!r} is {_show(v)}, expected "
+                                      f"{'an object' if kind is dict else 'a list'} or null")
         for name in POSITIVE_FLOATS:
             v = data.get(name)
             if v is None:
