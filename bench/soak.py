@@ -206,9 +206,13 @@ async def run(args) -> dict:
     async with httpx.AsyncClient(limits=limits, timeout=args.request_timeout,
                                  headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else None) as client:
         model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
-        kinds = {k: v for k, v in KINDS.items() if args.agents or k != "chat_agent"}
         if args.agents:
-            agent_requests()                  # read the sessions before the clock starts
+            try:
+                agent_requests()              # read the sessions before the clock starts
+            except SystemExit as e:           # a checkout without shared/data: plain turns only
+                print(f"soak: {e}; running without agent turns", file=sys.stderr)
+                args.agents = False
+        kinds = {k: v for k, v in KINDS.items() if args.agents or k != "chat_agent"}
         before = scrape((await client.get(url + "/metrics")).text)
         idle_kv = before.get("freetoken_kv_blocks_in_use", 0.0)
         stop = asyncio.Event()
