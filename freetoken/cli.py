@@ -78,15 +78,16 @@ def engine_options(args) -> dict:
 def cmd_generate(args) -> int:
     from .llm import LLM
     from .sampling_params import SamplingParams
-    llm = LLM(args.model, **engine_options(args))
     prompt = args.prompt
-    if args.chat:
+    if args.chat:   # before the weights are read: a template that cannot render fails in a second
+        from .tokenizer import Tokenizer
         try:
-            prompt = llm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            prompt = Tokenizer(args.model).apply_chat_template([{"role": "user", "content": prompt}])
         except FreeTokenError:
             raise
         except Exception as e:  # noqa: BLE001 - a template raises anything (the server answers 400)
             raise FreeTokenError(f"the chat template could not render this prompt: {type(e).__name__}: {e}") from None
+    llm = LLM(args.model, **engine_options(args))
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed,
                             top_p=args.top_p, top_k=args.top_k)
     engine = llm.engine

@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,22 @@ def client(headers: dict | None = None) -> httpx.Client:
 
 def partial_of(dest: Path) -> Path:
     return dest.with_name(dest.name + ".partial")
+
+
+def replace_atomically(dest: Path, *, data: bytes | None = None, link_to: str | None = None) -> None:
+    """Writes `data` (or a symlink to `link_to`) under a name unique to this call, then renames it
+    onto `dest`: a reader sees the old file or the new one, and two pulls at once (two processes
+    or two threads of one) never rename each other's temporary file away."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.{time.monotonic_ns()}.tmp")
+    try:
+        if link_to is not None:
+            tmp.symlink_to(link_to)
+        else:
+            tmp.write_bytes(data or b"")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def free_bytes(directory: Path) -> int:

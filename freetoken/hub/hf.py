@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import PullError
 from ..progress import progress
 from ..weights.stores import hf_hub_cache, quant_in
-from .download import Digest, check_space, client, fetch, missing_bytes, unreachable
+from .download import Digest, check_space, client, fetch, missing_bytes, replace_atomically, unreachable
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # what a repo with safetensors also ships that a server never reads
@@ -153,16 +153,8 @@ def pull(spec: str, include: list[str] | None = None, revision: str = "main", re
             fetch(http, hf_hub_url(repo, name, revision=commit, endpoint=endpoint()), blob, size=size,
                   digest=digest, name=f"{repo}/{name}", bar=bar, retries=retries)
             link = root / "snapshots" / commit / name
-            link.parent.mkdir(parents=True, exist_ok=True)
             if not link.exists():
-                tmp = link.with_name(f".{link.name}.{os.getpid()}.tmp")
-                tmp.unlink(missing_ok=True)
-                tmp.symlink_to(os.path.relpath(blob, link.parent))
-                os.replace(tmp, link)
+                replace_atomically(link, link_to=os.path.relpath(blob, link.parent))
     if revision != commit:
-        ref = root / "refs" / revision
-        ref.parent.mkdir(parents=True, exist_ok=True)
-        tmp = ref.with_name(f".{ref.name}.{os.getpid()}.tmp")
-        tmp.write_text(commit)
-        os.replace(tmp, ref)
+        replace_atomically(root / "refs" / revision, data=commit.encode())
     return root / "snapshots" / commit

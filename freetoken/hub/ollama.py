@@ -21,7 +21,8 @@ import httpx
 from ..errors import PullError
 from ..progress import progress
 from ..weights.stores import OLLAMA_MODEL_LAYER, ollama_models_dir
-from .download import Digest, check_space, client, fetch, http_error, missing_bytes, unreachable
+from .download import (Digest, check_space, client, fetch, http_error, missing_bytes, replace_atomically,
+                       unreachable)
 
 DEFAULT_REGISTRY = "https://registry.ollama.ai"
 MANIFEST_ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
@@ -97,8 +98,5 @@ def pull(spec: str, registry: str | None = None, retries: int = 3) -> Path:
                       digest=Digest("sha256", d.split(":", 1)[1]), name=f"{label} blob {d[7:19]}",
                       bar=bar, retries=retries)
     out = manifest_path(ns, name, tag)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(raw)
-    os.replace(tmp, out)
+    replace_atomically(out, data=raw)
     return out
