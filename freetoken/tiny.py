@@ -5,6 +5,7 @@ config classes and weights are written by transformers' save_pretrained, so the 
 have exactly the layout real checkpoints have."""
 from __future__ import annotations
 
+import importlib
 import json
 from importlib import resources
 from pathlib import Path
@@ -15,79 +16,19 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
                   "</tool_call>", "<tool_response>", "</tool_response>"]
 
 
-def _common(layers, hidden, vocab, heads=4, kv_heads=2):
-    return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                num_key_value_heads=kv_heads, max_position_embeddings=4096, tie_word_embeddings=False)
+def _recipes() -> dict[str, type]:
+    """make-tiny's name (the model module) -> model class, for every registered class that
+    writes its own `tiny_config` (models/decoder.py): a new architecture is listed by its file."""
+    from .models.registry import ARCHITECTURES
+    out = {}
+    for module, name in ARCHITECTURES.values():
+        cls = getattr(importlib.import_module(f"freetoken.models.{module}"), name)
+        if "tiny_config" in vars(cls):
+            out[module] = cls
+    return out
 
 
-def _moe_inter(hidden):
-    return max(16, hidden // 2)
-
-
-def _deepseek_v3(L, E, K, H, V):
-    return dict(_common(L, H, V, kv_heads=4), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
-                n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, n_group=max(1, E // 4),
-                topk_group=max(1, E // 8), first_k_dense_replace=1, kv_lora_rank=H // 2, q_lora_rank=H // 2,
-                qk_nope_head_dim=H // 4, qk_rope_head_dim=H // 8, v_head_dim=H // 4)
-
-
-# arch -> (transformers config class, kwargs builder(layers, experts, top_k, hidden, vocab))
-ARCHS = {
-    "qwen3_moe": ("Qwen3MoeConfig", lambda L, E, K, H, V: dict(
-        _common(L, H, V), head_dim=H // 4, intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
-        num_experts=E, num_experts_per_tok=K, norm_topk_prob=True)),
-    "qwen2_moe": ("Qwen2MoeConfig", lambda L, E, K, H, V: dict(
-        _common(L, H, V), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
-        shared_expert_intermediate_size=H, num_experts=E, num_experts_per_tok=K)),
-    "mixtral": ("MixtralConfig", lambda L, E, K, H, V: dict(
-        _common(L, H, V), intermediate_size=_moe_inter(H), num_local_experts=E, num_experts_per_tok=K)),
-    "olmoe": ("OlmoeConfig", lambda L, E, K, H, V: dict(
-        _common(L, H, V), intermediate_size=_moe_inter(H), num_experts=E, num_experts_per_tok=K)),
-    "qwen3_next": ("Qwen3NextConfig", lambda L, E, K, H, V: dict(
-        _common(L, H, V), head_dim=H // 4, intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
-        shared_expert_intermediate_size=H, num_experts=E, num_experts_per_tok=K, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=H // 4, linear_value_head_dim=H // 4,
-        layer_types=["full_attention" if i % 2 else "linear_attention" for i in range(L)])),
-    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", lambda L, E, K, H, V: dict(
-        _common(L, H, V), head_dim=H // 4, moe_intermediate_size=_moe_inter(H),
-        shared_expert_intermediate_size=H, num_experts=E, num_experts_per_tok=K, linear_num_key_heads=2,
-        linear_num_value_heads=4, linear_key_head_dim=H // 4, linear_value_head_dim=H // 4,
-        layer_types=["full_attention" if i % 2 else "linear_attention" for i in range(L)])),
-    "gpt_oss": ("GptOssConfig", lambda L, E, K, H, V: dict(
-        _common(L, H, V), head_dim=H // 4, intermediate_size=_moe_inter(H), num_local_experts=E,
-        num_experts_per_tok=K, sliding_window=8)),
-    "glm4_moe": ("Glm4MoeConfig", lambda L, E, K, H, V: dict(
-        _common(L, H, V), head_dim=H // 4, intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
-        n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, first_k_dense_replace=1,
-        n_group=2 if E % 2 == 0 and K <= E // 2 else 1, topk_group=1, routed_scaling_factor=2.5,
-        use_qk_norm=True, norm_topk_prob=True, partial_rotary_factor=0.5)),
-    "deepseek_v3": ("DeepseekV3Config", lambda L, E, K, H, V: _deepseek_v3(L, E, K, H, V)),
-    "deepseek_v32": ("DeepseekV32Config", lambda L, E, K, H, V: dict(
-        _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8)),
-    "glm_moe_dsa": ("GlmMoeDsaConfig", lambda L, E, K, H, V: dict(
-        _deepseek_v3(L, E, K, H, V), index_topk=8, index_head_dim=H // 4, index_n_heads=8,
-        indexer_types=["full" if i % 2 == 0 else "shared" for i in range(L)])),
-    "deepseek_v4": ("DeepseekV4Config", lambda L, E, K, H, V: dict(
-        _common(L, H, V, kv_heads=1), head_dim=H // 2, q_lora_rank=H // 2, moe_intermediate_size=_moe_inter(H),
-        n_routed_experts=E, num_experts_per_tok=K, sliding_window=8, o_groups=2, o_lora_rank=H // 4,
-        index_n_heads=16, index_head_dim=H // 4, index_topk=4, hc_mult=2, partial_rotary_factor=0.25,
-        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
-        layer_types=[("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")[i % 3]
-                     for i in range(L)],
-        mlp_layer_types=["hash_moe" if i == 0 else "moe" for i in range(L)])),
-    "glm5_next": ("Glm5NextConfig", lambda L, E, K, H, V: dict(text_config=dict(
-        _common(L, H, V, kv_heads=4), intermediate_size=2 * H, moe_intermediate_size=_moe_inter(H),
-        n_routed_experts=E, num_experts_per_tok=K, n_shared_experts=1, kv_lora_rank=H // 2, q_lora_rank=H // 2,
-        qk_nope_head_dim=H // 4, qk_rope_head_dim=0, v_head_dim=H // 4, index_topk=8, index_head_dim=H // 4,
-        index_n_heads=8, index_kpool=4, linear_num_heads=4, linear_head_dim=H // 4, hc_mult=2,
-        layer_types=["indexed_attention" if i % 2 else "linear_attention" for i in range(L)],
-        mlp_layer_types=["dense" if i == 0 else "sparse" for i in range(L)]),
-        vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=H,
-                           patch_size=2, temporal_patch_size=1, spatial_merge_size=1,
-                           projection_intermediate_size=32))),
-}
-# multimodal checkpoints: the model class to build, and the text fields live in `text_config`
-MODEL_CLASSES = {"glm5_next": "Glm5NextForConditionalGeneration"}
+ARCHS = _recipes()
 ARCHS["gpt_oss_mxfp4"] = ARCHS["gpt_oss"]      # same model, experts written as MXFP4 blocks/scales
 ARCHS["glm4_moe_nvfp4"] = ARCHS["glm4_moe"]    # same model, routed experts as ModelOpt NVFP4
 ARCHS["deepseek_v3_fp8"] = ARCHS["deepseek_v3"]  # same model, projections and experts as FP8 128x128 blocks
@@ -149,15 +90,15 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     out.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(vocab)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    cls_name, build = ARCHS[arch]
-    kwargs = build(layers, experts, top_k, hidden, vocab)
+    model_cls = ARCHS[arch]
+    cls_name, kwargs = model_cls.tiny_config(layers, experts, top_k, hidden, vocab)
     text = kwargs.get("text_config", kwargs)
     text.update(bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     text.update(overrides)
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
-    if arch in MODEL_CLASSES:
-        model = getattr(transformers, MODEL_CLASSES[arch])(config)
+    if model_cls.tiny_model:
+        model = getattr(transformers, model_cls.tiny_model)(config)
         randomize_constant_inits(model, seed)
     else:
         model = transformers.AutoModelForCausalLM.from_config(config)

@@ -45,6 +45,17 @@ class ArchSpec:
     always_norm_topk: bool = False
 
 
+def tiny_base(layers: int, hidden: int, vocab: int, heads: int = 4, kv_heads: int = 2) -> dict:
+    """The config fields every `tiny_config` recipe shares."""
+    return dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                num_key_value_heads=kv_heads, max_position_embeddings=4096, tie_word_embeddings=False)
+
+
+def tiny_moe_inter(hidden: int) -> int:
+    """A tiny checkpoint's expert width."""
+    return max(16, hidden // 2)
+
+
 class Attention:
     def __init__(self, ck: Checkpoint, p: str, hf: HFConfig, arch: ArchSpec, linear: LinearFactory, device,
                  rotary: Rotary, window: int | None):
@@ -182,6 +193,16 @@ class MoECausalLM:
     def rope_dim(self) -> int:
         """Features per head the rotary tables cover (before partial_rotary_factor)."""
         return self.head_dim
+
+    # --- a small random-weight checkpoint of this architecture (`freetoken make-tiny`) -------
+    tiny_model: str | None = None   # transformers' model class for it, where AutoModelForCausalLM builds another
+
+    @classmethod
+    def tiny_config(cls, layers: int, experts: int, top_k: int, hidden: int, vocab: int) -> tuple[str, dict] | None:
+        """(transformers config class name, its arguments) for make-tiny, or None: make-tiny
+        offers the class under its module's name when the class defines this itself (one that
+        extends another architecture does not inherit its recipe)."""
+        return None
 
     # --- what the model keeps per token and per sequence: from the config alone ------------
     @classmethod

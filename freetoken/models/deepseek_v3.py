@@ -13,7 +13,7 @@ from ..layers.linear import Linear
 from ..layers.mla import MLA, MLAConfig
 from ..layers.moe import BiasCorrectedMoE
 from ..layers.norm import RMSNorm
-from .decoder import DecoderLayer, MoECausalLM
+from .decoder import DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter
 
 
 def latent_row(hf) -> int:
@@ -22,6 +22,15 @@ def latent_row(hf) -> int:
 
 
 class DeepseekV3ForCausalLM(MoECausalLM):
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        return "DeepseekV3Config", dict(
+            tiny_base(layers, hidden, vocab, kv_heads=4), intermediate_size=2 * hidden,
+            moe_intermediate_size=tiny_moe_inter(hidden), n_routed_experts=experts, num_experts_per_tok=top_k,
+            n_shared_experts=1, n_group=max(1, experts // 4), topk_group=max(1, experts // 8),
+            first_k_dense_replace=1, kv_lora_rank=hidden // 2, q_lora_rank=hidden // 2,
+            qk_nope_head_dim=hidden // 4, qk_rope_head_dim=hidden // 8, v_head_dim=hidden // 4)
+
     def __init__(self, ck, cfg, max_len: int):
         from .hf_config import HFConfig
         self.mla = MLAConfig.from_hf(HFConfig(ck.config, ck.dir / "config.json"))

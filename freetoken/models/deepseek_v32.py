@@ -11,6 +11,11 @@ from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 
 
 class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        _, v3 = DeepseekV3ForCausalLM.tiny_config(layers, experts, top_k, hidden, vocab)
+        return "DeepseekV32Config", dict(v3, index_topk=8, index_head_dim=hidden // 4, index_n_heads=8)
+
     def __init__(self, ck, cfg, max_len: int):
         super().__init__(ck, cfg, max_len)
 

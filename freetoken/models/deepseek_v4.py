@@ -26,7 +26,7 @@ from ..layers.rope import inv_freq_and_scale
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
 from ..layers.v4_attention import V4Attention
 from .context import ForwardContext
-from .decoder import MoECausalLM
+from .decoder import MoECausalLM, tiny_base, tiny_moe_inter
 from .hf_config import HFConfig
 
 ATTENTION_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
@@ -76,6 +76,18 @@ class V4Layer:
 
 
 class DeepseekV4ForCausalLM(MoECausalLM):
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        return "DeepseekV4Config", dict(
+            tiny_base(layers, hidden, vocab, kv_heads=1), head_dim=hidden // 2, q_lora_rank=hidden // 2,
+            moe_intermediate_size=tiny_moe_inter(hidden), n_routed_experts=experts, num_experts_per_tok=top_k,
+            sliding_window=8, o_groups=2, o_lora_rank=hidden // 4, index_n_heads=16, index_head_dim=hidden // 4,
+            index_topk=4, hc_mult=2, partial_rotary_factor=0.25,
+            compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
+            layer_types=[("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")[i % 3]
+                         for i in range(layers)],
+            mlp_layer_types=["hash_moe" if i == 0 else "moe" for i in range(layers)])
+
     def __init__(self, ck, cfg, max_len: int):  # noqa: C901 - one pass over the checkpoint
         hf = HFConfig(ck.config, ck.dir / "config.json")
         self.hf, self.cfg, self.ck_dir, self.max_len = hf, cfg, ck.dir, max_len

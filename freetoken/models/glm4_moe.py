@@ -12,11 +12,20 @@ import torch
 from ..errors import CheckpointError
 from ..layers.linear import Linear
 from ..layers.moe import BiasCorrectedMoE
-from .decoder import ArchSpec, MoECausalLM
+from .decoder import ArchSpec, MoECausalLM, tiny_base, tiny_moe_inter
 
 
 class Glm4MoeForCausalLM(MoECausalLM):
     arch = ArchSpec()
+
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        return "Glm4MoeConfig", dict(
+            tiny_base(layers, hidden, vocab), head_dim=hidden // 4, intermediate_size=2 * hidden,
+            moe_intermediate_size=tiny_moe_inter(hidden), n_routed_experts=experts, num_experts_per_tok=top_k,
+            n_shared_experts=1, first_k_dense_replace=1,
+            n_group=2 if experts % 2 == 0 and top_k <= experts // 2 else 1, topk_group=1,
+            routed_scaling_factor=2.5, use_qk_norm=True, norm_topk_prob=True, partial_rotary_factor=0.5)
 
     def __init__(self, ck, cfg, max_len: int):
         if ck.config.get("use_qk_norm"):

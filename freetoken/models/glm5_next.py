@@ -29,6 +29,7 @@ from ..layers.mla import MLA, MLAConfig
 from ..layers.norm import RMSNorm
 from ..layers.state import DeltaNetState, SequenceState, check_positions
 from .context import ForwardContext
+from .decoder import tiny_base, tiny_moe_inter
 from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 from .glm_moe_dsa import indexer_types
 from .hf_config import HFConfig
@@ -75,6 +76,22 @@ class Glm5NextLayer:
 
 
 class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
+    tiny_model = "Glm5NextForConditionalGeneration"   # AutoModelForCausalLM would build the text model only
+
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        return "Glm5NextConfig", dict(text_config=dict(
+            tiny_base(layers, hidden, vocab, kv_heads=4), intermediate_size=2 * hidden,
+            moe_intermediate_size=tiny_moe_inter(hidden), n_routed_experts=experts, num_experts_per_tok=top_k,
+            n_shared_experts=1, kv_lora_rank=hidden // 2, q_lora_rank=hidden // 2, qk_nope_head_dim=hidden // 4,
+            qk_rope_head_dim=0, v_head_dim=hidden // 4, index_topk=8, index_head_dim=hidden // 4, index_n_heads=8,
+            index_kpool=4, linear_num_heads=4, linear_head_dim=hidden // 4, hc_mult=2,
+            layer_types=["indexed_attention" if i % 2 else "linear_attention" for i in range(layers)],
+            mlp_layer_types=["dense" if i == 0 else "sparse" for i in range(layers)]),
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=hidden,
+                               patch_size=2, temporal_patch_size=1, spatial_merge_size=1,
+                               projection_intermediate_size=32))
+
     def __init__(self, ck, cfg, max_len: int):  # noqa: C901 - one pass over the checkpoint
         if isinstance(ck.config.get("text_config"), dict) or ck.has("model.language_model.embed_tokens.weight"):
             ck = LanguageModelView(ck)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from ..errors import CheckpointError
 from ..layers.dsa import Indexer, SharedSelection
 from ..layers.mla import MLA
-from .deepseek_v3 import latent_row
+from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 from .deepseek_v32 import DeepseekV32ForCausalLM
 
 
@@ -32,6 +32,12 @@ def indexer_types(cfg: dict, path) -> list[str]:
 
 
 class GlmMoeDsaForCausalLM(DeepseekV32ForCausalLM):
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        _, v3 = DeepseekV3ForCausalLM.tiny_config(layers, experts, top_k, hidden, vocab)
+        return "GlmMoeDsaConfig", dict(v3, index_topk=8, index_head_dim=hidden // 4, index_n_heads=8,
+                                       indexer_types=["full" if i % 2 == 0 else "shared" for i in range(layers)])
+
     def __init__(self, ck, cfg, max_len: int):
         self.indexer_types = indexer_types(ck.config, ck.dir / "config.json")
         self._full_indexer = None

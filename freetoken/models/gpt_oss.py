@@ -16,7 +16,7 @@ from ..layers.norm import rms_norm
 from ..layers.sinks import paged_attention_sinks, window_attention_sinks
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
 from .context import ForwardContext
-from .decoder import ArchSpec, Attention, MoECausalLM
+from .decoder import ArchSpec, Attention, MoECausalLM, tiny_base, tiny_moe_inter
 
 
 class RMSNormF32:
@@ -97,6 +97,12 @@ class GptOssLayer:
 
 class GptOssForCausalLM(MoECausalLM):
     arch = ArchSpec(attn_bias_default=True, router_name="router")
+
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        return "GptOssConfig", dict(
+            tiny_base(layers, hidden, vocab), head_dim=hidden // 4, intermediate_size=tiny_moe_inter(hidden),
+            num_local_experts=experts, num_experts_per_tok=top_k, sliding_window=8)
 
     def __init__(self, ck, cfg, max_len: int):
         super().__init__(ck, cfg, max_len)

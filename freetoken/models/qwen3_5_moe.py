@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 
 from .qwen3_next import Qwen3NextForCausalLM
+from .decoder import tiny_base, tiny_moe_inter
 
 
 def text_part(config: dict) -> dict:
@@ -55,6 +56,15 @@ class LanguageModelView:
 
 class Qwen3_5MoeForCausalLM(Qwen3NextForCausalLM):
     arch = replace(Qwen3NextForCausalLM.arch, always_norm_topk=True)
+
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        return "Qwen3_5MoeTextConfig", dict(
+            tiny_base(layers, hidden, vocab), head_dim=hidden // 4, moe_intermediate_size=tiny_moe_inter(hidden),
+            shared_expert_intermediate_size=hidden, num_experts=experts, num_experts_per_tok=top_k,
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=hidden // 4,
+            linear_value_head_dim=hidden // 4,
+            layer_types=["full_attention" if i % 2 else "linear_attention" for i in range(layers)])
 
     @classmethod
     def text_config(cls, config: dict) -> dict:

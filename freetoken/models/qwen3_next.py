@@ -13,7 +13,7 @@ from ..layers.deltanet import GatedDeltaNet
 from ..layers.gated_attention import GatedAttention, RMSNorm1p
 from ..layers.state import DeltaNetState, SequenceState, check_positions
 from .context import ForwardContext
-from .decoder import ArchSpec, DecoderLayer, MoECausalLM
+from .decoder import ArchSpec, DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter
 
 
 class LinearAttentionLayer:
@@ -56,6 +56,15 @@ class LinearAttentionLayer:
 
 class Qwen3NextForCausalLM(MoECausalLM):
     arch = ArchSpec(shared_expert=True, norm_topk_default=True)
+
+    @classmethod
+    def tiny_config(cls, layers, experts, top_k, hidden, vocab):
+        return "Qwen3NextConfig", dict(
+            tiny_base(layers, hidden, vocab), head_dim=hidden // 4, intermediate_size=2 * hidden,
+            moe_intermediate_size=tiny_moe_inter(hidden), shared_expert_intermediate_size=hidden,
+            num_experts=experts, num_experts_per_tok=top_k, linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=hidden // 4, linear_value_head_dim=hidden // 4,
+            layer_types=["full_attention" if i % 2 else "linear_attention" for i in range(layers)])
 
     def __init__(self, ck, cfg, max_len: int):
         types = self.layer_schedule(ck.config)
