@@ -47,7 +47,7 @@ class FakeTokenizer:
 
 
 class FakeEngine:
-    """`scripts` maps a marker to an output; the last marker found in the prompt wins."""
+    """`scripts` maps a marker to an output; the marker that ends last in the prompt wins."""
 
     def __init__(self, scripts: dict[str, str] | None = None, max_model_len: int = 1 << 20,
                  chars_per_step: int = 3, step_delay: float = 0.0):
@@ -70,11 +70,11 @@ class FakeEngine:
             from freetoken.errors import PromptTooLongError
             raise PromptTooLongError("prompt too long")
         prompt = self.tokenizer.decode(prompt_token_ids)
-        best, text = -1, self.default
-        for marker, out in self.scripts.items():
-            i = prompt.rfind(marker)
-            if i > best:
-                best, text = i, out
+        best, text = (-1, 0), self.default
+        for marker, out in self.scripts.items():   # the last marker wins; of two ending at one
+            i = prompt.rfind(marker)                # place (WEATHER? in AN_WEATHER?) the longer
+            if i >= 0 and (i + len(marker), len(marker)) > best:
+                best, text = (i + len(marker), len(marker)), out
         self.added.append((request_id, params))
         self.seqs[request_id] = {"text": text, "pos": 0, "params": params, "n": 0,
                                  "prompt": len(prompt_token_ids), "abort": False, "out": "",
