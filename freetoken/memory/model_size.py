@@ -22,9 +22,9 @@ class ModelShape:
     expert_bytes_on_disk: int
     native_expert_format: str          # float | mxfp4 | fp8 | prebuilt:<fmt> (FTW)
     prebuilt_expert_bytes: int | None = None   # FTW: the exact bank bytes per expert (GGUF: a cache slot's)
-    prebuilt_pool_bytes: int | None = None     # GGUF of mixed row widths: the pool's own bytes (grouped, unpadded)
     # GGUF: dense tensors in a type the CPU kernels read, kept packed there: (elements, bytes)
     packed_dense: tuple[int, int] = (0, 0)
+    prebuilt_pool_bytes: int | None = None     # GGUF: the pool's own bytes (each layer in its row widths)
 
     def get(self, *names, default=None):
         for n in names:
