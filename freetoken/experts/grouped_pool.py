@@ -61,6 +61,15 @@ class GroupedPool:
 
     def split_ids(self, flat_ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         ids = flat_ids if flat_ids.dtype == torch.int64 else flat_ids.long()
+        if ids.device.type == "cpu":          # numpy: a decode call's few ids cost microseconds
+            a = ids.numpy()
+            valid = a >= 0
+            safe = np.maximum(a, 0)
+            g, local = self.group_of[safe], self.local_of[safe]
+            used = g[valid]
+            if used.size and used.min() == used.max():      # one layer's call: one group
+                return [(int(used[0]), torch.from_numpy(np.where(valid, local, -1)))]
+            return [(int(gi), torch.from_numpy(np.where(valid & (g == gi), local, -1))) for gi in np.unique(used)]
         valid = ids >= 0
         safe = ids.clamp_min(0)
         g = self._group_t.to(ids.device)[safe]
