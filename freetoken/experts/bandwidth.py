@@ -74,7 +74,8 @@ def device_id(device: torch.device) -> str:
 
 def format_id(pool) -> str:
     """Expert format, storage dtype and shape: what the bandwidths depend on."""
-    dtypes = sorted({str(b.dtype).replace("torch.", "") for b in pool.banks.values()})
+    dtypes = sorted({str(b.dtype).replace("torch.", "") for g in getattr(pool, "groups", [pool])
+                     for b in g.banks.values()})
     s = pool.spec
     return f"{s.fmt}:{'+'.join(dtypes)}:{s.hidden}x{s.intermediate}"
 

@@ -1,6 +1,7 @@
 """The accelerator-side expert cache: N slots shared by every MoE layer.
 
-Each slot holds one complete expert (a row of every bank, same bank keys as the pool).
+Each slot holds one complete expert (a row of every bank, same bank keys as the pool; for a
+grouped pool of several row widths, rows as wide as the widest group's, grouped_pool.py).
 Residency, the replacement policy and the victims are the bank-less `SlotTable`
 (`slots.py`, also what `freetoken sim` replays); this class adds the slot banks on
 `device` and the copies that fill them. Control lives on the host; on a CPU-only machine
@@ -30,8 +31,8 @@ class ExpertCache:
         self._alloc()
 
     def _alloc(self) -> None:
-        self.banks = {k: torch.empty((self.capacity, *b.shape[1:]), dtype=b.dtype, device=self.device)
-                      for k, b in self.pool.banks.items()}
+        self.banks = {k: torch.empty((self.capacity, *shape), dtype=dtype, device=self.device)
+                      for k, (shape, dtype) in self.pool.slot_rows().items()}
 
     # ---- the slot table's state, read by the planner, the backends and tests ---------------
     capacity = property(lambda self: self.table.capacity)
@@ -72,11 +73,7 @@ class ExpertCache:
         if len(flat_ids) == 0:
             return None
         self.table.assign(flat_ids, slots)
-        pairs = []
-        src_idx = flat_ids.tolist()
-        for k, dst in self.banks.items():
-            src = self.pool.banks[k]
-            pairs += [(dst[s], src[f]) for s, f in zip(slots.tolist(), src_idx)]
+        pairs = self.pool.fill_pairs(self.banks, slots.tolist(), flat_ids.tolist())
         job = self.copy.submit(pairs, len(flat_ids) * self.pool.expert_nbytes)
         if background:
             self._landing.append((job, slots))

@@ -67,7 +67,11 @@ class CpuExpertExecutor:
 
     @classmethod
     def from_pool(cls, expert_pool, **kw) -> "CpuExpertExecutor":
-        """An executor over an `ExpertPool`'s banks with its spec's shapes and activation."""
+        """An executor over an `ExpertPool`'s banks with its spec's shapes and activation (a
+        `GroupedPool`: one per group behind a `GroupedExecutor`; pass `pool=` to share threads)."""
+        if len(expert_pool.groups) > 1:
+            from .host_exec import GroupedExecutor
+            return GroupedExecutor(expert_pool, [cls.from_pool(g, **kw) for g in expert_pool.groups])
         sp = expert_pool.spec
         return cls(expert_pool.banks, sp.fmt, sp.hidden, sp.intermediate, sp.activation, sp.alpha, sp.limit, **kw)
 

@@ -71,7 +71,14 @@ class DiskLayout:
 
     @property
     def nbytes(self) -> int:
-        return self.num_layers * self.num_experts * self.expert_nbytes
+        """The pool's bytes as the banks hold them, each expert in its own row widths (a host
+        cache slot, `expert_nbytes`, is as wide as the widest: mixed ggml types pad there)."""
+        total = sum(t.nbytes for t in self.resident.values())
+        for b in self.banks.values():
+            for pc in b.pieces:
+                each = pc.nbytes if pc.file_dtype is None else pc.nbytes // _elsize(pc.file_dtype) * _elsize(b.dtype)
+                total += int((pc.files >= 0).sum()) * each
+        return total
 
     def check_sizes(self) -> None:
         """Every piece inside its file (a truncated file is refused at start, in one line)."""

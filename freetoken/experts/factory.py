@@ -108,7 +108,7 @@ def _host_executor(pool: ExpertPool, cfg: EngineConfig, spin_us: int):
 
 
 def _pinned(pool: ExpertPool) -> bool:
-    return all(b.is_pinned() for b in pool.banks.values())
+    return all(b.is_pinned() for b in pool.all_banks())
 
 
 def host_cache_slots(expert_nbytes: int, n: int, cfg: EngineConfig, num_experts: int) -> int:

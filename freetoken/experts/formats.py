@@ -11,7 +11,8 @@ Bank layouts (leading index = flat id moe_layer*E + expert; I = intermediate, H 
          the row's float32 global scale), down_* likewise (weights/nvfp4.py)
   ggml:  gate_up u8 [N, 2I, RB] raw llama.cpp blocks per output row, gate_up_types int32 [N, 2]
          (ggml type of the gate half, of the up half), down u8 [N, H, RBd], down_types int32
-         [N, 1]; RB = the widest row of the bank's types, narrower rows zero-padded (ggml_banks.py)
+         [N, 1]; RB = the widest row of the bank's types, narrower rows zero-padded (ggml_banks.py;
+         a GGUF's layers of different widths get a bank each: grouped_pool.py)
   optional: gate_up_bias f32 [N, 2I], down_bias f32 [N, H]
 An `ExpertSpec` says "float" for the three float formats (the bank dtype tells which).
 """

@@ -6,8 +6,10 @@ Layout (format "ggml"; leading index = flat id, I = intermediate, H = hidden):
   gate_up_types int32 [N, 2]     ggml type of the gate half, of the up half
   down          u8 [N, H, RBd]   likewise, I inputs per row
   down_types    int32 [N, 1]
-RB is the widest row of the types present in the bank (llama.cpp's Q4_K_M mixes Q4_K and Q6_K
-tensors across layers), so every expert has the same byte size and slots copy whole rows.
+RB is the widest row of the types present in the bank, so every expert has the same byte size.
+A GGUF's layers of different row widths (llama.cpp's Q4_K_M mixes Q4_K and Q6_K `ffn_down`
+across layers) go to separate banks, one per width (grouped_pool.py): no padding there; only a
+cache slot, which holds any layer's expert, is as wide as the widest.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """The host expert pool: every routed expert of the model, in banks whose leading index
 is the flat id `moe_layer * num_experts + expert`. Rows with the same index across banks
 form one complete expert. This is the source of truth; caches only copy from it.
-Bank layouts per format: `formats.py`.
+Bank layouts per format: `formats.py`. A model whose MoE layers hold rows of different widths
+(GGUF Q4_K_M: ffn_down Q6_K in some layers, Q4_K in the others) gets a `GroupedPool` instead
+(grouped_pool.py): one such pool per row width, no padding; both answer the group methods below.
 """
 from __future__ import annotations
 
@@ -49,6 +51,34 @@ class ExpertPool:
 
     def rows(self, flat_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         return {k: b.index_select(0, flat_ids) for k, b in self.banks.items()}
+
+    # ---- the group methods (a GroupedPool has several groups; this pool is its own only one) ----
+    @property
+    def groups(self) -> list["ExpertPool"]:
+        return [self]
+
+    def layer_group(self, layer: int) -> tuple[int, int]:
+        """(group, the layer's index inside that group's pool)."""
+        return 0, layer
+
+    def split_ids(self, flat_ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        """[(group, the ids as that group's flat ids, -1 where another group's)] for the groups used."""
+        return [(0, flat_ids)]
+
+    def slot_rows(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Per bank, the row shape and dtype of a cache slot that can hold any expert."""
+        return {k: (tuple(b.shape[1:]), b.dtype) for k, b in self.banks.items()}
+
+    def fill_pairs(self, dst: dict[str, torch.Tensor], slots, flat_ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(slot row, pool row) copies that put experts `flat_ids` into slots `slots` of `dst`."""
+        pairs = []
+        for k, d in dst.items():
+            src = self.banks[k]
+            pairs += [(d[s], src[f]) for s, f in zip(slots, flat_ids)]
+        return pairs
+
+    def all_banks(self) -> list[torch.Tensor]:
+        return list(self.banks.values())
 
     def pin(self, register=None, unregister=None, limit: int | None = -1) -> int:
         """Page-lock the filled banks in place (experts/pinning.py): no second copy. Returns the

@@ -21,9 +21,10 @@ class ModelShape:
     dense_params: int                  # float elements of non-expert tensors (stored in the engine dtype)
     expert_bytes_on_disk: int
     native_expert_format: str          # float | mxfp4 | fp8 | prebuilt:<fmt> (FTW)
-    prebuilt_expert_bytes: int | None = None   # FTW: the exact bank bytes per expert
+    prebuilt_expert_bytes: int | None = None   # FTW: the exact bank bytes per expert (GGUF: a cache slot's)
     # GGUF: dense tensors in a type the CPU kernels read, kept packed there: (elements, bytes)
     packed_dense: tuple[int, int] = (0, 0)
+    prebuilt_pool_bytes: int | None = None     # GGUF: the pool's own bytes (each layer in its row widths)
 
     def get(self, *names, default=None):
         for n in names:
@@ -88,7 +89,6 @@ def read_model_shape(model: str | Path) -> ModelShape:
 def _gguf_shape(ck) -> ModelShape:
     """GGUF (or one kept in an FTW file): quantized experts stay in their ggml rows
     (prebuilt:ggml), float ones are float."""
-    from ..weights import ggml_quants
     from ..weights.gguf_experts import expert_tensors, layout
     infos = {n: t for n, (_, t) in ck.tensors_by_name.items()}
     dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)
@@ -100,15 +100,13 @@ def _gguf_shape(ck) -> ModelShape:
     if not trios or layout({t.ggml_type for trio in trios for t in trio}) != "ggml":
         return ModelShape(_text(ck.config), dense, expert_bytes, "float", packed_dense=packed_dense)
 
-    def row(t, cols):
-        return ggml_quants.row_bytes(t.ggml_type, cols)
-    _, inter, hidden = trios[0][0].shape
-    width_gu = max(row(t, hidden) for trio in trios for t in trio[:2])
-    width_d = max(row(trio[2], inter) for trio in trios)
-    per = 2 * inter * width_gu + hidden * width_d + 3 * 4
-    if ck.arch == "gpt-oss":
-        per += (2 * inter + hidden) * 4
-    return ModelShape(_text(ck.config), dense, expert_bytes, "prebuilt:ggml", per, packed_dense)
+    from ..weights.gguf_experts import row_widths
+    e, inter, hidden = trios[0][0].shape
+    extra = 3 * 4 + ((2 * inter + hidden) * 4 if ck.arch == "gpt-oss" else 0)   # type ids, gpt-oss biases
+    per_layer = [2 * inter * w_gu + hidden * w_d + extra for w_gu, w_d in row_widths(trios)]
+    # a cache slot holds the widest layer's expert; the pool holds each layer in its own widths
+    return ModelShape(_text(ck.config), dense, expert_bytes, "prebuilt:ggml", max(per_layer), packed_dense,
+                      prebuilt_pool_bytes=e * sum(per_layer))
 
 
 def _numel(shape) -> int:

@@ -248,7 +248,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     n_experts = moe_layer_count(s) * s.get("num_experts", "num_local_experts", "n_routed_experts", default=0)
     fmt = expert_format(s, cfg)
     S = expert_nbytes(s, fmt.removeprefix("prebuilt:")) if n_experts else 0
-    pool = n_experts * S
+    pool = s.prebuilt_pool_bytes if n_experts and s.prebuilt_pool_bytes is not None else n_experts * S
     dense = dense_bytes(s, cfg)
     from ..experts.disk_plan import disk_tier
     tier = disk_tier(cfg, n_experts, moe_layer_count(s), S, pool, dense if compute == "host" else 0, host_avail)

@@ -1,8 +1,10 @@
 """The expert pool of a GGUF file, straight from its merged expert tensors
 `blk.N.ffn_{gate,up,down}_exps.weight` [E, rows, cols]:
   quantized (Q8_0, Q4_K, ...): the "ggml" banks, each output row the file's raw block bytes,
-      rows of narrower types zero-padded to the widest; the type id of every matrix kept
-      beside (gate_up_types [N, 2], down_types [N, 1]);
+      the type id of every matrix kept beside (gate_up_types [N, 2], down_types [N, 1]);
+      layers of different row widths (Q4_K_M's Q6_K / Q4_K ffn_down) go to one pool per width,
+      a `GroupedPool` (experts/grouped_pool.py), so no row is padded (only a layer's narrower
+      half of gate_up, if its gate and up types differ in width, pads to the wider);
   F32/F16/BF16: float banks in the engine's dtype (re-encoded with --expert-format if asked).
 gpt-oss's expert biases (`ffn_*_exps.bias`) become gate_up_bias / down_bias."""
 from __future__ import annotations
@@ -61,34 +63,62 @@ def build_pool(ck):
     if kind == "ggml":
         if ck.expert_format:
             raise CheckpointError(f"{ck.path}: the experts are already quantized by llama.cpp; drop --expert-format")
-        banks = _ggml_banks(ck, parts, e)
-        spec = ExpertSpec(hidden=hidden, intermediate=inter, fmt="ggml", **spec_kw)
-    else:
-        if kind == "dequantize":
-            log.warning("%s: expert types without a kernel here: dequantizing the experts to %s at load",
-                        ck.path, ck.float_experts_dtype)
-        dt = ck.float_experts_dtype
-        gate_up = torch.empty((n, 2 * inter, hidden), dtype=dt)
-        down = torch.empty((n, hidden, inter), dtype=dt)
-        for m, (g, u, d) in enumerate(parts):
-            rows = slice(m * e, (m + 1) * e)
-            gate_up[rows, :inter] = dequantize(ck.raw(g.name), g.ggml_type, g.shape, owned=True)
-            gate_up[rows, inter:] = dequantize(ck.raw(u.name), u.ggml_type, u.shape, owned=True)
-            down[rows] = dequantize(ck.raw(d.name), d.ggml_type, d.shape, owned=True)
-        banks = {"gate_up": gate_up, "down": down}
-        spec = ExpertSpec(hidden=hidden, intermediate=inter, **spec_kw)
+        return _ggml_pool(ck, blocks, parts, e, ExpertSpec(hidden=hidden, intermediate=inter, fmt="ggml", **spec_kw))
+    if kind == "dequantize":
+        log.warning("%s: expert types without a kernel here: dequantizing the experts to %s at load",
+                    ck.path, ck.float_experts_dtype)
+    dt = ck.float_experts_dtype
+    gate_up = torch.empty((n, 2 * inter, hidden), dtype=dt)
+    down = torch.empty((n, hidden, inter), dtype=dt)
+    for m, (g, u, d) in enumerate(parts):
+        rows = slice(m * e, (m + 1) * e)
+        gate_up[rows, :inter] = dequantize(ck.raw(g.name), g.ggml_type, g.shape, owned=True)
+        gate_up[rows, inter:] = dequantize(ck.raw(u.name), u.ggml_type, u.shape, owned=True)
+        down[rows] = dequantize(ck.raw(d.name), d.ggml_type, d.shape, owned=True)
+    banks = {"gate_up": gate_up, "down": down}
+    spec = ExpertSpec(hidden=hidden, intermediate=inter, **spec_kw)
     if gpt_oss:
         banks.update(expert_biases(ck, blocks, e, inter, hidden))
     pool = ExpertPool(banks, len(blocks), e, spec)
     return requantize(pool, ck.expert_format) if ck.expert_format and spec.fmt == "float" else pool
 
 
-def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
+def row_widths(parts) -> list[tuple[int, int]]:
+    """Per MoE layer, (gate_up row bytes, down row bytes) of its ggml types."""
     from . import ggml_quants
+    inter, hidden = parts[0][0].shape[1], parts[0][0].shape[2]
+    return [(max(ggml_quants.row_bytes(g.ggml_type, hidden), ggml_quants.row_bytes(u.ggml_type, hidden)),
+             ggml_quants.row_bytes(d.ggml_type, inter)) for g, u, d in parts]
+
+
+def width_groups(parts) -> list[list[int]]:
+    """The MoE layers grouped by their row widths (narrowest first), each group's layers ascending."""
+    widths = row_widths(parts)
+    return [[m for m, w in enumerate(widths) if w == key] for key in sorted(set(widths))]
+
+
+def _ggml_pool(ck, blocks, parts, e: int, spec):
+    """One ExpertPool per group of equal row widths; a GroupedPool when there are several."""
+    from ..experts.grouped_pool import GroupedPool
+    from ..experts.pool import ExpertPool
+    groups = width_groups(parts)
+    biases = expert_biases(ck, blocks, e, spec.intermediate, spec.hidden) if ck.arch == "gpt-oss" else {}
+    pools = []
+    for layers in groups:
+        banks = _ggml_banks(ck, [parts[m] for m in layers], e)
+        if biases:
+            rows = torch.cat([torch.arange(m * e, (m + 1) * e) for m in layers])
+            banks.update({k: b.index_select(0, rows) for k, b in biases.items()})
+        pools.append(ExpertPool(banks, len(layers), e, spec))
+    return pools[0] if len(pools) == 1 else GroupedPool(pools, groups)
+
+
+def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
+    """Banks of the layers `parts` (their gate_up rows as wide as the wider of gate and up)."""
     g0, _, d0 = parts[0]
     inter, hidden = g0.shape[1], g0.shape[2]
-    width_gu = max(ggml_quants.row_bytes(t.ggml_type, hidden) for trio in parts for t in trio[:2])
-    width_d = max(ggml_quants.row_bytes(trio[2].ggml_type, inter) for trio in parts)
+    width_gu = max(w for w, _ in row_widths(parts))
+    width_d = max(w for _, w in row_widths(parts))
     n = len(parts) * e
     gate_up = torch.zeros((n, 2 * inter, width_gu), dtype=torch.uint8)
     down = torch.zeros((n, hidden, width_d), dtype=torch.uint8)

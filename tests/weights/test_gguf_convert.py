@@ -41,13 +41,16 @@ def test_gguf_to_ftw_keeps_experts_packed_and_logits(request, tiny_dir, to_gguf,
     direct, ftw = LLM(str(g), dtype="float32"), LLM(str(out), dtype="float32")
     want, got = direct.engine.model.pool, ftw.engine.model.pool
     assert got.spec == want.spec
-    for name, bank in want.banks.items():
-        assert got.banks[name].dtype == bank.dtype and torch.equal(got.banks[name], bank), name
+    assert len(got.groups) == len(want.groups) and got.layer_group(0) == want.layer_group(0)
+    for wg, gg in zip(want.groups, got.groups):       # a Q4_K_M pool: one group per row width
+        for name, bank in wg.banks.items():
+            assert gg.banks[name].dtype == bank.dtype and torch.equal(gg.banks[name], bank), name
     if source != "bf16-deepseek_v3":
         assert want.spec.fmt == "ggml"
-        assert set(got.banks) == {"gate_up", "gate_up_types", "down", "down_types"}
+        assert set(got.groups[0].banks) == {"gate_up", "gate_up_types", "down", "down_types"}
     if source == "q4_k_m":
-        assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= set(got.banks["down_types"].unique().tolist())
+        assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= {t for g in got.groups
+                                                        for t in g.banks["down_types"].unique().tolist()}
     ids = ids_for(23, seed=3)
     assert torch.equal(ftw.score(ids), direct.score(ids))
     floats = [LLM(str(m), dtype="float32", dense_format="float") for m in (g, out)]   # dense rows dequantized

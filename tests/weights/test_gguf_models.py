@@ -137,7 +137,9 @@ def test_q4_k_m_gguf_matches_rounded_checkpoint(tiny_dir, to_gguf, tmp_path, arc
     ck = GgufFile(g)
     pool = ck.prebuilt_experts()
     assert pool.spec.fmt == "ggml"
-    assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= set(pool.banks["down_types"].unique().tolist())
+    down_types = {t for grp in pool.groups for t in grp.banks["down_types"].unique().tolist()}
+    assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= down_types
+    assert len(pool.groups) == 2              # one pool per ffn_down row width, none padded
     check_quantized(d, g, tmp_path / "ref", ids_for(23, seed=Q4_K_M_SEED.get(arch, 6)))
 
 

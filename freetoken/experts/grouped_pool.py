@@ -1,0 +1,130 @@
+"""An expert pool whose MoE layers do not all have the same bank row shapes.
+
+llama.cpp's Q4_K_M stores `ffn_down_exps` as Q6_K in some layers and Q4_K in the others, so
+a "ggml" down row is 630 bytes in one layer and 432 in the next (Qwen3-30B-A3B). One bank of
+the widest rows would pad every Q4_K row (7% of the pool there). Instead the layers are
+grouped by row width: each group is an ordinary `ExpertPool` over its own layers (its flat id
+`local layer * E + expert`), so its banks are dense and every executor runs on it unchanged.
+The model still addresses experts by the global flat id `layer * E + expert`; this class maps
+it to (group, group flat id).
+
+What stays sized to the widest group: a cache slot (`slot_rows`, `expert_nbytes`), since a
+slot holds any layer's expert; a narrower expert fills the front of each slot row (the
+kernels read only its type's row bytes, the types ride along in the slot).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .pool import ExpertPool
+
+
+class GroupedPool:
+    def __init__(self, groups: list[ExpertPool], layers: list[list[int]]):
+        if len(groups) != len(layers) or not groups:
+            raise ValueError("a grouped pool needs one list of layers per group")
+        E, spec = groups[0].num_experts, groups[0].spec
+        L = sum(len(ls) for ls in layers)
+        if sorted(m for ls in layers for m in ls) != list(range(L)):
+            raise ValueError(f"the groups' layers must cover layers 0..{L - 1} once each")
+        for g, ls in zip(groups, layers):
+            if g.num_experts != E or g.spec != spec or g.num_layers != len(ls) or set(g.banks) != set(groups[0].banks):
+                raise ValueError("every group needs the same experts per layer, spec and bank names")
+        self._groups, self.group_layers = groups, [list(ls) for ls in layers]
+        self.num_layers, self.num_experts, self.spec = L, E, spec
+        self._group = np.empty(L, np.int64)
+        self._local = np.empty(L, np.int64)
+        for gi, ls in enumerate(layers):
+            self._group[ls], self._local[ls] = gi, np.arange(len(ls))
+        experts = np.arange(E)
+        # per global flat id: its group and its flat id there (host arrays and tensors)
+        self.group_of = np.repeat(self._group, E)
+        self.local_of = (self._local[:, None] * E + experts[None, :]).reshape(-1)
+        self._group_t = torch.from_numpy(self.group_of)
+        self._local_t = torch.from_numpy(self.local_of)
+        self.pinned_bytes = 0
+        self._registered: list[torch.Tensor] = []
+        self._unregister = None
+
+    @property
+    def groups(self) -> list[ExpertPool]:
+        return self._groups
+
+    def flat_ids(self, layer: int, expert_ids: torch.Tensor) -> torch.Tensor:
+        return expert_ids + layer * self.num_experts
+
+    def layer_group(self, layer: int) -> tuple[int, int]:
+        return int(self._group[layer]), int(self._local[layer])
+
+    def split_ids(self, flat_ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
+        ids = flat_ids if flat_ids.dtype == torch.int64 else flat_ids.long()
+        if ids.device.type == "cpu":          # numpy: a decode call's few ids cost microseconds
+            a = ids.numpy()
+            valid = a >= 0
+            safe = np.maximum(a, 0)
+            g, local = self.group_of[safe], self.local_of[safe]
+            used = g[valid]
+            if used.size and used.min() == used.max():      # one layer's call: one group
+                return [(int(used[0]), torch.from_numpy(np.where(valid, local, -1)))]
+            return [(int(gi), torch.from_numpy(np.where(valid & (g == gi), local, -1))) for gi in np.unique(used)]
+        valid = ids >= 0
+        safe = ids.clamp_min(0)
+        g = self._group_t.to(ids.device)[safe]
+        local = self._local_t.to(ids.device)[safe]
+        return [(gi, torch.where(valid & (g == gi), local, -1)) for gi in torch.unique(g[valid]).tolist()]
+
+    @functools.cached_property
+    def expert_nbytes(self) -> int:
+        """Bytes of a cache slot: the widest group's expert (each group's own: groups[i].expert_nbytes)."""
+        return max(g.expert_nbytes for g in self._groups)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.nbytes for g in self._groups)
+
+    def slot_rows(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        rows = [g.slot_rows() for g in self._groups]
+        out = {}
+        for k, (shape, dtype) in rows[0].items():
+            shapes = [r[k][0] for r in rows]
+            if any(s[:-1] != shape[:-1] or r[k][1] != dtype for s, r in zip(shapes, rows)):
+                raise ValueError(f"expert bank {k!r}: groups differ in more than the row width: {shapes}")
+            out[k] = ((*shape[:-1], max(s[-1] for s in shapes)) if shape else shape, dtype)
+        return out
+
+    def fill_pairs(self, dst: dict[str, torch.Tensor], slots, flat_ids) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        pairs = []
+        for s, f in zip(slots, flat_ids):
+            g = self._groups[self.group_of[f]]
+            lf = int(self.local_of[f])
+            for k, d in dst.items():
+                src, row = g.banks[k][lf], d[s]
+                if row.shape != src.shape:                 # a narrower group: the front of each row
+                    row = row[..., :src.shape[-1]]
+                pairs.append((row, src))
+        return pairs
+
+    def all_banks(self) -> list[torch.Tensor]:
+        return [b for g in self._groups for b in g.banks.values()]
+
+    def pin(self, register=None, unregister=None, limit: int | None = -1) -> int:
+        """As ExpertPool.pin, over every group's banks at once (all or nothing)."""
+        from . import pinning
+        if self.pinned_bytes:
+            return self.pinned_bytes
+        register = register or pinning.cuda_register
+        unregister = unregister or pinning.cuda_unregister
+        limit = pinning.memlock_limit() if limit == -1 else limit
+        banks = {f"{i}.{k}": b for i, g in enumerate(self._groups) for k, b in g.banks.items()}
+        self._registered = pinning.pin_banks(banks, register, unregister, limit)
+        self._unregister = unregister
+        self.pinned_bytes = sum(b.untyped_storage().nbytes() for b in self._registered)
+        return self.pinned_bytes
+
+    def unpin(self) -> None:
+        for b in self._registered:
+            self._unregister(b)
+        self._registered, self.pinned_bytes = [], 0
