@@ -79,6 +79,22 @@ def test_a_cut_invoke_keeps_the_parameters_written():
     assert p.feed(C + '\n<invoke name="Ed') == [] and p.finish(truncated=True) == []
 
 
+def test_a_cut_at_any_point_gives_the_calls_as_far_as_written():
+    """The token budget ends the output anywhere: every call returned is one of the real calls
+    with each value a prefix of the real one, never a half-written closing tag."""
+    for k in range(len(OUT)):
+        p = MiniMaxParser(TOOLS)
+        evs = p.feed(OUT[:k]) + p.finish(truncated=True)
+        got = [(s.name, json.loads(e.arguments)) for s, e in zip(
+            [e for e in evs if isinstance(e, ToolCallStart)], [e for e in evs if isinstance(e, ToolCallEnd)])]
+        assert len(got) <= len(WANT)
+        for (name, args), (want_name, want) in zip(got, WANT):
+            assert name == want_name and set(args) <= set(want), (k, got)
+            assert all(str(want[a]).startswith(str(v)) for a, v in args.items()), (k, got)
+        if k >= OUT.index("</invoke>") + len("</invoke>"):
+            assert got[0] == WANT[0]
+
+
 def _tokenizer(tiny_dir, tmp_path) -> Tokenizer:
     """The tiny tokenizer with MiniMax-M2's template as the checkpoint's chat_template.jinja."""
     for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
@@ -154,3 +170,61 @@ def test_no_markup_leaks_from_random_minimax_output():
         text, _, _ = run(MiniMaxParser(TOOLS), pieces)
         for marker in ("<think>", "</think>", C, CC, "[e~[", "]~b]"):
             assert marker not in text
+
+
+# through the APIs: a scripted engine writing MiniMax-M2 markup one token per byte, the service
+# choosing the parser from the architecture as it does for a checkpoint without a template file
+OUT = ("<think>\nTwo cities.\n</think>\n\nChecking.\n" + C + '\n<invoke name="get_weather">\n<parameter name="city">'
+       'Paris</parameter>\n</invoke>\n<invoke name="Read">\n<parameter name="file_path">/a.md</parameter>\n'
+       '<parameter name="limit">3</parameter>\n</invoke>\n' + CC)
+WANT = [("get_weather", {"city": "Paris"}), ("Read", {"file_path": "/a.md", "limit": 3})]
+
+
+@pytest.fixture(scope="module")
+def minimax_url():
+    from fake_engine import FakeEngine
+    from live_server import LiveServer, make_fake
+    _, svc, app = make_fake(FakeEngine({"WEATHER?": OUT}), architecture="MiniMaxM2ForCausalLM")
+    assert svc.parser_cls is MiniMaxParser
+    srv = LiveServer(app)
+    yield srv.url
+    srv.stop()
+
+
+def test_openai_and_anthropic_get_the_calls(minimax_url):
+    import anthropic
+    import openai
+    c = openai.OpenAI(base_url=minimax_url + "/v1", api_key="k", max_retries=0)
+    msgs = [{"role": "user", "content": "WEATHER?"}]
+    r = c.chat.completions.create(model="capture-model", tools=TOOLS, messages=msgs).choices[0]
+    assert r.finish_reason == "tool_calls" and r.message.content == "Checking."
+    assert r.message.model_extra["reasoning_content"] == "Two cities."
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in r.message.tool_calls] == WANT
+    args: dict[int, str] = {}
+    names, text = {}, ""
+    for ch in c.chat.completions.create(model="capture-model", tools=TOOLS, messages=msgs, stream=True):
+        for d in ch.choices[:1]:
+            text += d.delta.content or ""
+            assert "<" not in (d.delta.content or "") and "]~" not in (d.delta.content or "")
+            for tc in d.delta.tool_calls or []:
+                names.setdefault(tc.index, tc.function.name)
+                args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+    assert text == "Checking." and [(names[i], json.loads(args[i])) for i in sorted(args)] == WANT
+    a = anthropic.Anthropic(base_url=minimax_url, api_key="k", max_retries=0)
+    m = a.messages.create(model="capture-model", max_tokens=500, messages=msgs,
+                          tools=[{"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+                                 for t in TOOLS])
+    assert m.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in m.content if b.type == "tool_use"] == WANT
+    assert [b.thinking for b in m.content if b.type == "thinking"] == ["Two cities."]
+
+
+def test_a_cut_call_comes_back_as_length(minimax_url):
+    import openai
+    c = openai.OpenAI(base_url=minimax_url + "/v1", api_key="k", max_retries=0)
+    cut = OUT.index("/a.md") + 3                      # inside the second invoke's first value
+    r = c.chat.completions.create(model="capture-model", tools=TOOLS, max_tokens=cut,
+                                  messages=[{"role": "user", "content": "WEATHER?"}]).choices[0]
+    assert r.finish_reason == "length"
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in r.message.tool_calls] == \
+        [WANT[0], ("Read", {"file_path": "/a."})]

@@ -12,7 +12,7 @@ import logging
 import re
 
 from ..events import Event
-from .base import MarkerParser, dropped
+from .base import MarkerParser, dropped, held_suffix
 
 log = logging.getLogger("freetoken.server")
 
@@ -46,7 +46,9 @@ class MiniMaxParser(MarkerParser):
         return self.mode                                   # a dropped role bracket
 
     def _parse(self, body: str) -> tuple[str, dict] | None:
-        """One invoke's name and typed arguments, or None when no name was written."""
+        """One invoke's name and typed arguments, or None when no name was written. A body the
+        output ended inside may end in half a closing tag: that is not part of the last value."""
+        body = body[:len(body) - held_suffix(body, ["</parameter>", INVOKE_CLOSE])]
         f = _INVOKE.search(body)
         if f is None:
             return None
