@@ -35,7 +35,8 @@ CASES = [
      '<parameter name="lines">[1, 2]</parameter>\n<parameter name="scale">0.5</parameter>\n'
      '<parameter name="new">def f():\n    return 1\n</parameter>\n</invoke>\n' + CC, True, "", "Two calls.",
      [("Read", {"file_path": "/tmp/a b.md", "limit": 20, "opts": {"raw": True}}),
-      ("Edit", {"path": "x.py", "replace_all": False, "lines": [1, 2], "scale": 0.5, "new": "def f():\n    return 1\n"})]),
+      ("Edit", {"path": "x.py", "replace_all": False, "lines": [1, 2], "scale": 0.5,
+                "new": "def f():\n    return 1\n"})]),
     # two blocks with text between them
     (C + '<invoke name="get_weather"><parameter name="city">Oslo</parameter></invoke>' + CC + "Then:" + C +
      '<invoke name="get_weather"><parameter name="city">Rome</parameter></invoke>' + CC, False, "Then:", "",
@@ -68,7 +69,8 @@ def test_minimax_every_split(case):
 
 
 def test_a_cut_invoke_keeps_the_parameters_written():
-    out = "Plan.</think>" + C + '\n<invoke name="Edit">\n<parameter name="path">a.py</parameter>\n<parameter name="new">x = 1\ny'
+    out = ("Plan.</think>" + C + '\n<invoke name="Edit">\n<parameter name="path">a.py</parameter>\n'
+           '<parameter name="new">x = 1\ny')
     for pieces in splits(out):
         p = MiniMaxParser(TOOLS, reasoning=True)
         evs = [e for piece in pieces for e in p.feed(piece)] + p.finish(truncated=True)
