@@ -230,3 +230,37 @@ def test_a_cut_call_comes_back_as_length(minimax_url):
     assert r.finish_reason == "length"
     assert [(t.function.name, json.loads(t.function.arguments)) for t in r.message.tool_calls] == \
         [WANT[0], ("Read", {"file_path": "/a."})]
+
+
+def test_tiny_minimax_checkpoint_serves_a_tool_loop(tiny_dir, tmp_path):
+    """A random-weight tiny MiniMax-M2 with the real template: the service picks the parser from
+    the template, and a tool loop as an OpenAI client sends it (arguments as a JSON string)
+    renders through the template and answers without markup in the text."""
+    import openai
+    from live_server import LiveServer
+
+    from freetoken import LLM
+    from freetoken.server.app import create_app
+    from freetoken.server.server_state import Settings
+    from freetoken.server.generation import GenerationService
+    d = tmp_path / "ckpt"
+    shutil.copytree(tiny_dir("minimax_m2"), d)
+    shutil.copy(TEMPLATE, d / "chat_template.jinja")
+    llm = LLM(str(d), dtype="float32", max_model_len=4096, max_num_seqs=2, kv_cache_gib=0.1)
+    svc = GenerationService(llm.engine, model_name="m", architecture="MiniMaxM2ForCausalLM", max_tokens_cap=16)
+    assert svc.parser_cls is MiniMaxParser
+    srv = LiveServer(create_app(svc, Settings(model_names=["m"])))
+    try:
+        c = openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
+        msgs = [{"role": "user", "content": "Read a.md"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "Read", "arguments": '{"file_path": "a.md", "limit": 3}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "# A"}]
+        r = c.chat.completions.create(model="m", tools=TOOLS, messages=msgs, max_tokens=16).choices[0]
+        for marker in ("<think>", "</think>", C, CC, "[e~[", "]~b]"):
+            assert marker not in (r.message.content or "")
+        assert r.finish_reason in ("stop", "length", "tool_calls")
+    finally:
+        srv.stop()
+        llm.close()
