@@ -8,7 +8,8 @@ files, not from a list for one family:
 
 - the special/added tokens and tag-like strings that appear in the chat template's
   source or in what it renders for a probe conversation (so markers built inside the
-  template, e.g. DeepSeek's `'<' + dsml_token + 'tool_calls>'`, are found too),
+  template, e.g. DeepSeek's `'<' + dsml_token + 'tool_calls>'`, are found too), and the
+  one family of markers that are not tag-like (MiniMax-M2's `]~b]` / `[e~[` role brackets),
 - plus the vocabulary's think/tool tokens (the model may emit them unprompted).
 
 Each marker has a kind (turn, think, tool_call, tool_output) and a side: an opening
@@ -47,10 +48,15 @@ _TURN = re.compile(r"im_|start|end|begin|user|assistant|system|developer|channel
                    r"|sop|eot|sentence")
 _CLOSE = re.compile(r"^/|end|return|^call$|eot")
 _TOOL_ROLE = re.compile(r"^\s*(tool|ipython|functions?\.|observation)")
+# markers that are not tag-like, taken where the template's source writes them: MiniMax-M2's
+# role brackets (`]~b]ROLE` opens a turn, its role header says which block; `[e~[` ends one)
+_BRACKETS = {"]~b]": Marker("]~b]", "turn", False), "[e~[": Marker("[e~[", "turn", True)}
 
 
 def classify(marker: str) -> Marker | None:
     """The marker's kind and side, or None when it is not a block boundary."""
+    if marker in _BRACKETS:
+        return _BRACKETS[marker]
     name = re.sub(r"[<>|｜]", "", marker).replace("▁", "_").lower()
     slash = name.startswith("/")
     name = name.lstrip("/")
@@ -100,6 +106,7 @@ def template_markers(tokenizer) -> set[str]:
     found = set()
     template = getattr(tokenizer, "chat_template", None) or ""
     found.update(_TAG.findall(template))
+    found.update(b for b in _BRACKETS if b in template)
     for messages, tools in _probe_conversations():
         try:
             found.update(_TAG.findall(tokenizer.apply_chat_template(messages, tools=tools)))

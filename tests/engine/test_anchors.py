@@ -38,6 +38,8 @@ CASES = [
     ("deepseek-llm", "deepseek-ai-DeepSeek-V4.jinja", {"<｜User｜>", "<｜Assistant｜>", "<｜DSML｜tool_calls>",
                                                        "<tool_result>"}),
     ("qwen2", "GLM-4.7-Flash.jinja", {"<|user|>", "<|assistant|>", "<tool_call>", "<|observation|>"}),
+    ("qwen2", "MiniMax-M2.jinja", {"]~b]", "[e~[", "<minimax:tool_call>", "</minimax:tool_call>", "<response>",
+                                   "</response>"}),
 ]
 
 
@@ -127,6 +129,26 @@ def test_harmony_header_kinds(real_tokenizer_dir):
     assert any("to=functions.bash" in h and k == "tool_call" for h, k in heads.items()), heads
 
 
+def test_minimax_role_headers_and_dropped_thinking(real_tokenizer_dir):
+    """MiniMax-M2 keeps the thinking of the turns after the last user message only: once a new
+    user turn drops it, the last anchor on the shared prefix is the `]~b]` that opens that
+    assistant turn (only its role header is recomputed); `]~b]tool` opens a tool output."""
+    tok = Tokenizer(real_tokenizer_dir("qwen2", "MiniMax-M2.jinja"))
+    finder = AnchorFinder.from_tokenizer(tok)
+    loop = history()[:4]                                   # ... user, assistant (thinking, call), tool
+    a = tok.encode(tok.apply_chat_template(loop, tools=TOOLS))
+    b = tok.encode(tok.apply_chat_template(loop + [{"role": "assistant", "content": "Done."},
+                                                   {"role": "user", "content": "Thanks."}], tools=TOOLS))
+    kinds = finder.kinds(a)
+    common = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    last = max(p for p in kinds if p <= common)
+    assert b"".join(finder.bytes_of(t) for t in a[last:common]).strip() == b"]~b]ai"
+    assert "think" in {kinds[p] for p in kinds if common < p < common + 4}
+    text = tok.apply_chat_template(loop, tools=TOOLS)
+    assert text.count("<think>") == 2 and "]~b]tool" in text  # the kept thinking and the prompt's opener
+    assert "tool_output" in {kinds[p] for p in kinds if p > common}
+
+
 def test_tiny_checkpoint_template(tiny_dir):
     tok = Tokenizer(tiny_dir("qwen3_moe"))
     finder = AnchorFinder.from_tokenizer(tok)
@@ -140,7 +162,8 @@ def test_tiny_checkpoint_template(tiny_dir):
     ("<|im_start|>", "turn", False), ("<|im_end|>", "turn", True), ("</think>", "think", True),
     ("<｜tool▁outputs▁begin｜>", "tool_output", False), ("<|turn>", "turn", False), ("<turn|>", "turn", True),
     ("<|call|>", "tool_call", True), ("<tools>", None, None), ("<|vision_start|>", None, None),
-    ("<|fim_prefix|>", None, None), ("<arg_key>", None, None)])
+    ("<|fim_prefix|>", None, None), ("<arg_key>", None, None), ("]~b]", "turn", False), ("[e~[", "turn", True),
+    ("<minimax:tool_call>", "tool_call", False), ("<tool>", None, None)])
 def test_classify(marker, kind, closing):
     m = classify(marker)
     assert (m and (m.kind, m.closing)) == ((kind, closing) if kind else None)
@@ -149,7 +172,7 @@ def test_classify(marker, kind, closing):
 @pytest.mark.parametrize("vocab,template", [("qwen2", "Qwen-Qwen3-0.6B.jinja"), ("qwen35", "Qwen3.5-4B.jinja"),
                                             ("qwen2", "openai-gpt-oss-120b.jinja"),
                                             ("deepseek-llm", "deepseek-ai-DeepSeek-V3.1.jinja"),
-                                            ("qwen2", "GLM-4.7-Flash.jinja")])
+                                            ("qwen2", "GLM-4.7-Flash.jinja"), ("qwen2", "MiniMax-M2.jinja")])
 def test_rendering_is_deterministic_and_late_reminders_keep_the_prefix(real_tokenizer_dir, vocab, template):
     """Issue item 4: the same history renders to the same tokens; `<system-reminder>` text
     appended to the last user message changes nothing before that message."""

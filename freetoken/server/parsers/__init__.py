@@ -3,6 +3,7 @@ from .base import Parser
 from .glm import GlmParser
 from .deepseek import DeepSeekParser
 from .harmony import HarmonyParser
+from .minimax import MiniMaxParser
 from .plain import PlainParser
 from .qwen import QwenParser
 
@@ -12,6 +13,8 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
     t = chat_template or ""
     if "<|channel|>" in t:
         return HarmonyParser
+    if "<minimax:tool_call>" in t:
+        return MiniMaxParser
     if "<arg_key>" in t:
         return GlmParser
     if "<｜Assistant｜>" in t or "｜DSML｜" in t or "<｜tool▁calls▁begin｜>" in t:
@@ -29,7 +32,9 @@ def parser_for(architecture: str | None, chat_template: str | None = None) -> ty
         return HarmonyParser
     if arch.startswith("deepseek"):
         return DeepSeekParser
+    if arch.startswith("minimax"):
+        return MiniMaxParser
     return PlainParser
 
 
-__all__ = ["Parser", "DeepSeekParser", "GlmParser", "HarmonyParser", "PlainParser", "QwenParser", "parser_for"]
+__all__ = ["Parser", "DeepSeekParser", "GlmParser", "HarmonyParser", "MiniMaxParser", "PlainParser", "QwenParser", "parser_for"]
