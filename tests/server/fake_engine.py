@@ -49,8 +49,8 @@ class FakeTokenizer:
 
 
 class FakeEngine:
-    """`scripts` maps a marker to an output; the last marker found in the prompt wins.
-    It has no paged KV, no memory plan and nothing to resize, and never preempts."""
+    """`scripts` maps a marker to an output; the last marker found in the prompt wins."""
+    # no paged KV, no memory plan, nothing to resize, never a preemption
     device = torch.device("cpu")
     memory_plan = None
 
