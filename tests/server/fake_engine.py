@@ -50,13 +50,12 @@ class FakeTokenizer:
 
 class FakeEngine:
     """`scripts` maps a marker to an output; the last marker found in the prompt wins."""
-    # no paged KV, no memory plan, nothing to resize, never a preemption
-    device = torch.device("cpu")
-    memory_plan = None
 
     def __init__(self, scripts: dict[str, str] | None = None, max_model_len: int = 1 << 20,
                  chars_per_step: int = 3, step_delay: float = 0.0):
         self.tokenizer = FakeTokenizer()
+        self.device = torch.device("cpu")      # no paged KV, no memory plan, nothing to resize, no preemption
+        self.memory_plan = None
         self.max_model_len = max_model_len
         self.scripts = scripts or {}
         self.default = "Hello from the fake engine."
