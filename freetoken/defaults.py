@@ -18,3 +18,9 @@ SPIN_US = 200                 # FREETOKEN_SPIN_US: kernel-pool workers spin this
 def max_model_len(max_position_embeddings: int | None) -> int:
     """The context window when max_model_len is not set: the checkpoint's, capped."""
     return min(int(max_position_embeddings or MAX_MODEL_LEN), MAX_MODEL_LEN)
+
+
+def expert_cache_slots(n: int, experts_per_layer: int) -> int:
+    """Cache slots of an expert cache in host memory given no size: a quarter of the pool's n
+    experts, at least two layers' worth, at most the pool."""
+    return min(n, max(2 * experts_per_layer, n // 4))

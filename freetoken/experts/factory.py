@@ -41,7 +41,7 @@ def cache_slots(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_e
         kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB) * 2**30
         budget = free - non_expert_bytes - kv - defaults.DEVICE_HEADROOM_GIB * 2**30
         return max(0, min(n, int(budget // S)))
-    return min(n, max(2 * pool.num_experts, n // 4))
+    return defaults.expert_cache_slots(n, pool.num_experts)
 
 
 def resolve_backend(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> str:

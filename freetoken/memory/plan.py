@@ -446,7 +446,7 @@ def _cache_request(cfg: EngineConfig, dev: str, n: int, S: int, room: int, s: Mo
         kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB) * GiB
         slots = max(0, min(n, int((room - kv) // S)))
     else:
-        slots = min(n, max(2 * s.get("num_experts", "num_local_experts", "n_routed_experts"), n // 4))
+        slots = defaults.expert_cache_slots(n, s.get("num_experts", "num_local_experts", "n_routed_experts"))
     if backend is None:                       # auto on CUDA: resident when the whole pool fits
         backend = "resident" if slots >= n else "hybrid"
     if backend == "resident":
