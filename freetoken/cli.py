@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 
+from . import defaults
 from .errors import FreeTokenError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
@@ -47,19 +48,24 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cuda-graphs", action="store_true",
                    help="decode batches of up to the most sequences decoded together as CUDA graph replays (resident experts only; "
                         "off by default until checked on a real GPU)")
-    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help=f"context window (default: the checkpoint's, at most {defaults.MAX_MODEL_LEN})")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: all cores)")
     p.add_argument("--verify", default="on", choices=["on", "off"],
                    help="FTW files: verify every tensor's checksum while reading (default on)")
-    p.add_argument("--kv-cache-gib", type=float, default=None, help="KV cache budget, prefix cache included")
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="KV cache budget, prefix cache included (default: max_num_seqs x max_model_len "
+                        f"tokens, at most {defaults.KV_CACHE_GIB:g} GiB)")
     p.add_argument("--memory-headroom-gib", type=float, default=None,
-                   help="host memory the plan leaves to the rest of the machine (default max(10%%, 2 GiB))")
+                   help="host memory the plan leaves to the rest of the machine (default "
+                        f"max({100 // defaults.HOST_HEADROOM_DIVISOR}%%, {defaults.HOST_HEADROOM_GIB:g} GiB))")
     p.add_argument("--no-prefix-cache", dest="prefix_cache", action="store_false",
                    help="recompute every prompt from its first token (no KV/state reuse across requests)")
     p.add_argument("--state-checkpoints", type=int, default=16,
                    help="hybrid models: state snapshots kept per session for prefix reuse")
     p.add_argument("--state-cache-gib", type=float, default=None,
-                   help="hybrid models: all state snapshots together (default: up to 8, as host memory allows)")
+                   help="hybrid models: all state snapshots together (default: up to "
+                        f"{defaults.STATE_CACHE_GIB:g}, as host memory allows)")
 
 
 def engine_options(args) -> dict:

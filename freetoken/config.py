@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import torch
 
+from . import defaults
 from .errors import InvalidRequestError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
 from .experts.slots import parse_policy
 
-AUTO_STATE_CACHE_GIB = 8.0   # measured: the 2 GiB first tried evicted snapshots agent edits needed (docs/prefix-cache.md)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 
@@ -38,19 +38,19 @@ class EngineConfig:
     prefill_gemm: str = "auto"
     bf16_dot: str = "auto"
     kernel_isa: str = "auto"
-    max_model_len: int | None = None       # default: min(config max positions, 32768)
+    max_model_len: int | None = None       # default: min(config max positions, defaults.MAX_MODEL_LEN)
     max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
     max_num_batched_tokens: int = 2048     # tokens per engine step (prefill chunk size)
     kv_block_size: int = 16
-    kv_cache_gib: float | None = None      # KV budget; default fits max_num_seqs x max_model_len, capped at 4 GiB
-    # Host memory the plan leaves to the rest of the machine; None: max(10% of host memory, 2 GiB)
+    kv_cache_gib: float | None = None      # KV budget; default fits max_num_seqs x max_model_len, capped at defaults.KV_CACHE_GIB
+    # Host memory the plan leaves to the rest of the machine; None: defaults.HOST_HEADROOM_*
     memory_headroom_gib: float | None = None
     num_threads: int | None = None         # torch CPU threads; default all cores
     # Prefix cache (engine/prefix_cache.py): finished and running sequences leave their KV
     # blocks in a radix tree (inside kv_cache_gib); hybrid models also keep state snapshots.
     prefix_cache: bool = True
     state_checkpoints: int = 16            # state snapshots kept per session (root-to-leaf path)
-    # all state snapshots together (host memory); None: up to 8 GiB, as much as host memory allows
+    # all state snapshots together (host memory); None: up to defaults.STATE_CACHE_GIB, as host memory allows
     state_cache_gib: float | None = None
     # Expert memory (see freetoken/experts/).
     moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
@@ -120,7 +120,7 @@ class EngineConfig:
 
     @property
     def state_cache_bytes(self) -> int:
-        return int((AUTO_STATE_CACHE_GIB if self.state_cache_gib is None else self.state_cache_gib) * (1 << 30))
+        return int((defaults.STATE_CACHE_GIB if self.state_cache_gib is None else self.state_cache_gib) * (1 << 30))
 
     @property
     def disk_tier(self) -> bool:
@@ -151,21 +151,18 @@ class EngineConfig:
         """Every "auto" made concrete for this machine and checkpoint (config.json as a dict).
         Called once, by the loader; everything downstream reads the result."""
         device = self.torch_device
-        max_pos = model_config.get("max_position_embeddings") or DEFAULT_MAX_LEN
         return Resolved(
             device=device, dtype=self.torch_dtype,
             # the model makes the final call (kernels.choices, which knows whether the C kernels
             # built); the loader puts the model's choice into the table
             compute_dtype=_activation_dtype(self.torch_dtype, device, self.compute_dtype),
-            max_model_len=self.max_model_len or min(int(max_pos), DEFAULT_MAX_LEN),
+            max_model_len=self.max_model_len or defaults.max_model_len(model_config.get("max_position_embeddings")),
             num_threads=self.num_threads, spin_us=_spin_us())
 
 
-DEFAULT_MAX_LEN = 32768
 # the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
 FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16"), "bf16_dot": ("on", "off"),
                   "kernel_isa": ("native", "avx2", "portable")}
-DEFAULT_SPIN_US = 200
 
 
 def _activation_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
@@ -176,7 +173,7 @@ def _activation_dtype(weights: torch.dtype, device: torch.device, requested: str
 
 def _spin_us() -> int:
     """How long idle kernel-pool workers spin before sleeping (FREETOKEN_SPIN_US, microseconds)."""
-    raw = os.environ.get("FREETOKEN_SPIN_US", str(DEFAULT_SPIN_US))
+    raw = os.environ.get("FREETOKEN_SPIN_US", str(defaults.SPIN_US))
     if not raw.strip().isdigit():
         raise InvalidRequestError(f"FREETOKEN_SPIN_US: expected a non-negative integer (microseconds), got {raw!r}")
     return int(raw)
@@ -197,6 +194,7 @@ class Resolved:
     expert_cache_policy: str | None = None
     expert_tier: str | None = None           # "disk": the pool stays in the file (experts/disk.py)
     host_cache_slots: int | None = None
+    pinned: bool | None = None               # False: the pool could not be page-locked (hits on the device, misses on the CPU)
 
     def table(self, **more) -> str:
         """One aligned `name  value` row per setting (and per extra keyword), for the start-up log."""

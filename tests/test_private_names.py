@@ -54,3 +54,62 @@ def violations() -> list[str]:
 def test_no_package_reaches_a_private_name():
     found = violations()
     assert not found, "private names used from outside their owner:\n" + "\n".join(found)
+
+
+# --- the server and the engine: the EngineClient protocol is the whole surface -----------------
+# (file, name): an object called `engine` there that is not an engine client, with why
+NOT_AN_ENGINE = {
+    ("server/replicas/frontend.py", "_init"): "its `engine` is a Ray Serve DeploymentHandle to the replicas",
+    ("server/replicas/frontend.py", "options"): "its `engine` is a Ray Serve DeploymentHandle to the replicas",
+}
+
+
+def _client_surface() -> set[str]:
+    from freetoken.engine.client import EngineClient
+    members = {n for n, v in vars(EngineClient).items() if callable(v) and not n.startswith("_")}
+    return members | set(EngineClient.__annotations__)
+
+
+def _engine_names(tree: ast.AST) -> set[str]:
+    """`engine`, and local names bound to an engine expression (`eng = self.svc.engine`)."""
+    names = {"engine"}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and _is_engine(node.value, {"engine"})):
+            names.add(node.targets[0].id)
+    return names
+
+
+def _is_engine(node: ast.AST, names: set[str]) -> bool:
+    return (isinstance(node, ast.Name) and node.id in names) or (isinstance(node, ast.Attribute) and node.attr == "engine")
+
+
+def reaches_in(tree: ast.AST, rel: str) -> list[str]:
+    """Every name read on an engine object (`x.engine.NAME`, `engine.NAME`, `getattr(engine, ...)`)
+    that the EngineClient protocol does not declare."""
+    surface, names, out = _client_surface(), _engine_names(tree), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _is_engine(node.value, names):
+            if node.attr not in surface and (rel, node.attr) not in NOT_AN_ENGINE:
+                out.append(f"{rel}:{node.lineno}: reads {ast.unparse(node)} (not in EngineClient)")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr") and node.args and _is_engine(node.args[0], names)):
+            out.append(f"{rel}:{node.lineno}: probes the engine with {ast.unparse(node)}")
+    return out
+
+
+def test_server_uses_only_the_engine_client_surface():
+    found = [line for f in sorted((ROOT / "server").rglob("*.py"))
+             for line in reaches_in(ast.parse(f.read_text(), str(f)), str(f.relative_to(ROOT)))]
+    assert not found, ("server/ reaches past EngineClient (add what it needs to engine/client.py and "
+                       "LLMEngine):\n" + "\n".join(found))
+
+
+def test_the_reach_check_sees_a_reach():
+    """The check above flags each kind of reach it is meant to (so its empty result means something)."""
+    src = ("def f(svc, engine):\n    svc.engine.scheduler.on_preempt = 1\n    getattr(engine, 'blocks', None)\n"
+           "    eng = svc.engine\n    eng.prefix\n    engine.step()\n    svc.engine.kv_usage()\n")
+    found = reaches_in(ast.parse(src), "server/x.py")
+    assert len(found) == 3
+    assert "svc.engine.scheduler" in found[0] + found[1] + found[2] and any("eng.prefix" in f for f in found)
+    assert any("getattr(engine, 'blocks', None)" in f for f in found)

@@ -1,14 +1,20 @@
-"""What the server may call on an engine, and what it gets back (`StepOutput`).
+"""What the server may call on an engine, and what it gets back (`StepOutput`, `KVUsage`).
 
 `LLMEngine` implements it; the server's tests run a scripted fake against the same
 protocol. Errors cross the seam as exception types from `freetoken.errors`
-(`InvalidRequestError`, `PromptTooLongError`), caught by type, never by name."""
+(`InvalidRequestError`, `PromptTooLongError`), caught by type, never by name. The server
+uses no other name of the engine object (tests/test_private_names.py checks it)."""
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
+
+import torch
 
 from ..sampling_params import SamplingParams
-from .llm_engine import StepOutput
+from .llm_engine import KVUsage, StepOutput
+
+if TYPE_CHECKING:
+    from ..memory.plan import MemoryPlan
 
 
 @runtime_checkable
@@ -16,6 +22,8 @@ class EngineClient(Protocol):
     tokenizer: object
     max_model_len: int          # the model's context window
     capacity_tokens: int        # tokens the KV cache holds (a request may use min of the two)
+    device: torch.device        # where the model runs (the memory watcher reads that device's free memory)
+    memory_plan: MemoryPlan | None   # the start-up plan (memory/plan.py); None: the engine made none
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Queue a request; raises InvalidRequestError / PromptTooLongError (to that request only)."""
@@ -31,8 +39,26 @@ class EngineClient(Protocol):
     def queue_lengths(self) -> tuple[int, int]:
         """(running, waiting) requests: the scheduler alone admits a request to run."""
 
+    def kv_usage(self) -> KVUsage | None:
+        """The KV pool's blocks now (None: the engine has no paged KV)."""
+
+    def on_preempt(self, listener: Callable[[str], None]) -> None:
+        """listener(request_id) is called for every preempted request."""
+
     def expert_stats(self) -> dict:
         """Expert-memory counters for /metrics ({} when the engine has none)."""
 
+    def memory_sizes(self) -> dict:
+        """Bytes of every resizable component now: {"expert_cache"|"kv_cache"|"state_cache":
+        {"bytes", "device", ...} or None} ({} when nothing is resizable)."""
 
-__all__ = ["EngineClient", "StepOutput"]
+    def resize_memory(self, *, expert_cache_gib: float | None = None, kv_cache_gib: float | None = None,
+                      state_cache_gib: float | None = None, allow_preempt: bool = True,
+                      trigger: str = "api") -> dict:
+        """Grow or shrink those components between steps; raises InvalidRequestError for a bad size."""
+
+    def pinned_bytes(self) -> int:
+        """Host bytes page-locked in place now."""
+
+
+__all__ = ["EngineClient", "KVUsage", "StepOutput"]

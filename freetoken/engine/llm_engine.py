@@ -42,6 +42,16 @@ class StepOutput:
     model_fault: bool = False              # ...in the model's forward or as NaN logits, not its own settings
 
 
+@dataclass(frozen=True)
+class KVUsage:
+    """The paged KV pool now, in blocks as /metrics counts them."""
+    usable: int              # blocks requests may hold (the null block left out)
+    in_use: int              # held by requests (blocks only the prefix cache holds are available)
+    evicted: int             # prefix-cache blocks evicted so far
+    num_blocks: int          # allocated, the null block included
+    block_size: int          # tokens a block
+
+
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
         from ..memory.plan import resolve_memory
@@ -62,21 +72,16 @@ class LLMEngine:
         t2 = time.perf_counter()
         self.startup_timings["tokenizer_wait"] = t2 - t1
         self.max_model_len = self.settings.max_model_len
+        self.vocab_size = self.model.vocab_size             # token ids a prompt may hold: [0, vocab_size)
         bs = cfg.kv_block_size
-        per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
-        want_tokens = cfg.max_num_seqs * self.max_model_len
-        budget_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else 4.0
-        tokens = min(want_tokens, int(budget_gib * (1 << 30) / max(per_token, 1)))
-        num_blocks = max(2, -(-tokens // bs) + 1)
+        num_blocks = max(2, self.memory_plan.kv_blocks or self._unplanned_kv_blocks())   # the null block + one
         self.blocks = BlockManager(num_blocks, bs)
         make_state = self._state_factory()
         graphs = None
         if cfg.cuda_graphs:
             from .cuda_graphs import check_supported
-            tier = getattr(self.model.experts, "settings", {}).get("expert_tier") if self.model.experts else None
-            backend = getattr(self.model.experts, "settings", {}).get("moe_backend") if self.model.experts else None
-            check_supported(self.settings.device, backend, tier, self.model.make_state() is not None,
-                            bool(cfg.record_routing))
+            check_supported(self.settings.device, self.settings.moe_backend, self.settings.expert_tier,
+                            self.model.make_state() is not None, bool(cfg.record_routing))
             graphs = {"max_batch": cfg.max_num_seqs, "max_model_len": self.max_model_len}
         self.runner = ModelRunner(self.model, num_blocks, bs, graphs)
         self._has_state = make_state is not None   # a recurrent state: no per-sequence rerun
@@ -85,7 +90,10 @@ class LLMEngine:
         self.prefix = PrefixCache(self.blocks, enabled=cfg.prefix_cache, make_state=make_state,
                                   policy=CheckpointPolicy(anchors=anchors, per_session=cfg.state_checkpoints),
                                   state_budget_bytes=cfg.state_cache_bytes)
-        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.prefix)
+        self._preempt_listeners: list = []
+        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.prefix,
+                                   on_preempt=self._preempted)
+        self.device = self.runner.device
         self.capacity_tokens = (num_blocks - 1) * bs
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
@@ -95,7 +103,15 @@ class LLMEngine:
         log.info("started in %.2f s (%s)", self.startup_timings["total"],
                  ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_timings.items() if k != "total"))
         log.info("model %s (%d layers), resolved settings:\n%s", cfg.model, self.model.num_layers, self.settings.table(
+            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
             kv_blocks=f"{num_blocks} x {bs} tokens ({self.runner.kv_nbytes / 2**20:.1f} MiB)"))
+
+    def _unplanned_kv_blocks(self) -> int:
+        """KV blocks when no memory plan could be made (a config the plan does not understand):
+        the options' ask, with the bytes per token of the layers the model built."""
+        from ..memory.plan import kv_block_count, kv_tokens_asked
+        per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
+        return kv_block_count(kv_tokens_asked(self.cfg, self.max_model_len, per_token), self.cfg.kv_block_size)
 
     def _state_factory(self):
         """How to make a fresh per-sequence state, for models that carry one (hybrid models)."""
@@ -109,7 +125,7 @@ class LLMEngine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         if not prompt_token_ids:
             raise InvalidRequestError("prompt: expected at least one token")
-        vocab = self.model.vocab_size
+        vocab = self.vocab_size
         bad = next((t for t in prompt_token_ids if not (isinstance(t, int) and 0 <= t < vocab)), None)
         if bad is not None:
             raise InvalidRequestError(f"prompt: token id {bad!r} is outside the vocabulary [0, {vocab})")
@@ -133,6 +149,20 @@ class LLMEngine:
 
     def queue_lengths(self) -> tuple[int, int]:
         return len(self.scheduler.running), len(self.scheduler.waiting)
+
+    def kv_usage(self) -> KVUsage:
+        b = self.blocks
+        return KVUsage(b.num_usable, b.num_held_by_requests, self.prefix.stats.evicted_blocks,
+                       b.num_blocks, b.block_size)
+
+    def on_preempt(self, listener) -> None:
+        """Call listener(request_id) whenever a running request is preempted (KV blocks ran
+        out, or a KV shrink): it resumes later from its cached prefix."""
+        self._preempt_listeners.append(listener)
+
+    def _preempted(self, seq: Sequence) -> None:
+        for listener in self._preempt_listeners:
+            listener(seq.request_id)
 
     # --- one iteration -------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -291,6 +321,10 @@ class LLMEngine:
     def memory_sizes(self) -> dict:
         from .resize import memory_sizes
         return memory_sizes(self)
+
+    def pinned_bytes(self) -> int:
+        """Host bytes of the expert pool page-locked in place now (0 without CUDA or pinning)."""
+        return self.model.experts.pinned_bytes() if self.model.experts is not None else 0
 
     def expert_stats(self) -> dict:
         """Engine statistics for /metrics: the expert memory's and the prefix cache's."""

@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 import time
 
-import torch
-
 from ..config import MAX_GIB
 from ..errors import InvalidRequestError
 from .kv_resize import resize_kv
@@ -25,27 +23,12 @@ GiB = 1 << 30
 COMPONENTS = ("expert_cache", "kv_cache", "state_cache")
 
 
-def _cache(engine):
-    """The experts backend's slot cache, or None (resident / cpu backends have none)."""
-    experts = engine.model.experts
-    return experts if experts is not None and hasattr(experts, "resize_cache") else None
-
-
-def expert_nbytes(engine) -> int:
-    tiered = _cache(engine)
-    return tiered.S if tiered is not None else 0
-
-
 def memory_sizes(engine) -> dict:
     """Current bytes of every resizable component (None where the engine has none)."""
-    tiered = _cache(engine)
-    if tiered is not None:
-        tiered.ensure_sized()
+    experts = engine.model.experts
     blocks = engine.blocks
     return {
-        "expert_cache": None if tiered is None else {
-            "bytes": tiered.cache.capacity * tiered.S, "slots": tiered.cache.capacity,
-            "resident": tiered.cache.resident, "device": str(tiered.device)},
+        "expert_cache": experts.cache_size() if experts is not None else None,
         # blocks as /metrics counts them: the null block left out, tree-only blocks cached
         "kv_cache": {"bytes": engine.runner.kv_nbytes, "blocks": blocks.num_usable,
                      "blocks_in_use": blocks.num_held_by_requests, "blocks_cached": blocks.reclaimable,
@@ -116,15 +99,5 @@ def _size(n: int) -> str:
 
 
 def _resize_experts(engine, nbytes: int) -> dict | None:
-    tiered = _cache(engine)
-    if tiered is None:
-        return None                                   # resident / cpu backend: no cache to size
-    tiered.ensure_sized()
-    n_total = tiered.pool.num_layers * tiered.pool.num_experts
-    before = tiered.cache.capacity
-    slots = max(0, min(n_total, nbytes // tiered.S))
-    if slots != before:
-        tiered.resize_cache(slots)
-        if tiered.device.type == "cuda":
-            torch.cuda.empty_cache()
-    return {"before": before * tiered.S, "after": slots * tiered.S, "slots_before": before, "slots_after": slots}
+    experts = engine.model.experts          # resident / cpu / disk backends: no cache to size (None)
+    return experts.resize_cache_bytes(nbytes) if experts is not None else None

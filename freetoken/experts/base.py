@@ -14,6 +14,7 @@ BACKENDS = ("resident", "offload", "cpu", "hybrid")
 
 class Experts(ABC):
     settings: dict = {}     # what the factory chose (moe_backend, expert_cache_slots), for the start-up table
+                            # (the loader merges it into the engine's `Resolved` settings)
 
     @abstractmethod
     def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor,
@@ -31,6 +32,23 @@ class Experts(ABC):
 
     def stats(self) -> dict:
         return {}
+
+    # ---- memory: what the engine's elastic memory (engine/resize.py) and /v1/memory read ----
+    def cache_size(self) -> dict | None:
+        """The device slot cache now -- {"bytes", "slots", "resident", "device"} -- sized first
+        if it waited for the first step; None when this backend has no cache to resize
+        (resident, cpu, disk)."""
+        return None
+
+    def resize_cache_bytes(self, nbytes: int) -> dict | None:
+        """Rebuild the slot cache with as many whole experts as `nbytes` holds (at most the
+        pool), at a safe point (between steps). Returns {"before", "after"} bytes and
+        {"slots_before", "slots_after"}; None without a cache."""
+        return None
+
+    def pinned_bytes(self) -> int:
+        """Host bytes of the pool page-locked in place now (0: nothing pinned)."""
+        return 0
 
     def close(self) -> None:
         """Release worker threads / device memory."""

@@ -13,6 +13,7 @@ import logging
 
 import torch
 
+from .. import defaults
 from ..config import EngineConfig
 from .bandwidth import DEFAULT_PROFILE, BandwidthEstimator, device_id, format_id, load_profile, machine_id
 from ..kernels.pool import SPIN_US
@@ -22,9 +23,6 @@ from .resident import ResidentExperts
 from .slots import DEFAULT_POLICY
 
 log = logging.getLogger("freetoken.experts")
-
-KV_RESERVE_GIB = 4.0        # VRAM kept for the KV cache when kv_cache_gib is not set
-HEADROOM_GIB = 1.0          # activations, allocator slack, other programs
 
 
 def cache_slots(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> int:
@@ -39,10 +37,11 @@ def cache_slots(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_e
         return max(0, min(n, int(cfg.expert_cache_gib * 2**30 // S)))
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else KV_RESERVE_GIB) * 2**30
-        budget = free - non_expert_bytes - kv - HEADROOM_GIB * 2**30
+        # the memory plan writes kv_cache_gib; the default is for a config built without one
+        kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB) * 2**30
+        budget = free - non_expert_bytes - kv - defaults.DEVICE_HEADROOM_GIB * 2**30
         return max(0, min(n, int(budget // S)))
-    return min(n, max(2 * pool.num_experts, n // 4))
+    return defaults.expert_cache_slots(n, pool.num_experts)
 
 
 def resolve_backend(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> str:

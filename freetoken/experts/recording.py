@@ -25,8 +25,14 @@ class RoutingRecorder(Experts):
     def stats(self) -> dict:
         return {**self.inner.stats(), "routing_trace": self.path}
 
-    def resize_cache(self, slots: int) -> None:
-        self.inner.resize_cache(slots)
+    def cache_size(self) -> dict | None:
+        return self.inner.cache_size()
+
+    def resize_cache_bytes(self, nbytes: int) -> dict | None:
+        return self.inner.resize_cache_bytes(nbytes)
+
+    def pinned_bytes(self) -> int:
+        return self.inner.pinned_bytes()
 
     def close(self) -> None:
         if self.writer is not None:

@@ -162,6 +162,24 @@ class TieredExperts(Experts):
             self.streamer.release_all()
         self.cache.resize(slots)
 
+    def cache_size(self) -> dict:
+        self.ensure_sized()
+        c = self.cache
+        return {"bytes": c.capacity * self.S, "slots": c.capacity, "resident": c.resident, "device": str(self.device)}
+
+    def resize_cache_bytes(self, nbytes: int) -> dict:
+        self.ensure_sized()
+        before = self.cache.capacity
+        slots = max(0, min(self.pool.num_layers * self.pool.num_experts, nbytes // self.S))
+        if slots != before:
+            self.resize_cache(slots)
+            if self.device.type == "cuda":      # the freed banks back to the device for others
+                torch.cuda.empty_cache()
+        return {"before": before * self.S, "after": slots * self.S, "slots_before": before, "slots_after": slots}
+
+    def pinned_bytes(self) -> int:
+        return self.pool.pinned_bytes
+
     def close(self) -> None:
         self._host_decides()
         if self.streamer is not None:

@@ -122,7 +122,7 @@ def main(args) -> int:
         start_s = time.perf_counter() - t0
         print(f"== start: {start_s:.2f} s", flush=True)
         bar.update(1)
-        vocab = llm.engine.model.vocab_size
+        vocab = llm.engine.vocab_size
         g = torch.Generator().manual_seed(0)
         prompt = torch.randint(0, vocab, (min(args.prompt_tokens, llm.engine.max_model_len - args.max_tokens - 1),),
                                generator=g).tolist()
@@ -130,7 +130,7 @@ def main(args) -> int:
         bar.update(1)
         warm = _request(llm, prompt, args.max_tokens)
         bar.update(1)
-    backend = llm.expert_stats().get("backend", resolved.moe_backend) if llm.engine.model.experts else "none"
+    backend = llm.expert_stats().get("backend", resolved.moe_backend) if llm.engine.settings.moe_backend else "none"
     tiered = backend in ("hybrid", "offload")
     for name, r in (("cold", cold), ("warm", warm)):
         hit = f", expert hit rate {r['hit_rate']:.0%}" if r["hit_rate"] is not None and tiered else ""

@@ -12,7 +12,8 @@ warning line each, and boot goes on:
 Weights themselves are never reduced: when they alone do not fit, the plan says so (one
 warning) and boots anyway. `resolve_memory(cfg)` returns the options with the planned sizes
 written in (max_model_len, kv_cache_gib, expert_cache_slots, max_num_batched_tokens,
-moe_backend, state_cache_gib), so the engine sizes everything from one decision."""
+moe_backend, state_cache_gib) and the plan, whose `kv_blocks` the engine allocates as they are:
+everything is sized from one decision. Defaults come from `freetoken/defaults.py`."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,6 +21,7 @@ import logging
 import struct
 from dataclasses import dataclass, field
 
+from .. import defaults
 from ..config import EngineConfig
 from ..models.cache_spec import CacheSpec, cache_spec_for
 from .model_size import ModelShape, read_model_shape
@@ -27,17 +29,15 @@ from .probe import GiB, MachineMemory, probe
 
 log = logging.getLogger("freetoken.memory")
 
-DEFAULT_KV_GIB = 4.0           # the engine's default KV budget cap
-DEVICE_HEADROOM = 1 * GiB      # CUDA allocator slack, other programs
-MIN_CHUNK = 256
+DEVICE_HEADROOM = int(defaults.DEVICE_HEADROOM_GIB * GiB)
 
 
 def host_headroom(m: MachineMemory, cfg: EngineConfig | None = None) -> int:
     """Host memory left to the OS and other programs: `memory_headroom_gib`, by default
-    max(10% of host memory, 2 GiB)."""
+    max(10% of host memory, 2 GiB) (defaults.HOST_HEADROOM_*)."""
     if cfg is not None and cfg.memory_headroom_gib is not None:
         return int(cfg.memory_headroom_gib * GiB)
-    return max(2 * GiB, m.host_total // 10)
+    return max(int(defaults.HOST_HEADROOM_GIB * GiB), m.host_total // defaults.HOST_HEADROOM_DIVISOR)
 
 
 def host_budget(m: MachineMemory, cfg: EngineConfig | None = None) -> int:
@@ -65,6 +65,7 @@ class MemoryPlan:
     host_source: str = ""
     pinned: int = 0                # host bytes page-locked (CUDA: the expert pool in place, whole pages;
                                    # state checkpoints in the pinned allocator's power-of-two blocks)
+    kv_blocks: int = 0             # KV blocks to allocate, the null block included (0: no plan made)
 
     def used(self, device: str) -> int:
         return sum(i.nbytes for i in self.items if i.device == device)
@@ -232,6 +233,19 @@ def pinned_checkpoint_bytes(budget: int, s: ModelShape, cfg: EngineConfig) -> in
     return budget // each * block if each and budget else 0
 
 
+# --- the KV pool -------------------------------------------------------------------------------
+def kv_tokens_asked(cfg: EngineConfig, max_len: int, per_token: int) -> int:
+    """Tokens the options ask the KV pool for: max_num_seqs sequences of max_len, capped by
+    kv_cache_gib (defaults.KV_CACHE_GIB when not set) at per_token bytes a token."""
+    gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB
+    return min(cfg.max_num_seqs * max_len, int(gib * GiB / max(1, per_token)))
+
+
+def kv_block_count(tokens: int, block_size: int) -> int:
+    """Blocks holding `tokens`, plus block 0, the null block padded reads point at."""
+    return -(-tokens // block_size) + 1
+
+
 # --- the plan ----------------------------------------------------------------------------------
 def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[EngineConfig, MemoryPlan]:
     dev = cfg.torch_device.type
@@ -267,19 +281,17 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         warn(f"host: the expert pool needs {pool / GiB:.2f} GiB but {host_avail / GiB:.2f} GiB is free "
              "after the headroom; booting anyway (expect swapping or an OOM kill)")
 
-    max_pos = int(s.get("max_position_embeddings", default=32768) or 32768)
-    max_len = cfg.max_model_len or min(max_pos, 32768)
+    max_len = cfg.max_model_len or defaults.max_model_len(s.get("max_position_embeddings", default=None))
     kv_tok_bytes = kv_bytes_per_token(s, cfg)
     per_tok = max(1, kv_tok_bytes)                    # tokens per byte of budget, as the engine counts
     bs = cfg.kv_block_size
-    kv_blocks = lambda tokens: -(-tokens // bs) + 1  # noqa: E731  (+1: the null block)
+    kv_blocks = lambda tokens: kv_block_count(tokens, bs)  # noqa: E731
     states = state_bytes_per_seq(s, cfg, max_len) * cfg.max_num_seqs
     chunk = cfg.max_num_batched_tokens
 
     # what the options ask for
     want_tokens = cfg.max_num_seqs * max_len
-    kv_gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else DEFAULT_KV_GIB
-    kv_tokens = min(want_tokens, int(kv_gib * GiB / per_tok))
+    kv_tokens = kv_tokens_asked(cfg, max_len, per_tok)
     backend, slots, slots_asked = _cache_request(cfg, dev, n_experts, S, budget - fixed, s)
     cache = slots * S
 
@@ -333,10 +345,10 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
              f"({kv_blocks(new_tokens) * bs * kv_tok_bytes / GiB:.2f} GiB)")
         kv_tokens = new_tokens
     # 3. prefill chunk
-    if over() > 0 and chunk > MIN_CHUNK:
+    if over() > 0 and chunk > defaults.MIN_PREFILL_CHUNK:
         old = chunk
-        while over() > 0 and chunk > MIN_CHUNK:
-            chunk = max(MIN_CHUNK, chunk // 2)
+        while over() > 0 and chunk > defaults.MIN_PREFILL_CHUNK:
+            chunk = max(defaults.MIN_PREFILL_CHUNK, chunk // 2)
             act = activation_bytes(s, cfg, chunk, max_len, dev)
         warn(f"prefill chunk: max_num_batched_tokens {old} reduced to {chunk} (activations "
              f"{act / GiB:.2f} GiB)")
@@ -365,8 +377,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         warn(f"{compute}: even at minimum sizes the plan needs {over() / GiB:.2f} GiB more than is free; "
              "booting anyway")
     kv = kv_blocks(kv_tokens) * bs * kv_tok_bytes
-    if kv_tokens < want_tokens and cfg.kv_cache_gib is None and kv_tokens == int(kv_gib * GiB / per_tok):
-        kv_note = f"{kv_tokens} tokens (default cap {DEFAULT_KV_GIB:g} GiB)"
+    if kv_tokens < want_tokens and cfg.kv_cache_gib is None and kv_tokens == kv_tokens_asked(cfg, max_len, per_tok):
+        kv_note = f"{kv_tokens} tokens (default cap {defaults.KV_CACHE_GIB:g} GiB)"
     else:
         kv_note = f"{kv_tokens} tokens = {kv_tokens // max(1, max_len)} x max_model_len {max_len}"
     plan.items.append(Item(compute, "KV cache", kv, asked_kv if kv < asked_kv else None,
@@ -389,7 +401,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     plan.items.append(Item(compute, "activations", act, note=f"chunk {chunk} tokens, rope tables (estimate)"
                            + (f"; gathered KV of one layer {gathered / GiB:.3f} GiB" if gathered else "")))
 
-    # the engine turns kv_cache_gib back into floor(bytes / per_token) tokens: half a token of slack
+    plan.kv_blocks = kv_blocks(kv_tokens)              # what the engine allocates
+    # the options say the same in GiB (half a token of slack: floor(bytes / per_token) gives kv_tokens back)
     resolved = dict(max_model_len=max_len, kv_cache_gib=(kv_tokens * per_tok + per_tok // 2) / GiB,
                     max_num_batched_tokens=chunk)
     if backend in ("offload", "hybrid", "resident") or cfg.moe_backend != "auto":
@@ -430,10 +443,10 @@ def _cache_request(cfg: EngineConfig, dev: str, n: int, S: int, room: int, s: Mo
     elif cfg.expert_cache_gib is not None:
         slots = max(0, min(n, int(cfg.expert_cache_gib * GiB // S)))
     elif dev == "cuda":
-        kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else DEFAULT_KV_GIB) * GiB
+        kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB) * GiB
         slots = max(0, min(n, int((room - kv) // S)))
     else:
-        slots = min(n, max(2 * s.get("num_experts", "num_local_experts", "n_routed_experts"), n // 4))
+        slots = defaults.expert_cache_slots(n, s.get("num_experts", "num_local_experts", "n_routed_experts"))
     if backend is None:                       # auto on CUDA: resident when the whole pool fits
         backend = "resident" if slots >= n else "hybrid"
     if backend == "resident":

@@ -57,7 +57,7 @@ def make_router(admin_token: str) -> APIRouter:
             result = await asyncio.wait_for(asyncio.wrap_future(loop.memory(resize)), TIMEOUT_S)
         except FreeTokenError as e:                   # a size the engine rejects
             raise BadRequest(str(e)) from None
-        plan = getattr(state(request).svc.engine, "memory_plan", None)
+        plan = state(request).svc.engine.memory_plan
         if plan is not None:
             result["planned"] = plan.options
         return JSONResponse(result)

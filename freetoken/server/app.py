@@ -14,7 +14,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import anthropic_api, openai_api, openai_responses, tokenize_api, web_ui
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
-from .engine_loop import kv_blocks
 from .generation import GenerationService
 from .memory_trim import TrimAfterLargeBodies
 from .request_guard import RequestGuard
@@ -33,12 +32,6 @@ def needs_api_key(path: str) -> bool:
     """Everything but the probes, the admin routes (their own token) and the web page's files."""
     return path not in OPEN_PATHS and not path.startswith(ADMIN) and not web_ui.is_page_path(path)
 
-
-
-def pinned_bytes(engine) -> int:
-    """Host bytes of the expert pool page-locked in place now (0 without CUDA or pinning)."""
-    pool = getattr(getattr(engine, "model", None), "pool", None)
-    return int(getattr(pool, "pinned_bytes", 0) or 0)
 
 def _key_from(request: Request) -> str | None:
     key = request.headers.get("x-api-key") or request.headers.get("api-key")
@@ -135,9 +128,9 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         loop = svc.loop
         body = {"status": "ok", "model": settings.model_names[0], "running": loop.n_running,
                 "waiting": loop.n_waiting}
-        kv = kv_blocks(svc.engine)
-        if kv:
-            body["kv_blocks_in_use"], body["kv_blocks_total"] = kv[1], kv[0]
+        kv = svc.engine.kv_usage()
+        if kv is not None:
+            body["kv_blocks_in_use"], body["kv_blocks_total"] = kv.in_use, kv.usable
         if not loop.thread.is_alive():
             body["status"] = "engine stopped"
         elif loop.stopping.is_set() or loop.draining.is_set():
@@ -152,11 +145,11 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         """The memory plan the engine was started with (see freetoken/memory/plan.py), under
         "current" the sizes now, after any runtime resize (read between two steps), and under
         "tiers" each expert tier's size, hit rate and disk reads (experts/stats.py)."""
-        plan = getattr(svc.engine, "memory_plan", None)
+        plan = svc.engine.memory_plan
         if plan is None:
             raise NotFound("this engine has no memory plan")
         body = plan.to_json()
-        body["pinned_bytes_now"] = pinned_bytes(svc.engine)
+        body["pinned_bytes_now"] = svc.engine.pinned_bytes()
         from ..experts.stats import tier_summary
         body["tiers"] = tier_summary(svc.metrics.engine_stats)    # the engine thread's latest snapshot
         try:

@@ -225,8 +225,7 @@ def build(args):
                                    cors_origins=_csv(getattr(args, "cors_origins", ""))))
     svc.loop.watcher = memory_watcher(args, llm.engine)
     svc.metrics.set_memory_sizes(llm.engine.memory_sizes())
-    from .app import pinned_bytes
-    svc.metrics.memory_pinned.set(pinned_bytes(llm.engine))
+    svc.metrics.memory_pinned.set(llm.engine.pinned_bytes())
     return llm, svc, app, demo, model
 
 
@@ -255,7 +254,7 @@ def memory_watcher(args, engine):
     except ValueError as e:
         raise SystemExit(f"freetoken serve: {e}") from None
     planned = {c: s["bytes"] for c, s in engine.memory_sizes().items() if s is not None}
-    device = engine.runner.device.type
+    device = engine.device.type
     log.info("memory watcher: give back below %.2f GiB free, grow back above %.2f GiB",
              policy.floor_bytes / 2**30, policy.ceiling_bytes / 2**30)
     return MemoryWatcher(policy, planned, lambda: machine_free(device))

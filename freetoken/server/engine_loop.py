@@ -68,7 +68,7 @@ class EngineLoop:
         self.failures = 0            # engine steps failed in a row; any good step resets it
         self.last_error = ""
         self.watcher = None          # memory/watcher.py, set by `serve --memory-floor-gib`
-        _count_preemptions(engine, metrics)
+        engine.on_preempt(lambda request_id: metrics.preemptions.inc())   # the scheduler logs each
 
     def start(self) -> None:
         self.thread.start()
@@ -114,11 +114,11 @@ class EngineLoop:
         running, waiting = self.engine.queue_lengths() if self.n_running else (0, 0)
         self.metrics.running.set(running)
         self.metrics.waiting.set(waiting + self.n_waiting)
-        kv = kv_blocks(self.engine)
-        if kv:
-            self.metrics.kv_blocks_total.set(kv[0])
-            self.metrics.kv_blocks_in_use.set(kv[1])
-            self.metrics.kv_evictions.set(kv[2])
+        kv = self.engine.kv_usage()
+        if kv is not None:
+            self.metrics.kv_blocks_total.set(kv.usable)
+            self.metrics.kv_blocks_in_use.set(kv.in_use)
+            self.metrics.kv_evictions.set(kv.evicted)
 
     def _drain(self, block: bool) -> None:
         try:
@@ -198,12 +198,11 @@ class EngineLoop:
     def _snapshot_stats(self) -> None:
         """Copy the engine's expert statistics for /metrics (only this thread calls it)."""
         now = time.monotonic()
-        stats = getattr(self.engine, "expert_stats", None)
-        if stats is None or now - self._stats_at < self.stats_every:
+        if now - self._stats_at < self.stats_every:
             return
         self._stats_at = now
         try:
-            self.metrics.engine_stats = stats() or {}
+            self.metrics.engine_stats = self.engine.expert_stats() or {}
         except Exception:  # noqa: BLE001 - statistics must never stop serving
             log.exception("expert_stats() failed")
             self.stats_every = float("inf")
@@ -239,8 +238,7 @@ class EngineLoop:
             job = self.running.get(out.request_id)
             if job is None:
                 continue
-            error = getattr(out, "error", None)
-            job.push(RuntimeError(f"engine error: {error}") if error else out)
+            job.push(RuntimeError(f"engine error: {out.error}") if out.error else out)
             if out.finished:
                 del self.running[out.request_id]
                 with self.lock:
@@ -251,7 +249,7 @@ class EngineLoop:
         """A step that made no token and failed requests in the model (a forward that raised
         even alone, NaN logits) counts as a failed step for /health; any progress resets the
         count. A request failed by its own work (its grammar, its detokenization) does not."""
-        errors = [o.error for o in outs if getattr(o, "model_fault", False)]
+        errors = [o.error for o in outs if o.model_fault]
         if errors and not any(o.new_token_ids for o in outs):
             self.failures += 1
             self.last_error = errors[0][:300]
@@ -297,31 +295,6 @@ class EngineLoop:
         self.running.clear()
         with self.lock:
             self.n_running = 0
-
-
-def kv_blocks(engine) -> tuple[int, int, int] | None:
-    """(usable blocks, blocks held by requests, prefix-cache evictions) of the engine's
-    BlockManager (block 0 is the null block, never handed out; blocks only the prefix
-    cache holds are available, not in use)."""
-    blocks = getattr(engine, "blocks", None)
-    if blocks is None:
-        return None
-    prefix = getattr(engine, "prefix", None)
-    return (blocks.num_usable, blocks.num_held_by_requests,
-            prefix.stats.evicted_blocks if prefix is not None else 0)
-
-
-def _count_preemptions(engine, metrics) -> None:
-    """Count the scheduler's preemptions through its on_preempt hook, when it has a free one."""
-    sched = getattr(engine, "scheduler", None)
-    if sched is None or not hasattr(sched, "on_preempt") or sched.on_preempt is not None:
-        return
-
-    def on_preempt(seq):
-        metrics.preemptions.inc()
-        log.info("preempted request %s (KV cache full): it will be recomputed",
-                 getattr(seq, "request_id", "?"))
-    sched.on_preempt = on_preempt
 
 
 def _aborted(job: Job) -> StepOutput:

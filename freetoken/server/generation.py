@@ -77,7 +77,7 @@ class Generation:
                     m.requests.labels(req.endpoint, "error").inc()
                     yield Done("error", len(req.prompt_ids), len(self.token_ids), error=str(out))
                     return
-                self.cached_tokens = getattr(out, "num_cached_tokens", 0)
+                self.cached_tokens = out.num_cached_tokens
                 if first is None and out.new_token_ids:
                     first = time.monotonic()
                 self.token_ids += out.new_token_ids
@@ -120,7 +120,7 @@ class Generation:
         stop_seq = None
         if reason == "stop" and n_calls:
             reason = "tool_calls"
-        elif reason == "stop" and isinstance(getattr(out, "stop_reason", None), str):
+        elif reason == "stop" and isinstance(out.stop_reason, str):
             stop_seq = out.stop_reason
         now = time.monotonic()
         prompt_tokens = out.prompt_tokens or len(req.prompt_ids)

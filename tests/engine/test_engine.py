@@ -63,7 +63,7 @@ def test_chunked_prefill_and_tiny_kv_with_preemption_give_same_tokens(tiny_dir):
     # (whole prompts only) but not two of them grown to 70 tokens.
     small = LLM(d, dtype="float32", kv_cache_gib=8 * 16 * 512 / 2**30, max_num_batched_tokens=24, kv_block_size=16)
     preempted = []
-    small.engine.scheduler.on_preempt = preempted.append
+    small.engine.on_preempt(preempted.append)
     assert [c.token_ids for c in small.generate(prompts, p)] == ref
     assert preempted, "the KV budget was meant to force preemption"
 

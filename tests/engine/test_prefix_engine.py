@@ -43,7 +43,7 @@ def test_soak_of_finished_aborted_and_preempted_requests_leaks_no_block(tiny_dir
     engine, rng = llm.engine, random.Random(0)
     sessions = [ids_for(40, seed=s) for s in range(4)]
     preempted = []
-    engine.scheduler.on_preempt = preempted.append
+    engine.on_preempt(preempted.append)
     n = 0
     for rnd in range(12):
         live = []

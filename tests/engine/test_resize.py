@@ -138,3 +138,20 @@ def test_bad_sizes_are_rejected_with_the_option_named(model):
         engine.resize_memory(kv_cache_gib=-1)
     with pytest.raises(InvalidRequestError, match="expert_cache_gib"):
         engine.resize_memory(expert_cache_gib="lots")
+
+
+def test_a_recorded_backend_resizes_like_the_bare_one(model, tmp_path):
+    """record_routing wraps the backend (experts/recording.py): its cache is read and resized
+    through the same Experts seam (cache_size, resize_cache_bytes) and the tokens equal the
+    bare backend's."""
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+    ref, _ = decode(make(model), params)
+    engine = make(model, record_routing=str(tmp_path / "trace.jsonl"))
+    cache = engine.memory_sizes()["expert_cache"]
+    assert cache["slots"] == 8
+    S = cache["bytes"] // 8
+    cycle = [{"expert_cache_gib": 4 * S / GiB}, {"expert_cache_gib": 8 * S / GiB}]
+    got, done = decode(engine, params, resize_every=3, cycle=cycle)
+    assert got == ref
+    assert [d["components"]["expert_cache"]["slots_after"] for d in done[:2]] == [4, 8]
+    assert engine.memory_sizes()["expert_cache"]["bytes"] == done[-1]["components"]["expert_cache"]["after"]

@@ -6,6 +6,8 @@ import json
 import threading
 import time
 
+import torch
+
 from freetoken import SamplingParams
 from freetoken.engine.llm_engine import StepOutput
 
@@ -52,6 +54,8 @@ class FakeEngine:
     def __init__(self, scripts: dict[str, str] | None = None, max_model_len: int = 1 << 20,
                  chars_per_step: int = 3, step_delay: float = 0.0):
         self.tokenizer = FakeTokenizer()
+        self.device = torch.device("cpu")      # no paged KV, no memory plan, nothing to resize, no preemption
+        self.memory_plan = None
         self.max_model_len = max_model_len
         self.scripts = scripts or {}
         self.default = "Hello from the fake engine."
@@ -138,6 +142,22 @@ class FakeEngine:
                 self.finished.append(rid)
                 del self.seqs[rid]
         return outs
+
+    def kv_usage(self):
+        return None
+
+    def on_preempt(self, listener):
+        pass
+
+    def memory_sizes(self):
+        return {}
+
+    def resize_memory(self, **sizes):
+        from freetoken.errors import InvalidRequestError
+        raise InvalidRequestError("the fake engine has no memory to resize")
+
+    def pinned_bytes(self):
+        return 0
 
     def expert_stats(self):
         return {"backend": "fake", "total": {"hits": 7, "misses": 3, "bytes_copied": 1024},

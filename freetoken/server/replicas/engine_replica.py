@@ -36,13 +36,10 @@ class EngineReplica:
         log.warning("engine replica %s ready (model %s)", self.replica_id, self.model)
 
     def meta(self) -> dict:
-        eng = self.svc.engine
-        prefix = getattr(eng, "prefix", None)
-        blocks = getattr(eng, "blocks", None)
-        return {"replica": self.replica_id,
-                "evicted_blocks": prefix.stats.evicted_blocks if prefix is not None else 0,
-                "kv_blocks_total": getattr(blocks, "num_blocks", 0) if blocks is not None else 0,
-                "block_size": getattr(blocks, "block_size", 0) if blocks is not None else 0}
+        kv = self.svc.engine.kv_usage()
+        return {"replica": self.replica_id, "evicted_blocks": kv.evicted if kv is not None else 0,
+                "kv_blocks_total": kv.num_blocks if kv is not None else 0,
+                "block_size": kv.block_size if kv is not None else 0}
 
     async def handle(self, fwd: Forward):
         """Run one HTTP request through the app: yields (START, status, headers), body
