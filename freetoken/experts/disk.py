@@ -57,6 +57,7 @@ class DiskExperts(Experts):
         self.layout, self.E, self.device = layout, layout.num_experts, torch.device(device)
         self.cache = HostExpertCache(layout, slots, base, io_threads, drop_cache)
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD) if prefetch else None
+        self._threads = (num_threads, spin_us)
         self.host = self._executor(num_threads, spin_us)
         self.stats_ = ExpertStats(layout.num_layers, "disk")
         self.phase = "decode"
@@ -167,6 +168,16 @@ class DiskExperts(Experts):
                                                         "layer_gap_s": self.gap_s or 0.0,
                                                         "prefetch_cut": self.prefetch_cut},
                                    kernel_calls=self.kernel_calls)
+
+    def resize_host_cache(self, slots: int) -> int:
+        """Elastic memory, between steps: the host cache gets `slots` slots (>= 1; the policy's
+        least valuable residents leave, background reads land first); the CPU kernels are
+        rebuilt over the new banks. Returns the residents kept. Outputs do not change: any
+        cache size gives the resident pool's numbers (see the module doc)."""
+        kept = self.cache.resize(slots)
+        getattr(self.host, "close", lambda: None)()
+        self.host = self._executor(*self._threads)
+        return kept
 
     def close(self) -> None:
         self.cache.close()
