@@ -63,6 +63,7 @@ class DiskExperts(Experts):
         self.phase = "decode"
         self.kernel_calls = 0        # kernel calls (runs of ascending slots), for the stats
         self.pool = layout           # what the engine reads as `experts.pool` (shape, bytes)
+        self._layer_nbytes = layout.layer_expert_nbytes     # an expert's real bytes per layer (stats)
         self.b_d = b_d               # disk bytes/s (the profile's B_D), None: prefetch unbounded
         self.gap_s: float | None = None     # EWMA of the time from one decode layer call to the next
         self._last = (-2, 0.0)       # (layer, end time) of the previous call
@@ -131,7 +132,7 @@ class DiskExperts(Experts):
         self.stats_.add(layer, calls=1, routed=T * K, hits=c["hits"] - c0["hits"] + c["waited"] - c0["waited"],
                         misses=c["misses"] - c0["misses"], fills=c["misses"] - c0["misses"],
                         prefetches=started, cpu_experts=len(uniq),
-                        cpu_bytes=len(uniq) * self.layout.expert_nbytes,
+                        cpu_bytes=len(uniq) * int(self._layer_nbytes[layer]),
                         fill_s=self.cache.read_s - read0, cpu_s=dt - (self.cache.read_s - read0), wall_s=dt)
         if streamed:
             self.stats_.add(layer + 1, streamed_layers=1)
