@@ -310,13 +310,15 @@ class LLMEngine:
 
     # --- elastic memory ----------------------------------------------------------------
     def resize_memory(self, *, expert_cache_gib: float | None = None, kv_cache_gib: float | None = None,
-                      state_cache_gib: float | None = None, allow_preempt: bool = True,
-                      trigger: str = "api") -> dict:
-        """Grow or shrink the expert cache, the KV pool and the checkpoint budget now, between
-        steps (engine/resize.py); outputs do not change. Returns what was done."""
+                      state_cache_gib: float | None = None, host_cache_gib: float | None = None,
+                      allow_preempt: bool = True, trigger: str = "api") -> dict:
+        """Grow or shrink the expert cache, the KV pool, the checkpoint budget and the disk
+        tier's host cache now, between steps (engine/resize.py); outputs do not change.
+        Returns what was done."""
         from .resize import resize_memory
         return resize_memory(self, expert_cache_gib=expert_cache_gib, kv_cache_gib=kv_cache_gib,
-                             state_cache_gib=state_cache_gib, allow_preempt=allow_preempt, trigger=trigger)
+                             state_cache_gib=state_cache_gib, host_cache_gib=host_cache_gib,
+                             allow_preempt=allow_preempt, trigger=trigger)
 
     def memory_sizes(self) -> dict:
         from .resize import memory_sizes

@@ -7,8 +7,10 @@ Each component shrinks by evicting before it frees, and none changes an output:
                  misses are filled or run on the CPU, the same experts either way
   state budget   least recently used checkpoints are dropped (a later request recomputes)
   KV pool        kv_resize.py: unreferenced prefix blocks, then preemption, then compaction
+  host cache     the disk tier's RAM cache (host_cache_resize.py): the policy's least valuable
+                 residents leave, their memory goes back; background reads land first
 Sizes are GiB like the options that set them at start (expert_cache_gib, kv_cache_gib,
-state_cache_gib); None leaves a component as it is."""
+state_cache_gib, host_cache_gib); None leaves a component as it is."""
 from __future__ import annotations
 
 import logging
@@ -16,11 +18,12 @@ import time
 
 from ..config import MAX_GIB
 from ..errors import InvalidRequestError
+from .host_cache_resize import host_cache_size, resize_host_cache
 from .kv_resize import resize_kv
 
 log = logging.getLogger("freetoken.engine")
 GiB = 1 << 30
-COMPONENTS = ("expert_cache", "kv_cache", "state_cache")
+COMPONENTS = ("expert_cache", "kv_cache", "state_cache", "host_cache")
 
 
 def memory_sizes(engine) -> dict:
@@ -36,6 +39,7 @@ def memory_sizes(engine) -> dict:
                      "device": str(engine.runner.device)},
         "state_cache": {"bytes": engine.prefix.state_budget, "used_bytes": engine.prefix.checkpoint_bytes,
                         "checkpoints": engine.prefix.num_checkpoints, "device": "host"},
+        "host_cache": host_cache_size(engine),
     }
 
 
@@ -59,18 +63,22 @@ def _host_total() -> int | None:
 
 
 def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cache_gib=None,
-                  allow_preempt: bool = True, trigger: str = "api") -> dict:
+                  host_cache_gib=None, allow_preempt: bool = True, trigger: str = "api") -> dict:
     """Resize now (the caller owns the engine thread, so this is between steps). Returns, per
     component changed, {"before": bytes, "after": bytes, ...details}."""
     want = {"expert_cache": _gib("expert_cache_gib", expert_cache_gib),
             "kv_cache": _gib("kv_cache_gib", kv_cache_gib),
             "state_cache": _gib("state_cache_gib", state_cache_gib,
-                                _host_total() if state_cache_gib is not None else None)}
+                                _host_total() if state_cache_gib is not None else None),
+            "host_cache": _gib("host_cache_gib", host_cache_gib,
+                               _host_total() if host_cache_gib is not None else None)}
     t0 = time.perf_counter()
     done: dict = {}
     before = memory_sizes(engine)
     if want["expert_cache"] is not None:
         done["expert_cache"] = _resize_experts(engine, want["expert_cache"])
+    if want["host_cache"] is not None:
+        done["host_cache"] = resize_host_cache(engine, want["host_cache"])
     if want["state_cache"] is not None:
         dropped = engine.prefix.set_state_budget(want["state_cache"])
         done["state_cache"] = {"before": before["state_cache"]["bytes"], "after": engine.prefix.state_budget,

@@ -74,7 +74,7 @@ class ExpertCache:
             return None
         self.table.assign(flat_ids, slots)
         pairs = self.pool.fill_pairs(self.banks, slots.tolist(), flat_ids.tolist())
-        job = self.copy.submit(pairs, len(flat_ids) * self.pool.expert_nbytes)
+        job = self.copy.submit(pairs, self.pool.flat_nbytes(flat_ids))     # real bytes, not the slots'
         if background:
             self._landing.append((job, slots))
         return job

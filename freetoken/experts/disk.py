@@ -57,11 +57,13 @@ class DiskExperts(Experts):
         self.layout, self.E, self.device = layout, layout.num_experts, torch.device(device)
         self.cache = HostExpertCache(layout, slots, base, io_threads, drop_cache)
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD) if prefetch else None
+        self._threads = (num_threads, spin_us)
         self.host = self._executor(num_threads, spin_us)
         self.stats_ = ExpertStats(layout.num_layers, "disk")
         self.phase = "decode"
         self.kernel_calls = 0        # kernel calls (runs of ascending slots), for the stats
         self.pool = layout           # what the engine reads as `experts.pool` (shape, bytes)
+        self._layer_nbytes = layout.layer_expert_nbytes     # an expert's real bytes per layer (stats)
         self.b_d = b_d               # disk bytes/s (the profile's B_D), None: prefetch unbounded
         self.gap_s: float | None = None     # EWMA of the time from one decode layer call to the next
         self._last = (-2, 0.0)       # (layer, end time) of the previous call
@@ -130,7 +132,7 @@ class DiskExperts(Experts):
         self.stats_.add(layer, calls=1, routed=T * K, hits=c["hits"] - c0["hits"] + c["waited"] - c0["waited"],
                         misses=c["misses"] - c0["misses"], fills=c["misses"] - c0["misses"],
                         prefetches=started, cpu_experts=len(uniq),
-                        cpu_bytes=len(uniq) * self.layout.expert_nbytes,
+                        cpu_bytes=len(uniq) * int(self._layer_nbytes[layer]),
                         fill_s=self.cache.read_s - read0, cpu_s=dt - (self.cache.read_s - read0), wall_s=dt)
         if streamed:
             self.stats_.add(layer + 1, streamed_layers=1)
@@ -167,6 +169,16 @@ class DiskExperts(Experts):
                                                         "layer_gap_s": self.gap_s or 0.0,
                                                         "prefetch_cut": self.prefetch_cut},
                                    kernel_calls=self.kernel_calls)
+
+    def resize_host_cache(self, slots: int) -> int:
+        """Elastic memory, between steps: the host cache gets `slots` slots (>= 1; the policy's
+        least valuable residents leave, background reads land first); the CPU kernels are
+        rebuilt over the new banks. Returns the residents kept. Outputs do not change: any
+        cache size gives the resident pool's numbers (see the module doc)."""
+        kept = self.cache.resize(slots)
+        getattr(self.host, "close", lambda: None)()
+        self.host = self._executor(*self._threads)
+        return kept
 
     def close(self) -> None:
         self.cache.close()

@@ -80,6 +80,18 @@ class DiskLayout:
                 total += int((pc.files >= 0).sum()) * each
         return total
 
+    @property
+    def layer_expert_nbytes(self) -> np.ndarray:
+        """int64 [num_layers]: one expert of each layer as the banks hold it, in its own row
+        widths (what the CPU kernels stream of it; the slot is `expert_nbytes`, the widest)."""
+        out = np.full(self.num_layers, sum(t[0].nbytes for t in self.resident.values()), np.int64)
+        first = np.arange(self.num_layers) * self.num_experts
+        for b in self.banks.values():
+            for pc in b.pieces:
+                each = pc.nbytes if pc.file_dtype is None else pc.nbytes // _elsize(pc.file_dtype) * _elsize(b.dtype)
+                out += np.where(pc.files[first] >= 0, each, 0)
+        return out
+
     def check_sizes(self) -> None:
         """Every piece inside its file (a truncated file is refused at start, in one line)."""
         sizes = [p.stat().st_size for p in self.paths]

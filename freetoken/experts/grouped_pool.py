@@ -85,6 +85,16 @@ class GroupedPool:
     def nbytes(self) -> int:
         return sum(g.nbytes for g in self._groups)
 
+    @functools.cached_property
+    def layer_expert_nbytes(self) -> np.ndarray:
+        """int64 [num_layers]: each layer's expert bytes in its own group's widths."""
+        return np.array([self._groups[g].expert_nbytes for g in self._group], np.int64)
+
+    def flat_nbytes(self, flat_ids) -> int:
+        """The real bytes of these experts (what a fill copies: a narrower one fills only the
+        front of its slot's rows), not the slot's."""
+        return int(self.layer_expert_nbytes[np.asarray(flat_ids, np.int64) // self.num_experts].sum())
+
     def slot_rows(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         rows = [g.slot_rows() for g in self._groups]
         out = {}

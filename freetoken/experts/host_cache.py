@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from .disk_layout import DiskLayout
+from .host_rows import HostRows
 from .slots import DEFAULT_POLICY, SlotTable
 
 
@@ -105,9 +106,9 @@ class HostExpertCache:
         self.layout = layout
         self.table = SlotTable(layout.num_layers * layout.num_experts, layout.num_experts, int(slots), policy)
         self.reader = ExpertReader(layout, drop_cache)
-        self.banks: dict[str, torch.Tensor] = {}
-        for name, b in layout.banks.items():       # fresh pages: nothing touched until a read
-            self.banks[name] = torch.empty((slots, *b.row_shape), dtype=b.dtype)
+        self._rows = {name: HostRows(slots, b.row_shape, b.dtype)      # fresh pages: nothing touched
+                      for name, b in layout.banks.items()}                # until a read
+        self.banks: dict[str, torch.Tensor] = {name: r.bank for name, r in self._rows.items()}
         for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
             self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
         self._cv = threading.Condition()
@@ -253,6 +254,30 @@ class HostExpertCache:
             events = list(self._landed.values())
         for ev in events:
             ev.wait()
+
+    def resize(self, slots: int) -> int:
+        """Elastic memory, between steps: `slots` slots, keeping the residents the policy values
+        most (its last victims); the freed slots' memory goes back to the OS (host_rows.py).
+        Every read in flight (a background prefetch) lands first, so none writes a slot that
+        moves or goes. Returns how many residents stayed."""
+        if slots < 1:
+            raise ValueError(f"host expert cache: at least 1 slot, got {slots}")
+        self.drain()
+        with self._cv:
+            if self._landed or self.table.locks.any():
+                raise RuntimeError("host expert cache: resize while a layer call or a read is running")
+            keep = self.table.keep_best(slots)
+            for name, rows in self._rows.items():
+                self.banks[name] = rows.resize(keep, slots)
+            idx = torch.from_numpy(keep)
+            for name, t in self.layout.resident.items():
+                new = t[:1].expand(slots, *t.shape[1:]).clone()
+                new[:len(keep)] = self.banks[name][idx]
+                self.banks[name] = new
+            was = self._prefetched
+            self._prefetched = np.zeros(slots, bool)
+            self._prefetched[:len(keep)] = was[keep]
+            return len(keep)
 
     def stats(self) -> dict:
         with self._cv:

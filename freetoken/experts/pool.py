@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from .formats import quantize_banks, spec_format
@@ -48,6 +49,16 @@ class ExpertPool:
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.banks.values())
+
+    @functools.cached_property
+    def layer_expert_nbytes(self) -> np.ndarray:
+        """int64 [num_layers]: the bytes of one expert of each MoE layer (one width here; a
+        GroupedPool's differ by group, and a cache slot is as wide as the widest)."""
+        return np.full(self.num_layers, self.expert_nbytes, np.int64)
+
+    def flat_nbytes(self, flat_ids) -> int:
+        """The real bytes of these experts (each at its own layer's width): what a fill copies."""
+        return int(self.layer_expert_nbytes[np.asarray(flat_ids, np.int64) // self.num_experts].sum())
 
     def rows(self, flat_ids: torch.Tensor) -> dict[str, torch.Tensor]:
         return {k: b.index_select(0, flat_ids) for k, b in self.banks.items()}

@@ -95,7 +95,7 @@ class LayerStreamer:
         was_hit = int(hit.sum())
         stats.add_experts("hits", routed[hit])
         stats.add_experts("fills", layer * self.E + np.flatnonzero(new))
-        stats.add(layer, streamed_layers=1, fills=n, bytes_copied=n * self.cache.pool.expert_nbytes,
+        stats.add(layer, streamed_layers=1, fills=n, bytes_copied=n * int(self.cache.pool.layer_expert_nbytes[layer]),
                   hits=was_hit, misses=len(routed) - was_hit)
         return out
 

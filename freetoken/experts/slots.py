@@ -240,7 +240,19 @@ class SlotTable:
             raise RuntimeError("expert cache resize outside a safe point (slots are in use)")
         used = np.flatnonzero(self.owner >= 0)
         keep = used[np.argsort(-self.stamp[used])][:max(int(slots), 0)]
-        keep = keep[np.argsort(self.stamp[keep])]
+        return self._rebuild(keep[np.argsort(self.stamp[keep])], slots)
+
+    def keep_best(self, slots: int) -> np.ndarray:
+        """Rebuild for `slots` slots keeping the residents the policy values most (those
+        `candidates` would evict last), in their old slot order in slots 0..n-1; returns their
+        old slots. Ascending old slots let a caller move bank rows in place (new <= old)."""
+        if self.locks.any() or self.pending.any():
+            raise RuntimeError("cache resize outside a safe point (slots are in use or being filled)")
+        order = self.candidates(self.capacity)            # every slot, first victim first
+        order = order[self.owner[order] >= 0]
+        return self._rebuild(np.sort(order[max(0, len(order) - max(int(slots), 0)):]), slots)
+
+    def _rebuild(self, keep: np.ndarray, slots: int) -> np.ndarray:
         owner, stamp = self.owner[keep], self.stamp[keep]
         self.reset(slots)
         n = len(keep)

@@ -204,7 +204,7 @@ class TieredExperts(Experts):
         policy = self._decode_policy or self.planner.policy
         out, cpu_s, n_cpu = dp.forward(layer, hidden, topk_ids, weights, policy, self.est.b_p, self.est.b_h, self.cpu)
         if n_cpu:
-            self.est.observe_cpu(n_cpu * self.S, cpu_s)
+            self.est.observe_cpu(n_cpu * int(self.pool.layer_expert_nbytes[layer]), cpu_s)
             self.stats_.add(layer, cpu_s=cpu_s)
         return out
 
@@ -212,11 +212,12 @@ class TieredExperts(Experts):
         """The host table becomes the truth again; the device counters join the statistics."""
         if self._devpath is None or not self._devpath.active:
             return
-        S, st = self.S, self.stats_
+        per_layer, st = self.pool.layer_expert_nbytes, self.stats_
         counts, per_expert = self._devpath.give_back()
         for key, c in zip(("hits", "fills", "cpu_experts"), per_expert):
             st.add_expert_counts(key, c)
         for layer, (hits, misses, fills, cpu) in enumerate(counts):
+            S = int(per_layer[layer])       # this layer's expert bytes (a grouped pool's vary)
             st.add(layer, hits=hits, misses=misses, fills=fills, cpu_experts=cpu, bytes_copied=fills * S,
                    cpu_bytes=cpu * S)
             st.q_sum += fills
@@ -228,7 +229,7 @@ class TieredExperts(Experts):
         self.run_device(self.cache.banks, self.spec, ids, hidden, weights, out=out)
 
     def _forward_planned(self, layer, hidden, flat, weights):
-        cache, S = self.cache, self.S
+        cache, S = self.cache, int(self.pool.layer_expert_nbytes[layer])    # this layer's real bytes
         uniq, inv, counts = np.unique(flat, return_inverse=True, return_counts=True)
         inv = inv.reshape(flat.shape)
         decode = self.phase != "prefill"
@@ -293,25 +294,26 @@ class TieredExperts(Experts):
             out.add_(cpu_out.to(out.device))
             self.est.observe_cpu(len(cpu_ids) * S, cpu_s)
         self._harvest()
-        prefetched = self._prefetch(uniq) if decode else 0
+        prefetched = self._prefetch(uniq) if decode else np.empty(0, np.int64)
 
         st = self.stats_
         st.add_experts("cpu_experts", cpu_ids)
-        st.add(layer, hits=d.hits, misses=d.misses, fills=n_filled, prefetches=prefetched,
-               warm_fills=len(d.warm), cpu_experts=len(cpu_ids), bytes_copied=(n_filled + len(d.warm) + prefetched) * S,
+        moved = n_filled * S + self.pool.flat_nbytes(d.warm) + self.pool.flat_nbytes(prefetched)
+        st.add(layer, hits=d.hits, misses=d.misses, fills=n_filled, prefetches=len(prefetched),
+               warm_fills=len(d.warm), cpu_experts=len(cpu_ids), bytes_copied=moved,
                cpu_bytes=len(cpu_ids) * S, cpu_s=cpu_s, device_s=dev_s, fill_s=fill_s)
         if decode:
             st.q_sum += n_filled
             st.m_sum += d.plan.m
         return out
 
-    def _prefetch(self, uniq: np.ndarray) -> int:
+    def _prefetch(self, uniq: np.ndarray) -> np.ndarray:
         """"+prefetch": copy the cache's guesses for the next layer in the background (they
         land before that layer runs when the link keeps up; until then they run on the CPU)."""
         ids, slots = self.cache.table.prefetch_after(uniq)
         if len(ids):
             self.cache.install(ids, slots, background=True)
-        return len(ids)
+        return ids
 
     def _prefill_policy(self) -> str:
         # Prefill on demand (the cache cannot free two layers, or few tokens): the device does
@@ -355,7 +357,7 @@ class CpuExperts(Experts):
         self.stats_.add_experts("cpu_experts", ran)
         dt = time.perf_counter() - t0
         self.stats_.add(layer, calls=1, routed=ids.numel(), misses=n, cpu_experts=n,
-                        cpu_bytes=n * self.pool.expert_nbytes, cpu_s=dt, wall_s=dt)
+                        cpu_bytes=n * int(self.pool.layer_expert_nbytes[layer]), cpu_s=dt, wall_s=dt)
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
     def stats(self) -> dict:

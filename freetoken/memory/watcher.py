@@ -4,10 +4,12 @@ they are done. Runs on the engine thread between steps (server/engine_loop.py).
 Each device ("host": MemAvailable or the cgroup's room, probe.py; "cuda": mem_get_info) has
 a floor and a ceiling (hysteresis):
   free < floor    shrink that device's components until free would be back at the ceiling:
-                  expert cache first (speed only), then the checkpoint budget (prefix reuse),
-                  then KV blocks no sequence holds (never a running request: no preemption)
+                  expert cache first (speed only), then the disk tier's host cache (speed
+                  only; it keeps one slot), then the checkpoint budget (prefix reuse), then KV
+                  blocks no sequence holds (never a running request: no preemption)
   free > ceiling  grow components that are below the start-up plan back toward it, by at most
-                  free - ceiling: KV first (room for requests), then checkpoints, then experts
+                  free - ceiling: KV first (room for requests), then checkpoints, then the
+                  host cache, then the expert cache
 Between floor and ceiling nothing happens, and two actions are at least `min_interval_s`
 apart, so a program whose memory use wobbles around one threshold does not make the engine
 resize every step. A grow never takes free memory below the ceiling, a shrink aims at the
@@ -21,8 +23,9 @@ from typing import Callable
 
 from .probe import GiB, probe
 
-SHRINK_ORDER = ("expert_cache", "state_cache", "kv_cache")
-OPTION = {"expert_cache": "expert_cache_gib", "kv_cache": "kv_cache_gib", "state_cache": "state_cache_gib"}
+SHRINK_ORDER = ("expert_cache", "host_cache", "state_cache", "kv_cache")
+OPTION = {"expert_cache": "expert_cache_gib", "kv_cache": "kv_cache_gib", "state_cache": "state_cache_gib",
+          "host_cache": "host_cache_gib"}
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from .request_limits import parse_json, read_body
 from .server_state import state
 
 PREFIX = "/admin/"
-SIZES = ("expert_cache_gib", "kv_cache_gib", "state_cache_gib")
+SIZES = ("expert_cache_gib", "kv_cache_gib", "state_cache_gib", "host_cache_gib")
 TIMEOUT_S = 120.0            # a resize waits for the step in flight (a long prefill) to end
 
 

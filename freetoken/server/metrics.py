@@ -105,7 +105,8 @@ class Metrics:
                                       "(POST /admin/memory or the free-memory watcher)",
                                       ["component", "direction", "trigger"], registry=r)
         self.memory_bytes = Gauge("freetoken_memory_bytes", "Current size of each resizable memory "
-                                  "component (expert_cache, kv_cache; state_cache is its budget)",
+                                  "component (expert_cache, kv_cache, the disk tier's host_cache; state_cache is "
+                                  "its budget)",
                                   ["component"], registry=r)
         self.memory_pinned = Gauge("freetoken_memory_pinned_bytes", "Host bytes page-locked in place "
                                    "(the expert pool on CUDA; no copy)", registry=r)

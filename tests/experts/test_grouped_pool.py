@@ -191,3 +191,40 @@ def test_pin_registers_every_group_in_place(pools):
     assert sorted(registered) == sorted(b.data_ptr() for b in grouped.all_banks())
     grouped.unpin()
     assert grouped.pinned_bytes == 0
+
+
+def _real_bytes(pool: GroupedPool) -> list[int]:
+    """One expert's bytes per layer, read off its group's banks (not the slot's widest rows)."""
+    out = []
+    for m in range(pool.num_layers):
+        g, local = pool.layer_group(m)
+        out.append(sum(b[local * E].nbytes for b in pool.groups[g].banks.values()))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["offload", "hybrid", "cpu"])
+def test_bytes_stats_count_each_experts_real_bytes(pools, policy):
+    """bytes_copied / cpu_bytes add each filled or CPU-run expert at its own layer's width: the
+    narrow layers count less than a slot (the widest group's expert)."""
+    from freetoken.experts.tiered import CpuExperts
+    grouped, _ = pools
+    real = _real_bytes(grouped)
+    assert min(real) < grouped.expert_nbytes          # some layers are narrower than a slot
+    be = (CpuExperts(grouped, torch.device("cpu")) if policy == "cpu" else
+          TieredExperts(grouped, torch.device("cpu"), 3, policy, host_executor=make_host_executor(grouped, prefer_fast=False)))
+    gen = torch.Generator().manual_seed(6)
+    for step in range(4):
+        tokens = 3 if step == 0 else 1
+        be.begin_step("prefill" if step == 0 else "decode", tokens)
+        for m in range(L):
+            be.forward(m, *routing(gen, tokens))
+    st = be.stats()
+    be.close()
+    moved = cpu = 0
+    for m, row in enumerate(st["per_layer"]):
+        moved += row["fills"] * real[m]
+        cpu += row["cpu_experts"] * real[m]
+    tot = st["total"]
+    assert tot["cpu_bytes"] == cpu and (policy != "cpu" or cpu > 0)
+    if policy == "offload":               # no prefetch, no warm fills: every copy is a fill of its layer
+        assert tot["bytes_copied"] == moved > 0

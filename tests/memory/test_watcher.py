@@ -84,6 +84,21 @@ def test_above_the_ceiling_grows_back_to_the_plan_kv_first(tmp_path):
     assert w.decide(sizes()) is None                            # at the plan: never beyond it
 
 
+def test_the_disk_tiers_host_cache_gives_back_after_the_expert_cache(tmp_path):
+    m, clock = FakeMachine(tmp_path), Clock()
+    with_hc = lambda hc, **kw: {**sizes(**kw), "host_cache": {"bytes": hc, "device": "host"}}   # noqa: E731
+    planned = {k: v["bytes"] for k, v in with_hc(500 * MiB).items()}
+    w = MemoryWatcher(WatchPolicy(1 * GiB, 1200 * MiB, min_interval_s=10), planned, m.free, clock)
+    m.set(700 * MiB)                                            # 500 MiB short of the ceiling
+    assert w.decide(with_hc(500 * MiB, expert=100 * MiB)) == {"expert_cache_gib": 0.0, "host_cache_gib": 100 / 1024,
+                                                              "allow_preempt": False}
+    clock.t = 20
+    m.set(1900 * MiB)                                           # 700 above: KV, checkpoints, then the host cache
+    got = w.decide(with_hc(100 * MiB, expert=0, kv=100 * MiB, state_budget=0, state_used=0))
+    assert got == {"kv_cache_gib": 300 / 1024, "state_cache_gib": 200 / 1024, "host_cache_gib": 400 / 1024,
+                   "allow_preempt": False}
+
+
 def test_engine_serving_through_watcher_resizes_keeps_its_output(tmp_path, tiny_dir):
     model = str(tiny_dir("qwen3_moe", num_experts=8, num_experts_per_tok=2))
     opts = dict(dtype="float32", moe_backend="offload", expert_cache_slots=8, kv_block_size=8, max_model_len=256,

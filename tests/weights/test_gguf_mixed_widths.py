@@ -90,3 +90,22 @@ def test_backends_match_the_padded_pool(mixed_gguf, monkeypatch, backend, slots)
 def test_cpu_kernels_match_the_padded_pool_under_every_choice(mixed_gguf, monkeypatch, cpu_choice):
     got = _logits(mixed_gguf, False, monkeypatch, **cpu_choice)
     assert torch.equal(got, _logits(mixed_gguf, True, monkeypatch, **cpu_choice))
+
+
+def test_disk_tier_counts_each_experts_real_bytes(mixed_gguf):
+    """The disk tier's cpu_bytes add each expert run at its own layer's width (the prebuilt
+    pool's group), not the host cache slot's (the widest); a host cache resize keeps counting so."""
+    pool = GgufFile(mixed_gguf).prebuilt_experts()
+    real = [pool.groups[g].expert_nbytes for g, _ in map(pool.layer_group, range(pool.num_layers))]
+    assert min(real) < pool.expert_nbytes
+    llm = LLM(str(mixed_gguf), dtype="float32", host_cache_slots=3)
+    try:
+        llm.score(ids_for(23, seed=3))
+        llm.engine.resize_memory(host_cache_gib=pool.num_layers * pool.expert_nbytes / 2**30)
+        llm.score(ids_for(23, seed=4))
+        st = llm.expert_stats()
+    finally:
+        llm.close()
+    want = sum(row["cpu_experts"] * real[m] for m, row in enumerate(st["per_layer"]))
+    assert st["total"]["cpu_bytes"] == want > 0
+    assert st["host_cache"]["slots"] == pool.num_layers
