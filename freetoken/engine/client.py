@@ -53,7 +53,8 @@ class EngineClient(Protocol):
         {"bytes", "device", ...} or None} ({} when nothing is resizable)."""
 
     def resize_memory(self, *, expert_cache_gib: float | None = None, kv_cache_gib: float | None = None,
-                      state_cache_gib: float | None = None, allow_preempt: bool = True,
+                      state_cache_gib: float | None = None, host_cache_gib: float | None = None,
+                      allow_preempt: bool = True,
                       trigger: str = "api") -> dict:
         """Grow or shrink those components between steps; raises InvalidRequestError for a bad size."""
 
