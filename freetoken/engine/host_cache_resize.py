@@ -33,7 +33,7 @@ def resize_host_cache(engine, nbytes: int) -> dict | None:
     S = disk.layout.expert_nbytes
     n_total = disk.layout.num_layers * disk.layout.num_experts
     before = disk.cache.capacity
-    slots = (nbytes + 1) // S          # a size of k experts in GiB may come back 1 byte short of k * S
+    slots = nbytes // S
     clamped = ""
     if slots < 1:
         slots, clamped = 1, (f"host_cache_gib: {nbytes / GiB:g} GiB is less than one expert "

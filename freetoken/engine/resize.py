@@ -50,7 +50,7 @@ def _gib(name: str, value, most: int | None = None) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_GIB:
         raise InvalidRequestError(f"{name}: expected a number of GiB in [0, {MAX_GIB:.0f}], got {value!r}")
-    n = int(value * GiB)
+    n = round(value * GiB)     # nearest byte: k experts' GiB (k * S / 2**30) must not come back 1 short
     if most and n > most:
         raise InvalidRequestError(f"{name}: {value:g} GiB is more than this machine's memory "
                                   f"({most / GiB:.1f} GiB)")
