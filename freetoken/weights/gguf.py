@@ -19,13 +19,13 @@ import torch
 
 from ..errors import CheckpointError
 from .gguf_config import synth_config
+from .gguf_experts import build_pool
 from .gguf_hybrid import HYBRID, rows_only, undo
 from .gguf_meta import GgufHeader, TensorInfo, read_header
 from .gguf_names import combine, derived, hf_names, needs_unpermute, unpermute_rows
+from .gguf_types import dequantize
 
 log = logging.getLogger("freetoken.weights")
-F32, F16, BF16 = 0, 1, 30            # ggml type ids of the float types
-FLOAT_TYPES = {F32: np.float32, F16: np.float16}
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -50,22 +50,6 @@ def split_parts(path: str | os.PathLike) -> list[Path]:
         raise CheckpointError(f"{p}: split GGUF is missing part(s) {', '.join(missing)} (expected {count} parts "
                               f"in {p.parent})")
     return parts
-
-
-def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], owned: bool = False) -> torch.Tensor:
-    """float32 (F32/F16: their own dtype, BF16: bfloat16) tensor of `shape` from raw GGUF bytes;
-    `owned`: raw is the caller's own writable array (float types then use it without a copy)."""
-    own = (lambda a: a) if owned else np.copy
-    if ggml_type in FLOAT_TYPES:
-        return torch.from_numpy(own(raw.view(FLOAT_TYPES[ggml_type]).reshape(shape)))
-    if ggml_type == BF16:
-        return torch.from_numpy(own(raw)).view(torch.bfloat16).reshape(shape)
-    from . import ggml_quants
-    if ggml_type in ggml_quants.NAMES:      # torch, bit-exact to gguf.quants
-        return ggml_quants.dequantize(torch.from_numpy(own(raw)), ggml_type, shape[-1]).reshape(shape)
-    import gguf                             # the rarer types: the package's numpy reference
-    out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type))
-    return torch.as_tensor(np.asarray(out, dtype=np.float32)).reshape(shape)
 
 
 class GgufFile:
@@ -190,7 +174,6 @@ class GgufFile:
         return self.get(name, shape).to(dtype)
 
     def prebuilt_experts(self):
-        from .gguf_experts import build_pool
         return build_pool(self)
 
     def reading(self, section: str):

@@ -12,7 +12,7 @@ import logging
 import torch
 
 from ..errors import CheckpointError
-from .gguf import BF16, F16, F32, dequantize
+from .gguf_types import BF16, F16, F32, dequantize
 
 log = logging.getLogger("freetoken.weights")
 FLOAT = {F32, F16, BF16}
