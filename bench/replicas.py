@@ -102,7 +102,7 @@ def main() -> int:
 
     from ray import serve
 
-    from freetoken.sim.sessions.formats import read_sessions
+    from freetoken.sim.sessions.read import read_sessions
     from freetoken.tiny import make_tiny
     sys.path.insert(0, str(ROOT / "tests" / "server"))
     from live_server import LiveServer

@@ -67,7 +67,7 @@ def _deploy(model_dir, routing: str):
 def sessions():
     if not SESSIONS.is_dir():
         pytest.skip(f"no agent sessions at {SESSIONS}")
-    from freetoken.sim.sessions.formats import read_sessions
+    from freetoken.sim.sessions.read import read_sessions
     return session_bodies(read_sessions([SESSIONS])[:N_SESSIONS], TURNS)
 
 
