@@ -173,7 +173,7 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
         from .models.deepseek_v4 import quantize_checkpoint
         quantize_checkpoint(out)
     if arch.endswith("_fp8"):
-        from .weights.fp8 import quantize_checkpoint_fp8
+        from .quant.fp8 import quantize_checkpoint_fp8
         quantize_checkpoint_fp8(out)
     tok.save(str(out / "tokenizer.json"))
     template = resources.files("freetoken.templates").joinpath("qwen.jinja").read_text()

@@ -109,7 +109,7 @@ class CpuExpertExecutor:
         b, H, I = self.banks, self.H, self.I
         types = check_ggml_banks(b, H, I)
         if not types <= set(KERNEL_TYPES):
-            from ..weights.ggml_quants import type_name
+            from ..quant.ggml_quants import type_name
             raise NotImplementedError(f"no CPU kernel for ggml types {sorted(type_name(t) for t in types - set(KERNEL_TYPES))}")
         gut, dnt = b["gate_up_types"], b["down_types"]
         for t, name in ((gut, "gate_up_types"), (dnt, "down_types")):

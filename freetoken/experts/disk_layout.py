@@ -136,7 +136,7 @@ def _read_resident(path: Path, offset: int, nbytes: int, dtype: torch.dtype, sha
 
 # --- GGUF: merged expert tensors [E, rows, cols] per MoE block ---------------------------
 def gguf_layout(ck) -> DiskLayout:
-    from ..weights import ggml_quants
+    from ..quant import ggml_quants
     from ..weights.gguf_types import BF16, F16, F32
     from ..weights.gguf_experts import expert_biases, expert_tensors, layout
     blocks, parts = expert_tensors(ck)

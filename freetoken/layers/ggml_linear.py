@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
-from ..weights import ggml_quants as gq
+from ..quant import ggml_quants as gq
 from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
 
 KERNEL_TYPES = (gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K)   # ggml_dense.c's types

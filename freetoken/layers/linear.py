@@ -25,8 +25,8 @@ from ..platform import gemm_aligned
 from .concat import cat_rows
 from .ggml_linear import GgmlLinear
 from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
-from ..weights.fp8 import block_scales, dequantize_fp8_block
-from ..weights.int8 import dequantize_int8, quantize_int8
+from ..quant.fp8 import block_scales, dequantize_fp8_block
+from ..quant.int8 import dequantize_int8, quantize_int8
 
 DENSE_FORMATS = ("int8",)
 _FMT = {f.dtype: f.code for f in FORMATS.values() if f.is_float}   # the C kernels' format codes

@@ -88,7 +88,7 @@ def read_model_shape(model: str | Path) -> ModelShape:
 def _gguf_shape(ck) -> ModelShape:
     """GGUF (or one kept in an FTW file): quantized experts stay in their ggml rows
     (prebuilt:ggml), float ones are float."""
-    from ..weights import ggml_quants
+    from ..quant import ggml_quants
     from ..weights.gguf_experts import expert_tensors, layout
     infos = {n: t for n, (_, t) in ck.tensors_by_name.items()}
     dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)

@@ -250,8 +250,8 @@ def quantize_checkpoint(model_dir) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from ..weights.fp8 import quantize_fp8_block
-    from ..weights.mxfp4 import quantize_mxfp4
+    from ..quant.fp8 import quantize_fp8_block
+    from ..quant.mxfp4 import quantize_mxfp4
 
     dense = re.compile(r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|ffn\.shared_experts\.w[123])\.weight$")
     expert = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")

@@ -196,7 +196,7 @@ def quantize_checkpoint_experts(model_dir) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from ..weights.mxfp4 import quantize_mxfp4
+    from ..quant.mxfp4 import quantize_mxfp4
 
     d = Path(model_dir)
     files = sorted(d.glob("*.safetensors"))

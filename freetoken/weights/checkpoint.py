@@ -140,7 +140,7 @@ class Checkpoint:
             return modelopt.dequantize(self, name, shape, dtype)     # NVFP4 dense linears: float once at load
         t = self.get(name, shape)
         if t.dtype == torch.float8_e4m3fn and self.has(f"{name}_scale_inv"):   # FP8 128x128 blocks: never the raw e4m3
-            from .fp8 import block_scales, dequantize_fp8_block
+            from ..quant.fp8 import block_scales, dequantize_fp8_block
             return dequantize_fp8_block(t, block_scales(self.get(f"{name}_scale_inv"))).to(dtype)
         if not t.is_floating_point():
             raise CheckpointError(f"{self.file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")

@@ -21,7 +21,7 @@ FLOAT = {F32, F16, BF16}
 def layout(types: set[int]) -> str:
     """"float" for float experts; "ggml" when our kernels read every type present; else
     "dequantize" (types without a kernel, e.g. Q2_K, Q3_K, IQ2_*: float banks at load)."""
-    from . import ggml_quants
+    from ..quant import ggml_quants
     if types <= FLOAT:
         return "float"
     return "ggml" if all(t in ggml_quants.NAMES for t in types) else "dequantize"
@@ -84,7 +84,7 @@ def build_pool(ck):
 
 
 def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
-    from . import ggml_quants
+    from ..quant import ggml_quants
     g0, _, d0 = parts[0]
     inter, hidden = g0.shape[1], g0.shape[2]
     width_gu = max(ggml_quants.row_bytes(t.ggml_type, hidden) for trio in parts for t in trio[:2])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import ggml_quants
+from ..quant import ggml_quants
 
 F32, F16, BF16 = 0, 1, 30            # ggml type ids of the float types
 FLOAT_TYPES = {F32: np.float32, F16: np.float16}

@@ -11,7 +11,7 @@ from freetoken import kernels
 from freetoken.kernels.pool import CpuPool
 from freetoken.layers.ggml_linear import KERNEL_TYPES, GgmlEmbedding, GgmlLinear, GgmlWeight
 from freetoken.layers.kernel_rows import GEMV_TOKENS
-from freetoken.weights import ggml_quants as gq
+from freetoken.quant import ggml_quants as gq
 
 ISAS = kernels.variants_here()
 

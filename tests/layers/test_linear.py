@@ -6,7 +6,7 @@ from freetoken import kernels
 from freetoken.kernels.pool import CpuPool, shared_pool
 from freetoken.layers.kernel_rows import GEMV_TOKENS
 from freetoken.layers.linear import Linear
-from freetoken.weights.int8 import dequantize_int8, quantize_int8
+from freetoken.quant.int8 import dequantize_int8, quantize_int8
 
 
 def _stored(w: torch.Tensor, storage: torch.dtype, fmt: str | None) -> torch.Tensor:
