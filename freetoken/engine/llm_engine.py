@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import EngineConfig
+from ..config import EngineConfig, check_cuda_graphs
 from ..errors import InvalidRequestError, NumericalError, PromptTooLongError
 from ..layers.attention import kv_values_per_token
 from ..models.loader import load_model
@@ -72,11 +72,10 @@ class LLMEngine:
         make_state = self._state_factory()
         graphs = None
         if cfg.cuda_graphs:
-            from .cuda_graphs import check_supported
             tier = getattr(self.model.experts, "settings", {}).get("expert_tier") if self.model.experts else None
             backend = getattr(self.model.experts, "settings", {}).get("moe_backend") if self.model.experts else None
-            check_supported(self.settings.device, backend, tier, self.model.make_state() is not None,
-                            bool(cfg.record_routing))
+            check_cuda_graphs(self.settings.device, backend, tier, self.model.make_state() is not None,
+                              bool(cfg.record_routing))
             graphs = {"max_batch": cfg.max_num_seqs, "max_model_len": self.max_model_len}
         self.runner = ModelRunner(self.model, num_blocks, bs, graphs)
         self._has_state = make_state is not None   # a recurrent state: no per-sequence rerun
