@@ -1,6 +1,6 @@
 """The disk tier's experts backend: disk -> host expert cache -> the CPU kernels.
 
-The expert pool stays in the model file (`disk_layout.py` says where each expert lies); a
+The expert pool stays in the model file (models/disk_layout.py says where each expert lies); a
 `HostExpertCache` of whole experts holds the working set in RAM. One MoE layer call:
   1. the call's unique experts, in ascending flat id, are made resident in the host cache
      (hits locked; misses read from the file, several at once) -- as many as the free slots
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .base import Experts
-from .disk_layout import DiskLayout
+from .disk_pieces import DiskLayout
 from .diskbw import prefetch_budget
 from .host_cache import HostExpertCache
 from .next_layer import THRESHOLD, NextLayerPredictor

@@ -417,7 +417,7 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
 
 
 def _cache_request(cfg: EngineConfig, dev: str, n: int, S: int, room: int, s: ModelShape):
-    """(backend, slots, slots asked) before any reduction; mirrors experts/factory.py."""
+    """(backend, slots, slots asked) before any reduction; mirrors models/experts_backend.py."""
     backend = cfg.moe_backend
     if n == 0:
         return "cpu" if backend == "auto" else backend, 0, 0
