@@ -20,6 +20,7 @@ import xxhash
 
 from ..errors import CheckpointError
 from .ftw_format import CHUNK_BYTES, VERSION, TensorEntry, combine_digests, config_hash
+from .ftw_writer import _layout, side_files, write_ftw
 from .gguf import GgufFile
 from .gguf_meta import GgufHeader, TensorInfo, byte_shape
 from .pread import RangeReader
@@ -27,7 +28,6 @@ from .pread import RangeReader
 
 def convert_gguf(src: Path, out: Path, expert_format: str | None = None) -> dict:
     """Writes the FTW file `out` from the GGUF `src` (all parts of a split one); returns its header."""
-    from .ftw_writer import _layout, side_files, write_ftw
     ck = GgufFile(src)
     if expert_format:
         raise CheckpointError(f"{src}: a GGUF converts with its tensors as they are; pass --expert-format "
