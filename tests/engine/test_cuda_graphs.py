@@ -145,7 +145,7 @@ def test_refusals_are_one_line():
 def test_cli_flag_reaches_the_config():
     import argparse
 
-    from freetoken.cli import add_engine_args, engine_options
+    from freetoken.engine.args import add_engine_args, engine_options
     p = argparse.ArgumentParser()
     add_engine_args(p)
     assert engine_options(p.parse_args(["--cuda-graphs"]))["cuda_graphs"] is True

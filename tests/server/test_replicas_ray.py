@@ -16,7 +16,8 @@ serve = pytest.importorskip("ray.serve")
 
 from helpers import SHARED_DATA  # noqa: E402
 
-from freetoken.server.cli import build, register  # noqa: E402
+from freetoken.cli.serve import register  # noqa: E402
+from freetoken.server.build import build  # noqa: E402
 from freetoken.server.replicas.app import APP_NAME, ENGINE_NAME, build_application, resolve_model_dir, start_ray  # noqa: E402
 from freetoken.server.replicas.forward import Forward  # noqa: E402
 from freetoken.server.replicas.registry import router_for  # noqa: E402

@@ -18,8 +18,8 @@ ENGINE_NAME = "engine"
 
 def engine_block_size(args) -> int:
     from freetoken.config import EngineConfig
-    from ..cli import _engine_options
-    return int(_engine_options(args).get("kv_block_size") or EngineConfig.kv_block_size)
+    from ..build import serve_options
+    return int(serve_options(args).get("kv_block_size") or EngineConfig.kv_block_size)
 
 
 def build_application(args, *, routing: str = "prefix"):
@@ -89,7 +89,7 @@ def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_
 def resolve_model_dir(args) -> None:
     """The checkpoint every replica (and the front end's tokenizer) loads: built once here
     for the demo model."""
-    from ..cli import ensure_demo_model
+    from ..build import ensure_demo_model
     if args.model is None:
         args.model_dir = str(ensure_demo_model())
     else:

@@ -1,5 +1,5 @@
 """One engine replica: its own process, engine and memory plan, serving the same FastAPI
-app as `freetoken serve` (server/cli.py `build`), driven in-process over ASGI with the
+app as `freetoken serve` (server/build.py `build`), driven in-process over ASGI with the
 request the front end forwarded. It streams back the response start, the body chunks as
 the app sends them, and last what the router needs to know about this replica's cache."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ class EngineReplica:
     def __init__(self, args):
         logging.basicConfig(level=getattr(args, "log_level", "info").upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from ..cli import build
+        from ..build import build
         self.llm, self.svc, self.app, self.demo, self.model = build(args)
         self.svc.start()                  # the app's lifespan would; here no lifespan runs
         ctx = serve.get_replica_context()
