@@ -11,6 +11,8 @@ from .errors import InvalidRequestError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
 from .experts.slots import parse_policy
+from .kernels.choices import activation_dtype
+from .platform import cpu_flags
 
 AUTO_STATE_CACHE_GIB = 8.0   # measured: the 2 GiB first tried evicted snapshots agent edits needed (docs/prefix-cache.md)
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -188,8 +190,6 @@ DEFAULT_SPIN_US = 200
 
 
 def _activation_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
-    from .kernels.choices import activation_dtype
-    from .platform import cpu_flags
     return activation_dtype(weights, device, requested, kernels=device.type == "cpu", flags=cpu_flags())
 
 

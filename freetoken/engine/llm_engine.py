@@ -23,6 +23,8 @@ from .prefix_cache import PrefixCache
 from . import sampler
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+from ..memory.plan import resolve_memory
+from .resize import memory_sizes, resize_memory
 
 log = logging.getLogger("freetoken.engine")
 
@@ -44,7 +46,6 @@ class StepOutput:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
-        from ..memory.plan import resolve_memory
         t0 = time.perf_counter()
         # seconds per start-up phase (plan, open, build, tokenizer, kv), logged and read by bench/startup.py
         self.startup_timings: dict[str, float] = {}
@@ -283,12 +284,10 @@ class LLMEngine:
                       trigger: str = "api") -> dict:
         """Grow or shrink the expert cache, the KV pool and the checkpoint budget now, between
         steps (engine/resize.py); outputs do not change. Returns what was done."""
-        from .resize import resize_memory
         return resize_memory(self, expert_cache_gib=expert_cache_gib, kv_cache_gib=kv_cache_gib,
                              state_cache_gib=state_cache_gib, allow_preempt=allow_preempt, trigger=trigger)
 
     def memory_sizes(self) -> dict:
-        from .resize import memory_sizes
         return memory_sizes(self)
 
     def expert_stats(self) -> dict:

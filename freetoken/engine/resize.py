@@ -19,6 +19,7 @@ import torch
 from ..config import MAX_GIB
 from ..errors import InvalidRequestError
 from .kv_resize import resize_kv
+from ..memory.probe import probe
 
 log = logging.getLogger("freetoken.engine")
 GiB = 1 << 30
@@ -71,7 +72,6 @@ def _gib(name: str, value, most: int | None = None) -> int | None:
 
 
 def _host_total() -> int | None:
-    from ..memory.probe import probe
     return probe("cpu").host_total or None
 
 

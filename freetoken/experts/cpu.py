@@ -21,6 +21,7 @@ from .ggml_banks import KERNEL_TYPES, check_ggml_banks
 from .formats import ACTIVATIONS, dequantize_expert, get_format, resolve_format, spec_format, weight_keys
 from .pool import ExpertSpec
 from .torch_exec import run_experts
+from ..quant.ggml_quants import type_name
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,6 @@ class CpuExpertExecutor:
         b, H, I = self.banks, self.H, self.I
         types = check_ggml_banks(b, H, I)
         if not types <= set(KERNEL_TYPES):
-            from ..quant.ggml_quants import type_name
             raise NotImplementedError(f"no CPU kernel for ggml types {sorted(type_name(t) for t in types - set(KERNEL_TYPES))}")
         gut, dnt = b["gate_up_types"], b["down_types"]
         for t, name in ((gut, "gate_up_types"), (dnt, "down_types")):
