@@ -15,6 +15,7 @@ from .checkpoint import Checkpoint
 from .ftw_format import (ALIGN, CHUNK_BYTES, TensorEntry, align_up, chunk_digest, combine_digests, dtype_name,
                          encode_preamble_and_header, header_reserve)
 from ..progress import progress
+from .gguf_side import side_file
 
 SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken", ".vocab")
 SIDE_FILE_MAX = 64 << 20
@@ -78,7 +79,6 @@ def side_files(model_dir: Path) -> list[tuple[str, bytes]]:
     """(name, contents) of the files beside the weights: a directory's tokenizer/config files, or
     those a GGUF's metadata stands for (tokenizer.json, tokenizer_config.json, generation_config.json)."""
     if model_dir.is_file():
-        from .gguf_side import side_file
         texts = ((n, side_file(model_dir, n)) for n in ("tokenizer.json", "tokenizer_config.json",
                                                          "generation_config.json"))
         return [(n, t.encode()) for n, t in texts if t is not None]

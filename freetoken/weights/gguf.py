@@ -21,9 +21,12 @@ from ..errors import CheckpointError
 from .gguf_config import synth_config
 from .gguf_experts import build_pool
 from .gguf_hybrid import HYBRID, rows_only, undo
-from .gguf_meta import GgufHeader, TensorInfo, read_header
+from .gguf_meta import GgufHeader, TensorInfo, byte_shape, read_header
 from .gguf_names import combine, derived, hf_names, needs_unpermute, unpermute_rows
 from .gguf_types import dequantize
+from ..layers.ggml_linear import KERNEL_TYPES, GgmlWeight
+from ..progress import progress
+from .pread import RangeReader
 
 log = logging.getLogger("freetoken.weights")
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -87,7 +90,6 @@ class GgufFile:
         self._bar = None
 
     def _open_reader(self, path: Path, on_bytes):
-        from .pread import RangeReader
         return RangeReader(path, on_bytes=on_bytes)
 
     def names(self) -> list[str]:
@@ -107,14 +109,12 @@ class GgufFile:
         r = self._readers.get(h.path)
         if r is None:
             if self._bar is None:
-                from ..progress import progress
                 self._bar = progress(sum(t.nbytes for _, t in self.tensors_by_name.values()), f"load {self.path.name}")
             r = self._readers[h.path] = self._open_reader(h.path, self._bar.update)
         return r, t
 
     def raw(self, gguf_name: str) -> np.ndarray:
         """The tensor's bytes, u8 [..., rows, row_bytes], read into a new array."""
-        from .gguf_meta import byte_shape
         r, t = self.reader(gguf_name)
         return r.array(t.offset, t.nbytes).reshape(byte_shape(t))
 
@@ -149,7 +149,6 @@ class GgufFile:
         """Dense tensor `name` as `GgmlWeight` rows in the file's quantized type (its bytes,
         rows put back in order where the converter permuted them), or None: float types, types without a C kernel, and
         tensors the converter split or regrouped across columns (read those with `get`)."""
-        from ..layers.ggml_linear import KERNEL_TYPES, GgmlWeight
         g = self._hf.get(name)
         if g is None:
             return None

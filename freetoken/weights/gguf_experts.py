@@ -13,6 +13,9 @@ import torch
 
 from ..errors import CheckpointError
 from .gguf_types import BF16, F16, F32, dequantize
+from ..experts.pool import ExpertPool, ExpertSpec, requantize
+from ..quant import ggml_quants
+from .gguf_meta import byte_shape
 
 log = logging.getLogger("freetoken.weights")
 FLOAT = {F32, F16, BF16}
@@ -21,7 +24,6 @@ FLOAT = {F32, F16, BF16}
 def layout(types: set[int]) -> str:
     """"float" for float experts; "ggml" when our kernels read every type present; else
     "dequantize" (types without a kernel, e.g. Q2_K, Q3_K, IQ2_*: float banks at load)."""
-    from ..quant import ggml_quants
     if types <= FLOAT:
         return "float"
     return "ggml" if all(t in ggml_quants.NAMES for t in types) else "dequantize"
@@ -49,7 +51,6 @@ def moe_blocks(ck) -> list[int]:
 
 
 def build_pool(ck):
-    from ..experts.pool import ExpertPool, ExpertSpec, requantize
     blocks, parts = expert_tensors(ck)
     if not blocks:
         return None
@@ -84,7 +85,6 @@ def build_pool(ck):
 
 
 def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
-    from ..quant import ggml_quants
     g0, _, d0 = parts[0]
     inter, hidden = g0.shape[1], g0.shape[2]
     width_gu = max(ggml_quants.row_bytes(t.ggml_type, hidden) for trio in parts for t in trio[:2])
@@ -106,7 +106,6 @@ def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
 def _read_rows(ck, t, dst: torch.Tensor) -> None:
     """Merged expert tensor `t` [E, rows, row_bytes] into bank rows `dst` [E, rows, width >=
     row_bytes], one expert at a time straight from the file (no whole-tensor copy in memory)."""
-    from .gguf_meta import byte_shape
     r, _ = ck.reader(t.name)
     e, rows, rb = byte_shape(t)
     per = rows * rb
