@@ -7,7 +7,6 @@ import logging
 import os
 
 from ..engine.args import add_engine_args
-from ..server.build import DEMO_ARCH, build, conn_timeouts
 
 log = logging.getLogger("freetoken.server")
 
@@ -117,6 +116,7 @@ def _replica_args(s) -> None:
 
 
 def cmd_serve(args) -> int:
+    from ..server.build import DEMO_ARCH, build, conn_timeouts
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())

@@ -7,7 +7,18 @@ import logging
 import os
 from pathlib import Path
 
+from .. import LLM
 from ..engine.args import engine_options
+from ..errors import FreeTokenError
+from ..memory.watcher import MemoryWatcher, WatchPolicy, machine_free
+from ..tiny import make_tiny
+from ..weights.source import load_json_side_file, model_config
+from ..weights.stores import resolve_model
+from .app import create_app, pinned_bytes
+from .conn_timeouts import ConnTimeouts
+from .generation import GenerationService
+from .keys import resolve_keys
+from .server_state import Settings
 
 log = logging.getLogger("freetoken.server")
 
@@ -35,15 +46,12 @@ def demo_model_dir() -> Path:
 def ensure_demo_model() -> Path:
     d = demo_model_dir()
     if not (d / "config.json").is_file() or not (d / "tokenizer.json").is_file():
-        from freetoken.tiny import make_tiny
         log.warning("building the random-weight demo model in %s", d)
         make_tiny(DEMO_ARCH, d, dtype="float32", max_position_embeddings=DEMO_CONTEXT)
     return d
 
 
 def architecture_of(model: str | Path) -> str | None:
-    from freetoken.errors import FreeTokenError
-    from freetoken.weights.source import model_config
     try:
         cfg = model_config(model)
     except (OSError, ValueError, FreeTokenError):
@@ -58,8 +66,6 @@ GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_pen
 def sampling_defaults(model: str | Path) -> dict:
     """The checkpoint's recommended sampling (generation_config.json), for requests that
     leave a field out."""
-    from freetoken.errors import FreeTokenError
-    from freetoken.weights.source import load_json_side_file
     try:
         cfg = load_json_side_file(model, "generation_config.json")
     except (OSError, ValueError, FreeTokenError):
@@ -75,14 +81,8 @@ def sampling_defaults(model: str | Path) -> dict:
 
 def build(args):
     """The engine, service and app for `serve` args (tests call this too)."""
-    from freetoken import LLM
 
-    from .app import create_app
-    from .generation import GenerationService
-    from .server_state import Settings
 
-    from freetoken.weights.stores import resolve_model
-    from .keys import resolve_keys
     resolve_keys(args)
     model = args.model
     demo = model is None
@@ -120,13 +120,11 @@ def build(args):
                                    cors_origins=_csv(getattr(args, "cors_origins", ""))))
     svc.loop.watcher = memory_watcher(args, llm.engine)
     svc.metrics.set_memory_sizes(llm.engine.memory_sizes())
-    from .app import pinned_bytes
     svc.metrics.memory_pinned.set(pinned_bytes(llm.engine))
     return llm, svc, app, demo, model
 
 
 def conn_timeouts(args):
-    from .conn_timeouts import ConnTimeouts
     try:
         return ConnTimeouts(header_s=args.header_timeout_s, body_s=args.body_timeout_s,
                             idle_s=args.idle_timeout_s)
@@ -144,7 +142,6 @@ def memory_watcher(args, engine):
     floor = getattr(args, "memory_floor_gib", None)
     if floor is None:
         return None
-    from freetoken.memory.watcher import MemoryWatcher, WatchPolicy, machine_free
     try:
         policy = WatchPolicy.from_gib(floor, args.memory_ceiling_gib, args.memory_watch_interval)
     except ValueError as e:

@@ -10,6 +10,7 @@ import logging
 from ray import serve
 
 from .forward import HELLO, META, START, Forward
+from ..build import build
 
 log = logging.getLogger("freetoken.replicas")
 
@@ -28,7 +29,6 @@ class EngineReplica:
     def __init__(self, args):
         logging.basicConfig(level=getattr(args, "log_level", "info").upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from ..build import build
         self.llm, self.svc, self.app, self.demo, self.model = build(args)
         self.svc.start()                  # the app's lifespan would; here no lifespan runs
         ctx = serve.get_replica_context()
