@@ -25,7 +25,7 @@ from ..models.cache_spec import CacheSpec, cache_spec_for
 from .model_size import ModelShape, read_model_shape
 from .probe import GiB, MachineMemory, probe
 from ..experts.disk_plan import disk_tier
-from ..experts.pinning import caching_host_block, memlock_limit, registered_bytes
+from ..experts import pinning
 
 log = logging.getLogger("freetoken.memory")
 
@@ -224,7 +224,7 @@ def pinned_snapshot_bytes(s: ModelShape, cfg: EngineConfig) -> tuple[int, int]:
     """(bytes one snapshot holds, the pinned host bytes it takes on CUDA): each part's buffer is
     one block of PyTorch's caching host allocator (layers/host_copy.py), a power of two."""
     parts = snapshot_parts(s, cfg)
-    return sum(parts), sum(caching_host_block(p) for p in parts)
+    return sum(parts), sum(pinning.caching_host_block(p) for p in parts)
 
 
 def pinned_checkpoint_bytes(budget: int, s: ModelShape, cfg: EngineConfig) -> int:
@@ -404,12 +404,12 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         warn(f"host: {m.host_available / GiB:.2f} GiB free now ({m.host_source}) for a plan of "
              f"{plan.used('host') / GiB:.2f} GiB: other programs hold the rest of the budget (expect pressure)")
     if dev == "cuda" and backend in ("offload", "hybrid") and pool:
-        cap = memlock_limit()
+        cap = pinning.memlock_limit()
         if cap is not None and pool > cap:
             warn(f"page-lock limit (ulimit -l) {cap / GiB:.2f} GiB is below the expert pool's {pool / GiB:.2f} GiB: "
                  "pageable banks: cache hits on the device, misses on the CPU")
         else:
-            plan.pinned += registered_bytes(pool, regions=6)   # whole pages, at most 6 banks
+            plan.pinned += pinning.registered_bytes(pool, regions=6)   # whole pages, at most 6 banks
     plan.options = resolved
     return dataclasses.replace(cfg, **resolved), plan
 

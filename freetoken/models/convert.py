@@ -17,7 +17,7 @@ import torch
 
 from ..config import EngineConfig
 from ..weights.checkpoint import Checkpoint
-from ..weights.ftw_format import CHUNK_BYTES, VERSION, config_hash
+from ..weights import ftw_format
 from ..weights.ftw_gguf import convert_gguf
 from ..weights.ftw_writer import RecordingCheckpoint, default_dtype, side_files, write_tensors
 from ..weights.gguf import is_gguf
@@ -52,9 +52,10 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
         experts = {"num_layers": pool.num_layers, "num_experts": pool.num_experts, "spec": asdict(pool.spec)}
         items += [(name, "bank", bank) for name, bank in pool.banks.items()]
 
-    header = {"format_version": VERSION, "config": ck.config, "config_hash": config_hash(ck.config),
+    header = {"format_version": ftw_format.VERSION, "config": ck.config,
+              "config_hash": ftw_format.config_hash(ck.config),
               "source": src.resolve().name, "options": {"dtype": dtype, "expert_format": expert_format},
-              "experts": experts, "chunk_bytes": CHUNK_BYTES, "tensors": []}
+              "experts": experts, "chunk_bytes": ftw_format.CHUNK_BYTES, "tensors": []}
     write_tensors(out, header, items)
     ck.close()
     return header
