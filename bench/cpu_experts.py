@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from freetoken.experts.cpu import CpuExpertExecutor
 from freetoken.experts.formats import quantize_banks
 from freetoken.experts.membw import CLOCKS, expert_nbytes, measure_expert_bandwidth, read_bandwidth, torch_read_bandwidth
-from freetoken.weights.fp8 import dequantize_fp8_block
+from freetoken.quant.fp8 import dequantize_fp8_block
 
 
 def build_banks(fmt: str, n: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:

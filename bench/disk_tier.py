@@ -74,7 +74,7 @@ def main():
     args = ap.parse_args()
 
     import random
-    from freetoken.experts.disk_layout import gguf_layout
+    from freetoken.models.disk_layout import gguf_layout
     from freetoken.weights.gguf import GgufFile
     sys.path.insert(0, str(HERE))
     from vs_llamacpp import LLAMA_RUN as LLAMA, WARMUP, isa_line

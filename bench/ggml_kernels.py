@@ -19,7 +19,7 @@ from cpu_experts import build_banks
 from freetoken.experts.cpu import CpuExpertExecutor
 from freetoken.experts.ggml_banks import quantize_ggml
 from freetoken.experts.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth
-from freetoken.weights import ggml_quants as gq
+from freetoken.quant import ggml_quants as gq
 
 
 def ggml_banks(t: int, n: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -31,7 +31,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from freetoken.server.cli import build, register  # noqa: E402
+from freetoken.cli.serve import register  # noqa: E402
+from freetoken.server.build import build  # noqa: E402
 from freetoken.server.replicas.app import APP_NAME, build_application, resolve_model_dir, start_ray  # noqa: E402
 from freetoken.server.replicas.replay import replay, session_bodies  # noqa: E402
 
@@ -102,7 +103,7 @@ def main() -> int:
 
     from ray import serve
 
-    from freetoken.sim.sessions.formats import read_sessions
+    from freetoken.sim.sessions.read import read_sessions
     from freetoken.tiny import make_tiny
     sys.path.insert(0, str(ROOT / "tests" / "server"))
     from live_server import LiveServer

@@ -12,6 +12,8 @@ from .errors import InvalidRequestError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
 from .experts.slots import parse_policy
+from .kernels.choices import activation_dtype
+from .platform import cpu_flags
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -114,9 +116,8 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
         if self.cuda_graphs:                # what is known before loading; the engine checks the rest
-            from .engine.cuda_graphs import check_supported
-            check_supported(self.torch_device, None if self.moe_backend == "auto" else self.moe_backend,
-                            self.expert_tier, False, bool(self.record_routing))
+            check_cuda_graphs(self.torch_device, None if self.moe_backend == "auto" else self.moe_backend,
+                              self.expert_tier, False, bool(self.record_routing))
 
     @property
     def state_cache_bytes(self) -> int:
@@ -160,14 +161,32 @@ class EngineConfig:
             num_threads=self.num_threads, spin_us=_spin_us())
 
 
+def check_cuda_graphs(device: torch.device, moe_backend: str | None, expert_tier: str | None,
+                    has_state: bool, record_routing: bool = False) -> None:
+    """One-line refusal of a setting whose decode step cannot be captured by decode CUDA graphs
+    (engine/cuda_graphs.py); the engine checks it again once the model is loaded (`has_state`)."""
+    if device.type != "cuda":
+        raise InvalidRequestError(f"cuda_graphs: needs a CUDA device, this engine runs on {device.type}")
+    if expert_tier == "disk":
+        raise InvalidRequestError("cuda_graphs: the disk expert tier reads experts on the host every layer; "
+                                  "turn cuda_graphs off or load the pool (expert_tier ram)")
+    if moe_backend not in (None, "resident"):
+        raise InvalidRequestError(f"cuda_graphs: moe_backend {moe_backend} runs host-side work every layer "
+                                  "(decisions, the CPU branch); only resident experts can be captured")
+    if record_routing:
+        raise InvalidRequestError("cuda_graphs: record_routing reads every step's routing on the host; "
+                                  "turn one of them off")
+    if has_state:
+        raise InvalidRequestError("cuda_graphs: this model keeps a per-sequence recurrent state, "
+                                  "which decode graphs do not capture yet")
+
+
 # the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
 FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16"), "bf16_dot": ("on", "off"),
                   "kernel_isa": ("native", "avx2", "portable")}
 
 
 def _activation_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
-    from .kernels.choices import activation_dtype
-    from .platform import cpu_flags
     return activation_dtype(weights, device, requested, kernels=device.type == "cpu", flags=cpu_flags())
 
 

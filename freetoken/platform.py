@@ -7,6 +7,9 @@ from pathlib import Path
 
 import torch
 
+# ISA flags with native bf16 matmul instructions (kernels/choices.py decides on them too)
+NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
+
 
 @functools.cache
 def cpu_info() -> dict[str, str]:
@@ -41,7 +44,6 @@ def cpu_has_fast_bf16() -> bool:
     """Native bf16 matmul instructions (AVX512-BF16/AMX, ARM bf16). Without them torch's bf16
     GEMM converts element by element: on the AVX2 dev machine a 512-token prefill of the medium
     Qwen3-MoE ran 68 tok/s with bf16 dense layers against 144 tok/s in fp32 (decode: 16.2 vs 14.6)."""
-    from .kernels.choices import NATIVE_BF16
     return bool(cpu_flags() & NATIVE_BF16)
 
 

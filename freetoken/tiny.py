@@ -12,6 +12,11 @@ from pathlib import Path
 
 import torch
 
+from .models import deepseek_v4, gpt_oss
+from .models.registry import ARCHITECTURES
+from .quant.fp8 import quantize_checkpoint_fp8
+from .weights import modelopt
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",
                   "</tool_call>", "<tool_response>", "</tool_response>"]
 
@@ -19,7 +24,6 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
 def _recipes() -> dict[str, type]:
     """make-tiny's name (the model module) -> model class, for every registered class that
     writes its own `tiny_config` (models/decoder.py): a new architecture is listed by its file."""
-    from .models.registry import ARCHITECTURES
     out = {}
     for module, name in ARCHITECTURES.values():
         cls = getattr(importlib.import_module(f"freetoken.models.{module}"), name)
@@ -105,16 +109,12 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     randomize_selection_biases(model, seed)
     model.to(getattr(torch, dtype)).save_pretrained(out)
     if arch.endswith("_nvfp4"):
-        from .weights.modelopt import quantize_checkpoint
-        quantize_checkpoint(out, lambda name: ".experts." in name)
+        modelopt.quantize_checkpoint(out, lambda name: ".experts." in name)
     if arch.endswith("_mxfp4"):
-        from .models.gpt_oss import quantize_checkpoint_experts
-        quantize_checkpoint_experts(out)
+        gpt_oss.quantize_checkpoint_experts(out)
     if arch == "deepseek_v4_fp4":
-        from .models.deepseek_v4 import quantize_checkpoint
-        quantize_checkpoint(out)
+        deepseek_v4.quantize_checkpoint(out)
     if arch.endswith("_fp8"):
-        from .weights.fp8 import quantize_checkpoint_fp8
         quantize_checkpoint_fp8(out)
     tok.save(str(out / "tokenizer.json"))
     template = resources.files("freetoken.templates").joinpath("qwen.jinja").read_text()

@@ -20,6 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import CheckpointError
+from .weights.source import load_json_side_file, read_model_text
 
 
 RENDER_SECONDS = 10.0            # one render, however the template loops
@@ -80,7 +81,6 @@ def _why(e: BaseException) -> str:
 class Tokenizer:
     def __init__(self, model: str | Path):
         """`model`: a checkpoint directory or an FTW file (which carries the same files)."""
-        from .weights.source import load_json_side_file, read_model_text
         d = Path(model)
         where = d if d.is_dir() else Path(f"{d}:")
         text = read_model_text(d, "tokenizer.json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from freetoken import LLM, defaults
-from freetoken.cli import add_engine_args
+from freetoken.engine.args import add_engine_args
 
 MiB = 1 << 20
 

@@ -27,7 +27,7 @@ What may be captured: the forward of a model whose experts are `resident` (or th
 and that keeps no per-sequence recurrent state. `offload` decides on the device without host
 syncs, but its per-step host work (recency decay, the device table handed back at prefill and
 resizes, the cache sized at the first step) would be frozen in the graph, so it is refused
-with `hybrid`, `cpu` and the disk tier (`check_supported`). Graphs are dropped when the KV cache
+with `hybrid`, `cpu` and the disk tier (`config.check_cuda_graphs`). Graphs are dropped when the KV cache
 is reallocated (elastic resize): their addresses would be stale.
 """
 from __future__ import annotations
@@ -55,26 +55,6 @@ def buckets_for(max_batch: int) -> list[int]:
         out.append(b)
         b *= 2
     return out + [max_batch]
-
-
-def check_supported(device: torch.device, moe_backend: str | None, expert_tier: str | None,
-                    has_state: bool, record_routing: bool = False) -> None:
-    """One-line refusal of a setting whose decode step cannot be captured."""
-    from ..errors import InvalidRequestError
-    if device.type != "cuda":
-        raise InvalidRequestError(f"cuda_graphs: needs a CUDA device, this engine runs on {device.type}")
-    if expert_tier == "disk":
-        raise InvalidRequestError("cuda_graphs: the disk expert tier reads experts on the host every layer; "
-                                  "turn cuda_graphs off or load the pool (expert_tier ram)")
-    if moe_backend not in (None, "resident"):
-        raise InvalidRequestError(f"cuda_graphs: moe_backend {moe_backend} runs host-side work every layer "
-                                  "(decisions, the CPU branch); only resident experts can be captured")
-    if record_routing:
-        raise InvalidRequestError("cuda_graphs: record_routing reads every step's routing on the host; "
-                                  "turn one of them off")
-    if has_state:
-        raise InvalidRequestError("cuda_graphs: this model keeps a per-sequence recurrent state, "
-                                  "which decode graphs do not capture yet")
 
 
 def cuda_capture(fn: Callable[[], torch.Tensor], pool) -> tuple[Callable[[], None], torch.Tensor]:

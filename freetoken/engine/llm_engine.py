@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import EngineConfig
+from ..config import EngineConfig, check_cuda_graphs
 from ..errors import InvalidRequestError, NumericalError, PromptTooLongError
 from ..layers.attention import kv_values_per_token
 from ..models.loader import load_model
@@ -23,6 +23,8 @@ from .prefix_cache import PrefixCache
 from . import sampler
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
+from ..memory.plan import kv_block_count, kv_tokens_asked, resolve_memory
+from .resize import memory_sizes, resize_memory
 
 log = logging.getLogger("freetoken.engine")
 
@@ -54,7 +56,6 @@ class KVUsage:
 
 class LLMEngine:
     def __init__(self, cfg: EngineConfig):
-        from ..memory.plan import resolve_memory
         t0 = time.perf_counter()
         # seconds per start-up phase (plan, open, build, tokenizer, kv), logged and read by bench/startup.py
         self.startup_timings: dict[str, float] = {}
@@ -79,9 +80,8 @@ class LLMEngine:
         make_state = self._state_factory()
         graphs = None
         if cfg.cuda_graphs:
-            from .cuda_graphs import check_supported
-            check_supported(self.settings.device, self.settings.moe_backend, self.settings.expert_tier,
-                            self.model.make_state() is not None, bool(cfg.record_routing))
+            check_cuda_graphs(self.settings.device, self.settings.moe_backend, self.settings.expert_tier,
+                              self.model.make_state() is not None, bool(cfg.record_routing))
             graphs = {"max_batch": cfg.max_num_seqs, "max_model_len": self.max_model_len}
         self.runner = ModelRunner(self.model, num_blocks, bs, graphs)
         self._has_state = make_state is not None   # a recurrent state: no per-sequence rerun
@@ -109,7 +109,6 @@ class LLMEngine:
     def _unplanned_kv_blocks(self) -> int:
         """KV blocks when no memory plan could be made (a config the plan does not understand):
         the options' ask, with the bytes per token of the layers the model built."""
-        from ..memory.plan import kv_block_count, kv_tokens_asked
         per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
         return kv_block_count(kv_tokens_asked(self.cfg, self.max_model_len, per_token), self.cfg.kv_block_size)
 
@@ -315,13 +314,11 @@ class LLMEngine:
         """Grow or shrink the expert cache, the KV pool, the checkpoint budget and the disk
         tier's host cache now, between steps (engine/resize.py); outputs do not change.
         Returns what was done."""
-        from .resize import resize_memory
         return resize_memory(self, expert_cache_gib=expert_cache_gib, kv_cache_gib=kv_cache_gib,
                              state_cache_gib=state_cache_gib, host_cache_gib=host_cache_gib,
                              allow_preempt=allow_preempt, trigger=trigger)
 
     def memory_sizes(self) -> dict:
-        from .resize import memory_sizes
         return memory_sizes(self)
 
     def pinned_bytes(self) -> int:

@@ -6,7 +6,7 @@ import torch
 
 from ..layers.attention import AttentionMetadata, KVCache
 from ..models.context import ForwardContext
-from .cuda_graphs import PAD_POS as _PAD_POS
+from .cuda_graphs import PAD_POS as _PAD_POS, DecodeGraphs, cuda_capture
 from .sequence import Sequence
 
 
@@ -27,7 +27,6 @@ class ModelRunner:
         self._saved_threads: int | None = None
         self.graphs = None
         if graphs is not None:
-            from .cuda_graphs import DecodeGraphs, cuda_capture
             kmax = -(-graphs["max_model_len"] // block_size) * block_size
             self.graphs = DecodeGraphs(self._static_step, graphs["max_batch"], kmax, self.device,
                                        graphs.get("capture", cuda_capture))

@@ -20,6 +20,7 @@ from ..config import MAX_GIB
 from ..errors import InvalidRequestError
 from .host_cache_resize import host_cache_size, resize_host_cache
 from .kv_resize import resize_kv
+from ..memory.probe import probe
 
 log = logging.getLogger("freetoken.engine")
 GiB = 1 << 30
@@ -58,7 +59,6 @@ def _gib(name: str, value, most: int | None = None) -> int | None:
 
 
 def _host_total() -> int | None:
-    from ..memory.probe import probe
     return probe("cpu").host_total or None
 
 

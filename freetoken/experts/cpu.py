@@ -18,9 +18,10 @@ import torch
 from .. import kernels
 from ..kernels.pool import CpuPool
 from .ggml_banks import KERNEL_TYPES, check_ggml_banks
-from .formats import ACTIVATIONS, dequantize_expert, get_format, resolve_format, spec_format, weight_keys
+from .formats import ACTIVATIONS, get_format, resolve_format, spec_format, weight_keys
 from .pool import ExpertSpec
 from .torch_exec import run_experts
+from ..quant.ggml_quants import type_name
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +68,8 @@ class CpuExpertExecutor:
 
     @classmethod
     def from_pool(cls, expert_pool, **kw) -> "CpuExpertExecutor":
-        """An executor over an `ExpertPool`'s banks with its spec's shapes and activation (a
-        `GroupedPool`: one per group behind a `GroupedExecutor`; pass `pool=` to share threads)."""
-        if len(expert_pool.groups) > 1:
-            from .host_exec import GroupedExecutor
-            return GroupedExecutor(expert_pool, [cls.from_pool(g, **kw) for g in expert_pool.groups])
+        """An executor over an `ExpertPool`'s banks with its spec's shapes and activation (pass
+        `pool=` to share threads; a `GroupedPool`: host_exec.cpu_executor)."""
         sp = expert_pool.spec
         return cls(expert_pool.banks, sp.fmt, sp.hidden, sp.intermediate, sp.activation, sp.alpha, sp.limit, **kw)
 
@@ -113,7 +111,6 @@ class CpuExpertExecutor:
         b, H, I = self.banks, self.H, self.I
         types = check_ggml_banks(b, H, I)
         if not types <= set(KERNEL_TYPES):
-            from ..weights.ggml_quants import type_name
             raise NotImplementedError(f"no CPU kernel for ggml types {sorted(type_name(t) for t in types - set(KERNEL_TYPES))}")
         gut, dnt = b["gate_up_types"], b["down_types"]
         for t, name in ((gut, "gate_up_types"), (dnt, "down_types")):

@@ -1,6 +1,6 @@
 """The disk tier's experts backend: disk -> host expert cache -> the CPU kernels.
 
-The expert pool stays in the model file (`disk_layout.py` says where each expert lies); a
+The expert pool stays in the model file (models/disk_layout.py says where each expert lies); a
 `HostExpertCache` of whole experts holds the working set in RAM. One MoE layer call:
   1. the call's unique experts, in ascending flat id, are made resident in the host cache
      (hits locked; misses read from the file, several at once) -- as many as the free slots
@@ -28,12 +28,15 @@ import numpy as np
 import torch
 
 from .base import Experts
-from .disk_layout import DiskLayout
+from .disk_pieces import DiskLayout
 from .diskbw import prefetch_budget
 from .host_cache import HostExpertCache
 from .next_layer import THRESHOLD, NextLayerPredictor
 from .stats import ExpertStats
 from .torch_exec import run_experts
+from ..kernels.pool import SPIN_US, shared_pool
+from .cpu import CpuExpertExecutor
+from .slots import DEFAULT_POLICY, parse_policy_options
 
 log = logging.getLogger("freetoken.experts")
 
@@ -52,7 +55,6 @@ class DiskExperts(Experts):
     def __init__(self, layout: DiskLayout, device, slots: int, policy: str | None = None,
                  num_threads: int | None = None, spin_us: int | None = None, io_threads: int = 4,
                  prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None):
-        from .slots import DEFAULT_POLICY, parse_policy_options
         base, admit, _ = parse_policy_options(policy or DEFAULT_POLICY)
         self.layout, self.E, self.device = layout, layout.num_experts, torch.device(device)
         self.cache = HostExpertCache(layout, slots, base, io_threads, drop_cache)
@@ -70,8 +72,6 @@ class DiskExperts(Experts):
         self.prefetch_cut = 0        # predicted experts not prefetched (over the B_D budget)
 
     def _executor(self, num_threads, spin_us):
-        from ..kernels.pool import SPIN_US, shared_pool
-        from .cpu import CpuExpertExecutor
         sp = self.layout.spec
         try:
             return CpuExpertExecutor(self.cache.banks, sp.fmt, sp.hidden, sp.intermediate, sp.activation,

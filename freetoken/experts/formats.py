@@ -8,7 +8,7 @@ Bank layouts (leading index = flat id moe_layer*E + expert; I = intermediate, H 
   mxfp4: gate_up_blocks u8 [N, 2I, H/32, 16], gate_up_scales u8 [N, 2I, H/32], down_* likewise
   int8:  gate_up int8 [N, 2I, H], gate_up_scales f16 [N, 2I, H/32], down / down_scales likewise
   nvfp4: gate_up_blocks u8 [N, 2I, H/16, 8], gate_up_scales u8 [N, 2I, H/16 + 4] (e4m3 per 16, then
-         the row's float32 global scale), down_* likewise (weights/nvfp4.py)
+         the row's float32 global scale), down_* likewise (quant/nvfp4.py)
   ggml:  gate_up u8 [N, 2I, RB] raw llama.cpp blocks per output row, gate_up_types int32 [N, 2]
          (ggml type of the gate half, of the up half), down u8 [N, H, RBd], down_types int32
          [N, 1]; RB = the widest row of the bank's types, narrower rows zero-padded (ggml_banks.py;
@@ -24,12 +24,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ..weights.ggml_quants import Q8_0
+from ..quant.ggml_quants import Q8_0
 from .ggml_banks import dequantize_ggml_expert, quantize_ggml
-from ..weights.fp8 import dequantize_fp8_block, quantize_fp8_block
-from ..weights.int8 import dequantize_int8, quantize_int8
-from ..weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
-from ..weights.nvfp4 import dequantize_bank as dequantize_nvfp4_bank, quantize_bank as quantize_nvfp4_bank
+from ..quant.fp8 import dequantize_fp8_block, quantize_fp8_block
+from ..quant.int8 import dequantize_int8, quantize_int8
+from ..quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from ..quant.nvfp4 import dequantize_bank as dequantize_nvfp4_bank, quantize_bank as quantize_nvfp4_bank
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..weights import ggml_quants as gq
+from ..quant import ggml_quants as gq
 
 KERNEL_TYPES = (gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K)   # the C kernels' dot products
 

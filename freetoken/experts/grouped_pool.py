@@ -19,6 +19,7 @@ import functools
 import numpy as np
 import torch
 
+from . import pinning
 from .pool import ExpertPool
 
 
@@ -122,7 +123,6 @@ class GroupedPool:
 
     def pin(self, register=None, unregister=None, limit: int | None = -1) -> int:
         """As ExpertPool.pin, over every group's banks at once (all or nothing)."""
-        from . import pinning
         if self.pinned_bytes:
             return self.pinned_bytes
         register = register or pinning.cuda_register

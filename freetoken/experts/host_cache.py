@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .disk_layout import DiskLayout
+from .disk_pieces import DiskLayout
 from .host_rows import HostRows
 from .slots import DEFAULT_POLICY, SlotTable
 

@@ -50,6 +50,13 @@ class GroupedExecutor:
             getattr(ex, "close", lambda: None)()
 
 
+def cpu_executor(expert_pool, **kw):
+    """CpuExpertExecutor.from_pool; for a `GroupedPool` one per group behind a GroupedExecutor."""
+    if len(expert_pool.groups) > 1:
+        return GroupedExecutor(expert_pool, [cpu_executor(g, **kw) for g in expert_pool.groups])
+    return CpuExpertExecutor.from_pool(expert_pool, **kw)
+
+
 def make_host_executor(pool: ExpertPool, num_threads: int | None = None, prefer_fast: bool = True,
                        spin_us: int = SPIN_US, isa: str = "native"):
     if len(pool.groups) > 1:

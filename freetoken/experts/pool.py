@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .formats import quantize_banks, spec_format
+from . import pinning
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,6 @@ class ExpertPool:
         """Page-lock the filled banks in place (experts/pinning.py): no second copy. Returns the
         pinned bytes; raises PinError (banks left pageable) when refused or over `limit` (-1:
         the process's `ulimit -l`). register/unregister default to cudaHostRegister/Unregister."""
-        from . import pinning
         if self.pinned_bytes:
             return self.pinned_bytes
         register = register or pinning.cuda_register

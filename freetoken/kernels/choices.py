@@ -36,11 +36,14 @@ from typing import Callable
 
 import torch
 
-from . import cache_dir
+from ..errors import InvalidRequestError
+from ..platform import NATIVE_BF16, cpu_flags, cpu_model
+from ..progress import progress
+from . import cache_dir, cpu_kernels, variants_here
+from .pool import CpuPool, shared_pool
 
 log = logging.getLogger(__name__)
 
-NATIVE_BF16 = frozenset({"avx512_bf16", "amx_bf16", "bf16"})
 BF16_DOT = frozenset({"avx512_bf16"})         # vdpbf16ps, the instruction of the bf16 dot tiles
 AVX512 = frozenset({"avx512f", "avx512bw", "avx512vl"})
 AVX2 = frozenset({"avx2", "fma", "f16c"})
@@ -112,7 +115,6 @@ def _cached(cache: os.PathLike | None, what: str, flags: frozenset[str], threads
                 return json.load(f)
         except (OSError, ValueError):
             pass
-    from ..progress import progress
     with progress(1, f"calibrate {what.split(':')[0]} (once per machine, cached)", unit="steps") as bar:
         t = measure()
         bar.update(1)
@@ -155,8 +157,6 @@ def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[i
     and values in bf16 under the switch). A cache-resident GEMV (what this measured before)
     is compute-bound and flatters vdpbf16ps: on a Zen 4 it said 2.2x where the decode GEMV
     from DRAM is at par. Well under a second."""
-    from . import cpu_kernels
-    from .pool import CpuPool
     lib = cpu_kernels()
     pool = CpuPool(lib, threads)
     g = torch.Generator().manual_seed(0)
@@ -203,7 +203,7 @@ def bf16_dot_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
     if requested != "auto" or not kernels or weights != torch.bfloat16 or not BF16_DOT <= flags \
             or isa_level(flags) != "avx512":
         return False, None
-    from ..platform import cpu_model      # per CPU model: vCPUs with the same flags differ in it
+    # keyed per CPU model: vCPUs with the same flags differ in it
     t = _cached(cache, f"bf16dot:decode-dram-attn4096:{cpu_model()}:{threads}", flags, threads,
                 lambda: measure(threads))
     try:
@@ -264,7 +264,6 @@ def machine_choices(weights: torch.dtype, device: torch.device, requested: str, 
                     threads: int, gemm: str = "auto", dot: str = "auto", kernel_isa: str = "auto") -> CpuChoices:
     """`resolve` for this machine, calibration cached under the kernels' cache dir; logged once
     per distinct set of options (so one process runs the same choices for every load of a model)."""
-    from ..platform import cpu_flags
     c = resolve(weights, device, requested, kernels=kernels, flags=cpu_flags(), threads=threads,
                 cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa)
     if device.type == "cpu":
@@ -275,9 +274,6 @@ def machine_choices(weights: torch.dtype, device: torch.device, requested: str, 
 def model_kernels(cfg) -> tuple[object, CpuChoices]:
     """(the kernel pool or None, the CPU choices) of one model build, from its BuildContext:
     the pool of the chosen kernel build, its bf16-dot switch set to the choice."""
-    from ..errors import InvalidRequestError
-    from . import variants_here
-    from .pool import shared_pool
     device = cfg.torch_device
     variant = kernel_variant(cfg.kernel_isa)
     pool = None

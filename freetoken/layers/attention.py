@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
-from ..memory.zeros import zeros
+from .zeros import zeros
 from . import paged_flex, prefill_attention
 
 _KV_CODE = {torch.float32: 0, torch.bfloat16: 1}

@@ -3,7 +3,7 @@ Q5_K, Q6_K, MXFP4 tensors), as the file stores them: a Q4_K_M file's attention, 
 dense-FFN and lm_head weights take their quantized size in memory, not bf16's 3-4x, and
 decode reads that many bytes.
 
-Decode-sized inputs (up to `GEMV_TOKENS` rows) run the C GEMV of kernels/c/ggml_dense.c: the
+Decode-sized inputs (up to `kernel_rows.GEMV_TOKENS` rows) run the C GEMV of kernels/c/ggml_dense.c: the
 expert kernels' ggml dot tiles, activations rounded to int8 per 32 like llama.cpp's Q8
 activations. Larger inputs (prefill) dequantize row tiles into a reused fp32 scratch (exactly
 the values `gguf.quants.dequantize` gives) and multiply them with torch's GEMM. A fused layer
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
-from ..weights import ggml_quants as gq
-from .linear import GEMV_TOKENS, _fp32_scratch, gemv_operands, rows_apply  # noqa: F401 (re-exported)
+from ..quant import ggml_quants as gq
+from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
 
 KERNEL_TYPES = (gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K)   # ggml_dense.c's types
 _GGML = 7                    # FMT_GGML of the C kernels
@@ -119,7 +119,7 @@ class GgmlLinear:
         y = torch.empty(x.shape[0], N, dtype=torch.float32)
         for r0 in range(0, N, tile):
             r1 = min(N, r0 + tile)
-            w = self._dequantize_rows(r0, r1, _fp32_scratch((r1 - r0) * K).view(r1 - r0, K))
+            w = self._dequantize_rows(r0, r1, fp32_scratch((r1 - r0) * K).view(r1 - r0, K))
             y[:, r0:r1] = F.linear(x, w.to(torch.bfloat16)) if bf16 else F.linear(x, w)
         return y if self.bias is None else y.add_(self.bias)
 

@@ -2,7 +2,7 @@
 
 On the CPU with the compiled kernels the weight stays in its storage format, the checkpoint's
 bf16/fp16/fp32 or, with `dense_format="int8"`, int8 with one fp16 scale per 32 inputs (the
-size and rounding of llama.cpp's Q8_0). Decode-sized inputs (up to `GEMV_TOKENS` rows) stream
+size and rounding of llama.cpp's Q8_0). Decode-sized inputs (up to `kernel_rows.GEMV_TOKENS` rows) stream
 it through the C GEMV of `freetoken.kernels`, dequantizing inside the dot products, at memory
 bandwidth: a bf16 weight moves half the bytes of the fp32 copy torch would need on CPUs without
 native bf16, where torch's own bf16 GEMV is ~1.7x slower than ours. Larger inputs (prefill) are
@@ -16,8 +16,6 @@ Elsewhere (CUDA, no C compiler) it is a plain `F.linear` in the compute dtype, w
 weights dequantized at load so that the numerics match the CPU path."""
 from __future__ import annotations
 
-import threading
-
 import torch
 import torch.nn.functional as F
 
@@ -25,47 +23,15 @@ from ..experts.formats import FORMATS
 from ..kernels.pool import CpuPool
 from ..platform import gemm_aligned
 from .concat import cat_rows
-from ..weights.fp8 import block_scales, dequantize_fp8_block
-from ..weights.int8 import dequantize_int8, quantize_int8
+from .ggml_linear import GgmlLinear
+from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
+from ..quant.fp8 import block_scales, dequantize_fp8_block
+from ..quant.int8 import dequantize_int8, quantize_int8
 
-# Rows of x from which dequantize + torch GEMM beats streaming the weight through the GEMV
-# (bench/dense_linear.py on the AVX2 dev machine: the GEMV wins up to ~64 tokens).
-GEMV_TOKENS = 64
 DENSE_FORMATS = ("int8",)
 _FMT = {f.dtype: f.code for f in FORMATS.values() if f.is_float}   # the C kernels' format codes
 _INT8 = FORMATS["int8"].code
 _FP8 = FORMATS["fp8"].code
-_scratch = threading.local()
-
-
-def _fp32_scratch(numel: int) -> torch.Tensor:
-    """A per-thread fp32 buffer reused across calls: a fresh one per call would page-fault
-    its whole size in on every prefill chunk."""
-    buf = getattr(_scratch, "buf", None)
-    if buf is None or buf.numel() < numel:
-        buf = _scratch.buf = torch.empty(numel, dtype=torch.float32)
-    return buf[:numel]
-
-
-def rows_apply(x: torch.Tensor, in_features: int, out_features: int, gemv, gemm) -> torch.Tensor:
-    """x [..., K] through a kernel layer: few rows (decode) by `gemv`, many (prefill) by `gemm`,
-    back in x's dtype and leading shape."""
-    x2 = x.reshape(-1, in_features)
-    y = gemv(x2) if x2.shape[0] <= GEMV_TOKENS else gemm(x2)
-    if y.dtype != x.dtype:
-        y = y.to(x.dtype)
-    return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
-
-
-def gemv_operands(x: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The GEMV kernels' input (contiguous fp32 or bf16; the kernel is told which by
-    `x.dtype == float32`) and a fresh fp32 output [M, out_features]."""
-    if x.dtype not in (torch.float32, torch.bfloat16):
-        x = x.float()
-    x = x.contiguous()
-    return x, torch.empty(x.shape[0], out_features, dtype=torch.float32)
-
-
 class Linear:
     """`weight` [N, K] (any float dtype, as loaded), `bias` [N] or None.
     compute_dtype: dtype of inputs/outputs; fmt: None keeps `storage_dtype`, "int8" quantizes;
@@ -156,7 +122,7 @@ class Linear:
         if self.code == _FMT[torch.float32]:
             w = self.weight
         else:
-            w = self.dequantized(_fp32_scratch(self.weight.shape[0] * self.in_features).view(self.out_features, -1))
+            w = self.dequantized(fp32_scratch(self.weight.shape[0] * self.in_features).view(self.out_features, -1))
         return F.linear(x.float(), w, self.bias)
 
 
@@ -217,7 +183,6 @@ class LinearFactory:
         parts = [ck.packed(n, s) for n, s in zip(names, shapes)]
         if any(p is None for p in parts):
             return None
-        from .ggml_linear import GgmlLinear
         return GgmlLinear(parts, bias, self.pool, self.gemm_dtype)
 
     def load_rows(self, ck, names: list[str], shapes: list[tuple[int, int]], bias: torch.Tensor | None = None,

@@ -9,6 +9,11 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from ..weights.ftw_reader import is_ftw, read_header
+from ..layers.ggml_linear import KERNEL_TYPES
+from ..weights.checkpoint import Checkpoint
+from ..weights.ftw_gguf import GgufInFtw, is_gguf_ftw
+from ..weights.gguf import GgufFile, is_gguf
+from ..weights.gguf_experts import expert_tensors, layout, row_widths
 
 _BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
           "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8}
@@ -52,14 +57,11 @@ def _is_expert(name: str) -> bool:
 def read_model_shape(model: str | Path) -> ModelShape:
     p = Path(model)
     if p.is_file():
-        from ..weights.gguf import is_gguf
         if is_gguf(p):
-            from ..weights.gguf import GgufFile
             return _gguf_shape(GgufFile(p))
         if not is_ftw(p):
             raise CheckpointError(f"{p}: not an FTW, GGUF file or checkpoint directory")
         header = read_header(p)
-        from ..weights.ftw_gguf import GgufInFtw, is_gguf_ftw
         if is_gguf_ftw(header):
             return _gguf_shape(GgufInFtw(p, header=header))
         config = header["config"]
@@ -70,7 +72,6 @@ def read_model_shape(model: str | Path) -> ModelShape:
         per = sum(t["nbytes"] for t in banks) // max(1, ex["num_layers"] * ex["num_experts"]) if ex else 0
         fmt = f"prebuilt:{ex['spec']['fmt']}" if ex else "float"
         return ModelShape(_text(config), dense, sum(t["nbytes"] for t in banks), fmt, per)
-    from ..weights.checkpoint import Checkpoint
     ck = Checkpoint(p)
     dense, expert_bytes = 0, 0
     for f in sorted(set(ck.file_of.values())):
@@ -89,10 +90,8 @@ def read_model_shape(model: str | Path) -> ModelShape:
 def _gguf_shape(ck) -> ModelShape:
     """GGUF (or one kept in an FTW file): quantized experts stay in their ggml rows
     (prebuilt:ggml), float ones are float."""
-    from ..weights.gguf_experts import expert_tensors, layout
     infos = {n: t for n, (_, t) in ck.tensors_by_name.items()}
     dense = sum(_numel(t.shape) for n, t in infos.items() if "_exps." not in n)
-    from ..layers.ggml_linear import KERNEL_TYPES
     packed = [t for n, t in infos.items() if "_exps." not in n and t.ggml_type in KERNEL_TYPES and len(t.shape) == 2]
     packed_dense = (sum(_numel(t.shape) for t in packed), sum(t.nbytes for t in packed))
     expert_bytes = sum(t.nbytes for n, t in infos.items() if "_exps." in n)
@@ -100,7 +99,7 @@ def _gguf_shape(ck) -> ModelShape:
     if not trios or layout({t.ggml_type for trio in trios for t in trio}) != "ggml":
         return ModelShape(_text(ck.config), dense, expert_bytes, "float", packed_dense=packed_dense)
 
-    from ..weights.gguf_experts import row_widths
+
     e, inter, hidden = trios[0][0].shape
     extra = 3 * 4 + ((2 * inter + hidden) * 4 if ck.arch == "gpt-oss" else 0)   # type ids, gpt-oss biases
     per_layer = [2 * inter * w_gu + hidden * w_d + extra for w_gu, w_d in row_widths(trios)]

@@ -26,6 +26,8 @@ from ..config import EngineConfig
 from ..models.cache_spec import CacheSpec, cache_spec_for
 from .model_size import ModelShape, read_model_shape
 from .probe import GiB, MachineMemory, probe
+from ..experts.disk_plan import disk_tier
+from ..experts import pinning
 
 log = logging.getLogger("freetoken.memory")
 
@@ -222,9 +224,8 @@ def snapshot_parts(s: ModelShape, cfg: EngineConfig) -> tuple[int, ...]:
 def pinned_snapshot_bytes(s: ModelShape, cfg: EngineConfig) -> tuple[int, int]:
     """(bytes one snapshot holds, the pinned host bytes it takes on CUDA): each part's buffer is
     one block of PyTorch's caching host allocator (layers/host_copy.py), a power of two."""
-    from ..experts.pinning import caching_host_block
     parts = snapshot_parts(s, cfg)
-    return sum(parts), sum(caching_host_block(p) for p in parts)
+    return sum(parts), sum(pinning.caching_host_block(p) for p in parts)
 
 
 def pinned_checkpoint_bytes(budget: int, s: ModelShape, cfg: EngineConfig) -> int:
@@ -264,7 +265,6 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     S = expert_nbytes(s, fmt.removeprefix("prebuilt:")) if n_experts else 0
     pool = s.prebuilt_pool_bytes if n_experts and s.prebuilt_pool_bytes is not None else n_experts * S
     dense = dense_bytes(s, cfg)
-    from ..experts.disk_plan import disk_tier
     tier = disk_tier(cfg, n_experts, moe_layer_count(s), S, pool, dense if compute == "host" else 0, host_avail)
     plan.items.append(Item("disk" if tier else "host", "expert pool", pool,
                            note=f"{n_experts} experts x {S / 2**20:.2f} MiB ({fmt})"))
@@ -417,20 +417,18 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
         warn(f"host: {m.host_available / GiB:.2f} GiB free now ({m.host_source}) for a plan of "
              f"{plan.used('host') / GiB:.2f} GiB: other programs hold the rest of the budget (expect pressure)")
     if dev == "cuda" and backend in ("offload", "hybrid") and pool:
-        from ..experts.pinning import memlock_limit
-        cap = memlock_limit()
+        cap = pinning.memlock_limit()
         if cap is not None and pool > cap:
             warn(f"page-lock limit (ulimit -l) {cap / GiB:.2f} GiB is below the expert pool's {pool / GiB:.2f} GiB: "
                  "pageable banks: cache hits on the device, misses on the CPU")
         else:
-            from ..experts.pinning import registered_bytes
-            plan.pinned += registered_bytes(pool, regions=6)   # whole pages, at most 6 banks
+            plan.pinned += pinning.registered_bytes(pool, regions=6)   # whole pages, at most 6 banks
     plan.options = resolved
     return dataclasses.replace(cfg, **resolved), plan
 
 
 def _cache_request(cfg: EngineConfig, dev: str, n: int, S: int, room: int, s: ModelShape):
-    """(backend, slots, slots asked) before any reduction; mirrors experts/factory.py."""
+    """(backend, slots, slots asked) before any reduction; mirrors models/experts_backend.py."""
     backend = cfg.moe_backend
     if n == 0:
         return "cpu" if backend == "auto" else backend, 0, 0

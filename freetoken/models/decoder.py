@@ -22,8 +22,8 @@ from ..layers.norm import RMSNorm
 from ..layers.rope import Rotary
 from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
-from ..weights.fp8 import block_scales
-from ..weights.nvfp4 import pack_scales
+from ..quant.fp8 import block_scales
+from ..quant.nvfp4 import pack_scales
 from .cache_spec import CacheSpec, allocated_bytes, snapshot_part_bytes
 from .context import ForwardContext
 from .hf_config import HFConfig
@@ -307,7 +307,7 @@ class MoECausalLM:
 
     def _nvfp4_pool(self, ck: Checkpoint):
         """ModelOpt NVFP4 experts kept packed: gate and up rows stacked, each row's scale row
-        carrying its own matrix's global scale (weights/nvfp4.py)."""
+        carrying its own matrix's global scale (quant/nvfp4.py)."""
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden
         g, u, d = self.arch.expert_names
         b = PoolBuilder(len(self.moe_layers), e, ExpertSpec(hidden=h, intermediate=inter, fmt="nvfp4"))

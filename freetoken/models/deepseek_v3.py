@@ -14,6 +14,8 @@ from ..layers.mla import MLA, MLAConfig
 from ..layers.moe import BiasCorrectedMoE
 from ..layers.norm import RMSNorm
 from .decoder import DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter
+from ..errors import CheckpointError
+from .hf_config import HFConfig
 
 
 def latent_row(hf) -> int:
@@ -32,7 +34,6 @@ class DeepseekV3ForCausalLM(MoECausalLM):
             qk_nope_head_dim=hidden // 4, qk_rope_head_dim=hidden // 8, v_head_dim=hidden // 4)
 
     def __init__(self, ck, cfg, max_len: int):
-        from .hf_config import HFConfig
         self.mla = MLAConfig.from_hf(HFConfig(ck.config, ck.dir / "config.json"))
         super().__init__(ck, cfg, max_len)
 
@@ -64,7 +65,6 @@ class DeepseekV3ForCausalLM(MoECausalLM):
         shared = self._gated_mlp(ck, f"{p}.shared_experts", self.expert_intermediate() * n_shared) if n_shared else None
         n_group = self.hf.get("n_group", 1)
         if e % n_group:
-            from ..errors import CheckpointError
             raise CheckpointError(f"{ck.dir}/config.json: n_routed_experts {e} is not divisible by n_group {n_group}")
         return BiasCorrectedMoE(self.moe_layers.index(i), router, self.experts, self.top_k(),
                                 bool(self.hf.get("norm_topk_prob", True)), bias, n_group,

@@ -28,6 +28,8 @@ from ..layers.v4_attention import V4Attention
 from .context import ForwardContext
 from .decoder import MoECausalLM, tiny_base, tiny_moe_inter
 from .hf_config import HFConfig
+from ..quant.fp8 import quantize_fp8_block
+from ..quant.mxfp4 import quantize_mxfp4
 
 ATTENTION_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
@@ -262,8 +264,6 @@ def quantize_checkpoint(model_dir) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from ..weights.fp8 import quantize_fp8_block
-    from ..weights.mxfp4 import quantize_mxfp4
 
     dense = re.compile(r"\.(attn\.(wq_a|wq_b|wkv|wo_a|wo_b|indexer\.wq_b)|ffn\.shared_experts\.w[123])\.weight$")
     expert = re.compile(r"\.ffn\.experts\.\d+\.w[123]\.weight$")

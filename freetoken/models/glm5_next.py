@@ -97,7 +97,7 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
             ck = LanguageModelView(ck)
         hf = HFConfig(ck.config, ck.dir / "config.json")
         self.hf, self.cfg, self.max_len = hf, cfg, max_len
-        device = self.device = cfg.torch_device
+        self.device = cfg.torch_device
         self.expert_dtype = self.kv_dtype = cfg.torch_dtype
         pool, self.choices = model_kernels(cfg)
         if pool is not None:

@@ -17,6 +17,7 @@ from ..layers.sinks import paged_attention_sinks, window_attention_sinks
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
 from .context import ForwardContext
 from .decoder import ArchSpec, Attention, MoECausalLM, tiny_base, tiny_moe_inter
+from ..quant.mxfp4 import quantize_mxfp4
 
 
 class RMSNormF32:
@@ -202,7 +203,6 @@ def quantize_checkpoint_experts(model_dir) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from ..weights.mxfp4 import quantize_mxfp4
 
     d = Path(model_dir)
     files = sorted(d.glob("*.safetensors"))

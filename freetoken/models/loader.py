@@ -3,7 +3,7 @@
 The loader owns the wiring: a model builds its dense modules and, through `build_pool`, its
 expert tensors as an `ExpertPool`; the loader re-encodes that pool to `expert_format` and
 builds the experts backend. The model gets both through the `BuildContext` it is constructed
-with (in place of the engine options), so no model file imports the config or the factory."""
+with (in place of the engine options), so no model file imports the config or the experts backend builder."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EngineConfig
-from ..experts.factory import build_experts
+from .experts_backend import build_disk_experts, build_experts
 from ..experts.pool import ExpertPool, requantize
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US, shared_pool
@@ -45,7 +45,6 @@ class BuildContext:
         re-encoded to `expert_format` (`reading("experts")` lets `freetoken convert` tell the
         expert tensors apart) -- and the backend built over it."""
         if self.cfg.disk_tier:       # no pool: only where each expert lies in the file
-            from ..experts.factory import build_disk_experts
             return build_disk_experts(model, ck, self.cfg, self.spin_us)
         pool = ck.prebuilt_experts()
         if pool is None:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from .private_file import write_private
+
 # a one-turn, non-interactive run of each agent (its first model request is all we need)
 PROBE_ARGS = {"claude": ["-p", "hi"], "opencode": ["run", "hi"],
               "openclaw": ["agent", "--local", "--agent", "main", "--message", "hi"]}
@@ -77,7 +79,6 @@ def capture_first_request(make_plan, exe: str, timeout: float = PROBE_TIMEOUT_S)
     `timeout` seconds. `make_plan(url, cfg_dir, home)` gives (env, files, argv) for a server at
     url, configs under cfg_dir; the run's HOME is a scratch folder, so no user file is read
     or written by it."""
-    from .launch import write_private
     srv = _Listener()
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:

@@ -19,6 +19,8 @@ from .memory_trim import TrimAfterLargeBodies
 from .request_guard import RequestGuard
 from .request_limits import ClientGone
 from .server_state import AppState, Settings
+from ..experts.stats import tier_summary
+from .admin import make_router
 
 CURRENT_SIZES_TIMEOUT_S = 30.0    # GET /v1/memory waits at most this for the step in flight
 
@@ -150,7 +152,6 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
             raise NotFound("this engine has no memory plan")
         body = plan.to_json()
         body["pinned_bytes_now"] = svc.engine.pinned_bytes()
-        from ..experts.stats import tier_summary
         body["tiers"] = tier_summary(svc.metrics.engine_stats)    # the engine thread's latest snapshot
         try:
             now = await asyncio.wait_for(asyncio.wrap_future(svc.loop.memory(None)), CURRENT_SIZES_TIMEOUT_S)
@@ -174,6 +175,5 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
               web_ui.router):
         app.include_router(r)
     if settings.admin_token:
-        from .admin import make_router
         app.include_router(make_router(settings.admin_token))
     return app

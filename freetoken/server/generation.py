@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 from ..errors import PromptTooLongError
+from ..sampling_params import SamplingParams
 from .engine_loop import EngineLoop, Job
 from .errors import BadRequest, ContextOverflow, Overloaded
 from .events import Done, Event, ToolCallDelta, ToolCallEnd, ToolCallStart
 from .metrics import Metrics
 from .parsers import Parser, PlainParser, parser_for
+from .grammar import build_tokenizer
 from .prompt_tokens import encode_bounded
 
 log = logging.getLogger("freetoken.server")
@@ -153,7 +155,7 @@ class GenerationService:
                  params_cls=None, sampling_defaults: dict | None = None,
                  stall_timeout: float = 30.0):
         if params_cls is None:
-            from freetoken import SamplingParams as params_cls
+            params_cls = SamplingParams
         self.params_cls = params_cls
         self.sampling_defaults = dict(sampling_defaults or {})
         self.engine = engine
@@ -222,7 +224,6 @@ class GenerationService:
         """llguidance's view of the vocabulary, built once (about a second)."""
         with self._grammar_lock:
             if self._grammar_tokenizer is None:
-                from .grammar import build_tokenizer
                 self._grammar_tokenizer = build_tokenizer(self.tokenizer)
             return self._grammar_tokenizer
 

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from . import agent_window as aw
+from .private_file import write_private
+
 QUIET = {"claude": {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                     "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1"},
          "opencode": {"OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1",
@@ -180,15 +183,6 @@ def plan(agent: str, server: str, limits: Limits, key: str, cfg_dir: Path,
     return env, files, cmd
 
 
-def write_private(path: Path, text: str) -> None:
-    """Write a file that holds the API key: readable by its owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)          # an older file keeps its mode through O_TRUNC
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
 def dry_run(env: dict[str, str], files: dict[Path, str], cmd: list[str]) -> None:
     for path, text in files.items():
         print(f"# would write {path} (mode 0600):\n{text}")
@@ -203,8 +197,6 @@ def window_check(args, limits: Limits, key: str, exe: str) -> str | None:
     """None when the server's window holds the agent's first request (measured: one probe run
     of the agent, counted by the server) plus a reply and the compaction headroom; else why not
     and the window it needs. A probe that sees no request only warns."""
-    from . import agent_window as aw
-
     def make_plan(url: str, cfg: Path, home: Path):
         return plan(args.agent, url, limits, key, cfg, aw.PROBE_ARGS[args.agent], home=home)
 

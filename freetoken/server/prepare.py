@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from .chat import check_tools, render, starts_in_reasoning
-from .grammar import check_grammar_size
+from .grammar import GrammarProcessor, check_grammar_size, forced_tool_call_grammar, json_schema_grammar
 from .errors import BadRequest
 from .generation import GenerationRequest, GenerationService
 from .parsers import HarmonyParser, PlainParser, QwenParser
@@ -110,13 +110,11 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
                          f"server has for Qwen-family models only; use 'auto'", param="tool_choice")
     # grammars compile in a worker thread: a large schema must not stall every stream
     if json_out:
-        from .grammar import json_schema_grammar
         schema = inp.response_format.get("schema") if inp.response_format["type"] == "json_schema" else None
         check_grammar_size(schema, "response_format.json_schema.schema")
         grammar = await asyncio.to_thread(json_schema_grammar, schema)
         kwargs.setdefault("enable_thinking", False)
     elif forced and parser_cls is QwenParser:
-        from .grammar import forced_tool_call_grammar
         calls = [(t["function"]["name"], t["function"].get("parameters")) for t in forced]
         check_grammar_size(calls, "tools")
         lltok = await asyncio.to_thread(svc.grammar_tokenizer)
@@ -132,7 +130,6 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
     max_tokens, window_limited = svc.output_budget(inp.max_tokens, len(ids), inp.default_max_tokens)
     processors = []
     if grammar is not None:
-        from .grammar import GrammarProcessor
         lltok = await asyncio.to_thread(svc.grammar_tokenizer)
         where = "response_format.json_schema.schema" if json_out else "tools"
         processors.append(await asyncio.to_thread(GrammarProcessor, lltok, grammar, svc.eos_ids, where))

@@ -9,18 +9,19 @@ import socket
 
 import uvicorn
 
+from .conn_timeouts import ConnTimeouts, guarded_protocol
+from .log_privacy import install
+
 log = logging.getLogger("freetoken.server")
 
 
 def uvicorn_config(app, drain_timeout: float, timeouts=None, on_timeout=None, **kw) -> uvicorn.Config:
     """timeouts: a ConnTimeouts (conn_timeouts.py) for slow and silent clients; default its defaults."""
-    from .conn_timeouts import ConnTimeouts, guarded_protocol
     timeouts = timeouts or ConnTimeouts()
     # uvicorn cancels what is still running after timeout_graceful_shutdown: leave the
     # streams time to write their final events after the drain deadline.
     config = uvicorn.Config(app, timeout_graceful_shutdown=drain_timeout + 5,
                             http=guarded_protocol(timeouts, on_timeout), timeout_keep_alive=timeouts.idle_s, **kw)
-    from .log_privacy import install
     install()                  # after the Config: making one configures uvicorn's loggers
     return config
 

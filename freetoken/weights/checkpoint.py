@@ -10,6 +10,10 @@ from safetensors import safe_open
 
 from ..errors import CheckpointError
 from .validate import check_config, check_regular_file
+from ..progress import progress
+from ..quant.fp8 import block_scales, dequantize_fp8_block
+from . import modelopt
+from .pread import RangeReader
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -40,7 +44,6 @@ class _SafetensorsFile:
     def __init__(self, path: Path, on_bytes):
         import struct
 
-        from .pread import RangeReader
         with open(path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))
             self.header = json.loads(f.read(n))
@@ -118,7 +121,6 @@ class Checkpoint:
         if path is None:
             raise CheckpointError(f"{self.dir}: tensor {name!r} not found in the checkpoint")
         if self._bar is None:
-            from ..progress import progress
             self._bar = progress(sum(p.stat().st_size for p in set(self.file_of.values())), f"load {self.dir.name}")
         handle = self._handles.get(path)
         if handle is None:
@@ -135,12 +137,10 @@ class Checkpoint:
         return t
 
     def get_float(self, name: str, shape=None, dtype=torch.float32) -> torch.Tensor:
-        from . import modelopt
         if shape is not None and len(shape) == 2 and None not in shape and modelopt.is_nvfp4(self, name):
             return modelopt.dequantize(self, name, shape, dtype)     # NVFP4 dense linears: float once at load
         t = self.get(name, shape)
         if t.dtype == torch.float8_e4m3fn and self.has(f"{name}_scale_inv"):   # FP8 128x128 blocks: never the raw e4m3
-            from .fp8 import block_scales, dequantize_fp8_block
             return dequantize_fp8_block(t, block_scales(self.get(f"{name}_scale_inv"))).to(dtype)
         if not t.is_floating_point():
             raise CheckpointError(f"{self.file_of[name].name}: tensor {name!r} has dtype {t.dtype}, expected a float type")

@@ -20,14 +20,15 @@ import xxhash
 
 from ..errors import CheckpointError
 from .ftw_format import CHUNK_BYTES, VERSION, TensorEntry, combine_digests, config_hash
+from .ftw_writer import _layout, side_files, write_ftw
 from .gguf import GgufFile
 from .gguf_meta import GgufHeader, TensorInfo, byte_shape
 from .pread import RangeReader
+from .ftw_reader import read_header
 
 
 def convert_gguf(src: Path, out: Path, expert_format: str | None = None) -> dict:
     """Writes the FTW file `out` from the GGUF `src` (all parts of a split one); returns its header."""
-    from .ftw_writer import _layout, side_files, write_ftw
     ck = GgufFile(src)
     if expert_format:
         raise CheckpointError(f"{src}: a GGUF converts with its tensors as they are; pass --expert-format "
@@ -126,7 +127,6 @@ class GgufInFtw(GgufFile):
     """The GGUF tensors of an FTW file (see the module docstring) as a GgufFile."""
 
     def __init__(self, path, cfg=None, header: dict | None = None, verify: bool = True):
-        from .ftw_reader import read_header
         header = header if header is not None else read_header(Path(path))
         self.header = header
         size = Path(path).stat().st_size

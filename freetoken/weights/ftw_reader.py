@@ -21,6 +21,7 @@ from ..errors import CheckpointError
 from .ftw_format import MAGIC, PREAMBLE, READABLE, TensorEntry, config_hash
 from .ftw_load import TensorLoad
 from .validate import check_config, check_header_size
+from ..experts.pool import ExpertPool, ExpertSpec
 
 log = logging.getLogger("freetoken.weights")
 
@@ -127,7 +128,6 @@ class FtwFile:
         return bytes(t.numpy())
 
     def prebuilt_experts(self):
-        from ..experts.pool import ExpertPool, ExpertSpec
         ex = self.header.get("experts")
         if not ex:
             return None

@@ -1,27 +1,21 @@
-"""`freetoken convert`: an HF checkpoint directory or a GGUF file -> one FTW file (format in
-ftw_format.py).
-
-From an HF directory the model is built once on the CPU exactly as the engine builds it,
-through a checkpoint that records what the model reads: the expert pool it builds (already
-re-encoded to `expert_format`) is written bank by bank in its runtime layout, every other
-tensor it read or asked about is written unchanged, so loading the FTW file rebuilds the same
-model. A GGUF is not built at all: its tensors are streamed into the file as they are
-(ftw_gguf.py), its tokenizer metadata becomes the tokenizer side files."""
+"""Writing FTW files (format in ftw_format.py): the tensor table laid out and checksummed, the
+bytes streamed in chunks; `RecordingCheckpoint` notes what a model build reads, so that
+`freetoken convert` (models/convert.py) writes exactly that; the side files kept beside the
+weights. A GGUF source is streamed as it is (ftw_gguf.py)."""
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from ..config import EngineConfig
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint
-from .ftw_format import (ALIGN, CHUNK_BYTES, VERSION, TensorEntry, align_up, chunk_digest, combine_digests,
-                         config_hash, dtype_name, encode_preamble_and_header, header_reserve)
+from .ftw_format import (ALIGN, CHUNK_BYTES, TensorEntry, align_up, chunk_digest, combine_digests, dtype_name,
+                         encode_preamble_and_header, header_reserve)
 from ..progress import progress
+from .gguf_side import side_file
 
 SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken", ".vocab")
 SIDE_FILE_MAX = 64 << 20
@@ -85,7 +79,6 @@ def side_files(model_dir: Path) -> list[tuple[str, bytes]]:
     """(name, contents) of the files beside the weights: a directory's tokenizer/config files, or
     those a GGUF's metadata stands for (tokenizer.json, tokenizer_config.json, generation_config.json)."""
     if model_dir.is_file():
-        from .gguf_side import side_file
         texts = ((n, side_file(model_dir, n)) for n in ("tokenizer.json", "tokenizer_config.json",
                                                          "generation_config.json"))
         return [(n, t.encode()) for n, t in texts if t is not None]
@@ -98,46 +91,11 @@ def _as_bytes(t: torch.Tensor) -> memoryview:
     return memoryview(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
-def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format: str | None = None,
-            dtype: str | None = None, num_threads: int | None = None) -> dict:
-    """Writes `out` and returns its header."""
-    from ..models.loader import build_model
-
-    from .gguf import is_gguf
-    src, out = Path(model_dir), Path(out)
-    if is_gguf(src):
-        from .ftw_gguf import convert_gguf
-        return convert_gguf(src, out, expert_format)
-    ck = Checkpoint(src)
-    dtype = dtype or default_dtype(ck.config)
-    cfg = EngineConfig(model=str(src), dtype=dtype, device="cpu", moe_backend="cpu",
-                       expert_format=expert_format, num_threads=num_threads)
-    rec = RecordingCheckpoint(ck)
-    max_pos = int(ck.config.get("max_position_embeddings") or 4096)
-    model = build_model(rec, cfg, min(max_pos, 4096))
-    if model.experts is not None:
-        model.experts.close()
-
-    items: list[tuple[str, str, torch.Tensor]] = []
-    for name, data in side_files(src):
-        items.append((name, "file", torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
-                      else torch.empty(0, dtype=torch.uint8)))
-    for name in rec.dense:
-        items.append((name, "dense", ck.get(name)))
-    pool = getattr(model, "pool", None)
-    experts = None
-    if pool is not None:
-        experts = {"num_layers": pool.num_layers, "num_experts": pool.num_experts, "spec": asdict(pool.spec)}
-        items += [(name, "bank", bank) for name, bank in pool.banks.items()]
-
-    header = {"format_version": VERSION, "config": ck.config, "config_hash": config_hash(ck.config),
-              "source": src.resolve().name, "options": {"dtype": dtype, "expert_format": expert_format},
-              "experts": experts, "chunk_bytes": CHUNK_BYTES, "tensors": []}
+def write_tensors(out: Path, header: dict, items: list[tuple[str, str, torch.Tensor]]) -> None:
+    """`items` (name, kind, tensor) into the FTW file `out` under `header`, whose "tensors" this fills."""
     entries = _layout(header, [(name, kind, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size())
                                for name, kind, t in items])
     write_ftw(out, header, entries, [(lambda t=t: _pieces(_as_bytes(t))) for _, _, t in items])
-    ck.close()
-    return header
 
 
 def _pieces(data: memoryview):

@@ -19,13 +19,16 @@ import torch
 
 from ..errors import CheckpointError
 from .gguf_config import synth_config
+from .gguf_experts import build_pool
 from .gguf_hybrid import HYBRID, rows_only, undo
-from .gguf_meta import GgufHeader, TensorInfo, read_header
+from .gguf_meta import GgufHeader, TensorInfo, byte_shape, read_header
 from .gguf_names import combine, derived, hf_names, needs_unpermute, unpermute_rows
+from .gguf_types import dequantize
+from ..layers.ggml_linear import KERNEL_TYPES, GgmlWeight
+from ..progress import progress
+from .pread import RangeReader
 
 log = logging.getLogger("freetoken.weights")
-F32, F16, BF16 = 0, 1, 30            # ggml type ids of the float types
-FLOAT_TYPES = {F32: np.float32, F16: np.float16}
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
@@ -50,22 +53,6 @@ def split_parts(path: str | os.PathLike) -> list[Path]:
         raise CheckpointError(f"{p}: split GGUF is missing part(s) {', '.join(missing)} (expected {count} parts "
                               f"in {p.parent})")
     return parts
-
-
-def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...], owned: bool = False) -> torch.Tensor:
-    """float32 (F32/F16: their own dtype, BF16: bfloat16) tensor of `shape` from raw GGUF bytes;
-    `owned`: raw is the caller's own writable array (float types then use it without a copy)."""
-    own = (lambda a: a) if owned else np.copy
-    if ggml_type in FLOAT_TYPES:
-        return torch.from_numpy(own(raw.view(FLOAT_TYPES[ggml_type]).reshape(shape)))
-    if ggml_type == BF16:
-        return torch.from_numpy(own(raw)).view(torch.bfloat16).reshape(shape)
-    from . import ggml_quants
-    if ggml_type in ggml_quants.NAMES:      # torch, bit-exact to gguf.quants
-        return ggml_quants.dequantize(torch.from_numpy(own(raw)), ggml_type, shape[-1]).reshape(shape)
-    import gguf                             # the rarer types: the package's numpy reference
-    out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(ggml_type))
-    return torch.as_tensor(np.asarray(out, dtype=np.float32)).reshape(shape)
 
 
 class GgufFile:
@@ -103,7 +90,6 @@ class GgufFile:
         self._bar = None
 
     def _open_reader(self, path: Path, on_bytes):
-        from .pread import RangeReader
         return RangeReader(path, on_bytes=on_bytes)
 
     def names(self) -> list[str]:
@@ -123,14 +109,12 @@ class GgufFile:
         r = self._readers.get(h.path)
         if r is None:
             if self._bar is None:
-                from ..progress import progress
                 self._bar = progress(sum(t.nbytes for _, t in self.tensors_by_name.values()), f"load {self.path.name}")
             r = self._readers[h.path] = self._open_reader(h.path, self._bar.update)
         return r, t
 
     def raw(self, gguf_name: str) -> np.ndarray:
         """The tensor's bytes, u8 [..., rows, row_bytes], read into a new array."""
-        from .gguf_meta import byte_shape
         r, t = self.reader(gguf_name)
         return r.array(t.offset, t.nbytes).reshape(byte_shape(t))
 
@@ -165,7 +149,6 @@ class GgufFile:
         """Dense tensor `name` as `GgmlWeight` rows in the file's quantized type (its bytes,
         rows put back in order where the converter permuted them), or None: float types, types without a C kernel, and
         tensors the converter split or regrouped across columns (read those with `get`)."""
-        from ..layers.ggml_linear import KERNEL_TYPES, GgmlWeight
         g = self._hf.get(name)
         if g is None:
             return None
@@ -190,7 +173,6 @@ class GgufFile:
         return self.get(name, shape).to(dtype)
 
     def prebuilt_experts(self):
-        from .gguf_experts import build_pool
         return build_pool(self)
 
     def reading(self, section: str):

@@ -5,6 +5,7 @@ GGUF runs the way llama.cpp runs it."""
 from __future__ import annotations
 
 from ..errors import CheckpointError
+from .gguf_hybrid import config_fields
 
 # GGUF general.architecture -> (HF architectures name, model_type, norm_topk_prob as llama.cpp runs it)
 FAMILIES = {
@@ -140,7 +141,6 @@ def _gpt_oss(c, m, tensors):
 
 
 def _hybrid(c, m, tensors):
-    from .gguf_hybrid import config_fields
     if m.get("nextn_predict_layers"):      # multi-token-prediction blocks at the end: not run
         c["num_hidden_layers"] -= int(m.get("nextn_predict_layers"))
     config_fields(c, m, tensors)

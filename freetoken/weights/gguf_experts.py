@@ -14,7 +14,11 @@ import logging
 import torch
 
 from ..errors import CheckpointError
-from .gguf import BF16, F16, F32, dequantize
+from .gguf_types import BF16, F16, F32, dequantize
+from ..experts.grouped_pool import GroupedPool
+from ..experts.pool import ExpertPool, ExpertSpec, requantize
+from ..quant import ggml_quants
+from .gguf_meta import byte_shape
 
 log = logging.getLogger("freetoken.weights")
 FLOAT = {F32, F16, BF16}
@@ -23,7 +27,6 @@ FLOAT = {F32, F16, BF16}
 def layout(types: set[int]) -> str:
     """"float" for float experts; "ggml" when our kernels read every type present; else
     "dequantize" (types without a kernel, e.g. Q2_K, Q3_K, IQ2_*: float banks at load)."""
-    from . import ggml_quants
     if types <= FLOAT:
         return "float"
     return "ggml" if all(t in ggml_quants.NAMES for t in types) else "dequantize"
@@ -51,7 +54,6 @@ def moe_blocks(ck) -> list[int]:
 
 
 def build_pool(ck):
-    from ..experts.pool import ExpertPool, ExpertSpec, requantize
     blocks, parts = expert_tensors(ck)
     if not blocks:
         return None
@@ -85,7 +87,6 @@ def build_pool(ck):
 
 def row_widths(parts) -> list[tuple[int, int]]:
     """Per MoE layer, (gate_up row bytes, down row bytes) of its ggml types."""
-    from . import ggml_quants
     inter, hidden = parts[0][0].shape[1], parts[0][0].shape[2]
     return [(max(ggml_quants.row_bytes(g.ggml_type, hidden), ggml_quants.row_bytes(u.ggml_type, hidden)),
              ggml_quants.row_bytes(d.ggml_type, inter)) for g, u, d in parts]
@@ -99,8 +100,6 @@ def width_groups(parts) -> list[list[int]]:
 
 def _ggml_pool(ck, blocks, parts, e: int, spec):
     """One ExpertPool per group of equal row widths; a GroupedPool when there are several."""
-    from ..experts.grouped_pool import GroupedPool
-    from ..experts.pool import ExpertPool
     groups = width_groups(parts)
     biases = expert_biases(ck, blocks, e, spec.intermediate, spec.hidden) if ck.arch == "gpt-oss" else {}
     pools = []
@@ -136,7 +135,6 @@ def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
 def _read_rows(ck, t, dst: torch.Tensor) -> None:
     """Merged expert tensor `t` [E, rows, row_bytes] into bank rows `dst` [E, rows, width >=
     row_bytes], one expert at a time straight from the file (no whole-tensor copy in memory)."""
-    from .gguf_meta import byte_shape
     r, _ = ck.reader(t.name)
     e, rows, rb = byte_shape(t)
     per = rows * rb

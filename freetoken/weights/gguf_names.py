@@ -7,6 +7,8 @@ import re
 
 import torch
 
+from .gguf_hybrid import HYBRID, hf_names as hybrid_names
+
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}
 
@@ -57,7 +59,6 @@ def hf_name(arch: str, name: str) -> str | None:
 
 def hf_names(arch: str, name: str) -> tuple[str, ...]:
     """All HF names GGUF tensor `name` provides (hybrid families: some provide two)."""
-    from .gguf_hybrid import HYBRID, hf_names as hybrid_names
     if arch in HYBRID:
         return hybrid_names(name, lambda n: hf_name(arch, n))
     hf = hf_name(arch, name)

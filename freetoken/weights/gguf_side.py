@@ -7,10 +7,11 @@ import functools
 import json
 from pathlib import Path
 
+from .gguf_tokenizer import load_gguf_tokenizer
+
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(path: Path, mtime: float):
-    from .gguf_tokenizer import load_gguf_tokenizer
     return load_gguf_tokenizer(path)
 
 

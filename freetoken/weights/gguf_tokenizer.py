@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .gguf_meta import read_header
+from .gguf_spm import spm_tokenizer
 
 # token types written by llama.cpp's converter (gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -49,7 +51,6 @@ PRE_TOKENIZERS = {
 
 def _read(path: Path) -> dict:
     """The `tokenizer.*` metadata of a GGUF file, keys without the `tokenizer.` prefix."""
-    from .gguf_meta import read_header
     fields = read_header(path, tensors=False, keys="tokenizer.").fields
     return {k[len("tokenizer."):]: v for k, v in fields.items() if k.startswith("tokenizer.")}
 
@@ -96,7 +97,6 @@ def load_gguf_tokenizer(path: str | Path):
         tok.pre_tokenizer = _pre_tokenizer(meta.get("ggml.pre", "default"), path)
         tok.decoder = decoders.ByteLevel()
     else:
-        from .gguf_spm import spm_tokenizer
         if model == "gemma4" and not meta.get("ggml.merges"):
             raise CheckpointError(f"{path}: tokenizer.ggml.merges missing (needed by a gemma4 vocabulary)")
         tok = spm_tokenizer(meta, tokens, types, path, model)

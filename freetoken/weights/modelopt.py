@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .nvfp4 import dequantize_nvfp4, from_checkpoint, quantize_nvfp4
+from ..quant.nvfp4 import dequantize_nvfp4, from_checkpoint, quantize_nvfp4
 
 
 def is_nvfp4(ck, name: str) -> bool:

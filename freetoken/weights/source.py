@@ -10,6 +10,7 @@ from .checkpoint import Checkpoint, read_json
 from .ftw_gguf import GgufInFtw, is_gguf_ftw
 from .ftw_reader import FtwFile, is_ftw, read_header, read_side_file
 from .gguf import GgufFile, is_gguf
+from .gguf_side import side_file
 
 
 def open_checkpoint(path: str | os.PathLike, cfg=None):
@@ -50,7 +51,6 @@ def read_model_text(path: str | os.PathLike, name: str) -> str | None:
     except UnicodeDecodeError as e:
         raise CheckpointError(f"{p / name if p.is_dir() else f'{p}:{name}'}: not UTF-8 text ({e})") from None
     if is_gguf(p):
-        from .gguf_side import side_file
         return side_file(p, name)
     return None
 

@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from ..errors import CheckpointError
+from .gguf import split_parts
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 
@@ -48,7 +49,6 @@ def _path(spec: str) -> Path | None:
     except OSError as e:
         raise CheckpointError(f"{spec[:100]}: cannot look up this path ({e.strerror or e})") from None
     if p.is_file() and p.suffix == ".gguf":
-        from .gguf import split_parts
         return split_parts(p)[0]
     return p
 

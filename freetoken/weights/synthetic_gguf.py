@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .gguf_meta import read_header
+
 F32, F16, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 8, 12, 14, 30
 
 
@@ -79,7 +81,6 @@ def _tokenizer_keys(vocab_gguf: Path) -> list[tuple[str, object, object, object]
     reader: gguf.GGUFReader takes ~25 s over a 150k-token vocabulary)."""
     from gguf import GGUFValueType as T
 
-    from .gguf_meta import read_header
     out = []
     for key, v in read_header(vocab_gguf, tensors=False, keys="tokenizer.").fields.items():
         if not key.startswith("tokenizer."):

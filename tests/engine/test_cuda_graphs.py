@@ -8,7 +8,8 @@ import torch
 
 from freetoken.config import EngineConfig
 from freetoken.engine.block_manager import BlockManager
-from freetoken.engine.cuda_graphs import DecodeGraphs, buckets_for, check_supported, eager_capture
+from freetoken.config import check_cuda_graphs
+from freetoken.engine.cuda_graphs import DecodeGraphs, buckets_for, eager_capture
 from freetoken.engine.model_runner import ModelRunner
 from freetoken.engine.sequence import Sequence
 from freetoken.errors import InvalidRequestError
@@ -124,17 +125,17 @@ def test_kv_resize_drops_the_graphs(tiny_dir):
 def test_refusals_are_one_line():
     cpu = torch.device("cpu")
     with pytest.raises(InvalidRequestError, match="cuda_graphs: needs a CUDA device"):
-        check_supported(cpu, "resident", None, False)
+        check_cuda_graphs(cpu, "resident", None, False)
     dev = torch.device("cuda")
     for backend in ("hybrid", "offload", "cpu"):
         with pytest.raises(InvalidRequestError, match=f"moe_backend {backend}"):
-            check_supported(dev, backend, None, False)
+            check_cuda_graphs(dev, backend, None, False)
     with pytest.raises(InvalidRequestError, match="disk expert tier"):
-        check_supported(dev, "resident", "disk", False)
+        check_cuda_graphs(dev, "resident", "disk", False)
     with pytest.raises(InvalidRequestError, match="recurrent state"):
-        check_supported(dev, "resident", None, True)
-    check_supported(dev, "resident", None, False)
-    check_supported(dev, None, None, False)                  # no experts (dense model)
+        check_cuda_graphs(dev, "resident", None, True)
+    check_cuda_graphs(dev, "resident", None, False)
+    check_cuda_graphs(dev, None, None, False)                  # no experts (dense model)
     if not torch.cuda.is_available():
         with pytest.raises(InvalidRequestError, match="needs a CUDA device") as e:
             EngineConfig(model="x", cuda_graphs=True)
@@ -144,7 +145,7 @@ def test_refusals_are_one_line():
 def test_cli_flag_reaches_the_config():
     import argparse
 
-    from freetoken.cli import add_engine_args, engine_options
+    from freetoken.engine.args import add_engine_args, engine_options
     p = argparse.ArgumentParser()
     add_engine_args(p)
     assert engine_options(p.parse_args(["--cuda-graphs"]))["cuda_graphs"] is True

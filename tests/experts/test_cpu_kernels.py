@@ -9,9 +9,9 @@ from freetoken.experts.cpu import CpuExpertExecutor
 from freetoken.experts.formats import activate, dequantize_expert, quantize_banks, spec_format
 from freetoken.experts.pool import ExpertSpec
 from freetoken.experts.torch_exec import run_experts
-from freetoken.weights.fp8 import dequantize_fp8_block, quantize_fp8_block
-from freetoken.weights.int8 import dequantize_int8, quantize_int8
-from freetoken.weights.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from freetoken.quant.fp8 import dequantize_fp8_block, quantize_fp8_block
+from freetoken.quant.int8 import dequantize_int8, quantize_int8
+from freetoken.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 
 # (hidden, intermediate): odd for float formats (SIMD tails), > 128 and ragged for fp8's
 # 128x128 scale blocks, multiples of 32 where the format requires it.

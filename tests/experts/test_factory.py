@@ -4,7 +4,7 @@ from tiered_helpers import make_pool, one_torch_thread  # noqa: F401
 
 from freetoken.config import EngineConfig
 from freetoken.experts.bandwidth import BandwidthProfile, device_id, format_id, machine_id, save_profile
-from freetoken.experts.factory import build_experts, cache_slots, resolve_backend
+from freetoken.models.experts_backend import build_experts, cache_slots, resolve_backend
 from freetoken.experts.resident import ResidentExperts
 from freetoken.experts.tiered import CpuExperts, TieredExperts
 

@@ -9,7 +9,7 @@ from freetoken.experts.formats import dequantize_expert
 from freetoken.experts.ggml_banks import check_ggml_banks, ggml_expert_nbytes, pad_rows, quantize_ggml
 from freetoken.experts.pool import ExpertPool, ExpertSpec
 from freetoken.experts.torch_exec import run_experts
-from freetoken.weights import ggml_quants as gq
+from freetoken.quant import ggml_quants as gq
 
 # per layer (gate, up, down): Q4_K_M-like mixes, one layer all legacy types
 LAYER_TYPES = [(gq.Q4_K, gq.Q4_K, gq.Q6_K), (gq.Q5_K, gq.Q4_K, gq.Q4_K), (gq.Q8_0, gq.Q4_0, gq.MXFP4)]

@@ -11,7 +11,7 @@ from freetoken import kernels
 from freetoken.experts.cpu import CpuExpertExecutor
 from freetoken.experts.formats import dequantize_expert
 from freetoken.experts.ggml_banks import KERNEL_TYPES, quantize_ggml
-from freetoken.weights import ggml_quants as gq
+from freetoken.quant import ggml_quants as gq
 
 H, I = 512, 256
 

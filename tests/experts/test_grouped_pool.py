@@ -10,15 +10,14 @@ import torch
 from tiered_helpers import one_torch_thread  # noqa: F401
 
 from freetoken.experts.cache import ExpertCache
-from freetoken.experts.cpu import CpuExpertExecutor
 from freetoken.experts.ggml_banks import pad_rows, quantize_ggml
 from freetoken.experts.grouped_pool import GroupedPool
-from freetoken.experts.host_exec import make_host_executor
+from freetoken.experts.host_exec import cpu_executor, make_host_executor
 from freetoken.experts.pool import ExpertPool, ExpertSpec
 from freetoken.experts.resident import ResidentExperts
 from freetoken.experts.tiered import TieredExperts
 from freetoken.kernels import variants_here
-from freetoken.weights import ggml_quants as gq
+from freetoken.quant import ggml_quants as gq
 
 E, H, I = 4, 256, 256
 # per layer (gate, up, down): Q6_K and Q4_K ffn_down alternating as in Q4_K_M, and one layer of
@@ -99,8 +98,8 @@ def test_cpu_executor_per_layer_bit_identical(pools, isa):
     if isa != "torch" and isa not in variants_here():
         pytest.skip(f"the {isa} kernel build does not run on this CPU")
     grouped, padded = pools
-    got = CpuExpertExecutor.from_pool(grouped, isa=isa, num_threads=2)
-    want = CpuExpertExecutor.from_pool(padded, isa=isa, num_threads=2)
+    got = cpu_executor(grouped, isa=isa, num_threads=2)
+    want = cpu_executor(padded, isa=isa, num_threads=2)
     gen = torch.Generator().manual_seed(2)
     for tokens in (1, 5):
         for m in range(L):

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.experts.disk_layout import BankLayout, DiskLayout, Piece
+from freetoken.experts.disk_pieces import BankLayout, DiskLayout, Piece
 from freetoken.experts.host_cache import ExpertReadError, HostExpertCache
 from freetoken.experts.pool import ExpertSpec
 

@@ -1,12 +1,12 @@
 """NVFP4 experts in the C kernels: dequantization bit-exact with the torch reference
-(weights/nvfp4.py) over every e4m3 scale byte, and the fused dot tiles over every loop path
+(quant/nvfp4.py) over every e4m3 scale byte, and the fused dot tiles over every loop path
 (8-block main loop, block pairs, an unpaired last block) against float64."""
 import pytest
 import torch
 
 from freetoken.experts.cpu import CpuExpertExecutor
 from freetoken.experts.formats import dequantize_expert, quantize_banks
-from freetoken.weights.nvfp4 import dequantize_bank, pack_scales
+from freetoken.quant.nvfp4 import dequantize_bank, pack_scales
 
 from test_cpu_kernels import ISAS, dense64, reference64, rel_err, routes
 

@@ -10,8 +10,8 @@ import torch
 from freetoken import kernels
 from freetoken.kernels.pool import CpuPool
 from freetoken.layers.ggml_linear import KERNEL_TYPES, GgmlEmbedding, GgmlLinear, GgmlWeight
-from freetoken.layers.linear import GEMV_TOKENS
-from freetoken.weights import ggml_quants as gq
+from freetoken.layers.kernel_rows import GEMV_TOKENS
+from freetoken.quant import ggml_quants as gq
 
 ISAS = kernels.variants_here()
 

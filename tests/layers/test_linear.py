@@ -4,8 +4,9 @@ import torch
 
 from freetoken import kernels
 from freetoken.kernels.pool import CpuPool, shared_pool
-from freetoken.layers.linear import GEMV_TOKENS, Linear
-from freetoken.weights.int8 import dequantize_int8, quantize_int8
+from freetoken.layers.kernel_rows import GEMV_TOKENS
+from freetoken.layers.linear import Linear
+from freetoken.quant.int8 import dequantize_int8, quantize_int8
 
 
 def _stored(w: torch.Tensor, storage: torch.dtype, fmt: str | None) -> torch.Tensor:

@@ -12,7 +12,7 @@ import transformers
 from freetoken import LLM
 from freetoken.layers.attention import kv_values_per_token
 from freetoken.layers.moe import grouped_sigmoid_topk
-from freetoken.weights.fp8 import quantize_checkpoint_fp8
+from freetoken.quant.fp8 import quantize_checkpoint_fp8
 
 from helpers import assert_logits_close, reference_logits
 from model_checks import check_batch_equals_single, check_incremental_equals_full, check_prefix_cache_exact, ids_for

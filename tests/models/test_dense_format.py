@@ -8,8 +8,8 @@ import torch
 from helpers import assert_logits_close
 from freetoken import LLM
 from freetoken.errors import InvalidRequestError
-from freetoken.layers.linear import GEMV_TOKENS
-from freetoken.weights.int8 import dequantize_int8, quantize_int8
+from freetoken.layers.kernel_rows import GEMV_TOKENS
+from freetoken.quant.int8 import dequantize_int8, quantize_int8
 
 DENSE = ("q_proj", "k_proj", "v_proj", "o_proj", "lm_head")
 

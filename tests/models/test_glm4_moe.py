@@ -100,7 +100,7 @@ def test_fp8_checkpoint_matches_transformers(tiny_dir, tmp_path):
     scales, never as raw e4m3 values."""
     import shutil
 
-    from freetoken.weights.fp8 import quantize_checkpoint_fp8
+    from freetoken.quant.fp8 import quantize_checkpoint_fp8
     from test_deepseek_v3 import dequantized_copy
 
     d = tmp_path / "fp8"
@@ -116,7 +116,7 @@ def test_fp8_experts_stay_packed(tiny_dir, tmp_path):
     fp8 banks with their block scales (no dequantized copy), and match transformers."""
     import shutil
 
-    from freetoken.weights.fp8 import quantize_checkpoint_fp8
+    from freetoken.quant.fp8 import quantize_checkpoint_fp8
     from test_deepseek_v3 import dequantized_copy
 
     d = tmp_path / "fp8"

@@ -17,7 +17,7 @@ from model_checks import (
     ids_for,
 )
 from freetoken import LLM
-from freetoken.weights.mxfp4 import dequantize_mxfp4
+from freetoken.quant.mxfp4 import dequantize_mxfp4
 
 
 def test_logits_match_transformers_beyond_the_window(tiny_dir):

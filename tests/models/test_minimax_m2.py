@@ -87,7 +87,7 @@ def test_released_config_layout(tiny_dir, tmp_path, theta):
 def test_fp8_checkpoint_matches_transformers(tiny_dir, tmp_path):
     """MiniMax-M2 ships FP8 e4m3 projections and experts with 128x128 block scales, the router
     and lm_head unquantized: experts filling whole 128-row blocks stay packed in fp8 banks."""
-    from freetoken.weights.fp8 import quantize_checkpoint_fp8
+    from freetoken.quant.fp8 import quantize_checkpoint_fp8
     from test_deepseek_v3 import dequantized_copy
 
     d = tmp_path / "fp8"

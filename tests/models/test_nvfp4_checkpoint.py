@@ -1,7 +1,7 @@
 """ModelOpt NVFP4 checkpoints: routed experts stay packed in "nvfp4" banks (CPU kernels, or the
 torch reference executor), other quantized linears are dequantized at load. The reference is
 transformers on the same checkpoint with every NVFP4 tensor dequantized back to float by
-weights/nvfp4.py (bit-exact with transformers' own NVFP4 dequantizer, tests/weights)."""
+quant/nvfp4.py (bit-exact with transformers' own NVFP4 dequantizer, tests/weights)."""
 from __future__ import annotations
 
 import json

@@ -92,7 +92,7 @@ def test_the_engine_thread_runs_the_watcher_and_counts_its_resizes(admin):
     import time
 
     from freetoken.memory.watcher import MemoryWatcher
-    from freetoken.server.cli import memory_watcher
+    from freetoken.server.build import memory_watcher
     llm, url, svc = admin
     args = argparse.Namespace(memory_floor_gib=1.0, memory_ceiling_gib=None, memory_watch_interval=0.0)
     w = memory_watcher(args, llm.engine)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from freetoken.server.cli import register
+from freetoken.cli.serve import register
 from freetoken.server.keys import resolve_keys
 
 

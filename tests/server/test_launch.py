@@ -36,7 +36,7 @@ def run_launch(*argv, path_dir: Path | None = None, env: dict | None = None):
     if path_dir is not None:
         e["PATH"] = f"{path_dir}{os.pathsep}{e['PATH']}"
     e["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "freetoken.server.cli", "launch", *argv],
+    return subprocess.run([sys.executable, "-m", "freetoken.cli", "launch", *argv],
                           capture_output=True, text=True, env=e, cwd=ROOT, timeout=60)
 
 

@@ -16,7 +16,8 @@ serve = pytest.importorskip("ray.serve")
 
 from helpers import SHARED_DATA  # noqa: E402
 
-from freetoken.server.cli import build, register  # noqa: E402
+from freetoken.cli.serve import register  # noqa: E402
+from freetoken.server.build import build  # noqa: E402
 from freetoken.server.replicas.app import APP_NAME, ENGINE_NAME, build_application, resolve_model_dir, start_ray  # noqa: E402
 from freetoken.server.replicas.forward import Forward  # noqa: E402
 from freetoken.server.replicas.registry import router_for  # noqa: E402
@@ -67,7 +68,7 @@ def _deploy(model_dir, routing: str):
 def sessions():
     if not SESSIONS.is_dir():
         pytest.skip(f"no agent sessions at {SESSIONS}")
-    from freetoken.sim.sessions.formats import read_sessions
+    from freetoken.sim.sessions.read import read_sessions
     return session_bodies(read_sessions([SESSIONS])[:N_SESSIONS], TURNS)
 
 

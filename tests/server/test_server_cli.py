@@ -15,16 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, tiny_model_dir):
-    from freetoken.server import cli
+    from freetoken.server.build import demo_model_dir
     cache = tmp_path_factory.mktemp("cache")
     # the demo model is normally built on first use; reuse the session's tiny checkpoint
-    demo = cache / "freetoken" / cli.demo_model_dir().name
+    demo = cache / "freetoken" / demo_model_dir().name
     demo.parent.mkdir(parents=True)
     demo.symlink_to(tiny_model_dir, target_is_directory=True)
     env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONUNBUFFERED="1")
     key_file = cache / "key"
     key_file.write_text("sekret\n")
-    p = subprocess.Popen([sys.executable, "-m", "freetoken.server.cli", "serve", "--port", "0",
+    p = subprocess.Popen([sys.executable, "-m", "freetoken.cli", "serve", "--port", "0",
                           "--api-key-file", str(key_file), "--max-model-len", "2048"],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, url = [], None
@@ -60,7 +60,7 @@ def test_demo_model_ready_and_key(served):
 def launch(*argv):
     import argparse
 
-    from freetoken.server.cli import register
+    from freetoken.cli.serve import register
     p = argparse.ArgumentParser()
     register(p.add_subparsers(dest="command"))
     args = p.parse_args(["launch", *argv])
@@ -102,7 +102,7 @@ def test_a_busy_port_fails_at_once_before_the_model_loads(tmp_path):
     taken.listen(1)
     port = taken.getsockname()[1]
     try:
-        r = subprocess.run([sys.executable, "-m", "freetoken.server.cli", "serve", "--port", str(port),
+        r = subprocess.run([sys.executable, "-m", "freetoken.cli", "serve", "--port", str(port),
                             "--model", str(tmp_path / "no-such-model")], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
     finally:

@@ -141,7 +141,7 @@ def test_parallel_tool_calls_false_keeps_one(client):
 
 
 def test_generation_config_defaults(fake, client, tmp_path):
-    from freetoken.server.cli import sampling_defaults
+    from freetoken.server.build import sampling_defaults
     (tmp_path / "generation_config.json").write_text(
         '{"temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": [1, 2]}')
     assert sampling_defaults(tmp_path) == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}

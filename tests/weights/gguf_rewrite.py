@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 import torch
 
-from freetoken.weights import ggml_quants
+from freetoken.quant import ggml_quants
 
 T = gguf.GGUFValueType
 

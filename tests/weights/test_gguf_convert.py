@@ -13,7 +13,7 @@ from gguf_rewrite import q4_k_m, rewrite
 
 from freetoken import LLM
 from freetoken.cli import main as cli_main
-from freetoken.weights import ggml_quants
+from freetoken.quant import ggml_quants
 from freetoken.weights.ftw_reader import read_header
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))

@@ -20,6 +20,7 @@ from helpers import exact_experts
 from freetoken import LLM
 from freetoken.layers import ggml_linear
 from freetoken.layers.ggml_linear import GgmlEmbedding, GgmlLinear
+from freetoken.layers.kernel_rows import GEMV_TOKENS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from model_checks import ids_for  # noqa: E402
@@ -113,7 +114,7 @@ def test_prefill_tiles_equal_the_gemv_rows(tiny_dir, to_gguf, tmp_path):
     d = tiny_dir("qwen3_moe", hidden=256, experts=4, **K_QUANT_SHAPES["qwen3_moe"])
     g = rewrite(to_gguf(d, "f32"), tmp_path / "q4km.gguf", q4_k_m)
     ids = ids_for(70, seed=2)
-    assert len(ids) > ggml_linear.GEMV_TOKENS
+    assert len(ids) > GEMV_TOKENS
     a = LLM(str(g), dtype="float32", moe_backend="resident").score(ids)
     b = LLM(str(g), dtype="float32", moe_backend="resident", dense_format="float").score(ids)
     assert (a - b).abs().max().item() <= 1e-4 * max(1.0, b.abs().max().item())

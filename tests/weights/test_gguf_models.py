@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from freetoken import LLM
-from freetoken.weights import ggml_quants
+from freetoken.quant import ggml_quants
 from freetoken.weights.gguf import GgufFile
 from freetoken.weights.gguf_names import combine, split
 

@@ -36,7 +36,7 @@ def test_tokenizer_and_template_match_the_checkpoint(tiny_dir, to_gguf, arch):
 
 
 def serve_args(model: str):
-    from freetoken.server.cli import register
+    from freetoken.cli.serve import register
     p = argparse.ArgumentParser()
     register(p.add_subparsers(dest="command"))
     return p.parse_args(["serve", "--model", model, "--dtype", "float32", "--max-model-len", "512"])
@@ -55,7 +55,7 @@ def chat(app, model_name, messages=({"role": "user", "content": "hi"},)):
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 def test_serve_a_gguf_path_and_an_ollama_name(tiny_dir, to_gguf, tmp_path, monkeypatch, arch):
-    from freetoken.server.cli import build
+    from freetoken.server.build import build
     g = to_gguf(tiny_dir(arch), "q8_0")
     _, _, app, demo, model = build(serve_args(str(g)))
     assert not demo and model == str(g)
@@ -84,7 +84,7 @@ OWN_TEMPLATE = {"deepseek_v3": ("deepseek2", "deepseek-ai-DeepSeek-V3.1.jinja", 
 
 @pytest.mark.parametrize("arch", sorted(OWN_TEMPLATE))
 def test_serve_deepseek2_and_glm4moe_ggufs_with_their_own_template(tiny_dir, to_gguf, tmp_path, arch):
-    from freetoken.server.cli import build
+    from freetoken.server.build import build
     gguf_arch, template_file, marker = OWN_TEMPLATE[arch]
     template_path = SHARED_DATA / "chat-templates" / template_file
     if not template_path.is_file():

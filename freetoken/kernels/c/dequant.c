@@ -32,7 +32,7 @@ static void dequant_row(int fmt, const uint8_t *w, const uint8_t *s, int K, floa
             for (int k = 0; k < 32; k++) o[32 * b + k] = (float)((const int8_t *)w)[32 * b + k] * sc;
         }
         break;
-    case FMT_NVFP4: {   /* (e2m1 * e4m3) * global: the first product is exact, as in weights/nvfp4.py */
+    case FMT_NVFP4: {   /* (e2m1 * e4m3) * global: the first product is exact, as in quant/nvfp4.py */
         const float g = nvfp4_global(s, K);
         for (int b = 0; b < K / 16; b++) {
             const float sc = fp8_scaled(s[b]) * TWO_POW_120;

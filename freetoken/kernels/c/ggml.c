@@ -6,7 +6,7 @@
  * (Q8_0) bytes, an integer dot with the 32 int8 activations (vpdpbusd on AVX512-VNNI, else
  * maddubs+madd), one fma with weight scale x activation scale; the offsets of the unsigned
  * codes (Q4_0's 8, MXFP4's 12, the k-quants' mins, Q6_K's 32) are removed once per 32 (per 16
- * for Q6_K) with the activation block sums from prep. Types and layouts: weights/ggml_quants.py. */
+ * for Q6_K) with the activation block sums from prep. Types and layouts: quant/ggml_quants.py. */
 #include "ft_kernels.h"
 
 enum { GT_Q4_0 = 2, GT_Q8_0 = 8, GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_MXFP4 = 39 };

@@ -10,6 +10,12 @@ import signal
 import threading
 from pathlib import Path
 
+import freetoken
+
+from ...config import EngineConfig
+from ...weights.stores import resolve_model
+from ..build import ensure_demo_model, serve_options
+
 log = logging.getLogger("freetoken.replicas")
 
 APP_NAME = "freetoken"
@@ -17,9 +23,7 @@ ENGINE_NAME = "engine"
 
 
 def engine_block_size(args) -> int:
-    from freetoken.config import EngineConfig
-    from ..cli import _engine_options
-    return int(_engine_options(args).get("kv_block_size") or EngineConfig.kv_block_size)
+    return int(serve_options(args).get("kv_block_size") or EngineConfig.kv_block_size)
 
 
 def build_application(args, *, routing: str = "prefix"):
@@ -27,6 +31,7 @@ def build_application(args, *, routing: str = "prefix"):
     from ray import serve
     from ray.serve.config import RequestRouterConfig
 
+    # Ray is optional (pip install 'freetoken[ray]'): these modules import it
     from .engine_replica import EngineReplica
     from .frontend import Frontend
     from .router import ROUTERS
@@ -51,7 +56,6 @@ def build_application(args, *, routing: str = "prefix"):
 
 def package_root() -> str:
     """The folder holding the `freetoken` package this process runs (workers import it too)."""
-    import freetoken
     return str(Path(freetoken.__file__).resolve().parent.parent)
 
 
@@ -89,11 +93,9 @@ def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_
 def resolve_model_dir(args) -> None:
     """The checkpoint every replica (and the front end's tokenizer) loads: built once here
     for the demo model."""
-    from ..cli import ensure_demo_model
     if args.model is None:
         args.model_dir = str(ensure_demo_model())
     else:
-        from freetoken.weights.stores import resolve_model
         args.model_dir = str(resolve_model(args.model))
 
 

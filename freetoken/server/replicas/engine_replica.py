@@ -1,5 +1,5 @@
 """One engine replica: its own process, engine and memory plan, serving the same FastAPI
-app as `freetoken serve` (server/cli.py `build`), driven in-process over ASGI with the
+app as `freetoken serve` (server/build.py `build`), driven in-process over ASGI with the
 request the front end forwarded. It streams back the response start, the body chunks as
 the app sends them, and last what the router needs to know about this replica's cache."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ import logging
 from ray import serve
 
 from .forward import HELLO, META, START, Forward
+from ..build import build
 
 log = logging.getLogger("freetoken.replicas")
 
@@ -28,7 +29,6 @@ class EngineReplica:
     def __init__(self, args):
         logging.basicConfig(level=getattr(args, "log_level", "info").upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        from ..cli import build
         self.llm, self.svc, self.app, self.demo, self.model = build(args)
         self.svc.start()                  # the app's lifespan would; here no lifespan runs
         ctx = serve.get_replica_context()

@@ -26,6 +26,7 @@ from .merge_metrics import merge_pages
 from .route_key import prompt_ids, session_of
 from .registry import router_for
 from .table import block_hashes
+from freetoken.tokenizer import Tokenizer
 
 log = logging.getLogger("freetoken.replicas")
 
@@ -51,7 +52,6 @@ def stream_error_event(path: str, message: str) -> str:
 class Frontend:
     def __init__(self, engine, *, api_key: str | None, engine_name: str, model_dir: str,
                  block_size: int):
-        from freetoken.tokenizer import Tokenizer
         self.engine = engine
         self.api_key, self.engine_name = api_key, engine_name
         self.metrics = Metrics()

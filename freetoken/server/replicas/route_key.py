@@ -11,6 +11,9 @@ import xxhash
 
 from ..chat import render
 from ..prepare import ChatInput
+from ..anthropic_api import MessagesRequest, _convert
+from ..openai_api import ChatCompletionRequest, openai_messages, openai_tool_choice, openai_tools
+from ..openai_responses import ResponsesRequest, _chat_input
 
 log = logging.getLogger("freetoken.replicas")
 
@@ -20,7 +23,6 @@ SESSION_HEADERS = ("x-session-id", "x-claude-code-session-id", "session_id")
 def _chat(path: str, body: dict) -> ChatInput | str | list[int] | None:
     """The request as the replica's adapter sees it, before `prepare_chat`."""
     if path == "/v1/chat/completions":
-        from ..openai_api import ChatCompletionRequest, openai_messages, openai_tool_choice, openai_tools
         b = ChatCompletionRequest.model_validate(body)
         kwargs = dict(b.chat_template_kwargs or {})
         if b.reasoning_effort in ("none", "minimal"):
@@ -29,10 +31,8 @@ def _chat(path: str, body: dict) -> ChatInput | str | list[int] | None:
                          tools=openai_tools(b.tools), tool_choice=openai_tool_choice(b.tool_choice),
                          response_format=b.response_format, template_kwargs=kwargs)
     if path == "/v1/messages":
-        from ..anthropic_api import MessagesRequest, _convert
         return _convert(MessagesRequest.model_validate(body), None)
     if path == "/v1/responses":
-        from ..openai_responses import ResponsesRequest, _chat_input
         return _chat_input(ResponsesRequest.model_validate(body))
     if path == "/v1/completions":
         p = body.get("prompt")

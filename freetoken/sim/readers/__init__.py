@@ -7,6 +7,10 @@ from pathlib import Path
 
 from freetoken.sim.trace import Trace, TraceError
 from freetoken.experts.trace_format import FORMAT_NAME
+from freetoken.sim.readers.engine_jsonl import read_engine_jsonl
+from freetoken.sim.readers.flame import read_flame
+from freetoken.sim.readers.route_csv import read_route_csv
+from freetoken.sim.readers.vllm_hook_jsonl import read_vllm_per_layer, read_vllm_raw
 
 
 def load_trace(path) -> Trace:
@@ -15,20 +19,16 @@ def load_trace(path) -> Trace:
     if not p.exists():
         raise TraceError(f"{p}: no such file or directory")
     if p.is_dir():
-        from freetoken.sim.readers.flame import read_flame
 
         return read_flame(p)
     if p.suffix == ".pt":
-        from freetoken.sim.readers.flame import read_flame
 
         return read_flame(p)
     first = _first_line(p)
     if first.startswith("# route_trace"):
-        from freetoken.sim.readers.route_csv import read_route_csv
 
         return read_route_csv(p)
     if first.startswith("layer_id,token_id,expert_0"):
-        from freetoken.sim.readers.flame import read_flame
 
         return read_flame(p)
     if first.startswith("{"):
@@ -37,15 +37,12 @@ def load_trace(path) -> Trace:
         except json.JSONDecodeError as e:
             raise TraceError(f"{p}:1: not valid JSON ({e.msg})") from None
         if head.get("format") == FORMAT_NAME:
-            from freetoken.sim.readers.engine_jsonl import read_engine_jsonl
 
             return read_engine_jsonl(p)
         if "token_pos" in head:
-            from freetoken.sim.readers.vllm_hook_jsonl import read_vllm_raw
 
             return read_vllm_raw(p)
         if "token_idx" in head:
-            from freetoken.sim.readers.vllm_hook_jsonl import read_vllm_per_layer
 
             return read_vllm_per_layer(p)
     raise TraceError(

@@ -9,7 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...errors import FreeTokenError
-from .formats import SessionError, read_sessions
+from .formats import SessionError
+from .read import read_sessions
 from .model_state import cache_shapes
 from .replay import POLICIES, POLICY_NOTES, replay_session
 from .tokens import render_session

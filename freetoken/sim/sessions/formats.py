@@ -13,7 +13,6 @@ the server renders (freetoken/server/chat.py), rebuilt by each framework's own r
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,52 +153,3 @@ def _tau_bench(path: Path, data: list) -> list[Session]:
         name = f"task{run.get('task_id', i)}-trial{run.get('trial', 0)}"
         out.append(Session(name, "tau-bench", _append_only(f"{path}: [{i}].traj", run["traj"])))
     return out
-
-
-# ---- dispatch -------------------------------------------------------------------------
-
-def _read_file(path: Path) -> list[Session]:
-    from .openhands import read_openhands
-    from .mitm import read_mitm
-    if path.suffix == ".mitm":
-        return read_mitm(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise SessionError(f"{path}: cannot read ({e})") from None
-    if path.suffix == ".jsonl":
-        return read_openhands(path, text)
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise SessionError(f"{path}: not JSON ({e})") from None
-    if isinstance(data, dict) and "trajectory" in data:
-        return _swe_agent(path, data)
-    if isinstance(data, dict) and "messages" in data and (data.get("trajectory_format") or "info" in data):
-        return _mini_swe_agent(path, data)
-    if isinstance(data, list) and data and isinstance(data[0], dict) and "traj" in data[0]:
-        return _tau_bench(path, data)
-    if isinstance(data, dict) and isinstance(data.get("messages"), list):   # one chat request body
-        return [Session(path.stem, "chat", _append_only(f"{path}: messages", data["messages"], data.get("tools")))]
-    raise SessionError(f"{path}: unknown session format (expected a SWE-agent .traj, mini-swe-agent "
-                       ".traj.json, tau-bench list of {{traj}}, OpenHands .jsonl or mitmproxy .mitm)")
-
-
-SUFFIXES = (".traj", ".traj.json", ".json", ".jsonl", ".mitm")
-
-
-def read_sessions(paths) -> list[Session]:
-    """Sessions from files or folders (folders: every session file under them, sorted)."""
-    sessions = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(SUFFIXES))
-            if not files:
-                raise SessionError(f"{p}: no session files ({', '.join(SUFFIXES)}) in this folder")
-        elif p.is_file():
-            files = [p]
-        else:
-            raise SessionError(f"{p}: no such file or folder")
-        for f in files:
-            sessions += [s for s in _read_file(f) if s.requests]
-    return sessions

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from freetoken.weights import ggml_quants as gq
+from freetoken.quant import ggml_quants as gq
 
 gguf = pytest.importorskip("gguf")
 

@@ -24,8 +24,8 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from .ftw_writer import convert
-    from .stores import resolve_model
+    from ..models.convert import convert
+    from ..weights.stores import resolve_model
     t0 = time.perf_counter()
     header = convert(resolve_model(args.model), args.out, expert_format=args.expert_format, dtype=args.dtype,
                      num_threads=args.threads)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from freetoken.memory.zeros import LAZY_MIN_BYTES, zeros
+from freetoken.layers.zeros import LAZY_MIN_BYTES, zeros
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.uint8])

@@ -15,7 +15,7 @@ import time
 def register(subparsers) -> None:
     import argparse
 
-    from ..cli import add_engine_args
+    from ..engine.args import add_engine_args
     p = subparsers.add_parser("check", help="validate a deployment: memory plan, bandwidths, a cold and a warm "
                               "request, and a diagnosis", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -90,14 +90,14 @@ def main(args) -> int:
 
     import torch
 
-    from ..cli import engine_options
+    from ..engine.args import engine_options
     from ..config import EngineConfig
-    from ..experts.profile_cli import measure, synthetic_pool
+    from .profile import measure, synthetic_pool
     from ..llm import LLM
     from ..weights.ftw_reader import is_ftw
     from ..progress import progress
-    from .model_size import read_model_shape
-    from .plan import expert_format, resolve_memory
+    from ..memory.model_size import read_model_shape
+    from ..memory.plan import expert_format, resolve_memory
     logging.getLogger("freetoken.memory").setLevel(logging.ERROR)
     opts = {k: v for k, v in engine_options(args).items() if v is not None}
     cfg = EngineConfig.from_options(args.model, **opts)

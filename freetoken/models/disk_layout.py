@@ -1,4 +1,5 @@
-"""Where every expert's bytes lie in the model file, for the disk tier (experts/disk.py).
+"""Where every expert's bytes lie in the model file, for the disk tier (experts/disk.py):
+the `DiskLayout` (experts/disk_pieces.py) of an FTW, GGUF or safetensors checkpoint.
 
 A `DiskLayout` describes the expert pool without holding it: for each bank, the shape and
 dtype of one expert's row (what `ExpertPool.banks[name][flat]` would be) and the pieces of
@@ -22,94 +23,22 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from .pool import ExpertSpec
-
-
-@dataclass
-class Piece:
-    """One contiguous stretch of every expert's row of a bank in the file."""
-    files: np.ndarray             # int32 [N]: index into DiskLayout.paths; -1: not for this expert
-    offsets: np.ndarray           # int64 [N]: absolute file offset of expert `flat`'s piece
-    nbytes: int                   # bytes of the piece in the file
-    dst: int                      # byte offset of the piece within the bank row
-    rows: int = 1                 # file rows in the piece (placed `pitch` bytes apart)
-    pitch: int = 0                # 0: contiguous; else bank bytes per row (ggml rows padded)
-    file_dtype: torch.dtype | None = None    # cast to the bank dtype when it differs
-
-
-@dataclass
-class BankLayout:
-    dtype: torch.dtype
-    row_shape: tuple[int, ...]
-    pieces: list[Piece]
-
-    @property
-    def row_nbytes(self) -> int:
-        return int(np.prod(self.row_shape)) * torch.empty(0, dtype=self.dtype).element_size()
-
-
-@dataclass
-class DiskLayout:
-    paths: list[Path]
-    banks: dict[str, BankLayout]                   # read from the file per expert
-    num_layers: int
-    num_experts: int
-    spec: ExpertSpec
-    resident: dict[str, torch.Tensor] = field(default_factory=dict)   # [N, ...], in memory
-
-    @property
-    def expert_nbytes(self) -> int:
-        return (sum(b.row_nbytes for b in self.banks.values())
-                + sum(t[0].nbytes for t in self.resident.values()))
-
-    @property
-    def nbytes(self) -> int:
-        """The pool's bytes as the banks hold them, each expert in its own row widths (a host
-        cache slot, `expert_nbytes`, is as wide as the widest: mixed ggml types pad there)."""
-        total = sum(t.nbytes for t in self.resident.values())
-        for b in self.banks.values():
-            for pc in b.pieces:
-                each = pc.nbytes if pc.file_dtype is None else pc.nbytes // _elsize(pc.file_dtype) * _elsize(b.dtype)
-                total += int((pc.files >= 0).sum()) * each
-        return total
-
-    @property
-    def layer_expert_nbytes(self) -> np.ndarray:
-        """int64 [num_layers]: one expert of each layer as the banks hold it, in its own row
-        widths (what the CPU kernels stream of it; the slot is `expert_nbytes`, the widest)."""
-        out = np.full(self.num_layers, sum(t[0].nbytes for t in self.resident.values()), np.int64)
-        first = np.arange(self.num_layers) * self.num_experts
-        for b in self.banks.values():
-            for pc in b.pieces:
-                each = pc.nbytes if pc.file_dtype is None else pc.nbytes // _elsize(pc.file_dtype) * _elsize(b.dtype)
-                out += np.where(pc.files[first] >= 0, each, 0)
-        return out
-
-    def check_sizes(self) -> None:
-        """Every piece inside its file (a truncated file is refused at start, in one line)."""
-        sizes = [p.stat().st_size for p in self.paths]
-        for name, b in self.banks.items():
-            for pc in b.pieces:
-                end = pc.offsets + pc.nbytes
-                for i, size in enumerate(sizes):
-                    sel = pc.files == i
-                    if sel.any() and int(end[sel].max()) > size:
-                        flat = int(np.flatnonzero(sel & (end > size))[0])
-                        raise CheckpointError(
-                            f"{self.paths[i]}: truncated: expert {flat % self.num_experts} of MoE layer "
-                            f"{flat // self.num_experts} (bank {name!r}) needs bytes up to {int(end[flat])} "
-                            f"but the file has {size}")
-
-
-def _elsize(dtype: torch.dtype) -> int:
-    return torch.empty(0, dtype=dtype).element_size()
+from ..experts.disk_pieces import BankLayout, DiskLayout, Piece, elsize as _elsize
+from ..experts.pool import ExpertSpec
+from ..quant import ggml_quants
+from ..weights import modelopt
+from ..weights.ftw_format import dtype_from_name
+from ..weights.ftw_reader import FtwFile
+from ..weights.gguf import GgufFile
+from ..weights.gguf_experts import expert_biases, expert_tensors, layout
+from ..weights.gguf_types import BF16, F16, F32
+from .decoder import MoECausalLM
 
 
 def _row_pieces(n: int, offsets, nbytes: int, dst: int = 0, **kw) -> Piece:
@@ -121,7 +50,6 @@ def ftw_layout(ck) -> DiskLayout:
     ex = ck.header.get("experts")
     if not ex:
         raise CheckpointError(f"{ck.path}: no expert banks in this FTW file")
-    from ..weights.ftw_format import dtype_from_name
     L, E = ex["num_layers"], ex["num_experts"]
     n = L * E
     spec = ExpertSpec(**ex["spec"])
@@ -155,9 +83,6 @@ def _read_resident(path: Path, offset: int, nbytes: int, dtype: torch.dtype, sha
 
 # --- GGUF: merged expert tensors [E, rows, cols] per MoE block ---------------------------
 def gguf_layout(ck) -> DiskLayout:
-    from ..weights import ggml_quants
-    from ..weights.gguf import BF16, F16, F32
-    from ..weights.gguf_experts import expert_biases, expert_tensors, layout
     blocks, parts = expert_tensors(ck)
     if not blocks:
         raise CheckpointError(f"{ck.path}: no routed experts in this GGUF file")
@@ -245,8 +170,6 @@ def _st_header(path: Path) -> dict:
 
 def safetensors_layout(model, ck, cfg) -> DiskLayout:
     """The decoder's own pool layout (models/decoder.py build_pool) over an HF directory."""
-    from ..models.decoder import MoECausalLM
-    from ..weights import modelopt
     if type(model).build_pool is not MoECausalLM.build_pool:
         raise CheckpointError(f"{ck.dir}: {type(model).__name__} builds its experts its own way; "
                               "convert to FTW for the disk tier (freetoken convert)")
@@ -306,8 +229,6 @@ def safetensors_layout(model, ck, cfg) -> DiskLayout:
 
 def disk_layout(model, ck, cfg) -> DiskLayout:
     """The layout of `ck`'s experts (FTW, GGUF or safetensors), sizes checked against the files."""
-    from ..weights.ftw_reader import FtwFile
-    from ..weights.gguf import GgufFile
     if isinstance(ck, FtwFile):
         out = ftw_layout(ck)
     elif isinstance(ck, GgufFile):

@@ -15,12 +15,20 @@ import torch
 
 from .. import defaults
 from ..config import EngineConfig
-from .bandwidth import DEFAULT_PROFILE, BandwidthEstimator, device_id, format_id, load_profile, machine_id
+from ..experts.bandwidth import BandwidthEstimator, DEFAULT_PROFILE, device_id, format_id, load_profile, machine_id
+from ..experts.base import Experts
+from ..experts.disk import DiskExperts
+from ..experts.host_exec import make_host_executor
+from ..experts.pinning import pin_or_pageable
+from ..experts.pool import ExpertPool
+from ..experts.recording import RoutingRecorder
+from ..experts.resident import ResidentExperts
+from ..experts.slots import DEFAULT_POLICY
+from ..experts.tiered import CpuExperts, TieredExperts
+from ..experts.transfer import make_copy_engine
+from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US
-from .base import Experts
-from .pool import ExpertPool
-from .resident import ResidentExperts
-from .slots import DEFAULT_POLICY
+from .disk_layout import disk_layout
 
 log = logging.getLogger("freetoken.experts")
 
@@ -64,15 +72,12 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
     backend = resolve_backend(pool, cfg, device, non_expert_bytes)
     pinned = True
     if backend in ("offload", "hybrid") and (pin is not None or device.type == "cuda" and not _pinned(pool)):
-        from .pinning import pin_or_pageable
         pinned = pin_or_pageable(pin or pool.pin)
     if backend == "resident":
         experts: Experts = ResidentExperts(pool, device)
     elif backend == "cpu":
-        from .tiered import CpuExperts
         experts = CpuExperts(pool, device, _host_executor(pool, cfg, spin_us))
     else:
-        from .tiered import TieredExperts
         prof = load_profile(cfg.bandwidth_profile or DEFAULT_PROFILE, machine_id(), device_id(device), format_id(pool))
         if prof is None and cfg.bandwidth_profile:
             log.warning("no bandwidth profile for this machine/device/format in %s; estimating online",
@@ -80,7 +85,6 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
         policy = cfg.expert_cache_policy or DEFAULT_POLICY
         sized = cfg.expert_cache_slots is not None or cfg.expert_cache_gib is not None or device.type != "cuda"
         slots = cache_slots(pool, cfg, device) if sized else (lambda: cache_slots(pool, cfg, device))
-        from .transfer import make_copy_engine
         experts = TieredExperts(pool, device, slots, backend if pinned else "pageable", cache_policy=policy,
                                 host_executor=_host_executor(pool, cfg, spin_us),
                                 copy_engine=make_copy_engine(device, pinned=pinned),
@@ -92,7 +96,6 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
         settings["expert_cache_slots"] = slots if isinstance(slots, int) else "sized at the first step"
         settings["expert_cache_policy"] = policy
     if cfg.record_routing:
-        from .recording import RoutingRecorder
         experts = RoutingRecorder(experts, cfg.record_routing,
                                   {"num_layers": pool.num_layers, "num_experts": pool.num_experts,
                                    "model": cfg.model, "expert_bytes": pool.expert_nbytes})
@@ -101,8 +104,6 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
 
 
 def _host_executor(pool: ExpertPool, cfg: EngineConfig, spin_us: int):
-    from ..kernels.choices import kernel_variant
-    from .host_exec import make_host_executor
     return make_host_executor(pool, cfg.num_threads, spin_us=spin_us, isa=kernel_variant(cfg.kernel_isa))
 
 
@@ -122,8 +123,6 @@ def host_cache_slots(expert_nbytes: int, n: int, cfg: EngineConfig, num_experts:
 
 def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US):
     """The disk tier (experts/disk.py): (layout of the experts in the file, backend)."""
-    from .disk import DiskExperts
-    from .disk_layout import disk_layout
     layout = disk_layout(model, ck, cfg)
     n = layout.num_layers * layout.num_experts
     slots = host_cache_slots(layout.expert_nbytes, n, cfg, layout.num_experts)

@@ -5,7 +5,7 @@ import json
 
 
 def register(subparsers) -> None:
-    from ..cli import add_engine_args
+    from ..engine.args import add_engine_args
     p = subparsers.add_parser("plan", help="print the memory plan (weights, expert cache, KV, activations) "
                               "without loading the model",
                               description="Print what the engine would put in host and device memory for "
@@ -19,11 +19,11 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from ..cli import engine_options
+    from ..engine.args import engine_options
     from ..config import EngineConfig
     import logging
 
-    from .plan import resolve_memory
+    from ..memory.plan import resolve_memory
     logging.getLogger("freetoken.memory").setLevel(logging.ERROR)     # warnings are printed below
     opts = {k: v for k, v in engine_options(args).items() if v is not None}
     for k in ("max_num_seqs", "max_num_batched_tokens"):

@@ -1,6 +1,6 @@
 """`freetoken check` runs its whole sequence on a tiny model and diagnoses in the guide's terms."""
 from freetoken.cli import main as cli_main
-from freetoken.memory.check_cli import diagnose
+from freetoken.cli.check import diagnose
 from freetoken.memory.plan import MemoryPlan
 
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .bandwidth import DEFAULT_PROFILE, BandwidthProfile, device_id, format_id, machine_id, save_profile
-from .formats import FORMAT_NAMES, quantize_banks, spec_format
-from .host_exec import make_host_executor
-from .pool import ExpertPool, ExpertSpec
+from ..experts.bandwidth import DEFAULT_PROFILE, BandwidthProfile, device_id, format_id, machine_id, save_profile
+from ..experts.formats import FORMAT_NAMES, quantize_banks, spec_format
+from ..experts.host_exec import make_host_executor
+from ..experts.pool import ExpertPool, ExpertSpec
 
 BATCH = 8
 
@@ -89,9 +89,9 @@ def measure(pool: ExpertPool, device: torch.device, seconds: float = 1.0, thread
             link_bytes_per_s: float | None = None, pin=None) -> BandwidthProfile:
     """pin: the pool's page-locking call (default pool.pin on CUDA; tests pass a fake). Refused,
     B_P is measured over pageable banks (what the engine then copies from), with one warning."""
-    from .cache import ExpertCache
-    from .pinning import pin_or_pageable
-    from .transfer import make_copy_engine
+    from ..experts.cache import ExpertCache
+    from ..experts.pinning import pin_or_pageable
+    from ..experts.transfer import make_copy_engine
     pinned = pin_or_pageable(pin) if pin else device.type != "cuda" or pin_or_pageable(pool.pin)
     S, N = pool.expert_nbytes, pool.num_experts
     cache = ExpertCache(pool, 2 * BATCH, device, make_copy_engine(device, link_bytes_per_s, pinned))
@@ -160,12 +160,12 @@ def main(args) -> int:
     prof = measure(pool, device, args.seconds, args.threads,
                    args.link_gbs * 1e9 if args.link_gbs else None)
     try:
-        from .membw import read_bandwidth
+        from ..experts.membw import read_bandwidth
         prof.read_bw = read_bandwidth(num_threads=args.threads)
     except Exception:                      # the roofline is informative only
         prof.read_bw = None
     if not args.no_disk:
-        from .diskbw import read_bandwidth, scratch_bandwidth
+        from ..experts.diskbw import read_bandwidth, scratch_bandwidth
         try:
             prof.b_d = (read_bandwidth(args.disk_file, prof.expert_nbytes, args.seconds) if args.disk_file else
                         scratch_bandwidth(Path(args.out).parent, prof.expert_nbytes, args.seconds))

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.core_model_loading import Inkling2LoopDequantizeExperts
 
-from freetoken.weights.nvfp4 import dequantize_nvfp4, from_checkpoint, quantize_nvfp4
+from freetoken.quant.nvfp4 import dequantize_nvfp4, from_checkpoint, quantize_nvfp4
 
 
 def random_nvfp4(experts, rows, cols, seed):
