@@ -60,6 +60,16 @@ def held_suffix(buf: str, markers: list[str]) -> int:
 class Parser:
     """Base: all text is visible text. Subclasses add reasoning and tool-call markup."""
 
+    # whether `forced_call_lark` writes this family's call markup (tool_choice required / named)
+    forced_calls = False
+
+    @classmethod
+    def forced_call_lark(cls, calls: list[tuple[str, dict]], lit, template: str) -> str:
+        """A lark grammar (llguidance syntax, `start` rule) of exactly one call to one of `calls`
+        (name, parameters schema), in the markup the checkpoint's chat `template` renders and this
+        parser reads back; `lit(tag)` is a tag's terminal (see forced.py)."""
+        raise NotImplementedError
+
     def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
         self.tools = {t["function"]["name"]: t["function"] for t in tools or [] if "function" in t}
         self.n_calls = 0
