@@ -71,14 +71,20 @@ def _literal(tag: str, tokenizer, lltok) -> str:
     return json.dumps(tag)
 
 
-def forced_tool_call_grammar(parser_cls, calls: list[tuple[str, dict]], tokenizer, lltok) -> str:
+def forced_tool_call_grammar(parser_cls, calls: list[tuple[str, dict]], tokenizer, lltok,
+                             in_think: bool = False) -> str:
     """One tool call to one of `calls` (name, parameters schema), in the markup of the parser
-    family `parser_cls` as the checkpoint's chat template renders it."""
+    family `parser_cls` as the checkpoint's chat template renders it; `in_think`: the generation
+    prompt opened a think block (MiniMax-M2 always does), which the output closes first."""
+    from .parsers.forced import after_think
     for name, schema in calls:
         check_schema(schema, f"tools[{name!r}].function.parameters")
     template = getattr(tokenizer, "chat_template", None) or ""
-    return lark_grammar(parser_cls.forced_call_lark(calls, lambda tag: _literal(tag, tokenizer, lltok),
-                                                    template if isinstance(template, str) else ""))
+
+    def lit(tag):
+        return _literal(tag, tokenizer, lltok)
+    lark = parser_cls.forced_call_lark(calls, lit, template if isinstance(template, str) else "")
+    return lark_grammar(after_think(lark, lit) if in_think else lark)
 
 
 class GrammarProcessor:

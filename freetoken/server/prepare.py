@@ -117,17 +117,21 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
         grammar = await asyncio.to_thread(json_schema_grammar, schema)
         kwargs.setdefault("enable_thinking", False)
     elif forced:
-        from .grammar import forced_tool_call_grammar
         calls = [(t["function"]["name"], t["function"].get("parameters")) for t in forced]
         check_grammar_size(calls, "tools")
-        lltok = await asyncio.to_thread(svc.grammar_tokenizer)
-        grammar = await asyncio.to_thread(forced_tool_call_grammar, parser_cls, calls, svc.tokenizer, lltok)
         kwargs.setdefault("enable_thinking", False)
     elif inp.response_format and inp.response_format.get("type") not in (None, "text"):
         raise BadRequest(f"response_format type {inp.response_format.get('type')!r} is not "
                          "supported (use text, json_object or json_schema)", param="response_format")
 
     prompt = await asyncio.to_thread(render, svc.tokenizer, inp.messages, tools, kwargs)
+    if forced and not json_out:
+        # after the render: a template that opens a think block anyway (MiniMax-M2) has the
+        # grammar close it first
+        from .grammar import forced_tool_call_grammar
+        lltok = await asyncio.to_thread(svc.grammar_tokenizer)
+        grammar = await asyncio.to_thread(forced_tool_call_grammar, parser_cls, calls, svc.tokenizer, lltok,
+                                          starts_in_reasoning(prompt))
     ids = await asyncio.to_thread(svc.encode_prompt, prompt)
     max_tokens, window_limited = svc.output_budget(inp.max_tokens, len(ids), inp.default_max_tokens)
     processors = []

@@ -71,7 +71,12 @@ def family(request, tmp_path):
     tok = family_tokenizer(tmp_path, path.read_text(), specials)
     from freetoken.server.grammar import build_tokenizer, forced_tool_call_grammar
     lltok = build_tokenizer(tok)
-    return request.param, tok, lltok, parser, shape, lambda calls: forced_tool_call_grammar(parser, calls, tok, lltok)
+    from freetoken.server.chat import starts_in_reasoning
+    prompt = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                     enable_thinking=False, thinking=False)
+    in_think = starts_in_reasoning(prompt)          # MiniMax-M2 opens one anyway
+    return request.param, tok, lltok, parser, shape, \
+        lambda calls: forced_tool_call_grammar(parser, calls, tok, lltok, in_think)
 
 
 def rendered_call(tok, name: str, args: dict, shape) -> str:
@@ -142,3 +147,17 @@ def test_a_random_model_under_the_grammar_writes_one_valid_call(family, seed):
         pytest.fail("the grammar never ended")
     called, args = one_call(parser, tok.decode(out))
     assert satisfies(args, dict(CALLS)[called]), (called, args)
+
+
+def test_a_family_without_call_markup_is_refused(fake, monkeypatch):
+    """Plain models (no tool-call markup in their template) still answer 400 naming tool_choice."""
+    import httpx
+
+    from freetoken.server.parsers import PlainParser
+    _, url, svc = fake
+    monkeypatch.setattr(svc, "parser_cls", PlainParser)
+    tools = [{"type": "function", "function": {"name": "Shell", "parameters": SHELL}}]
+    r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+        "model": "capture-model", "max_tokens": 4, "tools": tools, "tool_choice": "required",
+        "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and "tool_choice" in r.text, r.text

@@ -46,6 +46,14 @@ def is_bare_string(schema) -> bool:
     return not isinstance(schema, dict) or schema.get("type", "string") == "string"
 
 
+def after_think(lark: str, lit: Lit) -> str:
+    """The grammar `lark` (its first rule `start`) after a think block the generation prompt left
+    open: closed at once, then the call, as the templates render a turn (</think>, newlines)."""
+    assert lark.startswith("start:"), lark[:40]
+    return (f'start: "\\n"? {lit("</think>")} "\\n"? "\\n"? "\\n"? markup\nmarkup:'
+            + lark[len("start:"):])
+
+
 def one_of(calls: list[tuple[str, dict]], call: Callable[[int, str, dict], tuple[str, list[str]]]) -> str:
     """Rules `body: call0 | call1 ...` from `call(i, name, schema)` -> (its expression, its extra rules)."""
     alts, rules = [], []

@@ -33,16 +33,16 @@ class MiniMaxParser(MarkerParser):
 
     @classmethod
     def forced_call_lark(cls, calls, lit, template: str) -> str:
-        """The generation prompt has opened <think>: the call comes after that block, closed
-        empty, as the template renders a turn (<think>\nR\n</think>\n\n then \n<minimax:tool_call>)."""
+        """\n<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>
+        (the generation prompt opens <think>: grammar.py closes it first)."""
         bad = ["</parameter>", "<parameter name=", INVOKE_CLOSE, CALLS_CLOSE]
 
         def call(i, name, schema):
             seq, rules = forced.params(i, schema, lambda k, bare: forced.text(f'<parameter name="{k}">'),
                                        "</parameter>\n", lit, bad)
             return " ".join((forced.text(f'<invoke name="{name}">\n'), seq, forced.text(INVOKE_CLOSE + "\n"))), rules
-        return (f'start: "\\n"? {lit(THINK_CLOSE)} "\\n"? "\\n"? "\\n"? {lit(CALLS_OPEN)} "\\n" body '
-                f"{lit(CALLS_CLOSE)}\n" + forced.one_of(calls, call))
+        return (f'start: "\\n"? {lit(CALLS_OPEN)} "\\n" body {lit(CALLS_CLOSE)}\n'
+                + forced.one_of(calls, call))
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":
