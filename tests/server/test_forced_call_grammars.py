@@ -17,13 +17,15 @@ from test_agent_forced_tools import satisfies
 
 llguidance = pytest.importorskip("llguidance", reason="constrained decoding needs llguidance")
 
-READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 12}, "limit": {"type": "integer", "minimum": 1},
+READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 12},
+                                         "limit": {"type": "integer", "minimum": 1},
                                          "opts": {"type": "object", "properties": {"deep": {"type": "boolean"}},
-                                                  "required": ["deep"], "additionalProperties": False}},
+                                                  "required": ["deep"], "additionalProperties": False},
+                                         "mode": {"type": "string", "enum": ["a", "b c"]}},
         "required": ["path", "limit"], "additionalProperties": False}
 SHELL = {"type": "object", "properties": {"cmd": {"type": "string", "maxLength": 8}}, "required": ["cmd"]}
 CALLS = [("Read", READ), ("Shell", SHELL)]
-ARGS = {"path": "a b.md\n</x>", "limit": 3, "opts": {"deep": True}}
+ARGS = {"path": "a b.md\n</x>", "limit": 3, "opts": {"deep": True}, "mode": "b c"}
 
 # (template file, parser, the vocabulary's special tokens, what the generation prompt ends with
 #  that a rendered turn does not, what a rendered turn starts with that the model does not write,
@@ -114,6 +116,8 @@ def test_the_grammar_accepts_the_templates_call_and_nothing_wrong(family):
     assert not accepts(g, lltok, tok, rendered_call(tok, "Read", missing, shape))
     assert not accepts(g, lltok, tok, rendered_call(tok, "Read", dict(ARGS, limit=[3]), shape))
     assert not accepts(g, lltok, tok, rendered_call(tok, "Read", dict(ARGS, opts={"deep": 1}), shape))
+    assert not accepts(g, lltok, tok, rendered_call(tok, "Read", dict(ARGS, mode="d"), shape))
+    assert not accepts(g, lltok, tok, rendered_call(tok, "Read", dict(ARGS, path="x" * 13), shape))   # maxLength
     # the parser reads the template's own call back as it was
     assert one_call(parser, text) == ("Read", ARGS)
 

@@ -33,8 +33,9 @@ class MiniMaxParser(MarkerParser):
 
     @classmethod
     def forced_call_lark(cls, calls, lit, template: str) -> str:
-        """\n<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>
-        (the generation prompt opens <think>: grammar.py closes it first)."""
+        """The block the template renders, with one invoke:
+        \n<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>
+        (the generation prompt opens <think>: grammar.py has the output close it first)."""
         bad = ["</parameter>", "<parameter name=", INVOKE_CLOSE, CALLS_CLOSE]
 
         def call(i, name, schema):
