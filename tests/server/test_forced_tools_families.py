@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from freetoken.server.parsers import DeepSeekParser, GlmParser, MiniMaxParser
+from freetoken.server.parsers import DeepSeekParser, GlmParser, HarmonyParser, MiniMaxParser
 from helpers import SHARED_DATA
 from test_agent_forced_tools import satisfies
 
@@ -25,6 +25,8 @@ FAMILIES = {
     "minimax-m2": ("minimax_m2", "MiniMaxM2ForCausalLM", HERE / "MiniMax-M2.jinja", MiniMaxParser),
     "deepseek-v3.1": ("deepseek_v3", "DeepseekV3ForCausalLM",
                       SHARED_DATA / "chat-templates" / "deepseek-ai-DeepSeek-V3.1.jinja", DeepSeekParser),
+    "gpt-oss": ("gpt_oss", "GptOssForCausalLM", SHARED_DATA / "chat-templates" / "openai-gpt-oss-120b.jinja",
+                HarmonyParser),
 }
 # bounded values, so that random weights reach the end of the call within the token budget
 READ = {"type": "object", "properties": {
@@ -67,7 +69,8 @@ def check(name: str, args: dict, allowed: list[str]) -> None:
 
 @pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "Grep"}}, "required"])
 def test_openai_forced_call(served, choice):
-    tools = [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in SCHEMAS.items()]
+    tools = [{"type": "function", "function": {"name": n, "description": n, "parameters": s}}
+             for n, s in SCHEMAS.items()]
     r = httpx.post(served + "/v1/chat/completions", timeout=600, json={
         "model": "m", "max_tokens": 600, "seed": 3, "tools": tools, "tool_choice": choice, "messages": USER})
     assert r.status_code == 200, r.text[:300]
