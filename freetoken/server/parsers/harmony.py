@@ -34,6 +34,7 @@ class HarmonyParser(Parser):
             rendered = f'{forced.text(" " + to)} {ch} "commentary json"'
             return f"(({model}) | ({rendered})) {msg} a{i} {lit('<|call|>')}", [f"a{i}: {forced.json_value(schema)}"]
         return "start: body\n" + forced.one_of(calls, call)
+
     def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
         super().__init__(tools)
         self.buf = ""
