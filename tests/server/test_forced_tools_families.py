@@ -1,6 +1,6 @@
 """Forced tool calls end to end for families other than Qwen: a random-weight tiny checkpoint with
-the family's real chat template copied in, served over HTTP, asked through the OpenAI and the
-Anthropic APIs to call a named tool or any tool. Random weights never write a call on their own;
+the family's real chat template copied in, served over HTTP, asked through the OpenAI, Anthropic
+and Responses APIs to call a named tool or any tool. Random weights never write a call on their own;
 under the family's forced-call grammar each answer is one call, to an allowed tool, whose
 arguments (parsed back by the family's parser) satisfy the tool's schema."""
 from __future__ import annotations
@@ -91,3 +91,13 @@ def test_anthropic_forced_call(served, choice):
     assert body["stop_reason"] == "tool_use", body
     [use] = [b for b in body["content"] if b["type"] == "tool_use"]
     check(use["name"], use["input"], ["Read"] if choice["type"] == "tool" else list(SCHEMAS))
+
+
+def test_responses_forced_call(served):
+    tools = [{"type": "function", "name": n, "description": n, "parameters": s} for n, s in SCHEMAS.items()]
+    r = httpx.post(served + "/v1/responses", timeout=600, json={
+        "model": "m", "max_output_tokens": 600, "tools": tools, "tool_choice": {"type": "function", "name": "Read"},
+        "input": "read the README"})
+    assert r.status_code == 200, r.text[:300]
+    [call] = [it for it in r.json()["output"] if it["type"] == "function_call"]
+    check(call["name"], json.loads(call["arguments"]), ["Read"])
