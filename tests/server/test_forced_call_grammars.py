@@ -81,10 +81,10 @@ def family(request, tmp_path):
         lambda calls: forced_tool_call_grammar(parser, calls, tok, lltok, in_think)
 
 
-def rendered_call(tok, name: str, args: dict, shape) -> str:
+def rendered_call(tok, name: str, args: dict, shape, calls=CALLS) -> str:
     """What the model writes after the generation prompt for this call, as the template renders
     it in a past turn: the rendered conversation past the prompt, without the end of the turn."""
-    tools = [{"type": "function", "function": {"name": n, "description": "d", "parameters": s}} for n, s in CALLS]
+    tools = [{"type": "function", "function": {"name": n, "description": "d", "parameters": s}} for n, s in calls]
     user = [{"role": "user", "content": "read it"}]
     call = {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": name, "arguments": args}}]}
@@ -165,3 +165,20 @@ def test_a_family_without_call_markup_is_refused(fake, monkeypatch):
         "model": "capture-model", "max_tokens": 4, "tools": tools, "tool_choice": "required",
         "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 400 and "tool_choice" in r.text, r.text
+
+
+def test_a_value_referring_to_the_schemas_definitions(family):
+    """A parameter given by $ref (pydantic writes tool schemas so): the key/value forms write
+    that value as JSON of the definition."""
+    name, tok, lltok, parser, shape, grammar_of = family
+    schema = {"type": "object", "$defs": {"Opts": {"type": "object", "properties": {"deep": {"type": "boolean"}},
+                                                   "required": ["deep"], "additionalProperties": False}},
+              "properties": {"opts": {"$ref": "#/$defs/Opts"}}, "required": ["opts"]}
+    calls = [("Read", schema)]
+    g = grammar_of(calls)
+    text = rendered_call(tok, "Read", {"opts": {"deep": False}}, shape, calls)
+    assert accepts(g, lltok, tok, text)
+    assert not accepts(g, lltok, tok, rendered_call(tok, "Read", {"opts": {"deep": "no"}}, shape, calls))
+    p = parser([{"type": "function", "function": {"name": "Read", "parameters": schema}}])
+    got = [e for e in p.feed(text) + p.finish() if isinstance(e, ToolCallEnd)]
+    assert [json.loads(e.arguments) for e in got] == [{"opts": {"deep": False}}]

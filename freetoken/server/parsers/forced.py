@@ -8,6 +8,8 @@ import json
 import re
 from typing import Callable
 
+from .base import is_bare_string
+
 Lit = Callable[[str], str]
 
 
@@ -39,11 +41,6 @@ def raw_text(forbidden: list[str], schema=None, close: str = "") -> str:
     ok = lambda n: isinstance(n, int) and not isinstance(n, bool) and n >= 0     # noqa: E731
     count = f"{{{lo if ok(lo) else 0},{hi if ok(hi) else ''}}}" if ok(hi) or (ok(lo) and lo) else "*"
     return rf"/(?s:.){count}{_rx(close)}/ & ~/(?s:.*)({bad})(?s:.*){_rx(close)}/"
-
-
-def is_bare_string(schema) -> bool:
-    """A value the XML families write bare: where `Parser.typed_arg` keeps the text as it is."""
-    return not isinstance(schema, dict) or schema.get("type", "string") == "string"
 
 
 def after_think(lark: str, lit: Lit) -> str:
@@ -86,8 +83,9 @@ def params(i: int, schema: dict, head: Callable[[str, bool], str], close: str, l
             rules.append(f"{value}: V{i}_{j} {end}\nV{i}_{j}: {raw_text(forbidden, sub)}")
         elif bare:
             rules.append(f"{value}: V{i}_{j}\nV{i}_{j}: {raw_text(forbidden, sub, close)}")
-        else:
-            rules.append(f"{value}: {json_value(sub)} {end}")
+        else:               # a $ref in the value resolves against the tool schema's definitions
+            defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema and isinstance(sub, dict)}
+            rules.append(f"{value}: {json_value(dict(sub, **defs) if defs else sub)} {end}")
         rules.append(f"p{i}_{j}: {head(key, bare)} {value}")
         seq.append(f"p{i}_{j}" if key in required else f"p{i}_{j}?")
     return " ".join(seq) or '""', rules
