@@ -8,6 +8,7 @@ import logging
 import torch
 
 from .errors import BadRequest
+from .parsers.forced import after_think
 from .schema_check import check_schema
 
 log = logging.getLogger("freetoken.server")
@@ -71,20 +72,19 @@ def _literal(tag: str, tokenizer, lltok) -> str:
     return json.dumps(tag)
 
 
-def forced_tool_call_grammar(calls: list[tuple[str, dict]], open_tag: str, close_tag: str,
-                             tokenizer, lltok) -> str:
-    """One tool call in the Qwen JSON form to one of `calls` (name, parameters schema)."""
-    alts = []
-    for i, (name, schema) in enumerate(calls):
+def forced_tool_call_grammar(parser_cls, calls: list[tuple[str, dict]], tokenizer, lltok,
+                             in_think: bool = False) -> str:
+    """One tool call to one of `calls` (name, parameters schema), in the markup of the parser
+    family `parser_cls` as the checkpoint's chat template renders it; `in_think`: the generation
+    prompt opened a think block (MiniMax-M2 always does), which the output closes first."""
+    for name, schema in calls:
         check_schema(schema, f"tools[{name!r}].function.parameters")
-        head = json.dumps('{"name": ' + json.dumps(name) + ', "arguments": ')
-        # compact JSON: with free whitespace a weak model can pad between tokens forever
-        schema = dict(schema or {"type": "object"}, **{"x-guidance": {"whitespace_flexible": False}})
-        alts.append(f"call{i}: {head} args{i} \"}}\"\nargs{i}: %json {json.dumps(schema)}")
-    start = " | ".join(f"call{i}" for i in range(len(calls)))
-    open_t, close_t = _literal(open_tag, tokenizer, lltok), _literal(close_tag, tokenizer, lltok)
-    return lark_grammar(f'start: {open_t} "\\n" body "\\n" {close_t}\n'
-                        f"body: {start}\n" + "\n".join(alts) + "\n")
+    template = getattr(tokenizer, "chat_template", None) or ""
+
+    def lit(tag):
+        return _literal(tag, tokenizer, lltok)
+    lark = parser_cls.forced_call_lark(calls, lit, template if isinstance(template, str) else "")
+    return lark_grammar(after_think(lark, lit) if in_think else lark)
 
 
 class GrammarProcessor:

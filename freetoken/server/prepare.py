@@ -10,7 +10,7 @@ from .chat import check_tools, render, starts_in_reasoning
 from .grammar import GrammarProcessor, check_grammar_size, forced_tool_call_grammar, json_schema_grammar
 from .errors import BadRequest
 from .generation import GenerationRequest, GenerationService
-from .parsers import HarmonyParser, PlainParser, QwenParser
+from .parsers import HarmonyParser, PlainParser
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
                    "frequency_penalty", "repetition_penalty", "ignore_eos", "stop_token_ids")
@@ -105,27 +105,31 @@ async def prepare_chat(svc: GenerationService, inp: ChatInput) -> GenerationRequ
     if json_out and parser_cls is HarmonyParser:
         raise BadRequest("response_format json_schema/json_object is not supported yet for harmony "
                          "(gpt-oss) models", param="response_format")
-    if forced and not json_out and parser_cls is not QwenParser:
-        raise BadRequest(f"tool_choice {inp.tool_choice!r} needs constrained tool calls, which this "
-                         f"server has for Qwen-family models only; use 'auto'", param="tool_choice")
+    if forced and not json_out and not parser_cls.forced_calls:
+        raise BadRequest(f"tool_choice {inp.tool_choice!r} needs constrained tool calls, and this model's "
+                         f"chat format ({parser_cls.__name__}) has no tool-call markup; use 'auto'",
+                         param="tool_choice")
     # grammars compile in a worker thread: a large schema must not stall every stream
     if json_out:
         schema = inp.response_format.get("schema") if inp.response_format["type"] == "json_schema" else None
         check_grammar_size(schema, "response_format.json_schema.schema")
         grammar = await asyncio.to_thread(json_schema_grammar, schema)
         kwargs.setdefault("enable_thinking", False)
-    elif forced and parser_cls is QwenParser:
+    elif forced:
         calls = [(t["function"]["name"], t["function"].get("parameters")) for t in forced]
         check_grammar_size(calls, "tools")
-        lltok = await asyncio.to_thread(svc.grammar_tokenizer)
-        grammar = await asyncio.to_thread(forced_tool_call_grammar, calls, "<tool_call>",
-                                          "</tool_call>", svc.tokenizer, lltok)
         kwargs.setdefault("enable_thinking", False)
     elif inp.response_format and inp.response_format.get("type") not in (None, "text"):
         raise BadRequest(f"response_format type {inp.response_format.get('type')!r} is not "
                          "supported (use text, json_object or json_schema)", param="response_format")
 
     prompt = await asyncio.to_thread(render, svc.tokenizer, inp.messages, tools, kwargs)
+    if forced and not json_out:
+        # after the render: a template that opens a think block anyway (MiniMax-M2) has the
+        # grammar close it first
+        lltok = await asyncio.to_thread(svc.grammar_tokenizer)
+        grammar = await asyncio.to_thread(forced_tool_call_grammar, parser_cls, calls, svc.tokenizer, lltok,
+                                          starts_in_reasoning(prompt))
     ids = await asyncio.to_thread(svc.encode_prompt, prompt)
     max_tokens, window_limited = svc.output_budget(inp.max_tokens, len(ids), inp.default_max_tokens)
     processors = []

@@ -207,7 +207,7 @@ def test_forced_tool_call_cut_by_max_tokens_is_returned_truncated(uncapped):
               messages=[{"role": "user", "content": "weather?"}])
     whole = oai(url).chat.completions.create(max_tokens=64, **kw)
     obj = json.loads(whole.choices[0].message.tool_calls[0].function.arguments)
-    compact = json.dumps(obj, separators=(",", ":"))            # the grammar's whitespace
+    compact = json.dumps(obj)            # the grammar spaces JSON as json.dumps (and the template's tojson)
     partial = 0
     for k in range(2, 7):
         ch = oai(url).chat.completions.create(max_tokens=whole.usage.completion_tokens - k, **kw).choices[0]

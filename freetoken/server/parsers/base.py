@@ -28,6 +28,19 @@ def strict_loads(text: str):
     return json.loads(text, parse_constant=_non_finite, parse_float=_finite_float)
 
 
+def is_bare_string(schema) -> bool:
+    """Whether the key/value forms (GLM, MiniMax, DSML, Qwen3-Coder) write a parameter of this
+    schema as bare text: a string, or a schema that says nothing of its type; a $ref, a
+    combination, an object or array shape or a non-string enum / const is JSON."""
+    if not isinstance(schema, dict):
+        return True
+    if "type" in schema:
+        return schema["type"] == "string"
+    if "enum" in schema or "const" in schema:
+        return all(isinstance(e, str) for e in schema.get("enum", [schema.get("const", "")]))
+    return not any(k in schema for k in ("$ref", "anyOf", "oneOf", "allOf", "properties", "items"))
+
+
 def dropped(log, why: str, body: str) -> None:
     """Log a dropped tool call by its size only: generated text stays out of the logs."""
     log.warning("dropped a malformed tool call (%s; %d characters)", why, len(body))
@@ -60,6 +73,16 @@ def held_suffix(buf: str, markers: list[str]) -> int:
 class Parser:
     """Base: all text is visible text. Subclasses add reasoning and tool-call markup."""
 
+    # whether `forced_call_lark` writes this family's call markup (tool_choice required / named)
+    forced_calls = False
+
+    @classmethod
+    def forced_call_lark(cls, calls: list[tuple[str, dict]], lit, template: str) -> str:
+        """A lark grammar (llguidance syntax, `start` rule) of exactly one call to one of `calls`
+        (name, parameters schema), in the markup the checkpoint's chat `template` renders and this
+        parser reads back; `lit(tag)` is a tag's terminal (see forced.py)."""
+        raise NotImplementedError
+
     def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
         self.tools = {t["function"]["name"]: t["function"] for t in tools or [] if "function" in t}
         self.n_calls = 0
@@ -73,9 +96,9 @@ class Parser:
 
     def typed_arg(self, tool: str, key: str, value: str):
         """A tool argument written as bare text: kept as text where the tool's schema says string
-        (or says nothing), else read as JSON (numbers, booleans, objects), falling back to text."""
+        (or says nothing), else read as JSON (numbers, booleans, objects, a $ref), falling back to text."""
         props = (self.tools.get(tool, {}).get("parameters") or {}).get("properties") or {}
-        if (props.get(key) or {}).get("type", "string") == "string":
+        if is_bare_string(props.get(key)):
             return value
         try:
             return strict_loads(value)

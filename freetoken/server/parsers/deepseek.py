@@ -13,6 +13,7 @@ import logging
 import re
 
 from ..events import Event
+from . import forced
 from .base import MarkerParser, dropped, strict_loads
 
 log = logging.getLogger("freetoken.server")
@@ -34,6 +35,36 @@ _FENCED = re.compile(r"^\s*([^\n`]+?)\s*\n?```(?:json)?\s*\n?(.*?)\n?```\s*$", r
 
 class DeepSeekParser(MarkerParser):
     call_modes = ("calls", "dsml")
+    forced_calls = True
+
+    @classmethod
+    def forced_call_lark(cls, calls, lit, template: str) -> str:
+        """The form the template renders: V3.2 / V4's DSML block (function_calls / tool_calls), or
+        the special-token block with NAME<｜tool▁sep｜>{json} (V3.1) or, where the template fences
+        the arguments (V3-0324, R1), function<｜tool▁sep｜>NAME\n```json\n{json}\n```."""
+        if DSML in template:
+            block = "function_calls" if "function_calls>" in template else "tool_calls"
+            bad = [f"</{DSML}parameter>", INVOKE_CLOSE, *DSML_CLOSE]
+
+            def head(key, bare):
+                return forced.text(f'<{DSML}parameter name="{key}" string="{"true" if bare else "false"}">')
+
+            def call(i, name, schema):
+                seq, rules = forced.params(i, schema, head, f"</{DSML}parameter>\n", lit, bad)
+                empty = ' "\\n"?' if block == "tool_calls" else ""   # V4 writes one where there are no arguments
+                return " ".join((forced.text(f'<{DSML}invoke name="{name}">\n'), seq + empty,
+                                 forced.text(INVOKE_CLOSE + "\n"))), rules
+            return (f'start: "\\n\\n"? {forced.text(f"<{DSML}{block}>")} "\\n" body '
+                    f'{forced.text(f"</{DSML}{block}>")}\n' + forced.one_of(calls, call))
+        fenced = "```json" in template
+
+        def call(i, name, schema):
+            if fenced:
+                head = f'"function" {lit(SEP)} {forced.text(name + chr(10) + "```json" + chr(10))}'
+                return f'{head} a{i} {forced.text(chr(10) + "```")}', [f"a{i}: {forced.json_value(schema)}"]
+            return f"{forced.text(name)} {lit(SEP)} a{i}", [f"a{i}: {forced.json_value(schema)}"]
+        return (f"start: {lit(CALLS_BEGIN)} {lit(CALL_BEGIN)} body {lit(CALL_END)} {lit(CALLS_END)}\n"
+                + forced.one_of(calls, call))
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":

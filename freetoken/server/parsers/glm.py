@@ -9,6 +9,7 @@ import logging
 import re
 
 from ..events import Event
+from . import forced
 from .base import dropped
 from .qwen import QwenParser
 
@@ -21,6 +22,24 @@ class GlmParser(QwenParser):
     # GLM's role and framing tokens: never part of an answer (a weak or random model may emit them)
     drop = ["<|user|>", "<|assistant|>", "<|system|>", "<|observation|>", "<|endoftext|>", "[gMASK]", "<sop>",
             "<tool_response>", "</tool_response>"]
+
+    @classmethod
+    def forced_call_lark(cls, calls, lit, template: str) -> str:
+        """<tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call> (GLM-4.5/4.6),
+        without the newlines where the template writes them so (GLM-4.7); after the closed think
+        block of the generation prompt (GLM-4.6 then writes a newline)."""
+        nl = "" if "</arg_key><arg_value>" in template else "\n"
+        bad = ["</arg_value>", "</tool_call>"]
+
+        def head(key, bare):
+            return " ".join((forced.text(nl), lit("<arg_key>"), forced.text(key), lit("</arg_key>"),
+                             forced.text(nl), lit("<arg_value>")))
+
+        def call(i, name, schema):
+            seq, rules = forced.params(i, schema, head, "</arg_value>", lit, bad)
+            return f"{forced.text(name)} {seq} {forced.text(nl)}", rules
+        return (f'start: "\\n"? {lit("<tool_call>")} body {lit("</tool_call>")}\n'
+                + forced.one_of(calls, call))
 
     def _call(self, body: str) -> list[Event]:
         body = body.strip()

@@ -7,6 +7,7 @@ import logging
 import re
 
 from ..events import Event, ReasoningDelta, TextDelta
+from . import forced
 from .base import Parser, WhitespaceHold, dropped, find_first, held_suffix, strict_loads
 
 log = logging.getLogger("freetoken.server")
@@ -17,6 +18,23 @@ HEADER_END = [MESSAGE] + ENDS
 
 
 class HarmonyParser(Parser):
+    forced_calls = True
+
+    @classmethod
+    def forced_call_lark(cls, calls, lit, template: str) -> str:
+        """After the generation prompt's <|start|>assistant: a commentary message to
+        functions.NAME with JSON arguments, ended by <|call|>; the header either as the model
+        writes it (<|channel|>commentary to=functions.NAME <|constrain|>json) or as the template
+        renders a past call ( to=functions.NAME<|channel|>commentary json)."""
+        ch, msg = lit("<|channel|>"), lit(MESSAGE)
+
+        def call(i, name, schema):
+            to = f"to=functions.{name}"
+            model = f'{ch} {forced.text(f"commentary {to} ")} {lit("<|constrain|>")} "json"'
+            rendered = f'{forced.text(" " + to)} {ch} "commentary json"'
+            return f"(({model}) | ({rendered})) {msg} a{i} {lit('<|call|>')}", [f"a{i}: {forced.json_value(schema)}"]
+        return "start: body\n" + forced.one_of(calls, call)
+
     def __init__(self, tools: list[dict] | None = None, reasoning: bool = False):
         super().__init__(tools)
         self.buf = ""

@@ -12,6 +12,7 @@ import logging
 import re
 
 from ..events import Event
+from . import forced
 from .base import MarkerParser, dropped, held_suffix
 
 log = logging.getLogger("freetoken.server")
@@ -28,6 +29,21 @@ _PARAM = re.compile(r'<parameter name="?([^">\n]+)"?>(.*?)(?:</parameter>|(?=<pa
 
 class MiniMaxParser(MarkerParser):
     call_modes = ("calls",)
+    forced_calls = True
+
+    @classmethod
+    def forced_call_lark(cls, calls, lit, template: str) -> str:
+        """The block the template renders, with one invoke:
+        \n<minimax:tool_call>\n<invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>\n</minimax:tool_call>
+        (the generation prompt opens <think>: grammar.py has the output close it first)."""
+        bad = ["</parameter>", "<parameter name=", INVOKE_CLOSE, CALLS_CLOSE]
+
+        def call(i, name, schema):
+            seq, rules = forced.params(i, schema, lambda k, bare: forced.text(f'<parameter name="{k}">'),
+                                       "</parameter>\n", lit, bad)
+            return " ".join((forced.text(f'<invoke name="{name}">\n'), seq, forced.text(INVOKE_CLOSE + "\n"))), rules
+        return (f'start: "\\n"? {lit(CALLS_OPEN)} "\\n" body {lit(CALLS_CLOSE)}\n'
+                + forced.one_of(calls, call))
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":

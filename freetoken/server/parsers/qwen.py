@@ -8,6 +8,7 @@ import logging
 import re
 
 from ..events import Event
+from . import forced
 from .base import MarkerParser, dropped, strict_loads
 
 log = logging.getLogger("freetoken.server")
@@ -25,6 +26,25 @@ _PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?(?:</parameter>|(?=<parame
 class QwenParser(MarkerParser):
     drop = DROP
     call_modes = ("tool",)
+    forced_calls = True
+
+    @classmethod
+    def forced_call_lark(cls, calls, lit, template: str) -> str:
+        """<tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>, or Qwen3-Coder's XML form
+        where its template writes that (a bare value as text, others as JSON)."""
+        if "<function=" in template:
+            bad = ["</parameter>", "<parameter=", "</function>", CALL_CLOSE]
+
+            def call(i, name, schema):
+                seq, rules = forced.params(i, schema, lambda k, bare: forced.text(f"<parameter={k}>\n"),
+                                           "\n</parameter>\n", lit, bad)
+                return " ".join((forced.text(f"<function={name}>\n"), seq, forced.text("</function>"))), rules
+        else:
+            def call(i, name, schema):
+                head = forced.text('{"name": ' + json.dumps(name, ensure_ascii=False) + ', "arguments": ')
+                return f'{head} a{i} "}}"', [f"a{i}: {forced.json_value(schema)}"]
+        return (f'start: {lit(CALL_OPEN)} "\\n" body "\\n" {lit(CALL_CLOSE)}\n'
+                + forced.one_of(calls, call))
 
     def _markers(self) -> list[str]:
         if self.mode == "reasoning":
