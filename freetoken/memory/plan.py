@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from .. import defaults
 from ..config import EngineConfig
 from ..models.cache_spec import CacheSpec, cache_spec_for
+from ..models.hf_config import HFConfig
+from ..models.registry import model_class
 from .model_size import ModelShape, read_model_shape
 from .probe import GiB, MachineMemory, probe
 from ..experts.disk_plan import disk_tier
@@ -118,7 +120,8 @@ def expert_format(s: ModelShape, cfg: EngineConfig) -> str:
 
 
 def expert_nbytes(s: ModelShape, fmt: str) -> int:
-    """Bytes of one expert across all banks of the pool (matches ExpertPool.expert_nbytes)."""
+    """Bytes of one expert across all banks of the pool (matches ExpertPool.expert_nbytes): the
+    format's weights, plus what the model class adds (`expert_extra_bytes`: gpt-oss's biases)."""
     if s.prebuilt_expert_bytes is not None:
         return s.prebuilt_expert_bytes
     h = s.get("hidden_size")
@@ -137,9 +140,15 @@ def expert_nbytes(s: ModelShape, fmt: str) -> int:
         n = w + 4 * (c(2 * i) * c(h) + c(h) * c(i))
     else:
         raise ValueError(f"unknown expert format {fmt!r}")
-    if s.get("model_type") == "gpt_oss":
-        n += (2 * i + h) * 4                      # gate_up and down biases, fp32
-    return n
+    cls, hf = model_of(s)
+    return n + cls.expert_extra_bytes(hf)
+
+
+def model_of(s: ModelShape) -> tuple[type, HFConfig]:
+    """The model class the config names and its text config, as `cache_spec_for` resolves them:
+    the class answers what it keeps beyond the sizes read here."""
+    cls = model_class(s.config, "config.json")
+    return cls, HFConfig(cls.text_config(s.config), "config.json")
 
 
 def _attn(s: ModelShape):
@@ -198,21 +207,15 @@ def gathered_kv_bytes(s: ModelShape, cfg: EngineConfig, max_len: int) -> int:
     keys for a whole context (layers/attention.gather: the cache rows, plus a copy in the compute
     dtype when the KV dtype differs). CUDA attention reads the paged cache in place
     (paged_flex.py); the gather is its fallback when the fused kernel cannot run, and DSA's
-    indexer always gathers its fp32 keys (dsa.py). Budgeted, so the fallback does not run the
-    device out of memory."""
+    indexer always gathers its fp32 keys (dsa.py). The values per token are the model class's
+    (`gathered_values`). Budgeted, so the fallback does not run the device out of memory."""
     rows = cfg.max_num_seqs * max_len
     kv_b = _dtype_bytes(cfg.dtype)
     comp_b = kv_b if cfg.compute_dtype == "auto" else _dtype_bytes(cfg.compute_dtype)
     copies = kv_b + (comp_b if comp_b != kv_b else 0)
-    if s.get("model_type") == "deepseek_v4":      # windows and compressed rows are states
-        return 0
-    if s.get("kv_lora_rank"):                     # MLA: one latent row per key (keys and values)
-        n = rows * (s.get("kv_lora_rank") + s.get("qk_rope_head_dim", default=64)) * copies
-        if s.get("model_type") in ("deepseek_v32", "glm_moe_dsa"):
-            n += rows * s.get("index_head_dim", default=0) * (kv_b + 4)
-        return n
-    _, kvh, hd = _attn(s)
-    return rows * 2 * kvh * hd * copies
+    cls, hf = model_of(s)
+    values, fp32_values = cls.gathered_values(hf)     # fp32 ones: gathered in the KV dtype, then converted
+    return rows * (values * copies + fp32_values * (kv_b + 4))
 
 
 def snapshot_parts(s: ModelShape, cfg: EngineConfig) -> tuple[int, ...]:

@@ -13,7 +13,7 @@ from ..errors import CheckpointError
 from ..experts.numerics import set_bf16_dot
 from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
-from ..layers.attention import paged_attention
+from ..layers.attention import kv_values_per_token, paged_attention
 from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
@@ -231,6 +231,20 @@ class MoECausalLM:
         hf = HFConfig(cls.text_config(config), path)
         state = cls.new_state(hf, max_len, kv_dtype, act_dtype, "meta")
         return CacheSpec(tuple(cls.kv_rows(hf)), kv_dtype, allocated_bytes(state), snapshot_part_bytes(state))
+
+    @classmethod
+    def gathered_values(cls, hf: HFConfig) -> tuple[int, int]:
+        """Values per token one attention layer gathers when it reads a whole context out of the
+        paged cache (layers/attention.gather, the CUDA fallback): (those converted to the compute
+        dtype, those an indexer converts to fp32). By default its widest `kv_rows` entry, K and V
+        or a latent row; a model whose rows all live in states gathers none."""
+        return max((kv_values_per_token([row]) for row in cls.kv_rows(hf)), default=0), 0
+
+    @classmethod
+    def expert_extra_bytes(cls, hf: HFConfig) -> int:
+        """Bytes the pool holds for one expert beyond its gate/up/down weights in the expert
+        format (models whose `build_pool` adds banks, e.g. biases)."""
+        return 0
 
     def kv_layers(self) -> list[tuple]:
         return self.kv_rows(self.hf)

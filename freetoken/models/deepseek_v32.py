@@ -30,6 +30,11 @@ class DeepseekV32ForCausalLM(DeepseekV3ForCausalLM):
         """One row per token: latent, rope key, indexer key."""
         return [(i, 1, latent_row(hf) + hf.req("index_head_dim"), False) for i in range(hf.req("num_hidden_layers"))]
 
+    @classmethod
+    def gathered_values(cls, hf):
+        """MLA's latent and rope key, and the indexer keys the indexer gathers in fp32 (dsa.py)."""
+        return latent_row(hf), hf.req("index_head_dim")
+
     def attention(self, ck, i: int):
         p = f"model.layers.{i}.self_attn"
         # the reference always interleaves MLA's rope dims in V3.2 (the config field is ignored)

@@ -143,6 +143,11 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
                 for i, t in enumerate(layer_schedule(hf)[0]) if t == "indexed_attention"]
 
     @classmethod
+    def gathered_values(cls, hf):
+        """MLA's latent row; the pooled indexer's fp32 keys are not counted yet."""
+        return latent_row(hf), 0
+
+    @classmethod
     def new_state(cls, hf, max_len, kv_dtype, act_dtype, device) -> SequenceState:
         linear = layer_schedule(hf)[0].count("linear_attention")
         if not linear:

@@ -125,6 +125,11 @@ class GptOssForCausalLM(MoECausalLM):
         return [row for row in super().kv_rows(hf) if not windowed[row[0]]]
 
     @classmethod
+    def expert_extra_bytes(cls, hf):
+        """The gate_up and down biases `build_pool` adds, fp32."""
+        return (2 * hf.first("moe_intermediate_size", "intermediate_size") + hf.req("hidden_size")) * 4
+
+    @classmethod
     def new_state(cls, hf, max_len, kv_dtype, act_dtype, device) -> SequenceState:
         n = sum(cls._windowed(hf))
         if not n:

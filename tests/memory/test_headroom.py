@@ -113,11 +113,12 @@ def test_checkpoints_shrink_to_whole_rounded_snapshots_when_host_is_short(tiny_d
 
 
 @pytest.mark.parametrize("arch,kv,compute", [("qwen3_moe", "bfloat16", "auto"), ("qwen3_moe", "bfloat16", "float32"),
-                                             ("deepseek_v3", "bfloat16", "auto")])
+                                             ("deepseek_v3", "bfloat16", "auto"),
+                                             ("deepseek_v32", "bfloat16", "auto")])
 def test_cuda_plan_budgets_the_gathered_kv(tiny_dir, arch, kv, compute):
     """What attention.gather materialises for max_num_seqs sequences of max_model_len keys (the
-    CUDA fallback when the paged kernel cannot run), measured on real tensors, is what the
-    plan's CUDA activations add over the CPU plan's."""
+    CUDA fallback when the paged kernel cannot run), with DSA's fp32 indexer keys, measured on
+    real tensors, is what the plan's CUDA activations add over the CPU plan's."""
     import torch
 
     from freetoken.layers.attention import AttentionMetadata, KVCache, gather, gather_rows
@@ -139,10 +140,11 @@ def test_cuda_plan_budgets_the_gathered_kv(tiny_dir, arch, kv, compute):
                              query_positions=torch.full((seqs, 1), max_len - 1), num_tokens=seqs)
     cfg = shape.config
     if cfg.get("kv_lora_rank"):                        # MLA: one latent row per key, no values
-        row = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
-        cache = KVCache(seqs * max_len, 1, row, dt[kv], "cpu", values=False)
+        latent, index = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], cfg.get("index_head_dim", 0)
+        cache = KVCache(seqs * max_len, 1, latent + index, dt[kv], "cpu", values=False)
         rows = gather_rows(cache.k, meta)
-        got = rows.nbytes + (rows.to(q_dtype).nbytes if q_dtype != dt[kv] else 0)
+        got = rows.nbytes + (rows[..., :latent].to(q_dtype).nbytes if q_dtype != dt[kv] else 0)
+        got += rows[..., latent:].float().nbytes if index else 0    # DSA's indexer keys, fp32 (dsa.py)
     else:
         kvh = cfg["num_key_value_heads"]
         hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
