@@ -144,8 +144,9 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
 
     @classmethod
     def gathered_values(cls, hf):
-        """MLA's latent row; the pooled indexer's fp32 keys are not counted yet."""
-        return latent_row(hf), 0
+        """MLA's latent row, and the [indexer key | pool gate] the pooled indexer gathers in fp32
+        (dsa_pooled.py)."""
+        return latent_row(hf), 2 * hf.req("index_head_dim")
 
     @classmethod
     def new_state(cls, hf, max_len, kv_dtype, act_dtype, device) -> SequenceState:
