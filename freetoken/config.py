@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -11,7 +12,7 @@ from . import defaults
 from .errors import InvalidRequestError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
-from .experts.slots import parse_policy
+from .experts.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_policy
 from .kernels.choices import activation_dtype
 from .platform import cpu_flags
 
@@ -23,11 +24,35 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 GIB_OPTIONS = ("kv_cache_gib", "memory_headroom_gib", "state_cache_gib", "expert_cache_gib", "host_cache_gib")
 MAX_GIB = float(1 << 20)
 
+# the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
+FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16"), "bf16_dot": ("on", "off"),
+                  "kernel_isa": ("native", "avx2", "portable")}
+
+
+@dataclass(frozen=True)
+class Flag:
+    """The command-line flag of an EngineConfig field (engine/args.py builds `generate`, `serve`,
+    `check` and `plan`'s flags from these): `--field-name` unless `option` names it, the field's
+    default, int/float from its type; a bool defaulting to False is a `--name` switch, one
+    defaulting to True a `--no-name` switch. `help` may be a function, read when the parser is
+    built, so a help text quoting defaults.py follows a changed default."""
+    help: str | Callable[[], str] | None = None
+    option: str | None = None
+    choices: tuple[str, ...] | None = None
+    metavar: str | None = None
+    on_off: bool = False       # a bool given as `on|off` rather than a switch
+
+
+def flag(default, **cli) -> dataclasses.Field:
+    """A field that is also a flag (`Flag(**cli)`); a field declared without it has none."""
+    return dataclasses.field(default=default, metadata={"flag": Flag(**cli)})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str
-    dtype: str = "bfloat16"
-    device: str = "auto"                  # "auto" -> cuda when present, else cpu
+    dtype: str = flag("bfloat16", choices=("float32", "bfloat16", "float16"))
+    device: str = flag("auto", help="auto | cpu | cuda | cuda:N")     # "auto" -> cuda when present, else cpu
     # Activations: "auto" = float32 on the CPU with the C kernels (they read bf16 weights and KV in
     # place), prefill GEMMs in native bf16 where a calibration measures it faster; elsewhere `dtype`.
     # An explicit dtype holds everywhere. See freetoken/kernels/choices.py.
@@ -37,47 +62,67 @@ class EngineConfig:
     # GEMMs over bf16 weights); bf16_dot: on | off (bf16 weights x bf16-rounded activations with
     # vdpbf16ps, emulated where the CPU lacks it); kernel_isa: native | avx2 | portable (the C
     # kernels' build, see kernels.variants_here()). "auto": the machine's choice.
-    prefill_gemm: str = "auto"
-    bf16_dot: str = "auto"
-    kernel_isa: str = "auto"
-    max_model_len: int | None = None       # default: min(config max positions, defaults.MAX_MODEL_LEN)
+    prefill_gemm: str = flag("auto", choices=("auto", *FORCED_CHOICES["prefill_gemm"]),
+                             help="force the dtype prefill GEMMs over bf16 weights multiply in (auto: calibrated)")
+    bf16_dot: str = flag("auto", choices=("auto", *FORCED_CHOICES["bf16_dot"]),
+                         help="force the vdpbf16ps dots with bf16-rounded activations on or off (auto: calibrated)")
+    kernel_isa: str = flag("auto", choices=("auto", *FORCED_CHOICES["kernel_isa"]),
+                           help="force a C kernel build (auto: the widest this CPU runs)")
+    max_model_len: int | None = flag(None, help=lambda: "context window (default: the checkpoint's, at most "
+                                     f"{defaults.MAX_MODEL_LEN})")
     max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
     max_num_batched_tokens: int = 2048     # tokens per engine step (prefill chunk size)
     kv_block_size: int = 16
-    kv_cache_gib: float | None = None      # KV budget; default fits max_num_seqs x max_model_len, capped at defaults.KV_CACHE_GIB
+    kv_cache_gib: float | None = flag(None, help=lambda: "KV cache budget, prefix cache included (default: "
+                                      f"max_num_seqs x max_model_len tokens, at most {defaults.KV_CACHE_GIB:g} GiB)")
     # Host memory the plan leaves to the rest of the machine; None: defaults.HOST_HEADROOM_*
-    memory_headroom_gib: float | None = None
-    num_threads: int | None = None         # torch CPU threads; default all cores
+    memory_headroom_gib: float | None = flag(None, help=lambda: "host memory the plan leaves to the rest of the "
+                                             f"machine (default max({100 // defaults.HOST_HEADROOM_DIVISOR}%%, "
+                                             f"{defaults.HOST_HEADROOM_GIB:g} GiB))")
+    num_threads: int | None = flag(None, option="--threads", help="CPU threads (default: all cores)")
     # Prefix cache (engine/prefix_cache.py): finished and running sequences leave their KV
     # blocks in a radix tree (inside kv_cache_gib); hybrid models also keep state snapshots.
-    prefix_cache: bool = True
-    state_checkpoints: int = 16            # state snapshots kept per session (root-to-leaf path)
+    prefix_cache: bool = flag(True, help="recompute every prompt from its first token (no KV/state reuse "
+                                         "across requests)")
+    state_checkpoints: int = flag(16, help="hybrid models: state snapshots kept per session for prefix reuse")
     # all state snapshots together (host memory); None: up to defaults.STATE_CACHE_GIB, as host memory allows
-    state_cache_gib: float | None = None
+    state_cache_gib: float | None = flag(None, help=lambda: "hybrid models: all state snapshots together "
+                                         f"(default: up to {defaults.STATE_CACHE_GIB:g}, as host memory allows)")
     # Expert memory (see freetoken/experts/).
-    moe_backend: str = "auto"              # resident | offload | cpu | hybrid | auto
-    expert_cache_slots: int | None = None
-    expert_cache_gib: float | None = None
+    moe_backend: str = flag("auto", choices=("auto", *BACKENDS))    # resident | offload | cpu | hybrid | auto
+    expert_cache_slots: int | None = flag(None)
+    expert_cache_gib: float | None = flag(None)
     # Replacement policy of the expert cache (experts/slots.py): lru | lfu | lrfu | arc, "+admit" for
     # admission control, then "+prefetch" for next-layer prefetch; None = the measured default (docs/routing-locality.md).
-    expert_cache_policy: str | None = None
+    expert_cache_policy: str | None = flag(
+        None, metavar="POLICY", help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "
+        f"(admission control) and then +prefetch (next-layer prefetch); default {DEFAULT_POLICY}")
     # Three tiers (experts/disk.py): "disk" keeps the expert pool in the model file behind a host
     # cache of host_cache_gib / host_cache_slots whole experts; "ram" loads the pool; "auto": disk
     # when the memory plan finds the pool does not fit host memory, or a host cache size is given.
-    expert_tier: str = "auto"
-    host_cache_gib: float | None = None
-    host_cache_slots: int | None = None
-    expert_format: str | None = None       # re-encode float experts at load: int8 | fp8 | mxfp4 | bf16 | ...
+    expert_tier: str = flag("auto", choices=("auto", "ram", "disk"),
+                            help="disk: keep the expert pool in the model file behind a host cache (auto: when the "
+                                 "pool does not fit host memory, or --host-cache-gib/--host-cache-slots is given)")
+    host_cache_gib: float | None = flag(None, help="disk tier: host expert cache size")
+    host_cache_slots: int | None = flag(None, help="disk tier: host expert cache, whole experts")
+    expert_format: str | None = flag(None, choices=FORMAT_NAMES,
+                                     help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
     # Dense layers (attention, dense MLPs, shared experts, lm_head): None keeps `dtype`;
     # "int8" stores them as int8 + fp16 scale per 32 (llama.cpp Q8_0 size), run by the CPU kernels;
     # GGUF weights in a llama.cpp quantization stay in it on the CPU ("float": dequantized at load).
-    dense_format: str | None = None
+    dense_format: str | None = flag(None, choices=("int8", "float"),
+                                    help="store attention/dense/lm_head weights as int8 (with --expert-format int8: "
+                                         "a Q8_0-sized model); float: dequantize a GGUF's quantized dense weights "
+                                         "at load (default: kept packed)")
     bandwidth_profile: str | None = None   # JSON written by `freetoken profile`
-    record_routing: str | None = None      # write every step's routing to this JSONL file
-    verify_weights: bool = True            # FTW files: check every tensor's checksum while reading
+    record_routing: str | None = flag(None, metavar="FILE", help="record every step's routing (JSONL)")
+    verify_weights: bool = flag(True, option="--verify", on_off=True,
+                                help="FTW files: verify every tensor's checksum while reading (default on)")
     # Decode steps of 1..max_num_seqs sequences as CUDA graph replays (engine/cuda_graphs.py):
     # off until the GPU check has passed on a real device; resident experts only.
-    cuda_graphs: bool = False
+    cuda_graphs: bool = flag(False, help="decode batches of up to the most sequences decoded together as CUDA "
+                                         "graph replays (resident experts only; off by default until checked on a "
+                                         "real GPU)")
     seed: int = 0
 
     def __post_init__(self):
@@ -180,10 +225,6 @@ def check_cuda_graphs(device: torch.device, moe_backend: str | None, expert_tier
         raise InvalidRequestError("cuda_graphs: this model keeps a per-sequence recurrent state, "
                                   "which decode graphs do not capture yet")
 
-
-# the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
-FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16"), "bf16_dot": ("on", "off"),
-                  "kernel_isa": ("native", "avx2", "portable")}
 
 
 def _activation_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
