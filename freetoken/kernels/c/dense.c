@@ -3,22 +3,47 @@
 /* ------------------------------------------------------------------ dense linear (decode)
  * y[t, r] = <W row r, x[t]> (+ bias[r]) for the few tokens of a decode step: the same dot tiles
  * as the experts, every thread streaming its own disjoint range of output rows. Weights in any
- * format above (dense layers use fp32/bf16/fp16/int8; fp8 scales per 128 rows as in the banks). */
+ * format above (dense layers use fp32/bf16/fp16/int8; fp8 scales per 128 rows as in the banks),
+ * or ggml segments (ft_ggml_linear_run in ggml_dense.c runs this same driver). */
 
 typedef struct {
-    int fmt, N, K;
-    const uint8_t *w; int64_t w_rs;
-    const uint8_t *s; int64_t s_rs;
+    ft_gemv_rows W;
+    int N, K;
     const void *x; int xt; int64_t M;
     const float *bias;
-    float *y;
+    float *y; int64_t ldy;
     uint8_t *xq; float *tmp;
     ft_pool *p;
-} lin_job;
+} gemv_job;
 
-static void lin_fn(void *a, int tid) {
-    lin_job *L = a;
-    const int fmt = L->fmt, N = L->N, K = L->K, nth = L->p->active;
+/* The segment holding global row r (segments are few: a linear scan). */
+static inline const ft_gseg *seg_of(const ft_gseg *seg, int nseg, int r, int *local) {
+    for (int i = 0; i < nseg - 1; i++) {
+        if (r < seg[i].rows) { *local = r; return seg + i; }
+        r -= seg[i].rows;
+    }
+    *local = r;
+    return seg + nseg - 1;
+}
+
+/* Row r's weight and scale pointers; returns its row stride (the prefetch distance). Once per
+ * 2-4 rows of a dot tile, so the branch costs nothing beside the tile. */
+static inline int64_t row_at(const ft_gemv_rows *W, int r, const uint8_t **w, const uint8_t **s) {
+    if (!W->seg) {
+        *w = W->w + (int64_t)r * W->w_rs;
+        *s = scale_row(W->fmt, W->s, 0, W->s_rs, 0, r);
+        return W->w_rs;
+    }
+    int lr;
+    const ft_gseg *g = seg_of(W->seg, W->nseg, r, &lr);
+    *w = g->w + (int64_t)lr * g->rs;
+    *s = (const uint8_t *)&g->type;
+    return g->rs;
+}
+
+static void gemv_fn(void *a, int tid) {
+    gemv_job *L = a;
+    const int fmt = L->W.fmt, N = L->N, K = L->K, nth = L->p->active;
     const int64_t xs = prep_bytes(K);
     for (int64_t t = tid; t < L->M; t += nth) {   /* prepare the inputs: tokens round-robin */
         const float *src = (const float *)L->x + t * K;
@@ -44,30 +69,35 @@ static void lin_fn(void *a, int tid) {
             const int m = r + rr <= re ? rr : re - r;
             const uint8_t *wr[4], *sr[4];
             float res[4][NTMAX];
+            int64_t rs = 0;
             for (int q = 0; q < m; q++) {
-                wr[q] = L->w + (int64_t)(r + q) * L->w_rs;
-                sr[q] = scale_row(fmt, L->s, 0, L->s_rs, 0, r + q);
+                const int64_t s = row_at(&L->W, r + q, &wr[q], &sr[q]);
+                if (q == 0) rs = s;
             }
-            tl_pf = (int64_t)m * L->w_rs;
+            tl_pf = (int64_t)m * rs;
             dot_tile(fmt, wr, sr, m, K, xp, nt, res);
             for (int q = 0; q < m; q++)
                 for (int t = 0; t < nt; t++)
-                    L->y[(c + t) * N + r + q] = L->bias ? res[q][t] + L->bias[r + q] : res[q][t];
+                    L->y[(c + t) * L->ldy + r + q] = L->bias ? res[q][t] + L->bias[r + q] : res[q][t];
         }
     }
+}
+
+int gemv_run(ft_pool *p, const ft_gemv_rows *W, int N, int K, const void *x, int xt, int64_t M,
+             const float *bias, float *y, int64_t ldy, int64_t bytes) {
+    if (M <= 0) return 0;
+    size_t sz_xq = (size_t)M * (size_t)prep_bytes(K), sz_tmp = (size_t)p->n * K * 4;
+    uint8_t *buf = scratch(p, (sz_xq + 63) / 64 * 64 + sz_tmp);
+    if (!buf) return -2;
+    gemv_job L = {*W, N, K, x, xt, M, bias, y, ldy, buf, (float *)(buf + (sz_xq + 63) / 64 * 64), p};
+    pool_run_sized(p, gemv_fn, &L, bytes);
+    return 0;
 }
 
 /* y [M, N] fp32 = x [M, K] (fp32 or bf16) @ W [N, K]^T + bias. Returns 0, or -2 when the
  * scratch memory cannot be allocated. */
 int ft_linear_run(void *vp, int fmt, const void *w, int64_t w_rs, const void *s, int64_t s_rs,
                   int N, int K, const void *x, int xt, int64_t M, const float *bias, float *y) {
-    ft_pool *p = vp;
-    if (M <= 0) return 0;
-    size_t sz_xq = (size_t)M * (size_t)prep_bytes(K), sz_tmp = (size_t)p->n * K * 4;
-    uint8_t *buf = scratch(p, (sz_xq + 63) / 64 * 64 + sz_tmp);
-    if (!buf) return -2;
-    lin_job L = {fmt, N, K, w, w_rs, s, s_rs, x, xt, M, bias, y, buf,
-                 (float *)(buf + (sz_xq + 63) / 64 * 64), p};
-    pool_run_sized(p, lin_fn, &L, (int64_t)N * w_rs);
-    return 0;
+    const ft_gemv_rows W = {fmt, w, w_rs, s, s_rs, NULL, 0};
+    return gemv_run(vp, &W, N, K, x, xt, M, bias, y, N, (int64_t)N * w_rs);
 }

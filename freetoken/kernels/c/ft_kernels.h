@@ -232,6 +232,29 @@ FT_HIDDEN void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes);
 FT_HIDDEN void pool_run(ft_pool *p, job_fn fn, void *arg);
 FT_HIDDEN uint8_t *scratch(ft_pool *p, size_t bytes);
 
+/* ------------------------------------------------------------------ dense GEMV (dense.c)
+ * The one decode driver of ft_linear_run (a strided matrix in a format above) and
+ * ft_ggml_linear_run (ggml_dense.c: segments of llama.cpp block types). */
+
+typedef struct {        /* rows of one ggml type at a fixed byte stride (a tensor of the GGUF file) */
+    const uint8_t *w;   /* first row */
+    int64_t rs;         /* bytes from one row to the next */
+    int32_t type;       /* ggml type id of every row */
+    int32_t rows;
+} ft_gseg;
+
+typedef struct {        /* where the weight rows are */
+    int fmt;                          /* the dot tile and the activations' layout */
+    const uint8_t *w; int64_t w_rs;   /* seg NULL: row r at w + r w_rs, its scales scale_row(fmt, s, ..) */
+    const uint8_t *s; int64_t s_rs;
+    const ft_gseg *seg; int nseg;     /* else the segments' rows in turn, a row's type as its scale */
+} ft_gemv_rows;
+
+/* y [M, ldy] (columns 0..N-1) = x [M, K] (XT_F32/XT_BF16) @ W^T (+ bias); `bytes` of weights
+ * decide whether the pool runs it on one thread. 0, or -2 when the scratch cannot be allocated. */
+FT_HIDDEN int gemv_run(ft_pool *p, const ft_gemv_rows *W, int N, int K, const void *x, int xt, int64_t M,
+                       const float *bias, float *y, int64_t ldy, int64_t bytes);
+
 /* ------------------------------------------------------------------ work split helpers */
 
 static inline const uint8_t *scale_row(int fmt, const uint8_t *base, int64_t es, int64_t rs, int64_t e, int r) {

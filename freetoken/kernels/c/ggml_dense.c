@@ -1,11 +1,11 @@
 /* Dense layers in llama.cpp's block quantizations (GGUF attention / shared-expert / dense-FFN /
  * lm_head weights kept as the file stores them).
  *
- * A layer is a list of segments, each rows of one ggml type lying at a fixed byte stride (a
- * tensor of the file): a fused projection such as qkv may mix
+ * A layer is a list of segments (ft_gseg), each rows of one ggml type lying at a fixed byte
+ * stride (a tensor of the file): a fused projection such as qkv may mix
  * types (Q4_K_M stores some attn_v in Q6_K) without padding rows to a common width.
- *   ft_ggml_linear_run: y = x W^T (+ bias) for decode-sized x, with ggml.c's dot tiles
- *     (activations int8 per 32 as llama.cpp's Q8 activations), threads on disjoint rows;
+ *   ft_ggml_linear_run: y = x W^T (+ bias) for decode-sized x, dense.c's GEMV driver on ggml.c's
+ *     dot tiles (activations int8 per 32 as llama.cpp's Q8 activations), threads on disjoint rows;
  *   ggml_dequant_row:   one row -> fp32, the values gguf.quants.dequantize gives (the prefill
  *     GEMMs and the expert banks' prefill path, via ft_dequant_rows in dequant.c). */
 #include "ft_kernels.h"
@@ -14,13 +14,6 @@
 #pragma GCC optimize("fp-contract=off")
 
 enum { GT_Q4_0 = 2, GT_Q8_0 = 8, GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_MXFP4 = 39 };
-
-typedef struct {
-    const uint8_t *w;   /* first row */
-    int64_t rs;         /* bytes from one row to the next */
-    int32_t type;       /* ggml type id of every row */
-    int32_t rows;
-} ft_gseg;
 
 static inline float h2f(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return f16_to_f32(h); }
 static inline float e8m0_half(uint8_t e) {   /* 2^(e-128) */
@@ -95,68 +88,6 @@ void ggml_dequant_row(int type, const uint8_t *w, int K, float *out) {
     }
 }
 
-typedef struct {
-    const ft_gseg *seg; int nseg, N, K;
-    const void *x; int xt; int64_t M;
-    const float *bias;
-    float *y; int64_t ldy;
-    uint8_t *xq; float *tmp;
-    ft_pool *p;
-} glin_job;
-
-/* The segment holding global row r (segments are few: a linear scan). */
-static inline const ft_gseg *seg_of(const ft_gseg *seg, int nseg, int r, int *local) {
-    for (int i = 0; i < nseg - 1; i++) {
-        if (r < seg[i].rows) { *local = r; return seg + i; }
-        r -= seg[i].rows;
-    }
-    *local = r;
-    return seg + nseg - 1;
-}
-
-static void glin_fn(void *a, int tid) {
-    glin_job *L = a;
-    const int N = L->N, K = L->K, nth = L->p->active;
-    const int64_t xs = prep_bytes(K);
-    for (int64_t t = tid; t < L->M; t += nth) {   /* quantize the inputs: tokens round-robin */
-        const float *src = (const float *)L->x + t * K;
-        if (L->xt == XT_BF16) {
-            float *tmp = L->tmp + (int64_t)tid * K;
-            const uint16_t *xb = (const uint16_t *)L->x + t * K;
-            for (int k = 0; k < K; k++) tmp[k] = bf16_to_f32(xb[k]);
-            src = tmp;
-        }
-        prep_range(FMT_GGML, src, L->xq + t * xs, K, 0, K);
-    }
-    pool_barrier(L->p);
-    int r0, r1;
-    split(N, 16, nth, tid, &r0, &r1);
-    for (int rb = r0; rb < r1; rb += RB)
-    for (int64_t c = 0; c < L->M; c += NTMAX) {
-        const int nt = L->M - c < NTMAX ? (int)(L->M - c) : NTMAX;
-        const int re = rb + RB < r1 ? rb + RB : r1;
-        const uint8_t *xp[NTMAX];
-        for (int t = 0; t < nt; t++) xp[t] = L->xq + (c + t) * xs;
-        const int rr = nt == 1 ? 4 : 2;
-        for (int r = rb; r < re; r += rr) {
-            const int m = r + rr <= re ? rr : re - r;
-            const uint8_t *wr[4], *sr[4];
-            float res[4][NTMAX];
-            for (int q = 0; q < m; q++) {
-                int lr;
-                const ft_gseg *s = seg_of(L->seg, L->nseg, r + q, &lr);
-                wr[q] = s->w + (int64_t)lr * s->rs;
-                sr[q] = (const uint8_t *)&s->type;
-                if (q == 0) tl_pf = (int64_t)m * s->rs;
-            }
-            ggml_dot_tile(wr, sr, m, K, xp, nt, res);
-            for (int q = 0; q < m; q++)
-                for (int t = 0; t < nt; t++)
-                    L->y[(c + t) * L->ldy + r + q] = L->bias ? res[q][t] + L->bias[r + q] : res[q][t];
-        }
-    }
-}
-
 /* y [M, ldy] fp32 (columns 0..N-1, N = the segments' rows) = x [M, K] (fp32 or bf16) @ W^T + bias.
  * Returns 0, -1 for a type without a kernel, -2 when the scratch cannot be allocated. */
 int ft_ggml_linear_run(void *vp, const ft_gseg *seg, int nseg, int K, const void *x, int xt, int64_t M,
@@ -170,11 +101,7 @@ int ft_ggml_linear_run(void *vp, const ft_gseg *seg, int nseg, int K, const void
         N += seg[i].rows;
         bytes += (int64_t)seg[i].rows * seg[i].rs;
     }
-    if (M <= 0 || N == 0) return 0;
-    size_t sz_xq = (size_t)M * (size_t)prep_bytes(K), sz_tmp = (size_t)p->n * K * 4;
-    uint8_t *buf = scratch(p, (sz_xq + 63) / 64 * 64 + sz_tmp);
-    if (!buf) return -2;
-    glin_job L = {seg, nseg, N, K, x, xt, M, bias, y, ldy, buf, (float *)(buf + (sz_xq + 63) / 64 * 64), p};
-    pool_run_sized(p, glin_fn, &L, bytes);
-    return 0;
+    if (N == 0) return 0;
+    const ft_gemv_rows W = {FMT_GGML, NULL, 0, NULL, 0, seg, nseg};
+    return gemv_run(p, &W, N, K, x, xt, M, bias, y, ldy, bytes);
 }
