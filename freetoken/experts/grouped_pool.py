@@ -46,9 +46,7 @@ class GroupedPool:
         self.local_of = (self._local[:, None] * E + experts[None, :]).reshape(-1)
         self._group_t = torch.from_numpy(self.group_of)
         self._local_t = torch.from_numpy(self.local_of)
-        self.pinned_bytes = 0
-        self._registered: list[torch.Tensor] = []
-        self._unregister = None
+        self._pins = pinning.PinnedBanks()
 
     @property
     def groups(self) -> list[ExpertPool]:
@@ -123,18 +121,12 @@ class GroupedPool:
 
     def pin(self, register=None, unregister=None, limit: int | None = -1) -> int:
         """As ExpertPool.pin, over every group's banks at once (all or nothing)."""
-        if self.pinned_bytes:
-            return self.pinned_bytes
-        register = register or pinning.cuda_register
-        unregister = unregister or pinning.cuda_unregister
-        limit = pinning.memlock_limit() if limit == -1 else limit
         banks = {f"{i}.{k}": b for i, g in enumerate(self._groups) for k, b in g.banks.items()}
-        self._registered = pinning.pin_banks(banks, register, unregister, limit)
-        self._unregister = unregister
-        self.pinned_bytes = sum(b.untyped_storage().nbytes() for b in self._registered)
-        return self.pinned_bytes
+        return self._pins.pin(banks, register, unregister, limit)
 
     def unpin(self) -> None:
-        for b in self._registered:
-            self._unregister(b)
-        self._registered, self.pinned_bytes = [], 0
+        self._pins.unpin()
+
+    @property
+    def pinned_bytes(self) -> int:
+        return self._pins.nbytes

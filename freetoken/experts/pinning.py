@@ -95,3 +95,29 @@ def pin_or_pageable(pin) -> bool:
                     "misses on the CPU, the cache fills in the background", e)
         return False
     return True
+
+
+class PinnedBanks:
+    """The banks one pool page-locked in place and how to undo it (ExpertPool, GroupedPool):
+    all or nothing, never a copy."""
+
+    def __init__(self):
+        self.registered: list[torch.Tensor] = []
+        self.nbytes = 0
+        self._unregister = None
+
+    def pin(self, banks: dict[str, torch.Tensor], register=None, unregister=None, limit: int | None = -1) -> int:
+        if self.nbytes:
+            return self.nbytes
+        register = register or cuda_register
+        unregister = unregister or cuda_unregister
+        limit = memlock_limit() if limit == -1 else limit
+        self.registered = pin_banks(banks, register, unregister, limit)
+        self._unregister = unregister
+        self.nbytes = sum(b.untyped_storage().nbytes() for b in self.registered)
+        return self.nbytes
+
+    def unpin(self) -> None:
+        for b in self.registered:
+            self._unregister(b)
+        self.registered, self.nbytes = [], 0

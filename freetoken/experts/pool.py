@@ -35,9 +35,7 @@ class ExpertPool:
             if bank.shape[0] != n:
                 raise ValueError(f"expert bank {name!r} has {bank.shape[0]} rows, expected {n}")
         self.banks, self.num_layers, self.num_experts, self.spec = banks, num_layers, num_experts, spec
-        self.pinned_bytes = 0           # page-locked in place (pin), part of nbytes, never a copy
-        self._registered: list[torch.Tensor] = []
-        self._unregister = None
+        self._pins = pinning.PinnedBanks()
 
     def flat_ids(self, layer: int, expert_ids: torch.Tensor) -> torch.Tensor:
         return expert_ids + layer * self.num_experts
@@ -96,20 +94,15 @@ class ExpertPool:
         """Page-lock the filled banks in place (experts/pinning.py): no second copy. Returns the
         pinned bytes; raises PinError (banks left pageable) when refused or over `limit` (-1:
         the process's `ulimit -l`). register/unregister default to cudaHostRegister/Unregister."""
-        if self.pinned_bytes:
-            return self.pinned_bytes
-        register = register or pinning.cuda_register
-        unregister = unregister or pinning.cuda_unregister
-        limit = pinning.memlock_limit() if limit == -1 else limit
-        self._registered = pinning.pin_banks(self.banks, register, unregister, limit)
-        self._unregister = unregister
-        self.pinned_bytes = sum(b.untyped_storage().nbytes() for b in self._registered)
-        return self.pinned_bytes
+        return self._pins.pin(self.banks, register, unregister, limit)
 
     def unpin(self) -> None:
-        for b in self._registered:
-            self._unregister(b)
-        self._registered, self.pinned_bytes = [], 0
+        self._pins.unpin()
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes page-locked in place (pin), part of nbytes, never a copy."""
+        return self._pins.nbytes
 
 
 class PoolBuilder:
