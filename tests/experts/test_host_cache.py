@@ -43,6 +43,17 @@ def _holds(cache, want, flats, slots):
         assert int(cache.banks["down_types"][s, 0]) == f
 
 
+def _acquire_all(cache, want, ids):
+    """Acquire `ids` in as many rounds as the free slots allow, checking each round's bytes."""
+    rest = ids
+    while len(rest):
+        n, got = cache.acquire(rest)
+        assert 1 <= n <= len(rest) and len(set(got.tolist())) == n
+        _holds(cache, want, rest[:n], got)
+        cache.release(got)
+        rest = rest[n:]
+
+
 ops = st.lists(st.tuples(st.sampled_from(["acquire", "prefetch"]),
                          st.lists(st.integers(0, L * E - 1), min_size=1, max_size=8, unique=True)),
                min_size=1, max_size=25)
@@ -59,13 +70,7 @@ def test_matches_reference_single_thread(tmp_path_factory, ops, slots, policy):
             if op == "prefetch":
                 cache.prefetch(ids)
                 continue
-            rest = ids
-            while len(rest):
-                n, got = cache.acquire(rest)
-                assert 1 <= n <= len(rest) and len(set(got.tolist())) == n
-                _holds(cache, want, rest[:n], got)
-                cache.release(got)
-                rest = rest[n:]
+            _acquire_all(cache, want, ids)
             cache.check()
         cache.drain()
         cache.check()

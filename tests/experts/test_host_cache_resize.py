@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from freetoken.experts.host_cache import HostExpertCache
 from freetoken.experts.host_rows import HostRows
 
-from test_host_cache import E, L, _holds, _layout
+from test_host_cache import E, L, _acquire_all, _holds, _layout
 
 ops = st.lists(st.one_of(
     st.tuples(st.sampled_from(["acquire", "prefetch"]),
@@ -49,13 +49,7 @@ def test_resizes_between_calls_keep_the_cache_exact(tmp_path_factory, ops, slots
             elif op == "prefetch":
                 cache.prefetch(np.array(sorted(arg), np.int64))
             else:
-                rest = np.array(sorted(arg), np.int64)
-                while len(rest):
-                    n, got = cache.acquire(rest)
-                    assert 1 <= n <= len(rest) and len(set(got.tolist())) == n
-                    _holds(cache, want, rest[:n], got)
-                    cache.release(got)
-                    rest = rest[n:]
+                _acquire_all(cache, want, np.array(sorted(arg), np.int64))
             cache.check()
             cache.drain()
             res = np.flatnonzero(cache.table.slot_of >= 0)
