@@ -1,4 +1,5 @@
-"""Engine options: one dataclass, resolved once at startup (`resolve`), then read-only."""
+"""Engine options: one dataclass, read-only; `Settings`, what they resolve to on one machine
+(memory/resolve.py), once at startup."""
 from __future__ import annotations
 
 import dataclasses
@@ -193,18 +194,6 @@ class EngineConfig:
         from .weights.stores import resolve_model     # a path, an Ollama name or an HF repo id
         return cls(model=resolve_model(model), **options)
 
-    def resolve(self, model_config: dict) -> "Resolved":
-        """Every "auto" made concrete for this machine and checkpoint (config.json as a dict).
-        Called once, by the loader; everything downstream reads the result."""
-        device = self.torch_device
-        return Resolved(
-            device=device, dtype=self.torch_dtype,
-            # the model makes the final call (kernels.choices, which knows whether the C kernels
-            # built); the loader puts the model's choice into the table
-            compute_dtype=_activation_dtype(self.torch_dtype, device, self.compute_dtype),
-            max_model_len=self.max_model_len or defaults.max_model_len(model_config.get("max_position_embeddings")),
-            num_threads=self.num_threads, spin_us=_spin_us())
-
 
 def check_cuda_graphs(device: torch.device, moe_backend: str | None, expert_tier: str | None,
                     has_state: bool, record_routing: bool = False) -> None:
@@ -227,11 +216,15 @@ def check_cuda_graphs(device: torch.device, moe_backend: str | None, expert_tier
 
 
 
-def _activation_dtype(weights: torch.dtype, device: torch.device, requested: str) -> torch.dtype:
-    return activation_dtype(weights, device, requested, kernels=device.type == "cpu", flags=cpu_flags())
+def activation_dtype_for(cfg: EngineConfig) -> torch.dtype:
+    """The activations' dtype the options ask for on their device (the model makes the final
+    call once its kernels are built: kernels.choices)."""
+    device = cfg.torch_device
+    return activation_dtype(cfg.torch_dtype, device, cfg.compute_dtype, kernels=device.type == "cpu",
+                            flags=cpu_flags())
 
 
-def _spin_us() -> int:
+def spin_us() -> int:
     """How long idle kernel-pool workers spin before sleeping (FREETOKEN_SPIN_US, microseconds)."""
     raw = os.environ.get("FREETOKEN_SPIN_US", str(defaults.SPIN_US))
     if not raw.strip().isdigit():
@@ -240,25 +233,36 @@ def _spin_us() -> int:
 
 
 @dataclass(frozen=True)
-class Resolved:
-    """The concrete settings an engine runs with (`EngineConfig.resolve`); the experts backend
-    adds its choice (`moe_backend`, `expert_cache_slots`) once the pool is built."""
+class Settings:
+    """What an engine runs with: every "auto" and every size of the options made concrete for
+    one checkpoint on one machine, in blocks and slots. Made once, by `memory.resolve.resolve`
+    (the memory plan's decisions included); the engine, the loader and the experts backend read
+    it and decide nothing again. The loader adds only what loading found out (the model's final
+    compute dtype; `pinned` False when page-locking was refused)."""
     device: torch.device
     dtype: torch.dtype               # storage precision: embeddings, routed experts, KV cache
     compute_dtype: torch.dtype       # activations and dense layers' compute
     max_model_len: int
+    max_num_batched_tokens: int      # tokens per engine step (the prefill chunk)
+    kv_block_size: int
+    kv_blocks: int | None            # KV blocks to allocate, the null block included; None: no plan
+                                     # could be made, the engine counts them from the layers it built
+    state_cache_bytes: int           # hybrid models: the state-checkpoint budget of the prefix cache
     num_threads: int | None          # kernel pool / torch threads; None = one per physical core
     spin_us: int
-    moe_backend: str | None = None
-    expert_cache_slots: int | str | None = None
+    moe_backend: str | None = None   # None: a dense model (no routed experts)
+    # offload/hybrid: slots of the expert cache; None on CUDA when no plan could be made (the
+    # backend sizes it at its first step from the free VRAM)
+    expert_cache_slots: int | None = None
     expert_cache_policy: str | None = None
-    expert_tier: str | None = None           # "disk": the pool stays in the file (experts/disk.py)
-    host_cache_slots: int | None = None
+    expert_tier: str = "ram"                 # "disk": the pool stays in the file (experts/disk.py)
+    host_cache_slots: int | None = None      # disk tier: whole experts in the host cache
     pinned: bool | None = None               # False: the pool could not be page-locked (hits on the device, misses on the CPU)
+    plan: object = dataclasses.field(default=None, repr=False, compare=False)   # memory.plan.MemoryPlan, or None
 
     def table(self, **more) -> str:
         """One aligned `name  value` row per setting (and per extra keyword), for the start-up log."""
-        rows = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        rows = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "plan"}
         rows.update(more)
         rows["num_threads"] = rows["num_threads"] or "one per physical core"
         width = max(map(len, rows))

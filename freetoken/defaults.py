@@ -12,6 +12,8 @@ HOST_HEADROOM_GIB = 2.0       # host memory left to the rest of the machine: at 
 HOST_HEADROOM_DIVISOR = 10    # ... or host memory / this, the larger
 DEVICE_HEADROOM_GIB = 1.0     # CUDA: activations' allocator slack, other programs
 MIN_PREFILL_CHUNK = 256       # the plan halves max_num_batched_tokens down to this, no further
+HOST_CACHE_SHARE = 0.6        # disk tier turned on by itself: host cache = this share of the budget after dense weights
+HOST_CACHE_FORCED_SHARE = 0.5  # disk tier forced with no size: this share of the pool
 SPIN_US = 200                 # FREETOKEN_SPIN_US: kernel-pool workers spin this long before sleeping
 
 

@@ -97,12 +97,14 @@ def main(args) -> int:
     from ..weights.ftw_reader import is_ftw
     from ..progress import progress
     from ..memory.model_size import read_model_shape
-    from ..memory.plan import expert_format, resolve_memory
+    from ..memory.plan import expert_format
+    from ..memory.resolve import resolve
     logging.getLogger("freetoken.memory").setLevel(logging.ERROR)
     opts = {k: v for k, v in engine_options(args).items() if v is not None}
     cfg = EngineConfig.from_options(args.model, **opts)
     with progress(5, "check", unit="steps") as bar:
-        resolved, plan = resolve_memory(cfg)
+        resolved = resolve(cfg)
+        plan = resolved.plan
         print("== memory plan\n" + plan.table(), flush=True)
         bar.update(1)
         shape = read_model_shape(args.model)

@@ -23,13 +23,13 @@ def main(args) -> int:
     from ..config import EngineConfig
     import logging
 
-    from ..memory.plan import resolve_memory
+    from ..memory.resolve import resolve
     logging.getLogger("freetoken.memory").setLevel(logging.ERROR)     # warnings are printed below
     opts = {k: v for k, v in engine_options(args).items() if v is not None}
     for k in ("max_num_seqs", "max_num_batched_tokens"):
         if getattr(args, k) is not None:
             opts[k] = getattr(args, k)
-    cfg, plan = resolve_memory(EngineConfig.from_options(args.model, **opts))
+    plan = resolve(EngineConfig.from_options(args.model, **opts)).plan
     if args.json:
         print(json.dumps(plan.to_json(), indent=2))
         return 0

@@ -23,7 +23,8 @@ from .prefix_cache import PrefixCache
 from . import sampler
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
-from ..memory.plan import kv_block_count, kv_tokens_asked, resolve_memory
+from ..memory.plan import kv_block_count, kv_tokens_asked
+from ..memory.resolve import resolve
 from .resize import memory_sizes, resize_memory
 
 log = logging.getLogger("freetoken.engine")
@@ -59,7 +60,8 @@ class LLMEngine:
         t0 = time.perf_counter()
         # seconds per start-up phase (plan, open, build, tokenizer, kv), logged and read by bench/startup.py
         self.startup_timings: dict[str, float] = {}
-        cfg, self.memory_plan = resolve_memory(cfg)     # sizes that cannot fit are reduced here
+        settings = resolve(cfg)              # every size decided here, once (sizes that cannot fit reduced)
+        self.memory_plan = settings.plan         # None only for settings made without resolve()
         self.startup_timings["plan"] = time.perf_counter() - t0
         self.cfg = cfg
         if cfg.num_threads:
@@ -67,15 +69,15 @@ class LLMEngine:
         # the tokenizer (and its chat template) is built while the weights are read
         with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as ex:
             tokenizer = ex.submit(Tokenizer, cfg.model)
-            self.model, self.settings = load_model(cfg, self.startup_timings)
+            self.model, self.settings = load_model(cfg, settings, self.startup_timings)
             t1 = time.perf_counter()
             self.tokenizer = tokenizer.result()
         t2 = time.perf_counter()
         self.startup_timings["tokenizer_wait"] = t2 - t1
         self.max_model_len = self.settings.max_model_len
         self.vocab_size = self.model.vocab_size             # token ids a prompt may hold: [0, vocab_size)
-        bs = cfg.kv_block_size
-        num_blocks = max(2, self.memory_plan.kv_blocks or self._unplanned_kv_blocks())   # the null block + one
+        bs = self.settings.kv_block_size
+        num_blocks = max(2, self.settings.kv_blocks or self._unplanned_kv_blocks())   # the null block + one
         self.blocks = BlockManager(num_blocks, bs)
         make_state = self._state_factory()
         graphs = None
@@ -89,9 +91,9 @@ class LLMEngine:
         anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and cfg.prefix_cache else None
         self.prefix = PrefixCache(self.blocks, enabled=cfg.prefix_cache, make_state=make_state,
                                   policy=CheckpointPolicy(anchors=anchors, per_session=cfg.state_checkpoints),
-                                  state_budget_bytes=cfg.state_cache_bytes)
+                                  state_budget_bytes=self.settings.state_cache_bytes)
         self._preempt_listeners: list = []
-        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens, self.prefix,
+        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, self.settings.max_num_batched_tokens, self.prefix,
                                    on_preempt=self._preempted)
         self.device = self.runner.device
         self.capacity_tokens = (num_blocks - 1) * bs
@@ -103,14 +105,14 @@ class LLMEngine:
         log.info("started in %.2f s (%s)", self.startup_timings["total"],
                  ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_timings.items() if k != "total"))
         log.info("model %s (%d layers), resolved settings:\n%s", cfg.model, self.model.num_layers, self.settings.table(
-            max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
             kv_blocks=f"{num_blocks} x {bs} tokens ({self.runner.kv_nbytes / 2**20:.1f} MiB)"))
 
     def _unplanned_kv_blocks(self) -> int:
         """KV blocks when no memory plan could be made (a config the plan does not understand):
         the options' ask, with the bytes per token of the layers the model built."""
         per_token = kv_values_per_token(self.model.kv_layers()) * torch.finfo(self.model.kv_dtype).bits // 8
-        return kv_block_count(kv_tokens_asked(self.cfg, self.max_model_len, per_token), self.cfg.kv_block_size)
+        return kv_block_count(kv_tokens_asked(self.cfg, self.max_model_len, per_token), self.settings.kv_block_size)
 
     def _state_factory(self):
         """How to make a fresh per-sequence state, for models that carry one (hybrid models)."""

@@ -10,24 +10,25 @@ warning line each, and boot goes on:
   4. max_model_len        (down to what the remaining KV pool holds)
 
 Weights themselves are never reduced: when they alone do not fit, the plan says so (one
-warning) and boots anyway. `resolve_memory(cfg)` returns the options with the planned sizes
-written in (max_model_len, kv_cache_gib, expert_cache_slots, max_num_batched_tokens,
-moe_backend, state_cache_gib) and the plan, whose `kv_blocks` the engine allocates as they are:
-everything is sized from one decision. Defaults come from `freetoken/defaults.py`."""
+warning) and boots anyway. `make_plan` returns the `Settings` (config.py) in blocks and slots
+(max_model_len, kv_blocks, expert cache and host cache slots, prefill chunk, backend,
+state-checkpoint budget) and the plan that explains them; `memory/resolve.py` is its front
+door. Everything is sized from this one decision; defaults come from `freetoken/defaults.py`."""
 from __future__ import annotations
 
 import dataclasses
 import logging
-import struct
 from dataclasses import dataclass, field
 
 from .. import defaults
-from ..config import EngineConfig
+from ..config import EngineConfig, Settings, activation_dtype_for, spin_us
+from ..experts.slots import DEFAULT_POLICY
 from ..models.cache_spec import CacheSpec, cache_spec_for
 from ..models.hf_config import HFConfig
+from ..models.experts_backend import cache_choice
 from ..models.registry import model_class
-from .model_size import ModelShape, read_model_shape
-from .probe import GiB, MachineMemory, probe
+from .model_size import ModelShape
+from .probe import GiB, MachineMemory
 from ..experts.disk_plan import disk_tier
 from ..experts import pinning
 
@@ -65,7 +66,7 @@ class MemoryPlan:
     items: list[Item] = field(default_factory=list)
     available: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    options: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)     # the sizes and choices it resolved (Settings fields)
     host_source: str = ""
     pinned: int = 0                # host bytes page-locked (CUDA: the expert pool in place, whole pages;
                                    # state checkpoints in the pinned allocator's power-of-two blocks)
@@ -251,7 +252,8 @@ def kv_block_count(tokens: int, block_size: int) -> int:
 
 
 # --- the plan ----------------------------------------------------------------------------------
-def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[EngineConfig, MemoryPlan]:
+def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Settings, MemoryPlan]:
+    """The settings for this model shape on this machine, and the plan that explains them."""
     dev = cfg.torch_device.type
     plan = MemoryPlan(host_source=f"host memory {m.host_total / GiB:.2f} GiB less headroom "
                                   f"{host_headroom(m, cfg) / GiB:.2f} GiB")
@@ -295,7 +297,10 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
     # what the options ask for
     want_tokens = cfg.max_num_seqs * max_len
     kv_tokens = kv_tokens_asked(cfg, max_len, per_tok)
-    backend, slots, slots_asked = _cache_request(cfg, dev, n_experts, S, budget - fixed, s)
+    experts_per_layer = s.get("num_experts", "num_local_experts", "n_routed_experts", default=0)
+    # the disk tier runs every routed expert on the CPU from its host cache: no device cache
+    backend, slots = ("cpu", 0) if tier else cache_choice(cfg, dev, n_experts, S, experts_per_layer, budget - fixed)
+    slots_asked = slots
     cache = slots * S
 
     room = budget - fixed
@@ -405,17 +410,12 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
                            + (f"; gathered KV of one layer {gathered / GiB:.3f} GiB" if gathered else "")))
 
     plan.kv_blocks = kv_blocks(kv_tokens)              # what the engine allocates
-    # the options say the same in GiB (half a token of slack: floor(bytes / per_token) gives kv_tokens back)
-    resolved = dict(max_model_len=max_len, kv_cache_gib=(kv_tokens * per_tok + per_tok // 2) / GiB,
-                    max_num_batched_tokens=chunk)
-    if backend in ("offload", "hybrid", "resident") or cfg.moe_backend != "auto":
-        resolved["moe_backend"] = backend
-    if backend in ("offload", "hybrid"):
-        resolved["expert_cache_slots"] = slots
-    if tier:
-        resolved.update(expert_tier="disk", host_cache_slots=tier.slots)
-    if states and cfg.prefix_cache and ckpt < cfg.state_cache_bytes:
-        resolved["state_cache_gib"] = ckpt / GiB
+    tiered = backend in ("offload", "hybrid")
+    sizes = dict(max_model_len=max_len, max_num_batched_tokens=chunk, kv_block_size=bs, kv_blocks=plan.kv_blocks,
+                 state_cache_bytes=ckpt if states and cfg.prefix_cache else cfg.state_cache_bytes,
+                 moe_backend=backend if n_experts else None, expert_cache_slots=slots if tiered else None,
+                 expert_cache_policy=(cfg.expert_cache_policy or DEFAULT_POLICY) if tiered else None,
+                 expert_tier="disk" if tier else "ram", host_cache_slots=tier.slots if tier else None)
     if 0 < m.host_available < plan.used("host"):     # said, not acted on: sizes follow the budget only
         warn(f"host: {m.host_available / GiB:.2f} GiB free now ({m.host_source}) for a plan of "
              f"{plan.used('host') / GiB:.2f} GiB: other programs hold the rest of the budget (expect pressure)")
@@ -426,47 +426,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Engin
                  "pageable banks: cache hits on the device, misses on the CPU")
         else:
             plan.pinned += pinning.registered_bytes(pool, regions=6)   # whole pages, at most 6 banks
-    plan.options = resolved
-    return dataclasses.replace(cfg, **resolved), plan
-
-
-def _cache_request(cfg: EngineConfig, dev: str, n: int, S: int, room: int, s: ModelShape):
-    """(backend, slots, slots asked) before any reduction; mirrors models/experts_backend.py."""
-    backend = cfg.moe_backend
-    if n == 0:
-        return "cpu" if backend == "auto" else backend, 0, 0
-    if backend == "auto":
-        backend = "cpu" if dev != "cuda" else None
-    if backend == "cpu":
-        return "cpu", 0, 0
-    if cfg.expert_cache_slots is not None:
-        slots = max(0, min(n, cfg.expert_cache_slots))
-    elif cfg.expert_cache_gib is not None:
-        slots = max(0, min(n, int(cfg.expert_cache_gib * GiB // S)))
-    elif dev == "cuda":
-        kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB) * GiB
-        slots = max(0, min(n, int((room - kv) // S)))
-    else:
-        slots = defaults.expert_cache_slots(n, s.get("num_experts", "num_local_experts", "n_routed_experts"))
-    if backend is None:                       # auto on CUDA: resident when the whole pool fits
-        backend = "resident" if slots >= n else "hybrid"
-    if backend == "resident":
-        slots = n if dev == "cuda" else 0        # on the CPU the resident pool is the host pool itself
-    return backend, slots, slots
-
-
-def resolve_memory(cfg: EngineConfig, machine: MachineMemory | None = None) -> tuple[EngineConfig, MemoryPlan]:
-    """The options with the planned sizes written in, and the plan (logged as a table)."""
-    dev = cfg.torch_device
-    try:
-        shape = read_model_shape(cfg.model)
-        machine = machine or probe(dev.type, dev.index)
-        resolved, plan = make_plan(cfg, shape, machine)
-    except (TypeError, ValueError, KeyError, ZeroDivisionError, AttributeError, struct.error) as e:
-        # a malformed config.json: the model loader reports it in one line naming the field
-        plan = MemoryPlan(warnings=[f"no memory plan: config not understood ({type(e).__name__}: {e})"])
-        return cfg, plan
-    for w in plan.warnings:
-        log.warning("memory plan: %s", w)
-    log.info("memory plan:\n%s", plan.table())       # engine start: logged as a table
-    return resolved, plan
+    plan.options = {k: v for k, v in sizes.items()        # the settings, as `freetoken plan` prints them
+                    if v is not None and (k != "state_cache_bytes" or states and cfg.prefix_cache)}
+    settings = Settings(device=cfg.torch_device, dtype=cfg.torch_dtype, compute_dtype=activation_dtype_for(cfg),
+                        num_threads=cfg.num_threads, spin_us=spin_us(), plan=plan, **sizes)
+    return settings, plan

@@ -14,10 +14,11 @@ import logging
 import torch
 
 from .. import defaults
-from ..config import EngineConfig
+from ..config import EngineConfig, Settings
 from ..experts.bandwidth import BandwidthEstimator, DEFAULT_PROFILE, device_id, format_id, load_profile, machine_id
 from ..experts.base import Experts
 from ..experts.disk import DiskExperts
+from ..experts.disk_plan import host_cache_slots
 from ..experts.host_exec import make_host_executor
 from ..experts.pinning import pin_or_pageable
 from ..experts.pool import ExpertPool
@@ -33,43 +34,67 @@ from .disk_layout import disk_layout
 log = logging.getLogger("freetoken.experts")
 
 
-def cache_slots(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> int:
-    """Slots of the expert cache: expert_cache_slots, else expert_cache_gib, else (CUDA) the free
-    VRAM after non-expert weights and a KV reserve, else (host tier) a quarter of the pool.
-    On CUDA without an explicit size, the backend calls this at its first step, when the
-    non-expert weights are already on the device."""
-    n, S = pool.num_layers * pool.num_experts, pool.expert_nbytes
+def cache_choice(cfg: EngineConfig, device_type: str, n: int, S: int, experts_per_layer: int,
+                 room: int | None) -> tuple[str, int]:
+    """(backend, cache slots) the options ask for, before the memory plan reduces anything: the
+    one rule, read by the plan (memory/plan.py, with its estimate of the room) and by
+    `build_experts` when it is given no settings (with the free VRAM it measures).
+    Slots: expert_cache_slots, else expert_cache_gib, else (CUDA) what `room` (device bytes left
+    after the non-expert weights) holds after a KV reserve, else (host tier) a quarter of the
+    pool. `auto` is resident on CUDA when the whole pool fits, hybrid when not, cpu elsewhere."""
+    backend = cfg.moe_backend
+    if backend == "auto" and device_type != "cuda":
+        backend = "cpu"
+    if n == 0 or backend == "cpu":
+        return backend, 0
     if cfg.expert_cache_slots is not None:
-        return max(0, min(n, cfg.expert_cache_slots))
-    if cfg.expert_cache_gib is not None:
-        return max(0, min(n, int(cfg.expert_cache_gib * 2**30 // S)))
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        # the memory plan writes kv_cache_gib; the default is for a config built without one
+        slots = max(0, min(n, cfg.expert_cache_slots))
+    elif cfg.expert_cache_gib is not None:
+        slots = max(0, min(n, int(cfg.expert_cache_gib * 2**30 // S)))
+    elif device_type == "cuda":
         kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB) * 2**30
-        budget = free - non_expert_bytes - kv - defaults.DEVICE_HEADROOM_GIB * 2**30
-        return max(0, min(n, int(budget // S)))
-    return defaults.expert_cache_slots(n, pool.num_experts)
+        slots = max(0, min(n, int(((room or 0) - kv) // S)))
+    else:
+        slots = defaults.expert_cache_slots(n, experts_per_layer)
+    if backend == "auto":
+        backend = "resident" if slots >= n else "hybrid"
+    if backend == "resident":
+        slots = n if device_type == "cuda" else 0     # on the CPU the resident pool is the host pool itself
+    return backend, slots
 
 
-def resolve_backend(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0) -> str:
-    if cfg.moe_backend != "auto":
-        return cfg.moe_backend
-    if device.type != "cuda":
-        return "cpu"
-    fits = cache_slots(pool, cfg, device, non_expert_bytes) >= pool.num_layers * pool.num_experts
-    return "resident" if fits else "hybrid"
+def _measured_choice(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0):
+    """`cache_choice` with the room measured now (CUDA: free VRAM less the non-expert weights
+    still to come and the headroom)."""
+    room = None
+    if device.type == "cuda" and cfg.expert_cache_slots is None and cfg.expert_cache_gib is None:
+        free, _ = torch.cuda.mem_get_info(device)
+        room = free - non_expert_bytes - int(defaults.DEVICE_HEADROOM_GIB * 2**30)
+    return cache_choice(cfg, device.type, pool.num_layers * pool.num_experts, pool.expert_nbytes,
+                        pool.num_experts, room)
 
 
 def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0,
-                  spin_us: int = SPIN_US, pin=None) -> Experts:
-    """non_expert_bytes: device bytes the engine will still allocate for non-expert weights (CUDA
-    `auto` needs it to know whether the pool fits; the cache itself is sized at the first step).
+                  spin_us: int = SPIN_US, pin=None, settings: Settings | None = None) -> Experts:
+    """The backend `settings` chose (memory/resolve.py: the engine's path). Without settings
+    (tools, tests) the same rule (`cache_choice`) runs here, the room measured now;
+    non_expert_bytes: device bytes the caller will still allocate for non-expert weights.
     pin: the call that page-locks the pool (default `pool.pin` on CUDA, nothing elsewhere; tests
     pass a fake to take the fallback on any device).
-    The result's `settings` say which backend and how many cache slots were chosen."""
+    The result's `settings` say what loading found out (`pinned` False), for the start-up table."""
     device = torch.device(device)
-    backend = resolve_backend(pool, cfg, device, non_expert_bytes)
+    if settings is not None and settings.moe_backend is not None:
+        backend, slots = settings.moe_backend, settings.expert_cache_slots
+        policy = settings.expert_cache_policy
+        if slots is None and backend in ("offload", "hybrid"):   # no plan: sized at the first step
+            slots = (lambda: _measured_choice(pool, cfg, device)[1]) if device.type == "cuda" else \
+                _measured_choice(pool, cfg, device)[1]
+    else:
+        backend, slots = _measured_choice(pool, cfg, device, non_expert_bytes)
+        policy = cfg.expert_cache_policy
+        if device.type == "cuda" and backend in ("offload", "hybrid") and cfg.expert_cache_slots is None \
+                and cfg.expert_cache_gib is None:     # sized at the first step, the dense weights in place
+            slots = lambda: _measured_choice(pool, cfg, device)[1]  # noqa: E731
     pinned = True
     if backend in ("offload", "hybrid") and (pin is not None or device.type == "cuda" and not _pinned(pool)):
         pinned = pin_or_pageable(pin or pool.pin)
@@ -82,24 +107,22 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
         if prof is None and cfg.bandwidth_profile:
             log.warning("no bandwidth profile for this machine/device/format in %s; estimating online",
                         cfg.bandwidth_profile)
-        policy = cfg.expert_cache_policy or DEFAULT_POLICY
-        sized = cfg.expert_cache_slots is not None or cfg.expert_cache_gib is not None or device.type != "cuda"
-        slots = cache_slots(pool, cfg, device) if sized else (lambda: cache_slots(pool, cfg, device))
-        experts = TieredExperts(pool, device, slots, backend if pinned else "pageable", cache_policy=policy,
+        experts = TieredExperts(pool, device, slots, backend if pinned else "pageable",
+                                cache_policy=policy or DEFAULT_POLICY,
                                 host_executor=_host_executor(pool, cfg, spin_us),
                                 copy_engine=make_copy_engine(device, pinned=pinned),
                                 estimator=BandwidthEstimator.from_profile(prof, device))
-    settings = {"moe_backend": backend, "expert_cache_slots": None}
-    if not pinned:
-        settings["pinned"] = False          # misses on the CPU, hits on the device
-    if backend in ("offload", "hybrid"):
-        settings["expert_cache_slots"] = slots if isinstance(slots, int) else "sized at the first step"
-        settings["expert_cache_policy"] = policy
+    found = {} if pinned else {"pinned": False}     # misses on the CPU, hits on the device
+    if settings is None or settings.moe_backend is None:      # chosen here: report it
+        found.update(moe_backend=backend, expert_cache_slots=None)
+        if backend in ("offload", "hybrid"):
+            found.update(expert_cache_slots=slots if isinstance(slots, int) else None,
+                         expert_cache_policy=policy or DEFAULT_POLICY)
     if cfg.record_routing:
         experts = RoutingRecorder(experts, cfg.record_routing,
                                   {"num_layers": pool.num_layers, "num_experts": pool.num_experts,
                                    "model": cfg.model, "expert_bytes": pool.expert_nbytes})
-    experts.settings = settings
+    experts.settings = found
     return experts
 
 
@@ -111,21 +134,13 @@ def _pinned(pool: ExpertPool) -> bool:
     return all(b.is_pinned() for b in pool.all_banks())
 
 
-def host_cache_slots(expert_nbytes: int, n: int, cfg: EngineConfig, num_experts: int) -> int:
-    """Slots of the disk tier's host cache: host_cache_slots, else host_cache_gib, else (forced
-    with no size) half the pool; at least one."""
-    if cfg.host_cache_slots is not None:
-        return max(1, min(n, cfg.host_cache_slots))
-    if cfg.host_cache_gib is not None:
-        return max(1, min(n, int(cfg.host_cache_gib * 2**30 // expert_nbytes)))
-    return max(1, min(n, max(2 * num_experts, n // 2)))
-
-
-def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US):
-    """The disk tier (experts/disk.py): (layout of the experts in the file, backend)."""
+def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US, settings: Settings | None = None):
+    """The disk tier (experts/disk.py): (layout of the experts in the file, backend), with the
+    host cache `settings` sized (without settings, by the plan's rule on the options alone)."""
     layout = disk_layout(model, ck, cfg)
     n = layout.num_layers * layout.num_experts
-    slots = host_cache_slots(layout.expert_nbytes, n, cfg, layout.num_experts)
+    slots = settings.host_cache_slots if settings is not None and settings.host_cache_slots else \
+        host_cache_slots(cfg, n, layout.num_layers, layout.expert_nbytes)
     device = torch.device(cfg.torch_device)
     prof = load_profile(cfg.bandwidth_profile or DEFAULT_PROFILE, machine_id(), device_id(device), format_id(layout))
     experts = DiskExperts(layout, device, slots, cfg.expert_cache_policy,
@@ -133,6 +148,6 @@ def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US):
     log.info("experts: disk tier, %.2f GiB pool in %s, host cache %d of %d experts (%.2f GiB), B_D %s",
              layout.nbytes / 2**30, layout.paths[0].name, slots, n, slots * layout.expert_nbytes / 2**30,
              f"{experts.b_d / 1e9:.2f} GB/s" if experts.b_d else "not profiled (prefetch unbounded)")
-    experts.settings = {"moe_backend": "cpu", "expert_cache_slots": None, "expert_tier": "disk",
-                        "host_cache_slots": slots}
+    planned = settings is not None and settings.host_cache_slots
+    experts.settings = {} if planned else {"moe_backend": "cpu", "expert_tier": "disk", "host_cache_slots": slots}
     return layout, experts

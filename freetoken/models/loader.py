@@ -1,4 +1,4 @@
-"""Open a checkpoint, resolve the engine settings once, and build its model.
+"""Open a checkpoint and build its model with the engine's resolved settings.
 
 The loader owns the wiring: a model builds its dense modules and, through `build_pool`, its
 expert tensors as an `ExpertPool`; the loader re-encodes that pool to `expert_format` and
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import EngineConfig
+from ..config import EngineConfig, Settings
 from .experts_backend import build_disk_experts, build_experts
 from ..experts.pool import ExpertPool, requantize
 from ..kernels.choices import kernel_variant
@@ -27,9 +27,11 @@ log = logging.getLogger("freetoken.models")
 @dataclass(frozen=True)
 class BuildContext:
     """What a model constructor reads from the engine options, plus `experts(model, ck)`, the
-    loader's step that turns the model's expert tensors into (pool, experts backend)."""
+    loader's step that turns the model's expert tensors into (pool, experts backend) as the
+    resolved `settings` say (None: tools such as `convert`, which choose by the same rule)."""
     cfg: EngineConfig
     spin_us: int = SPIN_US
+    settings: Settings | None = None
 
     torch_device = property(lambda self: self.cfg.torch_device)
     torch_dtype = property(lambda self: self.cfg.torch_dtype)       # storage: embeddings, experts, KV
@@ -44,13 +46,15 @@ class BuildContext:
         """The pool in its final layout -- prebuilt by an FTW file, else `model.build_pool(ck)`
         re-encoded to `expert_format` (`reading("experts")` lets `freetoken convert` tell the
         expert tensors apart) -- and the backend built over it."""
-        if self.cfg.disk_tier:       # no pool: only where each expert lies in the file
-            return build_disk_experts(model, ck, self.cfg, self.spin_us)
+        disk = self.settings.expert_tier == "disk" if self.settings is not None else self.cfg.disk_tier
+        if disk:                     # no pool: only where each expert lies in the file
+            return build_disk_experts(model, ck, self.cfg, self.spin_us, self.settings)
         pool = ck.prebuilt_experts()
         if pool is None:
             with ck.reading("experts"):
                 pool = with_format(model.build_pool(ck), self.cfg.expert_format)
-        return pool, build_experts(pool, self.cfg, torch.device(self.cfg.torch_device), spin_us=self.spin_us)
+        return pool, build_experts(pool, self.cfg, torch.device(self.cfg.torch_device), spin_us=self.spin_us,
+                                   settings=self.settings)
 
 
 def with_format(pool: ExpertPool, fmt: str | None) -> ExpertPool:
@@ -64,14 +68,17 @@ def with_format(pool: ExpertPool, fmt: str | None) -> ExpertPool:
     return requantize(pool, fmt)
 
 
-def build_model(ck, cfg: EngineConfig, max_len: int, spin_us: int = SPIN_US):
+def build_model(ck, cfg: EngineConfig, max_len: int, spin_us: int = SPIN_US, settings: Settings | None = None):
     """The checkpoint's model class constructed over `ck` with the loader's `BuildContext`."""
     cls = model_class(ck.config, ck.dir / "config.json")
-    return cls(ck, BuildContext(cfg, spin_us), max_len)
+    return cls(ck, BuildContext(cfg, spin_us, settings), max_len)
 
 
-def load_model(cfg: EngineConfig, timings: dict | None = None):
-    """Returns (model, resolved settings). `timings`, when given, gets the seconds spent in
+def load_model(cfg: EngineConfig, settings: Settings, timings: dict | None = None):
+    """Returns (model, settings) built as `settings` (memory/resolve.py) say; the settings come
+    back with what loading found out: the model's compute dtype (kernels.choices makes the
+    final call once the kernels are built), `pinned` False, and -- when no plan chose them --
+    the experts backend's choices. `timings`, when given, gets the seconds spent in
     "open" (an FTW file: header, reads started; a directory: its index), "build" (the model and
     experts backend; from a directory the weights are read here, from an FTW file the reads go
     on meanwhile) and "ready" (waiting for the rest of an FTW file's reads and checksums)."""
@@ -79,10 +86,9 @@ def load_model(cfg: EngineConfig, timings: dict | None = None):
     ck = open_checkpoint(cfg.model, cfg)
     t1 = time.perf_counter()
     try:
-        settings = cfg.resolve(ck.config)
         if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
             shared_pool(settings.num_threads, isa=kernel_variant(cfg.kernel_isa), spin_us=settings.spin_us)
-        model = build_model(ck, cfg, settings.max_model_len, settings.spin_us)
+        model = build_model(ck, cfg, settings.max_model_len, settings.spin_us, settings)
         t2 = time.perf_counter()
         ck.close()                          # FTW: every byte in and verified before the model runs
     except BaseException:
@@ -91,5 +97,5 @@ def load_model(cfg: EngineConfig, timings: dict | None = None):
     if timings is not None:
         timings.update(open=t1 - t0, build=t2 - t1, ready=time.perf_counter() - t2)
     experts = getattr(model, "experts", None)
-    chosen = dict(getattr(experts, "settings", {}) or {})
-    return model, dataclasses.replace(settings, compute_dtype=model.dtype, **chosen)
+    found = dict(getattr(experts, "settings", {}) or {})
+    return model, dataclasses.replace(settings, compute_dtype=model.dtype, **found)

@@ -14,6 +14,7 @@ from freetoken.engine.model_runner import ModelRunner
 from freetoken.engine.sequence import Sequence
 from freetoken.errors import InvalidRequestError
 from freetoken.models.loader import load_model
+from freetoken.memory.resolve import resolve
 from freetoken.sampling_params import SamplingParams
 
 BS = 4
@@ -25,7 +26,7 @@ class Side:
 
     def __init__(self, path, device="cpu", graphs=None, max_len=64):
         cfg = EngineConfig(model=str(path), dtype="float32", moe_backend="resident", device=device)
-        self.model, _ = load_model(cfg)
+        self.model, _ = load_model(cfg, resolve(cfg))
         if self.model.experts is not None:
             self.model.experts.sync_free = True         # what CUDA uses: the capturable executor
         self.blocks = BlockManager(128, BS)

@@ -40,7 +40,7 @@ def reference(path: str, params: str):
 
 def disk_engine(path, slots):
     engine = LLM(str(path), host_cache_slots=slots, **OPTS).engine
-    assert engine.model.experts.settings["expert_tier"] == "disk"
+    assert engine.settings.expert_tier == "disk"
     return engine
 
 

@@ -34,7 +34,7 @@ def assert_disk_tier_matches(path, **opts):
     ref.close()
     for slots in sizes:
         got = LLM(str(path), host_cache_slots=slots, **opts)
-        assert got.engine.model.experts.settings["expert_tier"] == "disk"
+        assert got.engine.settings.expert_tier == "disk"
         g_logits, g_gens = _outputs(got)
         assert torch.equal(g_logits, logits), f"{slots} slots: prompt logits differ"
         assert [c.token_ids for c in g_gens] == [c.token_ids for c in gens], f"{slots} slots: tokens differ"
@@ -101,14 +101,15 @@ def test_file_shrunk_while_serving_fails_those_requests_engine_stays_up(tiny_dir
 
 def test_plan_turns_the_disk_tier_on_when_the_pool_does_not_fit(tiny_dir):
     from freetoken.config import EngineConfig
-    from freetoken.memory.plan import make_plan, read_model_shape
+    from freetoken.memory.model_size import read_model_shape
+    from freetoken.memory.plan import make_plan
     from freetoken.memory.probe import MachineMemory
     src = tiny_dir("qwen3_moe")
     s = read_model_shape(str(src))
     cfg = EngineConfig(model=str(src), dtype="float32", max_model_len=64, kv_cache_gib=0.001, memory_headroom_gib=0.0)
     big = MachineMemory(host_total=2**36, host_available=2**35, host_source="test")
     same, plan = make_plan(cfg, s, big)
-    assert same.expert_tier == "auto" and not any("host expert cache" == i.name for i in plan.items)
+    assert same.expert_tier == "ram" and not any("host expert cache" == i.name for i in plan.items)
     pool = next(i.nbytes for i in plan.items if i.name == "expert pool")
     dense = next(i.nbytes for i in plan.items if i.name == "dense weights")
     small = MachineMemory(host_total=dense + pool // 2, host_available=dense + pool // 2, host_source="test")

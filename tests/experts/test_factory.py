@@ -4,7 +4,7 @@ from tiered_helpers import make_pool, one_torch_thread  # noqa: F401
 
 from freetoken.config import EngineConfig
 from freetoken.experts.bandwidth import BandwidthProfile, device_id, format_id, machine_id, save_profile
-from freetoken.models.experts_backend import build_experts, cache_slots, resolve_backend
+from freetoken.models.experts_backend import build_experts, cache_choice
 from freetoken.experts.resident import ResidentExperts
 from freetoken.experts.tiered import CpuExperts, TieredExperts
 
@@ -17,13 +17,22 @@ def cfg(**kw):
 
 def test_backend_choice_and_cache_size():
     pool = make_pool(layers=2, experts=8)
-    assert resolve_backend(pool, cfg(), CPU) == "cpu"                 # no CUDA: the pure-CPU backend
+    n, S = 16, pool.expert_nbytes
+
+    def slots(device="cpu", room=None, **kw):
+        return cache_choice(cfg(moe_backend="hybrid", **kw), device, n, S, 8, room)[1]
+    assert cache_choice(cfg(), "cpu", n, S, 8, None) == ("cpu", 0)      # no CUDA: the pure-CPU backend
     assert isinstance(build_experts(pool, cfg(), CPU), CpuExperts)
     assert isinstance(build_experts(pool, cfg(moe_backend="resident"), CPU), ResidentExperts)
-    assert cache_slots(pool, cfg(expert_cache_slots=5), CPU) == 5
-    assert cache_slots(pool, cfg(expert_cache_slots=500), CPU) == 16
-    assert cache_slots(pool, cfg(expert_cache_gib=3 * pool.expert_nbytes / 2**30), CPU) == 3
-    assert cache_slots(pool, cfg(), CPU) == 16                        # host tier default: >= two layers
+    assert slots(expert_cache_slots=5) == 5
+    assert slots(expert_cache_slots=500) == 16
+    assert slots(expert_cache_gib=3 * S / 2**30) == 3
+    assert slots() == 16                                                 # host tier default: >= two layers
+    # CUDA: what the room holds after the KV reserve; auto is resident only when all of it fits
+    kv = 2**30
+    assert slots("cuda", kv + 5 * S + 7, kv_cache_gib=1) == 5
+    assert cache_choice(cfg(kv_cache_gib=1), "cuda", n, S, 8, kv + 5 * S) == ("hybrid", 5)
+    assert cache_choice(cfg(kv_cache_gib=1), "cuda", n, S, 8, kv + 16 * S) == ("resident", 16)
 
 
 def test_profile_drives_the_estimator(tmp_path):

@@ -34,7 +34,7 @@ def test_sizes_do_not_move_with_momentary_free_memory(tiny_dir):
     seen = []
     for frac in (0.3, 0.5, 0.7, 0.9, 1.0):
         resolved, plan = make_plan(cfg, shape, MachineMemory(total, int(frac * total), "test"))
-        seen.append((resolved.max_num_batched_tokens, resolved.max_model_len, resolved.kv_cache_gib))
+        seen.append((resolved.max_num_batched_tokens, resolved.max_model_len, resolved.kv_blocks))
         low = [w for w in plan.warnings if "free now" in w]
         assert len(low) == (1 if frac * total < plan.used("host") else 0)
         assert plan.used("host") <= plan.available["host"] == total - 2 * GiB

@@ -11,6 +11,7 @@ from freetoken import LLM, SamplingParams
 from freetoken.cli import main as cli_main
 from freetoken.config import EngineConfig
 from freetoken.memory import plan as plan_mod
+from freetoken.memory import resolve as resolve_mod
 from freetoken.memory.model_size import read_model_shape
 from freetoken.memory.plan import expert_nbytes, expert_format, make_plan, state_bytes_per_seq
 from freetoken.memory.probe import GiB, MachineMemory, cgroup_room, probe
@@ -92,7 +93,7 @@ def test_state_checkpoints_reduced_before_kv(tiny_dir):
     cfg = EngineConfig(model=str(src), dtype="float32", state_cache_gib=64.0, kv_cache_gib=64.0,
                        max_model_len=10**6)
     resolved, plan = make_plan(cfg, read_model_shape(src), machine(1.0, 4))
-    assert plan.warnings[0].startswith("state checkpoints") and resolved.state_cache_gib < 64
+    assert plan.warnings[0].startswith("state checkpoints") and resolved.state_cache_bytes < 64 * 2**30
     assert [w.split(":")[0] for w in plan.warnings][:2] == ["state checkpoints", "KV cache"]
     assert _fits(plan, "host")
 
@@ -136,7 +137,7 @@ def test_weights_that_do_not_fit_warn_and_boot_plan(tiny_dir):
 def test_boot_never_fails_for_lack_of_memory(tiny_dir, monkeypatch, opts):
     """Sizes far beyond the machine (here a fake 48 MiB of free memory after the reserve):
     the engine boots with reduced sizes and generates."""
-    monkeypatch.setattr(plan_mod, "probe", lambda *a: machine(0.5 + 48 / 1024, 4))
+    monkeypatch.setattr(resolve_mod, "probe", lambda *a: machine(0.5 + 48 / 1024, 4))
     llm = LLM(str(tiny_dir("qwen3_moe")), dtype="float32", **opts)
     assert llm.engine.memory_plan.warnings
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))[0]

@@ -11,6 +11,7 @@ from freetoken.engine.block_manager import BlockManager
 from freetoken.engine.model_runner import ModelRunner
 from freetoken.engine.sequence import Sequence
 from freetoken.models.loader import load_model
+from freetoken.memory.resolve import resolve
 
 from helpers import assert_logits_close
 
@@ -96,7 +97,8 @@ class Harness:
     can share KV blocks and snapshot/restore states the way a prefix cache would."""
 
     def __init__(self, path, num_blocks=64, block_size=4):
-        self.model, _ = load_model(EngineConfig(model=str(path), dtype="float32"))
+        cfg = EngineConfig(model=str(path), dtype="float32")
+        self.model, _ = load_model(cfg, resolve(cfg))
         self.bs = block_size
         self.blocks = BlockManager(num_blocks, block_size)
         self.runner = ModelRunner(self.model, num_blocks, block_size)
