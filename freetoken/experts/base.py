@@ -46,6 +46,18 @@ class Experts(ABC):
         {"slots_before", "slots_after"}; None without a cache."""
         return None
 
+    def host_cache_size(self) -> dict | None:
+        """The disk tier's host (RAM) expert cache now -- {"bytes", "slots", "resident",
+        "expert_bytes", "device": "host"}; None when the pool is in memory (no host cache)."""
+        return None
+
+    def resize_host_cache_bytes(self, nbytes: int) -> dict | None:
+        """Resize the host cache to the whole experts `nbytes` holds, at a safe point (between
+        steps): at least one slot, at most the pool, `clamped` says which limit applied.
+        Returns {"before", "after"} bytes, {"slots_before", "slots_after"}, "evicted" (residents
+        that left) and "clamped" ("" when `nbytes` was taken as asked); None without a host cache."""
+        return None
+
     def pinned_bytes(self) -> int:
         """Host bytes of the pool page-locked in place now (0: nothing pinned)."""
         return 0
