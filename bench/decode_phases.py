@@ -82,8 +82,9 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
     engine = llm.engine
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(max_tokens=steps + 2, **g))
-    while any(not s.output_ids for s in _seqs(engine)):
-        engine.step()                               # the prefills (and each first token)
+    started: set[str] = set()
+    while len(started) < len(prompts):              # the prefills (and each first token)
+        started.update(o.request_id for o in engine.step() if o.new_token_ids or o.finished)
     step_times = []
     ON[0] = True
     while engine.has_unfinished():
@@ -97,10 +98,6 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
     total = sum(step_times) / n
     phases["other (python, scheduler, top-k, sampling)"] = total - sum(phases.values())
     return phases, total, statistics.median(step_times), {k: v // n for k, v in BYTES.items()}
-
-
-def _seqs(engine):
-    return list(engine.scheduler.running) + list(engine.scheduler.waiting)
 
 
 def _pools():

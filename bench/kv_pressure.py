@@ -35,7 +35,8 @@ def checkpoint() -> Path:
 def engine(model: Path, capacity_tokens: int) -> LLM:
     """An engine whose KV cache holds about `capacity_tokens` tokens."""
     probe = LLM(str(model), dtype="float32", max_model_len=16384, kv_cache_gib=0.01)
-    per_token = probe.engine.runner.kv_nbytes / (probe.engine.blocks.num_blocks * probe.engine.blocks.block_size)
+    kv = probe.engine.kv_usage()
+    per_token = probe.engine.memory_sizes()["kv_cache"]["bytes"] / (kv.num_blocks * kv.block_size)
     probe.close()
     tokens = capacity_tokens // 16 * 16 - 0.5      # the engine rounds up to whole 16-token blocks
     llm = LLM(str(model), dtype="float32", max_model_len=16384, max_num_seqs=8,
@@ -46,17 +47,18 @@ def engine(model: Path, capacity_tokens: int) -> LLM:
 def run(llm: LLM, prompts: list[list[int]], gen: int) -> tuple[list[list[int]], float, int]:
     """(greedy outputs, seconds, preemptions) of the prompts run together."""
     eng = llm.engine
-    before = eng.scheduler.num_preemptions
+    preempted: list[str] = []
+    eng.on_preempt(preempted.append)            # this run's preemptions (a listener stays registered)
     params = SamplingParams(max_tokens=gen, temperature=0.0, ignore_eos=True)
     t0 = time.perf_counter()
-    for i, p in enumerate(prompts):
-        eng.add_request(f"kv-{time.perf_counter_ns()}-{i}", p, params)
-    rids = list(eng.seqs)[-len(prompts):]
+    rids = [f"kv-{time.perf_counter_ns()}-{i}" for i in range(len(prompts))]
+    for rid, p in zip(rids, prompts):
+        eng.add_request(rid, p, params)
     toks = {r: [] for r in rids}
     while eng.has_unfinished():
         for o in eng.step():
             toks[o.request_id] += o.new_token_ids
-    return [toks[r] for r in rids], time.perf_counter() - t0, eng.scheduler.num_preemptions - before
+    return [toks[r] for r in rids], time.perf_counter() - t0, len(preempted)
 
 
 def scenario(model: Path, name: str, n: int, prompt: int, gen: int, capacity: int, seed: int) -> dict:

@@ -118,7 +118,7 @@ def main() -> int:
     llm, svc, app, _, _ = build(serve_args(model_dir, "--max-tokens-cap", "1", "--threads", "1"))
     srv = LiveServer(app)
     one = replay(srv.url, sessions)
-    one_evicted = svc.engine.prefix.stats.evicted_blocks
+    one_evicted = svc.engine.kv_usage().evicted
     shared = shared_prefix_tokens(llm, sessions)
     srv.stop()
     llm.close()

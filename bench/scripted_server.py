@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agent_script import decide, write_workspace  # noqa: E402
 from fake_engine import FakeEngine, FakeParams  # noqa: E402
 
+from freetoken.engine.client import client_names  # noqa: E402
 from freetoken.server.app import create_app  # noqa: E402
 from freetoken.server.generation import GenerationService  # noqa: E402
 from freetoken.server.server_state import Settings  # noqa: E402
@@ -73,6 +74,8 @@ class ForcedEngine:
         self.eos = min(engine.tokenizer.eos_token_ids)
 
     def __getattr__(self, name):
+        if name not in client_names():      # an engine client: the server gets nothing else
+            raise AttributeError(f"ForcedEngine forwards EngineClient's names only, not {name!r}")
         return getattr(self.engine, name)
 
     def add_request(self, request_id, prompt_token_ids, params):

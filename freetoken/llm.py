@@ -62,12 +62,16 @@ class LLM:
         rid = f"score-{next(self._ids)}"
         self.engine.add_request(rid, list(token_ids), SamplingParams(max_tokens=1, temperature=0.0),
                                 want_prompt_logits=True)
-        seq = self.engine.seqs[rid]
+        logits = None
         while self.engine.has_unfinished():
             for out in self.engine.step():
                 if out.request_id == rid and getattr(out, "error", None):
                     raise RuntimeError(f"scoring failed in the engine: {out.error}")
-        return torch.cat(seq.prompt_logits)[: len(token_ids)]
+                if out.request_id == rid and out.prompt_logits is not None:
+                    logits = out.prompt_logits
+        if logits is None:
+            raise RuntimeError(f"scoring: the engine ended request {rid} without its prompt logits")
+        return logits[: len(token_ids)]
 
     def expert_stats(self) -> dict:
         return self.engine.expert_stats()

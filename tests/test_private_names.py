@@ -56,18 +56,30 @@ def test_no_package_reaches_a_private_name():
     assert not found, "private names used from outside their owner:\n" + "\n".join(found)
 
 
-# --- the server and the engine: the EngineClient protocol is the whole surface -----------------
+# --- above the engine: the EngineClient protocol is the whole surface --------------------------
+# The server, LLM, the CLI, the simulators and the benchmarks hold engines; tests/ stay exempt.
+REPO = ROOT.parent
+ABOVE_THE_ENGINE = ("freetoken/server/**/*.py", "freetoken/llm.py", "freetoken/cli/**/*.py", "freetoken/sim/**/*.py",
+                    "bench/*.py")
 # (file, name): an object called `engine` there that is not an engine client, with why
 NOT_AN_ENGINE = {
-    ("server/replicas/frontend.py", "_init"): "its `engine` is a Ray Serve DeploymentHandle to the replicas",
-    ("server/replicas/frontend.py", "options"): "its `engine` is a Ray Serve DeploymentHandle to the replicas",
+    ("freetoken/server/replicas/frontend.py", "_init"): "its `engine` is a Ray Serve DeploymentHandle to the replicas",
+    ("freetoken/server/replicas/frontend.py", "options"): "its `engine` is a Ray Serve DeploymentHandle to the replicas",
+}
+# (file, name): a benchmark that measures an engine part itself, which no option reaches, with why
+WHITE_BOX = {
+    ("bench/gpu_check.py", "runner"): "the dry run swaps the decode graphs' capture for the eager one and the "
+                                      "check reads their replay counters",
+    ("bench/gpu_check.py", "model"): "prefill with the offload backend's whole-layer streamer on vs off",
+    ("bench/deepseek_v4_decode.py", "model"): "the bytes a decode token reads, from the model's own tensors",
+    ("bench/concurrent_streams.py", "runner"): "labels its rows with the bf16_dot the model's calibration chose",
+    ("bench/scripted_server.py", "getattr"): "ForcedEngine forwards EngineClient's names only (client_names())",
 }
 
 
 def _client_surface() -> set[str]:
-    from freetoken.engine.client import EngineClient
-    members = {n for n, v in vars(EngineClient).items() if callable(v) and not n.startswith("_")}
-    return members | set(EngineClient.__annotations__)
+    from freetoken.engine.client import client_names
+    return set(client_names())
 
 
 def _engine_names(tree: ast.AST) -> set[str]:
@@ -88,28 +100,63 @@ def reaches_in(tree: ast.AST, rel: str) -> list[str]:
     """Every name read on an engine object (`x.engine.NAME`, `engine.NAME`, `getattr(engine, ...)`)
     that the EngineClient protocol does not declare."""
     surface, names, out = _client_surface(), _engine_names(tree), []
+    excused = NOT_AN_ENGINE.keys() | WHITE_BOX.keys()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _is_engine(node.value, names):
-            if node.attr not in surface and (rel, node.attr) not in NOT_AN_ENGINE:
+            if node.attr not in surface and (rel, node.attr) not in excused:
                 out.append(f"{rel}:{node.lineno}: reads {ast.unparse(node)} (not in EngineClient)")
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "hasattr", "setattr") and node.args and _is_engine(node.args[0], names)):
+              and node.func.id in ("getattr", "hasattr", "setattr") and node.args and _is_engine(node.args[0], names)
+              and (rel, node.func.id) not in excused):
             out.append(f"{rel}:{node.lineno}: probes the engine with {ast.unparse(node)}")
     return out
 
 
-def test_server_uses_only_the_engine_client_surface():
-    found = [line for f in sorted((ROOT / "server").rglob("*.py"))
-             for line in reaches_in(ast.parse(f.read_text(), str(f)), str(f.relative_to(ROOT)))]
-    assert not found, ("server/ reaches past EngineClient (add what it needs to engine/client.py and "
-                       "LLMEngine):\n" + "\n".join(found))
+def _above_the_engine() -> list[Path]:
+    return sorted({f for pattern in ABOVE_THE_ENGINE for f in REPO.glob(pattern)})
+
+
+def test_code_above_the_engine_uses_only_the_engine_client_surface():
+    files = _above_the_engine()
+    assert {f.relative_to(REPO).parts[0] for f in files} == {"freetoken", "bench"} and len(files) > 40
+    found = [line for f in files for line in reaches_in(ast.parse(f.read_text(), str(f)), str(f.relative_to(REPO)))]
+    assert not found, ("code above the engine reaches past EngineClient (add what it needs to "
+                       "engine/client.py and LLMEngine):\n" + "\n".join(found))
+
+
+def test_every_excuse_is_still_needed():
+    """An entry of NOT_AN_ENGINE / WHITE_BOX whose file no longer reads that name is stale."""
+    used = set()
+    for f in _above_the_engine():
+        rel = str(f.relative_to(REPO))
+        tree = ast.parse(f.read_text(), str(f))
+        names = _engine_names(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _is_engine(node.value, names):
+                used.add((rel, node.attr))
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args \
+                    and _is_engine(node.args[0], names):
+                used.add((rel, node.func.id))
+    stale = (NOT_AN_ENGINE.keys() | WHITE_BOX.keys()) - used
+    assert not stale, f"excused reaches no file makes any more: {sorted(stale)}"
 
 
 def test_the_reach_check_sees_a_reach():
     """The check above flags each kind of reach it is meant to (so its empty result means something)."""
     src = ("def f(svc, engine):\n    svc.engine.scheduler.on_preempt = 1\n    getattr(engine, 'blocks', None)\n"
            "    eng = svc.engine\n    eng.prefix\n    engine.step()\n    svc.engine.kv_usage()\n")
-    found = reaches_in(ast.parse(src), "server/x.py")
+    found = reaches_in(ast.parse(src), "freetoken/server/x.py")
     assert len(found) == 3
     assert "svc.engine.scheduler" in found[0] + found[1] + found[2] and any("eng.prefix" in f for f in found)
     assert any("getattr(engine, 'blocks', None)" in f for f in found)
+
+
+def test_the_reach_check_sees_reaches_above_the_server():
+    """LLM, the CLI and the benchmarks are checked the same way; an excuse covers its own file only."""
+    src = ("def f(llm):\n    llm.engine.seqs['r']\n    e = llm.engine\n    e.runner.kv_nbytes\n"
+           "    llm.engine.kv_usage()\n    getattr(llm.engine, 'prefix')\n")
+    for rel in ("freetoken/llm.py", "freetoken/cli/check.py", "freetoken/sim/sessions/cli.py", "bench/x.py"):
+        found = reaches_in(ast.parse(src), rel)
+        assert len(found) == 3, (rel, found)
+        assert any("llm.engine.seqs" in f for f in found) and any("e.runner" in f for f in found)
+    assert len(reaches_in(ast.parse(src), "bench/gpu_check.py")) == 2          # its runner excused, not seqs

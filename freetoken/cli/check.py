@@ -103,8 +103,7 @@ def main(args) -> int:
     opts = {k: v for k, v in engine_options(args).items() if v is not None}
     cfg = EngineConfig.from_options(args.model, **opts)
     with progress(5, "check", unit="steps") as bar:
-        resolved = resolve(cfg)
-        plan = resolved.plan
+        plan = resolve(cfg).plan
         print("== memory plan\n" + plan.table(), flush=True)
         bar.update(1)
         shape = read_model_shape(args.model)
@@ -132,7 +131,7 @@ def main(args) -> int:
         bar.update(1)
         warm = _request(llm, prompt, args.max_tokens)
         bar.update(1)
-    backend = llm.expert_stats().get("backend", resolved.moe_backend) if llm.engine.settings.moe_backend else "none"
+    backend = llm.expert_stats().get("backend", "none")     # every experts backend names itself; dense: none
     tiered = backend in ("hybrid", "offload")
     for name, r in (("cold", cold), ("warm", warm)):
         hit = f", expert hit rate {r['hit_rate']:.0%}" if r["hit_rate"] is not None and tiered else ""

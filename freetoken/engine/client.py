@@ -1,9 +1,11 @@
-"""What the server may call on an engine, and what it gets back (`StepOutput`, `KVUsage`).
+"""What the layers above the engine may call on one, and what they get back (`StepOutput`,
+`KVUsage`).
 
 `LLMEngine` implements it; the server's tests run a scripted fake against the same
 protocol. Errors cross the seam as exception types from `freetoken.errors`
-(`InvalidRequestError`, `PromptTooLongError`), caught by type, never by name. The server
-uses no other name of the engine object (tests/test_private_names.py checks it)."""
+(`InvalidRequestError`, `PromptTooLongError`), caught by type, never by name. The server,
+`LLM`, the CLI, the simulators and the benchmarks use no other name of the engine object
+(tests/test_private_names.py checks it; `client_names()` lists them)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
@@ -21,12 +23,15 @@ if TYPE_CHECKING:
 class EngineClient(Protocol):
     tokenizer: object
     max_model_len: int          # the model's context window
+    vocab_size: int             # token ids a prompt may hold: [0, vocab_size)
     capacity_tokens: int        # tokens the KV cache holds (a request may use min of the two)
     device: torch.device        # where the model runs (the memory watcher reads that device's free memory)
     memory_plan: MemoryPlan | None   # the start-up plan (memory/plan.py); None: the engine made none
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Queue a request; raises InvalidRequestError / PromptTooLongError (to that request only)."""
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    want_prompt_logits: bool = False) -> None:
+        """Queue a request; raises InvalidRequestError / PromptTooLongError (to that request only).
+        want_prompt_logits: its last StepOutput carries the prompt's logits (`LLM.score`)."""
 
     def abort_request(self, request_id: str) -> None:
         """Finish a request now; its last StepOutput says finish_reason "abort"."""
@@ -61,5 +66,14 @@ class EngineClient(Protocol):
     def pinned_bytes(self) -> int:
         """Host bytes page-locked in place now."""
 
+    def close(self) -> None:
+        """Release the engine's worker threads and expert memory (it takes no more requests)."""
 
-__all__ = ["EngineClient", "KVUsage", "StepOutput"]
+
+def client_names() -> frozenset[str]:
+    """Every name EngineClient declares: what may be read on an engine object."""
+    methods = {n for n, v in vars(EngineClient).items() if callable(v) and not n.startswith("_")}
+    return frozenset(methods | set(EngineClient.__annotations__))
+
+
+__all__ = ["EngineClient", "KVUsage", "StepOutput", "client_names"]

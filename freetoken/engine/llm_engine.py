@@ -43,6 +43,7 @@ class StepOutput:
     num_cached_tokens: int = 0             # prompt tokens served from the prefix cache, not computed
     error: str | None = None               # set (finish_reason "error") when this request's work raised
     model_fault: bool = False              # ...in the model's forward or as NaN logits, not its own settings
+    prompt_logits: torch.Tensor | None = None   # want_prompt_logits: [prompt, vocab] float32, when it ends
 
 
 @dataclass(frozen=True)
@@ -306,8 +307,10 @@ class LLMEngine:
         stop = None
         if seq.finish_reason == "stop":
             stop = seq.detok.matched_stop if seq.detok and seq.detok.matched_stop else seq.output_ids[-1]
+        done = seq.want_prompt_logits and seq.finish_reason in ("stop", "length") and seq.prompt_logits
         return StepOutput(seq.request_id, new_ids, text, seq.status is Status.FINISHED, seq.finish_reason,
-                          len(seq.prompt_ids), len(seq.output_ids), stop, seq.num_cached_tokens)
+                          len(seq.prompt_ids), len(seq.output_ids), stop, seq.num_cached_tokens,
+                          prompt_logits=torch.cat(seq.prompt_logits) if done else None)
 
     # --- elastic memory ----------------------------------------------------------------
     def resize_memory(self, *, expert_cache_gib: float | None = None, kv_cache_gib: float | None = None,

@@ -7,7 +7,7 @@ Each component shrinks by evicting before it frees, and none changes an output:
                  misses are filled or run on the CPU, the same experts either way
   state budget   least recently used checkpoints are dropped (a later request recomputes)
   KV pool        kv_resize.py: unreferenced prefix blocks, then preemption, then compaction
-  host cache     the disk tier's RAM cache (host_cache_resize.py): the policy's least valuable
+  host cache     the disk tier's RAM cache (experts/disk.py): the policy's least valuable
                  residents leave, their memory goes back; background reads land first
 Sizes are GiB like the options that set them at start (expert_cache_gib, kv_cache_gib,
 state_cache_gib, host_cache_gib); None leaves a component as it is."""
@@ -18,7 +18,6 @@ import time
 
 from ..config import MAX_GIB
 from ..errors import InvalidRequestError
-from .host_cache_resize import host_cache_size, resize_host_cache
 from .kv_resize import resize_kv
 from ..memory.probe import probe
 
@@ -40,7 +39,7 @@ def memory_sizes(engine) -> dict:
                      "device": str(engine.runner.device)},
         "state_cache": {"bytes": engine.prefix.state_budget, "used_bytes": engine.prefix.checkpoint_bytes,
                         "checkpoints": engine.prefix.num_checkpoints, "device": "host"},
-        "host_cache": host_cache_size(engine),
+        "host_cache": experts.host_cache_size() if experts is not None else None,
     }
 
 
@@ -78,7 +77,7 @@ def resize_memory(engine, *, expert_cache_gib=None, kv_cache_gib=None, state_cac
     if want["expert_cache"] is not None:
         done["expert_cache"] = _resize_experts(engine, want["expert_cache"])
     if want["host_cache"] is not None:
-        done["host_cache"] = resize_host_cache(engine, want["host_cache"])
+        done["host_cache"] = _resize_host_cache(engine, want["host_cache"])
     if want["state_cache"] is not None:
         dropped = engine.prefix.set_state_budget(want["state_cache"])
         done["state_cache"] = {"before": before["state_cache"]["bytes"], "after": engine.prefix.state_budget,
@@ -109,3 +108,8 @@ def _size(n: int) -> str:
 def _resize_experts(engine, nbytes: int) -> dict | None:
     experts = engine.model.experts          # resident / cpu / disk backends: no cache to size (None)
     return experts.resize_cache_bytes(nbytes) if experts is not None else None
+
+
+def _resize_host_cache(engine, nbytes: int) -> dict | None:
+    experts = engine.model.experts          # no disk tier (the pool is in RAM): no host cache (None)
+    return experts.resize_host_cache_bytes(nbytes) if experts is not None else None

@@ -13,8 +13,8 @@ BACKENDS = ("resident", "offload", "cpu", "hybrid")
 
 
 class Experts(ABC):
-    settings: dict = {}     # what the factory chose (moe_backend, expert_cache_slots), for the start-up table
-                            # (the loader merges it into the engine's `Resolved` settings)
+    settings: dict = {}     # what building found out (pinned False; the choices when no settings were given)
+                            # (the loader merges it into the engine's `Settings`)
 
     @abstractmethod
     def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor,
@@ -44,6 +44,18 @@ class Experts(ABC):
         """Rebuild the slot cache with as many whole experts as `nbytes` holds (at most the
         pool), at a safe point (between steps). Returns {"before", "after"} bytes and
         {"slots_before", "slots_after"}; None without a cache."""
+        return None
+
+    def host_cache_size(self) -> dict | None:
+        """The disk tier's host (RAM) expert cache now -- {"bytes", "slots", "resident",
+        "expert_bytes", "device": "host"}; None when the pool is in memory (no host cache)."""
+        return None
+
+    def resize_host_cache_bytes(self, nbytes: int) -> dict | None:
+        """Resize the host cache to the whole experts `nbytes` holds, at a safe point (between
+        steps): at least one slot, at most the pool, `clamped` says which limit applied.
+        Returns {"before", "after"} bytes, {"slots_before", "slots_after"}, "evicted" (residents
+        that left) and "clamped" ("" when `nbytes` was taken as asked); None without a host cache."""
         return None
 
     def pinned_bytes(self) -> int:

@@ -170,11 +170,34 @@ class DiskExperts(Experts):
                                                         "prefetch_cut": self.prefetch_cut},
                                    kernel_calls=self.kernel_calls)
 
-    def resize_host_cache(self, slots: int) -> int:
-        """Elastic memory, between steps: the host cache gets `slots` slots (>= 1; the policy's
-        least valuable residents leave, background reads land first); the CPU kernels are
-        rebuilt over the new banks. Returns the residents kept. Outputs do not change: any
-        cache size gives the resident pool's numbers (see the module doc)."""
+    # ---- elastic memory (engine/resize.py's `host_cache` component, in GiB like host_cache_gib) ----
+    def host_cache_size(self) -> dict:
+        c, S = self.cache, self.layout.expert_nbytes
+        return {"bytes": c.capacity * S, "slots": c.capacity, "resident": c.resident, "expert_bytes": S,
+                "device": "host"}
+
+    def resize_host_cache_bytes(self, nbytes: int) -> dict:
+        """Between steps: the host cache gets the whole experts `nbytes` holds. A shrink evicts
+        the policy's least valuable residents and returns their memory (background reads land
+        first); a grow adds empty slots. A layer call needs one slot (its misses then go one at a
+        time), so under one expert is clamped to one slot, and above the pool to the pool."""
+        S, n_total = self.layout.expert_nbytes, self.layout.num_layers * self.E
+        before, resident_before = self.cache.capacity, self.cache.resident
+        slots = nbytes // S
+        clamped = ""
+        if slots < 1:
+            slots, clamped = 1, (f"host_cache_gib: {nbytes / 2**30:g} GiB is less than one expert "
+                                 f"({S / 2**20:.2f} MiB); kept 1 slot, the least a layer call needs")
+        elif slots > n_total:
+            slots, clamped = n_total, f"capped at the whole pool ({n_total} experts)"
+        kept = self._resize_slots(slots) if slots != before else resident_before
+        return {"before": before * S, "after": slots * S, "slots_before": before, "slots_after": slots,
+                "evicted": resident_before - kept, "clamped": clamped}
+
+    def _resize_slots(self, slots: int) -> int:
+        """The cache gets `slots` slots (>= 1) and the CPU kernels are rebuilt over the new
+        banks; returns the residents kept. Outputs do not change: any cache size gives the
+        resident pool's numbers (see the module doc)."""
         kept = self.cache.resize(slots)
         getattr(self.host, "close", lambda: None)()
         self.host = self._executor(*self._threads)

@@ -31,6 +31,12 @@ class RoutingRecorder(Experts):
     def resize_cache_bytes(self, nbytes: int) -> dict | None:
         return self.inner.resize_cache_bytes(nbytes)
 
+    def host_cache_size(self) -> dict | None:
+        return self.inner.host_cache_size()
+
+    def resize_host_cache_bytes(self, nbytes: int) -> dict | None:
+        return self.inner.resize_host_cache_bytes(nbytes)
+
     def pinned_bytes(self) -> int:
         return self.inner.pinned_bytes()
 

@@ -243,7 +243,12 @@ def kv_tokens_asked(cfg: EngineConfig, max_len: int, per_token: int) -> int:
     """Tokens the options ask the KV pool for: max_num_seqs sequences of max_len, capped by
     kv_cache_gib (defaults.KV_CACHE_GIB when not set) at per_token bytes a token."""
     gib = cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB
-    return min(cfg.max_num_seqs * max_len, int(gib * GiB / max(1, per_token)))
+    return min(cfg.max_num_seqs * max_len, kv_tokens_in(gib, per_token))
+
+
+def kv_tokens_in(gib: float, per_token: int) -> int:
+    """Tokens `gib` GiB of KV holds at per_token bytes a token (the simulator sizes its pool so)."""
+    return int(gib * GiB / max(1, per_token))
 
 
 def kv_block_count(tokens: int, block_size: int) -> int:

@@ -148,6 +148,10 @@ def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US, set
     log.info("experts: disk tier, %.2f GiB pool in %s, host cache %d of %d experts (%.2f GiB), B_D %s",
              layout.nbytes / 2**30, layout.paths[0].name, slots, n, slots * layout.expert_nbytes / 2**30,
              f"{experts.b_d / 1e9:.2f} GB/s" if experts.b_d else "not profiled (prefetch unbounded)")
+    if cfg.record_routing:                  # the trace the in-memory backends write
+        experts = RoutingRecorder(experts, cfg.record_routing, {"num_layers": layout.num_layers,
+                                  "num_experts": layout.num_experts, "model": cfg.model,
+                                  "expert_bytes": layout.expert_nbytes})
     planned = settings is not None and settings.host_cache_slots
     experts.settings = {} if planned else {"moe_backend": "cpu", "expert_tier": "disk", "host_cache_slots": slots}
     return layout, experts

@@ -102,3 +102,21 @@ def test_engines_without_a_disk_tier_have_no_host_cache(tiny_dir):
     engine = LLM(str(tiny_dir("qwen3_moe")), dtype="float32", max_model_len=128).engine
     assert engine.memory_sizes()["host_cache"] is None
     assert engine.resize_memory(host_cache_gib=1.0)["components"]["host_cache"] is None
+
+
+def test_a_recorded_disk_tier_resizes_like_the_bare_one(ftw, tmp_path):
+    """record_routing wraps the disk tier (experts/recording.py): its host cache is read and
+    resized through the same Experts seam (host_cache_size, resize_host_cache_bytes), with the
+    bare tier's sizes and the in-RAM pool's tokens."""
+    engine = LLM(str(ftw), host_cache_slots=8, record_routing=str(tmp_path / "trace.jsonl"), **OPTS).engine
+    assert engine.model.experts.settings["expert_tier"] == "disk"
+    hc = engine.memory_sizes()["host_cache"]
+    assert hc == disk_engine(ftw, 8).memory_sizes()["host_cache"]
+    S, L = hc["expert_bytes"], engine.model.pool.num_layers
+    cycle = [{"host_cache_gib": L * S / GiB}, {"host_cache_gib": 0.0}, {"host_cache_gib": 8 * S / GiB}]
+    got, done = decode(engine, PARAMS["greedy"], resize_every=2, cycle=cycle)
+    assert got == reference(str(ftw), "greedy")
+    assert [d["components"]["host_cache"]["slots_after"] for d in done[:3]] == [L, 1, 8]
+    assert engine.memory_sizes()["host_cache"]["slots"] == done[-1]["components"]["host_cache"]["slots_after"]
+    engine.close()                                              # flushes the trace
+    assert len((tmp_path / "trace.jsonl").read_text().splitlines()) > 1     # the recorder saw the routing

@@ -57,6 +57,7 @@ class FakeEngine:
         self.device = torch.device("cpu")      # no paged KV, no memory plan, nothing to resize, no preemption
         self.memory_plan = None
         self.max_model_len = max_model_len
+        self.vocab_size = FakeTokenizer.vocab_size
         self.scripts = scripts or {}
         self.default = "Hello from the fake engine."
         self.chars_per_step = chars_per_step
@@ -158,6 +159,9 @@ class FakeEngine:
 
     def pinned_bytes(self):
         return 0
+
+    def close(self):
+        pass                                   # no threads, no memory of its own
 
     def expert_stats(self):
         return {"backend": "fake", "total": {"hits": 7, "misses": 3, "bytes_copied": 1024},

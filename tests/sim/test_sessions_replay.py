@@ -115,3 +115,33 @@ def test_sim_sessions_table_and_bad_input(run_sim, tiny_dir, tmp_path):
     code, out, err = run_sim("sessions", "--model", str(tiny_dir("qwen3_moe")), "--sessions", str(traj),
                              "--policies", "lru")
     assert code == 2 and "--policies" in err
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_5_moe"])
+def test_sim_sessions_kv_pool_is_the_engines(tiny_dir, arch):
+    """--kv-cache-gib gives the replay the KV blocks the engine's memory plan allocates for that
+    kv_cache_gib (null block included), so both have the same usable blocks."""
+    from freetoken import LLM
+    from freetoken.config import EngineConfig
+    from freetoken.engine.prefix_replay import PrefixReplay
+    from freetoken.memory.resolve import resolve
+    from freetoken.memory.probe import MachineMemory
+    from freetoken.sim.sessions.cli import kv_blocks
+
+    d, bs = tiny_dir(arch), 16
+    per_token = cache_shapes(d, "float32")["kv_bytes_per_token"]
+    big = MachineMemory(host_total=2**36, host_available=2**35, host_source="test")
+    for tokens in (100, 1000, 4096, 5001):           # the GiB of that many tokens, whole blocks or not
+        gib = tokens * per_token / 2**30
+        cfg = EngineConfig(model=str(d), dtype="float32", device="cpu", kv_cache_gib=gib, kv_block_size=bs,
+                           max_model_len=64, max_num_seqs=256)
+        plan = resolve(cfg, machine=big).plan
+        assert plan.kv_blocks and kv_blocks(gib, per_token, bs) == plan.kv_blocks, (arch, tokens)
+        replay = PrefixReplay(block_size=bs, num_blocks=kv_blocks(gib, per_token, bs))
+        assert replay.blocks.num_usable == plan.kv_blocks - 1
+    engine = LLM(str(d), dtype="float32", device="cpu", kv_cache_gib=gib, kv_block_size=bs, max_model_len=64,
+                 max_num_seqs=256).engine
+    try:
+        assert engine.kv_usage().usable == replay.blocks.num_usable
+    finally:
+        engine.close()

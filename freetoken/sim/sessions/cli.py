@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ...errors import FreeTokenError
+from ...memory.plan import kv_block_count, kv_tokens_in
 from .formats import SessionError
 from .read import read_sessions
 from .model_state import cache_shapes
@@ -32,6 +33,15 @@ def add_parser(sim_sub) -> None:
     p.add_argument("--summary", action="store_true", help="one row per session format instead of per session")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.set_defaults(func=run)
+
+
+def kv_blocks(gib: float | None, kv_bytes_per_token: int, block_size: int) -> int:
+    """KV blocks of the replayed pool, the null block included: the blocks the engine allocates
+    for kv_cache_gib (memory/plan.py), so the replay gets the engine's usable blocks; None or 0:
+    room for every session's tokens."""
+    if not gib:
+        return 1 << 20
+    return max(2, kv_block_count(kv_tokens_in(gib, kv_bytes_per_token), block_size))
 
 
 def _tokenizer(args):
@@ -67,11 +77,9 @@ def run(args) -> int:
         sessions = read_sessions(args.sessions)
         if not sessions:
             raise SessionError("no sessions with requests in " + " ".join(args.sessions))
-        num_blocks = 1 << 20
-        if args.kv_cache_gib:
-            num_blocks = max(1, int(args.kv_cache_gib * (1 << 30)) // max(1, shapes["kv_bytes_per_token"] * args.block_size))
         kw = dict(anchors=anchors, state_bytes=shapes["state_bytes"], block_size=args.block_size,
-                  num_blocks=num_blocks, state_checkpoints=args.state_checkpoints,
+                  num_blocks=kv_blocks(args.kv_cache_gib, shapes["kv_bytes_per_token"], args.block_size),
+                  state_checkpoints=args.state_checkpoints,
                   state_cache_gib=args.state_cache_gib)
         results = []
         for i, s in enumerate(sessions):
