@@ -109,7 +109,7 @@ def test_a_recorded_disk_tier_resizes_like_the_bare_one(ftw, tmp_path):
     resized through the same Experts seam (host_cache_size, resize_host_cache_bytes), with the
     bare tier's sizes and the in-RAM pool's tokens."""
     engine = LLM(str(ftw), host_cache_slots=8, record_routing=str(tmp_path / "trace.jsonl"), **OPTS).engine
-    assert engine.model.experts.settings["expert_tier"] == "disk"
+    assert engine.settings.expert_tier == "disk"
     hc = engine.memory_sizes()["host_cache"]
     assert hc == disk_engine(ftw, 8).memory_sizes()["host_cache"]
     S, L = hc["expert_bytes"], engine.model.pool.num_layers
