@@ -131,20 +131,17 @@ class EngineConfig:
             raise InvalidRequestError(f"dtype: expected one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.compute_dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InvalidRequestError(f"compute_dtype: expected auto|float32|bfloat16|float16, got {self.compute_dtype!r}")
-        for name, allowed in FORCED_CHOICES.items():
-            if getattr(self, name) not in ("auto", *allowed):
-                raise InvalidRequestError(f"{name}: expected auto|{'|'.join(allowed)}, got {getattr(self, name)!r}")
-        if self.moe_backend not in (*BACKENDS, "auto"):
-            raise InvalidRequestError(f"moe_backend: expected {'|'.join(BACKENDS)}|auto, got {self.moe_backend!r}")
-        if self.expert_format not in (None, *FORMAT_NAMES):
-            raise InvalidRequestError(f"expert_format: expected {'|'.join(FORMAT_NAMES)}, got {self.expert_format!r}")
+        for f in dataclasses.fields(self):   # a flag's choices are all its field takes (dtype also takes aliases)
+            choices = f.metadata["flag"].choices if "flag" in f.metadata and f.name != "dtype" else None
+            v = getattr(self, f.name)
+            if choices and v not in choices and not (v is None and f.default is None):
+                none = " or none" if f.default is None else ""
+                raise InvalidRequestError(f"{f.name}: expected {'|'.join(choices)}{none}, got {v!r}")
         if self.expert_cache_policy is not None:
             try:
                 parse_policy(self.expert_cache_policy)
             except ValueError as e:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
-        if self.expert_tier not in ("auto", "ram", "disk"):
-            raise InvalidRequestError(f"expert_tier: expected auto, ram or disk, got {self.expert_tier!r}")
         for name in GIB_OPTIONS:      # before any plan multiplies them (1e308 GiB overflows int())
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_GIB):
@@ -152,8 +149,6 @@ class EngineConfig:
         for name in ("host_cache_gib", "host_cache_slots"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise InvalidRequestError(f"{name}: expected > 0, got {getattr(self, name)}")
-        if self.dense_format not in (None, "int8", "float"):
-            raise InvalidRequestError(f"dense_format: expected int8, float or none, got {self.dense_format!r}")
         if self.memory_headroom_gib is not None and not self.memory_headroom_gib >= 0:
             raise InvalidRequestError(f"memory_headroom_gib: expected >= 0, got {self.memory_headroom_gib}")
         if self.state_cache_gib is not None and self.state_cache_gib < 0:
