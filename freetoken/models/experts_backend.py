@@ -84,17 +84,14 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
     The result's `settings` say what loading found out (`pinned` False), for the start-up table."""
     device = torch.device(device)
     if settings is not None and settings.moe_backend is not None:
-        backend, slots = settings.moe_backend, settings.expert_cache_slots
-        policy = settings.expert_cache_policy
-        if slots is None and backend in ("offload", "hybrid"):   # no plan: sized at the first step
-            slots = (lambda: _measured_choice(pool, cfg, device)[1]) if device.type == "cuda" else \
-                _measured_choice(pool, cfg, device)[1]
+        backend, slots, policy = settings.moe_backend, settings.expert_cache_slots, settings.expert_cache_policy
     else:
         backend, slots = _measured_choice(pool, cfg, device, non_expert_bytes)
         policy = cfg.expert_cache_policy
-        if device.type == "cuda" and backend in ("offload", "hybrid") and cfg.expert_cache_slots is None \
-                and cfg.expert_cache_gib is None:     # sized at the first step, the dense weights in place
-            slots = lambda: _measured_choice(pool, cfg, device)[1]  # noqa: E731
+        if device.type == "cuda" and cfg.expert_cache_slots is None and cfg.expert_cache_gib is None:
+            slots = None
+    if backend in ("offload", "hybrid") and slots is None:   # sized at the first step, the dense weights in place
+        slots = lambda: _measured_choice(pool, cfg, device)[1]  # noqa: E731
     pinned = True
     if backend in ("offload", "hybrid") and (pin is not None or device.type == "cuda" and not _pinned(pool)):
         pinned = pin_or_pageable(pin or pool.pin)
