@@ -94,7 +94,8 @@ def reference64(banks, dense, x, ids, w, act, quantize_act=False, alpha=1.702, l
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", list(SHAPES))
 def test_executor_matches_float64_reference(fmt, isa):
-    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    seed = torch.seed() % (2**31)
+    gen = torch.Generator().manual_seed(seed)
     hidden, inter = SHAPES[fmt]
     n = 6
     # silu_clamp (DeepSeek-V4) with a limit small enough that the clamps act
@@ -112,8 +113,11 @@ def test_executor_matches_float64_reference(fmt, isa):
                 # (clamped outputs are small: the int8 activations' relative error is larger there,
                 # the check against the kernels' own activation rounding below is what counts)
                 assert rel_err(y, ref) < QACT_TOL or act == "silu_clamp", (fmt, act, t, k)
-                assert rel_err(y, reference64(banks, dense, x, ids, w, act, quantize_act=True, limit=limit)) < 2e-3, \
-                    (fmt, act, t, k)
+                # 4e-3: the kernel computes h in float32, the reference in float64, so an h within
+                # float32 error of an int8 rounding tie rounds the other way (one step of one element:
+                # 2.06e-3 seen once at t=9); quantizing against the unrounded h is ~1e-2 and fails
+                assert rel_err(y, reference64(banks, dense, x, ids, w, act, quantize_act=True, limit=limit)) < 4e-3, \
+                    (fmt, act, t, k, seed)
             else:
                 assert rel_err(y, ref) < FLOAT_TOL, (fmt, act, t, k)
             if t == 3:   # the torch reference path of cpu.py agrees too
