@@ -63,16 +63,20 @@ STARTUP = textwrap.dedent("""
     from freetoken import LLM, SamplingParams
     path, threads, cache_gib = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     prompt = json.loads(sys.stdin.read())
+    def disk_bytes():          # bytes this process made the storage layer fetch (readahead included)
+        return int(next(l.split()[1] for l in open("/proc/self/io") if l.startswith("read_bytes")))
+    io0 = disk_bytes()
     t0 = time.perf_counter()
     llm = LLM(path, dtype="bfloat16", num_threads=threads, max_model_len=512, max_num_seqs=1, prefix_cache=False,
               expert_tier="disk", host_cache_gib=cache_gib)
     t1 = time.perf_counter()
+    io1 = disk_bytes()
     out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
     t2 = time.perf_counter()
     disk = llm.expert_stats().get("disk") or {}
     print(json.dumps({"construct_s": t1 - t0, "first_token_s": t2 - t0, "token": out[0].token_ids,
                       "phases": {**llm.engine.startup_timings, "first_token": t2 - t1},
-                      "expert_bytes_read": disk.get("bytes_read", 0)}))
+                      "expert_bytes_read": disk.get("bytes_read", 0), "construct_disk_bytes": io1 - io0}))
 """)
 
 
@@ -136,7 +140,8 @@ def startup(args, cache_gib: float, vocab: int) -> None:
         a, b = rows["read"][-1], rows["start"][-1]
         print(f"round {r}: (a) read non-expert weights {a:.2f} s ({dense / a / 1e9:.2f} GB/s); (b) disk-tier "
               f"start to first token {b['first_token_s']:.2f} s (LLM() {b['construct_s']:.2f} s); b - a = "
-              f"{b['first_token_s'] - a:+.2f} s, b / a = {b['first_token_s'] / a:.2f}x; first token read "
+              f"{b['first_token_s'] - a:+.2f} s, b / a = {b['first_token_s'] / a:.2f}x; LLM() read "
+              f"{b['construct_disk_bytes'] / 1e9:.3f} GB from the disk, the first token "
               f"{b['expert_bytes_read'] / 1e6:.0f} MB of experts; phases (s): "
               + ", ".join(f"{k} {v:.2f}" for k, v in b["phases"].items() if k != "total"), flush=True)
     a = sorted(rows["read"])[len(rows["read"]) // 2]
