@@ -5,7 +5,19 @@ same GGUF (if `llama_cpp` is importable), optionally the disk tier and llama.cpp
 cgroup-v1 memory limit (`--cgroup-mib`; the resident reference runs outside it). Each engine runs alone in its own process, rounds alternate.
 The disk tier must give the resident run's tokens exactly (checked, printed).
 
+`--steps startup`: start to first token with the disk tier against the time to read the
+non-expert (dense) weights, side by side, rounds alternating, the file's page cache dropped
+(posix_fadvise(DONTNEED)) before each: (a) every non-expert tensor of the GGUF read with
+`pread` into fresh memory, in file order (what any load of them pays: disk and page faults);
+(b) a fresh process (clock started after `import freetoken`): `LLM(expert_tier="disk")` with a
+small host cache (`--cache-share`, default here 10% of the pool) and the first token of a
+short prompt, with the engine's start-up phases. The issue 29 target: (b) <= (a) + 1 s.
+
+`--synthetic-layers N` uses (building it once, in --dir) the random-weight GGUF with
+Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's file).
+
   PYTHONPATH=. python bench/disk_tier.py [--gguf FILE] [--decode 32] [--rounds 2] [--cgroup-mib M]
+  PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
 from __future__ import annotations
 
@@ -15,6 +27,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +57,99 @@ FT = textwrap.dedent("""
 """)
 
 
+# start to first token, disk tier; the clock starts after `import freetoken`
+STARTUP = textwrap.dedent("""
+    import json, sys, time
+    from freetoken import LLM, SamplingParams
+    path, threads, cache_gib = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    prompt = json.loads(sys.stdin.read())
+    def disk_bytes():          # bytes this process made the storage layer fetch (readahead included)
+        return int(next(l.split()[1] for l in open("/proc/self/io") if l.startswith("read_bytes")))
+    io0 = disk_bytes()
+    t0 = time.perf_counter()
+    llm = LLM(path, dtype="bfloat16", num_threads=threads, max_model_len=512, max_num_seqs=1, prefix_cache=False,
+              expert_tier="disk", host_cache_gib=cache_gib)
+    t1 = time.perf_counter()
+    io1 = disk_bytes()
+    out = llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+    t2 = time.perf_counter()
+    disk = llm.expert_stats().get("disk") or {}
+    print(json.dumps({"construct_s": t1 - t0, "first_token_s": t2 - t0, "token": out[0].token_ids,
+                      "phases": {**llm.engine.startup_timings, "first_token": t2 - t1},
+                      "expert_bytes_read": disk.get("bytes_read", 0), "construct_disk_bytes": io1 - io0}))
+""")
+
+
+def drop_file_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def dense_ranges(path: Path) -> list[tuple[int, int]]:
+    """(offset, nbytes) of every non-expert tensor of the GGUF, in file order."""
+    from freetoken.weights.gguf import GgufFile
+    ck = GgufFile(path)
+    return sorted((t.offset, t.nbytes) for name, (_, t) in ck.tensors_by_name.items() if "_exps." not in name)
+
+
+def read_dense(path: Path, ranges: list[tuple[int, int]], piece: int = 64 << 20) -> float:
+    """Seconds to pread `ranges` into fresh memory (one new array per tensor, as a load
+    allocates), 64 MiB per call, the page cache dropped behind as the loader does."""
+    import numpy as np
+    t = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for off, n in ranges:
+            view = memoryview(np.empty(n, np.uint8))
+            done = 0
+            while done < n:
+                k = os.preadv(fd, [view[done:min(n, done + piece)]], off + done)
+                if k <= 0:
+                    raise SystemExit(f"{path}: short read at {off + done}")
+                os.posix_fadvise(fd, off + done, k, os.POSIX_FADV_DONTNEED)
+                done += k
+    finally:
+        os.close(fd)
+    return time.perf_counter() - t
+
+
+def startup(args, cache_gib: float, vocab: int) -> None:
+    import random
+    rng = random.Random(1)
+    ranges = dense_ranges(args.gguf)
+    dense = sum(n for _, n in ranges)
+    size = args.gguf.stat().st_size
+    print(f"start to first token: {args.gguf.name} {size / 1e9:.2f} GB, non-expert tensors {dense / 1e9:.3f} GB "
+          f"({len(ranges)} tensors), host cache {cache_gib:.2f} GiB, {args.prompt_tokens}-token prompt, "
+          f"{args.threads} threads, page cache of the file dropped (fadvise DONTNEED) before each run", flush=True)
+    rows: dict[str, list] = {"read": [], "start": []}
+    for r in range(args.rounds):
+        prompt = [rng.randrange(10, vocab) for _ in range(args.prompt_tokens)]
+        for what in (("read", "start") if r % 2 == 0 else ("start", "read")):
+            drop_file_cache(args.gguf)
+            if what == "read":
+                rows["read"].append(read_dense(args.gguf, ranges))
+            else:
+                res = run(STARTUP, [str(args.gguf), str(args.threads), f"{cache_gib:.4f}"], json.dumps(prompt), None)
+                if "error" in res:
+                    raise SystemExit(f"disk-tier start failed: {res['error']}")
+                rows["start"].append(res)
+        a, b = rows["read"][-1], rows["start"][-1]
+        print(f"round {r}: (a) read non-expert weights {a:.2f} s ({dense / a / 1e9:.2f} GB/s); (b) disk-tier "
+              f"start to first token {b['first_token_s']:.2f} s (LLM() {b['construct_s']:.2f} s); b - a = "
+              f"{b['first_token_s'] - a:+.2f} s, b / a = {b['first_token_s'] / a:.2f}x; LLM() read "
+              f"{b['construct_disk_bytes'] / 1e9:.3f} GB from the disk, the first token "
+              f"{b['expert_bytes_read'] / 1e6:.0f} MB of experts; phases (s): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in b["phases"].items() if k != "total"), flush=True)
+    a = sorted(rows["read"])[len(rows["read"]) // 2]
+    b = sorted(x["first_token_s"] for x in rows["start"])[len(rows["start"]) // 2]
+    print(f"median of {args.rounds}: (a) {a:.2f} s, (b) {b:.2f} s, b - a = {b - a:+.2f} s (target <= +1 s: "
+          f"{'met' if b <= a + 1 else 'NOT met'}), b / a = {b / a:.2f}x")
+
+
 def _in_cgroup(name: str | None):
     if not name:
         return None
@@ -53,6 +159,8 @@ def _in_cgroup(name: str | None):
 
 def run(script: str, args: list[str], stdin: str, cgroup: str | None, extra_path: str = "") -> dict:
     env = {**os.environ, "PYTHONPATH": f"{HERE.parent}{os.pathsep}{extra_path}"}
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):      # compiled bytecode, as an installed package has
+        env["PYTHONPYCACHEPREFIX"] = str(Path.home() / ".cache" / "freetoken" / "bench" / "pycache")
     p = subprocess.run([sys.executable, "-c", script, *args], input=stdin, capture_output=True, text=True,
                        env=env, preexec_fn=_in_cgroup(cgroup))
     if p.returncode:
@@ -63,26 +171,45 @@ def run(script: str, args: list[str], stdin: str, cgroup: str | None, extra_path
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
-    ap.add_argument("--prompt-tokens", type=int, default=64)
+    ap.add_argument("--synthetic-layers", type=int, default=None,
+                    help="use the real-shaped synthetic Q4_K_M GGUF of this many layers (built once in --dir)")
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/freetoken-real-size"))
+    ap.add_argument("--steps", default="decode", help="decode (the default), startup, or both: decode,startup")
+    ap.add_argument("--prompt-tokens", type=int, default=None, help="default 64 (decode), 4 (startup)")
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--cache-share", type=float, default=0.5, help="host cache as a share of the pool")
+    ap.add_argument("--cache-share", type=float, default=None,
+                    help="host cache as a share of the pool (default 0.5; startup: 0.1)")
     ap.add_argument("--cgroup-mib", type=int, default=None,
                     help="run every engine under a cgroup-v1 memory limit of this many MiB")
     ap.add_argument("--no-llamacpp", action="store_true")
     args = ap.parse_args()
+    steps = args.steps.split(",")
+    sys.path.insert(0, str(HERE))
+    if args.synthetic_layers:
+        from real_size import build
+        args.dir.mkdir(parents=True, exist_ok=True)
+        args.gguf = args.dir / f"qwen3-30b-a3b-shape-{args.synthetic_layers}L-q4_k_m.gguf"
+        build(args.gguf, args.synthetic_layers)
 
     import random
     from freetoken.models.disk_layout import gguf_layout
     from freetoken.weights.gguf import GgufFile
-    sys.path.insert(0, str(HERE))
     from vs_llamacpp import LLAMA_RUN as LLAMA, WARMUP, isa_line
     layout = gguf_layout(GgufFile(args.gguf))
     pool_gib = layout.nbytes / 2**30
-    cache_gib = pool_gib * args.cache_share
     rng = random.Random(0)
     vocab = GgufFile(args.gguf).config["vocab_size"]
+    if "startup" in steps:
+        print(isa_line(args.threads))
+        share = 0.1 if args.cache_share is None else args.cache_share
+        startup(argparse.Namespace(**{**vars(args), "prompt_tokens": args.prompt_tokens or 4}), pool_gib * share, vocab)
+        if "decode" not in steps:
+            return
+    args.cache_share = 0.5 if args.cache_share is None else args.cache_share
+    args.prompt_tokens = args.prompt_tokens or 64
+    cache_gib = pool_gib * args.cache_share
     cg = None
     if args.cgroup_mib:
         cg = f"freetoken-disk-tier-{os.getpid()}"
@@ -91,7 +218,8 @@ def main():
     try:
         import importlib.util
         have_ll = not args.no_llamacpp and importlib.util.find_spec("llama_cpp") is not None
-        print(isa_line(args.threads))
+        if "startup" not in steps:
+            print(isa_line(args.threads))
         print(f"model {args.gguf.name}: expert pool {pool_gib:.2f} GiB, host cache {cache_gib:.2f} GiB "
               f"({args.cache_share:.0%}), cgroup {args.cgroup_mib or 'none'} MiB, {args.prompt_tokens}-token prompt, "
               f"{args.decode} decoded, {args.threads} threads")

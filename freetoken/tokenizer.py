@@ -20,7 +20,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import CheckpointError
-from .weights.source import load_json_side_file, read_model_text
+from .weights.source import load_json_side_file, read_model_text, read_model_tokenizer
 
 
 RENDER_SECONDS = 10.0            # one render, however the template loops
@@ -83,13 +83,15 @@ class Tokenizer:
         """`model`: a checkpoint directory or an FTW file (which carries the same files)."""
         d = Path(model)
         where = d if d.is_dir() else Path(f"{d}:")
-        text = read_model_text(d, "tokenizer.json")
-        if text is None:
-            raise CheckpointError(f"{where / 'tokenizer.json'}: missing tokenizer.json")
-        try:
-            self.hf = HFTokenizer.from_str(text)
-        except Exception as e:
-            raise CheckpointError(f"{where / 'tokenizer.json'}: not a readable tokenizer ({e})") from None
+        self.hf = read_model_tokenizer(d)       # a GGUF's, built from its metadata
+        if self.hf is None:
+            text = read_model_text(d, "tokenizer.json")
+            if text is None:
+                raise CheckpointError(f"{where / 'tokenizer.json'}: missing tokenizer.json")
+            try:
+                self.hf = HFTokenizer.from_str(text)
+            except Exception as e:
+                raise CheckpointError(f"{where / 'tokenizer.json'}: not a readable tokenizer ({e})") from None
         self.config = load_json_side_file(d, "tokenizer_config.json") or {}
         self._config_path = where / "tokenizer_config.json"
         template = read_model_text(d, "chat_template.jinja")

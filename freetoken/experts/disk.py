@@ -9,7 +9,10 @@ The expert pool stays in the model file (models/disk_layout.py says where each e
      expert outputs in ascending slot order, so each call covers a run of experts whose
      slots ascend with their flat ids: every token's outputs are then added in the same order
      as the fully resident pool adds them, and the result is bit for bit the resident one
-     whatever the cache size (tested down to one slot per layer);
+     whatever the cache size (tested down to one slot per layer). The same holds for runs
+     cut where a read is still in flight: the leading experts whose bytes are in RAM are
+     computed while the later misses are still read (`_landed_runs`), whatever order the
+     reads finish in (tested);
   3. decode: the next-layer predictor (`next_layer.py`) learns from the routing and the
      experts it expects at layer l+1 are read in the background while attention runs;
      prefill with >= 2*E routed pairs: layer l+1's whole expert set is read meanwhile (the
@@ -70,6 +73,7 @@ class DiskExperts(Experts):
         self.gap_s: float | None = None     # EWMA of the time from one decode layer call to the next
         self._last = (-2, 0.0)       # (layer, end time) of the previous call
         self.prefetch_cut = 0        # predicted experts not prefetched (over the B_D budget)
+        self.overlapped = 0          # expert runs computed while later reads of the call were in flight
 
     def _executor(self, num_threads, spin_us):
         sp = self.layout.spec
@@ -115,12 +119,18 @@ class DiskExperts(Experts):
         read0 = self.cache.read_s
         calls = 0
         rest, started = uniq, 0
+        stream = self._streams(T)
         while len(rest):
-            n, slots = self.cache.acquire(rest)
+            n, slots, pending = self.cache.acquire_nowait(rest)
+            last = n == len(rest)
             try:
-                if n == len(rest) and len(nxt):      # this call's experts locked: read ahead meanwhile
-                    started, nxt = self.cache.prefetch(nxt), nxt[:0]
-                calls += self._run(rest[:n], slots, flat, x, w, out)
+                if not stream:
+                    self.cache.landed(rest[:n], pending)
+                    pending = [None] * n
+                for a, b in self._landed_runs(rest[:n], pending):
+                    if last and b == n and len(nxt):     # this call's reads are in: read ahead meanwhile
+                        started, nxt = self.cache.prefetch(nxt), nxt[:0]
+                    calls += self._run(rest[a:b], slots[a:b], flat, x, w, out)
             finally:
                 self.cache.release(slots)
             rest = rest[n:]
@@ -138,6 +148,33 @@ class DiskExperts(Experts):
             self.stats_.add(layer + 1, streamed_layers=1)
         self._last = (layer, time.perf_counter())
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
+
+    def _streams(self, T: int) -> bool:
+        """Whether a call may run its experts in pieces as their reads land: only where the C
+        kernel runs every expert (no torch GEMM for experts with >= gemm_tokens tokens, which
+        a call runs ahead of the others: a piece boundary would move them in the sum)."""
+        gemm = getattr(self.host, "gemm_tokens", None)
+        return getattr(self.host, "lib", None) is not None and (not gemm or T < gemm)
+
+    def _landed_runs(self, ids: np.ndarray, pending: list):
+        """Yields (a, b): ids[a:b] have landed, in ascending order, covering all of ids. Each
+        run is the longest landed prefix of what is left (waiting for the next read only when
+        none has landed), so the experts already in RAM are computed while the rest are still
+        being read, and every token's outputs are still added in ascending expert order
+        (the module doc): the result is the one-call result, whatever order the reads finish in."""
+        n, a = len(ids), 0
+        while a < n:
+            b = a
+            while b < n and (pending[b] is None or pending[b].is_set()):
+                b += 1
+            if b == a:
+                self.cache.landed(ids[a:a + 1], pending[a:a + 1])     # wait for the next one in order
+                continue
+            self.cache.landed(ids[a:b], pending[a:b])                  # raises if one of them failed
+            if b < n:
+                self.overlapped += 1
+            yield a, b
+            a = b
 
     def _run(self, ids: np.ndarray, slots: np.ndarray, flat: np.ndarray, x, w, out) -> int:
         """Kernel calls over `ids` (ascending) in runs whose slots ascend too (see the module doc)."""
@@ -167,7 +204,8 @@ class DiskExperts(Experts):
                                                         "pool_gib": self.layout.nbytes / 2**30,
                                                         "b_d_gbs": (self.b_d or 0.0) / 1e9,
                                                         "layer_gap_s": self.gap_s or 0.0,
-                                                        "prefetch_cut": self.prefetch_cut},
+                                                        "prefetch_cut": self.prefetch_cut,
+                                                        "overlapped_runs": self.overlapped},
                                    kernel_calls=self.kernel_calls)
 
     # ---- elastic memory (engine/resize.py's `host_cache` component, in GiB like host_cache_gib) ----

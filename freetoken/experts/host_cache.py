@@ -175,6 +175,18 @@ class HostExpertCache:
         flat_ids[:n]), n >= 1. Fewer than all when the free slots cannot hold every miss at
         once: the caller runs them, `release`s and asks for the rest. Raises ExpertReadError
         when one of them cannot be read (the others are released)."""
+        n, slots, pending = self.acquire_nowait(flat_ids)
+        try:
+            self.landed(np.asarray(flat_ids, np.int64)[:n], pending)
+        except ExpertReadError:
+            self.release(slots)
+            raise
+        return n, slots
+
+    def acquire_nowait(self, flat_ids: np.ndarray) -> tuple[int, np.ndarray, list]:
+        """`acquire` without waiting for the reads: (n, slots, pending), pending[i] the Event
+        of flat_ids[i]'s read still in flight (None: its bytes are in). The slots are locked
+        either way; the caller reads slot i only after `landed` for it, and `release`s all."""
         flat_ids = np.asarray(flat_ids, np.int64)
         t = self.table
         with self._cv:
@@ -196,11 +208,14 @@ class HostExpertCache:
             t.record(ids)
             t.lock(slots[hit])
             t.touch(slots[hit])
-            waits = [self._landed[s] for s in slots[hit] if t.pending[s]]
+            pending: list = [None] * n
+            for i in np.flatnonzero(hit).tolist():
+                if t.pending[slots[i]]:
+                    pending[i] = self._landed[int(slots[i])]
             landed = hit.copy()
             landed[hit] = ~t.pending[slots[hit]]
             self.c["hits"] += int(landed.sum())
-            self.c["waited"] += len(waits)
+            self.c["waited"] += int(hit.sum() - landed.sum())
             self.c["misses"] += int((~hit).sum())
             used = slots[hit]
             self.c["prefetch_used"] += int(self._prefetched[used].sum())
@@ -210,19 +225,26 @@ class HostExpertCache:
                 victims = t.candidates(len(miss), miss)
                 slots[~hit] = victims
                 self._prefetched[victims] = False
-                waits += self._start(miss, victims)
+                for i, ev in zip(np.flatnonzero(~hit).tolist(), self._start(miss, victims)):
+                    pending[i] = ev
+        return n, slots, pending
+
+    def landed(self, flat_ids: np.ndarray, pending: list) -> None:
+        """Wait for the reads in `pending` (aligned with `flat_ids`, from `acquire_nowait`);
+        raises ExpertReadError when one of those experts could not be read (their slots stay
+        locked: the caller releases them)."""
+        waits = [ev for ev in pending if ev is not None and not ev.is_set()]
         if waits:
             t0 = time.perf_counter()
             for ev in waits:
                 ev.wait()
             self.read_s += time.perf_counter() - t0
-        with self._cv:
-            bad = [self._failed[f] for f in ids.tolist() if f in self._failed and t.slot_of[f] < 0]
+        if any(ev is not None for ev in pending):
+            with self._cv:
+                bad = [self._failed[f] for f, ev in zip(np.asarray(flat_ids).tolist(), pending)
+                       if ev is not None and f in self._failed and self.table.slot_of[f] < 0]
             if bad:
-                t.unlock(slots)
-                self._cv.notify_all()
                 raise bad[0]
-        return n, slots
 
     def release(self, slots: np.ndarray) -> None:
         with self._cv:

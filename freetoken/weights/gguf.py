@@ -59,7 +59,8 @@ class GgufFile:
     """Checkpoint interface (config, has/get/get_float) over one GGUF (all parts of a split one)."""
 
     def __init__(self, path: str | os.PathLike, cfg=None):
-        headers = [read_header(p) for p in split_parts(path)]
+        # the vocabulary's string arrays are the tokenizer's (weights/gguf_tokenizer.py), not needed here
+        headers = [read_header(p, string_arrays=False) for p in split_parts(path)]
         fields = headers[0].fields
         shapes = {n: t.shape for h in headers for n, t in h.tensors.items()}
         self._setup(path, headers, fields.get("general.architecture"),

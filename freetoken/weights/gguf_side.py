@@ -15,6 +15,12 @@ def _tokenizer(path: Path, mtime: float):
     return load_gguf_tokenizer(path)
 
 
+def side_tokenizer(path: str | Path):
+    """The `tokenizers.Tokenizer` that tokenizer.json (`side_file`) serializes, as built."""
+    p = Path(path)
+    return _tokenizer(p, p.stat().st_mtime)[0]
+
+
 def side_file(path: str | Path, name: str) -> str | None:
     p = Path(path)
     if name not in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):

@@ -150,3 +150,38 @@ def test_profiled_b_d_bounds_the_prefetch_tokens_unchanged(tiny_dir, tmp_path):
     disk = llm.expert_stats()["disk"]
     assert disk["b_d_gbs"] == 1e-6 and disk["layer_gap_s"] > 0 and disk["prefetch_cut"] > 0, json.dumps(disk)
     llm.close()
+
+
+def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path):
+    """A layer call computes the experts already in RAM while its misses are still read
+    (experts/disk.py `_landed_runs`): with each expert's read delayed by a drawn amount, so
+    reads finish in arbitrary orders, logits and tokens stay the resident run's bit for bit,
+    and calls really were cut where a read was in flight."""
+    import time
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    out = tmp_path / "m.ftw"
+    convert(tiny_dir("qwen3_moe"), out, expert_format="int8", dtype="float32")
+    ref = LLM(str(out), dtype="float32")
+    logits, gens = _outputs(ref)
+    ref.close()
+    llm = LLM(str(out), dtype="float32", host_cache_slots=6, prefix_cache=False)
+    experts = llm.engine.model.experts
+    reader = experts.cache.reader
+    read = reader.read
+
+    @settings(max_examples=10, deadline=None)
+    @given(delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002, 0.004]), min_size=16, max_size=16))
+    def check(delays):
+        reader.read = lambda flat, dst: (time.sleep(delays[flat % 16]), read(flat, dst))[1]
+        g_logits, g_gens = _outputs(llm)
+        assert torch.equal(g_logits, logits)
+        assert [c.token_ids for c in g_gens] == [c.token_ids for c in gens]
+
+    try:
+        check()
+        assert llm.expert_stats()["disk"]["overlapped_runs"] > 0
+    finally:
+        reader.read = read
+        llm.close()

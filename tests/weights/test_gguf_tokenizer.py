@@ -68,3 +68,45 @@ def test_bad_files_name_the_file(tmp_path):
     bad.write_bytes(b"NOPE" + b"\0" * 20)
     with pytest.raises(CheckpointError, match="bad.gguf: not a readable GGUF"):
         load_gguf_tokenizer(bad)
+
+
+def test_header_skips_string_arrays_exactly(tmp_path):
+    """Skipping string arrays (GgufFile's parse, the tokenizer's `keys=` filter) lands on the
+    same next field as decoding them: the keys after the vocabulary read the same."""
+    gguf = pytest.importorskip("gguf")
+    from freetoken.weights.gguf_meta import read_header
+    path = tmp_path / "s.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_token_list(["a", "bé", "", "ccc" * 50])
+    w.add_token_merges(["a b", "b c"])
+    w.add_uint32("llama.block_count", 3)
+    w.add_string("z.after", "end")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    full = read_header(path).fields
+    assert full["tokenizer.ggml.tokens"] == ["a", "bé", "", "ccc" * 50]
+    lean = read_header(path, string_arrays=False).fields
+    assert lean["tokenizer.ggml.tokens"] is None and lean["tokenizer.ggml.merges"] is None
+    assert {k: v for k, v in lean.items() if v is not None} == {k: v for k, v in full.items()
+                                                                if not k.startswith("tokenizer.ggml.")}
+    assert read_header(path, tensors=False, keys="z.").fields["z.after"] == "end"   # arrays skipped, not kept
+
+
+def test_gguf_tokenizer_object_matches_its_json():
+    """A GGUF's tokenizer is built straight from its metadata (no JSON round trip at start):
+    the object tokenizer.json serializes, shared by every Tokenizer of that file, and it gives
+    llama.cpp's token ids."""
+    from tokenizers import Tokenizer as HF
+
+    from freetoken.weights.source import read_model_text, read_model_tokenizer
+    path = TOKENIZERS / "ggml-vocab-qwen2.gguf"
+    if not path.is_file():
+        pytest.skip(f"{path} not found (shared data is not checked out)")
+    obj = read_model_tokenizer(path)
+    assert obj.to_str() == HF.from_str(read_model_text(path, "tokenizer.json")).to_str()
+    tok = Tokenizer(path)
+    assert tok.hf is obj
+    for text, expected in cases("qwen2"):
+        assert tok.encode(text) == expected, text
