@@ -140,7 +140,7 @@ def step_speed(path: Path, prompts: list[int], decode: int, rounds: int, threads
     import torch
     sys.path.insert(0, str(HERE))
     from llamacpp_setup import ensure_llamacpp
-    from vs_llamacpp import run_freetoken, run_llamacpp
+    from vs_llamacpp import run_llamacpp
     py, _ = ensure_llamacpp()
     g = torch.Generator().manual_seed(0)
     from freetoken.weights.gguf import GgufFile
@@ -153,15 +153,26 @@ def step_speed(path: Path, prompts: list[int], decode: int, rounds: int, threads
                 if engine == "llama.cpp":
                     ll.append(run_llamacpp(py, path, prompt, threads, decode))
                 else:
-                    res = run_freetoken(path, prompt, threads, decode)
-                    res.pop("llm").close()     # one model in memory at a time
-                    ft.append(res)
+                    ft.append(freetoken_child(path, prompt, threads, decode))
         med = lambda runs, k: statistics.median(x[k] for x in runs)  # noqa: E731
         print(f"speed at a {plen}-token prompt ({rounds} round(s), {decode} decoded): prefill FreeToken "
               f"{med(ft, 'prefill'):.1f} tok/s, llama.cpp {med(ll, 'prefill'):.1f} "
               f"({med(ft, 'prefill') / med(ll, 'prefill'):.2f}x); decode FreeToken {med(ft, 'decode'):.2f} tok/s, "
               f"llama.cpp {med(ll, 'decode'):.2f} ({med(ft, 'decode') / med(ll, 'decode'):.2f}x); "
               f"FreeToken backend {ft[-1]['backend']}", flush=True)
+
+
+def freetoken_child(path: Path, prompt: list[list[int]], threads: int, decode: int) -> dict:
+    """bench/vs_llamacpp.run_freetoken in a process of its own: the 17 GB pool is gone, page for
+    page, before llama.cpp maps the file (closing an LLM in this process would leave the
+    allocator's high water behind, and the two would not fit together on a 24 GiB machine)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from vs_llamacpp import run_freetoken; "
+            "a = json.loads(sys.stdin.read()); r = run_freetoken(*a); r.pop('llm'); print(json.dumps(r))")
+    out = subprocess.run([sys.executable, "-c", code, str(HERE)], input=json.dumps([str(path), prompt, threads, decode]),
+                         capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if out.returncode:
+        raise RuntimeError(f"FreeToken child failed ({out.returncode}): {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def step_disk(path: Path, decode: int, rounds: int, threads: int, limit_mib: int | None) -> None:

@@ -60,7 +60,10 @@ LLAMA_RUN = NO_AMX + textwrap.dedent("""
     warmup, prompts = json.loads(sys.stdin.read())
     S, plen = len(prompts), max(len(p) for p in prompts)
     L.llama_backend_init()
-    model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+    mp = L.llama_model_default_params()
+    if sys.argv[4:] == ["no-repack"]:  # llama.cpp's --no-repack: the weights stay in the mapped file
+        mp.use_extra_bufts = False
+    model = L.llama_model_load_from_file(path.encode(), mp)
     cp = L.llama_context_default_params()
     cp.n_ctx = S * (plen + n_decode + 64)            # enough whether the KV cache is unified or split per sequence
     cp.n_batch, cp.n_ubatch = 2048, 512               # llama.cpp's defaults (2048: FreeToken's tokens per step)
