@@ -18,7 +18,14 @@ FAMILIES = {
     "qwen35moe": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", True),
     "deepseek2": ("DeepseekV3ForCausalLM", "deepseek_v3", False),
     "glm4moe": ("Glm4MoeForCausalLM", "glm4_moe", False),
+    "glm-dsa": ("GlmMoeDsaForCausalLM", "glm_moe_dsa", False),
+    "deepseek32": ("DeepseekV32ForCausalLM", "deepseek_v32", False),
+    "minimax-m2": ("MiniMaxM2ForCausalLM", "minimax_m2", True),
 }
+# families llama.cpp's converter writes that no model class here reads yet: named in the error
+NOT_YET = {"deepseek4": "DeepSeek-V4 (its HF checkpoint loads: serve the safetensors directory)",
+           "glm5-next": "GLM-5 Next", "minimax-m3": "MiniMax-M3", "kimi-linear": "Kimi Linear",
+           "kimi-k3": "Kimi-K3"}
 GATING = {1: "softmax", 2: "sigmoid", 3: "sqrtsoftplus"}     # llama.cpp's expert_gating_func ids
 
 
@@ -72,6 +79,9 @@ def synth_config(fields: dict, tensors: dict, path) -> dict:
     """The HF config dict for a GGUF with metadata `fields` and tensor shapes `tensors`
     (GGUF name -> numpy-order shape)."""
     m = Meta(fields, path)
+    if m.arch in NOT_YET:
+        raise CheckpointError(f"{path}: general.architecture = {m.arch!r} ({NOT_YET[m.arch]}) is not read "
+                              f"from GGUF yet (supported: {', '.join(sorted(FAMILIES))})")
     if m.arch not in FAMILIES:
         raise CheckpointError(f"{path}: general.architecture = {m.arch!r} is not supported "
                               f"(supported: {', '.join(sorted(FAMILIES))})")
@@ -172,6 +182,11 @@ def _deepseek2(c, m, tensors):
     # except the GLM-4.7-Lite shape (47/48 blocks, 154880 tokens)
     lite_glm = c["num_hidden_layers"] in (47, 48) and c["vocab_size"] == 154880
     _routed(c, m, tensors, 2 if lite_glm else 1)
+    _mla(c, m)
+
+
+def _mla(c, m):
+    """Multi-head latent attention's fields (deepseek2 and the DSA families)."""
     rope = int(m.req("rope.dimension_count"))
     if m.get("attention.key_length_mla") is not None:     # split k_b/v_b (converters since 2025)
         qk, v = int(m.req("attention.key_length_mla")), int(m.req("attention.value_length_mla"))
@@ -191,5 +206,28 @@ def _glm4moe(c, m, tensors):
     c["rope_parameters"].setdefault("partial_rotary_factor", 1.0)
 
 
+def _dsa(c, m, tensors):
+    """DeepSeek-V3.2 (`deepseek32`) and GLM-5 (`glm-dsa`): deepseek2's MLA and routing plus the
+    lightning indexer; glm-dsa marks per layer whether it runs its own indexer ("full") or
+    reuses the previous full layer's selection ("shared"). Dense/MoE layers follow
+    leading_dense_block_count (mlp_layer_types is what the model classes read)."""
+    _routed(c, m, tensors, 2)       # both route on sigmoid scores (llama.cpp's glm-dsa default)
+    _mla(c, m)
+    c.update(index_n_heads=int(m.req("attention.indexer.head_count")),
+             index_head_dim=int(m.req("attention.indexer.key_length")),
+             index_topk=int(m.req("attention.indexer.top_k")))
+    dense = c["first_k_dense_replace"]
+    c["mlp_layer_types"] = ["dense" if i < dense else "sparse" for i in range(c["num_hidden_layers"])]
+    types = m.get("attention.indexer.types")
+    if types is not None:
+        c["indexer_types"] = ["full" if t else "shared" for t in types][:c["num_hidden_layers"]]
+
+
+def _minimax_m2(c, m, tensors):
+    c["intermediate_size"] = int(m.req("expert_feed_forward_length"))
+    c["rotary_dim"] = int(m.get("rope.dimension_count", c["head_dim"]))
+
+
 FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss,
-                 "qwen3next": _hybrid, "qwen35moe": _hybrid, "deepseek2": _deepseek2, "glm4moe": _glm4moe}
+                 "qwen3next": _hybrid, "qwen35moe": _hybrid, "deepseek2": _deepseek2, "glm4moe": _glm4moe,
+                 "glm-dsa": _dsa, "deepseek32": _dsa, "minimax-m2": _minimax_m2}

@@ -24,10 +24,18 @@ BLOCK = {
 _DEEPSEEK_MOE = {"ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",
                  "ffn_down_shexp": "mlp.shared_experts.down_proj", "exp_probs_b": "mlp.gate.e_score_correction_bias"}
 
+_MLA = {**_DEEPSEEK_MOE, "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
+        "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+        "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj"}
+_INDEXER = {"indexer.attn_q_b": "self_attn.indexer.wq_b", "indexer.attn_k": "self_attn.indexer.wk",
+            "indexer.k_norm": "self_attn.indexer.k_norm", "indexer.proj": "self_attn.indexer.weights_proj"}
+MLA_FAMILIES = ("deepseek2", "deepseek32", "glm-dsa")   # kv_b_proj split into attn_k_b / attn_v_b
+
 PER_ARCH = {
-    "deepseek2": {**_DEEPSEEK_MOE, "attn_q_a": "self_attn.q_a_proj", "attn_q_a_norm": "self_attn.q_a_layernorm",
-                  "attn_q_b": "self_attn.q_b_proj", "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
-                  "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj"},
+    "deepseek2": _MLA,
+    "deepseek32": {**_MLA, **_INDEXER},
+    "glm-dsa": {**_MLA, **_INDEXER},
+    "minimax-m2": {"ffn_gate_inp": "block_sparse_moe.gate", "exp_probs_b": "block_sparse_moe.e_score_correction_bias"},
     "glm4moe": {**_DEEPSEEK_MOE, "post_attention_norm": "post_attention_layernorm"},
     "llama": {"ffn_gate_inp": "block_sparse_moe.gate"},
     "gpt-oss": {"ffn_gate_inp": "mlp.router", "post_attention_norm": "post_attention_layernorm",
@@ -35,7 +43,7 @@ PER_ARCH = {
 }
 
 EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-_BLK = re.compile(r"blk\.(\d+)\.([a-z0-9_]+)\.(weight|bias)$")
+_BLK = re.compile(r"blk\.(\d+)\.([a-z0-9_.]+)\.(weight|bias)$")
 
 
 def hf_name(arch: str, name: str) -> str | None:
@@ -70,7 +78,7 @@ def derived(arch: str, names) -> dict[str, tuple[str, ...]]:
     the order `combine` takes them. deepseek2: kv_b_proj became attn_k_b (transposed per head,
     for llama.cpp's absorbed MLA) and attn_v_b."""
     out = {}
-    if arch == "deepseek2":
+    if arch in MLA_FAMILIES:
         for n in names:
             m = _BLK.match(n)
             if m and m[2] == "attn_k_b" and m[3] == "weight":
