@@ -42,11 +42,30 @@ _DEEPSEEK3 = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
               r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
               r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
 
+# GLM-4.5 / GLM-5 (llama.cpp's CHATGLM4 split)
+_GLM4 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+         r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# MiniMax-M2's tokenizer.json split: upper-case runs kept with the lower-case letters after them
+_MINIMAX_M2 = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Kimi-K2 (tokenization_kimi.py): Han runs apart, the other letters as MiniMax-M2's without Han
+_NOT_HAN = "&&[^\\p{Han}]"
+_KIMI_K2 = (r"\p{Han}+"
+            rf"|[^\r\n\p{{L}}\p{{N}}]?[\p{{Lu}}\p{{Lt}}\p{{Lm}}\p{{Lo}}\p{{M}}{_NOT_HAN}]*[\p{{Ll}}\p{{Lm}}\p{{Lo}}\p{{M}}{_NOT_HAN}]+"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+            rf"|[^\r\n\p{{L}}\p{{N}}]?[\p{{Lu}}\p{{Lt}}\p{{Lm}}\p{{Lo}}\p{{M}}{_NOT_HAN}]+[\p{{Ll}}\p{{Lm}}\p{{Lo}}\p{{M}}{_NOT_HAN}]*"
+            r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
 # GGUF pre-tokenizer name -> the Split regexes (applied in order, matches isolated)
 PRE_TOKENIZERS = {
     "qwen2": [_QWEN2], "qwen35": [_QWEN35], "llama3": [_LLAMA3], "llama-bpe": [_LLAMA3],
     "deepseek-llm": _DEEPSEEK_LLM, "deepseek-v3": _DEEPSEEK3,
+    "glm4": [_GLM4], "glm5": [_GLM4], "minimax-m2": [_MINIMAX_M2], "kimi-k2": [_KIMI_K2],
 }
+# llama.cpp takes a whole pre-token that is in the vocabulary as one token, merges or not
+IGNORE_MERGES = ("llama3", "llama-bpe", "glm4", "glm5")
 
 
 def _read(path: Path) -> dict:
@@ -93,8 +112,9 @@ def load_gguf_tokenizer(path: str | Path):
             raise CheckpointError(f"{path}: tokenizer.ggml.merges missing")
         vocab = {t: i for i, t in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=False))
-        tok.pre_tokenizer = _pre_tokenizer(meta.get("ggml.pre", "default"), path)
+        pre = meta.get("ggml.pre", "default")
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre in IGNORE_MERGES))
+        tok.pre_tokenizer = _pre_tokenizer(pre, path)
         tok.decoder = decoders.ByteLevel()
     else:
         if model == "gemma4" and not meta.get("ggml.merges"):

@@ -2,6 +2,9 @@
 test files shipped with the vocabularies), and the metadata reader agrees with gguf's writer."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from helpers import SHARED_DATA
 
@@ -110,3 +113,48 @@ def test_gguf_tokenizer_object_matches_its_json():
     assert tok.hf is obj
     for text, expected in cases("qwen2"):
         assert tok.encode(text) == expected, text
+
+
+PRE_CASES = Path(__file__).with_name("data") / "pre_tokenizers.json"
+
+
+@pytest.mark.parametrize("pre", ["glm4", "minimax-m2", "kimi-k2", "llama-bpe"])
+def test_pre_tokenizers_match_llamacpp(tmp_path, pre):
+    """The splits of GLM-4.5/5, MiniMax-M2, Kimi-K2 and Llama 3 (with llama.cpp's ignore_merges)
+    on the qwen2 test vocabulary give the ids llama.cpp itself gave for the same file
+    (data/pre_tokenizers.json, written by make_pre_tokenizer_cases.py)."""
+    from gguf_rewrite import rewrite
+    data = json.loads(PRE_CASES.read_text(encoding="utf-8"))
+    src = TOKENIZERS / data["vocab"]
+    if not src.is_file():
+        pytest.skip(f"{src} is not here (../shared/data)")
+    g = rewrite(src, tmp_path / f"{pre}.gguf", set_keys={"tokenizer.ggml.pre": pre})
+    tok, _ = load_gguf_tokenizer(g)
+    for text, expected in data["cases"][pre]:
+        if pre == "kimi-k2" and text in LLAMACPP_K2_JOINS_CASES:
+            continue
+        assert tok.encode(text, add_special_tokens=False).ids == expected, (pre, text)
+
+
+# llama.cpp's hand-written Kimi-K2 split takes a letter run whole across a case change (" XMLHttpRequest"),
+# where the model's own tokenizer (tiktoken, below) splits " XMLHttp" | "Request": we follow the model's
+LLAMACPP_K2_JOINS_CASES = ("HelloWorld CamelCaseWords and XMLHttpRequest",)
+# tokenization_kimi.py's pat_str, as Kimi-K2's tiktoken tokenizer runs it
+KIMI_TIKTOKEN = "|".join([
+    r"[\p{Han}]+",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"\p{N}{1,3}", r" ?[^\s\p{L}\p{N}]+[\r\n]*", r"\s*[\r\n]+", r"\s+(?!\S)", r"\s+"])
+
+
+def test_kimi_k2_split_is_tiktokens():
+    """Our Kimi-K2 split (tokenizers' Oniguruma) cuts every test text where tiktoken's pattern,
+    run by the `regex` module, cuts it."""
+    regex = pytest.importorskip("regex")
+    from tokenizers import Regex, pre_tokenizers
+
+    from freetoken.weights.gguf_tokenizer import PRE_TOKENIZERS
+    split = pre_tokenizers.Split(Regex(PRE_TOKENIZERS["kimi-k2"][0]), behavior="isolated")
+    texts = [t for t, _ in json.loads(PRE_CASES.read_text(encoding="utf-8"))["cases"]["kimi-k2"]]
+    for text in texts:
+        assert [p for p, _ in split.pre_tokenize_str(text)] == regex.findall("(?V1)" + KIMI_TIKTOKEN, text), text
