@@ -12,14 +12,19 @@ import torch
 
 from .compressor import Compressor, V4Indexer, rope_tail, visible
 from .hyper import unweighted_rms_norm
+from .ggml_linear import GgmlLinear, GgmlWeight
 from .linear import Linear
 from .norm import RMSNorm
 
 
-def split_rows(w: Linear, groups: int, linear) -> list[Linear]:
-    """One Linear per equal block of rows; FP8 blocks stay packed when the rows of a group
-    fill whole 128-row scale blocks, otherwise the weight is dequantized once."""
+def split_rows(w: Linear | GgmlLinear, groups: int, linear) -> list[Linear | GgmlLinear]:
+    """One Linear per equal block of rows; GGUF rows and FP8 blocks stay packed (FP8 when the
+    rows of a group fill whole 128-row scale blocks), otherwise the weight is dequantized once."""
     rows = w.out_features // groups
+    if isinstance(w, GgmlLinear) and len(w.parts) == 1:
+        p = w.parts[0]
+        return [GgmlLinear([GgmlWeight(p.rows[g * rows:(g + 1) * rows], p.type, p.cols)], None, w.pool, w.gemm_dtype)
+                for g in range(groups)]
     if w.weight.dtype == torch.float8_e4m3fn and w.scales is not None and rows % 128 == 0:
         sr = rows // 128
         return [linear(w.weight[g * rows:(g + 1) * rows], scale_inv=w.scales[g * sr:(g + 1) * sr])

@@ -5,6 +5,7 @@ GGUF runs the way llama.cpp runs it."""
 from __future__ import annotations
 
 from ..errors import CheckpointError
+from .gguf_deepseek4 import config_fields as deepseek4_fields
 from .gguf_hybrid import config_fields
 
 # GGUF general.architecture -> (HF architectures name, model_type, norm_topk_prob as llama.cpp runs it)
@@ -21,12 +22,12 @@ FAMILIES = {
     "glm-dsa": ("GlmMoeDsaForCausalLM", "glm_moe_dsa", False),
     "deepseek32": ("DeepseekV32ForCausalLM", "deepseek_v32", False),
     "minimax-m2": ("MiniMaxM2ForCausalLM", "minimax_m2", True),
+    "deepseek4": ("DeepseekV4ForCausalLM", "deepseek_v4", True),
 }
 # families llama.cpp's converter writes that no model class here reads yet: named in the error
-NOT_YET = {"deepseek4": "DeepSeek-V4 (its HF checkpoint loads: serve the safetensors directory)",
-           "glm5-next": "GLM-5 Next", "minimax-m3": "MiniMax-M3", "kimi-linear": "Kimi Linear",
+NOT_YET = {"glm5-next": "GLM-5 Next", "minimax-m3": "MiniMax-M3", "kimi-linear": "Kimi Linear",
            "kimi-k3": "Kimi-K3"}
-GATING = {1: "softmax", 2: "sigmoid", 3: "sqrtsoftplus"}     # llama.cpp's expert_gating_func ids
+GATING = {1: "softmax", 2: "sigmoid", 3: "softmax_weight", 4: "sqrtsoftplus"}   # llama.cpp's expert_gating_func ids
 
 
 class Meta:
@@ -230,4 +231,5 @@ def _minimax_m2(c, m, tensors):
 
 FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss,
                  "qwen3next": _hybrid, "qwen35moe": _hybrid, "deepseek2": _deepseek2, "glm4moe": _glm4moe,
-                 "glm-dsa": _dsa, "deepseek32": _dsa, "minimax-m2": _minimax_m2}
+                 "glm-dsa": _dsa, "deepseek32": _dsa, "minimax-m2": _minimax_m2,
+                 "deepseek4": deepseek4_fields}

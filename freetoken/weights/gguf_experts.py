@@ -53,13 +53,23 @@ def moe_blocks(ck) -> list[int]:
     return sorted(int(n.split(".")[1]) for n in ck.tensors_by_name if n.endswith(".ffn_gate_exps.weight"))
 
 
+def activation(ck) -> dict:
+    """The experts' activation as ExpertSpec fields: gpt-oss's clamped SwiGLU, DeepSeek-V4's
+    clamped SiLU gate, else plain SiLU."""
+    if ck.arch == "gpt-oss":
+        return dict(activation="swiglu_oai", alpha=1.702, limit=7.0)
+    if ck.arch == "deepseek4":
+        return dict(activation="silu_clamp", limit=ck.config["swiglu_limit"])
+    return {}
+
+
 def build_pool(ck):
     blocks, parts = expert_tensors(ck)
     if not blocks:
         return None
     e, inter, hidden = parts[0][0].shape
     gpt_oss = ck.arch == "gpt-oss"
-    spec_kw = dict(activation="swiglu_oai", alpha=1.702, limit=7.0) if gpt_oss else {}
+    spec_kw = activation(ck)
     kind = layout({t.ggml_type for trio in parts for t in trio})
     n = len(blocks) * e
     if kind == "ggml":

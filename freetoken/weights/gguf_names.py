@@ -7,6 +7,7 @@ import re
 
 import torch
 
+from . import gguf_deepseek4
 from .gguf_hybrid import HYBRID, hf_names as hybrid_names
 
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -69,6 +70,8 @@ def hf_names(arch: str, name: str) -> tuple[str, ...]:
     """All HF names GGUF tensor `name` provides (hybrid families: some provide two)."""
     if arch in HYBRID:
         return hybrid_names(name, lambda n: hf_name(arch, n))
+    if arch == "deepseek4":
+        return gguf_deepseek4.hf_names(name)
     hf = hf_name(arch, name)
     return (hf,) if hf is not None else ()
 

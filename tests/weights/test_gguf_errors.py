@@ -27,6 +27,12 @@ def test_unsupported_architecture(tmp_path):
         GgufFile(write(tmp_path / "b.gguf", "bert"))
 
 
+@pytest.mark.parametrize("arch", ["glm5-next", "kimi-k3", "minimax-m3"])
+def test_families_llamacpp_writes_but_no_class_reads(tmp_path, arch):
+    with pytest.raises(CheckpointError, match=rf"general.architecture = '{arch}' \(.*\) is not read from GGUF yet"):
+        GgufFile(write(tmp_path / "n.gguf", arch))
+
+
 def test_missing_metadata_names_the_key(tmp_path):
     with pytest.raises(CheckpointError, match=r"metadata key qwen3moe.attention.head_count is missing"):
         GgufFile(write(tmp_path / "m.gguf"))
