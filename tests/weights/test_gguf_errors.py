@@ -55,6 +55,6 @@ def test_deepseek2_unknown_router_is_refused(tiny_dir, to_gguf, tmp_path):
     from gguf_rewrite import rewrite
     g = rewrite(to_gguf(tiny_dir("deepseek_v3"), "f32"), tmp_path / "g.gguf",
                 set_keys={"deepseek2.expert_gating_func": 4})
-    with pytest.raises(CheckpointError, match=r"deepseek2.expert_gating_func = 3 \(sqrtsoftplus\) is not supported "
+    with pytest.raises(CheckpointError, match=r"deepseek2.expert_gating_func = 4 \(sqrtsoftplus\) is not supported "
                                               r"\(expected 2, sigmoid: .*or 1, softmax: DeepSeek-V2\)"):
         GgufFile(g)
