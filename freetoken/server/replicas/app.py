@@ -51,7 +51,7 @@ def build_application(args, *, routing: str = "prefix"):
                                                   request_router_kwargs={"queue_bound": args.route_queue_bound}),
     ).bind(args)
     return Frontend.bind(engine, api_key=args.api_key, engine_name=ENGINE_NAME, model_dir=model_dir,
-                         block_size=engine_block_size(args))
+                         block_size=engine_block_size(args), replicas=args.replicas)
 
 
 def package_root() -> str:
