@@ -394,7 +394,7 @@ async def completions(request: Request):
         return StreamingResponse(stream(), media_type="text/event-stream", headers=sse.HEADERS)
     text, _, _, done = await until_disconnected(request, gen, collect(gen))
     logprobs = None
-    if strings is not None and not done.error:
+    if strings is not None:                 # (an "error" finish raised in collect)
         logprobs = await asyncio.to_thread(_completion_logprobs, strings, req, gen, echo, prompt_only,
                                            top_k, len(prompt_text))
     usage = _usage(done)
