@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ...kernels import _compiler, cache_dir
+from ...kernels import c_compiler, cache_dir
 
 SOURCE = Path(__file__).with_name("c") / "loopback_bind.c"
 MARK = "FREETOKEN_RAY_LOOPBACK"         # set in the re-run process (and inherited by Ray's)
@@ -32,7 +32,7 @@ def is_loopback_host(host: str) -> bool:
 
 def build_shim() -> Path:
     """The shared library, compiled once per source and compiler."""
-    cc = _compiler()
+    cc = c_compiler()
     if cc is None:
         raise SystemExit("freetoken serve --replicas --host 127.0.0.1 needs a C compiler (cc) to keep Ray's "
                          "ports on loopback; install one, or choose --host 0.0.0.0 to expose Ray on purpose")
