@@ -71,22 +71,29 @@ def write_tokenizer(model: str, d: Path) -> None:
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
 
 
-def in_process_accuracy(model: str) -> float:
-    """The same items scored with LLM.score: the sum of the continuation's logprobs."""
+def in_process_scores(model: str) -> list[list[float]]:
+    """The same items scored with LLM.score: per choice, the sum of the continuation's logprobs."""
     from freetoken import LLM
     llm = LLM(model, dtype="float32", max_model_len=512, kv_cache_gib=0.05)
     tok = llm.tokenizer
-    right = 0
-    for q, choices, answer in ITEMS:
+    out = []
+    for q, choices, _ in ITEMS:
         ctx = tok.encode(q)
         scores = []
         for c in choices:
             whole = tok.encode(q + c)
             lp = torch.log_softmax(llm.score(whole).double(), dim=-1)
             scores.append(sum(float(lp[j - 1, whole[j]]) for j in range(len(ctx), len(whole))))
-        right += int(max(range(len(choices)), key=scores.__getitem__) == answer)
+        out.append(scores)
     llm.close()
-    return right / len(ITEMS)
+    return out
+
+
+def lm_eval_scores(out_dir: Path) -> list[list[float]]:
+    """Per item (in ITEMS order), lm-eval's loglikelihood of each choice (--log_samples)."""
+    rows = [json.loads(ln) for f in out_dir.rglob("samples_ft_local_mc_*.jsonl") for ln in f.read_text().splitlines()]
+    rows.sort(key=lambda r: r["doc_id"])
+    return [[float(r[0]) for r in row["filtered_resps"]] for row in rows]
 
 
 def main() -> int:
@@ -100,7 +107,8 @@ def main() -> int:
     write_tokenizer(a.model, work / "tok")
     log = work / "serve.log"
     srv = subprocess.Popen([sys.executable, "-m", "freetoken.cli", "serve", "--model", a.model, "--port", str(a.port),
-                            "--served-model-name", "m", "--max-model-len", "512", "--kv-cache-gib", "0.1"],
+                            "--served-model-name", "m", "--max-model-len", "512", "--kv-cache-gib", "0.1",
+                            "--dtype", "float32"],
                            stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
@@ -115,7 +123,7 @@ def main() -> int:
         cmd = ["lm_eval", "--model", "local-completions", "--model_args",
                f"model=m,base_url={base}/v1/completions,tokenizer_backend=huggingface,tokenizer={work / 'tok'},"
                "num_concurrent=1,max_retries=1,tokenized_requests=True",
-               "--tasks", "ft_local_mc", "--include_path", str(work), "--output_path", str(work / "out")]
+               "--tasks", "ft_local_mc", "--include_path", str(work), "--output_path", str(work / "out"), "--log_samples"]
         env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         r = subprocess.run([Path(sys.executable).with_name("lm_eval"), *cmd[1:]], capture_output=True, text=True,
                            env=env, timeout=1200)
@@ -129,9 +137,13 @@ def main() -> int:
     finally:
         srv.send_signal(signal.SIGTERM)
         srv.wait(60)
-    ref = in_process_accuracy(a.model)
-    print(f"LLM.score in-process:       acc {ref:.3f}  (must equal lm_eval's)")
-    return 0 if abs(ref - got["acc,none"]) < 1e-9 else 1
+    ref = in_process_scores(a.model)
+    served = lm_eval_scores(work / "out")
+    acc = sum(max(range(len(r)), key=r.__getitem__) == it[2] for r, it in zip(ref, ITEMS)) / len(ITEMS)
+    diff = max(abs(x - y) for r, s in zip(ref, served) for x, y in zip(r, s))
+    print(f"LLM.score in-process:       acc {acc:.3f}; largest |loglikelihood difference| over "
+          f"{sum(map(len, ref))} choices: {diff:.2e}")
+    return 0 if len(served) == len(ITEMS) and diff < 1e-3 and abs(acc - got["acc,none"]) < 1e-9 else 1
 
 
 if __name__ == "__main__":
