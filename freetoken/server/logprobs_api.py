@@ -24,6 +24,20 @@ def check_top(k, name: str) -> int:
     return k
 
 
+# echo with logprobs holds the prompt's float32 logits [prompt, vocab] until the request ends
+# (the engine's want_prompt_logits, as LLM.score): bound them so one request cannot take the
+# machine's memory (152k vocabulary: 3.5k prompt tokens; 49k: 10.9k)
+MAX_ECHO_LOGITS_BYTES = 2 << 30
+
+
+def check_echo_size(n_prompt: int, vocab: int) -> None:
+    most = MAX_ECHO_LOGITS_BYTES // (4 * max(1, vocab))
+    if n_prompt > most:
+        raise BadRequest(f"echo with logprobs scores at most {most} prompt tokens with this model's "
+                         f"{vocab}-token vocabulary (the prompt's logits are held in memory); the prompt "
+                         f"has {n_prompt}", param="echo")
+
+
 class TokenStrings:
     """Token id -> its bytes and the string OpenAI shows for it. The bytes are the token's
     own (llguidance's view of the vocabulary, which knows byte-level BPE and byte fallback);

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, StrictBool
 
 from . import sse
 from ..engine.logprobs import prompt_logprobs
-from .logprobs_api import TokenStrings, chat_logprobs, check_top, completion_logprobs
+from .logprobs_api import TokenStrings, chat_logprobs, check_echo_size, check_top, completion_logprobs
 from .chat import parse_arguments
 from .errors import APIError, BadRequest, error_body
 from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
@@ -341,6 +341,8 @@ async def completions(request: Request):
     req = await prepare_text(st.svc, prompt, endpoint="completions", max_tokens=max_tokens,
                              stop=body.stop, sampling={**_sampling(body), "logprobs": top_k})
     req.want_prompt_logits = echo and top_k is not None
+    if req.want_prompt_logits:
+        check_echo_size(len(req.prompt_ids), st.svc.engine.vocab_size)
     strings = await asyncio.to_thread(TokenStrings, st.svc) if top_k is not None else None
     prompt_text = ""
     if echo or strings is not None:

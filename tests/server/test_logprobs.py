@@ -148,3 +148,12 @@ def test_past_the_bound_is_a_400_naming_the_field(tiny, path, body, param):
     out = post(tiny[1], path, body, status=400)
     assert out["error"]["param"] == param, out
     assert "[0, 20]" in out["error"]["message"] or param in out["error"]["message"]
+
+
+def test_echo_logprobs_past_the_memory_bound_is_a_400(tiny, monkeypatch):
+    from freetoken.server import logprobs_api
+    monkeypatch.setattr(logprobs_api, "MAX_ECHO_LOGITS_BYTES", 4 * tiny[2].engine.vocab_size * 5)
+    out = post(tiny[1], "/v1/completions", {"prompt": PROMPT_IDS, "echo": True, "logprobs": 1, "max_tokens": 1},
+               status=400)
+    assert out["error"]["param"] == "echo" and "at most 5 prompt tokens" in out["error"]["message"]
+    post(tiny[1], "/v1/completions", {"prompt": PROMPT_IDS[:5], "echo": True, "logprobs": 1, "max_tokens": 1})
