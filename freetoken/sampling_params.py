@@ -9,6 +9,9 @@ from .errors import InvalidRequestError
 # Below this a temperature only sharpens an already one-hot distribution, and dividing
 # fp32 logits by it overflows to inf (then NaN probabilities): clamp up to it.
 MIN_TEMPERATURE = 1e-2
+# The most alternatives a request may ask per token with `logprobs` (OpenAI chat's bound for
+# top_logprobs; the completions API allows 5 there, we allow the same 20).
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass
@@ -25,6 +28,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     ignore_eos: bool = False
+    # None: no logprobs; k >= 0: each generated token's logprob under the raw model and the k
+    # most likely tokens (StepOutput.logprobs; engine/logprobs.py)
+    logprobs: int | None = None
     # Each: callable(output_token_ids: list[int], logits: Tensor[vocab] float32) -> Tensor.
     # Called before sampling; used for constrained decoding.
     logits_processors: list = field(default_factory=list)
@@ -42,6 +48,10 @@ class SamplingParams:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):
                 raise InvalidRequestError(f"SamplingParams.{name}: got {v!r}, expected an integer")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS):
+            raise InvalidRequestError(f"SamplingParams.logprobs: got {self.logprobs!r}, expected None or an "
+                                      f"integer in [0, {MAX_TOP_LOGPROBS}]")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -2**63 <= self.seed < 2**64):
             raise InvalidRequestError(f"SamplingParams.seed: got {self.seed!r}, expected an integer "

@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # a verb that re-runs itself (serve --replicas)
     if getattr(args, "json", False):
         from ..progress import set_mode
         set_mode("off")             # stdout is one JSON object; stderr stays quiet too

@@ -21,6 +21,7 @@ from .checkpoint_policy import CheckpointPolicy
 from .model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 from . import sampler
+from .logprobs import token_logprobs
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 from ..memory.plan import kv_block_count, kv_tokens_asked
@@ -44,6 +45,7 @@ class StepOutput:
     error: str | None = None               # set (finish_reason "error") when this request's work raised
     model_fault: bool = False              # ...in the model's forward or as NaN logits, not its own settings
     prompt_logits: torch.Tensor | None = None   # want_prompt_logits: [prompt, vocab] float32, when it ends
+    logprobs: list | None = None           # params.logprobs set: a TokenLogprob per new token (engine/logprobs.py)
 
 
 @dataclass(frozen=True)
@@ -201,6 +203,8 @@ class LLMEngine:
             seq = batch[i][0]
             out = self._guard(seq, outputs, self._emit, seq, tok)
             if out:
+                if seq.params.logprobs is not None:     # the raw row: sampling worked on copies
+                    out.logprobs = [token_logprobs(logits[i], tok, seq.params.logprobs)]
                 outputs.append(out)
         return outputs
 

@@ -54,6 +54,9 @@ def _compiler() -> str | None:
     return None
 
 
+c_compiler = _compiler      # public: other C built at first use (server/replicas/loopback.py) uses it too
+
+
 def sources() -> list[Path]:
     """The C files of the one shared library (compiled together in one compiler call)."""
     return sorted(SOURCE_DIR.glob("*.c"))

@@ -14,6 +14,7 @@ from ..weights.checkpoint import Checkpoint
 from ..weights.ftw_gguf import GgufInFtw, is_gguf_ftw
 from ..weights.gguf import GgufFile, is_gguf
 from ..weights.gguf_experts import expert_tensors, layout, row_widths
+from ..weights.partial import check_not_partial
 
 _BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
           "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8}
@@ -56,6 +57,7 @@ def _is_expert(name: str) -> bool:
 
 def read_model_shape(model: str | Path) -> ModelShape:
     p = Path(model)
+    check_not_partial(p)
     if p.is_file():
         if is_gguf(p):
             return _gguf_shape(GgufFile(p))

@@ -229,6 +229,8 @@ async def messages(request: Request):
         return StreamingResponse(_stream(gen, mid, body.model, len(req.prompt_ids), omit_thinking),
                                  media_type="text/event-stream", headers=sse.HEADERS)
     text, reasoning, calls, done = await until_disconnected(request, gen, collect(gen))
+    if done.finish_reason == "constraint_failed":      # Anthropic has no stop_reason for it
+        raise BadRequest(done.error)
     content = []
     if reasoning:
         content.append({"type": "thinking", "thinking": "" if omit_thinking else reasoning,

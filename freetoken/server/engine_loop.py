@@ -34,6 +34,7 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     last_read: float = field(default_factory=time.monotonic)   # the consumer's last take
     stalled: bool = False
+    want_prompt_logits: bool = False      # echo with logprobs (engine add_request)
 
     def push(self, item) -> None:
         try:
@@ -187,7 +188,8 @@ class EngineLoop:
             with self.lock:
                 self.n_waiting -= 1
             try:
-                self.engine.add_request(job.request_id, job.prompt_ids, job.params)
+                extra = {"want_prompt_logits": True} if job.want_prompt_logits else {}
+                self.engine.add_request(job.request_id, job.prompt_ids, job.params, **extra)
             except Exception as e:  # noqa: BLE001 - reported to that request only
                 job.push(e)
                 continue

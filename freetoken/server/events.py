@@ -35,7 +35,8 @@ class ToolCallEnd:
 
 @dataclass
 class Done:
-    finish_reason: str              # "stop" | "length" | "tool_calls" | "abort" | "error"
+    finish_reason: str              # "stop" | "length" | "tool_calls" | "abort" | "error" | "constraint_failed"
+    # (constraint_failed: a response_format / forced-call grammar could not be completed; error says why)
     prompt_tokens: int
     completion_tokens: int
     stop_sequence: str | None = None

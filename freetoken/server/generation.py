@@ -36,6 +36,7 @@ class GenerationRequest:
     max_tool_calls: int | None = None  # parallel_tool_calls=false: keep only the first call
     stop: list[str] = field(default_factory=list)
     window_limited: bool = False       # the output budget is the room left in the context window
+    want_prompt_logits: bool = False   # echo with logprobs: the engine returns the prompt's logits
 
 
 class Generation:
@@ -51,7 +52,10 @@ class Generation:
         self.finished = False
         self.accounted = False         # metrics and the log line have seen this request
         self.cached_tokens = 0         # prompt tokens the prefix cache served (known from the first output)
-        self.job = Job(self.request_id, req.prompt_ids, req.params, asyncio.get_running_loop())
+        self.logprobs: list = []       # params.logprobs: a TokenLogprob per generated token
+        self.prompt_logits = None      # want_prompt_logits: [prompt, vocab] once it finished
+        self.job = Job(self.request_id, req.prompt_ids, req.params, asyncio.get_running_loop(),
+                       want_prompt_logits=req.want_prompt_logits)
         service.loop.submit(self.job)
 
     def abort(self) -> None:
@@ -83,6 +87,10 @@ class Generation:
                 if first is None and out.new_token_ids:
                     first = time.monotonic()
                 self.token_ids += out.new_token_ids
+                if getattr(out, "logprobs", None):
+                    self.logprobs += out.logprobs
+                if getattr(out, "prompt_logits", None) is not None:
+                    self.prompt_logits = out.prompt_logits
                 events = parser.feed(out.new_text) if out.new_text else []
                 if out.finished:
                     self.finished = True
@@ -124,6 +132,10 @@ class Generation:
             reason = "tool_calls"
         elif reason == "stop" and isinstance(out.stop_reason, str):
             stop_seq = out.stop_reason
+        failed = next((p.failed for p in getattr(req.params, "logits_processors", ())
+                       if getattr(p, "failed", None)), None)
+        if failed and reason in ("stop", "tool_calls"):   # a grammar ended it unfinished: never "stop"
+            reason = "constraint_failed"
         now = time.monotonic()
         prompt_tokens = out.prompt_tokens or len(req.prompt_ids)
         completion = out.completion_tokens or len(self.token_ids)
@@ -143,6 +155,7 @@ class Generation:
                  self.request_id, req.endpoint, prompt_tokens, out.num_cached_tokens, completion,
                  ttft, tps, reason)
         return Done(reason, prompt_tokens, completion, stop_sequence=stop_seq, cached_tokens=out.num_cached_tokens,
+                    error=failed if reason == "constraint_failed" else None,
                     context_full=reason == "length" and req.window_limited)
 
 

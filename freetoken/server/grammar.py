@@ -97,6 +97,10 @@ class GrammarProcessor:
             raise BadRequest(f"invalid {where}: {self.matcher.get_error()}", param=where)
         self.vocab = lltok.vocab_size
         self.seen = 0
+        self.where = where
+        # why the output could not go on under the grammar (generation.py ends the response
+        # with finish_reason "constraint_failed" rather than "stop"), or None
+        self.failed: str | None = None
         self.eos = sorted(eos_ids)
         self.mask = torch.full(((self.vocab + 31) // 32,), -1, dtype=torch.int32)
         # the first mask, now: a grammar that accepts nothing (a cycle the schema check did not
@@ -113,8 +117,12 @@ class GrammarProcessor:
             if not self.matcher.consume_token(t):
                 # not get_error(): it quotes the output generated so far
                 log.warning("grammar rejected token %d; the output ends here", t)
+                self.failed = (f"the output could not continue under the {self.where} constraint "
+                               f"(no token the grammar allows could follow); it ends unfinished")
         out = logits.clone()
         if self.matcher.is_error():     # cannot continue: end the output
+            self.failed = self.failed or (f"the output could not continue under the {self.where} "
+                                          "constraint; it ends unfinished")
             if self.eos:
                 keep = out[..., self.eos].clone()
                 out.fill_(float("-inf"))

@@ -1,6 +1,7 @@
 """OpenAI adapter: /v1/chat/completions, /v1/completions, /v1/models."""
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 
@@ -9,6 +10,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from . import sse
+from ..engine.logprobs import prompt_logprobs
+from .logprobs_api import TokenStrings, chat_logprobs, check_echo_size, check_top, completion_logprobs
 from .chat import parse_arguments
 from .errors import APIError, BadRequest, error_body
 from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
@@ -19,7 +22,13 @@ from .server_state import collect, json_body, parse_body, state, until_disconnec
 router = APIRouter()
 
 FINISH = {"stop": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop",
-          "error": "stop"}
+          "error": "stop", "constraint_failed": "constraint_failed"}
+
+
+def constraint_error(done: Done) -> str:
+    """The stream event after the finish chunk of an output its grammar cut short."""
+    return sse.data({"error": {"message": done.error, "type": "constraint_failed", "param": "response_format",
+                               "code": "constraint_failed"}})
 
 
 class _SamplingFields(BaseModel):
@@ -52,11 +61,14 @@ class ChatCompletionRequest(_SamplingFields):
     reasoning_effort: str | None = None
     chat_template_kwargs: dict | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None
     parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None        # top-k alternatives per token (0..MAX_TOP_LOGPROBS)
+    echo: bool | None = None           # the prompt first in the text (and its tokens' logprobs)
 
 
 def content_text(content, where: str) -> str:
@@ -215,8 +227,12 @@ async def _parse(request: Request, model: type[_SamplingFields]):
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest))
 async def chat_completions(request: Request):
     st, body = await _parse(request, ChatCompletionRequest)
+    top_k = None
     if body.logprobs:
-        raise BadRequest("logprobs are not supported by this server", param="logprobs")
+        top_k = check_top(body.top_logprobs or 0, "top_logprobs")
+    elif body.top_logprobs:
+        raise BadRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+    strings = await asyncio.to_thread(TokenStrings, st.svc) if top_k is not None else None
     kwargs = dict(body.chat_template_kwargs or {})
     if body.reasoning_effort in ("none", "minimal"):
         kwargs.setdefault("enable_thinking", False)
@@ -224,7 +240,7 @@ async def chat_completions(request: Request):
         inp = ChatInput(messages=openai_messages(body.messages), endpoint="chat",
                         tools=openai_tools(body.tools), tool_choice=openai_tool_choice(body.tool_choice),
                         max_tokens=body.max_completion_tokens if body.max_completion_tokens is not None
-                        else body.max_tokens, stop=body.stop, sampling=_sampling(body),
+                        else body.max_tokens, stop=body.stop, sampling={**_sampling(body), "logprobs": top_k},
                         response_format=response_format(body.response_format), template_kwargs=kwargs)
     req = await prepare_chat(st.svc, inp)
     if body.parallel_tool_calls is False:
@@ -235,7 +251,7 @@ async def chat_completions(request: Request):
     model = body.model
     if body.stream:
         usage = bool((body.stream_options or {}).get("include_usage"))
-        return StreamingResponse(_chat_stream(gen, cid, created, model, usage),
+        return StreamingResponse(_chat_stream(gen, cid, created, model, usage, strings, top_k),
                                  media_type="text/event-stream", headers=sse.HEADERS)
     events = await until_disconnected(request, gen, collect(gen))
     text, reasoning, calls, done = events
@@ -246,17 +262,24 @@ async def chat_completions(request: Request):
         msg["tool_calls"] = [{"id": c.id, "type": "function",
                               "function": {"name": c.name, "arguments": args}} for c, args in calls]
     return {"id": cid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [{"index": 0, "message": msg, "logprobs": None,
+            "choices": [{"index": 0, "message": msg,
+                         "logprobs": chat_logprobs(strings, gen.logprobs, top_k) if strings else None,
                          "finish_reason": FINISH[done.finish_reason]}],
             "usage": _usage(done), "system_fingerprint": "freetoken"}
 
 
-async def _chat_stream(gen, cid, created, model, include_usage):
+async def _chat_stream(gen, cid, created, model, include_usage, strings=None, top_k=None):
     base = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
             "system_fingerprint": "freetoken"}
+    sent = 0
 
     def chunk(delta, finish=None):
-        return sse.data({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+        nonlocal sent
+        lp = None
+        if strings is not None and len(gen.logprobs) > sent:   # the tokens since the last chunk
+            lp = chat_logprobs(strings, gen.logprobs[sent:], top_k)
+            sent = len(gen.logprobs)
+        return sse.data({**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp,
                                               "finish_reason": finish}]})
 
     yield chunk({"role": "assistant", "content": ""})
@@ -281,27 +304,50 @@ async def _chat_stream(gen, cid, created, model, include_usage):
         yield sse.data(error_body(e, anthropic=False))
         yield sse.DONE
         return
-    if done.error:     # the error is the last event: no finish_reason after it
+    if done.finish_reason == "error":     # the error is the last event: no finish_reason after it
         yield sse.data({"error": {"message": done.error, "type": "server_error", "param": None,
                                   "code": None}})
         yield sse.DONE
         return
     yield chunk({}, FINISH[done.finish_reason])
+    if done.finish_reason == "constraint_failed":
+        yield constraint_error(done)
     if include_usage:
         yield sse.data({**base, "choices": [], "usage": _usage(done)})
     yield sse.DONE
 
 
-@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
-async def completions(request: Request):
-    st, body = await _parse(request, CompletionRequest)
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+def _one_prompt(prompt):
+    """The request's single prompt: a string or token ids; a batch of one (["..."] or
+    [[ids]], as lm-evaluation-harness sends) is that one."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         if len(prompt) != 1:
             raise BadRequest("a batch of prompts is not supported; send one", param="prompt")
         prompt = prompt[0]
-    req = await prepare_text(st.svc, prompt, endpoint="completions", max_tokens=body.max_tokens,
-                             stop=body.stop, sampling=_sampling(body))
+    return prompt
+
+
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest))
+async def completions(request: Request):
+    st, body = await _parse(request, CompletionRequest)
+    prompt = _one_prompt(body.prompt)
+    top_k = None if body.logprobs is None else check_top(body.logprobs, "logprobs")
+    echo = bool(body.echo)
+    max_tokens, prompt_only = body.max_tokens, False
+    if echo and max_tokens == 0:        # the prompt's logprobs alone: one token made, not returned
+        max_tokens, prompt_only = 1, True
+    if body.stream and echo and top_k is not None:
+        raise BadRequest("echo with logprobs is answered whole: send stream: false", param="echo")
+    req = await prepare_text(st.svc, prompt, endpoint="completions", max_tokens=max_tokens,
+                             stop=body.stop, sampling={**_sampling(body), "logprobs": top_k})
+    req.want_prompt_logits = echo and top_k is not None
+    if req.want_prompt_logits:
+        check_echo_size(len(req.prompt_ids), st.svc.engine.vocab_size)
+    strings = await asyncio.to_thread(TokenStrings, st.svc) if top_k is not None else None
+    prompt_text = ""
+    if echo or strings is not None:
+        prompt_text = prompt if isinstance(prompt, str) else \
+            await asyncio.to_thread(st.svc.tokenizer.decode, req.prompt_ids)
     gen = st.svc.submit(req)
     cid = "cmpl-" + uuid.uuid4().hex[:24]
     created = int(time.time())
@@ -311,29 +357,64 @@ async def completions(request: Request):
 
         async def stream():
             done = None
+            sent, at = 0, len(prompt_text)
+
+            def lp():
+                nonlocal sent, at
+                if strings is None or len(gen.logprobs) <= sent:
+                    return None
+                new = list(zip(gen.token_ids[sent:len(gen.logprobs)], gen.logprobs[sent:]))
+                sent = len(gen.logprobs)
+                obj, at = completion_logprobs(strings, new, at)
+                return obj
             try:
+                if echo:
+                    yield sse.data({**base, "choices": [{"index": 0, "text": prompt_text,
+                                                         "logprobs": None, "finish_reason": None}]})
                 async for ev in gen.events():
                     if isinstance(ev, TextDelta):
                         yield sse.data({**base, "choices": [{"index": 0, "text": ev.text,
-                                                             "logprobs": None, "finish_reason": None}]})
+                                                             "logprobs": lp(), "finish_reason": None}]})
                     elif isinstance(ev, Done):
                         done = ev
             except APIError as e:
                 yield sse.data(error_body(e, anthropic=False))
                 yield sse.DONE
                 return
-            if done.error:
+            if done.finish_reason == "error":
                 yield sse.data({"error": {"message": done.error, "type": "server_error",
                                           "param": None, "code": None}})
                 yield sse.DONE
                 return
-            yield sse.data({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
+            yield sse.data({**base, "choices": [{"index": 0, "text": "", "logprobs": lp(),
                                                  "finish_reason": FINISH[done.finish_reason]}]})
+            if done.finish_reason == "constraint_failed":
+                yield constraint_error(done)
             if include_usage:
                 yield sse.data({**base, "choices": [], "usage": _usage(done)})
             yield sse.DONE
         return StreamingResponse(stream(), media_type="text/event-stream", headers=sse.HEADERS)
     text, _, _, done = await until_disconnected(request, gen, collect(gen))
-    return {**base, "choices": [{"index": 0, "text": text, "logprobs": None,
-                                 "finish_reason": FINISH[done.finish_reason]}],
-            "usage": _usage(done)}
+    logprobs = None
+    if strings is not None:                 # (an "error" finish raised in collect)
+        logprobs = await asyncio.to_thread(_completion_logprobs, strings, req, gen, echo, prompt_only,
+                                           top_k, len(prompt_text))
+    usage = _usage(done)
+    if prompt_only:
+        text = ""
+        usage.update(completion_tokens=0, total_tokens=usage["prompt_tokens"])
+    return {**base, "choices": [{"index": 0, "text": (prompt_text if echo else "") + text,
+                                 "logprobs": logprobs, "finish_reason": FINISH[done.finish_reason]}],
+            "usage": usage}
+
+
+def _completion_logprobs(strings, req, gen, echo: bool, prompt_only: bool, top_k: int,
+                         prompt_chars: int) -> dict:
+    entries = []
+    if echo:
+        if gen.prompt_logits is None:
+            raise APIError("the engine returned no prompt logits for echo", status=500)
+        entries += list(zip(req.prompt_ids, prompt_logprobs(gen.prompt_logits, req.prompt_ids, top_k)))
+    if not prompt_only:      # every generated token, a stop token included (its text is not)
+        entries += list(zip(gen.token_ids, gen.logprobs))
+    return completion_logprobs(strings, entries, 0 if echo else prompt_chars)[0]

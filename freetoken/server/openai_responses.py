@@ -203,13 +203,14 @@ class Builder:
         return out
 
     def finish(self, done: Done) -> tuple[list[str], dict]:
-        out = self._close("incomplete" if done.finish_reason == "length" else "completed")
+        out = self._close("incomplete" if done.finish_reason in ("length", "constraint_failed") else "completed")
         usage = {"input_tokens": done.prompt_tokens, "output_tokens": done.completion_tokens,
                  "total_tokens": done.prompt_tokens + done.completion_tokens,
                  "input_tokens_details": {"cached_tokens": done.cached_tokens},
                  "output_tokens_details": {"reasoning_tokens": 0}}
-        if done.finish_reason == "length":
-            resp = self.response("incomplete", usage, {"reason": "max_output_tokens"})
+        if done.finish_reason in ("length", "constraint_failed"):
+            why = "max_output_tokens" if done.finish_reason == "length" else "constraint_failed"
+            resp = self.response("incomplete", usage, {"reason": why})
             out.append(self.ev("response.incomplete", response=resp))
         else:
             resp = self.response("completed", usage)
@@ -274,6 +275,8 @@ async def _stream(gen, b: Builder):
                     return
                 for s in b.finish(ev)[0]:
                     yield s
+                if ev.finish_reason == "constraint_failed":
+                    yield b.ev("error", code="constraint_failed", message=ev.error, param="text.format")
             else:
                 for s in b.feed(ev):
                     yield s

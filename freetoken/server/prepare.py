@@ -13,7 +13,7 @@ from .generation import GenerationRequest, GenerationService
 from .parsers import HarmonyParser, PlainParser
 
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
-                   "frequency_penalty", "repetition_penalty", "ignore_eos", "stop_token_ids")
+                   "frequency_penalty", "repetition_penalty", "ignore_eos", "stop_token_ids", "logprobs")
 
 
 @dataclass

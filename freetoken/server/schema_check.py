@@ -2,7 +2,10 @@
 tool's parameters): references that never reach a value (`{"$ref": "#"}`, two `$defs` naming
 each other, an `anyOf` whose every branch leads back) compile to a grammar that accepts
 nothing, and the request would answer 200 with empty content; a huge `enum` costs compile
-time on every such request. Both are a 400 naming the place. Iterative walks: the request chooses the depth."""
+time on every such request. Both are a 400 naming the place. An object that requires a
+property whose schema leads back to the object (`a` requires `b`, `b` requires `a`) counts
+too: no finite value satisfies it. What this walk cannot see ends the output with
+finish_reason "constraint_failed" (generation.py), never "stop". Iterative walks: the request chooses the depth."""
 from __future__ import annotations
 
 from urllib.parse import unquote
@@ -73,11 +76,40 @@ def _clauses(root, node) -> list[list]:
         alts = node.get(key)
         if isinstance(alts, list) and alts and all(isinstance(m, dict) for m in alts):
             out.append(list(alts))
+    out += _content_clauses(node)
+    return out
+
+
+def _only(node, kind: str) -> bool:
+    """The node's `type` admits only `kind` (no other type could satisfy it instead)."""
+    t = node.get("type")
+    return t == kind or (isinstance(t, list) and t == [kind])
+
+
+def _content_clauses(node) -> list[list]:
+    """What a value of an object-only or array-only schema must contain: each required
+    property's schema (issue 36: `a` requires `b`, `b` requires `a` describes no finite
+    value), and the items of an array with minItems >= 1."""
+    out = []
+    if _only(node, "object"):
+        props = node.get("properties")
+        req = node.get("required")
+        if isinstance(props, dict) and isinstance(req, list):
+            out += [[props[k]] for k in req if isinstance(k, str) and isinstance(props.get(k), dict)]
+    elif _only(node, "array"):
+        need = node.get("minItems")
+        need = need if isinstance(need, int) and not isinstance(need, bool) else 0
+        prefix = node.get("prefixItems")
+        prefix = prefix if isinstance(prefix, list) else []
+        out += [[m] for m in prefix[:need] if isinstance(m, dict)]
+        items = node.get("items")
+        if need > len(prefix) and isinstance(items, dict):
+            out.append([items])
     return out
 
 
 def _check_grounded(root, paths: dict[int, str], where: str) -> None:
-    """Which schemas describe some value, found as Horn clauses are solved (linear, no
+    """Which schemas describe some finite value, found as Horn clauses are solved (linear, no
     recursion): a schema with no clause does; one whose every clause has a member that does,
     does too. The root must."""
     nodes = {id(root): root}
@@ -113,7 +145,7 @@ def _check_grounded(root, paths: dict[int, str], where: str) -> None:
                 good.add(n)
                 grounded.append(n)
     if id(root) not in good:
-        stuck = sorted(paths[i] for i in pending if i not in good and "$ref" in nodes[i])[:4]
-        raise BadRequest(f"{where}: the schema describes no value: its $ref/allOf/anyOf/oneOf lead "
-                         f"only back to themselves ({', '.join(stuck) or '#'}); a schema must describe "
-                         "finite JSON", param=where)
+        stuck = sorted(paths[i] for i in pending if i not in good and ("$ref" in nodes[i] or "required" in nodes[i]))[:4]
+        raise BadRequest(f"{where}: the schema describes no value: its $ref/allOf/anyOf/oneOf or "
+                         f"required properties lead only back to themselves ({', '.join(stuck) or '#'}); "
+                         "a schema must describe finite JSON", param=where)

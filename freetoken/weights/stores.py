@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .gguf import split_parts
+from .partial import check_not_partial
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"
 
@@ -44,6 +45,7 @@ def _path(spec: str) -> Path | None:
                               f"at most {MAX_SPEC_CHARS}")
     p = Path(spec).expanduser()
     try:
+        check_not_partial(p)
         if not p.exists():
             return None
     except OSError as e:

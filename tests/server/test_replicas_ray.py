@@ -99,7 +99,7 @@ def test_prefix_routing_keeps_the_cache_of_one_server(prefix_run, single):
 
 def test_health_models_metrics_through_the_front_end(cluster, prefix_run):
     h = httpx.get(cluster + "/health", timeout=60).json()
-    assert h["status"] == "ok" and h["replicas_ok"] == 2, h
+    assert h["status"] == "ok" and h["replicas_ok"] == 2 and h["replicas_configured"] == 2, h
     models = httpx.get(cluster + "/v1/models", timeout=60).json()
     assert models["data"][0]["max_model_len"] > 0
     m = httpx.get(cluster + "/metrics", timeout=60).text
@@ -148,6 +148,9 @@ def test_a_replica_killed_mid_stream(cluster, prefix_run):
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         h = httpx.get(cluster + "/health", timeout=60).json()
+        # while one is down: 1 of 2 configured, never "1 of 1" (issue 36)
+        assert h["replicas_total"] == h["replicas_configured"] == 2, h
+        assert h["status"] == ("ok" if h["replicas_ok"] == 2 else "degraded"), h
         if h["replicas_ok"] == 2 and victim not in h["replicas"]:
             break
         time.sleep(2)

@@ -15,6 +15,7 @@ import freetoken
 from ...config import EngineConfig
 from ...weights.stores import resolve_model
 from ..build import ensure_demo_model, serve_options
+from .loopback import is_loopback_host, rerun_on_loopback
 
 log = logging.getLogger("freetoken.replicas")
 
@@ -51,7 +52,7 @@ def build_application(args, *, routing: str = "prefix"):
                                                   request_router_kwargs={"queue_bound": args.route_queue_bound}),
     ).bind(args)
     return Frontend.bind(engine, api_key=args.api_key, engine_name=ENGINE_NAME, model_dir=model_dir,
-                         block_size=engine_block_size(args))
+                         block_size=engine_block_size(args), replicas=args.replicas)
 
 
 def package_root() -> str:
@@ -69,10 +70,16 @@ def _token_auth_if_token() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
-def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_bytes: int | None = None):
+def start_ray(address: str | None, *, num_cpus: int | None = None, object_store_bytes: int | None = None,
+              loopback: bool = False):
+    """Join the cluster at `address`, or start a local instance; `loopback`: its node IP is
+    127.0.0.1 (its ports stay on loopback when the process runs with the loopback shim,
+    loopback.py)."""
     import ray
     env = {"PYTHONPATH": os.pathsep.join(p for p in (package_root(), os.environ.get("PYTHONPATH")) if p)}
     kw = {"runtime_env": {"env_vars": env}, "include_dashboard": False, "log_to_driver": True}
+    if loopback and not address:
+        kw["_node_ip_address"] = "127.0.0.1"
     if address:
         _token_auth_if_token()
         ray.init(address=address, **kw)
@@ -107,8 +114,11 @@ def cmd_serve_replicas(args) -> int:
         raise SystemExit("freetoken serve --replicas needs Ray Serve: pip install 'freetoken[ray]'") from None
     if args.replicas < 1:
         raise SystemExit(f"freetoken serve: --replicas must be at least 1, got {args.replicas}")
+    loopback = not args.ray_address and is_loopback_host(args.host)
+    if loopback and getattr(args, "argv", None) is not None:
+        rerun_on_loopback(args.argv)       # returns only in the re-run process
     resolve_model_dir(args)
-    start_ray(args.ray_address)
+    start_ray(args.ray_address, loopback=loopback)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_application(args, routing=args.routing), name=APP_NAME, route_prefix="/")
     url = f"http://{args.host}:{args.port}"

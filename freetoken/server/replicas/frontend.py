@@ -22,6 +22,7 @@ from ..app import _key_from, needs_api_key
 from ..errors import APIError, Unauthorized, error_body, error_response, is_anthropic_path
 from ..metrics import Metrics
 from .forward import HELLO, META, START, Forward
+from .health import health_body
 from .merge_metrics import merge_pages
 from .route_key import prompt_ids, session_of
 from .registry import router_for
@@ -51,8 +52,9 @@ def stream_error_event(path: str, message: str) -> str:
                   max_ongoing_requests=10_000)
 class Frontend:
     def __init__(self, engine, *, api_key: str | None, engine_name: str, model_dir: str,
-                 block_size: int):
+                 block_size: int, replicas: int = 1):
         self.engine = engine
+        self.configured = replicas            # --replicas: /health reports alive of configured
         self.api_key, self.engine_name = api_key, engine_name
         self.metrics = Metrics()
         self.block_size = block_size
@@ -113,10 +115,8 @@ class Frontend:
                     out[rid] = json.loads(res[1])
                 except ValueError:
                     out[rid] = {"status": f"http {res[0]}"}
-        ok = sum(1 for v in out.values() if v.get("status") == "ok")
-        body = {"status": "ok" if ok else "degraded", "replicas_ok": ok,
-                "replicas_total": len(out), "replicas": out}
-        return JSONResponse(body, status_code=200 if ok else 503)
+        body, status = health_body(out, self.configured)
+        return JSONResponse(body, status_code=status)
 
     async def metrics_page(self):
         pages = {rid: res[1].decode() for rid, res in (await self._each("/metrics")).items()
