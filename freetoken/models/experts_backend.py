@@ -24,7 +24,7 @@ from ..experts.pinning import pin_or_pageable
 from ..experts.pool import ExpertPool
 from ..experts.recording import RoutingRecorder
 from ..experts.resident import ResidentExperts
-from ..experts.slots import DEFAULT_POLICY
+from ..experts.slots import DEFAULT_POLICY, slots_in
 from ..experts.tiered import CpuExperts, TieredExperts
 from ..experts.transfer import make_copy_engine
 from ..kernels.choices import kernel_variant
@@ -50,7 +50,7 @@ def cache_choice(cfg: EngineConfig, device_type: str, n: int, S: int, experts_pe
     if cfg.expert_cache_slots is not None:
         slots = max(0, min(n, cfg.expert_cache_slots))
     elif cfg.expert_cache_gib is not None:
-        slots = max(0, min(n, int(cfg.expert_cache_gib * 2**30 // S)))
+        slots = slots_in(int(cfg.expert_cache_gib * 2**30), S, n)
     elif device_type == "cuda":
         kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB) * 2**30
         slots = max(0, min(n, int(((room or 0) - kv) // S)))
@@ -75,13 +75,14 @@ def _measured_choice(pool: ExpertPool, cfg: EngineConfig, device: torch.device, 
 
 
 def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0,
-                  spin_us: int = SPIN_US, pin=None, settings: Settings | None = None) -> Experts:
+                  spin_us: int = SPIN_US, pin=None, settings: Settings | None = None) -> tuple[Experts, dict]:
     """The backend `settings` chose (memory/resolve.py: the engine's path). Without settings
     (tools, tests) the same rule (`cache_choice`) runs here, the room measured now;
     non_expert_bytes: device bytes the caller will still allocate for non-expert weights.
     pin: the call that page-locks the pool (default `pool.pin` on CUDA, nothing elsewhere; tests
     pass a fake to take the fallback on any device).
-    The result's `settings` say what loading found out (`pinned` False), for the start-up table."""
+    Returns the backend and what building found out (Settings fields: `pinned` False; the
+    choices when no settings were given), for the start-up table."""
     device = torch.device(device)
     if settings is not None and settings.moe_backend is not None:
         backend, slots, policy = settings.moe_backend, settings.expert_cache_slots, settings.expert_cache_policy
@@ -119,8 +120,7 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
         experts = RoutingRecorder(experts, cfg.record_routing,
                                   {"num_layers": pool.num_layers, "num_experts": pool.num_experts,
                                    "model": cfg.model, "expert_bytes": pool.expert_nbytes})
-    experts.settings = found
-    return experts
+    return experts, found
 
 
 def _host_executor(pool: ExpertPool, cfg: EngineConfig, spin_us: int):
@@ -132,8 +132,9 @@ def _pinned(pool: ExpertPool) -> bool:
 
 
 def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US, settings: Settings | None = None):
-    """The disk tier (experts/disk.py): (layout of the experts in the file, backend), with the
-    host cache `settings` sized (without settings, by the plan's rule on the options alone)."""
+    """The disk tier (experts/disk.py): (layout of the experts in the file, backend, what building
+    found out), with the host cache `settings` sized (without settings, by the plan's rule on the
+    options alone)."""
     layout = disk_layout(model, ck, cfg)
     n = layout.num_layers * layout.num_experts
     slots = settings.host_cache_slots if settings is not None and settings.host_cache_slots else \
@@ -150,5 +151,5 @@ def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US, set
                                   "num_experts": layout.num_experts, "model": cfg.model,
                                   "expert_bytes": layout.expert_nbytes})
     planned = settings is not None and settings.host_cache_slots
-    experts.settings = {} if planned else {"moe_backend": "cpu", "expert_tier": "disk", "host_cache_slots": slots}
-    return layout, experts
+    found = {} if planned else {"moe_backend": "cpu", "expert_tier": "disk", "host_cache_slots": slots}
+    return layout, experts, found

@@ -22,8 +22,8 @@ def test_backend_choice_and_cache_size():
     def slots(device="cpu", room=None, **kw):
         return cache_choice(cfg(moe_backend="hybrid", **kw), device, n, S, 8, room)[1]
     assert cache_choice(cfg(), "cpu", n, S, 8, None) == ("cpu", 0)      # no CUDA: the pure-CPU backend
-    assert isinstance(build_experts(pool, cfg(), CPU), CpuExperts)
-    assert isinstance(build_experts(pool, cfg(moe_backend="resident"), CPU), ResidentExperts)
+    assert isinstance(build_experts(pool, cfg(), CPU)[0], CpuExperts)
+    assert isinstance(build_experts(pool, cfg(moe_backend="resident"), CPU)[0], ResidentExperts)
     assert slots(expert_cache_slots=5) == 5
     assert slots(expert_cache_slots=500) == 16
     assert slots(expert_cache_gib=3 * S / 2**30) == 3
@@ -40,7 +40,7 @@ def test_profile_drives_the_estimator(tmp_path):
     path = tmp_path / "bw.json"
     save_profile(path, BandwidthProfile(b_p=3e9, b_h=12e9, machine=machine_id(), device=device_id(CPU),
                                         fmt=format_id(pool)))
-    be = build_experts(pool, cfg(moe_backend="hybrid", expert_cache_slots=4, bandwidth_profile=str(path)), CPU)
+    be, _ = build_experts(pool, cfg(moe_backend="hybrid", expert_cache_slots=4, bandwidth_profile=str(path)), CPU)
     assert isinstance(be, TieredExperts) and be.cache.capacity == 4
     assert abs(be.est.b_p - 3e9) < 1 and abs(be.est.b_h - 12e9) < 1
     be.close()
