@@ -258,6 +258,8 @@ class Settings:
     expert_cache_policy: str | None = None
     expert_tier: str = "ram"                 # "disk": the pool stays in the file (experts/disk.py)
     host_cache_slots: int | None = None      # disk tier: whole experts in the host cache
+    max_num_seqs: int = 16                   # sequences decoded together (the option, taken as it is)
+    prefix_cache: bool = True                # KV/state reuse across requests (the option)
     pinned: bool | None = None               # False: the pool could not be page-locked (hits on the device, misses on the CPU)
     plan: object = dataclasses.field(default=None, repr=False, compare=False)   # memory.plan.MemoryPlan, or None
 

@@ -486,7 +486,8 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Setti
                              "is free; booting anyway")
     sizes = _report(plan, b, asked, z, tier, m)
     settings = Settings(device=cfg.torch_device, dtype=cfg.torch_dtype, compute_dtype=activation_dtype_for(cfg),
-                        num_threads=cfg.num_threads, spin_us=spin_us(), plan=plan, **sizes)
+                        num_threads=cfg.num_threads, spin_us=spin_us(), max_num_seqs=cfg.max_num_seqs,
+                        prefix_cache=cfg.prefix_cache, plan=plan, **sizes)
     return settings, plan
 
 
