@@ -307,6 +307,11 @@ def _path_patterns(m: Mapper) -> list[tuple[re.Pattern, str]]:
         n = new.split(".", 1)[1].replace(".", "/")
         # freetoken/experts/pool.py, experts/pool.py, models/experts_backend.cache_choice
         out.append((re.compile(rf"(?<![\w./-])({PKG}/)?{re.escape(o)}(?=\.py\b|[.:][A-Za-z_]|`)"), rf"\g<1>{n}"))
+        # a bare file name (`ftw_load.py`) whose name changes, when no other module has that name
+        old_base, new_base = o.rsplit("/", 1)[-1], n.rsplit("/", 1)[-1]
+        if old_base != new_base and sum(1 for f in (REPO / PKG).rglob(old_base + ".py")) <= 1 \
+                and sum(1 for x in {**m.all, **m.pending} if x.rsplit(".", 1)[-1] == old_base) == 1:
+            out.append((re.compile(rf"(?<![\w./-]){re.escape(old_base)}\.py\b"), f"{n}.py"))
     return out
 
 

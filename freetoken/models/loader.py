@@ -14,7 +14,7 @@ import torch
 
 from ..config import EngineConfig, Settings
 from .context import BuildContext
-from .experts_backend import build_disk_experts, build_experts
+from .experts_backend import backend_choice, build_disk_experts, build_experts
 from ..experts.pool import ExpertPool, requantize
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US, shared_pool
@@ -62,9 +62,11 @@ def attach_experts(model, cfg: EngineConfig, settings: Settings, spin_us: int = 
         model.attach_experts(layout, experts)
         return found
     pool = expert_pool(model, cfg)
-    experts, found = build_experts(pool, cfg, torch.device(cfg.torch_device), spin_us=spin_us, settings=settings)
+    device = torch.device(cfg.torch_device)
+    chosen = backend_choice(pool, cfg, device) if settings.moe_backend is None else {}   # no plan: the same rule
+    experts, found = build_experts(pool, cfg, device, dataclasses.replace(settings, **chosen), spin_us=spin_us)
     model.attach_experts(pool, experts)
-    return found
+    return {**chosen, **found}
 
 
 def load_model(cfg: EngineConfig, settings: Settings, timings: dict | None = None):
