@@ -25,6 +25,14 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 GIB_OPTIONS = ("kv_cache_gib", "memory_headroom_gib", "state_cache_gib", "expert_cache_gib", "host_cache_gib")
 MAX_GIB = float(1 << 20)
 
+def check_gib(name: str, value) -> None:
+    """The one range check of a GiB size (an option at start, a resize at runtime): None, or a
+    number in [0, MAX_GIB]; anything else is a one-line error naming the option."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not 0 <= value <= MAX_GIB):
+        raise InvalidRequestError(f"{name}: expected a number of GiB in [0, {MAX_GIB:.0f}], got {value!r}")
+
+
 # the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
 FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16"), "bf16_dot": ("on", "off"),
                   "kernel_isa": ("native", "avx2", "portable")}
@@ -143,9 +151,7 @@ class EngineConfig:
             except ValueError as e:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
         for name in GIB_OPTIONS:      # before any plan multiplies them (1e308 GiB overflows int())
-            v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_GIB):
-                raise InvalidRequestError(f"{name}: expected a number of GiB in [0, {MAX_GIB:.0f}], got {v!r}")
+            check_gib(name, getattr(self, name))
         for name in ("host_cache_gib", "host_cache_slots"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise InvalidRequestError(f"{name}: expected > 0, got {getattr(self, name)}")
@@ -252,6 +258,8 @@ class Settings:
     expert_cache_policy: str | None = None
     expert_tier: str = "ram"                 # "disk": the pool stays in the file (experts/disk.py)
     host_cache_slots: int | None = None      # disk tier: whole experts in the host cache
+    max_num_seqs: int = 16                   # sequences decoded together (the option, taken as it is)
+    prefix_cache: bool = True                # KV/state reuse across requests (the option)
     pinned: bool | None = None               # False: the pool could not be page-locked (hits on the device, misses on the CPU)
     plan: object = dataclasses.field(default=None, repr=False, compare=False)   # memory.plan.MemoryPlan, or None
 

@@ -1,5 +1,5 @@
 """Every default size the engine falls back to when an option is not set, in one place: the
-options (config.py), the CLI help, the memory plan, the experts factory and the engine read
+options (config.py), the CLI help, the memory plan, the experts backend builder and the engine read
 these names, so a default cannot differ between what is planned, allocated and documented.
 No imports: any module may read it."""
 

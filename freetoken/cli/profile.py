@@ -13,20 +13,13 @@ layout: bandwidth depends on bytes and layout, not on values), or from --hidden 
 from __future__ import annotations
 
 import argparse
-import threading
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from ..experts.bandwidth import DEFAULT_PROFILE, BandwidthProfile, device_id, format_id, machine_id, save_profile
-from ..experts.formats import FORMAT_NAMES, quantize_banks, spec_format
-from ..experts.host_exec import make_host_executor
-from ..experts.pool import ExpertPool, ExpertSpec
-
-BATCH = 8
-
+from ..experts.bandwidth import DEFAULT_PROFILE, device_id, save_profile
+from ..experts.formats import FORMAT_NAMES
+from ..experts.probe import measure, synthetic_pool
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure expert copy (B_P) and CPU (B_H) bandwidth for q*",
@@ -64,90 +57,6 @@ def model_format(model_dir: str) -> tuple[int, int, str]:
         return hidden, inter, "fp8"
     dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16")
     return hidden, inter, {"float32": "fp32", "float16": "fp16"}.get(dtype, "bf16")
-
-
-def synthetic_pool(hidden: int, inter: int, fmt: str, pool_gib: float) -> ExpertPool:
-    one = quantize_banks(torch.randn(1, 2 * inter, hidden) * 0.02, torch.randn(1, hidden, inter) * 0.02, fmt)
-    per = sum(b.nbytes for b in one.values())
-    n = max(2 * BATCH, int(pool_gib * 2**30 // per))
-    banks = {k: v.expand(n, *v.shape[1:]).contiguous() for k, v in one.items()}   # real, distinct memory
-    spec = ExpertSpec(hidden, inter, fmt=spec_format(fmt))
-    return ExpertPool(banks, 1, n, spec)
-
-
-def _timed(fn, seconds: float) -> tuple[int, float]:
-    calls, t0 = 0, time.perf_counter()
-    while True:
-        fn(calls)
-        calls += 1
-        dt = time.perf_counter() - t0
-        if dt >= seconds:
-            return calls, dt
-
-
-def measure(pool: ExpertPool, device: torch.device, seconds: float = 1.0, threads: int | None = None,
-            link_bytes_per_s: float | None = None, pin=None) -> BandwidthProfile:
-    """pin: the pool's page-locking call (default pool.pin on CUDA; tests pass a fake). Refused,
-    B_P is measured over pageable banks (what the engine then copies from), with one warning."""
-    from ..experts.cache import ExpertCache
-    from ..experts.pinning import pin_or_pageable
-    from ..experts.transfer import make_copy_engine
-    pinned = pin_or_pageable(pin) if pin else device.type != "cuda" or pin_or_pageable(pool.pin)
-    S, N = pool.expert_nbytes, pool.num_experts
-    cache = ExpertCache(pool, 2 * BATCH, device, make_copy_engine(device, link_bytes_per_s, pinned))
-    host = make_host_executor(pool, threads)
-    rng = np.random.default_rng(0)
-    order = rng.permutation(N)
-    slots = np.arange(BATCH) % cache.capacity
-
-    def copy_batch(i):
-        ids = order[(i * BATCH + np.arange(BATCH)) % N]
-        cache.owner[:] = -1
-        cache.slot_of[:] = -1
-        job = cache.install(ids, slots)
-        cache.ready(job, slots)
-        cache.unlock(slots)
-        job.wait()
-
-    x = torch.randn(1, pool.spec.hidden)
-    w = torch.full((1, BATCH), 1.0 / BATCH)
-
-    def cpu_batch(i):
-        ids = torch.from_numpy(order[(i * BATCH + N // 2 + np.arange(BATCH)) % N]).view(1, BATCH)
-        host.run(x, ids, w)
-
-    from ..progress import progress
-    bar = progress(3, "profile B_P, B_H", unit="steps")
-    copy_batch(0)
-    cpu_batch(0)
-    n, dt = _timed(copy_batch, seconds)
-    b_p = n * BATCH * S / dt
-    bar.update(1)
-    n, dt = _timed(cpu_batch, seconds)
-    b_h = n * BATCH * S / dt
-    bar.update(1)
-
-    stop, result = threading.Event(), {}
-
-    def copier():
-        k, t0 = 0, time.perf_counter()
-        while not stop.is_set():
-            copy_batch(k)
-            k += 1
-        result["b_p"] = k * BATCH * S / (time.perf_counter() - t0)
-
-    th = threading.Thread(target=copier)
-    th.start()
-    n, dt = _timed(cpu_batch, seconds)
-    stop.set()
-    th.join()
-    bar.update(1)
-    bar.close()
-    getattr(host, "close", lambda: None)()
-    cache.copy.close()
-    return BandwidthProfile(b_p=b_p, b_h=b_h, b_p_shared=result["b_p"], b_h_shared=n * BATCH * S / dt,
-                            machine=machine_id(), device=device_id(device), fmt=format_id(pool),
-                            expert_nbytes=S, threads=getattr(host, "num_threads", torch.get_num_threads()))
 
 
 def main(args) -> int:

@@ -91,4 +91,4 @@ def min_blocks(engine) -> int:
 
 def max_blocks(engine) -> int:
     bs = engine.blocks.block_size
-    return max(2, -(-(engine.cfg.max_num_seqs * engine.max_model_len) // bs) + 1)
+    return max(2, -(-(engine.settings.max_num_seqs * engine.max_model_len) // bs) + 1)

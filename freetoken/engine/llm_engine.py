@@ -67,8 +67,8 @@ class LLMEngine:
         self.memory_plan = settings.plan         # None only for settings made without resolve()
         self.startup_timings["plan"] = time.perf_counter() - t0
         self.cfg = cfg
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
         # the tokenizer (and its chat template) is built while the weights are read
         with ThreadPoolExecutor(1, thread_name_prefix="tokenizer") as ex:
             tokenizer = ex.submit(Tokenizer, cfg.model)
@@ -87,16 +87,16 @@ class LLMEngine:
         if cfg.cuda_graphs:
             check_cuda_graphs(self.settings.device, self.settings.moe_backend, self.settings.expert_tier,
                               self.model.make_state() is not None, bool(cfg.record_routing))
-            graphs = {"max_batch": cfg.max_num_seqs, "max_model_len": self.max_model_len}
+            graphs = {"max_batch": self.settings.max_num_seqs, "max_model_len": self.max_model_len}
         self.runner = ModelRunner(self.model, num_blocks, bs, graphs)
         self._has_state = make_state is not None   # a recurrent state: no per-sequence rerun
         self.num_request_failures = 0                          # requests failed alone by their own fault
-        anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and cfg.prefix_cache else None
-        self.prefix = PrefixCache(self.blocks, enabled=cfg.prefix_cache, make_state=make_state,
+        anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and self.settings.prefix_cache else None
+        self.prefix = PrefixCache(self.blocks, enabled=self.settings.prefix_cache, make_state=make_state,
                                   policy=CheckpointPolicy(anchors=anchors, per_session=cfg.state_checkpoints),
                                   state_budget_bytes=self.settings.state_cache_bytes)
         self._preempt_listeners: list = []
-        self.scheduler = Scheduler(self.blocks, cfg.max_num_seqs, self.settings.max_num_batched_tokens, self.prefix,
+        self.scheduler = Scheduler(self.blocks, self.settings.max_num_seqs, self.settings.max_num_batched_tokens, self.prefix,
                                    on_preempt=self._preempted)
         self.device = self.runner.device
         self.capacity_tokens = (num_blocks - 1) * bs
@@ -108,7 +108,6 @@ class LLMEngine:
         log.info("started in %.2f s (%s)", self.startup_timings["total"],
                  ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_timings.items() if k != "total"))
         log.info("model %s (%d layers), resolved settings:\n%s", cfg.model, self.model.num_layers, self.settings.table(
-            max_num_seqs=cfg.max_num_seqs,
             kv_blocks=f"{num_blocks} x {bs} tokens ({self.runner.kv_nbytes / 2**20:.1f} MiB)"))
 
     def _unplanned_kv_blocks(self) -> int:

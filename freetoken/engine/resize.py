@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..config import MAX_GIB
+from ..config import check_gib
 from ..errors import InvalidRequestError
 from .kv_resize import resize_kv
 from ..memory.probe import probe
@@ -46,10 +46,9 @@ def memory_sizes(engine) -> dict:
 def _gib(name: str, value, most: int | None = None) -> int | None:
     """Bytes of a GiB size, checked before anything is resized (a bad one changes nothing).
     most: the bytes this machine has for it (above: an error, not an allocation attempt)."""
+    check_gib(name, value)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_GIB:
-        raise InvalidRequestError(f"{name}: expected a number of GiB in [0, {MAX_GIB:.0f}], got {value!r}")
     n = round(value * GiB)     # nearest byte: k experts' GiB (k * S / 2**30) must not come back 1 short
     if most and n > most:
         raise InvalidRequestError(f"{name}: {value:g} GiB is more than this machine's memory "

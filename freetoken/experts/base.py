@@ -13,9 +13,6 @@ BACKENDS = ("resident", "offload", "cpu", "hybrid")
 
 
 class Experts(ABC):
-    settings: dict = {}     # what building found out (pinned False; the choices when no settings were given)
-                            # (the loader merges it into the engine's `Settings`)
-
     @abstractmethod
     def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:
@@ -64,3 +61,15 @@ class Experts(ABC):
 
     def close(self) -> None:
         """Release worker threads / device memory."""
+
+
+class ExpertsSeat:
+    """Where a model's MoE layers reach its experts. A model is built before its experts (the
+    loader builds them from the model's pool), so its layers hold this seat and the loader seats
+    the backend (`MoECausalLM.attach_experts`): building goes one way, the model never calls the
+    loader."""
+    backend: Experts | None = None
+
+    def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor,
+                topk_weights: torch.Tensor) -> torch.Tensor:
+        return self.backend.forward(layer, hidden, topk_ids, topk_weights)

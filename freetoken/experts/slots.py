@@ -41,6 +41,12 @@ import numpy as np
 from .arc import ArcLists
 from .next_layer import THRESHOLD, NextLayerPredictor
 
+
+def slots_in(nbytes: int, expert_bytes: int, total: int) -> int:
+    """Whole experts `nbytes` holds, at most `total` (the pool): the one GiB -> slots rule of the
+    device cache, at start (`cache_choice`) and at a runtime resize."""
+    return max(0, min(total, nbytes // expert_bytes))
+
 POLICIES = ("lru", "lfu", "lrfu", "arc")
 # measured: never worse than lru, within 0.01 of the best online policy in 13 of 14 cells
 # (docs/routing-locality.md)

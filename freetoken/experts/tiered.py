@@ -36,7 +36,7 @@ from .host_exec import make_host_executor
 from .planner import MissPlanner, SplitGuard
 from .pool import ExpertPool
 from .prefill import LayerStreamer
-from .slots import DEFAULT_POLICY
+from .slots import DEFAULT_POLICY, slots_in
 from .stats import ExpertStats
 from .torch_exec import run_experts
 from .transfer import CopyEngine, make_copy_engine
@@ -170,7 +170,7 @@ class TieredExperts(Experts):
     def resize_cache_bytes(self, nbytes: int) -> dict:
         self.ensure_sized()
         before = self.cache.capacity
-        slots = max(0, min(self.pool.num_layers * self.pool.num_experts, nbytes // self.S))
+        slots = slots_in(nbytes, self.S, self.pool.num_layers * self.pool.num_experts)
         if slots != before:
             self.resize_cache(slots)
             if self.device.type == "cuda":      # the freed banks back to the device for others

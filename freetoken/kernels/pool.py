@@ -64,7 +64,7 @@ _shared_lock = threading.Lock()
 # How long the shared pool's workers spin after a call before sleeping. A decode step makes
 # ~4 kernel calls per layer with 20-100 us of Python between them: spinning across those gaps
 # saves a futex wake-up (~10-50 us) per call; between steps the workers go to sleep.
-# The engine passes FREETOKEN_SPIN_US (read once by EngineConfig.resolve); defaults.SPIN_US otherwise.
+# The engine passes FREETOKEN_SPIN_US (read once by memory/resolve.py into Settings.spin_us); defaults.SPIN_US otherwise.
 SMALL_JOB_BYTES = 256 << 10     # ~10 us of streaming on one core
 
 

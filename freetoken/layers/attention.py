@@ -60,10 +60,6 @@ class AttentionMetadata:
             m = self.masks[window] = m.unsqueeze(1)
         return m
 
-    @property
-    def single_prefill(self) -> bool:
-        return self.key_slots.shape[0] == 1
-
     def decode_kernel(self, q: torch.Tensor, cache_dtype: torch.dtype, window: int | None) -> bool:
         """True when the C decode attention applies: one query per sequence on the CPU, every
         cached key visible (no window cut), float32 queries, fp32/bf16 cache."""

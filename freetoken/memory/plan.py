@@ -9,6 +9,9 @@ warning line each, and boot goes on:
   3. prefill chunk        (max_num_batched_tokens, halved down to 256: activations)
   4. max_model_len        (down to what the remaining KV pool holds)
 
+The ladder is data (`LADDER`: one `Component` a rung, whether it may shrink and how) walked
+once by `fit`; `make_plan` weighs the weights, takes the asked sizes, fits them and hands the
+result to `_report`, which writes the table's rows apart from the arithmetic.
 Weights themselves are never reduced: when they alone do not fit, the plan says so (one
 warning) and boots anyway. `make_plan` returns the `Settings` (config.py) in blocks and slots
 (max_model_len, kv_blocks, expert cache and host cache slots, prefill chunk, backend,
@@ -19,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .. import defaults
 from ..config import EngineConfig, Settings, activation_dtype_for, spin_us
@@ -257,19 +261,158 @@ def kv_block_count(tokens: int, block_size: int) -> int:
 
 
 # --- the plan ----------------------------------------------------------------------------------
-def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Settings, MemoryPlan]:
-    """The settings for this model shape on this machine, and the plan that explains them."""
-    dev = cfg.torch_device.type
-    plan = MemoryPlan(host_source=f"host memory {m.host_total / GiB:.2f} GiB less headroom "
-                                  f"{host_headroom(m, cfg) / GiB:.2f} GiB")
-    warn = plan.warnings.append
-    host_avail = host_budget(m, cfg)
-    plan.available["host"] = host_avail
-    if dev == "cuda":
-        plan.available["cuda"] = max(0, (m.device_free or 0) - DEVICE_HEADROOM)
-    compute = dev if dev == "cuda" else "host"
-    budget = plan.available[compute]
+@dataclass
+class Sizes:
+    """What the plan sizes and may reduce, in their units; `asked` keeps what the options asked."""
+    backend: str
+    slots: int              # expert cache slots
+    ckpt: int               # state-checkpoint budget, bytes
+    kv_tokens: int
+    chunk: int              # prefill chunk (max_num_batched_tokens)
+    max_len: int
+    states: int = 0         # per-sequence states of max_num_seqs sequences, bytes
+    act: int = 0            # activations of one step, bytes
 
+
+@dataclass
+class Budget:
+    """The fixed facts the sizes are weighed against: the compute device's room after the
+    weights, and the bytes each size costs."""
+    cfg: EngineConfig
+    s: ModelShape
+    dev: str
+    compute: str
+    room: int               # compute-device bytes left after the weights (may be < 0)
+    expert_bytes: int       # S: one expert, all banks
+    n_experts: int
+    pool: int
+    kv_tok_bytes: int
+    auto_ckpt: bool         # no state_cache_gib given: the default shrinks without a warning
+
+    @property
+    def bs(self) -> int:
+        return self.cfg.kv_block_size
+
+    def kv_bytes(self, tokens: int) -> int:
+        return kv_block_count(tokens, self.bs) * self.bs * self.kv_tok_bytes
+
+    def states(self, max_len: int) -> int:
+        return state_bytes_per_seq(self.s, self.cfg, max_len) * self.cfg.max_num_seqs
+
+    def act(self, chunk: int, max_len: int) -> int:
+        return activation_bytes(self.s, self.cfg, chunk, max_len, self.dev)
+
+    def pinned_ckpt(self, budget: int) -> int:
+        """Host bytes `budget` of snapshots take (CUDA: pinned, rounded blocks)."""
+        return pinned_checkpoint_bytes(budget, self.s, self.cfg) if self.dev == "cuda" else budget
+
+    def over(self, z: Sizes) -> int:
+        """Bytes the sizes need beyond the room (> 0: something must shrink)."""
+        host_ckpt = z.ckpt if self.compute == "host" else 0
+        return z.slots * self.expert_bytes + host_ckpt + self.kv_bytes(z.kv_tokens) + z.states + z.act \
+            - max(0, self.room)
+
+
+@dataclass(frozen=True)
+class Component:
+    """One rung of the shrink ladder: the component the options sized, whether it may still
+    shrink (above its minimum, and what applies here), and how: `shrink` reduces the sizes in
+    place by what is over and returns its warning line (None: a silent default)."""
+    name: str
+    may_shrink: Callable[[Budget, Sizes, int], bool]
+    shrink: Callable[[Budget, Sizes, int], str | None]
+
+
+def _shrink_cache(b: Budget, z: Sizes, over: int) -> str:
+    S, n = b.expert_bytes, b.n_experts
+    least = 0 if z.backend == "cpu" else min(n, b.s.get("num_experts_per_tok", default=1))
+    new = max(least, z.slots - -(-over // max(S, 1)))
+    if z.backend == "resident":
+        z.backend, z.slots = "hybrid", new
+        return (f"expert cache: the whole pool ({b.pool / GiB:.2f} GiB) does not fit on {b.compute}; "
+                f"moe_backend hybrid with {new} of {n} experts cached")
+    line = (f"expert cache: {z.slots} slots ({z.slots * S / GiB:.2f} GiB) do not fit; reduced to {new} slots "
+            f"({new * S / GiB:.2f} GiB)")
+    z.slots = new
+    return line
+
+
+def _shrink_ckpt(b: Budget, z: Sizes, over: int) -> str | None:
+    new = max(0, z.ckpt - over)
+    line = None if b.auto_ckpt else \
+        f"state checkpoints: {z.ckpt / GiB:.2f} GiB do not fit; reduced to {new / GiB:.2f} GiB"
+    z.ckpt = new
+    return line
+
+
+def _shrink_kv(b: Budget, z: Sizes, over: int) -> str:
+    new = max(z.max_len, z.kv_tokens - -(-over // max(1, b.kv_tok_bytes)))
+    line = (f"KV cache: {z.kv_tokens} tokens ({b.kv_bytes(z.kv_tokens) / GiB:.2f} GiB) do not fit; reduced to "
+            f"{new} tokens ({b.kv_bytes(new) / GiB:.2f} GiB)")
+    z.kv_tokens = new
+    return line
+
+
+def _shrink_chunk(b: Budget, z: Sizes, over: int) -> str:
+    old = z.chunk
+    while b.over(z) > 0 and z.chunk > defaults.MIN_PREFILL_CHUNK:
+        z.chunk = max(defaults.MIN_PREFILL_CHUNK, z.chunk // 2)
+        z.act = b.act(z.chunk, z.max_len)
+    return f"prefill chunk: max_num_batched_tokens {old} reduced to {z.chunk} (activations {z.act / GiB:.2f} GiB)"
+
+
+def _max_len_shrinks(b: Budget, z: Sizes, over: int) -> bool:
+    return (over <= 0 and z.kv_tokens < z.max_len                  # an explicitly small kv_cache_gib
+            or over > 0 and z.kv_tokens > 2 * b.bs and b.kv_tok_bytes > 0)
+
+
+def _shrink_max_len(b: Budget, z: Sizes, over: int) -> str:
+    """The longest max_model_len the KV pool asked for holds, or (still over) the longest whose
+    one sequence's KV pool and activations fit."""
+    if over <= 0:
+        new = max(2 * b.bs, z.kv_tokens)
+        line = f"max_model_len: {z.max_len} reduced to {new} (the KV pool asked for holds {z.kv_tokens} tokens)"
+        z.max_len, z.kv_tokens = new, max(z.kv_tokens, new)
+    else:
+        def fits(n: int) -> bool:
+            return z.slots * b.expert_bytes + b.kv_bytes(n) + z.states + b.act(min(z.chunk, n), n) <= max(0, b.room)
+        lo, hi = 2 * b.bs, min(z.max_len, z.kv_tokens)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        line = f"max_model_len: {z.max_len} reduced to {lo} (KV pool and activations for one sequence of that length)"
+        z.kv_tokens = z.max_len = lo
+    z.states = b.states(z.max_len)
+    z.chunk = min(z.chunk, z.max_len)
+    z.act = b.act(z.chunk, z.max_len)
+    return line
+
+
+# Asked-for sizes that do not fit are reduced in this order (the module docstring says why).
+LADDER = (
+    Component("expert cache", lambda b, z, over: over > 0 and z.slots * b.expert_bytes > 0, _shrink_cache),
+    Component("state checkpoints", lambda b, z, over: over > 0 and z.ckpt > 0 and b.compute == "host", _shrink_ckpt),
+    Component("KV cache", lambda b, z, over: over > 0 and z.kv_tokens > z.max_len and b.kv_tok_bytes > 0, _shrink_kv),
+    Component("prefill chunk", lambda b, z, over: over > 0 and z.chunk > defaults.MIN_PREFILL_CHUNK, _shrink_chunk),
+    Component("max_model_len", _max_len_shrinks, _shrink_max_len),
+)
+
+
+def fit(b: Budget, z: Sizes) -> list[str]:
+    """Walk the ladder once: each component that may shrink does, by what is over then."""
+    lines = []
+    for c in LADDER:
+        over = b.over(z)
+        if c.may_shrink(b, z, over):
+            line = c.shrink(b, z, over)
+            lines += [line] if line else []
+    return lines
+
+
+def _weights(cfg: EngineConfig, s: ModelShape, m: MachineMemory, plan: MemoryPlan, dev: str, compute: str):
+    """The weights' items (never reduced) and their warnings; returns (n_experts, S, fmt, pool,
+    dense, tier, fixed bytes on the compute device)."""
+    warn, host_avail = plan.warnings.append, plan.available["host"]
     n_experts = moe_layer_count(s) * s.get("num_experts", "num_local_experts", "n_routed_experts", default=0)
     fmt = expert_format(s, cfg)
     S = expert_nbytes(s, fmt.removeprefix("prebuilt:")) if n_experts else 0
@@ -290,149 +433,114 @@ def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Setti
     if dev == "cuda" and pool > host_avail:
         warn(f"host: the expert pool needs {pool / GiB:.2f} GiB but {host_avail / GiB:.2f} GiB is free "
              "after the headroom; booting anyway (expect swapping or an OOM kill)")
+    return n_experts, S, fmt, pool, dense, tier, fixed
 
+
+def _asked(cfg: EngineConfig, s: ModelShape, b: Budget, tier, fixed: int, budget: int, plan: MemoryPlan) -> Sizes:
+    """The sizes the options ask for, before the ladder; checkpoints that cannot fit in host
+    memory beside a device engine's pool are cut here (they never compete for device room)."""
     max_len = cfg.max_model_len or defaults.max_model_len(s.get("max_position_embeddings", default=None))
-    kv_tok_bytes = kv_bytes_per_token(s, cfg)
-    per_tok = max(1, kv_tok_bytes)                    # tokens per byte of budget, as the engine counts
-    bs = cfg.kv_block_size
-    kv_blocks = lambda tokens: kv_block_count(tokens, bs)  # noqa: E731
-    states = state_bytes_per_seq(s, cfg, max_len) * cfg.max_num_seqs
-    chunk = cfg.max_num_batched_tokens
-
-    # what the options ask for
-    want_tokens = cfg.max_num_seqs * max_len
-    kv_tokens = kv_tokens_asked(cfg, max_len, per_tok)
     experts_per_layer = s.get("num_experts", "num_local_experts", "n_routed_experts", default=0)
     # the disk tier runs every routed expert on the CPU from its host cache: no device cache
-    backend, slots = ("cpu", 0) if tier else cache_choice(cfg, dev, n_experts, S, experts_per_layer, budget - fixed)
-    slots_asked = slots
-    cache = slots * S
-
-    room = budget - fixed
-    if room < 0 and dense <= budget:
-        warn(f"{compute}: the weights alone need {fixed / GiB:.2f} GiB but {budget / GiB:.2f} GiB is free; "
-             "booting with minimum sizes (expect swapping or an OOM kill)")
-    act = activation_bytes(s, cfg, chunk, max_len, dev)
-    # prefix cache of hybrid models: state snapshots, in host memory
-    ckpt = cfg.state_cache_bytes if states and cfg.prefix_cache else 0
-    auto_ckpt = cfg.state_cache_gib is None          # the default shrinks to what fits without a warning
-
-    def pinned_ckpt(budget: int) -> int:           # CUDA: snapshots in pinned, rounded blocks
-        return pinned_checkpoint_bytes(budget, s, cfg) if dev == "cuda" else budget
-    if compute != "host" and ckpt and pool + pinned_ckpt(ckpt) > host_avail:
-        new = max(0, host_avail - pool)
+    backend, slots = ("cpu", 0) if tier else \
+        cache_choice(cfg, b.dev, b.n_experts, b.expert_bytes, experts_per_layer, budget - fixed)
+    states = b.states(max_len)
+    z = Sizes(backend, slots, cfg.state_cache_bytes if states and cfg.prefix_cache else 0,
+              kv_tokens_asked(cfg, max_len, max(1, b.kv_tok_bytes)), cfg.max_num_batched_tokens, max_len,
+              states, b.act(cfg.max_num_batched_tokens, max_len))
+    host_avail = plan.available["host"]
+    if b.compute != "host" and z.ckpt and b.pool + b.pinned_ckpt(z.ckpt) > host_avail:
+        new = max(0, host_avail - b.pool)
         each, block = pinned_snapshot_bytes(s, cfg)
-        if dev == "cuda" and each:                  # whole snapshots, each in its rounded blocks
+        if b.dev == "cuda" and each:                  # whole snapshots, each in its rounded blocks
             new = new // block * each
-        if not auto_ckpt:
-            warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit in host memory; reduced to {new / GiB:.2f} GiB")
-        ckpt = new
+        if not b.auto_ckpt:
+            plan.warnings.append(f"state checkpoints: {z.ckpt / GiB:.2f} GiB do not fit in host memory; "
+                                 f"reduced to {new / GiB:.2f} GiB")
+        z.ckpt = new
+    return z
 
-    def over() -> int:
-        host_ckpt = ckpt if compute == "host" else 0
-        return cache + host_ckpt + kv_blocks(kv_tokens) * bs * kv_tok_bytes + states + act - max(0, room)
 
-    # 1. expert cache slots
-    if over() > 0 and cache:
-        min_slots = 0 if backend in ("cpu",) else min(n_experts, s.get("num_experts_per_tok", default=1))
-        new = max(min_slots, slots - -(-over() // max(S, 1)))
-        if backend == "resident":
-            backend = "hybrid"
-            warn(f"expert cache: the whole pool ({pool / GiB:.2f} GiB) does not fit on {compute}; "
-                 f"moe_backend hybrid with {new} of {n_experts} experts cached")
-        else:
-            warn(f"expert cache: {slots} slots ({cache / GiB:.2f} GiB) do not fit; reduced to {new} slots "
-                 f"({new * S / GiB:.2f} GiB)")
-        slots, cache = new, new * S
-    # 1b. the state-checkpoint budget (prefix reuse for hybrid models: speed only)
-    if over() > 0 and ckpt and compute == "host":
-        new = max(0, ckpt - over())
-        if not auto_ckpt:
-            warn(f"state checkpoints: {ckpt / GiB:.2f} GiB do not fit; reduced to {new / GiB:.2f} GiB")
-        ckpt = new
-    # 2. KV pool, down to one full-length sequence
-    asked_kv = kv_blocks(kv_tokens) * bs * kv_tok_bytes
-    if over() > 0 and kv_tokens > max_len and kv_tok_bytes:
-        new_tokens = max(max_len, kv_tokens - -(-over() // per_tok))
-        warn(f"KV cache: {kv_tokens} tokens ({asked_kv / GiB:.2f} GiB) do not fit; reduced to {new_tokens} tokens "
-             f"({kv_blocks(new_tokens) * bs * kv_tok_bytes / GiB:.2f} GiB)")
-        kv_tokens = new_tokens
-    # 3. prefill chunk
-    if over() > 0 and chunk > defaults.MIN_PREFILL_CHUNK:
-        old = chunk
-        while over() > 0 and chunk > defaults.MIN_PREFILL_CHUNK:
-            chunk = max(defaults.MIN_PREFILL_CHUNK, chunk // 2)
-            act = activation_bytes(s, cfg, chunk, max_len, dev)
-        warn(f"prefill chunk: max_num_batched_tokens {old} reduced to {chunk} (activations "
-             f"{act / GiB:.2f} GiB)")
-    # 4. max_model_len: the longest that fits with a KV pool of one such sequence
-    if over() <= 0 and kv_tokens < max_len:            # an explicitly small kv_cache_gib
-        new_len = max(2 * bs, kv_tokens)
-        warn(f"max_model_len: {max_len} reduced to {new_len} (the KV pool asked for holds {kv_tokens} tokens)")
-        max_len, kv_tokens = new_len, max(kv_tokens, new_len)
-        states = state_bytes_per_seq(s, cfg, max_len) * cfg.max_num_seqs
-        chunk = min(chunk, max_len)
-        act = activation_bytes(s, cfg, chunk, max_len, dev)
-    elif over() > 0 and kv_tokens > 2 * bs and kv_tok_bytes:
-        def fits(n: int) -> bool:
-            a = activation_bytes(s, cfg, min(chunk, n), n, dev)
-            return cache + kv_blocks(n) * bs * kv_tok_bytes + states + a <= max(0, room)
-        lo, hi = 2 * bs, min(max_len, kv_tokens)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
-        warn(f"max_model_len: {max_len} reduced to {lo} (KV pool and activations for one sequence of that length)")
-        kv_tokens = max_len = lo
-        states = state_bytes_per_seq(s, cfg, max_len) * cfg.max_num_seqs
-        chunk = min(chunk, lo)
-        act = activation_bytes(s, cfg, chunk, max_len, dev)
-    if over() > 0 and room >= 0:
-        warn(f"{compute}: even at minimum sizes the plan needs {over() / GiB:.2f} GiB more than is free; "
-             "booting anyway")
-    kv = kv_blocks(kv_tokens) * bs * kv_tok_bytes
-    if kv_tokens < want_tokens and cfg.kv_cache_gib is None and kv_tokens == kv_tokens_asked(cfg, max_len, per_tok):
-        kv_note = f"{kv_tokens} tokens (default cap {defaults.KV_CACHE_GIB:g} GiB)"
+def make_plan(cfg: EngineConfig, s: ModelShape, m: MachineMemory) -> tuple[Settings, MemoryPlan]:
+    """The settings for this model shape on this machine, and the plan that explains them:
+    the weights, the sizes the options ask for, the ladder fitted to the room, the report."""
+    dev = cfg.torch_device.type
+    plan = MemoryPlan(host_source=f"host memory {m.host_total / GiB:.2f} GiB less headroom "
+                                  f"{host_headroom(m, cfg) / GiB:.2f} GiB")
+    plan.available["host"] = host_budget(m, cfg)
+    if dev == "cuda":
+        plan.available["cuda"] = max(0, (m.device_free or 0) - DEVICE_HEADROOM)
+    compute = dev if dev == "cuda" else "host"
+    budget = plan.available[compute]
+    n_experts, S, _, pool, dense, tier, fixed = _weights(cfg, s, m, plan, dev, compute)
+    b = Budget(cfg, s, dev, compute, budget - fixed, S, n_experts, pool, kv_bytes_per_token(s, cfg),
+               cfg.state_cache_gib is None)
+    if b.room < 0 and dense <= budget:
+        plan.warnings.append(f"{compute}: the weights alone need {fixed / GiB:.2f} GiB but {budget / GiB:.2f} GiB "
+                             "is free; booting with minimum sizes (expect swapping or an OOM kill)")
+    asked = _asked(cfg, s, b, tier, fixed, budget, plan)
+    z = dataclasses.replace(asked)
+    plan.warnings += fit(b, z)
+    if b.over(z) > 0 and b.room >= 0:
+        plan.warnings.append(f"{compute}: even at minimum sizes the plan needs {b.over(z) / GiB:.2f} GiB more than "
+                             "is free; booting anyway")
+    sizes = _report(plan, b, asked, z, tier, m)
+    settings = Settings(device=cfg.torch_device, dtype=cfg.torch_dtype, compute_dtype=activation_dtype_for(cfg),
+                        num_threads=cfg.num_threads, spin_us=spin_us(), max_num_seqs=cfg.max_num_seqs,
+                        prefix_cache=cfg.prefix_cache, plan=plan, **sizes)
+    return settings, plan
+
+
+def _report(plan: MemoryPlan, b: Budget, asked: Sizes, z: Sizes, tier, m: MachineMemory) -> dict:
+    """The plan's rows for the sizes chosen (what was asked beside what was reduced), its pinned
+    bytes and notes; returns the Settings fields."""
+    cfg, compute, dev, bs, S = b.cfg, b.compute, b.dev, b.bs, b.expert_bytes
+    warn = plan.warnings.append
+    kv, asked_kv = b.kv_bytes(z.kv_tokens), b.kv_bytes(asked.kv_tokens)
+    if (z.kv_tokens < cfg.max_num_seqs * asked.max_len and cfg.kv_cache_gib is None
+            and z.kv_tokens == kv_tokens_asked(cfg, z.max_len, max(1, b.kv_tok_bytes))):
+        kv_note = f"{z.kv_tokens} tokens (default cap {defaults.KV_CACHE_GIB:g} GiB)"
     else:
-        kv_note = f"{kv_tokens} tokens = {kv_tokens // max(1, max_len)} x max_model_len {max_len}"
+        kv_note = f"{z.kv_tokens} tokens = {z.kv_tokens // max(1, z.max_len)} x max_model_len {z.max_len}"
     plan.items.append(Item(compute, "KV cache", kv, asked_kv if kv < asked_kv else None,
-                           f"{-(-kv_tokens // bs)} blocks x {bs} (+1 null block); {kv_note}"))
-    if cache or backend in ("offload", "hybrid"):
-        plan.items.append(Item(compute, "expert cache", cache, slots_asked * S if slots < slots_asked else None,
-                               f"{slots} slots, moe_backend {backend}"))
-    if states:
-        plan.items.append(Item(compute, "sequence states", states, note=f"recurrent/window state x {cfg.max_num_seqs}"))
-    if ckpt or (states and cfg.prefix_cache):
-        asked = cfg.state_cache_bytes
-        plan.items.append(Item("host", "state checkpoints", ckpt, asked if ckpt < asked else None,
+                           f"{-(-z.kv_tokens // bs)} blocks x {bs} (+1 null block); {kv_note}"))
+    cache = z.slots * S
+    if cache or z.backend in ("offload", "hybrid"):
+        plan.items.append(Item(compute, "expert cache", cache, asked.slots * S if z.slots < asked.slots else None,
+                               f"{z.slots} slots, moe_backend {z.backend}"))
+    with_ckpt = bool(z.states and cfg.prefix_cache)
+    if z.states:
+        plan.items.append(Item(compute, "sequence states", z.states,
+                               note=f"recurrent/window state x {cfg.max_num_seqs}"))
+    if z.ckpt or with_ckpt:
+        plan.items.append(Item("host", "state checkpoints", z.ckpt,
+                               cfg.state_cache_bytes if z.ckpt < cfg.state_cache_bytes else None,
                                "prefix cache: recurrent-state snapshots (budget)"))
-    if dev == "cuda" and ckpt:
-        rounded = pinned_ckpt(ckpt)
-        plan.items.append(Item("host", "checkpoint rounding", max(0, rounded - ckpt),
+    if dev == "cuda" and z.ckpt:
+        rounded = b.pinned_ckpt(z.ckpt)
+        plan.items.append(Item("host", "checkpoint rounding", max(0, rounded - z.ckpt),
                                note="pinned host allocator: each layer's snapshot rounded up to a power of two"))
         plan.pinned += rounded
-    gathered = gathered_kv_bytes(s, cfg, max_len) if dev == "cuda" else 0
-    plan.items.append(Item(compute, "activations", act, note=f"chunk {chunk} tokens, rope tables (estimate)"
+    gathered = gathered_kv_bytes(b.s, cfg, z.max_len) if dev == "cuda" else 0
+    plan.items.append(Item(compute, "activations", z.act, note=f"chunk {z.chunk} tokens, rope tables (estimate)"
                            + (f"; gathered KV of one layer {gathered / GiB:.3f} GiB" if gathered else "")))
-
-    plan.kv_blocks = kv_blocks(kv_tokens)              # what the engine allocates
-    tiered = backend in ("offload", "hybrid")
-    sizes = dict(max_model_len=max_len, max_num_batched_tokens=chunk, kv_block_size=bs, kv_blocks=plan.kv_blocks,
-                 state_cache_bytes=ckpt if states and cfg.prefix_cache else cfg.state_cache_bytes,
-                 moe_backend=backend if n_experts else None, expert_cache_slots=slots if tiered else None,
+    plan.kv_blocks = kv_block_count(z.kv_tokens, bs)      # what the engine allocates
+    tiered = z.backend in ("offload", "hybrid")
+    sizes = dict(max_model_len=z.max_len, max_num_batched_tokens=z.chunk, kv_block_size=bs, kv_blocks=plan.kv_blocks,
+                 state_cache_bytes=z.ckpt if with_ckpt else cfg.state_cache_bytes,
+                 moe_backend=z.backend if b.n_experts else None, expert_cache_slots=z.slots if tiered else None,
                  expert_cache_policy=(cfg.expert_cache_policy or DEFAULT_POLICY) if tiered else None,
                  expert_tier="disk" if tier else "ram", host_cache_slots=tier.slots if tier else None)
     if 0 < m.host_available < plan.used("host"):     # said, not acted on: sizes follow the budget only
         warn(f"host: {m.host_available / GiB:.2f} GiB free now ({m.host_source}) for a plan of "
              f"{plan.used('host') / GiB:.2f} GiB: other programs hold the rest of the budget (expect pressure)")
-    if dev == "cuda" and backend in ("offload", "hybrid") and pool:
+    if dev == "cuda" and tiered and b.pool:
         cap = pinning.memlock_limit()
-        if cap is not None and pool > cap:
-            warn(f"page-lock limit (ulimit -l) {cap / GiB:.2f} GiB is below the expert pool's {pool / GiB:.2f} GiB: "
+        if cap is not None and b.pool > cap:
+            warn(f"page-lock limit (ulimit -l) {cap / GiB:.2f} GiB is below the expert pool's {b.pool / GiB:.2f} GiB: "
                  "pageable banks: cache hits on the device, misses on the CPU")
         else:
-            plan.pinned += pinning.registered_bytes(pool, regions=6)   # whole pages, at most 6 banks
+            plan.pinned += pinning.registered_bytes(b.pool, regions=6)   # whole pages, at most 6 banks
     plan.options = {k: v for k, v in sizes.items()        # the settings, as `freetoken plan` prints them
-                    if v is not None and (k != "state_cache_bytes" or states and cfg.prefix_cache)}
-    settings = Settings(device=cfg.torch_device, dtype=cfg.torch_dtype, compute_dtype=activation_dtype_for(cfg),
-                        num_threads=cfg.num_threads, spin_us=spin_us(), plan=plan, **sizes)
-    return settings, plan
+                    if v is not None and (k != "state_cache_bytes" or with_ckpt)}
+    return sizes

@@ -48,7 +48,8 @@ def unplanned(cfg: EngineConfig, plan: MemoryPlan | None = None) -> Settings:
                     max_model_len=cfg.max_model_len or defaults.max_model_len(_max_positions(cfg.model)),
                     max_num_batched_tokens=cfg.max_num_batched_tokens, kv_block_size=cfg.kv_block_size,
                     kv_blocks=None, state_cache_bytes=cfg.state_cache_bytes, num_threads=cfg.num_threads,
-                    spin_us=spin_us(), expert_tier="disk" if cfg.disk_tier else "ram", plan=plan)
+                    spin_us=spin_us(), expert_tier="disk" if cfg.disk_tier else "ram", max_num_seqs=cfg.max_num_seqs,
+                    prefix_cache=cfg.prefix_cache, plan=plan)
 
 
 def _max_positions(model: str) -> int | None:

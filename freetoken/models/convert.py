@@ -21,7 +21,7 @@ from ..weights import ftw_format
 from ..weights.ftw_gguf import convert_gguf
 from ..weights.ftw_writer import RecordingCheckpoint, default_dtype, side_files, write_tensors
 from ..weights.gguf import is_gguf
-from .loader import build_model
+from .loader import build_model, expert_pool
 
 
 def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format: str | None = None,
@@ -36,9 +36,8 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
                        expert_format=expert_format, num_threads=num_threads)
     rec = RecordingCheckpoint(ck)
     max_pos = int(ck.config.get("max_position_embeddings") or 4096)
-    model = build_model(rec, cfg, min(max_pos, 4096))
-    if model.experts is not None:
-        model.experts.close()
+    model = build_model(rec, cfg, min(max_pos, 4096))           # its tensors only: no experts backend
+    pool = expert_pool(model, cfg) if model.experts is not None else None
 
     items: list[tuple[str, str, torch.Tensor]] = []
     for name, data in side_files(src):
@@ -46,7 +45,6 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
                       else torch.empty(0, dtype=torch.uint8)))
     for name in rec.dense:
         items.append((name, "dense", ck.get(name)))
-    pool = getattr(model, "pool", None)
     experts = None
     if pool is not None:
         experts = {"num_layers": pool.num_layers, "num_experts": pool.num_experts, "spec": asdict(pool.spec)}

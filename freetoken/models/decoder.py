@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from typing import TYPE_CHECKING
-
 from ..errors import CheckpointError
+from ..experts.base import ExpertsSeat
 from ..experts.numerics import set_bf16_dot
 from ..experts.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
@@ -25,11 +24,8 @@ from ..weights.checkpoint import Checkpoint
 from ..quant.fp8 import block_scales
 from ..quant.nvfp4 import pack_scales
 from .cache_spec import CacheSpec, allocated_bytes, snapshot_part_bytes
-from .context import ForwardContext
+from .context import BuildContext, ForwardContext
 from .hf_config import HFConfig
-
-if TYPE_CHECKING:
-    from .loader import BuildContext
 
 
 @dataclass(frozen=True)
@@ -271,9 +267,18 @@ class MoECausalLM:
             self.lm_head = self.linear.load_rows(ck, ["lm_head.weight"], [shape], device=self.device)
 
     def _load_experts(self, ck: Checkpoint):
-        """The experts backend, which the loader builds from `build_pool` (models/loader.py)."""
-        self.pool, experts = self.cfg.experts(self, ck)
-        return experts
+        """The seat the MoE layers reach the experts through; the loader builds the pool
+        (`build_pool`) and the backend once the model is built and attaches them. It reads the
+        experts from `expert_checkpoint`: the checkpoint as this model reads it (a view of the
+        language model's tensors for a multimodal wrapper)."""
+        self.pool, self.expert_checkpoint = None, ck
+        return ExpertsSeat()
+
+    def attach_experts(self, pool, experts) -> None:
+        """The loader's last step: the pool (an `ExpertPool`, or the disk tier's `DiskLayout`) and
+        the experts backend built over it, seated where the MoE layers reach them."""
+        self.experts.backend = experts
+        self.pool, self.experts, self.expert_checkpoint = pool, experts, None
 
     def build_pool(self, ck: Checkpoint):
         e, inter, h = self.num_experts(), self.expert_intermediate(), self.hidden

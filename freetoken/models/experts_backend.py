@@ -24,7 +24,7 @@ from ..experts.pinning import pin_or_pageable
 from ..experts.pool import ExpertPool
 from ..experts.recording import RoutingRecorder
 from ..experts.resident import ResidentExperts
-from ..experts.slots import DEFAULT_POLICY
+from ..experts.slots import DEFAULT_POLICY, slots_in
 from ..experts.tiered import CpuExperts, TieredExperts
 from ..experts.transfer import make_copy_engine
 from ..kernels.choices import kernel_variant
@@ -38,7 +38,7 @@ def cache_choice(cfg: EngineConfig, device_type: str, n: int, S: int, experts_pe
                  room: int | None) -> tuple[str, int]:
     """(backend, cache slots) the options ask for, before the memory plan reduces anything: the
     one rule, read by the plan (memory/plan.py, with its estimate of the room) and by
-    `build_experts` when it is given no settings (with the free VRAM it measures).
+    `backend_choice` when no plan could be made (with the free VRAM it measures).
     Slots: expert_cache_slots, else expert_cache_gib, else (CUDA) what `room` (device bytes left
     after the non-expert weights) holds after a KV reserve, else (host tier) a quarter of the
     pool. `auto` is resident on CUDA when the whole pool fits, hybrid when not, cpu elsewhere."""
@@ -50,7 +50,7 @@ def cache_choice(cfg: EngineConfig, device_type: str, n: int, S: int, experts_pe
     if cfg.expert_cache_slots is not None:
         slots = max(0, min(n, cfg.expert_cache_slots))
     elif cfg.expert_cache_gib is not None:
-        slots = max(0, min(n, int(cfg.expert_cache_gib * 2**30 // S)))
+        slots = slots_in(int(cfg.expert_cache_gib * 2**30), S, n)
     elif device_type == "cuda":
         kv = (cfg.kv_cache_gib if cfg.kv_cache_gib is not None else defaults.KV_CACHE_GIB) * 2**30
         slots = max(0, min(n, int(((room or 0) - kv) // S)))
@@ -63,35 +63,31 @@ def cache_choice(cfg: EngineConfig, device_type: str, n: int, S: int, experts_pe
     return backend, slots
 
 
-def _measured_choice(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0):
-    """`cache_choice` with the room measured now (CUDA: free VRAM less the non-expert weights
-    still to come and the headroom)."""
+def backend_choice(pool: ExpertPool, cfg: EngineConfig, device: torch.device) -> dict:
+    """The Settings fields of the experts backend when no plan chose one (settings made without a
+    plan: a config the plan could not read): `cache_choice`, the one rule, with the room measured
+    now (CUDA: free VRAM less the headroom; the loader builds the experts after the model's dense
+    weights, so they are already in place)."""
     room = None
     if device.type == "cuda" and cfg.expert_cache_slots is None and cfg.expert_cache_gib is None:
         free, _ = torch.cuda.mem_get_info(device)
-        room = free - non_expert_bytes - int(defaults.DEVICE_HEADROOM_GIB * 2**30)
-    return cache_choice(cfg, device.type, pool.num_layers * pool.num_experts, pool.expert_nbytes,
-                        pool.num_experts, room)
+        room = free - int(defaults.DEVICE_HEADROOM_GIB * 2**30)
+    backend, slots = cache_choice(cfg, device.type, pool.num_layers * pool.num_experts, pool.expert_nbytes,
+                                  pool.num_experts, room)
+    tiered = backend in ("offload", "hybrid")
+    return dict(moe_backend=backend, expert_cache_slots=slots if tiered else None,
+                expert_cache_policy=(cfg.expert_cache_policy or DEFAULT_POLICY) if tiered else None)
 
 
-def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non_expert_bytes: int = 0,
-                  spin_us: int = SPIN_US, pin=None, settings: Settings | None = None) -> Experts:
-    """The backend `settings` chose (memory/resolve.py: the engine's path). Without settings
-    (tools, tests) the same rule (`cache_choice`) runs here, the room measured now;
-    non_expert_bytes: device bytes the caller will still allocate for non-expert weights.
+def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, settings: Settings,
+                  spin_us: int = SPIN_US, pin=None) -> tuple[Experts, dict]:
+    """The backend `settings` chose (memory/resolve.py; `backend_choice` where no plan could).
     pin: the call that page-locks the pool (default `pool.pin` on CUDA, nothing elsewhere; tests
     pass a fake to take the fallback on any device).
-    The result's `settings` say what loading found out (`pinned` False), for the start-up table."""
+    Returns the backend and what building found out (Settings fields: `pinned` False), for the
+    start-up table."""
     device = torch.device(device)
-    if settings is not None and settings.moe_backend is not None:
-        backend, slots, policy = settings.moe_backend, settings.expert_cache_slots, settings.expert_cache_policy
-    else:
-        backend, slots = _measured_choice(pool, cfg, device, non_expert_bytes)
-        policy = cfg.expert_cache_policy
-        if device.type == "cuda" and cfg.expert_cache_slots is None and cfg.expert_cache_gib is None:
-            slots = None
-    if backend in ("offload", "hybrid") and slots is None:   # sized at the first step, the dense weights in place
-        slots = lambda: _measured_choice(pool, cfg, device)[1]  # noqa: E731
+    backend, slots, policy = settings.moe_backend, settings.expert_cache_slots, settings.expert_cache_policy
     pinned = True
     if backend in ("offload", "hybrid") and (pin is not None or device.type == "cuda" and not _pinned(pool)):
         pinned = pin_or_pageable(pin or pool.pin)
@@ -110,17 +106,11 @@ def build_experts(pool: ExpertPool, cfg: EngineConfig, device: torch.device, non
                                 copy_engine=make_copy_engine(device, pinned=pinned),
                                 estimator=BandwidthEstimator.from_profile(prof, device))
     found = {} if pinned else {"pinned": False}     # misses on the CPU, hits on the device
-    if settings is None or settings.moe_backend is None:      # chosen here: report it
-        found.update(moe_backend=backend, expert_cache_slots=None)
-        if backend in ("offload", "hybrid"):
-            found.update(expert_cache_slots=slots if isinstance(slots, int) else None,
-                         expert_cache_policy=policy or DEFAULT_POLICY)
     if cfg.record_routing:
         experts = RoutingRecorder(experts, cfg.record_routing,
                                   {"num_layers": pool.num_layers, "num_experts": pool.num_experts,
                                    "model": cfg.model, "expert_bytes": pool.expert_nbytes})
-    experts.settings = found
-    return experts
+    return experts, found
 
 
 def _host_executor(pool: ExpertPool, cfg: EngineConfig, spin_us: int):
@@ -132,8 +122,9 @@ def _pinned(pool: ExpertPool) -> bool:
 
 
 def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US, settings: Settings | None = None):
-    """The disk tier (experts/disk.py): (layout of the experts in the file, backend), with the
-    host cache `settings` sized (without settings, by the plan's rule on the options alone)."""
+    """The disk tier (experts/disk.py): (layout of the experts in the file, backend, what building
+    found out), with the host cache `settings` sized (without settings, by the plan's rule on the
+    options alone)."""
     layout = disk_layout(model, ck, cfg)
     n = layout.num_layers * layout.num_experts
     slots = settings.host_cache_slots if settings is not None and settings.host_cache_slots else \
@@ -150,5 +141,5 @@ def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US, set
                                   "num_experts": layout.num_experts, "model": cfg.model,
                                   "expert_bytes": layout.expert_nbytes})
     planned = settings is not None and settings.host_cache_slots
-    experts.settings = {} if planned else {"moe_backend": "cpu", "expert_tier": "disk", "host_cache_slots": slots}
-    return layout, experts
+    found = {} if planned else {"moe_backend": "cpu", "expert_tier": "disk", "host_cache_slots": slots}
+    return layout, experts, found

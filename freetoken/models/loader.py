@@ -1,20 +1,20 @@
-"""Open a checkpoint and build its model with the engine's resolved settings.
-
-The loader owns the wiring: a model builds its dense modules and, through `build_pool`, its
-expert tensors as an `ExpertPool`; the loader re-encodes that pool to `expert_format` and
-builds the experts backend. The model gets both through the `BuildContext` it is constructed
-with (in place of the engine options), so no model file imports the config or the experts backend builder."""
+"""Open a checkpoint and build its model with the engine's resolved settings, one way:
+read the config -> build the model skeleton (dense modules, a seat for the experts) -> build the
+expert pool (`build_pool`, re-encoded to `expert_format`; an FTW file's prebuilt one; the disk
+tier: only where each expert lies in the file) -> build the experts backend the settings chose
+-> attach it. The model never calls back into the loader, and no model file imports the config
+or the experts backend builder."""
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
 from ..config import EngineConfig, Settings
-from .experts_backend import build_disk_experts, build_experts
+from .context import BuildContext
+from .experts_backend import backend_choice, build_disk_experts, build_experts
 from ..experts.pool import ExpertPool, requantize
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US, shared_pool
@@ -22,39 +22,6 @@ from ..weights.source import open_checkpoint
 from .registry import model_class
 
 log = logging.getLogger("freetoken.models")
-
-
-@dataclass(frozen=True)
-class BuildContext:
-    """What a model constructor reads from the engine options, plus `experts(model, ck)`, the
-    loader's step that turns the model's expert tensors into (pool, experts backend) as the
-    resolved `settings` say (None: tools such as `convert`, which choose by the same rule)."""
-    cfg: EngineConfig
-    spin_us: int = SPIN_US
-    settings: Settings | None = None
-
-    torch_device = property(lambda self: self.cfg.torch_device)
-    torch_dtype = property(lambda self: self.cfg.torch_dtype)       # storage: embeddings, experts, KV
-    compute_dtype = property(lambda self: self.cfg.compute_dtype)   # requested; kernels.choices decides
-    dense_format = property(lambda self: self.cfg.dense_format)
-    num_threads = property(lambda self: self.cfg.num_threads)
-    prefill_gemm = property(lambda self: self.cfg.prefill_gemm)     # forced CPU choices, or "auto"
-    bf16_dot = property(lambda self: self.cfg.bf16_dot)
-    kernel_isa = property(lambda self: self.cfg.kernel_isa)
-
-    def experts(self, model, ck):
-        """The pool in its final layout -- prebuilt by an FTW file, else `model.build_pool(ck)`
-        re-encoded to `expert_format` (`reading("experts")` lets `freetoken convert` tell the
-        expert tensors apart) -- and the backend built over it."""
-        disk = self.settings.expert_tier == "disk" if self.settings is not None else self.cfg.disk_tier
-        if disk:                     # no pool: only where each expert lies in the file
-            return build_disk_experts(model, ck, self.cfg, self.spin_us, self.settings)
-        pool = ck.prebuilt_experts()
-        if pool is None:
-            with ck.reading("experts"):
-                pool = with_format(model.build_pool(ck), self.cfg.expert_format)
-        return pool, build_experts(pool, self.cfg, torch.device(self.cfg.torch_device), spin_us=self.spin_us,
-                                   settings=self.settings)
 
 
 def with_format(pool: ExpertPool, fmt: str | None) -> ExpertPool:
@@ -69,9 +36,37 @@ def with_format(pool: ExpertPool, fmt: str | None) -> ExpertPool:
 
 
 def build_model(ck, cfg: EngineConfig, max_len: int, spin_us: int = SPIN_US, settings: Settings | None = None):
-    """The checkpoint's model class constructed over `ck` with the loader's `BuildContext`."""
+    """The model skeleton: the checkpoint's model class constructed over `ck` (its dense modules,
+    its MoE layers seated for experts not built yet)."""
     cls = model_class(ck.config, ck.dir / "config.json")
     return cls(ck, BuildContext(cfg, spin_us, settings), max_len)
+
+
+def expert_pool(model, cfg: EngineConfig) -> ExpertPool:
+    """The pool in its final layout: prebuilt by an FTW file, else `model.build_pool(ck)`
+    re-encoded to `expert_format` (`reading("experts")` lets `freetoken convert` tell the expert
+    tensors apart), `ck` the checkpoint as the model reads it."""
+    ck = model.expert_checkpoint
+    pool = ck.prebuilt_experts()
+    if pool is None:
+        with ck.reading("experts"):
+            pool = with_format(model.build_pool(ck), cfg.expert_format)
+    return pool
+
+
+def attach_experts(model, cfg: EngineConfig, settings: Settings, spin_us: int = SPIN_US) -> dict:
+    """Build the pool (or the disk tier's layout) and the experts backend the settings chose, and
+    attach them to the model; returns what building found out (Settings fields)."""
+    if settings.expert_tier == "disk":          # no pool: only where each expert lies in the file
+        layout, experts, found = build_disk_experts(model, model.expert_checkpoint, cfg, spin_us, settings)
+        model.attach_experts(layout, experts)
+        return found
+    pool = expert_pool(model, cfg)
+    device = torch.device(cfg.torch_device)
+    chosen = backend_choice(pool, cfg, device) if settings.moe_backend is None else {}   # no plan: the same rule
+    experts, found = build_experts(pool, cfg, device, dataclasses.replace(settings, **chosen), spin_us=spin_us)
+    model.attach_experts(pool, experts)
+    return {**chosen, **found}
 
 
 def load_model(cfg: EngineConfig, settings: Settings, timings: dict | None = None):
@@ -89,6 +84,7 @@ def load_model(cfg: EngineConfig, settings: Settings, timings: dict | None = Non
         if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
             shared_pool(settings.num_threads, isa=kernel_variant(cfg.kernel_isa), spin_us=settings.spin_us)
         model = build_model(ck, cfg, settings.max_model_len, settings.spin_us, settings)
+        found = attach_experts(model, cfg, settings, settings.spin_us) if model.experts is not None else {}
         t2 = time.perf_counter()
         ck.close()                          # FTW: every byte in and verified before the model runs
     except BaseException:
@@ -96,6 +92,4 @@ def load_model(cfg: EngineConfig, settings: Settings, timings: dict | None = Non
         raise
     if timings is not None:
         timings.update(open=t1 - t0, build=t2 - t1, ready=time.perf_counter() - t2)
-    experts = getattr(model, "experts", None)
-    found = dict(getattr(experts, "settings", {}) or {})
     return model, dataclasses.replace(settings, compute_dtype=model.dtype, **found)

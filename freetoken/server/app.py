@@ -89,6 +89,18 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
                            allow_methods=["GET", "POST", "HEAD"], allow_headers=["*"])
 
+    _add_error_handlers(app, svc)
+    _add_status_routes(app, svc, settings)
+    for r in (openai_api.router, openai_responses.router, anthropic_api.router, tokenize_api.router,
+              web_ui.router):
+        app.include_router(r)
+    if settings.admin_token:
+        app.include_router(make_router(settings.admin_token))
+    return app
+
+
+def _add_error_handlers(app: FastAPI, svc: GenerationService) -> None:
+    """Every failure answers in the protocol's error shape, counted; 4xx logs leave out the request's text."""
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
         svc.metrics.http_errors.labels(str(exc.status)).inc()
@@ -126,6 +138,9 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
         return await api_error(request, APIError(f"internal error: {type(exc).__name__}: {exc}",
                                                  status=500))
 
+
+def _add_status_routes(app: FastAPI, svc: GenerationService, settings: Settings) -> None:
+    """/health (and HEAD), /api/hello, /v1/memory, /metrics."""
     async def health():
         loop = svc.loop
         body = {"status": "ok", "model": settings.model_names[0], "running": loop.n_running,
@@ -170,10 +185,3 @@ def create_app(svc: GenerationService, settings: Settings, *, manage_engine: boo
     @app.get("/metrics")
     async def metrics():
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
-
-    for r in (openai_api.router, openai_responses.router, anthropic_api.router, tokenize_api.router,
-              web_ui.router):
-        app.include_router(r)
-    if settings.admin_token:
-        app.include_router(make_router(settings.admin_token))
-    return app

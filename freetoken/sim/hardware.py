@@ -38,14 +38,6 @@ class Hardware:
     description: str = ""
 
 
-ALIASES = {
-    "link_gbps": ("link_gbps",),
-    "cpu_gbps": ("cpu_gbps",),
-    "link_concurrent_gbps": ("link_concurrent_gbps",),
-    "cpu_concurrent_gbps": ("cpu_concurrent_gbps",),
-    "device_gbps": ("device_gbps",),
-    "host_peak_gbps": ("host_peak_gbps",),
-}
 DEVICE_GBPS = {  # memory bandwidth by GPU name (vendor specifications)
     "RTX 5090": 1792, "RTX 4090": 1008, "RTX 3090": 936, "RTX 4060": 256, "RTX 4080": 717, "RTX 3080": 760,
     "A100": 1555, "H100": 3350, "H200": 4800, "L4": 300, "L40": 864,
@@ -102,15 +94,8 @@ def from_engine_profile(data: dict, where: str) -> dict:
     return out
 
 
-def _lookup(data: dict, field: str):
-    for alias in ALIASES[field]:
-        if alias in data:
-            return data[alias]
-    return None
-
-
 def _positive(data: dict, field: str, where: str, required: bool = True) -> float | None:
-    value = _lookup(data, field)
+    value = data.get(field)
     if value is None:
         if required:
             hint = "; pass --device-gbps" if field == "device_gbps" else ""

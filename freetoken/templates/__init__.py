@@ -1,0 +1,1 @@
+"""Chat templates shipped with the package (the tiny models' Qwen template)."""

@@ -121,16 +121,25 @@ def read_header(path: str | Path, tensors: bool = True, keys: str = "", string_a
                 raw.append((name, tuple(reversed(dims)), take("<I"), take("<Q")))
             align = check_gguf_alignment(path, fields.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
             start = -(-pos // align) * align
-            for name, shape, ty, off in raw:
-                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ty)]
-                if shape[-1] % block:
-                    raise ValueError(f"tensor {name!r}: {shape[-1]} columns, not a multiple of the "
-                                     f"{gguf.GGMLQuantizationType(ty).name} block ({block})")
-                nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // block) * size
-                if start + off + nbytes > len(buf):
-                    raise ValueError(f"truncated: tensor {name!r} ends at byte {start + off + nbytes}, "
-                                     f"the file has {len(buf)}")
-                infos[name] = TensorInfo(name, shape, ty, start + off, nbytes)
+            infos = _tensor_infos(raw, start, len(buf))
     except (ValueError, struct.error, KeyError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not a readable GGUF file ({e})") from None
     return GgufHeader(path, fields, infos, buf)
+
+
+def _tensor_infos(raw: list, start: int, file_bytes: int) -> dict[str, TensorInfo]:
+    """The tensor table's (name, shape, type, offset) rows checked against the types' blocks and
+    the file's size (ValueError: the caller names the file)."""
+    import gguf
+    infos = {}
+    for name, shape, ty, off in raw:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ty)]
+        if shape[-1] % block:
+            raise ValueError(f"tensor {name!r}: {shape[-1]} columns, not a multiple of the "
+                             f"{gguf.GGMLQuantizationType(ty).name} block ({block})")
+        nbytes = int(np.prod(shape[:-1], dtype=np.int64)) * (shape[-1] // block) * size
+        if start + off + nbytes > file_bytes:
+            raise ValueError(f"truncated: tensor {name!r} ends at byte {start + off + nbytes}, "
+                             f"the file has {file_bytes}")
+        infos[name] = TensorInfo(name, shape, ty, start + off, nbytes)
+    return infos

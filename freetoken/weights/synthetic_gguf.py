@@ -166,8 +166,8 @@ def write(path: str | Path, s: Shape = QWEN3_30B_A3B, vocab_gguf: str | Path | N
 
 
 def default_vocab() -> Path:
-    here = Path(__file__).resolve()
-    for root in (here.parents[3] / "shared", here.parents[2] / "shared", Path("/work/shared")):
+    repo = next(p for p in Path(__file__).resolve().parents if p.name == "freetoken").parent   # wherever this file sits
+    for root in (repo.parent / "shared", repo / "shared", Path("/work/shared")):
         p = root / "data" / "tokenizers" / "ggml-vocab-qwen2.gguf"
         if p.is_file():
             return p

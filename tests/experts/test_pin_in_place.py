@@ -80,6 +80,13 @@ class Recording:
         return self.inner.run(x, ids, w)
 
 
+def _chosen(p, cfg, device):
+    """Settings as the engine has them when no plan was made: the backend by the one rule."""
+    import dataclasses
+    from freetoken.memory.resolve import unplanned
+    return dataclasses.replace(unplanned(cfg), **factory.backend_choice(p, cfg, torch.device(device)))
+
+
 @pytest.mark.parametrize("backend", ["hybrid", "offload"])
 def test_refused_pin_keeps_hits_on_the_device_and_runs_misses_on_the_cpu(backend, caplog):
     """Pinning refused (a fake pin function that fails): pageable banks, one warning; cache hits
@@ -94,9 +101,9 @@ def test_refused_pin_keeps_hits_on_the_device_and_runs_misses_on_the_cpu(backend
     def refuse():
         raise PinError("ulimit -l 64 KiB")
     with caplog.at_level(logging.WARNING, logger="freetoken.experts"):
-        experts = factory.build_experts(p, cfg, torch.device("cpu"), pin=refuse)
+        experts, found = factory.build_experts(p, cfg, torch.device("cpu"), _chosen(p, cfg, "cpu"), pin=refuse)
     assert isinstance(experts, TieredExperts) and experts.planner.policy == "pageable"
-    assert experts.settings["moe_backend"] == backend and experts.settings["pinned"] is False
+    assert found == {"pinned": False}
     lines = [r for r in caplog.records if "cannot pin" in r.getMessage()]
     assert len(lines) == 1 and "ulimit -l" in lines[0].getMessage()
     experts.cpu.executor = rec = Recording(torch_host(p))
@@ -156,8 +163,8 @@ def test_cuda_register_pins_in_place():
 def test_cuda_hybrid_backend_uses_the_pinned_pool():
     p = pool(hidden=256, inter=128)
     cfg = EngineConfig(model="x", moe_backend="hybrid", expert_cache_slots=2)
-    experts = factory.build_experts(p, cfg, torch.device("cuda"))
-    assert experts.settings["moe_backend"] == "hybrid" and p.pinned_bytes == p.nbytes
+    experts, found = factory.build_experts(p, cfg, torch.device("cuda"), _chosen(p, cfg, "cuda"))
+    assert found == {} and p.pinned_bytes == p.nbytes
     getattr(experts, "close", lambda: None)()
     p.unpin()
 

@@ -214,7 +214,3 @@ class WhitespaceHold:
     def reset(self) -> None:
         self.ws = ""
         self.started = False
-
-
-def text_or_reasoning(reasoning: bool) -> WhitespaceHold:
-    return WhitespaceHold(ReasoningDelta if reasoning else TextDelta)

@@ -104,9 +104,6 @@ class EngineReplica:
         import os
         return os.getpid()
 
-    def record_routing_stats(self) -> dict:
-        return self.meta()
-
     def __del__(self):
         try:
             self.svc.stop()
