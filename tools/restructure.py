@@ -87,7 +87,7 @@ ROOMS = [
                                        "the memory roofline, counters, the routing trace and its recorder."}),
     Room("server/api", "the HTTP API adapters in one room",
          _in("freetoken.server.api", "openai_api:openai openai_responses:responses anthropic_api:anthropic "
-             "tokenize_api:tokenize sse"),
+             "tokenize_api:tokenize sse logprobs_api:logprobs"),
          {"freetoken.server.api": "The HTTP API adapters (OpenAI, OpenAI Responses, Anthropic, tokenize) and "
                                   "their SSE framing, over the neutral generation layer."}),
     Room("server/guards", "the server's security guards in one room",
@@ -112,7 +112,7 @@ ROOMS = [
     Room("weights/gguf", "the GGUF reader's files in a subpackage",
          _in("freetoken.weights.gguf", "gguf:reader gguf_config:config gguf_experts:experts gguf_hybrid:hybrid "
              "gguf_meta:meta gguf_names:names gguf_side:side gguf_spm:spm gguf_tokenizer:tokenizer "
-             "gguf_types:types synthetic_gguf:synthetic"),
+             "gguf_types:types synthetic_gguf:synthetic gguf_deepseek4:deepseek4"),
          {"freetoken.weights.gguf": "GGUF files: the reader, metadata and names mapped to the Hugging Face "
                                     "layout, types, tokenizer, side files, a synthetic writer."}),
     Room("weights/ftw", "the FTW format's files in a subpackage",
@@ -138,7 +138,7 @@ STAY = {
                          "grammar", "prepare", "prompt_tokens", "schema_check", "server_state", "web_ui"},
     "freetoken/layers": {"__init__", "linear", "ggml_linear", "kernel_rows", "concat", "mlp", "moe", "norm", "rope",
                          "hyper", "zeros", "deltanet", "kda", "state", "host_copy"},
-    "freetoken/weights": {"__init__", "checkpoint", "modelopt", "pread", "source", "stores", "validate"},
+    "freetoken/weights": {"__init__", "checkpoint", "modelopt", "pread", "source", "stores", "validate", "partial"},
 }
 MODELS_NOT_ARCHITECTURES = {"loader", "experts_backend", "disk_layout", "convert"}
 
