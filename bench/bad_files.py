@@ -121,7 +121,7 @@ _FTW_CACHE: dict[str, Path] = {}
 def _ftw_file(d: Path) -> Path:
     key = str(d.parent.parent)
     if key not in _FTW_CACHE:
-        from freetoken.models.convert import convert
+        from freetoken.loading.convert import convert
         out = d.parent.parent / "tiny.ftw"
         convert(d, out)
         _FTW_CACHE[key] = out

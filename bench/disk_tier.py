@@ -194,7 +194,7 @@ def main():
         build(args.gguf, args.synthetic_layers)
 
     import random
-    from freetoken.models.disk_layout import gguf_layout
+    from freetoken.loading.disk_layout import gguf_layout
     from freetoken.weights.gguf import GgufFile
     from vs_llamacpp import LLAMA_RUN as LLAMA, WARMUP, isa_line
     layout = gguf_layout(GgufFile(args.gguf))

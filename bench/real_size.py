@@ -47,7 +47,7 @@ CHILD = STATUS + textwrap.dedent("""
     import gc, hashlib, json, sys, time
     import torch
     from freetoken import LLM
-    from freetoken.models.convert import convert
+    from freetoken.loading.convert import convert
     what, path = sys.argv[1], sys.argv[2]
     base = status()["VmRSS"]
     t = time.perf_counter()
@@ -176,7 +176,7 @@ def freetoken_child(path: Path, prompt: list[list[int]], threads: int, decode: i
 
 
 def step_disk(path: Path, decode: int, rounds: int, threads: int, limit_mib: int | None) -> None:
-    from freetoken.models.disk_layout import gguf_layout
+    from freetoken.loading.disk_layout import gguf_layout
     from freetoken.weights.gguf import GgufFile
     layout = gguf_layout(GgufFile(path))
     dense = path.stat().st_size - layout.nbytes

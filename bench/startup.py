@@ -160,7 +160,7 @@ def main() -> None:
     experts = args.expert_format or "bf16"
     ftw = CACHE / f"{src.name}-{experts}.ftw"
     if not ftw.exists():
-        from freetoken.models.convert import convert
+        from freetoken.loading.convert import convert
         print(f"converting {src} -> {ftw} ...", flush=True)
         convert(src, ftw, expert_format=args.expert_format, dtype="bfloat16")
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "freetoken")], env=child_env(), check=True)

@@ -191,8 +191,8 @@ def test_no_import_cycles():
 
 
 # Building a model goes one way: the loading wiring imports the architectures, never back.
-LOADING = ("freetoken.loading", "freetoken.models.loader", "freetoken.models.experts_backend",
-           "freetoken.models.disk_layout", "freetoken.models.convert")
+LOADING = ("freetoken.loading", "freetoken.loading.loader", "freetoken.loading.experts_backend",
+           "freetoken.loading.disk_layout", "freetoken.loading.convert")
 
 
 def _is(module: str, names: tuple[str, ...]) -> bool:

@@ -24,7 +24,7 @@ def register(subparsers) -> None:
 
 
 def main(args) -> int:
-    from ..models.convert import convert
+    from ..loading.convert import convert
     from ..weights.stores import resolve_model
     t0 = time.perf_counter()
     header = convert(resolve_model(args.model), args.out, expert_format=args.expert_format, dtype=args.dtype,

@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
-# The experts backends (`moe_backend`; "auto" picks one, see models/experts_backend.py).
+# The experts backends (`moe_backend`; "auto" picks one, see loading/experts_backend.py).
 BACKENDS = ("resident", "offload", "cpu", "hybrid")
 
 

@@ -1,6 +1,6 @@
 """The disk tier's experts backend: disk -> host expert cache -> the CPU kernels.
 
-The expert pool stays in the model file (models/disk_layout.py says where each expert lies); a
+The expert pool stays in the model file (loading/disk_layout.py says where each expert lies); a
 `HostExpertCache` of whole experts holds the working set in RAM. One MoE layer call:
   1. the call's unique experts, in ascending flat id, are made resident in the host cache
      (hits locked; misses read from the file, several at once) -- as many as the free slots

@@ -2,7 +2,7 @@
 (experts/disk.py, experts/host_cache.py). For each bank, the shape and dtype of one expert's
 row (what `ExpertPool.banks[name][flat]` would be) and the pieces of that row in the model
 file, each contiguous there, so one expert is read with one `pread` per piece. Which pieces a
-checkpoint format has is models/disk_layout.py's part."""
+checkpoint format has is loading/disk_layout.py's part."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

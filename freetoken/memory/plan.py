@@ -29,7 +29,7 @@ from ..config import EngineConfig, Settings, activation_dtype_for, spin_us
 from ..experts.slots import DEFAULT_POLICY
 from ..models.cache_spec import CacheSpec, cache_spec_for
 from ..models.hf_config import HFConfig
-from ..models.experts_backend import cache_choice
+from ..loading.experts_backend import cache_choice
 from ..models.registry import model_class
 from .model_size import ModelShape
 from .probe import GiB, MachineMemory

@@ -1,6 +1,6 @@
 """Writing FTW files (format in ftw_format.py): the tensor table laid out and checksummed, the
 bytes streamed in chunks; `RecordingCheckpoint` notes what a model build reads, so that
-`freetoken convert` (models/convert.py) writes exactly that; the side files kept beside the
+`freetoken convert` (loading/convert.py) writes exactly that; the side files kept beside the
 weights. A GGUF source is streamed as it is (ftw_gguf.py)."""
 from __future__ import annotations
 

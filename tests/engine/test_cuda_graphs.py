@@ -13,7 +13,7 @@ from freetoken.engine.cuda_graphs import DecodeGraphs, buckets_for, eager_captur
 from freetoken.engine.model_runner import ModelRunner
 from freetoken.engine.sequence import Sequence
 from freetoken.errors import InvalidRequestError
-from freetoken.models.loader import load_model
+from freetoken.loading.loader import load_model
 from freetoken.memory.resolve import resolve
 from freetoken.sampling_params import SamplingParams
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from freetoken import LLM, SamplingParams
 from freetoken.errors import InvalidRequestError
-from freetoken.models.convert import convert
+from freetoken.loading.convert import convert
 
 from test_resize import decode
 

@@ -10,7 +10,7 @@ import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.errors import CheckpointError
-from freetoken.models.convert import convert
+from freetoken.loading.convert import convert
 
 
 PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]

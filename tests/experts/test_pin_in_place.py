@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from freetoken.config import EngineConfig
-from freetoken.models import experts_backend as factory
+from freetoken.loading import experts_backend as factory
 from freetoken.experts.pinning import PinError
 from freetoken.experts.pool import ExpertPool, ExpertSpec
 

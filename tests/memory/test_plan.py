@@ -15,7 +15,7 @@ from freetoken.memory import resolve as resolve_mod
 from freetoken.memory.model_size import read_model_shape
 from freetoken.memory.plan import expert_nbytes, expert_format, make_plan, state_bytes_per_seq
 from freetoken.memory.probe import GiB, MachineMemory, cgroup_room, probe
-from freetoken.models.convert import convert
+from freetoken.loading.convert import convert
 
 ORDER = ["expert cache", "state checkpoints", "KV cache", "prefill chunk", "max_model_len"]
 

@@ -10,7 +10,7 @@ from freetoken.config import EngineConfig
 from freetoken.engine.block_manager import BlockManager
 from freetoken.engine.model_runner import ModelRunner
 from freetoken.engine.sequence import Sequence
-from freetoken.models.loader import load_model
+from freetoken.loading.loader import load_model
 from freetoken.memory.resolve import resolve
 
 from helpers import assert_logits_close

@@ -7,7 +7,7 @@ import torch
 
 import freetoken.models as models_pkg
 from freetoken.experts.pool import ExpertPool, ExpertSpec
-from freetoken.models.loader import with_format
+from freetoken.loading.loader import with_format
 
 MODELS = Path(models_pkg.__file__).parent
 
@@ -27,7 +27,7 @@ def test_no_model_file_imports_the_config_or_the_backend_factory():
             continue
         bad = {m for m in _runtime_imports(f) if m in ("..config", ".experts_backend")
                or m.endswith("freetoken.config") or m.endswith("experts_backend")}
-        assert not bad, f"{f.name} imports {bad}: wiring belongs in models/loader.py"
+        assert not bad, f"{f.name} imports {bad}: wiring belongs in loading/loader.py"
 
 
 def _pool(fmt: str) -> ExpertPool:

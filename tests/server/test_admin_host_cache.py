@@ -14,7 +14,7 @@ from freetoken import LLM
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
 from freetoken.server.server_state import Settings
-from freetoken.models.convert import convert
+from freetoken.loading.convert import convert
 
 from live_server import MODEL_NAMES, LiveServer
 

@@ -20,7 +20,7 @@ if __name__ == "__main__":
     import torch  # noqa: F401  -- the baseline: imports before the load
 
     from freetoken.llm import LLM
-    from freetoken.models.convert import convert
+    from freetoken.loading.convert import convert
     base = status()
     if sys.argv[1] == "convert":
         convert(sys.argv[2], sys.argv[3])

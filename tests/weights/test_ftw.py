@@ -14,7 +14,7 @@ from freetoken.errors import CheckpointError
 from freetoken.weights import ftw_reader
 from freetoken.weights.ftw_format import ALIGN, MAGIC, PREAMBLE
 from freetoken.weights.ftw_reader import FtwFile, read_header
-from freetoken.models.convert import convert
+from freetoken.loading.convert import convert
 
 PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]
 

@@ -12,7 +12,7 @@ from freetoken import LLM
 from freetoken.errors import CheckpointError
 from freetoken.weights import ftw_format, ftw_load, ftw_writer
 from freetoken.weights.ftw_reader import FtwFile, read_header
-from freetoken.models.convert import convert
+from freetoken.loading.convert import convert
 
 
 def _flip(path, name, where=0.5):

@@ -31,7 +31,7 @@ def test_gguf_in_ftw_disk_tier_identical(tiny_dir, to_gguf, tmp_path):
     experts are read from the FTW file at the GGUF tensors' new offsets."""
     from gguf_rewrite import q4_k_m, rewrite
 
-    from freetoken.models.convert import convert
+    from freetoken.loading.convert import convert
     g = rewrite(to_gguf(tiny_dir("qwen3_moe"), "f32"), tmp_path / "q4km.gguf", q4_k_m)
     convert(g, tmp_path / "q4km.ftw")
     assert_disk_tier_matches(tmp_path / "q4km.ftw", dtype="float32")

@@ -47,7 +47,7 @@ def test_pool_bytes_are_the_files_expert_bytes(mixed_gguf):
     type_ids = sum(g.banks[k].nbytes for g in pool.groups for k in ("gate_up_types", "down_types"))
     assert pool.nbytes - type_ids == in_file
     assert padded(pool).nbytes > pool.nbytes
-    from freetoken.models.disk_layout import gguf_layout
+    from freetoken.loading.disk_layout import gguf_layout
     layout = gguf_layout(ck)                         # the disk tier's pool: the same bytes, slots the widest
     assert layout.nbytes == pool.nbytes and layout.expert_nbytes == pool.expert_nbytes
     shape = read_model_shape(mixed_gguf)             # the memory plan counts the same bytes

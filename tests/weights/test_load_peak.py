@@ -72,7 +72,7 @@ def test_safetensors_load_has_no_spike(hf_dir):
 
 
 def test_ftw_load_has_no_spike(hf_dir, tmp_path):
-    from freetoken.models.convert import convert
+    from freetoken.loading.convert import convert
     ftw = tmp_path / "m.ftw"
     convert(hf_dir, ftw)
     check(load_peak(ftw), int(0.8 * ftw.stat().st_size))

@@ -7,7 +7,7 @@ import pytest
 from freetoken.cli import main as cli_main
 from freetoken.errors import CheckpointError
 from freetoken.memory.model_size import read_model_shape
-from freetoken.models.convert import convert
+from freetoken.loading.convert import convert
 from freetoken.weights.stores import resolve_model
 
 

@@ -38,7 +38,7 @@ from ..weights.ftw_reader import FtwFile
 from ..weights.gguf import GgufFile
 from ..weights.gguf_experts import expert_biases, expert_tensors, layout
 from ..weights.gguf_types import BF16, F16, F32
-from .decoder import MoECausalLM
+from ..models.decoder import MoECausalLM
 
 
 def _row_pieces(n: int, offsets, nbytes: int, dst: int = 0, **kw) -> Piece:
