@@ -34,10 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from freetoken.experts.bandwidth import BandwidthEstimator  # noqa: E402
-from freetoken.experts.pool import ExpertPool, ExpertSpec  # noqa: E402
+from freetoken.experts.memory.pool import ExpertPool, ExpertSpec  # noqa: E402
 from freetoken.experts.resident import ResidentExperts  # noqa: E402
 from freetoken.experts.tiered import CpuExperts, TieredExperts  # noqa: E402
-from freetoken.experts.transfer import PacedCopyEngine  # noqa: E402
+from freetoken.experts.memory.transfer import PacedCopyEngine  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing-traces" / "qwen3-30b-a3b" / "qwen.route.csv"
 DEVICE_BYTES_PER_S = 1e12

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from freetoken.experts.slots import DEFAULT_POLICY, parse_policy
+from freetoken.experts.memory.slots import DEFAULT_POLICY, parse_policy
 from freetoken.sim.access import build_stream
 from freetoken.sim.capacity import parse_capacity
 from freetoken.sim.policies.slot_table import slot_policy

@@ -13,7 +13,7 @@ from . import defaults
 from .errors import InvalidRequestError
 from .experts.base import BACKENDS
 from .experts.formats import FORMAT_NAMES
-from .experts.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_policy
+from .experts.memory.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_policy
 from .kernels.choices import activation_dtype
 from .platform import cpu_flags
 
@@ -101,7 +101,7 @@ class EngineConfig:
     moe_backend: str = flag("auto", choices=("auto", *BACKENDS))    # resident | offload | cpu | hybrid | auto
     expert_cache_slots: int | None = flag(None)
     expert_cache_gib: float | None = flag(None)
-    # Replacement policy of the expert cache (experts/slots.py): lru | lfu | lrfu | arc, "+admit" for
+    # Replacement policy of the expert cache (experts/memory/slots.py): lru | lfu | lrfu | arc, "+admit" for
     # admission control, then "+prefetch" for next-layer prefetch; None = the measured default (docs/routing-locality.md).
     expert_cache_policy: str | None = flag(
         None, metavar="POLICY", help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "

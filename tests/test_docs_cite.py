@@ -1,5 +1,5 @@
 """Every path and name that docs/architecture.md and README.md cite in backticks exists: a file
-or folder (`experts/pool.py`, `kernels/c/`, `dense.c`), a module's name (`experts/disk_plan.host_cache_slots`),
+or folder (`experts/memory/pool.py`, `kernels/c/`, `dense.c`), a module's name (`experts/disk_plan.host_cache_slots`),
 a dotted name under the package (`engine.LLMEngine.add_request`) or a class's member
 (`ExpertPool.expert_nbytes`); and the map names every C kernel file. A moved module or a renamed
 function shows up here instead of misleading the next reader.
@@ -166,7 +166,7 @@ def test_the_map_names_every_c_kernel_file():
 
 
 def test_the_checker_catches_what_it_should():
-    assert check("experts/pool.py") is None and check("experts/nothing_here.py") == "no such file"
+    assert check("experts/memory/pool.py") is None and check("experts/nothing_here.py") == "no such file"
     assert check("engine.LLMEngine.add_request") is None
     assert check("engine.LLMEngine.no_such_method") == "no such name"
     assert check("experts/disk_plan.host_cache_slots") is None

@@ -16,7 +16,7 @@ from freetoken.config import EngineConfig
 from freetoken.memory.model_size import read_model_shape
 from freetoken.memory.plan import make_plan
 from freetoken.memory.probe import GiB, MachineMemory
-from freetoken.experts import pinning
+from freetoken.experts.memory import pinning
 pinning.memlock_limit = lambda: None
 root = Path(tempfile.gettempdir()) / "freetoken-plan-snapshot"; root.mkdir(parents=True, exist_ok=True)
 out = {}

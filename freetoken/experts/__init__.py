@@ -1,5 +1,5 @@
 """Two-tier expert memory: the host pool (source of truth) and how experts are executed."""
 from .base import Experts
-from .pool import ExpertPool, ExpertSpec
+from .memory.pool import ExpertPool, ExpertSpec
 
 __all__ = ["Experts", "ExpertPool", "ExpertSpec"]

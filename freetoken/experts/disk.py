@@ -34,12 +34,12 @@ from .base import Experts
 from .disk_pieces import DiskLayout
 from .diskbw import prefetch_budget
 from .host_cache import HostExpertCache
-from .next_layer import THRESHOLD, NextLayerPredictor
+from .memory.next_layer import THRESHOLD, NextLayerPredictor
 from .stats import ExpertStats
 from .torch_exec import run_experts
 from ..kernels.pool import SPIN_US, shared_pool
 from .cpu import CpuExpertExecutor
-from .slots import DEFAULT_POLICY, parse_policy_options
+from .memory.slots import DEFAULT_POLICY, parse_policy_options
 
 log = logging.getLogger("freetoken.experts")
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from .pool import ExpertSpec
+from .memory.pool import ExpertSpec
 
 
 @dataclass

@@ -19,8 +19,8 @@ import functools
 import numpy as np
 import torch
 
-from . import pinning
-from .pool import ExpertPool
+from .memory import pinning
+from .memory.pool import ExpertPool
 
 
 class GroupedPool:

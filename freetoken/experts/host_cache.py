@@ -27,7 +27,7 @@ import torch
 
 from .disk_pieces import DiskLayout
 from .host_rows import HostRows
-from .slots import DEFAULT_POLICY, SlotTable
+from .memory.slots import DEFAULT_POLICY, SlotTable
 
 
 class ExpertReadError(RuntimeError):

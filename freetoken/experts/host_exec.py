@@ -6,7 +6,7 @@ import torch
 
 from ..kernels.pool import SPIN_US, shared_pool
 from .cpu import CpuExpertExecutor
-from .pool import ExpertPool
+from .memory.pool import ExpertPool
 from .torch_exec import run_experts
 
 

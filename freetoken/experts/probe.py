@@ -12,12 +12,12 @@ import torch
 
 from ..progress import progress
 from .bandwidth import BandwidthProfile, device_id, format_id, machine_id
-from .cache import ExpertCache
+from .memory.cache import ExpertCache
 from .formats import quantize_banks, spec_format
 from .host_exec import make_host_executor
-from .pinning import pin_or_pageable
-from .pool import ExpertPool, ExpertSpec
-from .transfer import make_copy_engine
+from .memory.pinning import pin_or_pageable
+from .memory.pool import ExpertPool, ExpertSpec
+from .memory.transfer import make_copy_engine
 
 BATCH = 8
 

@@ -1,6 +1,6 @@
 """The tiered backends: `offload` (fill every miss), `hybrid` (q* split) and `cpu`.
 Policy `pageable` is what `offload`/`hybrid` become when the host banks cannot be page-locked
-(experts/pinning.py): cache hits still run on the device, every miss runs on the CPU, and one
+(experts/memory/pinning.py): cache hits still run on the device, every miss runs on the CPU, and one
 background fill per layer call (on the copy engine's thread) keeps the cache warming.
 
 One MoE layer of one step (`TieredExperts._forward_planned`):
@@ -29,17 +29,17 @@ import torch
 
 from .bandwidth import BandwidthEstimator
 from .base import Experts
-from .cache import ExpertCache
-from .decision import decide
+from .memory.cache import ExpertCache
+from .memory.decision import decide
 from .device_path import DeviceDecisions, applies
 from .host_exec import make_host_executor
-from .planner import MissPlanner, SplitGuard
-from .pool import ExpertPool
+from .memory.planner import MissPlanner, SplitGuard
+from .memory.pool import ExpertPool
 from .prefill import LayerStreamer
-from .slots import DEFAULT_POLICY, slots_in
+from .memory.slots import DEFAULT_POLICY, slots_in
 from .stats import ExpertStats
 from .torch_exec import run_experts
-from .transfer import CopyEngine, make_copy_engine
+from .memory.transfer import CopyEngine, make_copy_engine
 
 
 class CpuBranch:

@@ -30,7 +30,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..experts.disk_pieces import BankLayout, DiskLayout, Piece, elsize as _elsize
-from ..experts.pool import ExpertSpec
+from ..experts.memory.pool import ExpertSpec
 from ..quant import ggml_quants
 from ..weights import modelopt
 from ..weights.ftw_format import dtype_from_name

@@ -20,13 +20,13 @@ from ..experts.base import Experts
 from ..experts.disk import DiskExperts
 from ..experts.disk_plan import host_cache_slots
 from ..experts.host_exec import make_host_executor
-from ..experts.pinning import pin_or_pageable
-from ..experts.pool import ExpertPool
+from ..experts.memory.pinning import pin_or_pageable
+from ..experts.memory.pool import ExpertPool
 from ..experts.recording import RoutingRecorder
 from ..experts.resident import ResidentExperts
-from ..experts.slots import DEFAULT_POLICY, slots_in
+from ..experts.memory.slots import DEFAULT_POLICY, slots_in
 from ..experts.tiered import CpuExperts, TieredExperts
-from ..experts.transfer import make_copy_engine
+from ..experts.memory.transfer import make_copy_engine
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US
 from .disk_layout import disk_layout

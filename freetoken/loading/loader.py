@@ -15,7 +15,7 @@ import torch
 from ..config import EngineConfig, Settings
 from ..models.context import BuildContext
 from .experts_backend import backend_choice, build_disk_experts, build_experts
-from ..experts.pool import ExpertPool, requantize
+from ..experts.memory.pool import ExpertPool, requantize
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US, shared_pool
 from ..weights.source import open_checkpoint

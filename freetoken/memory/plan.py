@@ -26,7 +26,7 @@ from typing import Callable
 
 from .. import defaults
 from ..config import EngineConfig, Settings, activation_dtype_for, spin_us
-from ..experts.slots import DEFAULT_POLICY
+from ..experts.memory.slots import DEFAULT_POLICY
 from ..models.cache_spec import CacheSpec, cache_spec_for
 from ..models.hf_config import HFConfig
 from ..loading.experts_backend import cache_choice
@@ -34,7 +34,7 @@ from ..models.registry import model_class
 from .model_size import ModelShape
 from .probe import GiB, MachineMemory
 from ..experts.disk_plan import disk_tier
-from ..experts import pinning
+from ..experts.memory import pinning
 
 log = logging.getLogger("freetoken.memory")
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ..errors import CheckpointError
 from ..experts.base import ExpertsSeat
 from ..experts.numerics import set_bf16_dot
-from ..experts.pool import ExpertSpec, PoolBuilder
+from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
 from ..layers.attention import kv_values_per_token, paged_attention
 from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear

@@ -14,7 +14,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..experts.numerics import set_bf16_dot
-from ..experts.pool import ExpertSpec, PoolBuilder
+from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
 from ..layers.compressor import Compressor
 from ..layers.hyper import HyperConnection, HyperHead

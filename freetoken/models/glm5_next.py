@@ -18,7 +18,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..experts.numerics import set_bf16_dot
-from ..experts.pool import ExpertPool
+from ..experts.memory.pool import ExpertPool
 from ..kernels.choices import model_kernels
 from ..layers.dsa import SharedSelection
 from ..layers.dsa_pooled import PooledIndexer

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..experts.pool import ExpertSpec, PoolBuilder
+from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..layers.attention import attend_rows
 from ..layers.moe import SparseMoE
 from ..layers.norm import rms_norm

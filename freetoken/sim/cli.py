@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from freetoken.experts.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_policy
+from freetoken.experts.memory.slots import DEFAULT_POLICY, POLICIES as CACHE_POLICIES, parse_policy
 from freetoken.sim.access import build_stream
 from freetoken.sim.capacity import Capacity, parse_capacity
 from freetoken.sim.hardware import HardwareError, load_hardware, preset_names

@@ -30,9 +30,9 @@ from importlib import resources
 import numpy as np
 
 from freetoken.experts.bandwidth import q_rates
-from freetoken.experts.decision import decide
-from freetoken.experts.planner import LayerPlan, MissPlanner, balanced_q
-from freetoken.experts.slots import DEFAULT_POLICY, SlotTable
+from freetoken.experts.memory.decision import decide
+from freetoken.experts.memory.planner import LayerPlan, MissPlanner, balanced_q
+from freetoken.experts.memory.slots import DEFAULT_POLICY, SlotTable
 from freetoken.sim.access import AccessStream
 from freetoken.sim.hardware import Hardware
 from freetoken.sim.policies.slot_table import learn_prompt

@@ -21,7 +21,7 @@ from ..errors import CheckpointError
 from .ftw_format import MAGIC, PREAMBLE, READABLE, TensorEntry, config_hash
 from .ftw_load import TensorLoad
 from .validate import check_config, check_header_size
-from ..experts.pool import ExpertPool, ExpertSpec
+from ..experts.memory.pool import ExpertPool, ExpertSpec
 
 log = logging.getLogger("freetoken.weights")
 

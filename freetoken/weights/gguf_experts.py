@@ -16,7 +16,7 @@ import torch
 from ..errors import CheckpointError
 from .gguf_types import BF16, F16, F32, dequantize
 from ..experts.grouped_pool import GroupedPool
-from ..experts.pool import ExpertPool, ExpertSpec, requantize
+from ..experts.memory.pool import ExpertPool, ExpertSpec, requantize
 from ..quant import ggml_quants
 from .gguf_meta import byte_shape
 

@@ -4,7 +4,7 @@ import json
 import torch
 
 from freetoken.experts.bandwidth import BandwidthEstimator, BandwidthProfile, load_profile, save_profile
-from freetoken.experts.planner import q_star
+from freetoken.experts.memory.planner import q_star
 
 
 def test_profile_round_trip_and_keys(tmp_path):

@@ -10,7 +10,7 @@ from tiered_helpers import make_pool, one_torch_thread, reference  # noqa: F401
 
 from freetoken.experts.host_exec import TorchHostExecutor
 from freetoken.experts.tiered import TieredExperts
-from freetoken.experts.transfer import PacedCopyEngine
+from freetoken.experts.memory.transfer import PacedCopyEngine
 
 BRANCH_S = 0.25
 

@@ -7,7 +7,7 @@ import torch
 from freetoken import kernels
 from freetoken.experts.cpu import CpuExpertExecutor
 from freetoken.experts.formats import activate, dequantize_expert, quantize_banks, spec_format
-from freetoken.experts.pool import ExpertSpec
+from freetoken.experts.memory.pool import ExpertSpec
 from freetoken.experts.torch_exec import run_experts
 from freetoken.quant.fp8 import dequantize_fp8_block, quantize_fp8_block
 from freetoken.quant.int8 import dequantize_int8, quantize_int8
@@ -171,7 +171,7 @@ def test_prefill_split_dequantizes_exactly(fmt):
 
 
 def test_more_threads_than_work_and_pool_spec():
-    from freetoken.experts.pool import ExpertPool, ExpertSpec
+    from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
     gen = torch.Generator().manual_seed(7)
     banks = make_banks("bf16", 4, 48, 32, True, gen)
     pool = ExpertPool(banks, 2, 2, ExpertSpec(48, 32, "float", "swiglu_oai"))

@@ -12,13 +12,13 @@ from tiered_helpers import make_pool, random_step, torch_host, one_torch_thread 
 
 from freetoken.experts import device_path
 from freetoken.experts.bandwidth import BandwidthEstimator
-from freetoken.experts.device_plan import DeviceLRU
+from freetoken.experts.memory.device_plan import DeviceLRU
 from freetoken.experts.formats import quantize_banks
-from freetoken.experts.pool import ExpertPool, ExpertSpec
+from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 from freetoken.experts.tiered import TieredExperts
 from freetoken.experts.torch_exec import run_slots
-from freetoken.experts.transfer import make_copy_engine
-from freetoken.experts.uva import device_rows
+from freetoken.experts.memory.transfer import make_copy_engine
+from freetoken.experts.memory.uva import device_rows
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")

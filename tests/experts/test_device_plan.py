@@ -11,10 +11,10 @@ import torch
 from helpers import SHARED_DATA
 from tiered_helpers import one_torch_thread  # noqa: F401
 
-from freetoken.experts.decision import decide
-from freetoken.experts.device_plan import DeviceLRU
-from freetoken.experts.planner import MissPlanner
-from freetoken.experts.slots import SlotTable
+from freetoken.experts.memory.decision import decide
+from freetoken.experts.memory.device_plan import DeviceLRU
+from freetoken.experts.memory.planner import MissPlanner
+from freetoken.experts.memory.slots import SlotTable
 from freetoken.sim.readers import load_trace
 from freetoken.sim.trace import DECODE
 

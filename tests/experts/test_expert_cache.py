@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tiered_helpers import make_pool, one_torch_thread  # noqa: F401
 
-from freetoken.experts.cache import ExpertCache
-from freetoken.experts.transfer import SyncCopyEngine, ThreadCopyEngine
+from freetoken.experts.memory.cache import ExpertCache
+from freetoken.experts.memory.transfer import SyncCopyEngine, ThreadCopyEngine
 
 
 class RefLRU:

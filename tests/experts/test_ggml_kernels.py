@@ -89,7 +89,7 @@ def test_vnni_dots_equal_the_avx2_ones():
 
 def test_types_without_a_kernel_fall_back_to_torch():
     from freetoken.experts.host_exec import TorchHostExecutor, make_host_executor
-    from freetoken.experts.pool import ExpertPool, ExpertSpec
+    from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
     gen = torch.Generator().manual_seed(6)
     banks = quantize_ggml(torch.randn(2, 2 * I, H, generator=gen), torch.randn(2, H, I, generator=gen), gq.IQ4_XS)
     with pytest.raises(NotImplementedError, match="IQ4_XS"):

@@ -9,11 +9,11 @@ import pytest
 import torch
 from tiered_helpers import one_torch_thread  # noqa: F401
 
-from freetoken.experts.cache import ExpertCache
+from freetoken.experts.memory.cache import ExpertCache
 from freetoken.experts.ggml_banks import pad_rows, quantize_ggml
 from freetoken.experts.grouped_pool import GroupedPool
 from freetoken.experts.host_exec import cpu_executor, make_host_executor
-from freetoken.experts.pool import ExpertPool, ExpertSpec
+from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 from freetoken.experts.resident import ResidentExperts
 from freetoken.experts.tiered import TieredExperts
 from freetoken.kernels import variants_here

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.experts.next_layer import NextLayerPredictor
+from freetoken.experts.memory.next_layer import NextLayerPredictor
 
 L, E = 4, 5
 calls = st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1, max_size=E)),

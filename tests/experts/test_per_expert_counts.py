@@ -10,7 +10,7 @@ from tiered_helpers import make_pool, random_step, torch_host, one_torch_thread 
 
 from freetoken.experts.bandwidth import BandwidthEstimator
 from freetoken.experts.tiered import CpuExperts, TieredExperts
-from freetoken.experts.transfer import SyncCopyEngine
+from freetoken.experts.memory.transfer import SyncCopyEngine
 
 L, E, K = 3, 8, 2
 CPU = torch.device("cpu")

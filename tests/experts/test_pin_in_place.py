@@ -1,4 +1,4 @@
-"""Pinning the host expert pool in place (experts/pinning.py): one registration per filled
+"""Pinning the host expert pool in place (experts/memory/pinning.py): one registration per filled
 bank, never a copy; all-or-nothing; on refusal pageable banks, hits on the device and misses on the CPU.
 The register/unregister callables are the only fakes (they stand for cudaHostRegister)."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 from freetoken.config import EngineConfig
 from freetoken.loading import experts_backend as factory
-from freetoken.experts.pinning import PinError
-from freetoken.experts.pool import ExpertPool, ExpertSpec
+from freetoken.experts.memory.pinning import PinError
+from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 
 
 def pool(layers=2, experts=4, hidden=64, inter=32) -> ExpertPool:
@@ -131,7 +131,7 @@ def test_refused_pin_keeps_hits_on_the_device_and_runs_misses_on_the_cpu(backend
 
 
 def test_plan_says_what_the_pageable_fallback_does():
-    from freetoken.experts.planner import MissPlanner
+    from freetoken.experts.memory.planner import MissPlanner
     pl = MissPlanner(16, "pageable")
     misses, tokens = np.array([3, 5, 9]), np.array([1, 2, 1])
     plan = pl.plan(misses, tokens, 1e9, 2e9)
@@ -174,7 +174,7 @@ def test_cuda_hybrid_backend_uses_the_pinned_pool():
 def test_caching_host_allocator_rounds_as_the_plan_counts():
     """PyTorch's pinned host allocator (state checkpoints) takes the next power of two per
     request: what memory/plan.py counts (pinning.caching_host_block)."""
-    from freetoken.experts.pinning import caching_host_block
+    from freetoken.experts.memory.pinning import caching_host_block
     n = 37 * 2**20 + 5                       # a size no earlier test left cached
     before = torch.cuda.host_memory_stats().get("allocated_bytes.current", 0)
     t = torch.empty(n, dtype=torch.uint8, pin_memory=True)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from freetoken.experts.planner import MissPlanner, balanced_q, q_star
+from freetoken.experts.memory.planner import MissPlanner, balanced_q, q_star
 
 
 @pytest.mark.parametrize("m,b_p,b_h,want", [
@@ -86,7 +86,7 @@ def test_unknown_policy():
 
 
 def test_split_guard_probes_then_keeps_the_faster():
-    from freetoken.experts.planner import SplitGuard
+    from freetoken.experts.memory.planner import SplitGuard
     g = SplitGuard(probe=2, period=8)
     modes = []
     for step in range(16):
@@ -103,7 +103,7 @@ def test_split_guard_probes_then_keeps_the_faster():
 
 
 def test_split_guard_survives_missing_samples():
-    from freetoken.experts.planner import SplitGuard
+    from freetoken.experts.memory.planner import SplitGuard
     g = SplitGuard(probe=2, period=8)
     for _ in range(8):
         g.next_step()                                    # no MoE time recorded at all
@@ -111,7 +111,7 @@ def test_split_guard_survives_missing_samples():
 
 
 def test_balanced_rounding_picks_the_neighbour_with_the_shorter_slower_branch():
-    from freetoken.experts.planner import balanced_q
+    from freetoken.experts.memory.planner import balanced_q
     assert balanced_q(8, 5, 16) == 2          # x = 2.5: q=2 -> max(0.4, 0.545), q=3 -> max(0.6, 0.455)
     assert balanced_q(5, 2, 18) == 0          # x = 0.56 rounds to 1, but one fill (0.5) > 5 on the CPU (0.31)
     assert balanced_q(7, 10, 30) == q_star(7, 10, 30) == 2

@@ -5,7 +5,7 @@ import torch
 from tiered_helpers import one_torch_thread  # noqa: F401
 
 from freetoken import LLM
-from freetoken.experts.transfer import CopyEngine, make_copy_engine
+from freetoken.experts.memory.transfer import CopyEngine, make_copy_engine
 
 
 class RecordingCopyEngine(CopyEngine):

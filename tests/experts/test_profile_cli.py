@@ -40,7 +40,7 @@ def test_profile_measures_pageable_copies_when_pinning_is_refused(caplog):
     that fails) gives one warning and a profile of pageable copies, not a traceback."""
     import logging
 
-    from freetoken.experts.pinning import PinError
+    from freetoken.experts.memory.pinning import PinError
     from freetoken.experts.probe import measure
 
     def refuse():

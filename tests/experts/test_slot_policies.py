@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.experts.slots import POLICIES, SlotTable, parse_policy, parse_policy_options
+from freetoken.experts.memory.slots import POLICIES, SlotTable, parse_policy, parse_policy_options
 
 ALL = [p + extra for p in POLICIES for extra in ("", "+admit", "+prefetch", "+admit+prefetch")]
 L, E = 3, 4

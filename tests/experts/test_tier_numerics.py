@@ -15,7 +15,7 @@ from freetoken import LLM, kernels
 from freetoken.experts import numerics
 from freetoken.experts.cpu import CpuExpertExecutor
 from freetoken.experts.formats import quantize_banks, spec_format
-from freetoken.experts.pool import ExpertSpec
+from freetoken.experts.memory.pool import ExpertSpec
 from freetoken.experts.torch_exec import run_experts, run_slots
 from freetoken.sampling_params import SamplingParams
 
@@ -132,7 +132,7 @@ def test_resident_sync_free_decode_equals_the_grouped_executor(fmt):
     read of device data."""
     from helpers import CountHostSyncs
 
-    from freetoken.experts.pool import ExpertPool
+    from freetoken.experts.memory.pool import ExpertPool
     from freetoken.experts.resident import ResidentExperts
     gen = torch.Generator().manual_seed(5)
     L, E, H, I = 2, 6, 64, 32

@@ -7,9 +7,9 @@ import torch
 from tiered_helpers import make_pool, random_step, reference, torch_host, one_torch_thread  # noqa: F401
 
 from freetoken.experts.bandwidth import BandwidthEstimator
-from freetoken.experts.pool import ExpertPool, ExpertSpec
+from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 from freetoken.experts.tiered import CpuExperts, TieredExperts
-from freetoken.experts.transfer import PacedCopyEngine, SyncCopyEngine, ThreadCopyEngine
+from freetoken.experts.memory.transfer import PacedCopyEngine, SyncCopyEngine, ThreadCopyEngine
 
 L, E, K = 3, 8, 2
 CPU = torch.device("cpu")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from freetoken.experts.pool import ExpertPool, ExpertSpec
+from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 from freetoken.experts.resident import ResidentExperts
 
 

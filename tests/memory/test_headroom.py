@@ -55,7 +55,7 @@ def test_plan_shows_pinned_bytes_on_cuda(tiny_dir, monkeypatch):
     src = tiny_dir("qwen3_moe")
     shape = read_model_shape(src)
     m = MachineMemory(16 * GiB, 16 * GiB, "test", 8 * GiB, 8 * GiB)
-    from freetoken.experts import pinning
+    from freetoken.experts.memory import pinning
     monkeypatch.setattr(pinning, "memlock_limit", lambda: None)
     cfg = EngineConfig(model=str(src), device="cuda", moe_backend="hybrid", expert_cache_slots=4)
     _, plan = make_plan(cfg, shape, m)
@@ -75,7 +75,7 @@ def test_cuda_plan_counts_checkpoints_in_pinned_power_of_two_blocks(tiny_dir, mo
     """A hybrid (recurrent-state) model on CUDA: each state part's snapshot is one pinned block of
     PyTorch's caching host allocator, rounded up to a power of two; the plan counts the rounding
     as host memory and in the pinned bytes."""
-    from freetoken.experts import pinning
+    from freetoken.experts.memory import pinning
     monkeypatch.setattr(pinning, "memlock_limit", lambda: None)
     src = tiny_dir("qwen3_next")
     shape = read_model_shape(src)
@@ -96,7 +96,7 @@ def test_cuda_plan_counts_checkpoints_in_pinned_power_of_two_blocks(tiny_dir, mo
 
 
 def test_checkpoints_shrink_to_whole_rounded_snapshots_when_host_is_short(tiny_dir, monkeypatch):
-    from freetoken.experts import pinning
+    from freetoken.experts.memory import pinning
     monkeypatch.setattr(pinning, "memlock_limit", lambda: None)
     src = tiny_dir("qwen3_next")
     shape = read_model_shape(src)

@@ -6,7 +6,7 @@ from pathlib import Path
 import torch
 
 import freetoken.models as models_pkg
-from freetoken.experts.pool import ExpertPool, ExpertSpec
+from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 from freetoken.loading.loader import with_format
 
 MODELS = Path(models_pkg.__file__).parent

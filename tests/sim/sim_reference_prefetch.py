@@ -9,7 +9,7 @@ slots first, then the policy's victims (lowest score, least recent), each taking
 
 from __future__ import annotations
 
-from freetoken.experts.next_layer import THRESHOLD
+from freetoken.experts.memory.next_layer import THRESHOLD
 
 from sim_reference import DECODE, PREFILL
 

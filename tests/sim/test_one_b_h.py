@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from freetoken.experts.bandwidth import BandwidthEstimator, load_profile
-from freetoken.experts.planner import MissPlanner
+from freetoken.experts.memory.planner import MissPlanner
 from freetoken.sim.access import stream_from_keys
 from freetoken.sim.hardware import load_hardware
 from freetoken.sim.projection import planner_rates, project, q_star

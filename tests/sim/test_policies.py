@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.experts.slots import DEFAULT_POLICY
+from freetoken.experts.memory.slots import DEFAULT_POLICY
 from freetoken.sim.policies import POLICIES, parse_policies
 from freetoken.sim.replay import replay, replay_hits
 import sim_reference as ref
@@ -149,7 +149,7 @@ def test_parse_policies():
 def test_lrfu_scores_decay_by_half_each_half_life():
     import numpy as np
 
-    from freetoken.experts.slots import HALF_LIFE_TOKENS, SlotTable
+    from freetoken.experts.memory.slots import HALF_LIFE_TOKENS, SlotTable
 
     t = SlotTable(4, 2, 4, "lrfu")
     t.record(np.array([0]))  # token 0, layer 0

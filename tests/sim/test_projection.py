@@ -139,7 +139,7 @@ def test_bad_hardware_names_the_field(data, field):
 def test_slot_table_never_evicts_locked_entries(policy):
     import numpy as np
 
-    from freetoken.experts.slots import SlotTable
+    from freetoken.experts.memory.slots import SlotTable
 
     t = SlotTable(4, 4, 3, policy)
     for key in (0, 1, 2):

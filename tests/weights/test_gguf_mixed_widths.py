@@ -12,7 +12,7 @@ import torch
 from gguf_rewrite import q4_k_m, rewrite
 
 from freetoken import LLM
-from freetoken.experts.pool import ExpertPool
+from freetoken.experts.memory.pool import ExpertPool
 from freetoken.memory.model_size import read_model_shape
 from freetoken.memory.plan import expert_nbytes
 from freetoken.weights.gguf import GgufFile

@@ -8,7 +8,7 @@ optimum of every policy that loads an expert only when it is routed (bypass allo
 in hindsight (the bound of frequency ranking).
 """
 
-from freetoken.experts.slots import DEFAULT_POLICY
+from freetoken.experts.memory.slots import DEFAULT_POLICY
 from freetoken.sim.policies.base import Policy
 from freetoken.sim.policies.belady import Belady
 from freetoken.sim.policies.belady_demand import BeladyDemand

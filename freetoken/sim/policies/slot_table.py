@@ -1,5 +1,5 @@
 """The engine's own cache policies, replayed: each access goes through the engine's
-`SlotTable` (freetoken/experts/slots.py), one key at a time: a hit refreshes the entry, a
+`SlotTable` (freetoken/experts/memory/slots.py), one key at a time: a hit refreshes the entry, a
 miss is filled into the table's first victim (or, with admission control, runs on the CPU
 when the table declines it; as in the engine, only decode misses are declined, prefill
 fills every miss). With "+prefetch", after each decode cell the table's guesses for the
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from freetoken.experts.next_layer import THRESHOLD
-from freetoken.experts.slots import DEFAULT_POLICY, HALF_LIFE_TOKENS, SlotTable
+from freetoken.experts.memory.next_layer import THRESHOLD
+from freetoken.experts.memory.slots import DEFAULT_POLICY, HALF_LIFE_TOKENS, SlotTable
 from freetoken.sim.policies.base import Policy
 
 

@@ -87,7 +87,7 @@ def pin_banks(banks: dict[str, torch.Tensor], register=cuda_register, unregister
 def pin_or_pageable(pin) -> bool:
     """Calls `pin()` (the pool's page-locking); False with one warning when it is refused or
     capped: the tiered backend then keeps pageable banks, runs cache hits on the device and
-    every miss on the CPU (policy `pageable`, experts/planner.py)."""
+    every miss on the CPU (policy `pageable`, experts/memory/planner.py)."""
     try:
         pin()
     except PinError as e:                   # refused or capped (ulimit -l, Windows/WSL limits)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .formats import quantize_banks, spec_format
+from ..formats import quantize_banks, spec_format
 from . import pinning
 
 
@@ -91,7 +91,7 @@ class ExpertPool:
         return list(self.banks.values())
 
     def pin(self, register=None, unregister=None, limit: int | None = -1) -> int:
-        """Page-lock the filled banks in place (experts/pinning.py): no second copy. Returns the
+        """Page-lock the filled banks in place (experts/memory/pinning.py): no second copy. Returns the
         pinned bytes; raises PinError (banks left pageable) when refused or over `limit` (-1:
         the process's `ulimit -l`). register/unregister default to cudaHostRegister/Unregister."""
         return self._pins.pin(self.banks, register, unregister, limit)

@@ -15,7 +15,7 @@
    share the host memory system, so the CPU branch gets B_H - B_P while the link is
    busy). Equal branch times q/B_P = (m - q)/(B_H - B_P) give exactly this q*.
    `offload` fills every miss (q = m); `cpu` never fills; `pageable` (the host banks could
-   not be page-locked, experts/pinning.py) runs every miss on the CPU and keeps the cache
+   not be page-locked, experts/memory/pinning.py) runs every miss on the CPU and keeps the cache
    warming with one background fill per layer call (rule 4's background fill, always).
 3. Which misses fill (the documented rule): the misses routed by the most tokens this
    step first (they save the most device work); ties go to the expert requested in the

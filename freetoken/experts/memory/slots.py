@@ -16,7 +16,7 @@ Policies (`expert_cache_policy`), all keyed per slot, ties to the least recently
          `half_life` tokens (a token = one pass through the layer stack: time ticks when
          the accessed layer is lower than the previous one)
   arc    ARC (Megiddo & Modha 2003): recency list T1 and frequency list T2 with ghost lists
-         and an adaptive split (experts/arc.py); its own victim order, not a score
+         and an adaptive split (experts/memory/arc.py); its own victim order, not a score
 Frequencies count every routed access (`record`), hit or miss, as the engine sees them.
 
 Admission control ("+admit"): in the hybrid split, a decode miss is filled only when its
@@ -27,7 +27,7 @@ access) is always admitted; under ARC a miss is admitted when it is in a ghost l
 recently) or a slot is empty, and a declined one is remembered in B1 (ARC with bypass).
 
 Prefetch ("+prefetch", decode only): after each decode layer call the table guesses the
-next layer's experts from this layer's routing (experts/next_layer.py, learnt online) and
+next layer's experts from this layer's routing (experts/memory/next_layer.py, learnt online) and
 `prefetch_after` names the guesses that are not resident and the slots they take (the
 policy's victims); the caller copies them in the background. Every prefetch is a
 transfer (`prefetches` counts them); a guess that is wrong costs that copy and a victim.
