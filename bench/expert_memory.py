@@ -35,8 +35,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from freetoken.experts.bandwidth import BandwidthEstimator  # noqa: E402
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec  # noqa: E402
-from freetoken.experts.resident import ResidentExperts  # noqa: E402
-from freetoken.experts.tiered import CpuExperts, TieredExperts  # noqa: E402
+from freetoken.experts.execution.resident import ResidentExperts  # noqa: E402
+from freetoken.experts.execution.tiered import CpuExperts, TieredExperts  # noqa: E402
 from freetoken.experts.memory.transfer import PacedCopyEngine  # noqa: E402
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "routing-traces" / "qwen3-30b-a3b" / "qwen.route.csv"
@@ -146,7 +146,7 @@ class SharedHost:
     """One CPU kernel pool for all backends of a comparison (they never run at once)."""
 
     def __init__(self, pool, threads):
-        from freetoken.experts.host_exec import make_host_executor
+        from freetoken.experts.execution.host_exec import make_host_executor
         self.ex = make_host_executor(pool, threads)
 
     def run(self, *a, **kw):
@@ -167,7 +167,7 @@ class EmulatedHost:
 
 
 def host(pool, threads):
-    from freetoken.experts.host_exec import make_host_executor
+    from freetoken.experts.execution.host_exec import make_host_executor
     return make_host_executor(pool, threads)
 
 

@@ -16,7 +16,7 @@ import argparse
 import torch
 from cpu_experts import build_banks
 
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.ggml_banks import quantize_ggml
 from freetoken.experts.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth
 from freetoken.quant import ggml_quants as gq

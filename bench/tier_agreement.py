@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 
 from freetoken import LLM
-from freetoken.experts import numerics
+from freetoken.experts.execution import numerics
 from freetoken.tiny import make_tiny
 
 PROMPT = list(range(5, 45))

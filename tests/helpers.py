@@ -49,10 +49,10 @@ def assert_logits_close(ours: torch.Tensor, ref: torch.Tensor, rel: float = 1e-4
 def exact_experts():
     """Inside: the torch expert executors (the `resident` backend, the CPU executor's prefill
     split) skip the C kernels' activation rounding (int8 per 32 for int8/mxfp4/nvfp4/ggml, bf16
-    under the bf16 dots; experts/numerics.py), i.e. the exact dequantize-then-matmul math a
+    under the bf16 dots; experts/execution/numerics.py), i.e. the exact dequantize-then-matmul math a
     transformers reference computes. As served, every tier (resident included) rounds as the C
     kernels do, so it matches such a reference only to the kernels' tolerance."""
-    from freetoken.experts import torch_exec
+    from freetoken.experts.execution import torch_exec
     saved = torch_exec.default_rounding
     torch_exec.default_rounding = lambda banks, spec, dtype: "none"
     try:

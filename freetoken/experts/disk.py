@@ -36,9 +36,9 @@ from .diskbw import prefetch_budget
 from .host_cache import HostExpertCache
 from .memory.next_layer import THRESHOLD, NextLayerPredictor
 from .stats import ExpertStats
-from .torch_exec import run_experts
+from .execution.torch_exec import run_experts
 from ..kernels.pool import SPIN_US, shared_pool
-from .cpu import CpuExpertExecutor
+from .execution.cpu import CpuExpertExecutor
 from .memory.slots import DEFAULT_POLICY, parse_policy_options
 
 log = logging.getLogger("freetoken.experts")

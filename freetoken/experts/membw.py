@@ -14,7 +14,7 @@ import torch
 
 from .. import kernels
 from ..kernels.pool import CpuPool
-from .cpu import CpuExpertExecutor
+from .execution.cpu import CpuExpertExecutor
 from .formats import weight_keys
 
 

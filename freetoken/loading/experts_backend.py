@@ -19,13 +19,13 @@ from ..experts.bandwidth import BandwidthEstimator, DEFAULT_PROFILE, device_id, 
 from ..experts.base import Experts
 from ..experts.disk import DiskExperts
 from ..experts.disk_plan import host_cache_slots
-from ..experts.host_exec import make_host_executor
+from ..experts.execution.host_exec import make_host_executor
 from ..experts.memory.pinning import pin_or_pageable
 from ..experts.memory.pool import ExpertPool
 from ..experts.recording import RoutingRecorder
-from ..experts.resident import ResidentExperts
+from ..experts.execution.resident import ResidentExperts
 from ..experts.memory.slots import DEFAULT_POLICY, slots_in
-from ..experts.tiered import CpuExperts, TieredExperts
+from ..experts.execution.tiered import CpuExperts, TieredExperts
 from ..experts.memory.transfer import make_copy_engine
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US

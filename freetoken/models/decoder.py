@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..errors import CheckpointError
 from ..experts.base import ExpertsSeat
-from ..experts.numerics import set_bf16_dot
+from ..experts.execution.numerics import set_bf16_dot
 from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
 from ..layers.attention import kv_values_per_token, paged_attention

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import CheckpointError
-from ..experts.numerics import set_bf16_dot
+from ..experts.execution.numerics import set_bf16_dot
 from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
 from ..layers.compressor import Compressor

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from ..errors import CheckpointError
-from ..experts.numerics import set_bf16_dot
+from ..experts.execution.numerics import set_bf16_dot
 from ..experts.memory.pool import ExpertPool
 from ..kernels.choices import model_kernels
 from ..layers.dsa import SharedSelection

@@ -8,8 +8,8 @@ import time
 import torch
 from tiered_helpers import make_pool, one_torch_thread, reference  # noqa: F401
 
-from freetoken.experts.host_exec import TorchHostExecutor
-from freetoken.experts.tiered import TieredExperts
+from freetoken.experts.execution.host_exec import TorchHostExecutor
+from freetoken.experts.execution.tiered import TieredExperts
 from freetoken.experts.memory.transfer import PacedCopyEngine
 
 BRANCH_S = 0.25

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from freetoken import kernels
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import activate, dequantize_expert, quantize_banks, spec_format
 from freetoken.experts.memory.pool import ExpertSpec
-from freetoken.experts.torch_exec import run_experts
+from freetoken.experts.execution.torch_exec import run_experts
 from freetoken.quant.fp8 import dequantize_fp8_block, quantize_fp8_block
 from freetoken.quant.int8 import dequantize_int8, quantize_int8
 from freetoken.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
@@ -154,7 +154,7 @@ def test_prefill_split_matches_kernel():
 @pytest.mark.parametrize("fmt", ["int8", "mxfp4", "nvfp4", "fp8", "bf16"])
 def test_prefill_split_dequantizes_exactly(fmt):
     """Experts with many tokens: C dequantization (bit-exact weights) + fp32 GEMM with the
-    activations rounded as the streaming kernels round them (experts/numerics.py), so the split
+    activations rounded as the streaming kernels round them (experts/execution/numerics.py), so the split
     gives the kernels' answer to fp32 accuracy whatever the token count."""
     gen = torch.Generator().manual_seed(3)
     h, inter = SHAPES[fmt]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import quantize_banks
 from freetoken.experts.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth, roofline, torch_read_bandwidth
 

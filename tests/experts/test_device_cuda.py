@@ -10,13 +10,13 @@ from test_device_path import CountHostSyncs
 from test_tiered_exact import run_and_compare
 from tiered_helpers import make_pool, random_step, torch_host, one_torch_thread  # noqa: F401
 
-from freetoken.experts import device_path
+from freetoken.experts.execution import device_path
 from freetoken.experts.bandwidth import BandwidthEstimator
 from freetoken.experts.memory.device_plan import DeviceLRU
 from freetoken.experts.formats import quantize_banks
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
-from freetoken.experts.tiered import TieredExperts
-from freetoken.experts.torch_exec import run_slots
+from freetoken.experts.execution.tiered import TieredExperts
+from freetoken.experts.execution.torch_exec import run_slots
 from freetoken.experts.memory.transfer import make_copy_engine
 from freetoken.experts.memory.uva import device_rows
 

@@ -9,9 +9,9 @@ from test_tiered_exact import run_and_compare
 from helpers import CountHostSyncs
 from tiered_helpers import make_pool, random_step, torch_host, one_torch_thread  # noqa: F401
 
-from freetoken.experts import device_path
+from freetoken.experts.execution import device_path
 from freetoken.experts.bandwidth import BandwidthEstimator
-from freetoken.experts.tiered import TieredExperts
+from freetoken.experts.execution.tiered import TieredExperts
 from freetoken.experts.memory.transfer import SyncCopyEngine
 
 L, E, K = 3, 8, 2

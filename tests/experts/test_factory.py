@@ -8,8 +8,8 @@ from freetoken.config import EngineConfig
 from freetoken.experts.bandwidth import BandwidthProfile, device_id, format_id, machine_id, save_profile
 from freetoken.memory.resolve import unplanned
 from freetoken.loading.experts_backend import backend_choice, build_experts, cache_choice
-from freetoken.experts.resident import ResidentExperts
-from freetoken.experts.tiered import CpuExperts, TieredExperts
+from freetoken.experts.execution.resident import ResidentExperts
+from freetoken.experts.execution.tiered import CpuExperts, TieredExperts
 
 CPU = torch.device("cpu")
 

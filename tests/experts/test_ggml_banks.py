@@ -8,7 +8,7 @@ import torch
 from freetoken.experts.formats import dequantize_expert
 from freetoken.experts.ggml_banks import check_ggml_banks, ggml_expert_nbytes, pad_rows, quantize_ggml
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
-from freetoken.experts.torch_exec import run_experts
+from freetoken.experts.execution.torch_exec import run_experts
 from freetoken.quant import ggml_quants as gq
 
 # per layer (gate, up, down): Q4_K_M-like mixes, one layer all legacy types
@@ -78,9 +78,9 @@ def test_pool_bytes_match_the_plan_arithmetic():
 
 def test_tiered_cache_copies_ggml_rows():
     from tiered_helpers import reference
-    from freetoken.experts.tiered import TieredExperts
+    from freetoken.experts.execution.tiered import TieredExperts
     from freetoken.experts.memory.transfer import ThreadCopyEngine
-    from freetoken.experts.host_exec import TorchHostExecutor
+    from freetoken.experts.execution.host_exec import TorchHostExecutor
     gen = torch.Generator().manual_seed(3)
     E, H, I = 4, 256, 256
     banks, _ = mixed_banks(E, H, I, gen)

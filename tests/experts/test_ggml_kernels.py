@@ -8,7 +8,7 @@ from test_cpu_kernels import ISAS, dense64, reference64, rel_err, routes
 from test_ggml_banks import mixed_banks
 
 from freetoken import kernels
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import dequantize_expert
 from freetoken.experts.ggml_banks import KERNEL_TYPES, quantize_ggml
 from freetoken.quant import ggml_quants as gq
@@ -88,7 +88,7 @@ def test_vnni_dots_equal_the_avx2_ones():
 
 
 def test_types_without_a_kernel_fall_back_to_torch():
-    from freetoken.experts.host_exec import TorchHostExecutor, make_host_executor
+    from freetoken.experts.execution.host_exec import TorchHostExecutor, make_host_executor
     from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
     gen = torch.Generator().manual_seed(6)
     banks = quantize_ggml(torch.randn(2, 2 * I, H, generator=gen), torch.randn(2, H, I, generator=gen), gq.IQ4_XS)
@@ -101,7 +101,7 @@ def test_types_without_a_kernel_fall_back_to_torch():
 def test_prefill_gemm_path_dequantizes_in_c(isa):
     """Experts above gemm_tokens run dequantize + GEMM: the C row dequantization of ggml banks
     equals the bit-exact torch one, and with the activations rounded as the streaming kernels
-    round them (experts/numerics.py: int8 per 32) the result is the kernels' answer to fp32
+    round them (experts/execution/numerics.py: int8 per 32) the result is the kernels' answer to fp32
     accuracy, whatever the token count."""
     gen = torch.Generator().manual_seed(11)
     banks, _ = mixed_banks(3, H, I, gen)

@@ -12,10 +12,10 @@ from tiered_helpers import one_torch_thread  # noqa: F401
 from freetoken.experts.memory.cache import ExpertCache
 from freetoken.experts.ggml_banks import pad_rows, quantize_ggml
 from freetoken.experts.grouped_pool import GroupedPool
-from freetoken.experts.host_exec import cpu_executor, make_host_executor
+from freetoken.experts.execution.host_exec import cpu_executor, make_host_executor
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
-from freetoken.experts.resident import ResidentExperts
-from freetoken.experts.tiered import TieredExperts
+from freetoken.experts.execution.resident import ResidentExperts
+from freetoken.experts.execution.tiered import TieredExperts
 from freetoken.kernels import variants_here
 from freetoken.quant import ggml_quants as gq
 
@@ -167,7 +167,7 @@ def test_tiered_offload_bit_identical_to_the_padded_pool(pools, slots):
 def test_tiered_hybrid_and_cpu_match_the_padded_pool(pools, policy):
     """The CPU branch on the C kernels: the split between fills and the CPU may differ run to
     run, so the sums agree to the summation order."""
-    from freetoken.experts.tiered import CpuExperts
+    from freetoken.experts.execution.tiered import CpuExperts
     grouped, padded = pools
     ref = ResidentExperts(padded, torch.device("cpu"))
     be = (TieredExperts(grouped, torch.device("cpu"), 2, "hybrid") if policy == "hybrid"
@@ -205,7 +205,7 @@ def _real_bytes(pool: GroupedPool) -> list[int]:
 def test_bytes_stats_count_each_experts_real_bytes(pools, policy):
     """bytes_copied / cpu_bytes add each filled or CPU-run expert at its own layer's width: the
     narrow layers count less than a slot (the widest group's expert)."""
-    from freetoken.experts.tiered import CpuExperts
+    from freetoken.experts.execution.tiered import CpuExperts
     grouped, _ = pools
     real = _real_bytes(grouped)
     assert min(real) < grouped.expert_nbytes          # some layers are narrower than a slot

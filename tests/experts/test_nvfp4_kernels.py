@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import dequantize_expert, quantize_banks
 from freetoken.quant.nvfp4 import dequantize_bank, pack_scales
 

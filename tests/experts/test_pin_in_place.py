@@ -92,8 +92,8 @@ def test_refused_pin_keeps_hits_on_the_device_and_runs_misses_on_the_cpu(backend
     """Pinning refused (a fake pin function that fails): pageable banks, one warning; cache hits
     still run from the device cache, only the misses go to the CPU, and the answer equals the
     resident reference."""
-    from freetoken.experts.resident import ResidentExperts
-    from freetoken.experts.tiered import TieredExperts
+    from freetoken.experts.execution.resident import ResidentExperts
+    from freetoken.experts.execution.tiered import TieredExperts
     from tests.experts.tiered_helpers import random_step, torch_host
     p = pool(layers=2, experts=8, hidden=32, inter=16)
     cfg = EngineConfig(model="x", moe_backend=backend, expert_cache_slots=6)

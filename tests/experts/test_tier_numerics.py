@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from freetoken import LLM, kernels
-from freetoken.experts import numerics
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution import numerics
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import quantize_banks, spec_format
 from freetoken.experts.memory.pool import ExpertSpec
-from freetoken.experts.torch_exec import run_experts, run_slots
+from freetoken.experts.execution.torch_exec import run_experts, run_slots
 from freetoken.sampling_params import SamplingParams
 
 FORMATS = ["fp32", "bf16", "fp16", "fp8", "int8", "mxfp4", "nvfp4", "ggml"]
@@ -133,7 +133,7 @@ def test_resident_sync_free_decode_equals_the_grouped_executor(fmt):
     from helpers import CountHostSyncs
 
     from freetoken.experts.memory.pool import ExpertPool
-    from freetoken.experts.resident import ResidentExperts
+    from freetoken.experts.execution.resident import ResidentExperts
     gen = torch.Generator().manual_seed(5)
     L, E, H, I = 2, 6, 64, 32
     banks = quantize_banks(torch.randn(L * E, 2 * I, H, generator=gen) * 0.1,

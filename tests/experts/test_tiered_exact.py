@@ -8,7 +8,7 @@ from tiered_helpers import make_pool, random_step, reference, torch_host, one_to
 
 from freetoken.experts.bandwidth import BandwidthEstimator
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
-from freetoken.experts.tiered import CpuExperts, TieredExperts
+from freetoken.experts.execution.tiered import CpuExperts, TieredExperts
 from freetoken.experts.memory.transfer import PacedCopyEngine, SyncCopyEngine, ThreadCopyEngine
 
 L, E, K = 3, 8, 2
@@ -177,7 +177,7 @@ def test_prefill_streams_the_next_layer_during_this_one():
         layer = int(c.owner[int(ids[ids >= 0][0])]) // E
         nxt = np.arange((layer + 1) * E, (layer + 2) * E) if layer + 1 < L else np.empty(0, np.int64)
         seen.append((layer, bool((c.slot_of[nxt] >= 0).all()), int((c.locks > 0).sum())))
-        from freetoken.experts.torch_exec import run_experts
+        from freetoken.experts.execution.torch_exec import run_experts
         return run_experts(banks, spec, ids, x, w, out=out)
 
     be = TieredExperts(pool, CPU, 2 * E + 3, "hybrid", copy_engine=ThreadCopyEngine(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
-from freetoken.experts.resident import ResidentExperts
+from freetoken.experts.execution.resident import ResidentExperts
 
 
 def make_pool(layers=3, experts=8, hidden=16, inter=8, bias=False, activation="silu", seed=0,
@@ -36,7 +36,7 @@ def reference(pool: ExpertPool):
 def torch_host(pool: ExpertPool):
     """The CPU branch on plain torch: deterministic and cheap for the many small cases.
     (The fast kernels of cpu.py are exercised by the tests that pass fast=True.)"""
-    from freetoken.experts.host_exec import TorchHostExecutor
+    from freetoken.experts.execution.host_exec import TorchHostExecutor
     return TorchHostExecutor(pool)
 
 

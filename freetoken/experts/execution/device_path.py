@@ -20,9 +20,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .memory.device_plan import DeviceLRU
+from ..memory.device_plan import DeviceLRU
 from .torch_exec import batched_ok, run_slots
-from .memory.uva import byte_rows, device_rows
+from ..memory.uva import byte_rows, device_rows
 
 # host-list conversions of this path, counted (tests/experts/test_host_syncs.py)
 HOST_COPIES = {"n": 0}

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Experts
-from .memory.pool import ExpertPool
+from ..base import Experts
+from ..memory.pool import ExpertPool
 from .torch_exec import batched_ok, run_experts, run_slots
 
 # Decode batches up to this many routed (token, choice) pairs run as batched matmuls gathered by

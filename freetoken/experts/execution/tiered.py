@@ -27,19 +27,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .bandwidth import BandwidthEstimator
-from .base import Experts
-from .memory.cache import ExpertCache
-from .memory.decision import decide
+from ..bandwidth import BandwidthEstimator
+from ..base import Experts
+from ..memory.cache import ExpertCache
+from ..memory.decision import decide
 from .device_path import DeviceDecisions, applies
 from .host_exec import make_host_executor
-from .memory.planner import MissPlanner, SplitGuard
-from .memory.pool import ExpertPool
+from ..memory.planner import MissPlanner, SplitGuard
+from ..memory.pool import ExpertPool
 from .prefill import LayerStreamer
-from .memory.slots import DEFAULT_POLICY, slots_in
-from .stats import ExpertStats
+from ..memory.slots import DEFAULT_POLICY, slots_in
+from ..stats import ExpertStats
 from .torch_exec import run_experts
-from .memory.transfer import CopyEngine, make_copy_engine
+from ..memory.transfer import CopyEngine, make_copy_engine
 
 
 class CpuBranch:

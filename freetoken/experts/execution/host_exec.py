@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.pool import SPIN_US, shared_pool
+from ...kernels.pool import SPIN_US, shared_pool
 from .cpu import CpuExpertExecutor
-from .memory.pool import ExpertPool
+from ..memory.pool import ExpertPool
 from .torch_exec import run_experts
 
 

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from . import numerics
-from .formats import activate, dequantize_expert, get_format, resolve_format
-from .memory.pool import ExpertSpec
+from ..formats import activate, dequantize_expert, get_format, resolve_format
+from ..memory.pool import ExpertSpec
 
 GATHER_BYTES = 256 * 2**20      # float32 weights gathered at once by run_slots
 

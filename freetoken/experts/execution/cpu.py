@@ -15,13 +15,13 @@ import logging
 
 import torch
 
-from .. import kernels
-from ..kernels.pool import CpuPool
-from .ggml_banks import KERNEL_TYPES, check_ggml_banks
-from .formats import ACTIVATIONS, get_format, resolve_format, spec_format, weight_keys
-from .memory.pool import ExpertSpec
+from ... import kernels
+from ...kernels.pool import CpuPool
+from ..ggml_banks import KERNEL_TYPES, check_ggml_banks
+from ..formats import ACTIVATIONS, get_format, resolve_format, spec_format, weight_keys
+from ..memory.pool import ExpertSpec
 from .torch_exec import run_experts
-from ..quant.ggml_quants import type_name
+from ...quant.ggml_quants import type_name
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .memory.cache import ExpertCache
+from ..memory.cache import ExpertCache
 
 
 class LayerStreamer:
