@@ -106,7 +106,7 @@ class EngineConfig:
     expert_cache_policy: str | None = flag(
         None, metavar="POLICY", help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "
         f"(admission control) and then +prefetch (next-layer prefetch); default {DEFAULT_POLICY}")
-    # Three tiers (experts/disk.py): "disk" keeps the expert pool in the model file behind a host
+    # Three tiers (experts/disk/backend.py): "disk" keeps the expert pool in the model file behind a host
     # cache of host_cache_gib / host_cache_slots whole experts; "ram" loads the pool; "auto": disk
     # when the memory plan finds the pool does not fit host memory, or a host cache size is given.
     expert_tier: str = flag("auto", choices=("auto", "ram", "disk"),
@@ -256,7 +256,7 @@ class Settings:
     # backend sizes it at its first step from the free VRAM)
     expert_cache_slots: int | None = None
     expert_cache_policy: str | None = None
-    expert_tier: str = "ram"                 # "disk": the pool stays in the file (experts/disk.py)
+    expert_tier: str = "ram"                 # "disk": the pool stays in the file (experts/disk/backend.py)
     host_cache_slots: int | None = None      # disk tier: whole experts in the host cache
     max_num_seqs: int = 16                   # sequences decoded together (the option, taken as it is)
     prefix_cache: bool = True                # KV/state reuse across requests (the option)

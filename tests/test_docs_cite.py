@@ -1,5 +1,5 @@
 """Every path and name that docs/architecture.md and README.md cite in backticks exists: a file
-or folder (`experts/memory/pool.py`, `kernels/c/`, `dense.c`), a module's name (`experts/disk_plan.host_cache_slots`),
+or folder (`experts/memory/pool.py`, `kernels/c/`, `dense.c`), a module's name (`experts/disk/plan.host_cache_slots`),
 a dotted name under the package (`engine.LLMEngine.add_request`) or a class's member
 (`ExpertPool.expert_nbytes`); and the map names every C kernel file. A moved module or a renamed
 function shows up here instead of misleading the next reader.
@@ -121,7 +121,7 @@ def check(token: str) -> str | None:
                 or t.endswith((".c", ".h")):
             return None if path_exists(t) else "no such file"
         return None
-    if "/" in t:                                      # path.name: `experts/disk_plan.host_cache_slots`
+    if "/" in t:                                      # path.name: `experts/disk/plan.host_cache_slots`
         m = re.fullmatch(r"([\w/]+)\.(\w+(?:\.\w+)*)", t)
         if not m or not m.group(1).split("/")[0] in {p.name for p in PKG.iterdir()}:
             return None
@@ -169,8 +169,8 @@ def test_the_checker_catches_what_it_should():
     assert check("experts/memory/pool.py") is None and check("experts/nothing_here.py") == "no such file"
     assert check("engine.LLMEngine.add_request") is None
     assert check("engine.LLMEngine.no_such_method") == "no such name"
-    assert check("experts/disk_plan.host_cache_slots") is None
-    assert check("experts/disk_plan.no_such_rule") == "no such name in that module"
+    assert check("experts/disk/plan.host_cache_slots") is None
+    assert check("experts/disk/plan.no_such_rule") == "no such name in that module"
     assert check("ExpertPool.no_such_member") == "no such member"
     assert check("torch.zeros") is None and check("/v1/memory") is None
 

@@ -7,7 +7,7 @@ Each component shrinks by evicting before it frees, and none changes an output:
                  misses are filled or run on the CPU, the same experts either way
   state budget   least recently used checkpoints are dropped (a later request recomputes)
   KV pool        kv_resize.py: unreferenced prefix blocks, then preemption, then compaction
-  host cache     the disk tier's RAM cache (experts/disk.py): the policy's least valuable
+  host cache     the disk tier's RAM cache (experts/disk/backend.py): the policy's least valuable
                  residents leave, their memory goes back; background reads land first
 Sizes are GiB like the options that set them at start (expert_cache_gib, kv_cache_gib,
 state_cache_gib, host_cache_gib); None leaves a component as it is."""

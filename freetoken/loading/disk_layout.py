@@ -1,5 +1,5 @@
-"""Where every expert's bytes lie in the model file, for the disk tier (experts/disk.py):
-the `DiskLayout` (experts/disk_pieces.py) of an FTW, GGUF or safetensors checkpoint.
+"""Where every expert's bytes lie in the model file, for the disk tier (experts/disk/backend.py):
+the `DiskLayout` (experts/disk/pieces.py) of an FTW, GGUF or safetensors checkpoint.
 
 A `DiskLayout` describes the expert pool without holding it: for each bank, the shape and
 dtype of one expert's row (what `ExpertPool.banks[name][flat]` would be) and the pieces of
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..experts.disk_pieces import BankLayout, DiskLayout, Piece, elsize as _elsize
+from ..experts.disk.pieces import BankLayout, DiskLayout, Piece, elsize as _elsize
 from ..experts.memory.pool import ExpertSpec
 from ..quant import ggml_quants
 from ..weights import modelopt

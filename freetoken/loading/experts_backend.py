@@ -17,8 +17,8 @@ from .. import defaults
 from ..config import EngineConfig, Settings
 from ..experts.bandwidth import BandwidthEstimator, DEFAULT_PROFILE, device_id, format_id, load_profile, machine_id
 from ..experts.base import Experts
-from ..experts.disk import DiskExperts
-from ..experts.disk_plan import host_cache_slots
+from ..experts.disk.backend import DiskExperts
+from ..experts.disk.plan import host_cache_slots
 from ..experts.execution.host_exec import make_host_executor
 from ..experts.memory.pinning import pin_or_pageable
 from ..experts.memory.pool import ExpertPool
@@ -122,7 +122,7 @@ def _pinned(pool: ExpertPool) -> bool:
 
 
 def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US, settings: Settings | None = None):
-    """The disk tier (experts/disk.py): (layout of the experts in the file, backend, what building
+    """The disk tier (experts/disk/backend.py): (layout of the experts in the file, backend, what building
     found out), with the host cache `settings` sized (without settings, by the plan's rule on the
     options alone)."""
     layout = disk_layout(model, ck, cfg)

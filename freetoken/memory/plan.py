@@ -33,7 +33,7 @@ from ..loading.experts_backend import cache_choice
 from ..models.registry import model_class
 from .model_size import ModelShape
 from .probe import GiB, MachineMemory
-from ..experts.disk_plan import disk_tier
+from ..experts.disk.plan import disk_tier
 from ..experts.memory import pinning
 
 log = logging.getLogger("freetoken.memory")

@@ -154,7 +154,7 @@ def test_profiled_b_d_bounds_the_prefetch_tokens_unchanged(tiny_dir, tmp_path):
 
 def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path):
     """A layer call computes the experts already in RAM while its misses are still read
-    (experts/disk.py `_landed_runs`): with each expert's read delayed by a drawn amount, so
+    (experts/disk/backend.py `_landed_runs`): with each expert's read delayed by a drawn amount, so
     reads finish in arbitrary orders, logits and tokens stay the resident run's bit for bit,
     and calls really were cut where a read was in flight."""
     import time

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.experts.disk_pieces import BankLayout, DiskLayout, Piece
-from freetoken.experts.host_cache import ExpertReadError, HostExpertCache
+from freetoken.experts.disk.pieces import BankLayout, DiskLayout, Piece
+from freetoken.experts.disk.host_cache import ExpertReadError, HostExpertCache
 from freetoken.experts.memory.pool import ExpertSpec
 
 L, E, ROW = 3, 6, 48          # 18 experts; gate_up = 2 pieces of 32 bytes each side of a gap, down = 48

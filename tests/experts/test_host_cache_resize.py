@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.experts.host_cache import HostExpertCache
-from freetoken.experts.host_rows import HostRows
+from freetoken.experts.disk.host_cache import HostExpertCache
+from freetoken.experts.disk.host_rows import HostRows
 
 from test_host_cache import E, L, _acquire_all, _holds, _layout
 

@@ -1,5 +1,5 @@
 """A `DiskLayout`: the expert pool described without holding it, for the disk tier
-(experts/disk.py, experts/host_cache.py). For each bank, the shape and dtype of one expert's
+(experts/disk/backend.py, experts/disk/host_cache.py). For each bank, the shape and dtype of one expert's
 row (what `ExpertPool.banks[name][flat]` would be) and the pieces of that row in the model
 file, each contiguous there, so one expert is read with one `pread` per piece. Which pieces a
 checkpoint format has is loading/disk_layout.py's part."""
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
-from .memory.pool import ExpertSpec
+from ...errors import CheckpointError
+from ..memory.pool import ExpertSpec
 
 
 @dataclass

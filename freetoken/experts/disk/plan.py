@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import defaults
+from ... import defaults
 
 GiB = 2**30
 

@@ -30,16 +30,16 @@ import time
 import numpy as np
 import torch
 
-from .base import Experts
-from .disk_pieces import DiskLayout
-from .diskbw import prefetch_budget
+from ..base import Experts
+from .pieces import DiskLayout
+from ..diskbw import prefetch_budget
 from .host_cache import HostExpertCache
-from .memory.next_layer import THRESHOLD, NextLayerPredictor
-from .stats import ExpertStats
-from .execution.torch_exec import run_experts
-from ..kernels.pool import SPIN_US, shared_pool
-from .execution.cpu import CpuExpertExecutor
-from .memory.slots import DEFAULT_POLICY, parse_policy_options
+from ..memory.next_layer import THRESHOLD, NextLayerPredictor
+from ..stats import ExpertStats
+from ..execution.torch_exec import run_experts
+from ...kernels.pool import SPIN_US, shared_pool
+from ..execution.cpu import CpuExpertExecutor
+from ..memory.slots import DEFAULT_POLICY, parse_policy_options
 
 log = logging.getLogger("freetoken.experts")
 

@@ -25,9 +25,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .disk_pieces import DiskLayout
+from .pieces import DiskLayout
 from .host_rows import HostRows
-from .memory.slots import DEFAULT_POLICY, SlotTable
+from ..memory.slots import DEFAULT_POLICY, SlotTable
 
 
 class ExpertReadError(RuntimeError):
