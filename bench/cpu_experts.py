@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import quantize_banks
-from freetoken.experts.membw import CLOCKS, expert_nbytes, measure_expert_bandwidth, read_bandwidth, torch_read_bandwidth
+from freetoken.experts.measure.membw import CLOCKS, expert_nbytes, measure_expert_bandwidth, read_bandwidth, torch_read_bandwidth
 from freetoken.quant.fp8 import dequantize_fp8_block
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from freetoken import kernels
-from freetoken.experts.membw import read_bandwidth
+from freetoken.experts.measure.membw import read_bandwidth
 from freetoken.kernels.pool import CpuPool
 from freetoken.layers.attention import attend_rows
 

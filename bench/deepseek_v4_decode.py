@@ -71,7 +71,7 @@ def main():
     args = ap.parse_args()
     set_threads(args.threads)
     from freetoken import LLM, SamplingParams
-    from freetoken.experts.membw import read_bandwidth
+    from freetoken.experts.measure.membw import read_bandwidth
     d = medium_checkpoint("deepseek_v4_fp4", "deepseek-v4-medium", initializer_range=0.02, **MEDIUM_V4)
     prompts = fresh_prompts(1 + 2 * args.rounds, args.prompt)
     llm = LLM(str(d), dtype="bfloat16", num_threads=args.threads, max_model_len=4096, prefix_cache=False)

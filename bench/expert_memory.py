@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from freetoken.experts.bandwidth import BandwidthEstimator  # noqa: E402
+from freetoken.experts.measure.bandwidth import BandwidthEstimator  # noqa: E402
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec  # noqa: E402
 from freetoken.experts.execution.resident import ResidentExperts  # noqa: E402
 from freetoken.experts.execution.tiered import CpuExperts, TieredExperts  # noqa: E402

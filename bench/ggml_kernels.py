@@ -18,7 +18,7 @@ from cpu_experts import build_banks
 
 from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.ggml_banks import quantize_ggml
-from freetoken.experts.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth
+from freetoken.experts.measure.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth
 from freetoken.quant import ggml_quants as gq
 
 

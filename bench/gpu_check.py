@@ -133,9 +133,9 @@ def prefill_double_buffering(model, device, total_experts: int, vocab: int, prom
 
 
 def profile(model, device, seconds: float) -> dict:
-    from freetoken.experts.bandwidth import profile_q_rates
+    from freetoken.experts.measure.bandwidth import profile_q_rates
     from freetoken.cli.profile import model_format
-    from freetoken.experts.probe import measure, synthetic_pool
+    from freetoken.experts.measure.probe import measure, synthetic_pool
     hidden, inter, fmt = model_format(str(model))
     prof = measure(synthetic_pool(hidden, inter, fmt, 0.25), device, seconds)
     b_p, b_h = profile_q_rates(prof)

@@ -15,7 +15,7 @@ import statistics
 import torch
 
 from freetoken.experts.execution.cpu import CpuExpertExecutor
-from freetoken.experts.membw import expert_nbytes, measure_expert_bandwidth
+from freetoken.experts.measure.membw import expert_nbytes, measure_expert_bandwidth
 
 from cpu_experts import build_banks
 

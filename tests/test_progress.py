@@ -94,7 +94,7 @@ def test_convert_and_load_report_in_the_log(mode, caplog, tiny_dir, tmp_path):
 def test_calibration_and_profile_report(mode, caplog, tmp_path):
     import torch
 
-    from freetoken.experts.probe import measure, synthetic_pool
+    from freetoken.experts.measure.probe import measure, synthetic_pool
     from freetoken.kernels.choices import prefill_gemm_dtype
     with caplog.at_level(logging.INFO, logger="freetoken.progress"):
         prefill_gemm_dtype("auto", torch.float32, kernels=True, flags=frozenset({"avx512_bf16"}), threads=1,

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ..experts.bandwidth import DEFAULT_PROFILE, device_id, save_profile
+from ..experts.measure.bandwidth import DEFAULT_PROFILE, device_id, save_profile
 from ..experts.formats import FORMAT_NAMES
-from ..experts.probe import measure, synthetic_pool
+from ..experts.measure.probe import measure, synthetic_pool
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure expert copy (B_P) and CPU (B_H) bandwidth for q*",
@@ -69,12 +69,12 @@ def main(args) -> int:
     prof = measure(pool, device, args.seconds, args.threads,
                    args.link_gbs * 1e9 if args.link_gbs else None)
     try:
-        from ..experts.membw import read_bandwidth
+        from ..experts.measure.membw import read_bandwidth
         prof.read_bw = read_bandwidth(num_threads=args.threads)
     except Exception:                      # the roofline is informative only
         prof.read_bw = None
     if not args.no_disk:
-        from ..experts.diskbw import read_bandwidth, scratch_bandwidth
+        from ..experts.measure.diskbw import read_bandwidth, scratch_bandwidth
         try:
             prof.b_d = (read_bandwidth(args.disk_file, prof.expert_nbytes, args.seconds) if args.disk_file else
                         scratch_bandwidth(Path(args.out).parent, prof.expert_nbytes, args.seconds))

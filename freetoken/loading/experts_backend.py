@@ -15,14 +15,14 @@ import torch
 
 from .. import defaults
 from ..config import EngineConfig, Settings
-from ..experts.bandwidth import BandwidthEstimator, DEFAULT_PROFILE, device_id, format_id, load_profile, machine_id
+from ..experts.measure.bandwidth import BandwidthEstimator, DEFAULT_PROFILE, device_id, format_id, load_profile, machine_id
 from ..experts.base import Experts
 from ..experts.disk.backend import DiskExperts
 from ..experts.disk.plan import host_cache_slots
 from ..experts.execution.host_exec import make_host_executor
 from ..experts.memory.pinning import pin_or_pageable
 from ..experts.memory.pool import ExpertPool
-from ..experts.recording import RoutingRecorder
+from ..experts.measure.recording import RoutingRecorder
 from ..experts.execution.resident import ResidentExperts
 from ..experts.memory.slots import DEFAULT_POLICY, slots_in
 from ..experts.execution.tiered import CpuExperts, TieredExperts

@@ -19,7 +19,7 @@ from .memory_trim import TrimAfterLargeBodies
 from .request_guard import RequestGuard
 from .request_limits import ClientGone
 from .server_state import AppState, Settings
-from ..experts.stats import tier_summary
+from ..experts.measure.stats import tier_summary
 from .admin import make_router
 
 CURRENT_SIZES_TIMEOUT_S = 30.0    # GET /v1/memory waits at most this for the step in flight
@@ -161,7 +161,7 @@ def _add_status_routes(app: FastAPI, svc: GenerationService, settings: Settings)
     async def memory():
         """The memory plan the engine was started with (see freetoken/memory/plan.py), under
         "current" the sizes now, after any runtime resize (read between two steps), and under
-        "tiers" each expert tier's size, hit rate and disk reads (experts/stats.py)."""
+        "tiers" each expert tier's size, hit rate and disk reads (experts/measure/stats.py)."""
         plan = svc.engine.memory_plan
         if plan is None:
             raise NotFound("this engine has no memory plan")

@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from freetoken.errors import FreeTokenError
-from freetoken.experts.bandwidth import concurrent_rates
+from freetoken.experts.measure.bandwidth import concurrent_rates
 
 
 class HardwareError(FreeTokenError, ValueError):
@@ -83,7 +83,7 @@ def from_engine_profile(data: dict, where: str) -> dict:
         elif src in ("b_p", "b_h"):
             raise HardwareError(f"{where}: profile {key!r} has no positive field {src!r} (bytes/s)")
     out["link_gbps"], out["cpu_gbps"] = rates["b_p"], rates["b_h"]
-    # the engine's reading of the same entry (one meaning of B_H: experts/bandwidth.py)
+    # the engine's reading of the same entry (one meaning of B_H: experts/measure/bandwidth.py)
     out["link_concurrent_gbps"], out["cpu_concurrent_gbps"] = concurrent_rates(
         rates["b_p"], rates["b_h"], rates.get("b_p_shared"), rates.get("b_h_shared"))
     device = str(entry.get("device", ""))

@@ -29,7 +29,7 @@ from importlib import resources
 
 import numpy as np
 
-from freetoken.experts.bandwidth import q_rates
+from freetoken.experts.measure.bandwidth import q_rates
 from freetoken.experts.memory.decision import decide
 from freetoken.experts.memory.planner import LayerPlan, MissPlanner, balanced_q
 from freetoken.experts.memory.slots import DEFAULT_POLICY, SlotTable
@@ -47,7 +47,7 @@ def round_half_up(x: float) -> int:
 
 
 def planner_rates(hw: Hardware) -> tuple[float, float]:
-    """(B_P, B_H) the planner is given: the engine's one definition (experts/bandwidth.py)."""
+    """(B_P, B_H) the planner is given: the engine's one definition (experts/measure/bandwidth.py)."""
     return q_rates(hw.link_concurrent_gbps, hw.cpu_concurrent_gbps)
 
 

@@ -141,7 +141,7 @@ def test_bad_sizes_are_rejected_with_the_option_named(model):
 
 
 def test_a_recorded_backend_resizes_like_the_bare_one(model, tmp_path):
-    """record_routing wraps the backend (experts/recording.py): its cache is read and resized
+    """record_routing wraps the backend (experts/measure/recording.py): its cache is read and resized
     through the same Experts seam (cache_size, resize_cache_bytes) and the tokens equal the
     bare backend's."""
     params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)

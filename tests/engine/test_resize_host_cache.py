@@ -105,7 +105,7 @@ def test_engines_without_a_disk_tier_have_no_host_cache(tiny_dir):
 
 
 def test_a_recorded_disk_tier_resizes_like_the_bare_one(ftw, tmp_path):
-    """record_routing wraps the disk tier (experts/recording.py): its host cache is read and
+    """record_routing wraps the disk tier (experts/measure/recording.py): its host cache is read and
     resized through the same Experts seam (host_cache_size, resize_host_cache_bytes), with the
     bare tier's sizes and the in-RAM pool's tokens."""
     engine = LLM(str(ftw), host_cache_slots=8, record_routing=str(tmp_path / "trace.jsonl"), **OPTS).engine

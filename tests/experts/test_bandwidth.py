@@ -3,7 +3,7 @@ import json
 
 import torch
 
-from freetoken.experts.bandwidth import BandwidthEstimator, BandwidthProfile, load_profile, save_profile
+from freetoken.experts.measure.bandwidth import BandwidthEstimator, BandwidthProfile, load_profile, save_profile
 from freetoken.experts.memory.planner import q_star
 
 

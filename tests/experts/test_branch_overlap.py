@@ -42,7 +42,7 @@ def test_fill_and_cpu_branches_overlap():
 def test_background_fill_does_not_stall_the_step():
     """A slow link with q* rounding to 0: the step runs its misses on the CPU and does not
     wait for the one warming fill."""
-    from freetoken.experts.bandwidth import BandwidthEstimator
+    from freetoken.experts.measure.bandwidth import BandwidthEstimator
     pool = make_pool(layers=1, experts=4, hidden=16, inter=8)
     link = PacedCopyEngine(pool.expert_nbytes / (4 * BRANCH_S))     # a fill takes 4x a CPU step
     be = TieredExperts(pool, torch.device("cpu"), 4, "hybrid", host_executor=SleepyHost(pool), copy_engine=link,

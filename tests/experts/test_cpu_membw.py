@@ -5,7 +5,7 @@ import torch
 
 from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import quantize_banks
-from freetoken.experts.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth, roofline, torch_read_bandwidth
+from freetoken.experts.measure.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth, roofline, torch_read_bandwidth
 
 
 def test_roofline_fields():

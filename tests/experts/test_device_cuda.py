@@ -11,7 +11,7 @@ from test_tiered_exact import run_and_compare
 from tiered_helpers import make_pool, random_step, torch_host, one_torch_thread  # noqa: F401
 
 from freetoken.experts.execution import device_path
-from freetoken.experts.bandwidth import BandwidthEstimator
+from freetoken.experts.measure.bandwidth import BandwidthEstimator
 from freetoken.experts.memory.device_plan import DeviceLRU
 from freetoken.experts.formats import quantize_banks
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec

@@ -10,7 +10,7 @@ from helpers import CountHostSyncs
 from tiered_helpers import make_pool, random_step, torch_host, one_torch_thread  # noqa: F401
 
 from freetoken.experts.execution import device_path
-from freetoken.experts.bandwidth import BandwidthEstimator
+from freetoken.experts.measure.bandwidth import BandwidthEstimator
 from freetoken.experts.execution.tiered import TieredExperts
 from freetoken.experts.memory.transfer import SyncCopyEngine
 

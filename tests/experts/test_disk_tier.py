@@ -123,7 +123,7 @@ def test_plan_turns_the_disk_tier_on_when_the_pool_does_not_fit(tiny_dir):
 
 
 def test_prefetch_budget_from_b_d():
-    from freetoken.experts.diskbw import prefetch_budget
+    from freetoken.experts.measure.diskbw import prefetch_budget
     assert prefetch_budget(1e9, 1e-3, 100_000) == 10          # 1 MB in the gap: 10 experts of 100 kB
     assert prefetch_budget(1.0, 1e-3, 100_000) == 1           # at least one
     assert prefetch_budget(None, 1e-3, 100_000) is None and prefetch_budget(1e9, None, 100_000) is None
@@ -135,7 +135,7 @@ def test_profiled_b_d_bounds_the_prefetch_tokens_unchanged(tiny_dir, tmp_path):
     resident run's."""
     import json
 
-    from freetoken.experts.bandwidth import BandwidthProfile, machine_id, save_profile
+    from freetoken.experts.measure.bandwidth import BandwidthProfile, machine_id, save_profile
     out = tmp_path / "m.ftw"
     convert(tiny_dir("qwen3_moe"), out, dtype="float32")
     ref = LLM(str(out), dtype="float32")

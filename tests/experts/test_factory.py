@@ -5,7 +5,7 @@ import torch
 from tiered_helpers import make_pool, one_torch_thread  # noqa: F401
 
 from freetoken.config import EngineConfig
-from freetoken.experts.bandwidth import BandwidthProfile, device_id, format_id, machine_id, save_profile
+from freetoken.experts.measure.bandwidth import BandwidthProfile, device_id, format_id, machine_id, save_profile
 from freetoken.memory.resolve import unplanned
 from freetoken.loading.experts_backend import backend_choice, build_experts, cache_choice
 from freetoken.experts.execution.resident import ResidentExperts

@@ -5,9 +5,9 @@ import json
 import torch
 from tiered_helpers import one_torch_thread  # noqa: F401
 
-from freetoken.experts.bandwidth import device_id, format_id, load_profile, machine_id
+from freetoken.experts.measure.bandwidth import device_id, format_id, load_profile, machine_id
 from freetoken.cli.profile import model_format, register
-from freetoken.experts.probe import synthetic_pool
+from freetoken.experts.measure.probe import synthetic_pool
 
 
 def parse(argv):
@@ -41,7 +41,7 @@ def test_profile_measures_pageable_copies_when_pinning_is_refused(caplog):
     import logging
 
     from freetoken.experts.memory.pinning import PinError
-    from freetoken.experts.probe import measure
+    from freetoken.experts.measure.probe import measure
 
     def refuse():
         raise PinError("cudaHostRegister failed (1)")

@@ -4,7 +4,7 @@ import pytest
 from tiered_helpers import one_torch_thread  # noqa: F401
 
 from freetoken import LLM
-from freetoken.experts.bandwidth import BandwidthEstimator
+from freetoken.experts.measure.bandwidth import BandwidthEstimator
 from freetoken.experts.memory.transfer import SyncCopyEngine
 from freetoken.sampling_params import SamplingParams
 from freetoken.sim.access import build_stream

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiered_helpers import make_pool, random_step, reference, torch_host, one_torch_thread  # noqa: F401
 
-from freetoken.experts.bandwidth import BandwidthEstimator
+from freetoken.experts.measure.bandwidth import BandwidthEstimator
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 from freetoken.experts.execution.tiered import CpuExperts, TieredExperts
 from freetoken.experts.memory.transfer import PacedCopyEngine, SyncCopyEngine, ThreadCopyEngine

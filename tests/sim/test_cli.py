@@ -5,7 +5,7 @@ import json
 import pytest
 
 from freetoken.sim.policies import POLICIES
-from freetoken.experts.trace_format import TraceWriter
+from freetoken.experts.measure.trace_format import TraceWriter
 
 
 @pytest.fixture

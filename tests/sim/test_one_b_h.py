@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from freetoken.experts.bandwidth import BandwidthEstimator, load_profile
+from freetoken.experts.measure.bandwidth import BandwidthEstimator, load_profile
 from freetoken.experts.memory.planner import MissPlanner
 from freetoken.sim.access import stream_from_keys
 from freetoken.sim.hardware import load_hardware

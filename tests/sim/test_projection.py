@@ -34,7 +34,7 @@ def test_layer_time_adds_device_work_and_dense_weights():
 def test_q_star_rule_and_its_clamps():
     assert q_star(0, HW) == 0
     assert q_star(1, HW) == 1  # at least one fill while misses remain
-    # B_P = 5 and B_H = 5 + 20 while both run (experts/bandwidth.py): 8 * 5 / 25 = 1.6, and q = 1
+    # B_P = 5 and B_H = 5 + 20 while both run (experts/measure/bandwidth.py): 8 * 5 / 25 = 1.6, and q = 1
     # gives the shorter slower branch (max(1/5, 7/20) < max(2/5, 6/20))
     assert q_star(8, HW) == 1
     fast_link = Hardware("f", 100, 10, 100, 10, 1000)

@@ -7,7 +7,7 @@ import torch
 
 from freetoken.sim.readers import load_trace
 from freetoken.sim.trace import DECODE, PREFILL, TraceError
-from freetoken.experts.trace_format import TraceWriter
+from freetoken.experts.measure.trace_format import TraceWriter
 
 HEADER = {"num_layers": 2, "num_experts": 4, "top_k": 2, "model": "tiny"}
 

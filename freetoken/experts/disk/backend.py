@@ -32,10 +32,10 @@ import torch
 
 from ..base import Experts
 from .pieces import DiskLayout
-from ..diskbw import prefetch_budget
+from ..measure.diskbw import prefetch_budget
 from .host_cache import HostExpertCache
 from ..memory.next_layer import THRESHOLD, NextLayerPredictor
-from ..stats import ExpertStats
+from ..measure.stats import ExpertStats
 from ..execution.torch_exec import run_experts
 from ...kernels.pool import SPIN_US, shared_pool
 from ..execution.cpu import CpuExpertExecutor

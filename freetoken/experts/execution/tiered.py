@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from ..bandwidth import BandwidthEstimator
+from ..measure.bandwidth import BandwidthEstimator
 from ..base import Experts
 from ..memory.cache import ExpertCache
 from ..memory.decision import decide
@@ -37,7 +37,7 @@ from ..memory.planner import MissPlanner, SplitGuard
 from ..memory.pool import ExpertPool
 from .prefill import LayerStreamer
 from ..memory.slots import DEFAULT_POLICY, slots_in
-from ..stats import ExpertStats
+from ..measure.stats import ExpertStats
 from .torch_exec import run_experts
 from ..memory.transfer import CopyEngine, make_copy_engine
 

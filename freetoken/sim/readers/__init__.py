@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from freetoken.sim.trace import Trace, TraceError
-from freetoken.experts.trace_format import FORMAT_NAME
+from freetoken.experts.measure.trace_format import FORMAT_NAME
 from freetoken.sim.readers.engine_jsonl import read_engine_jsonl
 from freetoken.sim.readers.flame import read_flame
 from freetoken.sim.readers.route_csv import read_route_csv

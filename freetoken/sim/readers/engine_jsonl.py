@@ -1,4 +1,4 @@
-"""Reader for FreeToken's own recording format (see ``freetoken.experts.trace_format``)."""
+"""Reader for FreeToken's own recording format (see ``freetoken.experts.measure.trace_format``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from freetoken.sim.readers.common import id_list, int_field, json_lines, missing_decode_cells
 from freetoken.sim.trace import PHASES, Cell, Trace, TraceError
-from freetoken.experts.trace_format import FORMAT_NAME, FORMAT_VERSION, HEADER_FIELDS
+from freetoken.experts.measure.trace_format import FORMAT_NAME, FORMAT_VERSION, HEADER_FIELDS
 
 
 def _per_layer(value, num_layers: int, field: str, where: str) -> list[int] | None:

@@ -2,7 +2,7 @@
 in the trace format the simulator reads (trace_format.py), around any experts backend."""
 from __future__ import annotations
 
-from .base import Experts
+from ..base import Experts
 from .trace_format import TraceWriter
 
 

@@ -10,14 +10,14 @@ import time
 import numpy as np
 import torch
 
-from ..progress import progress
+from ...progress import progress
 from .bandwidth import BandwidthProfile, device_id, format_id, machine_id
-from .memory.cache import ExpertCache
-from .formats import quantize_banks, spec_format
-from .execution.host_exec import make_host_executor
-from .memory.pinning import pin_or_pageable
-from .memory.pool import ExpertPool, ExpertSpec
-from .memory.transfer import make_copy_engine
+from ..memory.cache import ExpertCache
+from ..formats import quantize_banks, spec_format
+from ..execution.host_exec import make_host_executor
+from ..memory.pinning import pin_or_pageable
+from ..memory.pool import ExpertPool, ExpertSpec
+from ..memory.transfer import make_copy_engine
 
 BATCH = 8
 

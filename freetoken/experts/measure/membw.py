@@ -12,10 +12,10 @@ import time
 
 import torch
 
-from .. import kernels
-from ..kernels.pool import CpuPool
-from .execution.cpu import CpuExpertExecutor
-from .formats import weight_keys
+from ... import kernels
+from ...kernels.pool import CpuPool
+from ..execution.cpu import CpuExpertExecutor
+from ..formats import weight_keys
 
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}

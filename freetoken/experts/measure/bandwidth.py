@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..platform import cpu_model
+from ...platform import cpu_model
 
 DEFAULT_PROFILE = Path.home() / ".cache" / "freetoken" / "bandwidth.json"
 
