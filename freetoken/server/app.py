@@ -12,7 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import anthropic_api, openai_api, openai_responses, tokenize_api, web_ui
+from .api import anthropic as anthropic_api, openai as openai_api, responses as openai_responses, tokenize as tokenize_api
+from . import web_ui
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
 from .generation import GenerationService
 from .memory_trim import TrimAfterLargeBodies

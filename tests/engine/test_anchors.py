@@ -177,7 +177,7 @@ def test_rendering_is_deterministic_and_late_reminders_keep_the_prefix(real_toke
     """Issue item 4: the same history renders to the same tokens; `<system-reminder>` text
     appended to the last user message changes nothing before that message."""
     from freetoken.server.chat import render
-    from freetoken.server.openai_api import openai_messages
+    from freetoken.server.api.openai import openai_messages
     tok = Tokenizer(real_tokenizer_dir(vocab, template))
     wire = [dict(m) for m in history()]
     wire[2] = {"role": "assistant", "content": None,   # a client that sends no tool-call id

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from freetoken.server.errors import BadRequest
-from freetoken.server.openai_api import ChatCompletionRequest
+from freetoken.server.api.openai import ChatCompletionRequest
 from freetoken.server.request_limits import MAX_CONTAINERS, MAX_VALUES, check_counts
 from freetoken.server.server_state import validate_body
 

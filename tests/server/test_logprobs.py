@@ -151,7 +151,7 @@ def test_past_the_bound_is_a_400_naming_the_field(tiny, path, body, param):
 
 
 def test_echo_logprobs_past_the_memory_bound_is_a_400(tiny, monkeypatch):
-    from freetoken.server import logprobs_api
+    from freetoken.server.api import logprobs as logprobs_api
     monkeypatch.setattr(logprobs_api, "MAX_ECHO_LOGITS_BYTES", 4 * tiny[2].engine.vocab_size * 5)
     out = post(tiny[1], "/v1/completions", {"prompt": PROMPT_IDS, "echo": True, "logprobs": 1, "max_tokens": 1},
                status=400)

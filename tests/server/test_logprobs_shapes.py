@@ -10,7 +10,7 @@ from helpers import SHARED_DATA
 
 from freetoken.engine.logprobs import TokenLogprob
 from freetoken.server.grammar import build_tokenizer
-from freetoken.server.logprobs_api import NEG_INF, TokenStrings, chat_logprobs, completion_logprobs
+from freetoken.server.api.logprobs import NEG_INF, TokenStrings, chat_logprobs, completion_logprobs
 
 VOCAB = SHARED_DATA / "tokenizers" / "ggml-vocab-qwen2.gguf"
 

@@ -17,7 +17,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .. import sse
+from ..api import sse
 from ..app import _key_from, needs_api_key
 from ..errors import APIError, Unauthorized, error_body, error_response, is_anthropic_path
 from ..metrics import Metrics

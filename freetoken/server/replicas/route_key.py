@@ -11,9 +11,9 @@ import xxhash
 
 from ..chat import render
 from ..prepare import ChatInput
-from ..anthropic_api import MessagesRequest, _convert
-from ..openai_api import ChatCompletionRequest, openai_messages, openai_tool_choice, openai_tools
-from ..openai_responses import ResponsesRequest, _chat_input
+from ..api.anthropic import MessagesRequest, _convert
+from ..api.openai import ChatCompletionRequest, openai_messages, openai_tool_choice, openai_tools
+from ..api.responses import ResponsesRequest, _chat_input
 
 log = logging.getLogger("freetoken.replicas")
 

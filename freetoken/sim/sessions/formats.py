@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...server.errors import BadRequest
-from ...server.openai_api import openai_messages, openai_tools
+from ...server.api.openai import openai_messages, openai_tools
 
 
 class SessionError(ValueError):

@@ -11,13 +11,13 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict
 
 from . import sse
-from .chat import parse_arguments
-from .errors import APIError, BadRequest
-from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
-from .openai_api import content_text
-from .prepare import ChatInput, prepare_chat
-from .request_limits import client_input
-from .server_state import json_body, parse_body, state, until_disconnected, with_keepalive
+from ..chat import parse_arguments
+from ..errors import APIError, BadRequest
+from ..events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
+from .openai import content_text
+from ..prepare import ChatInput, prepare_chat
+from ..request_limits import client_input
+from ..server_state import json_body, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()
 

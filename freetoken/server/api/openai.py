@@ -10,14 +10,14 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, StrictBool
 
 from . import sse
-from ..engine.logprobs import prompt_logprobs
-from .logprobs_api import TokenStrings, chat_logprobs, check_echo_size, check_top, completion_logprobs
-from .chat import parse_arguments
-from .errors import APIError, BadRequest, error_body
-from .events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
-from .prepare import ChatInput, prepare_chat, prepare_text
-from .request_limits import client_input
-from .server_state import collect, json_body, parse_body, state, until_disconnected, with_keepalive
+from ...engine.logprobs import prompt_logprobs
+from .logprobs import TokenStrings, chat_logprobs, check_echo_size, check_top, completion_logprobs
+from ..chat import parse_arguments
+from ..errors import APIError, BadRequest, error_body
+from ..events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
+from ..prepare import ChatInput, prepare_chat, prepare_text
+from ..request_limits import client_input
+from ..server_state import collect, json_body, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import codecs
 import math
 
-from ..engine.logprobs import TokenLogprob
-from ..sampling_params import MAX_TOP_LOGPROBS
-from .errors import BadRequest
+from ...engine.logprobs import TokenLogprob
+from ...sampling_params import MAX_TOP_LOGPROBS
+from ..errors import BadRequest
 
 NEG_INF = -9999.0           # what OpenAI reports for a token the model gives no probability
 
