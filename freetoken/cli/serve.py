@@ -120,7 +120,7 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
-    from ..server.keys import resolve_keys
+    from ..server.guards.keys import resolve_keys
     resolve_keys(args)
     from ..server.shutdown import bind_listener
     sock = bind_listener(args.host, args.port)      # before the model loads: a busy port fails now

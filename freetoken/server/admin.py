@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from ..errors import FreeTokenError
 from .errors import BadRequest, Unauthorized
-from .request_limits import parse_json, read_body
+from .guards.request_limits import parse_json, read_body
 from .server_state import state
 
 PREFIX = "/admin/"

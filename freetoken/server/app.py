@@ -17,8 +17,8 @@ from . import web_ui
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
 from .generation import GenerationService
 from .memory_trim import TrimAfterLargeBodies
-from .request_guard import RequestGuard
-from .request_limits import ClientGone
+from .guards.request_guard import RequestGuard
+from .guards.request_limits import ClientGone
 from .server_state import AppState, Settings
 from ..experts.measure.stats import tier_summary
 from .admin import make_router

@@ -15,9 +15,9 @@ from ..tiny import make_tiny
 from ..weights.source import load_json_side_file, model_config
 from ..weights.stores import resolve_model
 from .app import create_app
-from .conn_timeouts import ConnTimeouts
+from .guards.conn_timeouts import ConnTimeouts
 from .generation import GenerationService
-from .keys import resolve_keys
+from .guards.keys import resolve_keys
 from .server_state import Settings
 
 log = logging.getLogger("freetoken.server")

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from .errors import APIError, BadRequest, NotFound
 from .events import Done, ReasoningDelta, TextDelta, ToolCallEnd, ToolCallStart
 from .generation import Generation, GenerationService
-from .request_limits import ClientGone, parse_json, read_body
+from .guards.request_limits import ClientGone, parse_json, read_body
 
 
 @dataclass

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from freetoken.cli.serve import register
-from freetoken.server.keys import resolve_keys
+from freetoken.server.guards.keys import resolve_keys
 
 
 def serve_args(*argv):

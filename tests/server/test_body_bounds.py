@@ -10,7 +10,7 @@ import pytest
 
 from freetoken.server.errors import BadRequest
 from freetoken.server.api.openai import ChatCompletionRequest
-from freetoken.server.request_limits import MAX_CONTAINERS, MAX_VALUES, check_counts
+from freetoken.server.guards.request_limits import MAX_CONTAINERS, MAX_VALUES, check_counts
 from freetoken.server.server_state import validate_body
 
 HEAD = b'{"model":"capture-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}],"junk":['
@@ -85,7 +85,7 @@ def test_depth_and_surrogate_errors_name_the_place():
     """The path is built only for the error, and the string scan is skipped when the bytes
     hold no \\uD800-\\uDFFF escape: same answers as a full scan (a 1M-value body once spent
     ~8 s here building a path string per value)."""
-    from freetoken.server.request_limits import parse_json
+    from freetoken.server.guards.request_limits import parse_json
     cases = {b'{"a": [1, {"b": "\\ud800"}]}': "body.a[1].b: contains a lone UTF-16 surrogate",
              b'{"x\\udc00": 1}': "body: contains a lone UTF-16 surrogate",
              b'{"m": ["\xed\xa0\x80"]}': "body.m[0]: contains a lone UTF-16 surrogate",   # raw UTF-8 form

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import uvicorn
 
-from freetoken.server.conn_timeouts import ConnTimeouts, guarded_protocol
+from freetoken.server.guards.conn_timeouts import ConnTimeouts, guarded_protocol
 from freetoken.server.shutdown import uvicorn_config
 
 from fake_engine import FakeEngine

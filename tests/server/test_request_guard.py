@@ -4,7 +4,7 @@ any route; CORS answers only for --cors-origins."""
 import httpx
 import pytest
 
-from freetoken.server.request_guard import host_name
+from freetoken.server.guards.request_guard import host_name
 
 from live_server import LiveServer, make_fake
 

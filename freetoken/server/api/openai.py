@@ -16,7 +16,7 @@ from ..chat import parse_arguments
 from ..errors import APIError, BadRequest, error_body
 from ..events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallStart
 from ..prepare import ChatInput, prepare_chat, prepare_text
-from ..request_limits import client_input
+from ..guards.request_limits import client_input
 from ..server_state import collect, json_body, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()

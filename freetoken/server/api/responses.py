@@ -16,7 +16,7 @@ from ..errors import APIError, BadRequest
 from ..events import Done, ReasoningDelta, TextDelta, ToolCallDelta, ToolCallEnd, ToolCallStart
 from .openai import content_text
 from ..prepare import ChatInput, prepare_chat
-from ..request_limits import client_input
+from ..guards.request_limits import client_input
 from ..server_state import json_body, parse_body, state, until_disconnected, with_keepalive
 
 router = APIRouter()

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from ..chat import check_tools, render
 from ..errors import BadRequest
 from .openai import openai_messages, openai_tools
-from ..request_limits import client_input, parse_json, read_body
+from ..guards.request_limits import client_input, parse_json, read_body
 from ..server_state import state
 
 router = APIRouter()

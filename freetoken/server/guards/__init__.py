@@ -1,0 +1,1 @@
+"""What keeps the server safe: drive-by requests, body limits, slow clients, keys, log privacy, private files."""
