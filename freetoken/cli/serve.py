@@ -122,7 +122,7 @@ def cmd_serve(args) -> int:
     logging.getLogger("freetoken").setLevel(args.log_level.upper())
     from ..server.guards.keys import resolve_keys
     resolve_keys(args)
-    from ..server.shutdown import bind_listener
+    from ..server.operations.shutdown import bind_listener
     sock = bind_listener(args.host, args.port)      # before the model loads: a busy port fails now
     if getattr(args, "replicas", None) is not None:
         sock.close()                                # the replicas' front end binds its own
@@ -142,7 +142,7 @@ def cmd_serve(args) -> int:
                     "Its output is gibberish; pass --model DIR to serve a real checkpoint.",
                     DEMO_ARCH, model)
 
-    from ..server.shutdown import GracefulServer, uvicorn_config
+    from ..server.operations.shutdown import GracefulServer, uvicorn_config
 
     class Server(GracefulServer):
         async def startup(self, sockets=None):

@@ -16,19 +16,19 @@ from .api import anthropic as anthropic_api, openai as openai_api, responses as 
 from . import web_ui
 from .errors import APIError, BadRequest, NotFound, Unauthorized, error_response
 from .generation import GenerationService
-from .memory_trim import TrimAfterLargeBodies
+from .operations.memory_trim import TrimAfterLargeBodies
 from .guards.request_guard import RequestGuard
 from .guards.request_limits import ClientGone
 from .server_state import AppState, Settings
 from ..experts.measure.stats import tier_summary
-from .admin import make_router
+from .operations.admin import make_router
 
 CURRENT_SIZES_TIMEOUT_S = 30.0    # GET /v1/memory waits at most this for the step in flight
 
 log = logging.getLogger("freetoken.server")
 
 OPEN_PATHS = {"/health", "/api/hello"}
-ADMIN = "/admin/"            # admin routes check their own token (server/admin.py)
+ADMIN = "/admin/"            # admin routes check their own token (server/operations/admin.py)
 
 
 def needs_api_key(path: str) -> bool:

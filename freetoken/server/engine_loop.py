@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ..engine.llm_engine import StepOutput
 from .errors import Overloaded
-from .metrics import Metrics
+from .operations.metrics import Metrics
 
 log = logging.getLogger("freetoken.server")
 

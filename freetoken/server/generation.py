@@ -17,7 +17,7 @@ from ..sampling_params import SamplingParams
 from .engine_loop import EngineLoop, Job
 from .errors import BadRequest, ContextOverflow, Overloaded
 from .events import Done, Event, ToolCallDelta, ToolCallEnd, ToolCallStart
-from .metrics import Metrics
+from .operations.metrics import Metrics
 from .parsers import Parser, PlainParser, parser_for
 from .grammar import build_tokenizer
 from .prompt_tokens import encode_bounded

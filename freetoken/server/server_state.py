@@ -22,7 +22,7 @@ class Settings:
     api_key: str | None = None
     model_match: str = "auto"        # auto: OpenAI routes strict, Anthropic routes map any id
     max_body_bytes: int = 32 << 20
-    admin_token: str | None = None   # enables /admin/memory (server/admin.py)
+    admin_token: str | None = None   # enables /admin/memory (server/operations/admin.py)
     allowed_hosts: list[str] = field(default_factory=list)   # beyond loopback names and IPs
     cors_origins: list[str] = field(default_factory=list)    # CORS off when empty
 

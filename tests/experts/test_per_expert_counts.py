@@ -87,7 +87,7 @@ def test_cpu_backend_per_expert_counts(pool):
 
 
 def test_metrics_leave_the_per_expert_lists_out(pool):
-    from freetoken.server.metrics import flatten
+    from freetoken.server.operations.metrics import flatten
     be = CpuExperts(pool, CPU, torch_host(pool))
     drive(be, steps=2)
     names = {n for n, _ in flatten(be.stats())}

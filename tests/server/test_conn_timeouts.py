@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 
 from freetoken.server.guards.conn_timeouts import ConnTimeouts, guarded_protocol
-from freetoken.server.shutdown import uvicorn_config
+from freetoken.server.operations.shutdown import uvicorn_config
 
 from fake_engine import FakeEngine
 from live_server import LiveServer, make_fake

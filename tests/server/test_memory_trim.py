@@ -6,7 +6,7 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from freetoken.server import memory_trim
+from freetoken.server.operations import memory_trim
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from live_server import make_fake  # noqa: E402

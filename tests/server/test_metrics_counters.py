@@ -2,7 +2,7 @@
 gauges; read back with prometheus_client's own text parser."""
 from prometheus_client.parser import text_string_to_metric_families
 
-from freetoken.server.metrics import ENGINE_COUNTERS, Metrics
+from freetoken.server.operations.metrics import ENGINE_COUNTERS, Metrics
 
 
 def families(m: Metrics) -> dict:

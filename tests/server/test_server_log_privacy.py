@@ -91,7 +91,7 @@ def served_as_debug():
     """A server configured as `serve --log-level debug` configures it (access log on)."""
     import uvicorn
 
-    from freetoken.server.shutdown import uvicorn_config
+    from freetoken.server.operations.shutdown import uvicorn_config
     from live_server import LiveServer, make_fake
     engine, _, app = make_fake(api_key=SECRET + "-key")
     engine.default = f"generated {SECRET}-out text"

@@ -10,7 +10,7 @@ from fake_engine import FakeEngine
 from live_server import LiveServer, make_fake
 from sse_check import parse_sse
 
-from freetoken.server.shutdown import GracefulServer, uvicorn_config
+from freetoken.server.operations.shutdown import GracefulServer, uvicorn_config
 
 
 def test_sigterm_drains_then_ends_long_streams_with_an_error_event():

@@ -68,7 +68,7 @@ class ExpertStats:
                      for i in range(len(self.c["calls"]))]
         out = {"backend": self.backend, "steps": dict(self.steps), "total": self.totals(),
                "per_layer": per_layer, **extra}
-        if self.pe:    # lists of lists: /metrics (server/metrics.flatten) leaves them out
+        if self.pe:    # lists of lists: /metrics (server/operations/metrics.flatten) leaves them out
             out["per_expert"] = {k: v.tolist() for k, v in self.pe.items()}
         return out
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import urlsplit
 
-from ..admin import PREFIX as ADMIN_PREFIX
+from ..operations.admin import PREFIX as ADMIN_PREFIX
 from ..errors import APIError, error_response
 
 LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}

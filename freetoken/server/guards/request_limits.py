@@ -16,7 +16,7 @@ import re
 from starlette.requests import ClientDisconnect, Request
 
 from ..errors import APIError, BadRequest
-from ..memory_trim import mark_large
+from ..operations.memory_trim import mark_large
 
 MAX_DEPTH = 64
 MAX_VALUES = 1_000_000        # JSON values in one body (a 262k-token id prompt is 262k)

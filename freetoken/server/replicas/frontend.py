@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..api import sse
 from ..app import _key_from, needs_api_key
 from ..errors import APIError, Unauthorized, error_body, error_response, is_anthropic_path
-from ..metrics import Metrics
+from ..operations.metrics import Metrics
 from .forward import HELLO, META, START, Forward
 from .health import health_body
 from .merge_metrics import merge_pages

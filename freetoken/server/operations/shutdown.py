@@ -9,8 +9,8 @@ import socket
 
 import uvicorn
 
-from .guards.conn_timeouts import ConnTimeouts, guarded_protocol
-from .guards.log_privacy import install
+from ..guards.conn_timeouts import ConnTimeouts, guarded_protocol
+from ..guards.log_privacy import install
 
 log = logging.getLogger("freetoken.server")
 

@@ -10,10 +10,10 @@ import hmac
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from ..errors import FreeTokenError
-from .errors import BadRequest, Unauthorized
-from .guards.request_limits import parse_json, read_body
-from .server_state import state
+from ...errors import FreeTokenError
+from ..errors import BadRequest, Unauthorized
+from ..guards.request_limits import parse_json, read_body
+from ..server_state import state
 
 PREFIX = "/admin/"
 SIZES = ("expert_cache_gib", "kv_cache_gib", "state_cache_gib", "host_cache_gib")
