@@ -1,5 +1,5 @@
 """`freetoken serve` and `freetoken launch`: their flags, and the runs (the server's assembly
-is server/build.py, the agent launcher server/launch.py)."""
+is server/build.py, the agent launcher cli/launch.py)."""
 from __future__ import annotations
 
 import argparse
@@ -192,7 +192,7 @@ def launch_parser() -> argparse.ArgumentParser:
 
 
 def cmd_launch(args) -> int:
-    from ..server.launch import launch
+    from .launch import launch
     rest = list(args.rest)
     agent_args = []
     if "--" in rest:

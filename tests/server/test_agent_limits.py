@@ -15,7 +15,7 @@ from fake_engine import FakeEngine
 from live_server import LiveServer, make_fake
 from sse_check import check_anthropic_stream, check_chat_stream, parse_sse
 
-from freetoken.server.launch import plan, server_limits
+from freetoken.cli.launch import plan, server_limits
 
 SHAPES = Path(__file__).resolve().parent / "client_shapes"
 DROP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "accept-encoding"}

@@ -85,7 +85,7 @@ def test_launch_passes_the_servers_limits(keyed, agent, tmp_path):
 
 
 def test_claude_gets_its_compact_window_from_100k(tmp_path):
-    from freetoken.server.launch import Limits, plan
+    from freetoken.cli.launch import Limits, plan
     env, _, _ = plan("claude", "http://127.0.0.1:1", Limits("m", 131072, 8192), "k", tmp_path, [])
     assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "131072"
 
@@ -95,7 +95,7 @@ def test_openclaw_waits_for_a_cold_whole_window_compaction(tmp_path, context, se
     """OpenClaw aborts a compaction request after agents.defaults.compaction.timeoutSeconds
     (180 s by default); a cold 55k-token summary request took 132 s to its first token on the
     tiny model. `launch` allows a whole window at 50 prompt tokens/s."""
-    from freetoken.server.launch import Limits, plan
+    from freetoken.cli.launch import Limits, plan
     _, files, _ = plan("openclaw", "http://127.0.0.1:1", Limits("m", context, 512), "k", tmp_path, [])
     conf = json.loads(next(iter(files.values())))
     assert conf["agents"]["defaults"]["compaction"]["timeoutSeconds"] == seconds
@@ -147,7 +147,7 @@ def test_claude_runs_in_its_own_profile_with_the_users_settings_layered(tmp_path
     """Claude Code rewrites the settings.json of the profile it runs in ("model": "opus" became
     "opus[1m]" under ANTHROPIC_DEFAULT_OPUS_MODEL): launch gives it a profile of its own
     (CLAUDE_CONFIG_DIR) with a copy of the user's settings, less what points elsewhere."""
-    from freetoken.server.launch import Limits, plan
+    from freetoken.cli.launch import Limits, plan
     monkeypatch.delenv("CLAUDE_CONFIG_DIR", raising=False)
     home, cfg = tmp_path / "home", tmp_path / "cfg"
     (home / ".claude").mkdir(parents=True)
@@ -169,7 +169,7 @@ def test_claude_runs_in_its_own_profile_with_the_users_settings_layered(tmp_path
 
 
 def test_claude_profile_without_user_settings(tmp_path, monkeypatch):
-    from freetoken.server.launch import Limits, plan
+    from freetoken.cli.launch import Limits, plan
     monkeypatch.delenv("CLAUDE_CONFIG_DIR", raising=False)
     _, files, _ = plan("claude", "http://x", Limits("m", 4096, 512), "k", tmp_path / "c", [],
                        home=tmp_path / "nohome")

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from freetoken.server.launch import Limits, agent_output, plan
+from freetoken.cli.launch import Limits, agent_output, plan
 
 OUTPUT_TOKEN_MAX = 32000       # OpenCode's default OPENCODE_EXPERIMENTAL_OUTPUT_TOKEN_MAX
 

@@ -15,8 +15,8 @@ from fake_engine import FakeEngine
 from live_server import FIXTURES, LiveServer, make_fake
 from test_launch import run_launch
 
-from freetoken.server import agent_window as aw
-from freetoken.server.launch import agent_output, compact_headroom
+from freetoken.cli import agent_window as aw
+from freetoken.cli.launch import agent_output, compact_headroom
 
 REQUESTS = Path(os.environ.get("FREETOKEN_CLIENT_REQUESTS") or FIXTURES)
 FIRST = {"claude": "claude-code/01-messages-stream-first-turn.json",

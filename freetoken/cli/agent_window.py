@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from .guards.private_file import write_private
+from ..server.guards.private_file import write_private
 
 # a one-turn, non-interactive run of each agent (its first model request is all we need)
 PROBE_ARGS = {"claude": ["-p", "hi"], "opencode": ["run", "hi"],

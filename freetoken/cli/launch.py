@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from . import agent_window as aw
-from .guards.private_file import write_private
+from ..server.guards.private_file import write_private
 
 QUIET = {"claude": {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
                     "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1"},
