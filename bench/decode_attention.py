@@ -25,7 +25,7 @@ import torch
 from freetoken import kernels
 from freetoken.experts.measure.membw import read_bandwidth
 from freetoken.kernels.pool import CpuPool
-from freetoken.layers.attention import attend_rows
+from freetoken.layers.attention.paged import attend_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from freetoken.layers.attention import AttentionMetadata, KVCache, paged_attention
+from freetoken.layers.attention.paged import AttentionMetadata, KVCache, paged_attention
 
 
 def setup(ctx: int, chunk: int, hq=32, hkv=4, d=128):

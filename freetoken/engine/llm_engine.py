@@ -11,7 +11,7 @@ import torch
 
 from ..config import EngineConfig, check_cuda_graphs
 from ..errors import InvalidRequestError, NumericalError, PromptTooLongError
-from ..layers.attention import kv_values_per_token
+from ..layers.attention.paged import kv_values_per_token
 from ..loading.loader import load_model
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer

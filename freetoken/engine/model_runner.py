@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.attention import AttentionMetadata, KVCache
+from ..layers.attention.paged import AttentionMetadata, KVCache
 from ..models.context import ForwardContext
 from .cuda_graphs import PAD_POS as _PAD_POS, DecodeGraphs, cuda_capture
 from .sequence import Sequence

@@ -209,7 +209,7 @@ def dense_bytes(s: ModelShape, cfg: EngineConfig) -> int:
 # --- what CUDA adds: gathered KV, pinned bytes and their rounding ------------------------------
 def gathered_kv_bytes(s: ModelShape, cfg: EngineConfig, max_len: int) -> int:
     """Device bytes one attention layer materialises when it gathers every decoding sequence's
-    keys for a whole context (layers/attention.gather: the cache rows, plus a copy in the compute
+    keys for a whole context (layers/attention/paged.gather: the cache rows, plus a copy in the compute
     dtype when the KV dtype differs). CUDA attention reads the paged cache in place
     (paged_flex.py); the gather is its fallback when the fused kernel cannot run, and DSA's
     indexer always gathers its fp32 keys (dsa.py). The values per token are the model class's

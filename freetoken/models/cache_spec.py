@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.choices import activation_dtype
-from ..layers.attention import kv_values_per_token
+from ..layers.attention.paged import kv_values_per_token
 from ..layers.host_copy import ALIGN as HOST_ALIGN
 from ..platform import cpu_flags
 from .registry import model_class

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..defaults import SPIN_US
-from ..layers.attention import AttentionMetadata, KVCache
+from ..layers.attention.paged import AttentionMetadata, KVCache
 
 if TYPE_CHECKING:
     from ..config import EngineConfig, Settings

@@ -12,7 +12,7 @@ from ..experts.base import ExpertsSeat
 from ..experts.execution.numerics import set_bf16_dot
 from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
-from ..layers.attention import kv_values_per_token, paged_attention
+from ..layers.attention.paged import kv_values_per_token, paged_attention
 from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
@@ -231,7 +231,7 @@ class MoECausalLM:
     @classmethod
     def gathered_values(cls, hf: HFConfig) -> tuple[int, int]:
         """Values per token one attention layer gathers when it reads a whole context out of the
-        paged cache (layers/attention.gather, the CUDA fallback): (those converted to the compute
+        paged cache (layers/attention/paged.gather, the CUDA fallback): (those converted to the compute
         dtype, those an indexer converts to fp32). By default its widest `kv_rows` entry, K and V
         or a latent row; a model whose rows all live in states gathers none."""
         return max((kv_values_per_token([row]) for row in cls.kv_rows(hf)), default=0), 0

@@ -1,5 +1,5 @@
 """DeepSeek-V3 / R1 (and Kimi-K2-style configs that reuse the class): multi-head latent
-attention over a latent paged cache (`layers/mla.py`), the first `first_k_dense_replace`
+attention over a latent paged cache (`layers/attention/mla.py`), the first `first_k_dense_replace`
 layers dense, then MoE layers with DeepSeek's sigmoid router (correction bias, group-limited
 top-k, `routed_scaling_factor`) and shared experts. FP8 (e4m3, 128x128 block scales)
 projections and experts are read as shipped: dense ones stay packed in `Linear`, experts in
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..layers.linear import Linear
-from ..layers.mla import MLA, MLAConfig
+from ..layers.attention.mla import MLA, MLAConfig
 from ..layers.moe import BiasCorrectedMoE
 from ..layers.norm import RMSNorm
 from .decoder import DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter

@@ -1,12 +1,12 @@
 """DeepSeek-V3.2: DeepSeek-V3 with DeepSeek sparse attention in every layer. MLA attends
-only the `index_topk` keys the lightning indexer picks for each query (`layers/dsa.py`);
+only the `index_topk` keys the lightning indexer picks for each query (`layers/attention/dsa.py`);
 the indexer's keys extend each latent cache row. Dense/MoE layers follow `mlp_layer_types`."""
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..layers.dsa import Indexer
-from ..layers.mla import MLA
+from ..layers.attention.dsa import Indexer
+from ..layers.attention.mla import MLA
 from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 
 

@@ -1,6 +1,6 @@
 """DeepSeek-V4 (Flash / Pro): every layer attends a sliding window with sinks, plus per
 `layer_types` the entries of a compressed sparse (CSA) or heavily compressed (HCA) branch
-(`layers/v4_attention.py`, `layers/compressor.py`); hyper-connections carry `hc_mult`
+(`layers/attention/v4.py`, `layers/attention/compressor.py`); hyper-connections carry `hc_mult`
 residual streams (`layers/hyper.py`); MoE in every layer, the first `hash_moe` ones routed
 by a token-id table, the rest by sqrt-softplus scores with a correction bias; experts and
 the shared expert use a clamped SwiGLU (`swiglu_limit`).
@@ -16,7 +16,7 @@ from ..errors import CheckpointError
 from ..experts.execution.numerics import set_bf16_dot
 from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
-from ..layers.compressor import Compressor
+from ..layers.attention.compressor import Compressor
 from ..layers.hyper import HyperConnection, HyperHead
 from ..layers.linear import Linear, LinearFactory
 from ..layers.mlp import GatedMLP
@@ -24,7 +24,7 @@ from ..layers.moe import BiasCorrectedMoE, HashRoutedMoE
 from ..layers.norm import RMSNorm
 from ..layers.rope import inv_freq_and_scale
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
-from ..layers.v4_attention import V4Attention
+from ..layers.attention.v4 import V4Attention
 from .context import ForwardContext
 from .decoder import MoECausalLM, tiny_base, tiny_moe_inter
 from .hf_config import HFConfig

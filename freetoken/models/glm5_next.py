@@ -1,6 +1,6 @@
 """GLM-5.3-Flash (`Glm5NextForConditionalGeneration`, its text part): KDA linear attention
 (`layers/kda.py`) in most layers, NoPE multi-head latent attention with GLM's pooled DSA
-indexer (`layers/mla.py`, `layers/dsa_pooled.py`) in the others ("indexed_attention"),
+indexer (`layers/attention/mla.py`, `layers/attention/dsa_pooled.py`) in the others ("indexed_attention"),
 hyper-connections carrying `hc_mult` residual streams (`layers/hyper.py`, collapsed at the
 end by a plain mean), DeepSeek's sigmoid router with shared experts, and a clamped SwiGLU
 (`swiglu_limit`) in experts, shared experts and dense layers.
@@ -20,12 +20,12 @@ from ..errors import CheckpointError
 from ..experts.execution.numerics import set_bf16_dot
 from ..experts.memory.pool import ExpertPool
 from ..kernels.choices import model_kernels
-from ..layers.dsa import SharedSelection
-from ..layers.dsa_pooled import PooledIndexer
+from ..layers.attention.dsa import SharedSelection
+from ..layers.attention.dsa_pooled import PooledIndexer
 from ..layers.hyper import HyperConnection
 from ..layers.kda import KimiDeltaAttention
 from ..layers.linear import LinearFactory
-from ..layers.mla import MLA, MLAConfig
+from ..layers.attention.mla import MLA, MLAConfig
 from ..layers.norm import RMSNorm
 from ..layers.state import DeltaNetState, SequenceState, check_positions
 from .context import ForwardContext

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import CheckpointError
-from ..layers.dsa import Indexer, SharedSelection
-from ..layers.mla import MLA
+from ..layers.attention.dsa import Indexer, SharedSelection
+from ..layers.attention.mla import MLA
 from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 from .deepseek_v32 import DeepseekV32ForCausalLM
 

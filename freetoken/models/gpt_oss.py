@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from ..experts.memory.pool import ExpertSpec, PoolBuilder
-from ..layers.attention import attend_rows
+from ..layers.attention.paged import attend_rows
 from ..layers.moe import SparseMoE
 from ..layers.norm import rms_norm
-from ..layers.sinks import paged_attention_sinks, window_attention_sinks
+from ..layers.attention.sinks import paged_attention_sinks, window_attention_sinks
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
 from .context import ForwardContext
 from .decoder import ArchSpec, Attention, MoECausalLM, tiny_base, tiny_moe_inter

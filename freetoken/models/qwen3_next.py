@@ -10,7 +10,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..layers.deltanet import GatedDeltaNet
-from ..layers.gated_attention import GatedAttention, RMSNorm1p
+from ..layers.attention.gated import GatedAttention, RMSNorm1p
 from ..layers.state import DeltaNetState, SequenceState, check_positions
 from .context import ForwardContext
 from .decoder import ArchSpec, DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter

@@ -91,7 +91,7 @@ def test_static_step_has_no_host_sync(tiny_dir, monkeypatch):
     """What a graph captures reads no device data on the host (counted per op): the gathered
     attention path, and the paged one CUDA takes up to its fused kernel (the block tables and
     the block mask; the kernel itself, a compiled HOP, is replaced by zeros for the count)."""
-    from freetoken.layers import paged_flex
+    from freetoken.layers.attention.paged import paged_flex
     from helpers import CountHostSyncs
     side = Side(tiny_dir("qwen3_moe"), graphs=4)
     vocab = side.model.vocab_size

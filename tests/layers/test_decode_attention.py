@@ -6,9 +6,9 @@ import torch.nn.functional as F
 
 from freetoken import kernels
 from freetoken.kernels.pool import CpuPool
-from freetoken.layers.attention import AttentionMetadata, KVCache, paged_attention
+from freetoken.layers.attention.paged import AttentionMetadata, KVCache, paged_attention
 from freetoken.layers.norm import rms_norm
-from freetoken.layers.sinks import attend_with_sinks, paged_attention_sinks
+from freetoken.layers.attention.sinks import attend_with_sinks, paged_attention_sinks
 
 
 POOL = CpuPool(kernels.load(), 2, small_job_bytes=0)      # split even these small caches

@@ -5,7 +5,7 @@ import torch
 from transformers.models.deepseek_v32.modeling_deepseek_v32 import apply_rotary_pos_emb
 from transformers.models.glm_moe_dsa.modeling_glm_moe_dsa import apply_rotary_pos_emb_interleave
 
-from freetoken.layers.dsa import Indexer
+from freetoken.layers.attention.dsa import Indexer
 from freetoken.layers.rope import Rotary
 
 

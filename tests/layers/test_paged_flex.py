@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from freetoken.layers.attention import AttentionMetadata, KVCache, paged_attention
-from freetoken.layers.sinks import paged_attention_sinks
+from freetoken.layers.attention.paged import AttentionMetadata, KVCache, paged_attention
+from freetoken.layers.attention.sinks import paged_attention_sinks
 
 BS = 4
 
@@ -113,7 +113,7 @@ def test_paged_sinks_match_reference(window):
 
 def test_latent_rows_as_keys_and_a_column_view_as_values():
     """MLA's absorbed form: one shared head, keys = rows[:, :row], values = rows[:, :rank]."""
-    from freetoken.layers.attention import gather_queries, in_place, scatter
+    from freetoken.layers.attention.paged import gather_queries, in_place, scatter
     gen = torch.Generator().manual_seed(5)
     meta = paged_step((11, 3, 8), (1, 3, 1), gen=gen)
     rows = torch.randn(40 * BS, 1, 24, generator=gen)          # [latent 16 | rope 6 | indexer 2]
@@ -147,7 +147,7 @@ def test_cuda_paged_matches_cpu(ctx_lens, q_lens):
     meta_c.paged = None                                    # the CUDA default
     assert meta_c.use_paged(qc)
     got = paged_attention(qc, kc, vc, cache_c, meta_c, 0.25, 6)
-    from freetoken.layers import paged_flex
+    from freetoken.layers.attention.paged import paged_flex
     assert not paged_flex._broken, "the compiled kernel failed: the gathered fallback ran"
     torch.testing.assert_close(got.cpu(), want, atol=2e-5, rtol=2e-5)
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from freetoken.layers.attention import AttentionMetadata, KVCache
-from freetoken.layers.sinks import paged_attention_sinks
+from freetoken.layers.attention.paged import AttentionMetadata, KVCache
+from freetoken.layers.attention.sinks import paged_attention_sinks
 
 
 class _Mod:

@@ -121,7 +121,7 @@ def test_cuda_plan_budgets_the_gathered_kv(tiny_dir, arch, kv, compute):
     real tensors, is what the plan's CUDA activations add over the CPU plan's."""
     import torch
 
-    from freetoken.layers.attention import AttentionMetadata, KVCache, gather, gather_rows
+    from freetoken.layers.attention.paged import AttentionMetadata, KVCache, gather, gather_rows
     src = tiny_dir(arch)
     shape = read_model_shape(src)
     seqs, max_len = 3, 64

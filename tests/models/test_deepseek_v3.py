@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from freetoken import LLM
-from freetoken.layers.attention import kv_values_per_token
+from freetoken.layers.attention.paged import kv_values_per_token
 from freetoken.layers.moe import grouped_sigmoid_topk
 from freetoken.quant.fp8 import quantize_checkpoint_fp8
 

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from freetoken import LLM
-from freetoken.layers.attention import kv_values_per_token
+from freetoken.layers.attention.paged import kv_values_per_token
 
 from helpers import assert_logits_close, reference_logits
 from model_checks import check_batch_equals_single, check_incremental_equals_full, check_prefix_cache_exact, ids_for

@@ -12,7 +12,7 @@ import transformers
 
 from freetoken import LLM
 from freetoken.errors import CheckpointError
-from freetoken.layers.attention import kv_values_per_token
+from freetoken.layers.attention.paged import kv_values_per_token
 
 from helpers import assert_logits_close
 from model_checks import (

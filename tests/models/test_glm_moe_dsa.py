@@ -11,7 +11,7 @@ import transformers
 
 from freetoken import LLM
 from freetoken.errors import CheckpointError
-from freetoken.layers.attention import kv_values_per_token
+from freetoken.layers.attention.paged import kv_values_per_token
 from freetoken.models.glm_moe_dsa import indexer_types
 
 from helpers import assert_logits_close, reference_logits, save_hf_checkpoint

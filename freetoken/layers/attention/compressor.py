@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .host_copy import to_host
-from .linear import Linear
-from .norm import rms_norm
+from ..host_copy import to_host
+from ..linear import Linear
+from ..norm import rms_norm
 
 
 def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

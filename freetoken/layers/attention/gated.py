@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata, KVCache, paged_attention
-from .linear import LinearFactory
-from .rope import Rotary
+from .paged import AttentionMetadata, KVCache, paged_attention
+from ..linear import LinearFactory
+from ..rope import Rotary
 
 
 def rms_norm_1p(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """DeepSeek-V4 attention: one shared key/value head (K = V) over the last `sliding_window`
 tokens plus, per `layer_types`, the compressed entries of a CSA or HCA compressor
-(`layers/compressor.py`); learned per-head sinks; rope on the trailing `qk_rope_head_dim`
+(`layers/attention/compressor.py`); learned per-head sinks; rope on the trailing `qk_rope_head_dim`
 features (interleaved pairs), undone on the output with the negated angle; grouped low-rank
 output projection (`o_groups` blocks of heads, each to `o_lora_rank`, then one mix).
 
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 
 from .compressor import Compressor, V4Indexer, rope_tail, visible
-from .hyper import unweighted_rms_norm
-from .ggml_linear import GgmlLinear, GgmlWeight
-from .linear import Linear
-from .norm import RMSNorm
+from ..hyper import unweighted_rms_norm
+from ..ggml_linear import GgmlLinear, GgmlWeight
+from ..linear import Linear
+from ..norm import RMSNorm
 
 
 def split_rows(w: Linear | GgmlLinear, groups: int, linear) -> list[Linear | GgmlLinear]:

@@ -9,7 +9,7 @@ W_kb into the query and W_vb into the output instead, so attention reads the cac
 as one shared head:  q_h . k_h = (W_kb,h^T q_nope,h) . c + q_rope,h . k_rope  and
 o_h = W_vb,h (sum_j p_j c_j).  On the CPU that is the C decode kernel over the rows in place.
 
-With a DSA `indexer` (V3.2) each query attends only the keys the indexer selects; see `layers/dsa.py`.
+With a DSA `indexer` (V3.2) each query attends only the keys the indexer selects; see `layers/attention/dsa.py`.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import (AttentionMetadata, KVCache, attend_rows, gather_queries, gather_rows, in_place, masked_sdpa,
+from .paged import (AttentionMetadata, KVCache, attend_rows, gather_queries, gather_rows, in_place, masked_sdpa,
                         scatter)
-from .linear import LinearFactory
-from .norm import RMSNorm
-from .rope import Rotary, rope_parameters
+from ..linear import LinearFactory
+from ..norm import RMSNorm
+from ..rope import Rotary, rope_parameters
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class MLA:
         return torch.cat([lat, k_rope[:, 0]], dim=-1)[:, None]
 
     # --- attention ----------------------------------------------------------------------
-    indexer = None          # DSA: an `Indexer` whose keys end each cache row (layers/dsa.py)
+    indexer = None          # DSA: an `Indexer` whose keys end each cache row (layers/attention/dsa.py)
 
     def __call__(self, x: torch.Tensor, cos, sin, cache: KVCache, meta: AttentionMetadata):
         q_nope, q_rope, ql = self.queries(x, cos, sin)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from ..kernels.pool import CpuPool
-from .zeros import zeros
-from . import paged_flex, prefill_attention
+from ...kernels.pool import CpuPool
+from ..zeros import zeros
+from . import paged_flex, prefill as prefill_attention
 
 _KV_CODE = {torch.float32: 0, torch.bfloat16: 1}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata, KVCache, decode_attention, gather, gather_queries, in_place, scatter
+from .paged import AttentionMetadata, KVCache, decode_attention, gather, gather_queries, in_place, scatter
 
 QUERY_BLOCK = 256
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..errors import CheckpointError
-from .attention import AttentionMetadata, gather_queries, gather_rows
+from ...errors import CheckpointError
+from .paged import AttentionMetadata, gather_queries, gather_rows
 from .dsa import Selection
-from .linear import Linear, LinearFactory
+from ..linear import Linear, LinearFactory
 
 
 class PooledIndexer:

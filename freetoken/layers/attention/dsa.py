@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionMetadata, gather_queries, gather_rows
-from .linear import Linear, LinearFactory
-from .rope import Rotary
+from .paged import AttentionMetadata, gather_queries, gather_rows
+from ..linear import Linear, LinearFactory
+from ..rope import Rotary
 
 
 @dataclass
