@@ -89,7 +89,7 @@ class EngineConfig:
                                              f"machine (default max({100 // defaults.HOST_HEADROOM_DIVISOR}%%, "
                                              f"{defaults.HOST_HEADROOM_GIB:g} GiB))")
     num_threads: int | None = flag(None, option="--threads", help="CPU threads (default: all cores)")
-    # Prefix cache (engine/prefix_cache.py): finished and running sequences leave their KV
+    # Prefix cache (engine/prefix/cache.py): finished and running sequences leave their KV
     # blocks in a radix tree (inside kv_cache_gib); hybrid models also keep state snapshots.
     prefix_cache: bool = flag(True, help="recompute every prompt from its first token (no KV/state reuse "
                                          "across requests)")

@@ -15,11 +15,11 @@ from ..layers.attention.paged import kv_values_per_token
 from ..loading.loader import load_model
 from ..sampling_params import SamplingParams
 from ..tokenizer import Tokenizer
-from .anchors import AnchorFinder
+from .prefix.anchors import AnchorFinder
 from .block_manager import BlockManager
-from .checkpoint_policy import CheckpointPolicy
+from .prefix.checkpoint_policy import CheckpointPolicy
 from .model_runner import ModelRunner
-from .prefix_cache import PrefixCache
+from .prefix.cache import PrefixCache
 from . import sampler
 from .logprobs import token_logprobs
 from .scheduler import Scheduler

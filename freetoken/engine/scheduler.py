@@ -14,7 +14,7 @@ import logging
 from collections import deque
 
 from .block_manager import BlockManager
-from .prefix_cache import PrefixCache
+from .prefix.cache import PrefixCache
 from .sequence import Sequence, Status
 
 log = logging.getLogger("freetoken.engine")

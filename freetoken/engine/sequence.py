@@ -32,7 +32,7 @@ class Sequence:
         self.want_prompt_logits = want_prompt_logits
         self.prompt_logits: list[torch.Tensor] = []
         self.counts: dict[int, int] = {}      # output token -> occurrences (penalties)
-        # prefix cache (see prefix_cache.py)
+        # prefix cache (see engine/prefix/cache.py)
         self.prompt_computed = 0              # prompt tokens this request ran through the model
         self.tree_path: list = []             # tree nodes of block_table's published prefix
         self.checkpoint_plan: list[int] = []  # positions to snapshot the state at during prefill

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from freetoken.engine.anchors import AnchorFinder, classify
+from freetoken.engine.prefix.anchors import AnchorFinder, classify
 from freetoken.tokenizer import Tokenizer
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",

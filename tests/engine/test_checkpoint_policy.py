@@ -4,7 +4,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, strategies as st
 
-from freetoken.engine.checkpoint_policy import CheckpointPolicy
+from freetoken.engine.prefix.checkpoint_policy import CheckpointPolicy
 
 
 class Marks:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from freetoken.engine.block_manager import BlockManager
 from freetoken.engine.kv_resize import resize_kv
-from freetoken.engine.prefix_cache import PrefixCache
+from freetoken.engine.prefix.cache import PrefixCache
 from freetoken.engine.scheduler import Scheduler
 from freetoken.engine.sequence import Sequence, Status
 from freetoken.sampling_params import SamplingParams

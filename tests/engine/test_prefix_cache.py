@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 
 from freetoken.engine.block_manager import BlockManager
-from freetoken.engine.checkpoint_policy import CheckpointPolicy
-from freetoken.engine.prefix_cache import PrefixCache
-from freetoken.engine.prefix_replay import PrefixReplay, StandInState
+from freetoken.engine.prefix.checkpoint_policy import CheckpointPolicy
+from freetoken.engine.prefix.cache import PrefixCache
+from freetoken.engine.prefix.replay import PrefixReplay, StandInState
 from freetoken.engine.sequence import Sequence
 from freetoken.sampling_params import SamplingParams
 

@@ -29,6 +29,6 @@ def test_prefix_totals_are_counters_and_levels_gauges():
 def test_every_prefix_statistic_is_classified():
     """The counters named are exactly the prefix cache's own running totals (PrefixStats),
     so a new statistic is not silently a counter or a gauge by accident of its name."""
-    from freetoken.engine.prefix_cache import PrefixStats
+    from freetoken.engine.prefix.cache import PrefixStats
     totals = {f"prefix_{k}" for k in PrefixStats().__dict__}
     assert {c for c in ENGINE_COUNTERS if c.startswith("prefix_")} == totals

@@ -123,7 +123,7 @@ def test_sim_sessions_kv_pool_is_the_engines(tiny_dir, arch):
     kv_cache_gib (null block included), so both have the same usable blocks."""
     from freetoken import LLM
     from freetoken.config import EngineConfig
-    from freetoken.engine.prefix_replay import PrefixReplay
+    from freetoken.engine.prefix.replay import PrefixReplay
     from freetoken.memory.resolve import resolve
     from freetoken.memory.probe import MachineMemory
     from freetoken.sim.sessions.cli import kv_blocks

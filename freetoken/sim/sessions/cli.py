@@ -60,7 +60,7 @@ def _tokenizer(args):
 
 
 def run(args) -> int:
-    from ...engine.anchors import AnchorFinder
+    from ...engine.prefix.anchors import AnchorFinder
     try:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         bad = [p for p in policies if p not in POLICIES]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...engine.prefix_replay import PrefixReplay
+from ...engine.prefix.replay import PrefixReplay
 from .tokens import Turn, prefix_ideal
 
 POLICIES = ("anchors", "periodic", "end")

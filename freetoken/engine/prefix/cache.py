@@ -26,9 +26,9 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
+from ..block_manager import BlockManager
 from .checkpoint_policy import CheckpointPolicy
-from .sequence import Sequence
+from ..sequence import Sequence
 
 
 @dataclass(eq=False)

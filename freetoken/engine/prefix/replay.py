@@ -8,12 +8,12 @@ which leaves the same blocks and checkpoints behind.
 """
 from __future__ import annotations
 
-from ..sampling_params import SamplingParams
-from .block_manager import BlockManager
+from ...sampling_params import SamplingParams
+from ..block_manager import BlockManager
 from .checkpoint_policy import CheckpointPolicy
-from .prefix_cache import PrefixCache
-from .scheduler import Scheduler
-from .sequence import Sequence
+from .cache import PrefixCache
+from ..scheduler import Scheduler
+from ..sequence import Sequence
 
 
 class StandInState:
