@@ -90,7 +90,7 @@ def drop_file_cache(path: Path) -> None:
 
 def dense_ranges(path: Path) -> list[tuple[int, int]]:
     """(offset, nbytes) of every non-expert tensor of the GGUF, in file order."""
-    from freetoken.weights.gguf import GgufFile
+    from freetoken.weights.gguf.reader import GgufFile
     ck = GgufFile(path)
     return sorted((t.offset, t.nbytes) for name, (_, t) in ck.tensors_by_name.items() if "_exps." not in name)
 
@@ -195,7 +195,7 @@ def main():
 
     import random
     from freetoken.loading.disk_layout import gguf_layout
-    from freetoken.weights.gguf import GgufFile
+    from freetoken.weights.gguf.reader import GgufFile
     from vs_llamacpp import LLAMA_RUN as LLAMA, WARMUP, isa_line
     layout = gguf_layout(GgufFile(args.gguf))
     pool_gib = layout.nbytes / 2**30

@@ -1,5 +1,5 @@
 """Real shapes, side by side (outside CI): a random-weight GGUF with the exact shapes and
-Q4_K_M types of Qwen3-30B-A3B (weights/synthetic_gguf.py; 48 layers = 17.3 GB), then
+Q4_K_M types of Qwen3-30B-A3B (weights/gguf/synthetic.py; 48 layers = 17.3 GB), then
 
   load     FreeToken's load peak (VmHWM) against its settled resident size, and the expert
            pool against the file's expert bytes (mixed Q4_K/Q6_K types);
@@ -79,7 +79,7 @@ def gib(n: float) -> str:
 
 
 def build(path: Path, layers: int) -> None:
-    from freetoken.weights import synthetic_gguf as sg
+    from freetoken.weights.gguf.reader import synthetic as sg
     if path.exists():
         return
     s = sg.Shape(layers=layers)
@@ -97,7 +97,7 @@ def build(path: Path, layers: int) -> None:
 
 
 def _nbytes(shape, ty) -> int:
-    from freetoken.weights import synthetic_gguf as sg
+    from freetoken.weights.gguf.reader import synthetic as sg
     block, size = sg._block(ty)
     n = 1
     for d in shape[:-1]:
@@ -106,7 +106,7 @@ def _nbytes(shape, ty) -> int:
 
 
 def file_expert_bytes(path: Path) -> int:
-    from freetoken.weights.gguf import GgufFile
+    from freetoken.weights.gguf.reader import GgufFile
     ck = GgufFile(path)
     return sum(t.nbytes for n, (_, t) in ck.tensors_by_name.items() if "_exps." in n)
 
@@ -143,7 +143,7 @@ def step_speed(path: Path, prompts: list[int], decode: int, rounds: int, threads
     from vs_llamacpp import run_llamacpp
     py, _ = ensure_llamacpp()
     g = torch.Generator().manual_seed(0)
-    from freetoken.weights.gguf import GgufFile
+    from freetoken.weights.gguf.reader import GgufFile
     vocab = GgufFile(path).config["vocab_size"]
     for plen in prompts:
         ft, ll = [], []
@@ -177,7 +177,7 @@ def freetoken_child(path: Path, prompt: list[list[int]], threads: int, decode: i
 
 def step_disk(path: Path, decode: int, rounds: int, threads: int, limit_mib: int | None) -> None:
     from freetoken.loading.disk_layout import gguf_layout
-    from freetoken.weights.gguf import GgufFile
+    from freetoken.weights.gguf.reader import GgufFile
     layout = gguf_layout(GgufFile(path))
     dense = path.stat().st_size - layout.nbytes
     # half the pool for the cache + the rest of the model + 1 GiB for KV cache, buffers, the runtime

@@ -72,7 +72,7 @@ def real_tokenizer_dir(tmp_path_factory):
     ../shared/data/chat-templates/<template_file> (else the GGUF's own). Skips without the data."""
     from helpers import SHARED_DATA
 
-    from freetoken.weights.gguf_tokenizer import save_tokenizer_dir
+    from freetoken.weights.gguf.tokenizer import save_tokenizer_dir
     root = tmp_path_factory.mktemp("realtok")
     cache: dict = {}
 

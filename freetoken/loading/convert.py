@@ -20,7 +20,7 @@ from ..weights.checkpoint import Checkpoint
 from ..weights import ftw_format
 from ..weights.ftw_gguf import convert_gguf
 from ..weights.ftw_writer import RecordingCheckpoint, default_dtype, side_files, write_tensors
-from ..weights.gguf import is_gguf
+from ..weights.gguf.reader import is_gguf
 from .loader import build_model, expert_pool
 
 

@@ -35,9 +35,9 @@ from ..quant import ggml_quants
 from ..weights import modelopt
 from ..weights.ftw_format import dtype_from_name
 from ..weights.ftw_reader import FtwFile
-from ..weights.gguf import GgufFile
-from ..weights.gguf_experts import expert_biases, expert_tensors, layout
-from ..weights.gguf_types import BF16, F16, F32
+from ..weights.gguf.reader import GgufFile
+from ..weights.gguf.experts import expert_biases, expert_tensors, layout
+from ..weights.gguf.types import BF16, F16, F32
 from ..models.decoder import MoECausalLM
 
 

@@ -12,8 +12,8 @@ from ..weights.ftw_reader import is_ftw, read_header
 from ..layers.ggml_linear import KERNEL_TYPES
 from ..weights.checkpoint import Checkpoint
 from ..weights.ftw_gguf import GgufInFtw, is_gguf_ftw
-from ..weights.gguf import GgufFile, is_gguf
-from ..weights.gguf_experts import expert_tensors, layout, row_widths
+from ..weights.gguf.reader import GgufFile, is_gguf
+from ..weights.gguf.experts import expert_tensors, layout, row_widths
 from ..weights.partial import check_not_partial
 
 _BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,

@@ -21,8 +21,8 @@ import xxhash
 from ..errors import CheckpointError
 from .ftw_format import CHUNK_BYTES, VERSION, TensorEntry, combine_digests, config_hash
 from .ftw_writer import _layout, side_files, write_ftw
-from .gguf import GgufFile
-from .gguf_meta import GgufHeader, TensorInfo, byte_shape
+from .gguf.reader import GgufFile
+from .gguf.meta import GgufHeader, TensorInfo, byte_shape
 from .pread import RangeReader
 from .ftw_reader import read_header
 

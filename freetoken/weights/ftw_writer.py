@@ -15,7 +15,7 @@ from .checkpoint import Checkpoint
 from .ftw_format import (ALIGN, CHUNK_BYTES, TensorEntry, align_up, chunk_digest, combine_digests, dtype_name,
                          encode_preamble_and_header, header_reserve)
 from ..progress import progress
-from .gguf_side import side_file
+from .gguf.side import side_file
 
 SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken", ".vocab")
 SIDE_FILE_MAX = 64 << 20

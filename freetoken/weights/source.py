@@ -9,8 +9,8 @@ from ..errors import CheckpointError
 from .checkpoint import Checkpoint, read_json
 from .ftw_gguf import GgufInFtw, is_gguf_ftw
 from .ftw_reader import FtwFile, is_ftw, read_header, read_side_file
-from .gguf import GgufFile, is_gguf
-from .gguf_side import side_file, side_tokenizer
+from .gguf.reader import GgufFile, is_gguf
+from .gguf.side import side_file, side_tokenizer
 
 
 def open_checkpoint(path: str | os.PathLike, cfg=None):

@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from ..errors import CheckpointError
-from .gguf import split_parts
+from .gguf.reader import split_parts
 from .partial import check_not_partial
 
 OLLAMA_MODEL_LAYER = "application/vnd.ollama.image.model"

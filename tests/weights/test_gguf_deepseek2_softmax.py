@@ -13,7 +13,7 @@ from helpers import assert_logits_close, reference_logits, save_hf_checkpoint, t
 
 from freetoken import LLM
 from freetoken.layers.moe import grouped_sigmoid_topk
-from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf.reader import GgufFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from model_checks import ids_for  # noqa: E402

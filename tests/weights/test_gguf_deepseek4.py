@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from freetoken import LLM
 from freetoken.models.deepseek_v4 import quantize_checkpoint
 from freetoken.quant import ggml_quants
-from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf.reader import GgufFile
 from v4_original import to_original
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))

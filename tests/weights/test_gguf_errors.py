@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from freetoken.errors import CheckpointError
-from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf.reader import GgufFile
 
 
 def write(path, arch="qwen3moe", meta=True):

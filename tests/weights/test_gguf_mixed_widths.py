@@ -15,7 +15,7 @@ from freetoken import LLM
 from freetoken.experts.memory.pool import ExpertPool
 from freetoken.memory.model_size import read_model_shape
 from freetoken.memory.plan import expert_nbytes
-from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf.reader import GgufFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from model_checks import ids_for  # noqa: E402

@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 
 from freetoken import LLM
 from freetoken.quant import ggml_quants
-from freetoken.weights.gguf import GgufFile
-from freetoken.weights.gguf_names import combine, split
+from freetoken.weights.gguf.reader import GgufFile
+from freetoken.weights.gguf.names import combine, split
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from helpers import assert_logits_close, exact_experts, reference_logits  # noqa: E402

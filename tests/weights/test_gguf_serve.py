@@ -17,7 +17,7 @@ from helpers import SHARED_DATA
 from freetoken import LLM
 from freetoken.sampling_params import SamplingParams
 from freetoken.tokenizer import Tokenizer
-from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf.reader import GgufFile
 
 TEXTS = ["Hello world", "def add(a, b):\n    return a + b\n", "  spaces\tand\nnewlines  ",
          "<|im_start|>user\nhi<|im_end|>", "naïve café 東京 🙂", '{"name": "get_weather"}']

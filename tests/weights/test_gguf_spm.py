@@ -18,8 +18,8 @@ from freetoken import LLM
 from freetoken.errors import CheckpointError
 from freetoken.sampling_params import SamplingParams
 from freetoken.tokenizer import Tokenizer
-from freetoken.weights.gguf_meta import read_header
-from freetoken.weights.gguf_tokenizer import load_gguf_tokenizer, save_tokenizer_dir
+from freetoken.weights.gguf.meta import read_header
+from freetoken.weights.gguf.tokenizer import load_gguf_tokenizer, save_tokenizer_dir
 
 GEMMA4 = SHARED_DATA / "tokenizers" / "ggml-vocab-gemma-4.gguf"
 VARIED = ["def f(x):\n    return x**2  # 平方\n\tpass", "emoji 🦙🔥👩‍👩‍👧 ok", "  leading and trailing  ",

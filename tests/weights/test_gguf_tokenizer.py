@@ -10,7 +10,7 @@ from helpers import SHARED_DATA
 
 from freetoken.errors import CheckpointError
 from freetoken.tokenizer import Tokenizer
-from freetoken.weights.gguf_tokenizer import load_gguf_tokenizer
+from freetoken.weights.gguf.tokenizer import load_gguf_tokenizer
 
 TOKENIZERS = SHARED_DATA / "tokenizers"
 
@@ -77,7 +77,7 @@ def test_header_skips_string_arrays_exactly(tmp_path):
     """Skipping string arrays (GgufFile's parse, the tokenizer's `keys=` filter) lands on the
     same next field as decoding them: the keys after the vocabulary read the same."""
     gguf = pytest.importorskip("gguf")
-    from freetoken.weights.gguf_meta import read_header
+    from freetoken.weights.gguf.meta import read_header
     path = tmp_path / "s.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_token_list(["a", "bé", "", "ccc" * 50])
@@ -153,7 +153,7 @@ def test_kimi_k2_split_is_tiktokens():
     regex = pytest.importorskip("regex")
     from tokenizers import Regex, pre_tokenizers
 
-    from freetoken.weights.gguf_tokenizer import PRE_TOKENIZERS
+    from freetoken.weights.gguf.tokenizer import PRE_TOKENIZERS
     split = pre_tokenizers.Split(Regex(PRE_TOKENIZERS["kimi-k2"][0]), behavior="isolated")
     texts = [t for t, _ in json.loads(PRE_CASES.read_text(encoding="utf-8"))["cases"]["kimi-k2"]]
     for text in texts:

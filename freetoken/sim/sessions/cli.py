@@ -48,7 +48,7 @@ def _tokenizer(args):
     from ...tokenizer import Tokenizer
     src = Path(args.tokenizer or args.model)
     if src.suffix == ".gguf":
-        from ...weights.gguf_tokenizer import save_tokenizer_dir
+        from ...weights.gguf.tokenizer import save_tokenizer_dir
         src = save_tokenizer_dir(src, tempfile.mkdtemp(prefix="freetoken-tok-"))
     tok = Tokenizer(src)
     if args.chat_template:

@@ -1,5 +1,5 @@
 """A GGUF file (llama.cpp, Ollama, LM Studio) seen as a checkpoint: the HF-style config from
-its metadata (gguf_config.py), dense tensors under their HF names (gguf_names.py), and the
+its metadata (weights/gguf/config.py), dense tensors under their HF names (weights/gguf/names.py), and the
 routed experts as a prebuilt expert pool.
 
 Dense tensors in a quantized type are offered packed (`packed`: the file's rows, copied once) for the C kernels of layers/ggml_linear.py; `get` dequantizes them (the GPU path,
@@ -17,16 +17,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
-from .gguf_config import synth_config
-from .gguf_experts import build_pool
-from .gguf_hybrid import HYBRID, rows_only, undo
-from .gguf_meta import GgufHeader, TensorInfo, byte_shape, read_header
-from .gguf_names import combine, derived, hf_names, needs_unpermute, unpermute_rows
-from .gguf_types import dequantize
-from ..layers.ggml_linear import KERNEL_TYPES, GgmlWeight
-from ..progress import progress
-from .pread import RangeReader
+from ...errors import CheckpointError
+from .config import synth_config
+from .experts import build_pool
+from .hybrid import HYBRID, rows_only, undo
+from .meta import GgufHeader, TensorInfo, byte_shape, read_header
+from .names import combine, derived, hf_names, needs_unpermute, unpermute_rows
+from .types import dequantize
+from ...layers.ggml_linear import KERNEL_TYPES, GgmlWeight
+from ...progress import progress
+from ..pread import RangeReader
 
 log = logging.getLogger("freetoken.weights")
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -59,7 +59,7 @@ class GgufFile:
     """Checkpoint interface (config, has/get/get_float) over one GGUF (all parts of a split one)."""
 
     def __init__(self, path: str | os.PathLike, cfg=None):
-        # the vocabulary's string arrays are the tokenizer's (weights/gguf_tokenizer.py), not needed here
+        # the vocabulary's string arrays are the tokenizer's (weights/gguf/tokenizer.py), not needed here
         headers = [read_header(p, string_arrays=False) for p in split_parts(path)]
         fields = headers[0].fields
         shapes = {n: t.shape for h in headers for n, t in h.tensors.items()}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 GLOBAL = {"token_embd.weight": "embed.weight", "output.weight": "head.weight", "output_norm.weight": "norm.weight",
           "output_hc_fn.weight": "hc_head_fn", "output_hc_base.weight": "hc_head_base",

@@ -4,9 +4,9 @@ renormalisation, gpt-oss's SwiGLU constants), the config states llama.cpp's choi
 GGUF runs the way llama.cpp runs it."""
 from __future__ import annotations
 
-from ..errors import CheckpointError
-from .gguf_deepseek4 import config_fields as deepseek4_fields
-from .gguf_hybrid import config_fields
+from ...errors import CheckpointError
+from .deepseek4 import config_fields as deepseek4_fields
+from .hybrid import config_fields
 
 # GGUF general.architecture -> (HF architectures name, model_type, norm_topk_prob as llama.cpp runs it)
 FAMILIES = {

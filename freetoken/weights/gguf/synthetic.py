@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .gguf_meta import read_header
+from .meta import read_header
 
 F32, F16, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 8, 12, 14, 30
 

@@ -13,7 +13,7 @@ run separately on runs of newlines and runs of other characters; a newline run t
 itself a token is kept whole."""
 from __future__ import annotations
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"

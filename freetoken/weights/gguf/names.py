@@ -1,14 +1,14 @@
 """GGUF tensor names (llama.cpp's `blk.N.attn_q.weight`) -> the Hugging Face names our model
 classes read (`model.layers.N.self_attn.q_proj.weight`), per architecture. Merged expert
-tensors (`ffn_*_exps`) are not mapped: they go straight into the expert banks (gguf.py)."""
+tensors (`ffn_*_exps`) are not mapped: they go straight into the expert banks (weights/gguf/reader.py)."""
 from __future__ import annotations
 
 import re
 
 import torch
 
-from . import gguf_deepseek4
-from .gguf_hybrid import HYBRID, hf_names as hybrid_names
+from . import deepseek4 as gguf_deepseek4
+from .hybrid import HYBRID, hf_names as hybrid_names
 
 GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
           "output.weight": "lm_head.weight"}

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import CheckpointError
-from .validate import check_gguf_alignment
+from ...errors import CheckpointError
+from ..validate import check_gguf_alignment
 
 
 @dataclass(frozen=True)

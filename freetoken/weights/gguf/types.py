@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..quant import ggml_quants
+from ...quant import ggml_quants
 
 F32, F16, BF16 = 0, 1, 30            # ggml type ids of the float types
 I8, I16, I32 = 24, 25, 26             # integer tensors (DeepSeek-V4's token -> expert table is I32)

@@ -13,12 +13,12 @@ import logging
 
 import torch
 
-from ..errors import CheckpointError
-from .gguf_types import BF16, F16, F32, dequantize
-from ..experts.grouped_pool import GroupedPool
-from ..experts.memory.pool import ExpertPool, ExpertSpec, requantize
-from ..quant import ggml_quants
-from .gguf_meta import byte_shape
+from ...errors import CheckpointError
+from .types import BF16, F16, F32, dequantize
+from ...experts.grouped_pool import GroupedPool
+from ...experts.memory.pool import ExpertPool, ExpertSpec, requantize
+from ...quant import ggml_quants
+from .meta import byte_shape
 
 log = logging.getLogger("freetoken.weights")
 FLOAT = {F32, F16, BF16}

@@ -7,7 +7,7 @@ import functools
 import json
 from pathlib import Path
 
-from .gguf_tokenizer import load_gguf_tokenizer
+from .tokenizer import load_gguf_tokenizer
 
 
 @functools.lru_cache(maxsize=4)

@@ -3,7 +3,7 @@ pre-tokenizer name, special-token ids, chat template).
 
 Byte-level BPE vocabularies (`tokenizer.ggml.model = gpt2`): the pre-tokenizer name selects
 the split regexes the model's own tokenizer.json uses. SentencePiece (`llama`) and Gemma-4
-(`gemma4`) vocabularies: gguf_spm.py. Other vocabulary types are refused by name.
+(`gemma4`) vocabularies: weights/gguf/spm.py. Other vocabulary types are refused by name.
 `save_tokenizer_dir` writes tokenizer.json + tokenizer_config.json so that
 `freetoken.tokenizer.Tokenizer` reads a GGUF vocabulary like any checkpoint's."""
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import CheckpointError
-from .gguf_meta import read_header
-from .gguf_spm import spm_tokenizer
+from ...errors import CheckpointError
+from .meta import read_header
+from .spm import spm_tokenizer
 
 # token types written by llama.cpp's converter (gguf.TokenType)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
