@@ -105,7 +105,7 @@ def _long_model(d: Path) -> Path:
 
 def _ftw(mutate):
     def make(d: Path) -> Path:
-        from freetoken.weights.ftw_format import MAGIC, PREAMBLE
+        from freetoken.weights.ftw.format import MAGIC, PREAMBLE
         src = _ftw_file(d)
         data = bytearray(src.read_bytes())
         magic, version, flags, size, digest = PREAMBLE.unpack_from(data)
@@ -129,7 +129,7 @@ def _ftw_file(d: Path) -> Path:
 
 
 def _ftw_size(data, pre):
-    from freetoken.weights.ftw_format import PREAMBLE
+    from freetoken.weights.ftw.format import PREAMBLE
     magic, version, flags, size, digest = pre
     PREAMBLE.pack_into(data, 0, magic, version, flags, 1 << 62, digest)
     return bytes(data)
@@ -139,7 +139,7 @@ def _ftw_resign(edit):
     def mutate(data, pre):
         from xxhash import xxh3_64_intdigest
 
-        from freetoken.weights.ftw_format import PREAMBLE, config_hash
+        from freetoken.weights.ftw.format import PREAMBLE, config_hash
         magic, version, flags, size, digest = pre
         body = data[PREAMBLE.size:PREAMBLE.size + size]
         header = json.loads(body)

@@ -94,7 +94,7 @@ def main(args) -> int:
     from ..config import EngineConfig
     from .profile import measure, synthetic_pool
     from ..llm import LLM
-    from ..weights.ftw_reader import is_ftw
+    from ..weights.ftw.reader import is_ftw
     from ..progress import progress
     from ..memory.model_size import read_model_shape
     from ..memory.plan import expert_format

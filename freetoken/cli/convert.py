@@ -1,4 +1,4 @@
-"""`freetoken convert`: write an FTW file (see ftw_format.py) from an HF checkpoint directory or a GGUF file."""
+"""`freetoken convert`: write an FTW file (see weights/ftw/format.py) from an HF checkpoint directory or a GGUF file."""
 from __future__ import annotations
 
 import time

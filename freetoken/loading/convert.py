@@ -1,12 +1,12 @@
 """`freetoken convert`: an HF checkpoint directory or a GGUF file -> one FTW file (format in
-weights/ftw_format.py).
+weights/ftw/format.py).
 
 From an HF directory the model is built once on the CPU exactly as the engine builds it,
 through a checkpoint that records what the model reads: the expert pool it builds (already
 re-encoded to `expert_format`) is written bank by bank in its runtime layout, every other
 tensor it read or asked about is written unchanged, so loading the FTW file rebuilds the same
 model. A GGUF is not built at all: its tensors are streamed into the file as they are
-(weights/ftw_gguf.py), its tokenizer metadata becomes the tokenizer side files."""
+(weights/ftw/from_gguf.py), its tokenizer metadata becomes the tokenizer side files."""
 from __future__ import annotations
 
 import os
@@ -17,9 +17,9 @@ import torch
 
 from ..config import EngineConfig
 from ..weights.checkpoint import Checkpoint
-from ..weights import ftw_format
-from ..weights.ftw_gguf import convert_gguf
-from ..weights.ftw_writer import RecordingCheckpoint, default_dtype, side_files, write_tensors
+from ..weights.ftw import format as ftw_format
+from ..weights.ftw.from_gguf import convert_gguf
+from ..weights.ftw.writer import RecordingCheckpoint, default_dtype, side_files, write_tensors
 from ..weights.gguf.reader import is_gguf
 from .loader import build_model, expert_pool
 

@@ -33,8 +33,8 @@ from ..experts.disk.pieces import BankLayout, DiskLayout, Piece, elsize as _elsi
 from ..experts.memory.pool import ExpertSpec
 from ..quant import ggml_quants
 from ..weights import modelopt
-from ..weights.ftw_format import dtype_from_name
-from ..weights.ftw_reader import FtwFile
+from ..weights.ftw.format import dtype_from_name
+from ..weights.ftw.reader import FtwFile
 from ..weights.gguf.reader import GgufFile
 from ..weights.gguf.experts import expert_biases, expert_tensors, layout
 from ..weights.gguf.types import BF16, F16, F32

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import CheckpointError
-from ..weights.ftw_reader import is_ftw, read_header
+from ..weights.ftw.reader import is_ftw, read_header
 from ..layers.ggml_linear import KERNEL_TYPES
 from ..weights.checkpoint import Checkpoint
-from ..weights.ftw_gguf import GgufInFtw, is_gguf_ftw
+from ..weights.ftw.from_gguf import GgufInFtw, is_gguf_ftw
 from ..weights.gguf.reader import GgufFile, is_gguf
 from ..weights.gguf.experts import expert_tensors, layout, row_widths
 from ..weights.partial import check_not_partial

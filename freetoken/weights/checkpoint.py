@@ -151,7 +151,7 @@ class Checkpoint:
         return t.to(dtype)
 
     def prebuilt_experts(self):
-        """An HF checkpoint has no prebuilt expert pool (an FTW file has, see ftw_reader.py)."""
+        """An HF checkpoint has no prebuilt expert pool (an FTW file has, see weights/ftw/reader.py)."""
         return None
 
     def reading(self, section: str):

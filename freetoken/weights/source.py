@@ -7,8 +7,8 @@ from pathlib import Path
 
 from ..errors import CheckpointError
 from .checkpoint import Checkpoint, read_json
-from .ftw_gguf import GgufInFtw, is_gguf_ftw
-from .ftw_reader import FtwFile, is_ftw, read_header, read_side_file
+from .ftw.from_gguf import GgufInFtw, is_gguf_ftw
+from .ftw.reader import FtwFile, is_ftw, read_header, read_side_file
 from .gguf.reader import GgufFile, is_gguf
 from .gguf.side import side_file, side_tokenizer
 

@@ -75,7 +75,7 @@ def test_safetensors_without_a_layout_says_convert(tiny_dir):
 def _cut_last_bank(ftw, keep_fraction=0.5):
     """Shrink the file inside its last expert bank (banks follow the dense tensors); returns the
     original bytes so the test can put them back."""
-    from freetoken.weights.ftw_reader import read_header
+    from freetoken.weights.ftw.reader import read_header
     last = max((t for t in read_header(ftw)["tensors"] if t["kind"] == "bank"), key=lambda t: t["offset"])
     data = ftw.read_bytes()
     os.truncate(ftw, last["offset"] + int(last["nbytes"] * keep_fraction))

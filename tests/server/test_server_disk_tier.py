@@ -10,7 +10,7 @@ from freetoken import LLM
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
 from freetoken.server.server_state import Settings
-from freetoken.weights.ftw_reader import read_header
+from freetoken.weights.ftw.reader import read_header
 from freetoken.loading.convert import convert
 
 from live_server import MODEL_NAMES, LiveServer

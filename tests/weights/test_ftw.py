@@ -11,9 +11,9 @@ import torch
 from freetoken import LLM
 from freetoken.cli import main as cli_main
 from freetoken.errors import CheckpointError
-from freetoken.weights import ftw_reader
-from freetoken.weights.ftw_format import ALIGN, MAGIC, PREAMBLE
-from freetoken.weights.ftw_reader import FtwFile, read_header
+from freetoken.weights.ftw import reader as ftw_reader
+from freetoken.weights.ftw.format import ALIGN, MAGIC, PREAMBLE
+from freetoken.weights.ftw.reader import FtwFile, read_header
 from freetoken.loading.convert import convert
 
 PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]
@@ -191,7 +191,7 @@ def test_mapped_read_equals_read_and_never_writes_the_file(ftw_file):
 
 
 def test_mapping_unavailable_falls_back_to_reads(ftw_file, monkeypatch):
-    from freetoken.weights import ftw_map
+    from freetoken.weights.ftw import map as ftw_map
     want = FtwFile(ftw_file, mapped=False).prebuilt_experts().banks
 
     def refuse(self, offset, n):

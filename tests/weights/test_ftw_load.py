@@ -1,4 +1,4 @@
-"""The FTW background load (ftw_load.py): tensors split into many pieces and read units are
+"""The FTW background load (weights/ftw/load.py): tensors split into many pieces and read units are
 reassembled and verified exactly; a corrupt piece anywhere is named whether the caller waits
 per tensor or for the whole file; the threads are gone after the load or when it is abandoned."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ import torch
 
 from freetoken import LLM
 from freetoken.errors import CheckpointError
-from freetoken.weights import ftw_format, ftw_load, ftw_writer
-from freetoken.weights.ftw_reader import FtwFile, read_header
+from freetoken.weights.ftw import format as ftw_format, load as ftw_load, writer as ftw_writer
+from freetoken.weights.ftw.reader import FtwFile, read_header
 from freetoken.loading.convert import convert
 
 

@@ -14,7 +14,7 @@ from gguf_rewrite import q4_k_m, rewrite
 from freetoken import LLM
 from freetoken.cli import main as cli_main
 from freetoken.quant import ggml_quants
-from freetoken.weights.ftw_reader import read_header
+from freetoken.weights.ftw.reader import read_header
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from model_checks import ids_for  # noqa: E402

@@ -68,7 +68,7 @@ class GgufFile:
 
     def _setup(self, path, headers: list[GgufHeader], arch, config, cfg) -> None:
         """The tensor table of `headers` (their files and offsets), the HF config (`config()`
-        builds it) and the name maps; shared with a GGUF kept in an FTW file (ftw_gguf.py)."""
+        builds it) and the name maps; shared with a GGUF kept in an FTW file (weights/ftw/from_gguf.py)."""
         self.path = self.dir = Path(path)
         self.headers = headers
         self.tensors_by_name: dict[str, tuple[GgufHeader, TensorInfo]] = {}

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
-from .ftw_format import CHUNK_BYTES, TensorEntry, align_up, chunk_digest, combine_digests, dtype_from_name
-from .ftw_map import map_file
-from ..progress import progress
+from ...errors import CheckpointError
+from .format import CHUNK_BYTES, TensorEntry, align_up, chunk_digest, combine_digests, dtype_from_name
+from .map import map_file
+from ...progress import progress
 
 log = logging.getLogger("freetoken.weights")
 

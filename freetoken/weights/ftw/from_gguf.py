@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from ..errors import CheckpointError
-from .ftw_format import CHUNK_BYTES, VERSION, TensorEntry, combine_digests, config_hash
-from .ftw_writer import _layout, side_files, write_ftw
-from .gguf.reader import GgufFile
-from .gguf.meta import GgufHeader, TensorInfo, byte_shape
-from .pread import RangeReader
-from .ftw_reader import read_header
+from ...errors import CheckpointError
+from .format import CHUNK_BYTES, VERSION, TensorEntry, combine_digests, config_hash
+from .writer import _layout, side_files, write_ftw
+from ..gguf.reader import GgufFile
+from ..gguf.meta import GgufHeader, TensorInfo, byte_shape
+from ..pread import RangeReader
+from .reader import read_header
 
 
 def convert_gguf(src: Path, out: Path, expert_format: str | None = None) -> dict:

@@ -11,7 +11,7 @@ expert-pool bank, rows `moe_layer * num_experts + expert`, already in the chosen
 "file" (a side file of the checkpoint directory: tokenizer, chat template, generation config)
 and "ggml" (version 2: a GGUF tensor under its GGUF name, its bytes as the GGUF has them, with
 its ggml type and element shape; a file converted from a GGUF holds only these and side
-files, and the header's "gguf" section names the architecture, see ftw_gguf.py).
+files, and the header's "gguf" section names the architecture, see weights/ftw/from_gguf.py).
 Each tensor's checksum is the xxh3-64 of the xxh3-64 digests of its CHUNK_BYTES pieces, so
 several threads can verify one tensor while they read it."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Writing FTW files (format in ftw_format.py): the tensor table laid out and checksummed, the
+"""Writing FTW files (format in weights/ftw/format.py): the tensor table laid out and checksummed, the
 bytes streamed in chunks; `RecordingCheckpoint` notes what a model build reads, so that
 `freetoken convert` (loading/convert.py) writes exactly that; the side files kept beside the
-weights. A GGUF source is streamed as it is (ftw_gguf.py)."""
+weights. A GGUF source is streamed as it is (weights/ftw/from_gguf.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
-from .checkpoint import Checkpoint
-from .ftw_format import (ALIGN, CHUNK_BYTES, TensorEntry, align_up, chunk_digest, combine_digests, dtype_name,
+from ...errors import CheckpointError
+from ..checkpoint import Checkpoint
+from .format import (ALIGN, CHUNK_BYTES, TensorEntry, align_up, chunk_digest, combine_digests, dtype_name,
                          encode_preamble_and_header, header_reserve)
-from ..progress import progress
-from .gguf.side import side_file
+from ...progress import progress
+from ..gguf.side import side_file
 
 SIDE_FILE_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken", ".vocab")
 SIDE_FILE_MAX = 64 << 20

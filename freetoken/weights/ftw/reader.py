@@ -1,8 +1,8 @@
-"""Reading an FTW file (format in ftw_format.py) at disk speed.
+"""Reading an FTW file (format in weights/ftw/format.py) at disk speed.
 
 Every tensor is read once, by several threads, and each CHUNK_BYTES piece is hashed as soon
-as it lands, by threads of its own (ftw_load.py). By default the file is mapped copy-on-write and the threads
-bring its pages in (ftw_map.py: no fresh memory to fault in and zero, no copy); else each
+as it lands, by threads of its own (weights/ftw/load.py). By default the file is mapped copy-on-write and the threads
+bring its pages in (weights/ftw/map.py: no fresh memory to fault in and zero, no copy); else each
 tensor is read into its own page-aligned, exactly-sized buffer (O_DIRECT when the file
 system allows it, else ordinary reads). Expert banks come back as
 an ExpertPool in their runtime layout; the other tensors answer the Checkpoint interface,
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
-from .ftw_format import MAGIC, PREAMBLE, READABLE, TensorEntry, config_hash
-from .ftw_load import TensorLoad
-from .validate import check_config, check_header_size
-from ..experts.memory.pool import ExpertPool, ExpertSpec
+from ...errors import CheckpointError
+from .format import MAGIC, PREAMBLE, READABLE, TensorEntry, config_hash
+from .load import TensorLoad
+from ..validate import check_config, check_header_size
+from ...experts.memory.pool import ExpertPool, ExpertSpec
 
 log = logging.getLogger("freetoken.weights")
 
@@ -64,7 +64,7 @@ def read_header(path: Path) -> dict:
 def read_tensors(path: Path, entries: list[TensorEntry], verify: bool = True, threads: int | None = None,
                  direct: bool = True, desc: str | None = None, mapped: bool = True) -> dict[str, torch.Tensor]:
     """name -> tensor for `entries`, read in parallel; checksums verified while reading.
-    `mapped`: the tensors are views of a copy-on-write mapping of the file (ftw_map.py), else
+    `mapped`: the tensors are views of a copy-on-write mapping of the file (weights/ftw/map.py), else
     (or where mapping is not available) they are read into buffers of their own, with
     O_DIRECT when `direct` and the file system allow it."""
     return TensorLoad(path, entries, verify, threads, direct, mapped, desc).finish()

@@ -1,0 +1,1 @@
+"""FTW, FreeToken's own weights file: format, writer, reader, loading, and the conversion from GGUF."""
