@@ -168,7 +168,7 @@ def start(engine: str):
 
     from freetoken.server.app import create_app
     from freetoken.server.generation import GenerationService
-    from freetoken.server.server_state import Settings
+    from freetoken.server.server_state import ServerSettings
     if engine == "fake":
         _, svc, app = make_fake(max_body_bytes=1 << 20)
         srv = LiveServer(app)
@@ -181,7 +181,7 @@ def start(engine: str):
     llm = LLM(str(d), dtype="float32", max_model_len=4096, max_num_seqs=8, kv_cache_gib=0.25)
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
                             max_running=8, max_waiting=64, max_tokens_cap=8)
-    app = create_app(svc, Settings(model_names=MODEL_NAMES, max_body_bytes=1 << 20))
+    app = create_app(svc, ServerSettings(model_names=MODEL_NAMES, max_body_bytes=1 << 20))
     srv = LiveServer(app)
 
     def stop():

@@ -29,7 +29,7 @@ from fake_engine import FakeEngine, FakeParams  # noqa: E402
 from freetoken.engine.client import client_names  # noqa: E402
 from freetoken.server.app import create_app  # noqa: E402
 from freetoken.server.generation import GenerationService  # noqa: E402
-from freetoken.server.server_state import Settings  # noqa: E402
+from freetoken.server.server_state import ServerSettings  # noqa: E402
 
 
 log = logging.getLogger("scripted")
@@ -128,7 +128,7 @@ def main() -> int:
     svc = GenerationService(engine, model_name=args.served_model_name,
                             architecture="Qwen3MoeForCausalLM", params_cls=FakeParams,
                             max_tokens_cap=args.max_tokens_cap)
-    app = create_app(svc, Settings(model_names=[args.served_model_name], model_match="any"))
+    app = create_app(svc, ServerSettings(model_names=[args.served_model_name], model_match="any"))
     config = uvicorn.Config(app, host="127.0.0.1", port=args.port, log_level="info")
     server = uvicorn.Server(config)
     orig = server.startup

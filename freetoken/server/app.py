@@ -19,7 +19,7 @@ from .generation import GenerationService
 from .operations.memory_trim import TrimAfterLargeBodies
 from .guards.request_guard import RequestGuard
 from .guards.request_limits import ClientGone
-from .server_state import AppState, Settings
+from .server_state import AppState, ServerSettings
 from ..experts.measure.stats import tier_summary
 from .operations.admin import make_router
 
@@ -64,7 +64,7 @@ class APIKeyMiddleware:
         return await self.app(scope, receive, send)
 
 
-def create_app(svc: GenerationService, settings: Settings, *, manage_engine: bool = True) -> FastAPI:
+def create_app(svc: GenerationService, settings: ServerSettings, *, manage_engine: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         if manage_engine:
@@ -140,7 +140,7 @@ def _add_error_handlers(app: FastAPI, svc: GenerationService) -> None:
                                                  status=500))
 
 
-def _add_status_routes(app: FastAPI, svc: GenerationService, settings: Settings) -> None:
+def _add_status_routes(app: FastAPI, svc: GenerationService, settings: ServerSettings) -> None:
     """/health (and HEAD), /api/hello, /v1/memory, /metrics."""
     async def health():
         loop = svc.loop

@@ -18,7 +18,7 @@ from .app import create_app
 from .guards.conn_timeouts import ConnTimeouts
 from .generation import GenerationService
 from .guards.keys import resolve_keys
-from .server_state import Settings
+from .server_state import ServerSettings
 
 log = logging.getLogger("freetoken.server")
 
@@ -112,7 +112,7 @@ def build(args):
                             stall_timeout=args.stall_timeout)
     if svc.sampling_defaults:
         log.info("sampling defaults from generation_config.json: %s", svc.sampling_defaults)
-    app = create_app(svc, Settings(model_names=names, api_key=args.api_key,
+    app = create_app(svc, ServerSettings(model_names=names, api_key=args.api_key,
                                    model_match=args.model_match,
                                    max_body_bytes=int(args.max_body_mb * (1 << 20)),
                                    admin_token=getattr(args, "admin_token", None),

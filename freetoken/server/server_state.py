@@ -17,7 +17,7 @@ from .guards.request_limits import ClientGone, parse_json, read_body
 
 
 @dataclass
-class Settings:
+class ServerSettings:
     model_names: list[str]
     api_key: str | None = None
     model_match: str = "auto"        # auto: OpenAI routes strict, Anthropic routes map any id
@@ -30,7 +30,7 @@ class Settings:
 @dataclass
 class AppState:
     svc: GenerationService
-    settings: Settings
+    settings: ServerSettings
     started: float = field(default_factory=time.time)
 
     @property

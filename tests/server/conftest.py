@@ -6,7 +6,7 @@ import pytest
 
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 
 from live_server import MODEL_NAMES, LiveServer, make_fake
 
@@ -38,7 +38,7 @@ def tiny(tiny_model_dir):
               kv_cache_gib=0.5)
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
                             max_running=8, max_waiting=32, max_tokens_cap=8)
-    app = create_app(svc, Settings(model_names=MODEL_NAMES))
+    app = create_app(svc, ServerSettings(model_names=MODEL_NAMES))
     srv = LiveServer(app)
     yield llm, srv.url, svc
     srv.stop()

@@ -10,7 +10,7 @@ import uvicorn
 
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 
 from fake_engine import FakeEngine, FakeParams
 
@@ -53,6 +53,6 @@ def make_fake(engine=None, **service_kw):
     settings = {k: service_kw.pop(k) for k in ("max_body_bytes",) if k in service_kw}
     kw.update(service_kw)
     svc = GenerationService(engine, **kw)
-    app = create_app(svc, Settings(model_names=MODEL_NAMES, api_key=api_key, model_match=model_match,
+    app = create_app(svc, ServerSettings(model_names=MODEL_NAMES, api_key=api_key, model_match=model_match,
                                    **settings))
     return engine, svc, app

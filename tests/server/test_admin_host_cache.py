@@ -13,7 +13,7 @@ import pytest
 from freetoken import LLM
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 from freetoken.loading.convert import convert
 
 from live_server import MODEL_NAMES, LiveServer
@@ -30,7 +30,7 @@ def disk(tiny_model_dir, tmp_path_factory):
     llm = LLM(str(ftw), dtype="float32", host_cache_slots=6, max_model_len=512, prefix_cache=False)
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
                             max_running=4, max_waiting=8)
-    srv = LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES, admin_token=TOKEN)))
+    srv = LiveServer(create_app(svc, ServerSettings(model_names=MODEL_NAMES, admin_token=TOKEN)))
     yield llm, srv.url
     srv.stop()
     llm.close()

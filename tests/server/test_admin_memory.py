@@ -11,7 +11,7 @@ import pytest
 from freetoken import LLM
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 
 from live_server import MODEL_NAMES, LiveServer
 
@@ -25,7 +25,7 @@ def admin(tiny_model_dir):
               moe_backend="offload", expert_cache_slots=8, kv_block_size=8)
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
                             max_running=4, max_waiting=8)
-    srv = LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES, api_key="user-key", admin_token=TOKEN)))
+    srv = LiveServer(create_app(svc, ServerSettings(model_names=MODEL_NAMES, api_key="user-key", admin_token=TOKEN)))
     yield llm, srv.url, svc
     srv.stop()
     llm.close()

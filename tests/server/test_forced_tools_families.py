@@ -46,7 +46,7 @@ def served(request, tiny_dir, tmp_path_factory):
     from freetoken import LLM
     from freetoken.server.app import create_app
     from freetoken.server.generation import GenerationService
-    from freetoken.server.server_state import Settings
+    from freetoken.server.server_state import ServerSettings
     arch, hf_arch, template, parser = FAMILIES[request.param]
     if not template.is_file():
         pytest.skip(f"{template} is not checked out")
@@ -56,7 +56,7 @@ def served(request, tiny_dir, tmp_path_factory):
     llm = LLM(str(d), dtype="float32", max_model_len=8192, max_num_seqs=2, kv_cache_gib=0.2)
     svc = GenerationService(llm.engine, model_name="m", architecture=hf_arch, max_tokens_cap=None)
     assert svc.parser_cls is parser
-    srv = LiveServer(create_app(svc, Settings(model_names=["m"])))
+    srv = LiveServer(create_app(svc, ServerSettings(model_names=["m"])))
     yield srv.url
     srv.stop()
     llm.close()

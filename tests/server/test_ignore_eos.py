@@ -8,7 +8,7 @@ from freetoken import SamplingParams
 from freetoken.server.app import create_app
 from freetoken.server.chat import render
 from freetoken.server.generation import GenerationService
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 
 from live_server import MODEL_NAMES, LiveServer
 
@@ -31,7 +31,7 @@ def early_stopper(tiny_model_dir):
     tok.eos_token_ids.add(greedy[k])
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0],
                             architecture="Qwen3MoeForCausalLM", max_running=2, max_waiting=4)
-    srv = LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES)))
+    srv = LiveServer(create_app(svc, ServerSettings(model_names=MODEL_NAMES)))
     yield srv.url, ids, k
     srv.stop()
     tok.eos_token_ids.clear()

@@ -241,7 +241,7 @@ def test_tiny_minimax_checkpoint_serves_a_tool_loop(tiny_dir, tmp_path):
 
     from freetoken import LLM
     from freetoken.server.app import create_app
-    from freetoken.server.server_state import Settings
+    from freetoken.server.server_state import ServerSettings
     from freetoken.server.generation import GenerationService
     d = tmp_path / "ckpt"
     shutil.copytree(tiny_dir("minimax_m2"), d)
@@ -249,7 +249,7 @@ def test_tiny_minimax_checkpoint_serves_a_tool_loop(tiny_dir, tmp_path):
     llm = LLM(str(d), dtype="float32", max_model_len=4096, max_num_seqs=2, kv_cache_gib=0.1)
     svc = GenerationService(llm.engine, model_name="m", architecture="MiniMaxM2ForCausalLM", max_tokens_cap=16)
     assert svc.parser_cls is MiniMaxParser
-    srv = LiveServer(create_app(svc, Settings(model_names=["m"])))
+    srv = LiveServer(create_app(svc, ServerSettings(model_names=["m"])))
     try:
         c = openai.OpenAI(base_url=srv.url + "/v1", api_key="k", max_retries=0)
         msgs = [{"role": "user", "content": "Read a.md"},

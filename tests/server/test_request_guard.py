@@ -60,9 +60,9 @@ def test_allowed_hosts_and_cors_origins():
     s = app.state.freetoken.settings
     assert s.allowed_hosts == [] and s.cors_origins == []
     from freetoken.server.app import create_app
-    from freetoken.server.server_state import Settings
+    from freetoken.server.server_state import ServerSettings
     svc = app.state.freetoken.svc
-    app2 = create_app(svc, Settings(model_names=s.model_names, allowed_hosts=["box.lan"],
+    app2 = create_app(svc, ServerSettings(model_names=s.model_names, allowed_hosts=["box.lan"],
                                     cors_origins=["https://ui.example"]), manage_engine=False)
     srv = LiveServer(app2)
     try:

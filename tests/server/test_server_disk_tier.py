@@ -9,7 +9,7 @@ import pytest
 from freetoken import LLM
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 from freetoken.weights.ftw.reader import read_header
 from freetoken.loading.convert import convert
 
@@ -25,7 +25,7 @@ def _serve(model_dir, tmp_path, slots: int):
     llm = LLM(str(ftw), dtype="float32", host_cache_slots=slots, prefix_cache=False, max_model_len=512)
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
                             max_running=4, max_waiting=8, max_tokens_cap=8)
-    return ftw, llm, LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES)))
+    return ftw, llm, LiveServer(create_app(svc, ServerSettings(model_names=MODEL_NAMES)))
 
 
 @pytest.mark.timeout(300)

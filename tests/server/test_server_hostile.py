@@ -7,7 +7,7 @@ from hostile_cases import AN, CASES, OA, encoded
 from live_server import MODEL_NAMES, LiveServer
 
 from freetoken.server.app import create_app
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 
 HDR = {"content-type": "application/json"}
 
@@ -17,7 +17,7 @@ def server(tiny):
     """The tiny model (a real tokenizer, template and grammar compiler) behind a second app
     with a 1 MiB body limit."""
     svc = tiny[2]
-    app = create_app(svc, Settings(model_names=MODEL_NAMES, max_body_bytes=1 << 20),
+    app = create_app(svc, ServerSettings(model_names=MODEL_NAMES, max_body_bytes=1 << 20),
                      manage_engine=False)
     srv = LiveServer(app)
     yield srv.url, svc

@@ -15,7 +15,7 @@ import pytest
 
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 
 from live_server import MODEL_NAMES, LiveServer, make_fake
 
@@ -150,7 +150,7 @@ def tiny_page_server(tiny_model_dir):
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
                             max_running=4, max_waiting=8, max_tokens_cap=12)
     svc.loop.stats_every = 0.2
-    app = create_app(svc, Settings(model_names=MODEL_NAMES, api_key=KEY, admin_token=ADMIN))
+    app = create_app(svc, ServerSettings(model_names=MODEL_NAMES, api_key=KEY, admin_token=ADMIN))
     srv = LiveServer(app)
     yield srv.url, llm
     srv.stop()
