@@ -236,7 +236,7 @@ class CpuChoices:
                 f"prefill GEMM {str(self.prefill_gemm).removeprefix('torch.')}{why}{dot}")
 
 
-def resolve(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
+def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
             flags: frozenset[str], threads: int, measure: Callable[[int], dict] = measure_gemm,
             cache: os.PathLike | None = None,
             measure_dot: Callable[[int], dict] = measure_bf16_dot, gemm: str = "auto", dot: str = "auto",
@@ -264,7 +264,7 @@ def machine_choices(weights: torch.dtype, device: torch.device, requested: str, 
                     threads: int, gemm: str = "auto", dot: str = "auto", kernel_isa: str = "auto") -> CpuChoices:
     """`resolve` for this machine, calibration cached under the kernels' cache dir; logged once
     per distinct set of options (so one process runs the same choices for every load of a model)."""
-    c = resolve(weights, device, requested, kernels=kernels, flags=cpu_flags(), threads=threads,
+    c = cpu_choices(weights, device, requested, kernels=kernels, flags=cpu_flags(), threads=threads,
                 cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa)
     if device.type == "cpu":
         log.info("%s", c.describe())

@@ -2,7 +2,7 @@
 and a faked calibration."""
 import torch
 
-from freetoken.kernels.choices import isa_level, resolve
+from freetoken.kernels.choices import isa_level, cpu_choices
 
 CPU = torch.device("cpu")
 ZEN4 = frozenset("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16".split())
@@ -31,51 +31,51 @@ def test_bf16_checkpoint_on_avx512_bf16_cpu_decodes_in_fp32():
     """The measured regression: bf16 activations on AVX512-BF16 CPUs. With the kernels, auto is
     float32 activations on every ISA."""
     for flags in (ZEN4, SPR, AVX2, OLD):
-        c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=flags, threads=2, measure=Calibration(2, 1))
+        c = cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=flags, threads=2, measure=Calibration(2, 1))
         assert c.activations == torch.float32
 
 
 def test_prefill_gemm_follows_the_calibration_only_where_bf16_is_native(tmp_path):
     fast, slow = Calibration(fp32=2.0, bf16=1.0), Calibration(fp32=1.0, bf16=3.0)
-    assert resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=fast).prefill_gemm \
+    assert cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=fast).prefill_gemm \
         == torch.bfloat16
-    assert resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=slow).prefill_gemm \
+    assert cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=slow).prefill_gemm \
         == torch.float32
     never = Calibration(fp32=2.0, bf16=1.0)
-    c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=AVX2, threads=2, measure=never)
+    c = cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=AVX2, threads=2, measure=never)
     assert c.prefill_gemm == torch.float32 and c.gemm_seconds is None and never.calls == 0
 
 
 def test_calibration_is_cached_per_machine(tmp_path):
     cal = Calibration(fp32=2.0, bf16=1.0)
     for _ in range(3):
-        c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal, cache=tmp_path)
+        c = cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal, cache=tmp_path)
         assert c.prefill_gemm == torch.bfloat16
     assert cal.calls == 1
-    resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=4, measure=cal, cache=tmp_path)
-    resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=cal, cache=tmp_path)
+    cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=4, measure=cal, cache=tmp_path)
+    cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=cal, cache=tmp_path)
     assert cal.calls == 3                              # another thread count or CPU measures again
     (next(tmp_path.iterdir())).write_text("not json")
-    resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal, cache=tmp_path)
+    cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal, cache=tmp_path)
 
 
 def test_explicit_dtype_and_other_cases():
     cal = Calibration(fp32=2.0, bf16=1.0)
-    c = resolve(torch.bfloat16, CPU, "float32", kernels=True, flags=SPR, threads=2, measure=cal)
+    c = cpu_choices(torch.bfloat16, CPU, "float32", kernels=True, flags=SPR, threads=2, measure=cal)
     assert (c.activations, c.prefill_gemm, cal.calls) == (torch.float32, torch.float32, 0)
-    c = resolve(torch.bfloat16, CPU, "bfloat16", kernels=True, flags=AVX2, threads=2, measure=cal)
+    c = cpu_choices(torch.bfloat16, CPU, "bfloat16", kernels=True, flags=AVX2, threads=2, measure=cal)
     assert c.activations == torch.bfloat16
     # no compiler: torch's own bf16 ops, worth it only with native bf16
-    assert resolve(torch.bfloat16, CPU, "auto", kernels=False, flags=SPR, threads=2, measure=cal).activations \
+    assert cpu_choices(torch.bfloat16, CPU, "auto", kernels=False, flags=SPR, threads=2, measure=cal).activations \
         == torch.bfloat16
-    assert resolve(torch.bfloat16, CPU, "auto", kernels=False, flags=AVX2, threads=2, measure=cal).activations \
+    assert cpu_choices(torch.bfloat16, CPU, "auto", kernels=False, flags=AVX2, threads=2, measure=cal).activations \
         == torch.float32
-    assert resolve(torch.float32, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal).activations \
+    assert cpu_choices(torch.float32, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=cal).activations \
         == torch.float32
-    cuda = resolve(torch.bfloat16, torch.device("cuda"), "auto", kernels=False, flags=SPR, threads=2, measure=cal)
+    cuda = cpu_choices(torch.bfloat16, torch.device("cuda"), "auto", kernels=False, flags=SPR, threads=2, measure=cal)
     assert cuda.activations == cuda.prefill_gemm == torch.bfloat16
     assert cal.calls == 0
-    assert "avx512" in resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2,
+    assert "avx512" in cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2,
                                measure=Calibration(2, 1)).describe()
 
 
@@ -83,7 +83,7 @@ def test_explicit_dtype_and_other_cases():
 def test_bf16_dot_only_under_auto_with_vdpbf16ps_and_when_measured_faster(tmp_path):
     fast, slow = Calibration(fp32=2.0, bf16=1.0), Calibration(fp32=1.0, bf16=1.5)
     gemm = Calibration(2, 1)
-    pick = lambda flags, dot, requested="auto", weights=torch.bfloat16, kernels=True: resolve(  # noqa: E731
+    pick = lambda flags, dot, requested="auto", weights=torch.bfloat16, kernels=True: cpu_choices(  # noqa: E731
         weights, CPU, requested, kernels=kernels, flags=flags, threads=2, measure=gemm, measure_dot=dot)
     assert pick(ZEN4, fast).bf16_dot and pick(SPR, fast).bf16_dot
     assert "vdpbf16ps" in pick(ZEN4, fast).describe()
@@ -97,7 +97,7 @@ def test_bf16_dot_only_under_auto_with_vdpbf16ps_and_when_measured_faster(tmp_pa
     assert never.calls == 0
     cached = Calibration(fp32=2.0, bf16=1.0)
     for _ in range(2):
-        assert resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=gemm,
+        assert cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=gemm,
                        measure_dot=cached, cache=tmp_path).bf16_dot
     assert cached.calls == 1
 
@@ -113,16 +113,16 @@ def test_bf16_dot_calibration_runs_the_library_here():
 
 def test_forced_choices_win_and_skip_the_calibrations():
     cal, dot = Calibration(fp32=1.0, bf16=3.0), Calibration(fp32=1.0, bf16=3.0)   # auto would say fp32, off
-    c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=AVX2, threads=2, measure=cal, measure_dot=dot,
+    c = cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=AVX2, threads=2, measure=cal, measure_dot=dot,
                 gemm="bfloat16", dot="on", kernel_isa="portable")
     assert (c.prefill_gemm, c.bf16_dot, c.kernels) == (torch.bfloat16, True, "portable")
     assert cal.calls == dot.calls == 0 and c.forced == ("prefill_gemm", "bf16_dot", "kernel_isa")
     assert "forced" in c.describe()
-    c = resolve(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=Calibration(2, 1),
+    c = cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=Calibration(2, 1),
                 measure_dot=Calibration(2, 1), gemm="float32", dot="off")
     assert (c.prefill_gemm, c.bf16_dot, c.kernels) == (torch.float32, False, "native")
     # the dot applies to bf16 weights in the kernels only
-    assert not resolve(torch.float32, CPU, "auto", kernels=True, flags=SPR, threads=2, dot="on").bf16_dot
+    assert not cpu_choices(torch.float32, CPU, "auto", kernels=True, flags=SPR, threads=2, dot="on").bf16_dot
 
 
 def test_forcing_options_are_checked():
