@@ -150,6 +150,20 @@ def startup(args, cache_gib: float, vocab: int) -> None:
           f"{'met' if b <= a + 1 else 'NOT met'}), b / a = {b / a:.2f}x")
 
 
+def tok_s(res: dict) -> str:
+    """An engine's decode figure, or "not run" (never 0.00: a run that failed or was skipped)."""
+    return f"{res['decode']:.2f} tok/s" if "decode" in res else "not run"
+
+
+def ratio(a: dict, b: dict) -> str:
+    return f"{a['decode'] / b['decode']:.2f}x" if "decode" in a and "decode" in b and b["decode"] > 0 else "n/a"
+
+
+def median_run(runs: list[dict]) -> dict:
+    ok = sorted((r for r in runs if "decode" in r), key=lambda r: r["decode"])
+    return ok[len(ok) // 2] if ok else {}
+
+
 def _in_cgroup(name: str | None):
     if not name:
         return None
@@ -164,7 +178,11 @@ def run(script: str, args: list[str], stdin: str, cgroup: str | None, extra_path
     p = subprocess.run([sys.executable, "-c", script, *args], input=stdin, capture_output=True, text=True,
                        env=env, preexec_fn=_in_cgroup(cgroup))
     if p.returncode:
-        return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        if p.returncode < 0:            # a signal: -9 under a memory limit is the OOM killer
+            return {"error": f"killed by signal {-p.returncode}" + (" (out of memory?)" if p.returncode == -9 else "")
+                    + (f"; last line: {last}" if last else "")}
+        return {"error": last or f"exit {p.returncode}"}
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -243,19 +261,20 @@ def main():
                                                   json.dumps([WARMUP, [prompt]]), cg))
             res, disk = rows["resident"][-1], rows["disk"][-1]
             same = "tokens" in res and res.get("tokens") == disk.get("tokens")
-            ll = rows["llama.cpp mmap"][-1] if have_ll else {}
-            print(f"round {r}: resident {res.get('decode', 0):.2f} tok/s, disk tier {disk.get('decode', 0):.2f} "
-                  f"tok/s ({disk.get('decode', 0) / max(res.get('decode', 1e-9), 1e-9):.2f}x), llama.cpp mmap "
-                  f"{ll.get('decode', 0):.2f} tok/s; disk vs llama.cpp "
-                  f"{disk.get('decode', 0) / max(ll.get('decode', 1e-9), 1e-9):.2f}x; tokens identical to resident: "
-                  f"{same}; host-cache hit rate {(disk.get('host_cache') or {}).get('hit_rate', 0):.1%}, "
+            ll = rows["llama.cpp mmap"][-1] if have_ll else {"error": "not run (llama_cpp is not installed)"
+                                                             if not args.no_llamacpp else "not run (--no-llamacpp)"}
+            print(f"round {r}: resident {tok_s(res)}, disk tier {tok_s(disk)} ({ratio(disk, res)}), llama.cpp mmap "
+                  f"{tok_s(ll)}; disk vs llama.cpp {ratio(disk, ll)}; tokens identical to resident: "
+                  f"{same if 'tokens' in disk else 'n/a'}; host-cache hit rate "
+                  f"{(disk.get('host_cache') or {}).get('hit_rate', 0):.1%}, "
                   f"{(disk.get('disk') or {}).get('bytes_read', 0) / 1e9:.2f} GB read; peak RSS resident "
                   f"{res.get('hwm', 0) / 2**30:.2f} GiB, disk {disk.get('hwm', 0) / 2**30:.2f} GiB"
                   + "".join(f"; {k} error: {v['error']}" for k, v in (("resident", res), ("disk", disk),
                                                                        ("llama.cpp", ll)) if "error" in v))
-        med = lambda k: sorted(x.get("decode", 0) for x in rows[k])[len(rows[k]) // 2] if rows[k] else 0  # noqa: E731
-        print(f"median decode tok/s: resident {med('resident'):.2f}, disk tier {med('disk'):.2f}, "
-              f"llama.cpp mmap {med('llama.cpp mmap'):.2f}")
+        med = {k: median_run(v) for k, v in rows.items()}
+        print("median decode tok/s: " + ", ".join(f"{k} {tok_s(v)}" for k, v in
+                                                  (("resident", med["resident"]), ("disk tier", med["disk"]),
+                                                   ("llama.cpp mmap", med["llama.cpp mmap"] if have_ll else {}))))
     finally:
         if cg:
             (CGROUP / cg).rmdir()

@@ -19,6 +19,15 @@ Policies (`expert_cache_policy`), all keyed per slot, ties to the least recently
          and an adaptive split (experts/arc.py); its own victim order, not a score
 Frequencies count every routed access (`record`), hit or miss, as the engine sees them.
 
+Layer-aware eviction ("+layer", not with arc): a decode step runs the layers in order, so when
+the experts a step routes (its working set: the unique ids of the last full pass, or of this
+pass so far, counted by `record`) do not fit the slots, any order by recency or frequency evicts exactly the layers
+needed next and a cyclic stream misses every time. Then the victims are ordered by next use
+first (`next_use`: the layer just run is needed furthest ahead), the policy's score and
+recency only within a layer; when the working set fits, the policy's order is unchanged.
+On a layer-cyclic stream (every pass routes the same experts) that is Belady's choice
+(tests/experts/test_layer_aware.py checks it against a brute-force Belady).
+
 Admission control ("+admit"): in the hybrid split, a decode miss is filled only when its
 policy score beats the victim it would replace; otherwise it runs on the CPU (the engine's
 other branch) and the cache keeps the entry that is likelier to be reused. `offload` and
@@ -56,20 +65,34 @@ def parse_policy(name: str) -> tuple[str, bool]:
     return base, admit
 
 
+EXTRAS = ("admit", "layer", "prefetch")        # in this order
+
+
 def parse_policy_options(name: str) -> tuple[str, bool, bool]:
-    """-> (policy, admission, prefetch)."""
+    """-> (policy, admission, prefetch); '+layer' (layer-aware eviction) is `layer_aware(name)`."""
     base, *extras = name.split("+")
-    if base not in POLICIES or extras not in ([], ["admit"], ["prefetch"], ["admit", "prefetch"]):
+    if base not in POLICIES or len(set(extras)) != len(extras) or any(e not in EXTRAS for e in extras) \
+            or extras != sorted(extras, key=EXTRAS.index) or ("layer" in extras and base == "arc"):
         raise ValueError(f"expert cache policy {name!r}: expected one of {', '.join(POLICIES)}, "
-                         "optionally with '+admit' and then '+prefetch'")
+                         "optionally with '+admit', then '+layer' (not with arc), then '+prefetch'")
     return base, "admit" in extras, "prefetch" in extras
+
+
+def layer_aware(name: str) -> bool:
+    """Whether the policy name asks for layer-aware eviction ('+layer')."""
+    return "layer" in name.split("+")[1:]
 
 
 class SlotTable:
     def __init__(self, num_flat: int, num_experts: int, slots: int, policy: str = DEFAULT_POLICY,
                  half_life: float = HALF_LIFE_TOKENS, prefetch_threshold: float = THRESHOLD):
         self.policy, self.admission, prefetch = parse_policy_options(policy)
+        self.layer_aware = layer_aware(policy)
         self.num_experts = num_experts
+        self.num_layers = max(1, num_flat // max(1, num_experts))
+        self.working_set = 0           # unique experts of the last full pass through the layers (a step)
+        self._pass_count = 0           # ... of the pass under way
+        self._cur_layer = -1           # the layer being accessed now (every policy tracks it)
         self.predictor = (NextLayerPredictor(num_flat // num_experts, num_experts, prefetch_threshold)
                           if prefetch else None)
         self.prefetches = 0
@@ -99,7 +122,14 @@ class SlotTable:
 
     def record(self, flat_ids: np.ndarray) -> None:
         """Count one routed access of each id (one layer's unique ids, hits and misses)."""
-        if len(flat_ids) == 0 or self.policy == "lru":
+        if len(flat_ids) == 0:
+            return
+        layer = int(flat_ids[0]) // self.num_experts
+        if layer < self._cur_layer:                 # a new pass through the layers
+            self.working_set, self._pass_count = self._pass_count, 0
+        self._pass_count += len(flat_ids)
+        self._cur_layer = layer
+        if self.policy == "lru":
             return
         if self.arc is not None:
             self.arc.seen(flat_ids)
@@ -165,9 +195,20 @@ class SlotTable:
         empty = np.where(used, 0, idx - self.capacity - 1)       # empty slots first, in order
         prio = np.zeros(self.capacity)
         prio[used] = self.score(self.owner[used])
-        order = np.lexsort((np.where(used, self.stamp, empty), prio, used))
+        keys = [np.where(used, self.stamp, empty), prio]
+        if self.layer_aware and max(self.working_set, self._pass_count) > self.capacity:
+            keys.append(-self.next_use(self.owner))          # furthest next use first
+        order = np.lexsort((*keys, used))
         order = order[free[order]]
         return order[:k]
+
+    def next_use(self, flat_ids: np.ndarray) -> np.ndarray:
+        """Layer calls until each id's layer comes round again, counted from the layer being
+        accessed now (its own layer: a whole pass, L): in a decode step the layers run in order,
+        so the layer just run is the one needed furthest ahead."""
+        layer = np.maximum(flat_ids, 0) // self.num_experts
+        d = (layer - self._cur_layer) % self.num_layers
+        return np.where(d == 0, self.num_layers, d)
 
     def admit(self, flat_ids: np.ndarray, victims: np.ndarray) -> np.ndarray:
         """Which of the misses `flat_ids` (in fill order) may replace `victims` (candidates'
