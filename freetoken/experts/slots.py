@@ -251,6 +251,29 @@ class SlotTable:
     def ready(self, slots: np.ndarray) -> None:
         self.pending[slots] = False
 
+    def serve(self, flat_ids: np.ndarray, admission: bool = False) -> np.ndarray:
+        """One layer call whose fills land at once (`freetoken sim`, tests): count the accesses,
+        lock and touch the hits, take victims for the misses while the whole call is locked
+        (with `admission`, declined misses stay out), fill, unlock. Returns the hit mask. The
+        engine's caches take the same steps with real reads in between (host_cache.py, decision.py)."""
+        ids = np.asarray(flat_ids, np.int64)
+        self.record(ids)
+        slots = self.slot_of[ids]
+        hit = slots >= 0
+        held = slots[hit]
+        self.lock(held)
+        self.touch(held)
+        miss = ids[~hit]
+        victims = self.candidates(len(miss), miss)
+        if admission and len(victims):
+            ok = self.admit(miss[:len(victims)], victims)
+            miss, victims = miss[:len(victims)][ok], victims[ok]
+        miss = miss[:len(victims)]
+        self.assign(miss, victims)
+        self.ready(victims)
+        self.unlock(np.concatenate([held, victims]))
+        return hit
+
     def learn_prompt(self, layer: int, rows: np.ndarray) -> None:
         """"+prefetch": a prefill layer call's per-token routed ids (within the layer) teach the
         next-layer predictor."""
