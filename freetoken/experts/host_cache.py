@@ -340,9 +340,10 @@ class HostExpertCache:
     def stats(self) -> dict:
         with self._cv:
             c = dict(self.c)
+            desc = self.table.describe()
         looked = c["hits"] + c["waited"] + c["misses"]
         S = self.layout.expert_nbytes
-        return {**c, "hit_rate": (c["hits"] + c["waited"]) / looked if looked else 0.0,
+        return {**c, **desc, "hit_rate": (c["hits"] + c["waited"]) / looked if looked else 0.0,
                 "slots": self.capacity, "resident": self.resident, "evictions": self.evictions,
                 "gib": self.capacity * S / 2**30, "read_s": self.read_s,
                 "read_gbs": c["bytes_read"] / self.read_s / 1e9 if self.read_s else 0.0}

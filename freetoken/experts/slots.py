@@ -51,9 +51,12 @@ from .arc import ArcLists
 from .next_layer import THRESHOLD, NextLayerPredictor
 
 POLICIES = ("lru", "lfu", "lrfu", "arc")
-# measured: never worse than lru, within 0.01 of the best online policy in 13 of 14 cells
-# (docs/routing-locality.md)
-DEFAULT_POLICY = "lrfu+admit"
+# measured (bench/policy_bounds.py, docs/benchmarks.md "Default expert-cache policy"): against the
+# former default lrfu+admit on the 7 shared traces at 5/11/37% capacity, fewer decode misses in 13
+# of 21 cells, equal in 2, at most 0.005 more in 6; on the disk tier with a 5% host cache 0.53x
+# the bytes read per token. '+prefetch' misses less still but moves more than 1.1x LRU's bytes in
+# 5 of 14 cells, and on the device tier a prefetch in flight runs its expert on the CPU: an option.
+DEFAULT_POLICY = "lrfu+admit+layer"
 HALF_LIFE_TOKENS = 32.0
 _NEVER = np.iinfo(np.int64).max
 
@@ -93,6 +96,8 @@ class SlotTable:
         self.working_set = 0           # unique experts of the last full pass through the layers (a step)
         self._pass_count = 0           # ... of the pass under way
         self._cur_layer = -1           # the layer being accessed now (every policy tracks it)
+        self.layer_ordered = 0         # victim choices made in next-use order (the step did not fit)
+        self.name = policy
         self.predictor = (NextLayerPredictor(num_flat // num_experts, num_experts, prefetch_threshold)
                           if prefetch else None)
         self.prefetches = 0
@@ -164,6 +169,12 @@ class SlotTable:
                 return np.log(self.count[flat_ids]) + self.rate * self.since[flat_ids]
         return np.zeros(len(flat_ids))
 
+    def describe(self) -> dict:
+        """The policy and its switches, for /v1/memory (the name) and /metrics (the numbers)."""
+        return {"policy": self.name, "layer_aware": int(self.layer_aware), "admission": int(self.admission),
+                "prefetch": int(self.predictor is not None), "working_set": self.working_set,
+                "layer_ordered": self.layer_ordered}
+
     def lru_order(self) -> list[int]:
         """Resident flat ids, least recent first (for tests and resize)."""
         used = np.flatnonzero(self.owner >= 0)
@@ -198,6 +209,7 @@ class SlotTable:
         keys = [np.where(used, self.stamp, empty), prio]
         if self.layer_aware and max(self.working_set, self._pass_count) > self.capacity:
             keys.append(-self.next_use(self.owner))          # furthest next use first
+            self.layer_ordered += 1
         order = np.lexsort((*keys, used))
         order = order[free[order]]
         return order[:k]

@@ -26,7 +26,8 @@ def hand_written_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expert-cache-gib", type=float, default=None)
     p.add_argument("--expert-cache-policy", default=None, metavar="POLICY",
                    help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "
-                        f"(admission control) and then +prefetch (next-layer prefetch); default {DEFAULT_POLICY}")
+                        f"(admission control), +layer (layer-aware eviction) and then +prefetch (next-layer prefetch); "
+                        f"default {DEFAULT_POLICY}")
     p.add_argument("--expert-tier", default="auto", choices=["auto", "ram", "disk"],
                    help="disk: keep the expert pool in the model file behind a host cache (auto: when the "
                         "pool does not fit host memory, or --host-cache-gib/--host-cache-slots is given)")
