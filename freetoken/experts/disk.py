@@ -77,6 +77,7 @@ class DiskExperts(Experts):
         self.kernel_calls = 0        # kernel calls (runs of ascending slots), for the stats
         self.pool = layout           # what the engine reads as `experts.pool` (shape, bytes)
         self._layer_nbytes = layout.layer_expert_nbytes     # an expert's real bytes per layer (stats)
+        self._S = layout.expert_nbytes      # a slot's bytes (a property that sums the banks: once, not per call)
         self.b_d = b_d               # disk bytes/s (the profile's B_D), None: prefetch unbounded
         self.gap_s: float | None = None     # EWMA of the time from one decode layer call to the next
         self._last = (-2, 0.0)       # (layer, end time) of the previous call
@@ -120,7 +121,7 @@ class DiskExperts(Experts):
         else:
             streamed = False
             nxt = self._predict(layer, uniq - layer * self.E)
-            budget = prefetch_budget(self.b_d, self.gap_s, self.layout.expert_nbytes)
+            budget = prefetch_budget(self.b_d, self.gap_s, self._S)
             if budget is not None and len(nxt) > budget:
                 self.prefetch_cut += len(nxt) - budget
                 nxt = nxt[:budget]
@@ -190,7 +191,8 @@ class DiskExperts(Experts):
         """Kernel calls over `ids` (ascending) in runs whose slots ascend too (see the module doc)."""
         breaks = np.flatnonzero(np.diff(slots) <= 0) + 1
         calls = 0
-        for run_ids, run_slots in zip(np.split(ids, breaks), np.split(slots, breaks)):
+        for run_ids, run_slots in (zip(np.split(ids, breaks), np.split(slots, breaks)) if len(breaks)
+                                   else ((ids, slots),)):
             pos = np.searchsorted(run_ids, flat)
             pos = np.minimum(pos, len(run_ids) - 1)
             mine = run_ids[pos] == flat

@@ -130,6 +130,7 @@ class HostExpertCache:
         for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
             self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
         self._cv = threading.Condition()
+        self._waiters = 0                                   # callers in acquire's wait for a free slot
         self._landed: dict[int, threading.Event] = {}      # slot -> set when its read is over
         self._failed: dict[int, BaseException] = {}        # flat -> the read error (until retried)
         self._prefetched = np.zeros(slots, bool)           # filled by a prefetch, not yet used
@@ -208,6 +209,18 @@ class HostExpertCache:
         flat_ids = np.asarray(flat_ids, np.int64)
         t = self.table
         with self._cv:
+            slots = t.slot_of[flat_ids]
+            if (slots >= 0).all() and not t.pending[slots].any():      # all landed hits: the common case
+                t.record(flat_ids)
+                t.lock(slots)
+                t.touch(slots)
+                n = len(flat_ids)
+                self.c["hits"] += n
+                used = self._prefetched[slots]
+                if used.any():
+                    self.c["prefetch_used"] += int(used.sum())
+                    self._prefetched[slots] = False
+                return n, slots, [None] * n
             while True:
                 slots = t.slot_of[flat_ids]
                 hit = slots >= 0
@@ -221,7 +234,11 @@ class HostExpertCache:
                     break
                 if not t.pending.any() and not t.locks.any():
                     raise RuntimeError("host expert cache: no slot can be freed")
-                self._cv.wait(0.05)                 # every slot locked by other callers or reads
+                self._waiters += 1
+                try:
+                    self._cv.wait(0.05)             # every slot locked by other callers or reads
+                finally:
+                    self._waiters -= 1
             ids, hit, slots = flat_ids[:n], hit[:n], slots[:n].copy()
             t.record(ids)
             t.lock(slots[hit])
@@ -266,8 +283,9 @@ class HostExpertCache:
 
     def release(self, slots: np.ndarray) -> None:
         with self._cv:
-            self.table.unlock(np.asarray(slots, np.int64))
-            self._cv.notify_all()
+            self.table.locks[np.asarray(slots, np.int64)] -= 1     # a call's slots are unique: no np.add.at
+            if self._waiters:               # a caller waits for a slot to free (rare: a full cache)
+                self._cv.notify_all()
 
     def prefetch(self, flat_ids: np.ndarray) -> int:
         """Start background reads of those of `flat_ids` not resident, into victims the policy
