@@ -286,7 +286,10 @@ def main():
                   f"{same if 'tokens' in disk and 'tokens' in res else 'n/a'}; host-cache hit rate "
                   f"{(disk.get('host_cache') or {}).get('hit_rate', 0):.1%}, "
                   f"{(disk.get('disk') or {}).get('bytes_read', 0) / 1e9:.2f} GB read, "
-                  f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token; peak RSS resident "
+                  f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token, next-layer guesses used "
+                  f"{(disk.get('host_cache') or {}).get('prefetch_hit_rate', 0):.0%} "
+                  f"({(disk.get('host_cache') or {}).get('prefetch_wasted_bytes', 0) / 1e9:.2f} GB read for nothing); "
+                  f"peak RSS resident "
                   f"{res.get('hwm', 0) / 2**30:.2f} GiB, disk {disk.get('hwm', 0) / 2**30:.2f} GiB"
                   + "".join(f"; {k} error: {v['error']}" for k, v in (("resident", res), ("disk", disk),
                                                                        ("llama.cpp", ll)) if "error" in v))

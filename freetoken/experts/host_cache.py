@@ -359,8 +359,12 @@ class HostExpertCache:
         with self._cv:
             c = dict(self.c)
             desc = self.table.describe()
+            unused_now = int(self._prefetched.sum())          # prefetched, still resident, not used yet
         looked = c["hits"] + c["waited"] + c["misses"]
         S = self.layout.expert_nbytes
+        # next-layer guesses: the share used before eviction, and the bytes read for nothing
+        desc["prefetch_hit_rate"] = c["prefetch_used"] / c["prefetches"] if c["prefetches"] else 0.0
+        desc["prefetch_wasted_bytes"] = max(0, c["prefetches"] - c["prefetch_used"] - unused_now) * S
         return {**c, **desc, "hit_rate": (c["hits"] + c["waited"]) / looked if looked else 0.0,
                 "slots": self.capacity, "resident": self.resident, "evictions": self.evictions,
                 "gib": self.capacity * S / 2**30, "read_s": self.read_s,

@@ -99,7 +99,8 @@ def tier_summary(stats: dict | None) -> dict:
     if hc:
         out["host_cache"] = {k: hc.get(k, 0) for k in ("slots", "resident", "gib", "hit_rate", "hits", "misses",
                                                          "prefetches", "evictions")}
-        out["host_cache"].update({k: hc[k] for k in POLICY_KEYS if k in hc})
+        out["host_cache"].update({k: hc[k] for k in (*POLICY_KEYS, "prefetch_hit_rate", "prefetch_wasted_bytes")
+                                  if k in hc})
     disk = stats.get("disk")
     if disk:
         out["disk"] = {k: disk.get(k, 0) for k in ("reads", "bytes_read", "read_s", "read_gbs", "errors", "pool_gib",
