@@ -38,22 +38,34 @@ FT = textwrap.dedent("""
     import json, os, sys, time
     from freetoken import LLM, SamplingParams
     path, mode, n_decode, threads, cache_gib = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+    policy, verify = sys.argv[6] or None, sys.argv[7] == "on"
     prompt = json.loads(sys.stdin.read())
+    if not verify:       # A/B of the integrity checks (experts/disk_integrity.py): no checksums, no watch
+        import freetoken.experts.disk as disk_mod
+        disk_mod.ExpertFileWatch.open = classmethod(lambda cls, layout: None)
     fd = os.open(path, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
     opts = dict(host_cache_gib=cache_gib) if mode == "disk" else dict(expert_tier="ram")
+    if policy:
+        opts["expert_cache_policy"] = policy
     llm = LLM(path, dtype="bfloat16", num_threads=threads, max_model_len=1024, prefix_cache=False, **opts)
     eng = llm.engine
     eng.add_request("r", prompt, SamplingParams(max_tokens=n_decode, temperature=0.0, ignore_eos=True))
     toks, times = [], []
+    read0 = 0
     t0 = time.perf_counter()
     while eng.has_unfinished():
         for out in eng.step():
             toks += out.new_token_ids
             times.append(time.perf_counter())
+            if len(times) == 1:
+                read0 = (llm.expert_stats().get("disk") or {}).get("bytes_read", 0)
+                times[0] = time.perf_counter()
     st = llm.expert_stats()
     rss = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM"))) * 1024
+    per_tok = ((st.get("disk") or {}).get("bytes_read", 0) - read0) / max(1, len(times) - 1)
     print(json.dumps({"prefill": len(prompt) / (times[0] - t0), "decode": (len(times) - 1) / (times[-1] - times[0]),
-                      "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk")}))
+                      "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk"),
+                      "decode_bytes_per_token": per_tok}))
 """)
 
 
@@ -150,6 +162,20 @@ def startup(args, cache_gib: float, vocab: int) -> None:
           f"{'met' if b <= a + 1 else 'NOT met'}), b / a = {b / a:.2f}x")
 
 
+def tok_s(res: dict) -> str:
+    """An engine's decode figure, or "not run" (never 0.00: a run that failed or was skipped)."""
+    return f"{res['decode']:.2f} tok/s" if "decode" in res else "not run"
+
+
+def ratio(a: dict, b: dict) -> str:
+    return f"{a['decode'] / b['decode']:.2f}x" if "decode" in a and "decode" in b and b["decode"] > 0 else "n/a"
+
+
+def median_run(runs: list[dict]) -> dict:
+    ok = sorted((r for r in runs if "decode" in r), key=lambda r: r["decode"])
+    return ok[len(ok) // 2] if ok else {}
+
+
 def _in_cgroup(name: str | None):
     if not name:
         return None
@@ -164,7 +190,11 @@ def run(script: str, args: list[str], stdin: str, cgroup: str | None, extra_path
     p = subprocess.run([sys.executable, "-c", script, *args], input=stdin, capture_output=True, text=True,
                        env=env, preexec_fn=_in_cgroup(cgroup))
     if p.returncode:
-        return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"}
+        last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+        if p.returncode < 0:            # a signal: -9 under a memory limit is the OOM killer
+            return {"error": f"killed by signal {-p.returncode}" + (" (out of memory?)" if p.returncode == -9 else "")
+                    + (f"; last line: {last}" if last else "")}
+        return {"error": last or f"exit {p.returncode}"}
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -184,6 +214,10 @@ def main():
     ap.add_argument("--cgroup-mib", type=int, default=None,
                     help="run every engine under a cgroup-v1 memory limit of this many MiB")
     ap.add_argument("--no-llamacpp", action="store_true")
+    ap.add_argument("--policy", default="", help="the disk tier's expert_cache_policy (default: the engine's)")
+    ap.add_argument("--verify", default="on", choices=("on", "off"),
+                    help="off: no per-expert checksums or file watch (to measure what they cost)")
+    ap.add_argument("--no-resident", action="store_true", help="skip the resident reference (no token check)")
     args = ap.parse_args()
     steps = args.steps.split(",")
     sys.path.insert(0, str(HERE))
@@ -227,8 +261,9 @@ def main():
         for r in range(args.rounds):
             prompt = [rng.randrange(10, vocab) for _ in range(args.prompt_tokens)]   # fresh each round
             stdin = json.dumps(prompt)
-            base = [str(args.gguf), "", str(args.decode), str(args.threads), f"{cache_gib:.4f}"]
-            for mode in ("resident", "disk"):
+            base = [str(args.gguf), "", str(args.decode), str(args.threads), f"{cache_gib:.4f}", args.policy,
+                    args.verify]
+            for mode in (("disk",) if args.no_resident else ("resident", "disk")):
                 a = list(base)
                 a[1] = mode        # the resident reference (its tokens) runs outside the limit: it cannot fit
                 rows[mode].append(run(FT, a, stdin, cg if mode == "disk" else None))
@@ -241,21 +276,30 @@ def main():
                 rows["llama.cpp mmap"].append(run(LLAMA, [str(args.gguf), str(args.threads), str(args.decode),
                                                           *(["no-repack"] if cg else [])],
                                                   json.dumps([WARMUP, [prompt]]), cg))
-            res, disk = rows["resident"][-1], rows["disk"][-1]
+            res = rows["resident"][-1] if rows["resident"] else {"error": "not run (--no-resident)"}
+            disk = rows["disk"][-1]
             same = "tokens" in res and res.get("tokens") == disk.get("tokens")
-            ll = rows["llama.cpp mmap"][-1] if have_ll else {}
-            print(f"round {r}: resident {res.get('decode', 0):.2f} tok/s, disk tier {disk.get('decode', 0):.2f} "
-                  f"tok/s ({disk.get('decode', 0) / max(res.get('decode', 1e-9), 1e-9):.2f}x), llama.cpp mmap "
-                  f"{ll.get('decode', 0):.2f} tok/s; disk vs llama.cpp "
-                  f"{disk.get('decode', 0) / max(ll.get('decode', 1e-9), 1e-9):.2f}x; tokens identical to resident: "
-                  f"{same}; host-cache hit rate {(disk.get('host_cache') or {}).get('hit_rate', 0):.1%}, "
-                  f"{(disk.get('disk') or {}).get('bytes_read', 0) / 1e9:.2f} GB read; peak RSS resident "
+            ll = rows["llama.cpp mmap"][-1] if have_ll else {"error": "not run (llama_cpp is not installed)"
+                                                             if not args.no_llamacpp else "not run (--no-llamacpp)"}
+            print(f"round {r}: resident {tok_s(res)}, disk tier {tok_s(disk)} ({ratio(disk, res)}), llama.cpp mmap "
+                  f"{tok_s(ll)}; disk vs llama.cpp {ratio(disk, ll)}; tokens identical to resident: "
+                  f"{same if 'tokens' in disk and 'tokens' in res else 'n/a'}; host-cache hit rate "
+                  f"{(disk.get('host_cache') or {}).get('hit_rate', 0):.1%}, "
+                  f"{(disk.get('disk') or {}).get('bytes_read', 0) / 1e9:.2f} GB read, "
+                  f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token, next-layer guesses used "
+                  f"{(disk.get('host_cache') or {}).get('prefetch_hit_rate', 0):.0%} "
+                  f"({(disk.get('host_cache') or {}).get('prefetch_wasted_bytes', 0) / 1e9:.2f} GB read for nothing); "
+                  f"peak RSS resident "
                   f"{res.get('hwm', 0) / 2**30:.2f} GiB, disk {disk.get('hwm', 0) / 2**30:.2f} GiB"
                   + "".join(f"; {k} error: {v['error']}" for k, v in (("resident", res), ("disk", disk),
                                                                        ("llama.cpp", ll)) if "error" in v))
-        med = lambda k: sorted(x.get("decode", 0) for x in rows[k])[len(rows[k]) // 2] if rows[k] else 0  # noqa: E731
-        print(f"median decode tok/s: resident {med('resident'):.2f}, disk tier {med('disk'):.2f}, "
-              f"llama.cpp mmap {med('llama.cpp mmap'):.2f}")
+        med = {k: median_run(v) for k, v in rows.items()}
+        if med["disk"]:
+            print(f"disk tier ({args.policy or 'default policy'}, verify {args.verify}): median "
+                  f"{med['disk']['decode_bytes_per_token'] / 1e6:.1f} MB read per decoded token")
+        print("median decode tok/s: " + ", ".join(f"{k} {tok_s(v)}" for k, v in
+                                                  (("resident", med["resident"]), ("disk tier", med["disk"]),
+                                                   ("llama.cpp mmap", med["llama.cpp mmap"] if have_ll else {}))))
     finally:
         if cg:
             (CGROUP / cg).rmdir()

@@ -418,7 +418,8 @@ def _weights(cfg: EngineConfig, s: ModelShape, m: MachineMemory, plan: MemoryPla
     S = expert_nbytes(s, fmt.removeprefix("prebuilt:")) if n_experts else 0
     pool = s.prebuilt_pool_bytes if n_experts and s.prebuilt_pool_bytes is not None else n_experts * S
     dense = dense_bytes(s, cfg)
-    tier = disk_tier(cfg, n_experts, moe_layer_count(s), S, pool, dense if compute == "host" else 0, host_avail)
+    tier = disk_tier(cfg, n_experts, moe_layer_count(s), S, pool, dense if compute == "host" else 0, host_avail,
+                     m.host_total or None, m.total_source)
     plan.items.append(Item("disk" if tier else "host", "expert pool", pool,
                            note=f"{n_experts} experts x {S / 2**20:.2f} MiB ({fmt})"))
     plan.items.append(Item(compute, "dense weights", dense, note="attention, dense MLPs, embeddings, lm_head"))

@@ -34,11 +34,11 @@ def replay_hits(policy: Policy, stream: AccessStream) -> list[tuple[str, bool]]:
             for i, cell in enumerate(seg.cells):
                 if seg.rows:
                     policy.prompt_rows(seg.layers[i], seg.rows[i])
-                out += [(PREFILL, policy.prefill_access(k)) for k in cell]
+                out += [(PREFILL, bool(h)) for h in policy.prefill_cell(cell)]
             policy.place(seg.prompt_counts)
         else:
             for cell in seg.cells:
-                out += [(seg.phase, policy.access(k)) for k in cell]
+                out += [(seg.phase, bool(h)) for h in policy.access_cell(cell)]
                 policy.end_cell(cell)
     return out
 
@@ -53,15 +53,12 @@ def replay(name: str, stream: AccessStream, slots: int) -> ReplayResult:
             for i, cell in enumerate(seg.cells):
                 if seg.rows:
                     policy.prompt_rows(seg.layers[i], seg.rows[i])
-                for k in cell:
-                    policy.prefill_access(k)
+                policy.prefill_cell(cell)
             policy.place(seg.prompt_counts)
             continue
-        access, end_cell = policy.access, policy.end_cell
+        access_cell, end_cell = policy.access_cell, policy.end_cell
         for cell in seg.cells:
             accesses += len(cell)
-            for k in cell:
-                if not access(k):
-                    misses += 1
+            misses += len(cell) - int(sum(access_cell(cell)))
             end_cell(cell)
     return ReplayResult(name, slots, accesses, misses, policy.prefetches, policy.transfers)

@@ -23,7 +23,8 @@ PROMPTS = [list(range(5, 45)), list(range(50, 57)), list(range(3, 30, 2))]
 HW = Hardware("test", link_gbps=10, cpu_gbps=20, link_concurrent_gbps=10, cpu_concurrent_gbps=20, device_gbps=100)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit", "arc", "lru+prefetch", "lrfu+admit+prefetch"])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit", "arc", "lru+prefetch", "lrfu+admit+prefetch",
+                                    "lru+layer", "lrfu+admit+layer+prefetch"])
 def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
     path = tmp_path / "routing.jsonl"
@@ -50,7 +51,7 @@ HYBRID_HW = Hardware("test", link_gbps=6, cpu_gbps=10, link_concurrent_gbps=6, c
                      device_gbps=100)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit", "lrfu+admit+prefetch"])
+@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit", "lrfu+admit+prefetch", "lrfu+admit+layer+prefetch"])
 def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy):
     """The q* split with fixed bandwidths (no online estimates, no split guard) is deterministic:
     the engine and the simulator fill and run on the CPU the same experts."""

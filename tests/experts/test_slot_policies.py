@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from freetoken.experts.memory.slots import POLICIES, SlotTable, parse_policy, parse_policy_options
 
-ALL = [p + extra for p in POLICIES for extra in ("", "+admit", "+prefetch", "+admit+prefetch")]
+ALL = [p + extra for p in POLICIES for extra in ("", "+admit", "+prefetch", "+admit+prefetch")] + \
+    [p + extra for p in ("lru", "lfu", "lrfu") for extra in ("+layer", "+admit+layer", "+admit+layer+prefetch")]
 L, E = 3, 4
 
 layer_ids = st.lists(st.integers(0, E - 1), min_size=1, max_size=E, unique=True)
@@ -72,6 +73,7 @@ def test_policy_names_parse(policy):
 def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="lru, lfu, lrfu, arc"):
         parse_policy("clock")
-    for bad in ("lru+prefetch+admit", "lru+admit+admit", "lru+", "lrfu+prefetch+prefetch"):
-        with pytest.raises(ValueError, match="'\\+admit' and then '\\+prefetch'"):
+    for bad in ("lru+prefetch+admit", "lru+admit+admit", "lru+", "lrfu+prefetch+prefetch", "lru+prefetch+layer",
+                "arc+layer"):
+        with pytest.raises(ValueError, match="'\\+admit', then '\\+layer' \\(not with arc\\), then '\\+prefetch'"):
             parse_policy(bad)

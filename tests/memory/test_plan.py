@@ -3,6 +3,9 @@ the reduction order under any amount of free memory (hypothesis), and boot that 
 for lack of memory while the weights fit."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -170,3 +173,69 @@ def test_plan_cli_prints_table_and_json(tiny_dir, capsys):
     import json
     data = json.loads(capsys.readouterr().out)
     assert {"devices", "items", "warnings", "options"} <= set(data)
+
+
+def test_cgroup_limit_of_the_process_own_cgroup_and_ancestors(tmp_path):
+    """/proc/self/cgroup names the cgroup: v1 (memory controller) and v2 (0::), the tightest
+    limit over it and its ancestors counts (a parent's limit binds its children)."""
+    mount = tmp_path / "cg"
+    leaf = mount / "memory" / "outer" / "inner"
+    leaf.mkdir(parents=True)
+    for d, limit, usage in ((mount / "memory", 2**63 - 4096, 5 * GiB), (mount / "memory" / "outer", 3 * GiB, 2 * GiB),
+                            (leaf, 2**63 - 4096, 1 * GiB)):
+        (d / "memory.limit_in_bytes").write_text(f"{limit}\n")
+        (d / "memory.usage_in_bytes").write_text(f"{usage}\n")
+    proc = tmp_path / "cgroup"
+    proc.write_text("9:cpu,cpuacct:/x\n4:memory:/outer/inner\n0::/\n")
+    assert cgroup_room(mount=mount, proc=proc) == (3 * GiB, 2 * GiB)
+    v2 = mount / "sys.slice" / "job"
+    v2.mkdir(parents=True)
+    (v2 / "memory.max").write_text(f"{GiB}\n")
+    (v2 / "memory.current").write_text(f"{GiB // 4}\n")
+    proc.write_text("0::/sys.slice/job\n")
+    assert cgroup_room(mount=mount, proc=proc) == (GiB, GiB // 4)
+    proc.write_text("0::/\n")                       # unlimited everywhere
+    assert cgroup_room(mount=mount, proc=proc) is None
+
+
+@pytest.mark.skipif(not os.access("/sys/fs/cgroup/memory", os.W_OK), reason="no writable cgroup-v1 memory controller")
+def test_probe_reads_a_real_cgroup_v1_limit():
+    """A child process put into a cgroup-v1 memory cgroup of 700 MiB sees 700 MiB as the machine."""
+    import subprocess
+    import sys
+    cg = Path("/sys/fs/cgroup/memory") / f"freetoken-test-probe-{os.getpid()}"
+    cg.mkdir()
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(700 << 20))
+        code = ("from freetoken.memory.probe import probe; m = probe('cpu'); "
+                "print(m.host_total, m.total_source, m.host_available <= m.host_total)")
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           preexec_fn=lambda: (cg / "tasks").write_text(str(os.getpid())))
+        assert p.stdout.split() == [str(700 << 20), "cgroup", "limit", "True"]
+    finally:
+        cg.rmdir()
+
+
+def _moe_plan(tiny_dir, total: int, source: str, **opts):
+    from freetoken.config import EngineConfig
+    from freetoken.memory.model_size import read_model_shape
+    src = tiny_dir("qwen3_moe")
+    cfg = EngineConfig(model=str(src), dtype="float32", max_model_len=64, **opts)
+    return make_plan(cfg, read_model_shape(str(src)), MachineMemory(total, total, "test", total_source=source))
+
+
+def test_host_cache_that_cannot_fit_under_the_limit_is_refused_or_shrunk(tiny_dir):
+    from freetoken.experts.disk_plan import PROCESS_FLOOR, MemoryLimitError
+    _, plan = _moe_plan(tiny_dir, 64 * GiB, "MemTotal", expert_tier="disk")
+    pool = next(i.nbytes for i in plan.items if i.name == "expert pool")
+    dense = next(i.nbytes for i in plan.items if i.name == "dense weights")
+    limit = PROCESS_FLOOR + dense + pool // 4                     # a quarter of the pool fits beside the rest
+    with pytest.raises(MemoryLimitError, match=r"host_cache_gib: .* cannot fit under the cgroup limit .* at most"):
+        _moe_plan(tiny_dir, limit, "cgroup limit", host_cache_gib=pool / GiB * 0.9)
+    _, plan = _moe_plan(tiny_dir, limit, "cgroup limit", expert_tier="disk")   # forced, no size: 50%, shrunk
+    cache = next(i.nbytes for i in plan.items if i.name == "host expert cache")
+    assert 0 < cache <= pool // 4 and any("shrunk" in w for w in plan.warnings)
+    with pytest.raises(MemoryLimitError, match="expert_tier=ram: .* cannot fit under the cgroup limit"):
+        _moe_plan(tiny_dir, limit, "cgroup limit", expert_tier="ram")
+    s, _ = _moe_plan(tiny_dir, limit, "MemTotal", expert_tier="ram")          # not a hard limit: a warning
+    assert s.expert_tier == "ram"

@@ -78,3 +78,40 @@ def test_memory_and_metrics_show_each_tier(tiny_model_dir, tmp_path):
     finally:
         srv.stop()
         llm.close()
+
+
+@pytest.mark.timeout(300)
+def test_file_rewritten_in_place_fails_those_requests_health_degraded_until_restored(tiny_model_dir, tmp_path):
+    """Issue 36.1 at the server: plausible bytes written over an expert bank (another bank's)
+    give the requests that need them a 500 naming the checksum, never other text; /health says
+    the file changed; the original back, the same server answers as before and health is ok."""
+    import time
+    ftw, llm, srv = _serve(tiny_model_dir, tmp_path, slots=2)
+    try:
+        post = lambda: httpx.post(srv.url + "/v1/completions", json=BODY, timeout=120)   # noqa: E731
+        first = post()
+        assert first.status_code == 200, first.text
+        banks = sorted((t for t in read_header(ftw)["tensors"] if t["kind"] == "bank"), key=lambda t: t["offset"])
+        data = ftw.read_bytes()
+        a, b = banks[0], banks[-1]
+        n = min(a["nbytes"], b["nbytes"])
+        with open(ftw, "r+b") as f:
+            f.seek(a["offset"])
+            f.write(data[b["offset"]:b["offset"] + n])
+        bad = post()
+        assert bad.status_code == 500, bad.text
+        assert "does not match its checksum" in bad.text and ftw.name in bad.text
+        health = httpx.get(srv.url + "/health", timeout=30)
+        assert health.status_code == 503 and health.json()["status"] == "degraded"
+        with open(ftw, "r+b") as f:
+            f.write(data)
+        again = post()
+        assert again.status_code == 200 and again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+        for _ in range(100):            # the background re-verification of the restored file
+            if httpx.get(srv.url + "/health", timeout=30).status_code == 200:
+                break
+            time.sleep(0.1)
+        assert httpx.get(srv.url + "/health", timeout=30).json()["status"] == "ok"
+    finally:
+        srv.stop()
+        llm.close()

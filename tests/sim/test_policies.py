@@ -27,7 +27,8 @@ REFERENCES = {
     "lru+prefetch": lambda stream, slots: refp.ref_prefetch(stream, slots, "lru"),
     "lrfu+admit+prefetch": lambda stream, slots: refp.ref_prefetch(stream, slots, "lrfu", admit=True),
 }
-REFERENCES["default"] = REFERENCES[DEFAULT_POLICY]
+if DEFAULT_POLICY in REFERENCES:     # the '+layer' default: checked against an exhaustive Belady
+    REFERENCES["default"] = REFERENCES[DEFAULT_POLICY]      # (tests/experts/test_layer_aware.py)
 # load an entry only when it is routed (no prefetch, no placement ahead of use): belady-on-use's class
 ON_USE = ("lru", "per-layer-lru", "lfu", "arc", "lrfu", "lfu+admit", "lrfu+admit", "arc+admit")
 

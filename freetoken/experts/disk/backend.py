@@ -21,6 +21,10 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
      disk can bring while layer l+1's attention runs (B_D x the measured time between two
      layer calls / expert bytes, diskbw.py), likeliest first: more would queue ahead of that
      layer's own misses.
+Integrity (disk_integrity.py): every expert read from the file is checked against its checksum
+(taken once per file version), and between steps the file's identity is looked at; when it
+changed, every cached expert is dropped, /health says degraded until a background pass finds
+the file matching its checksums again, and only verified bytes are ever served.
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import numpy as np
 import torch
 
 from ..base import Experts
+from ..disk_integrity import ExpertFileWatch
 from .pieces import DiskLayout
 from ..measure.diskbw import prefetch_budget
 from .host_cache import HostExpertCache
@@ -39,7 +44,7 @@ from ..measure.stats import ExpertStats
 from ..execution.torch_exec import run_experts
 from ...kernels.pool import SPIN_US, shared_pool
 from ..execution.cpu import CpuExpertExecutor
-from ..memory.slots import DEFAULT_POLICY, parse_policy_options
+from ..memory.slots import DEFAULT_POLICY, layer_aware, parse_policy_options
 
 log = logging.getLogger("freetoken.experts")
 
@@ -57,10 +62,13 @@ class _TorchSlots:
 class DiskExperts(Experts):
     def __init__(self, layout: DiskLayout, device, slots: int, policy: str | None = None,
                  num_threads: int | None = None, spin_us: int | None = None, io_threads: int = 4,
-                 prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None):
+                 prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None, verify: bool = True):
         base, admit, _ = parse_policy_options(policy or DEFAULT_POLICY)
         self.layout, self.E, self.device = layout, layout.num_experts, torch.device(device)
-        self.cache = HostExpertCache(layout, slots, base, io_threads, drop_cache)
+        # every read checked against the expert's checksum, the file's identity watched (disk_integrity.py)
+        self.watch = ExpertFileWatch.open(layout) if verify else None
+        table_policy = base + ("+layer" if layer_aware(policy or DEFAULT_POLICY) else "")
+        self.cache = HostExpertCache(layout, slots, table_policy, io_threads, drop_cache, self.watch)
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD) if prefetch else None
         self._threads = (num_threads, spin_us)
         self.host = self._executor(num_threads, spin_us)
@@ -69,6 +77,7 @@ class DiskExperts(Experts):
         self.kernel_calls = 0        # kernel calls (runs of ascending slots), for the stats
         self.pool = layout           # what the engine reads as `experts.pool` (shape, bytes)
         self._layer_nbytes = layout.layer_expert_nbytes     # an expert's real bytes per layer (stats)
+        self._S = layout.expert_nbytes      # a slot's bytes (a property that sums the banks: once, not per call)
         self.b_d = b_d               # disk bytes/s (the profile's B_D), None: prefetch unbounded
         self.gap_s: float | None = None     # EWMA of the time from one decode layer call to the next
         self._last = (-2, 0.0)       # (layer, end time) of the previous call
@@ -87,6 +96,8 @@ class DiskExperts(Experts):
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.phase = phase
+        if self.watch is not None and self.watch.poll():      # the file changed: keep nothing read from it
+            self.cache.drop_all()
         self.stats_.step(phase)
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
@@ -110,7 +121,7 @@ class DiskExperts(Experts):
         else:
             streamed = False
             nxt = self._predict(layer, uniq - layer * self.E)
-            budget = prefetch_budget(self.b_d, self.gap_s, self.layout.expert_nbytes)
+            budget = prefetch_budget(self.b_d, self.gap_s, self._S)
             if budget is not None and len(nxt) > budget:
                 self.prefetch_cut += len(nxt) - budget
                 nxt = nxt[:budget]
@@ -180,7 +191,8 @@ class DiskExperts(Experts):
         """Kernel calls over `ids` (ascending) in runs whose slots ascend too (see the module doc)."""
         breaks = np.flatnonzero(np.diff(slots) <= 0) + 1
         calls = 0
-        for run_ids, run_slots in zip(np.split(ids, breaks), np.split(slots, breaks)):
+        for run_ids, run_slots in (zip(np.split(ids, breaks), np.split(slots, breaks)) if len(breaks)
+                                   else ((ids, slots),)):
             pos = np.searchsorted(run_ids, flat)
             pos = np.minimum(pos, len(run_ids) - 1)
             mine = run_ids[pos] == flat
@@ -205,7 +217,9 @@ class DiskExperts(Experts):
                                                         "b_d_gbs": (self.b_d or 0.0) / 1e9,
                                                         "layer_gap_s": self.gap_s or 0.0,
                                                         "prefetch_cut": self.prefetch_cut,
-                                                        "overlapped_runs": self.overlapped},
+                                                        "overlapped_runs": self.overlapped,
+                                                        **(self.watch.stats() if self.watch is not None
+                                                           else {"integrity": "not verified"})},
                                    kernel_calls=self.kernel_calls)
 
     # ---- elastic memory (engine/resize.py's `host_cache` component, in GiB like host_cache_gib) ----
@@ -243,4 +257,6 @@ class DiskExperts(Experts):
 
     def close(self) -> None:
         self.cache.close()
+        if self.watch is not None:
+            self.watch.close()
         getattr(self.host, "close", lambda: None)()

@@ -8,6 +8,8 @@ released while the disk works, so the reads of several experts are in flight at 
 small thread pool). After each read the file's pages are dropped from the page cache
 (`posix_fadvise(DONTNEED)`): the slot is the copy in RAM, the page cache would be a second.
 Reads are buffered, not O_DIRECT: expert rows of a GGUF file sit at arbitrary offsets.
+With a file watch (disk_integrity.py) each expert's bytes are hashed (xxh3) as they land and a
+mismatch with its checksum is an `ExpertReadError`, like a short read.
 
 Thread safety: every table change happens under one condition lock; the reads run outside
 it. A slot being read is `pending` and locked by its reader: nobody reads its rows or evicts
@@ -24,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+import xxhash
 
 from .pieces import DiskLayout
 from .host_rows import HostRows
@@ -41,15 +44,24 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 class ExpertReader:
     """Reads one expert's rows of every disk bank into given destination rows."""
 
-    def __init__(self, layout: DiskLayout, drop_cache: bool = True):
+    def __init__(self, layout: DiskLayout, drop_cache: bool = True, watch=None):
         self.layout, self.drop_cache = layout, drop_cache
-        self.fds = [os.open(p, os.O_RDONLY) for p in layout.paths]
-        for fd in self.fds:
+        self.watch = watch           # disk_integrity.ExpertFileWatch: every read checked against its checksum
+        self.fds: list[int] = []
+        self.open()
+
+    def open(self) -> None:
+        """(Re)open the files by path: a file replaced under its name is read as it is now."""
+        fds = [os.open(p, os.O_RDONLY) for p in self.layout.paths]
+        for fd in fds:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)   # no readahead beyond what we ask
+        self.close()
+        self.fds = fds
 
     def read(self, flat: int, dst: dict[str, torch.Tensor]) -> int:
         """Fills dst[bank] (one expert's row of each disk bank); returns bytes read."""
         total = 0
+        h = xxhash.xxh3_64() if self.watch is not None else None
         for name, bank in self.layout.banks.items():
             row = _bytes_of(dst[name])
             for pc in bank.pieces:
@@ -70,11 +82,17 @@ class ExpertReader:
                     raise ExpertReadError(
                         f"{path}: truncated: expert {E} of MoE layer {L} (bank {name!r}) needs bytes "
                         f"{off}..{off + pc.nbytes} but the file has {os.fstat(fd).st_size}")
+                if h is not None:
+                    h.update(buf[:pc.nbytes])
                 if self.drop_cache:
                     os.posix_fadvise(fd, off, pc.nbytes, os.POSIX_FADV_DONTNEED)
                 if not direct:
                     self._place(bank, pc, buf, dst[name])
                 total += pc.nbytes
+        if h is not None:
+            bad = self.watch.check(flat, h.intdigest())
+            if bad:
+                raise ExpertReadError(bad)
         return total
 
     @staticmethod
@@ -100,18 +118,19 @@ class HostExpertCache:
     """`slots` whole experts in host memory over the file described by `layout`."""
 
     def __init__(self, layout: DiskLayout, slots: int, policy: str = DEFAULT_POLICY, threads: int = 4,
-                 drop_cache: bool = True):
+                 drop_cache: bool = True, watch=None):
         if slots < 1:
             raise ValueError(f"host expert cache: at least 1 slot, got {slots}")
         self.layout = layout
         self.table = SlotTable(layout.num_layers * layout.num_experts, layout.num_experts, int(slots), policy)
-        self.reader = ExpertReader(layout, drop_cache)
+        self.reader = ExpertReader(layout, drop_cache, watch)
         self._rows = {name: HostRows(slots, b.row_shape, b.dtype)      # fresh pages: nothing touched
                       for name, b in layout.banks.items()}                # until a read
         self.banks: dict[str, torch.Tensor] = {name: r.bank for name, r in self._rows.items()}
         for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
             self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
         self._cv = threading.Condition()
+        self._waiters = 0                                   # callers in acquire's wait for a free slot
         self._landed: dict[int, threading.Event] = {}      # slot -> set when its read is over
         self._failed: dict[int, BaseException] = {}        # flat -> the read error (until retried)
         self._prefetched = np.zeros(slots, bool)           # filled by a prefetch, not yet used
@@ -190,6 +209,18 @@ class HostExpertCache:
         flat_ids = np.asarray(flat_ids, np.int64)
         t = self.table
         with self._cv:
+            slots = t.slot_of[flat_ids]
+            if (slots >= 0).all() and not t.pending[slots].any():      # all landed hits: the common case
+                t.record(flat_ids)
+                t.lock(slots)
+                t.touch(slots)
+                n = len(flat_ids)
+                self.c["hits"] += n
+                used = self._prefetched[slots]
+                if used.any():
+                    self.c["prefetch_used"] += int(used.sum())
+                    self._prefetched[slots] = False
+                return n, slots, [None] * n
             while True:
                 slots = t.slot_of[flat_ids]
                 hit = slots >= 0
@@ -203,7 +234,11 @@ class HostExpertCache:
                     break
                 if not t.pending.any() and not t.locks.any():
                     raise RuntimeError("host expert cache: no slot can be freed")
-                self._cv.wait(0.05)                 # every slot locked by other callers or reads
+                self._waiters += 1
+                try:
+                    self._cv.wait(0.05)             # every slot locked by other callers or reads
+                finally:
+                    self._waiters -= 1
             ids, hit, slots = flat_ids[:n], hit[:n], slots[:n].copy()
             t.record(ids)
             t.lock(slots[hit])
@@ -248,8 +283,9 @@ class HostExpertCache:
 
     def release(self, slots: np.ndarray) -> None:
         with self._cv:
-            self.table.unlock(np.asarray(slots, np.int64))
-            self._cv.notify_all()
+            self.table.locks[np.asarray(slots, np.int64)] -= 1     # a call's slots are unique: no np.add.at
+            if self._waiters:               # a caller waits for a slot to free (rare: a full cache)
+                self._cv.notify_all()
 
     def prefetch(self, flat_ids: np.ndarray) -> int:
         """Start background reads of those of `flat_ids` not resident, into victims the policy
@@ -276,6 +312,24 @@ class HostExpertCache:
             events = list(self._landed.values())
         for ev in events:
             ev.wait()
+
+    def drop_all(self) -> int:
+        """Between steps: empty every slot (the file changed: nothing read from it is kept) and
+        reopen the files; reads in flight land first. Returns how many experts were dropped."""
+        self.drain()
+        with self._cv:
+            if self.table.locks.any():
+                raise RuntimeError("host expert cache: drop while a layer call is running")
+            used = np.flatnonzero(self.table.owner >= 0)
+            for slot in used.tolist():
+                self._drop(slot)
+            self._prefetched[:] = False
+            self._failed.clear()
+            try:
+                self.reader.open()          # the name may now be another file (replaced, restored)
+            except OSError:                 # gone for now: reads keep failing on the old file, clearly
+                pass
+            return len(used)
 
     def resize(self, slots: int) -> int:
         """Elastic memory, between steps: `slots` slots, keeping the residents the policy values
@@ -304,9 +358,14 @@ class HostExpertCache:
     def stats(self) -> dict:
         with self._cv:
             c = dict(self.c)
+            desc = self.table.describe()
+            unused_now = int(self._prefetched.sum())          # prefetched, still resident, not used yet
         looked = c["hits"] + c["waited"] + c["misses"]
         S = self.layout.expert_nbytes
-        return {**c, "hit_rate": (c["hits"] + c["waited"]) / looked if looked else 0.0,
+        # next-layer guesses: the share used before eviction, and the bytes read for nothing
+        desc["prefetch_hit_rate"] = c["prefetch_used"] / c["prefetches"] if c["prefetches"] else 0.0
+        desc["prefetch_wasted_bytes"] = max(0, c["prefetches"] - c["prefetch_used"] - unused_now) * S
+        return {**c, **desc, "hit_rate": (c["hits"] + c["waited"]) / looked if looked else 0.0,
                 "slots": self.capacity, "resident": self.resident, "evictions": self.evictions,
                 "gib": self.capacity * S / 2**30, "read_s": self.read_s,
                 "read_gbs": c["bytes_read"] / self.read_s / 1e9 if self.read_s else 0.0}

@@ -149,7 +149,8 @@ class TieredExperts(Experts):
         self._host_decides()
         c = self.cache
         return self.stats_.as_dict(cache={"slots": c.capacity, "resident": c.resident, "evictions": c.evictions,
-                                          "expert_nbytes": self.S, "gib": c.capacity * self.S / 2**30},
+                                          "expert_nbytes": self.S, "gib": c.capacity * self.S / 2**30,
+                                          **c.table.describe()},
                                    bandwidth=self.est.snapshot(), policy=self.planner.policy,
                                    guard=None if self.guard is None else {
                                        "winner": self.guard.winner, "switches": self.guard.switches,

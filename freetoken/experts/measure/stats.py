@@ -78,6 +78,9 @@ class ExpertStats:
         self.q_sum = self.m_sum = 0
 
 
+POLICY_KEYS = ("policy", "layer_aware", "admission", "prefetch", "layer_ordered")   # SlotTable.describe()
+
+
 def tier_summary(stats: dict | None) -> dict:
     """The expert memory tier by tier from `expert_stats()`: the device slot cache (size, hit
     rate), the host expert cache of the disk tier (size, hit rate, evictions) and the disk
@@ -90,13 +93,17 @@ def tier_summary(stats: dict | None) -> dict:
     cache = stats.get("cache")
     if cache and backend not in ("disk", "cpu"):
         out["device_cache"] = {"slots": cache.get("slots", 0), "gib": cache.get("gib", 0.0),
-                               "hit_rate": tot.get("hit_rate", 0.0), "fills": tot.get("fills", 0)}
+                               "hit_rate": tot.get("hit_rate", 0.0), "fills": tot.get("fills", 0),
+                               **{k: cache[k] for k in POLICY_KEYS if k in cache}}
     hc = stats.get("host_cache")
     if hc:
         out["host_cache"] = {k: hc.get(k, 0) for k in ("slots", "resident", "gib", "hit_rate", "hits", "misses",
                                                          "prefetches", "evictions")}
+        out["host_cache"].update({k: hc[k] for k in (*POLICY_KEYS, "prefetch_hit_rate", "prefetch_wasted_bytes")
+                                  if k in hc})
     disk = stats.get("disk")
     if disk:
         out["disk"] = {k: disk.get(k, 0) for k in ("reads", "bytes_read", "read_s", "read_gbs", "errors", "pool_gib",
-                                                   "b_d_gbs", "prefetch_cut")}
+                                                   "b_d_gbs", "prefetch_cut", "file_changes", "checksum_mismatches")}
+        out["disk"].update({k: disk[k] for k in ("integrity", "integrity_detail") if k in disk})
     return out

@@ -19,6 +19,15 @@ Policies (`expert_cache_policy`), all keyed per slot, ties to the least recently
          and an adaptive split (experts/memory/arc.py); its own victim order, not a score
 Frequencies count every routed access (`record`), hit or miss, as the engine sees them.
 
+Layer-aware eviction ("+layer", not with arc): a decode step runs the layers in order, so when
+the experts a step routes (its working set: the unique ids of the last full pass, or of this
+pass so far, counted by `record`) do not fit the slots, any order by recency or frequency evicts exactly the layers
+needed next and a cyclic stream misses every time. Then the victims are ordered by next use
+first (`next_use`: the layer just run is needed furthest ahead), the policy's score and
+recency only within a layer; when the working set fits, the policy's order is unchanged.
+On a layer-cyclic stream (every pass routes the same experts) that is Belady's choice
+(tests/experts/test_layer_aware.py checks it against a brute-force Belady).
+
 Admission control ("+admit"): in the hybrid split, a decode miss is filled only when its
 policy score beats the victim it would replace; otherwise it runs on the CPU (the engine's
 other branch) and the cache keeps the entry that is likelier to be reused. `offload` and
@@ -48,9 +57,12 @@ def slots_in(nbytes: int, expert_bytes: int, total: int) -> int:
     return max(0, min(total, nbytes // expert_bytes))
 
 POLICIES = ("lru", "lfu", "lrfu", "arc")
-# measured: never worse than lru, within 0.01 of the best online policy in 13 of 14 cells
-# (docs/routing-locality.md)
-DEFAULT_POLICY = "lrfu+admit"
+# measured (bench/policy_bounds.py, docs/benchmarks.md "Default expert-cache policy"): against the
+# former default lrfu+admit on the 7 shared traces at 5/11/37% capacity, fewer decode misses in 13
+# of 21 cells, equal in 2, at most 0.005 more in 6; on the disk tier with a 5% host cache 0.53x
+# the bytes read per token. '+prefetch' misses less still but moves more than 1.1x LRU's bytes in
+# 5 of 14 cells, and on the device tier a prefetch in flight runs its expert on the CPU: an option.
+DEFAULT_POLICY = "lrfu+admit+layer"
 HALF_LIFE_TOKENS = 32.0
 _NEVER = np.iinfo(np.int64).max
 
@@ -62,20 +74,36 @@ def parse_policy(name: str) -> tuple[str, bool]:
     return base, admit
 
 
+EXTRAS = ("admit", "layer", "prefetch")        # in this order
+
+
 def parse_policy_options(name: str) -> tuple[str, bool, bool]:
-    """-> (policy, admission, prefetch)."""
+    """-> (policy, admission, prefetch); '+layer' (layer-aware eviction) is `layer_aware(name)`."""
     base, *extras = name.split("+")
-    if base not in POLICIES or extras not in ([], ["admit"], ["prefetch"], ["admit", "prefetch"]):
+    if base not in POLICIES or len(set(extras)) != len(extras) or any(e not in EXTRAS for e in extras) \
+            or extras != sorted(extras, key=EXTRAS.index) or ("layer" in extras and base == "arc"):
         raise ValueError(f"expert cache policy {name!r}: expected one of {', '.join(POLICIES)}, "
-                         "optionally with '+admit' and then '+prefetch'")
+                         "optionally with '+admit', then '+layer' (not with arc), then '+prefetch'")
     return base, "admit" in extras, "prefetch" in extras
+
+
+def layer_aware(name: str) -> bool:
+    """Whether the policy name asks for layer-aware eviction ('+layer')."""
+    return "layer" in name.split("+")[1:]
 
 
 class SlotTable:
     def __init__(self, num_flat: int, num_experts: int, slots: int, policy: str = DEFAULT_POLICY,
                  half_life: float = HALF_LIFE_TOKENS, prefetch_threshold: float = THRESHOLD):
         self.policy, self.admission, prefetch = parse_policy_options(policy)
+        self.layer_aware = layer_aware(policy)
         self.num_experts = num_experts
+        self.num_layers = max(1, num_flat // max(1, num_experts))
+        self.working_set = 0           # unique experts of the last full pass through the layers (a step)
+        self._pass_count = 0           # ... of the pass under way
+        self._cur_layer = -1           # the layer being accessed now (every policy tracks it)
+        self.layer_ordered = 0         # victim choices made in next-use order (the step did not fit)
+        self.name = policy
         self.predictor = (NextLayerPredictor(num_flat // num_experts, num_experts, prefetch_threshold)
                           if prefetch else None)
         self.prefetches = 0
@@ -105,7 +133,14 @@ class SlotTable:
 
     def record(self, flat_ids: np.ndarray) -> None:
         """Count one routed access of each id (one layer's unique ids, hits and misses)."""
-        if len(flat_ids) == 0 or self.policy == "lru":
+        if len(flat_ids) == 0:
+            return
+        layer = int(flat_ids[0]) // self.num_experts
+        if layer < self._cur_layer:                 # a new pass through the layers
+            self.working_set, self._pass_count = self._pass_count, 0
+        self._pass_count += len(flat_ids)
+        self._cur_layer = layer
+        if self.policy == "lru":
             return
         if self.arc is not None:
             self.arc.seen(flat_ids)
@@ -140,6 +175,12 @@ class SlotTable:
                 return np.log(self.count[flat_ids]) + self.rate * self.since[flat_ids]
         return np.zeros(len(flat_ids))
 
+    def describe(self) -> dict:
+        """The policy and its switches, for /v1/memory (the name) and /metrics (the numbers)."""
+        return {"policy": self.name, "layer_aware": int(self.layer_aware), "admission": int(self.admission),
+                "prefetch": int(self.predictor is not None), "working_set": self.working_set,
+                "layer_ordered": self.layer_ordered}
+
     def lru_order(self) -> list[int]:
         """Resident flat ids, least recent first (for tests and resize)."""
         used = np.flatnonzero(self.owner >= 0)
@@ -171,9 +212,21 @@ class SlotTable:
         empty = np.where(used, 0, idx - self.capacity - 1)       # empty slots first, in order
         prio = np.zeros(self.capacity)
         prio[used] = self.score(self.owner[used])
-        order = np.lexsort((np.where(used, self.stamp, empty), prio, used))
+        keys = [np.where(used, self.stamp, empty), prio]
+        if self.layer_aware and max(self.working_set, self._pass_count) > self.capacity:
+            keys.append(-self.next_use(self.owner))          # furthest next use first
+            self.layer_ordered += 1
+        order = np.lexsort((*keys, used))
         order = order[free[order]]
         return order[:k]
+
+    def next_use(self, flat_ids: np.ndarray) -> np.ndarray:
+        """Layer calls until each id's layer comes round again, counted from the layer being
+        accessed now (its own layer: a whole pass, L): in a decode step the layers run in order,
+        so the layer just run is the one needed furthest ahead."""
+        layer = np.maximum(flat_ids, 0) // self.num_experts
+        d = (layer - self._cur_layer) % self.num_layers
+        return np.where(d == 0, self.num_layers, d)
 
     def admit(self, flat_ids: np.ndarray, victims: np.ndarray) -> np.ndarray:
         """Which of the misses `flat_ids` (in fill order) may replace `victims` (candidates'
@@ -215,6 +268,29 @@ class SlotTable:
 
     def ready(self, slots: np.ndarray) -> None:
         self.pending[slots] = False
+
+    def serve(self, flat_ids: np.ndarray, admission: bool = False) -> np.ndarray:
+        """One layer call whose fills land at once (`freetoken sim`, tests): count the accesses,
+        lock and touch the hits, take victims for the misses while the whole call is locked
+        (with `admission`, declined misses stay out), fill, unlock. Returns the hit mask. The
+        engine's caches take the same steps with real reads in between (host_cache.py, decision.py)."""
+        ids = np.asarray(flat_ids, np.int64)
+        self.record(ids)
+        slots = self.slot_of[ids]
+        hit = slots >= 0
+        held = slots[hit]
+        self.lock(held)
+        self.touch(held)
+        miss = ids[~hit]
+        victims = self.candidates(len(miss), miss)
+        if admission and len(victims):
+            ok = self.admit(miss[:len(victims)], victims)
+            miss, victims = miss[:len(victims)][ok], victims[ok]
+        miss = miss[:len(victims)]
+        self.assign(miss, victims)
+        self.ready(victims)
+        self.unlock(np.concatenate([held, victims]))
+        return hit
 
     def learn_prompt(self, layer: int, rows: np.ndarray) -> None:
         """"+prefetch": a prefill layer call's per-token routed ids (within the layer) teach the

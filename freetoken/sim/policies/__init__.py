@@ -20,13 +20,17 @@ from freetoken.sim.policies.slot_table import slot_policy
 from freetoken.sim.policies.static_split import StaticSplit
 
 _ENGINE = {n: slot_policy(n, n) for n in ("lru", "lfu", "lrfu", "arc", "lfu+admit", "lrfu+admit", "arc+admit",
-                                          "lru+prefetch", "lrfu+admit+prefetch")}
+                                          "lru+prefetch", "lrfu+admit+prefetch", "lru+layer", "lfu+layer",
+                                          "lrfu+layer", "lrfu+admit+layer", "lrfu+admit+layer+prefetch",
+                                          "lrfu+layer+prefetch")}
 _ENGINE["default"] = slot_policy("default", DEFAULT_POLICY)
 
 POLICIES: dict[str, type[Policy]] = {
     p.name: p for p in (_ENGINE["lru"], PerLayerLRU, HotPlacement, StaticSplit, _ENGINE["lfu"], _ENGINE["arc"],
                         _ENGINE["lrfu"], _ENGINE["lfu+admit"], _ENGINE["lrfu+admit"], _ENGINE["arc+admit"],
-                        _ENGINE["lru+prefetch"], _ENGINE["lrfu+admit+prefetch"],
+                        _ENGINE["lru+prefetch"], _ENGINE["lrfu+admit+prefetch"], _ENGINE["lru+layer"],
+                        _ENGINE["lfu+layer"], _ENGINE["lrfu+layer"], _ENGINE["lrfu+admit+layer"],
+                        _ENGINE["lrfu+admit+layer+prefetch"], _ENGINE["lrfu+layer+prefetch"],
                         _ENGINE["default"], Belady, BeladyDemand, BeladyOnUse, FrequencyOracle)
 }
 

@@ -12,7 +12,8 @@ class Policy:
 
     The replay calls ``prepare`` once with the whole stream (only offline policies look),
     ``place`` at the start of the trace and at the end of every prefill (points where
-    placements may be rearranged without counting misses), then ``prefill_access`` / ``access`` per key,
+    placements may be rearranged without counting misses), then ``prefill_cell`` / ``access_cell``
+    per cell (by default ``prefill_access`` / ``access`` per key),
     and ``end_cell`` after each decode cell.
     """
 
@@ -34,6 +35,14 @@ class Policy:
     def access(self, key: int) -> bool:
         """Record one decode access; True on a hit."""
         raise NotImplementedError
+
+    def access_cell(self, cell) -> list[bool]:
+        """A decode cell's keys (one layer call); by default one `access` per key, in order
+        (the engine's tables serve the cell at once: policies/slot_table.py)."""
+        return [self.access(k) for k in cell]
+
+    def prefill_cell(self, cell) -> list[bool]:
+        return [self.prefill_access(k) for k in cell]
 
     def end_cell(self, cell: tuple[int, ...]) -> None:
         """A decode cell (one layer of one token) is done: a prefetching policy acts here."""

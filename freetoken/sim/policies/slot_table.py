@@ -1,6 +1,7 @@
 """The engine's own cache policies, replayed: each access goes through the engine's
 `SlotTable` (freetoken/experts/memory/slots.py), one key at a time: a hit refreshes the entry, a
-miss is filled into the table's first victim (or, with admission control, runs on the CPU
+miss is filled into the table's first victim (whole cells at once through `access_cell`, as the
+engine's layer call: never one of the same cell's experts is a victim) (or, with admission control, runs on the CPU
 when the table declines it; as in the engine, only decode misses are declined, prefill
 fills every miss). With "+prefetch", after each decode cell the table's guesses for the
 next layer are copied in (the predictor also learns from the prompt's rows) (landed before that layer runs, as the engine's background copies
@@ -30,20 +31,27 @@ class SlotTablePolicy(Policy):
         return self.access(key, admission=False)
 
     def access(self, key: int, admission: bool = True) -> bool:
-        t = self.table
-        k = np.array([key])
-        t.record(k)
-        slot = t.slot_of[key]
-        if slot >= 0:
-            t.touch(np.array([slot]))
-            return True
-        victim = t.candidates(1, k)
-        if len(victim) and (not admission or t.admit(k, victim)[0]):
-            t.assign(k, victim)
-            t.ready(victim)
-            t.unlock(victim)
-            self.fills += 1
-        return False
+        return bool(self._serve((key,), admission)[0])
+
+    def access_cell(self, cell, admission: bool = True):
+        """A whole cell (one layer call). '+layer' tables serve it as the engine does
+        (`SlotTable.serve`: its experts looked up and locked together, so none is the victim
+        of another's miss; the layer-aware order needs that, or the cell's later keys would
+        look like the layer just run). The others replay key by key, as their references in
+        tests/sim/sim_reference.py model them (the same as the engine's unless a cell's own
+        fill would evict another of its keys, which LRU never does)."""
+        if self.table.layer_aware:
+            return self._serve(cell, admission)
+        return [self.access(k, admission) for k in cell]
+
+    def prefill_cell(self, cell):
+        return self.access_cell(cell, admission=False)
+
+    def _serve(self, cell, admission: bool) -> np.ndarray:
+        keys = np.asarray(cell, np.int64)
+        hit = self.table.serve(keys, admission)
+        self.fills += int((self.table.slot_of[keys[~hit]] >= 0).sum())
+        return hit
 
     def prompt_rows(self, layer: int, rows) -> None:
         learn_prompt(self.table, layer, rows)
