@@ -78,7 +78,8 @@ ROOMS = [
          {"freetoken.experts.execution": "How routed experts run: the CPU kernels' executor, the torch reference, "
                                          "the resident and tiered backends, the device decode path, prefill."}),
     Room("experts/disk", "the disk tier's files in one room",
-         _in("freetoken.experts.disk", "disk:backend disk_pieces:pieces disk_plan:plan host_cache host_rows"),
+         _in("freetoken.experts.disk", "disk:backend disk_pieces:pieces disk_plan:plan host_cache host_rows "
+             "disk_integrity:integrity"),
          {"freetoken.experts.disk": "The disk tier: experts read from the model file into a host cache, "
                                     "run on the CPU (backend.py), and its share of the memory plan (plan.py)."}),
     Room("experts/measure", "bandwidth probes, profiles and routing recording in one room",
