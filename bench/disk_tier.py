@@ -40,7 +40,7 @@ FT = textwrap.dedent("""
     path, mode, n_decode, threads, cache_gib = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     policy, verify = sys.argv[6] or None, sys.argv[7] == "on"
     prompt = json.loads(sys.stdin.read())
-    if not verify:       # A/B of the integrity checks (experts/disk_integrity.py): no checksums, no watch
+    if not verify:       # A/B of the integrity checks (experts/disk/integrity.py): no checksums, no watch
         import freetoken.experts.disk as disk_mod
         disk_mod.ExpertFileWatch.open = classmethod(lambda cls, layout: None)
     fd = os.open(path, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)

@@ -161,7 +161,7 @@ def _add_status_routes(app: FastAPI, svc: GenerationService, settings: ServerSet
             with contextlib.suppress(Exception):
                 disk = tier_summary(svc.engine.expert_stats()).get("disk") or {}
         if body["status"] == "ok" and disk.get("integrity", "ok") not in ("ok", "not verified"):
-            body["status"] = "degraded"       # the disk tier's model file changed (experts/disk_integrity.py)
+            body["status"] = "degraded"       # the disk tier's model file changed (experts/disk/integrity.py)
             body["error"] = f"disk tier: the model file changed ({disk.get('integrity_detail', '')})"
         return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
 

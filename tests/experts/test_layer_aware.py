@@ -1,4 +1,4 @@
-"""Layer-aware eviction ('+layer', experts/slots.py) against a brute-force Belady.
+"""Layer-aware eviction ('+layer', experts/memory/slots.py) against a brute-force Belady.
 
 A layer-cyclic trace: every token passes the layers in order and routes the same experts at
 each layer. Each layer call needs all its experts resident at once (the engine locks them),
@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken.experts.slots import SlotTable
+from freetoken.experts.memory.slots import SlotTable
 from freetoken.sim.access import AccessStream, Segment
 from freetoken.sim.replay import replay
 from freetoken.sim.trace import DECODE

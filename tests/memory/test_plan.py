@@ -225,7 +225,7 @@ def _moe_plan(tiny_dir, total: int, source: str, **opts):
 
 
 def test_host_cache_that_cannot_fit_under_the_limit_is_refused_or_shrunk(tiny_dir):
-    from freetoken.experts.disk_plan import PROCESS_FLOOR, MemoryLimitError
+    from freetoken.experts.disk.plan import PROCESS_FLOOR, MemoryLimitError
     _, plan = _moe_plan(tiny_dir, 64 * GiB, "MemTotal", expert_tier="disk")
     pool = next(i.nbytes for i in plan.items if i.name == "expert pool")
     dense = next(i.nbytes for i in plan.items if i.name == "dense weights")

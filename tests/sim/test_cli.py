@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from freetoken.experts.slots import DEFAULT_POLICY
+from freetoken.experts.memory.slots import DEFAULT_POLICY
 from freetoken.sim.policies import POLICIES
 from freetoken.experts.measure.trace_format import TraceWriter
 

@@ -21,7 +21,7 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
      disk can bring while layer l+1's attention runs (B_D x the measured time between two
      layer calls / expert bytes, diskbw.py), likeliest first: more would queue ahead of that
      layer's own misses.
-Integrity (disk_integrity.py): every expert read from the file is checked against its checksum
+Integrity (experts/disk/integrity.py): every expert read from the file is checked against its checksum
 (taken once per file version), and between steps the file's identity is looked at; when it
 changed, every cached expert is dropped, /health says degraded until a background pass finds
 the file matching its checksums again, and only verified bytes are ever served.
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from ..base import Experts
-from ..disk_integrity import ExpertFileWatch
+from .integrity import ExpertFileWatch
 from .pieces import DiskLayout
 from ..measure.diskbw import prefetch_budget
 from .host_cache import HostExpertCache
@@ -65,7 +65,7 @@ class DiskExperts(Experts):
                  prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None, verify: bool = True):
         base, admit, _ = parse_policy_options(policy or DEFAULT_POLICY)
         self.layout, self.E, self.device = layout, layout.num_experts, torch.device(device)
-        # every read checked against the expert's checksum, the file's identity watched (disk_integrity.py)
+        # every read checked against the expert's checksum, the file's identity watched (experts/disk/integrity.py)
         self.watch = ExpertFileWatch.open(layout) if verify else None
         table_policy = base + ("+layer" if layer_aware(policy or DEFAULT_POLICY) else "")
         self.cache = HostExpertCache(layout, slots, table_policy, io_threads, drop_cache, self.watch)

@@ -8,7 +8,7 @@ released while the disk works, so the reads of several experts are in flight at 
 small thread pool). After each read the file's pages are dropped from the page cache
 (`posix_fadvise(DONTNEED)`): the slot is the copy in RAM, the page cache would be a second.
 Reads are buffered, not O_DIRECT: expert rows of a GGUF file sit at arbitrary offsets.
-With a file watch (disk_integrity.py) each expert's bytes are hashed (xxh3) as they land and a
+With a file watch (experts/disk/integrity.py) each expert's bytes are hashed (xxh3) as they land and a
 mismatch with its checksum is an `ExpertReadError`, like a short read.
 
 Thread safety: every table change happens under one condition lock; the reads run outside

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from .disk_pieces import DiskLayout
+from .pieces import DiskLayout
 
 log = logging.getLogger("freetoken.experts")
 
