@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from freetoken import LLM, SamplingParams
-from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf.reader import GgufFile
 
 PROMPT = [5, 17, 3, 99, 42, 7, 250, 11]
 GREEDY = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
