@@ -125,3 +125,26 @@ def test_bad_parts_are_refused():
     with pytest.raises(ValueError, match="need uint8"):
         GgmlWeight(torch.zeros(2, 10, dtype=torch.uint8), gq.Q8_0, 64)
     pool.close()
+
+
+def _device_parts(gen):
+    return [rows(t, 9, 512, gen) for t in (gq.Q2_K, gq.Q4_1, gq.TQ1_0, gq.IQ4_NL)]
+
+
+def test_dequantize_on_a_device_is_the_reference():
+    """The GPU load path (LinearFactory.packed off the CPU): packed rows copied to the device and
+    dequantized there by torch; here on the CPU device, against gguf's numpy reference."""
+    from freetoken.layers.ggml_linear import dequantize_on
+    parts = _device_parts(torch.Generator().manual_seed(3))
+    got = dequantize_on(parts, "cpu", torch.float32)
+    assert torch.equal(got, torch.cat([gguf_dequantize(p) for p in parts]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dequantize_on_cuda_is_the_reference():
+    from freetoken.layers.ggml_linear import dequantize_on
+    parts = _device_parts(torch.Generator().manual_seed(4))
+    got = dequantize_on(parts, "cuda", torch.float32)
+    assert got.device.type == "cuda"
+    assert torch.equal(got.cpu(), torch.cat([gguf_dequantize(p) for p in parts]))
