@@ -27,7 +27,6 @@ from freetoken.weights.gguf import GgufFile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from model_checks import ids_for  # noqa: E402
 
-BASE = [gq.Q8_0, gq.Q4_K]
 NEW = [gq.Q4_1, gq.Q5_0, gq.Q5_1, gq.IQ4_NL, gq.Q2_K, gq.Q3_K, gq.TQ1_0, gq.TQ2_0]
 
 
@@ -102,7 +101,7 @@ def check_pool(path: Path, caplog) -> int:
     return padding
 
 
-@pytest.mark.parametrize("t", BASE + NEW, ids=gq.type_name)
+@pytest.mark.parametrize("t", NEW, ids=gq.type_name)
 def test_each_type_loads_packed_with_the_dequantized_logits(t, tiny_f32, tmp_path, caplog, monkeypatch):
     """Every 2-D weight (experts, attention, embeddings, lm_head) in type t."""
     g = rewrite(tiny_f32, tmp_path / f"{gq.type_name(t)}.gguf", every_weight_in(t))
@@ -119,7 +118,8 @@ def test_each_type_loads_packed_with_the_dequantized_logits(t, tiny_f32, tmp_pat
     err = (got - ref).abs().max().item()
     print(f"{gq.type_name(t)}: packed vs dequantized float {err:.3g} (scale {scale:.3g})")
     # the int8 activation rounding through a random tiny model: 1-10% of the logit scale here
-    # (Q8_0 0.010, Q4_K 0.015, Q2_K 0.10); a wrong decode would be O(1). The exact check is
+    # (measured with this test on Q8_0 0.010, Q4_K 0.015, the new types 0.009-0.10, Q2_K the
+    # largest); a wrong decode would be O(1). The exact check is
     # layer by layer against the emulation of the rounding:
     assert err <= 0.2 * scale
     check_packed(g, ids, monkeypatch)
