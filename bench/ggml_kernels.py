@@ -53,7 +53,7 @@ def build_baseline(rev: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--types", default="Q8_0,Q4_0,MXFP4,Q4_K,Q5_K,Q6_K")
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,IQ4_NL,MXFP4,Q2_K,Q3_K,Q4_K,Q5_K,Q6_K,TQ1_0,TQ2_0")
     ap.add_argument("--formats", default="int8,mxfp4", help="our formats to run beside them")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--inter", type=int, default=768)

@@ -1,14 +1,15 @@
 """FreeToken vs llama.cpp on the same random medium checkpoint, side by side (outside CI).
 
     .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512,4096,16384] [--parallel 1,4]
-                                          [--decode 64] [--rounds 3] [--formats bf16,q8_0,q4_k_m,gguf_q8_0,mxfp4]
+                                          [--decode 64] [--rounds 3] [--formats bf16,q8_0,q4_k_m,gguf_q8_0,mxfp4,
+                                           q2_k,q3_k_m,q4_1,q5_0,q5_1,iq4_nl]
 
 bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
 `expert_format="int8", dense_format="int8"`, vs llama.cpp's Q8_0 GGUF);
 mxfp4 runs a medium gpt-oss whose experts ship as MXFP4 and stay packed in both engines, the
 rest bf16 in both (converted with --outtype bf16, which keeps the MXFP4 experts as they are).
-q4_k_m and gguf_q8_0 run ONE file in both engines: llama.cpp's Q4_K_M (its own quantizer applied
-to the bf16 GGUF, cached beside it) or the converter's Q8_0 GGUF, which FreeToken loads itself
+q4_k_m, q2_k, q3_k_m, q4_1, q5_0, q5_1, iq4_nl and gguf_q8_0 run ONE file in both engines:
+llama.cpp's own quantizer mix of that name (`llama_model_quantize` applied to the bf16 GGUF, cached beside it) or the converter's Q8_0 GGUF, which FreeToken loads itself
 (quantized experts packed in the "ggml" banks, dense tensors dequantized at load, to int8).
 
 For each prompt length P and parallel count S: S sequences with their own P-token prompts are
@@ -132,6 +133,8 @@ FORMATS = {
     "q8_0": (medium_checkpoint, "q8_0", "hf", {"expert_format": "int8", "dense_format": "int8"}),  # Q8_0-sized
     "gguf_q8_0": (medium_checkpoint, "q8_0", "gguf", {}),
     "q4_k_m": (medium_checkpoint, "q4_k_m", "gguf", {}),
+    # llama.cpp's other quantizer mixes, the one file in both engines (every ggml type kept packed)
+    **{f: (medium_checkpoint, f, "gguf", {}) for f in ("q2_k", "q3_k_m", "q4_1", "q5_0", "q5_1", "iq4_nl")},
     "mxfp4": (medium_gpt_oss, "bf16", "hf", {}),
 }
 
@@ -145,7 +148,8 @@ QUANTIZE = textwrap.dedent("""
     assert L.llama_model_quantize(src.encode(), (dst + ".partial").encode(), ctypes.byref(p)) == 0
     os.rename(dst + ".partial", dst)                  # another process may be waiting for this name
 """)
-QUANT_TYPES = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+QUANT_TYPES = {f: f"LLAMA_FTYPE_MOSTLY_{f.upper()}" for f in ("q4_k_m", "q2_k", "q3_k_m", "q4_1", "q5_0", "q5_1",
+                                                              "iq4_nl")}
 
 
 def make_gguf(py: Path, converter: Path, model: Path, gtype: str) -> Path:

@@ -8,13 +8,14 @@ grouped by row width: each group is an ordinary `ExpertPool` over its own layers
 The model still addresses experts by the global flat id `layer * E + expert`; this class maps
 it to (group, group flat id).
 
-What stays sized to the widest group: a cache slot (`slot_rows`, `expert_nbytes`), since a
-slot holds any layer's expert; a narrower expert fills the front of each slot row (the
+What stays sized to the widest group: a cache slot (`slot_rows`, `expert_nbytes`: each bank's
+widest row), since a slot holds any layer's expert; a narrower expert fills the front of each slot row (the
 kernels read only its type's row bytes, the types ride along in the slot).
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import torch
@@ -77,8 +78,11 @@ class GroupedPool:
 
     @functools.cached_property
     def expert_nbytes(self) -> int:
-        """Bytes of a cache slot: the widest group's expert (each group's own: groups[i].expert_nbytes)."""
-        return max(g.expert_nbytes for g in self._groups)
+        """Bytes of a cache slot (`slot_rows`: each bank as wide as its widest group, so a mix whose
+        widest gate_up and widest down are in different layers counts both); each group's own
+        expert bytes: groups[i].expert_nbytes."""
+        return sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
+                   for shape, dt in self.slot_rows().values())
 
     @property
     def nbytes(self) -> int:

@@ -8,7 +8,8 @@ expert kernels' ggml dot tiles, activations rounded to int8 per 32 like llama.cp
 activations. Larger inputs (prefill) dequantize row tiles into a reused fp32 scratch (exactly
 the values `gguf.quants.dequantize` gives) and multiply them with torch's GEMM. A fused layer
 (q|k|v, gate|up) is a list of parts that may differ in type. Embeddings dequantize only the
-looked-up rows. Without the C kernels, or on a GPU, the factory dequantizes at load instead."""
+looked-up rows. Without the C kernels the factory dequantizes at load instead; on a GPU it copies
+the packed rows there and dequantizes them with the torch decoders (`dequantize_on`)."""
 from __future__ import annotations
 
 import ctypes
@@ -21,7 +22,7 @@ from ..kernels.pool import CpuPool
 from ..quant import ggml_quants as gq
 from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
 
-KERNEL_TYPES = (gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K)   # ggml_dense.c's types
+KERNEL_TYPES = gq.KERNEL_TYPES   # ggml_dense.c's types
 _GGML = 7                    # FMT_GGML of the C kernels
 _TILE_FLOATS = 8 << 20       # fp32 scratch per prefill tile (32 MiB)
 
@@ -43,6 +44,13 @@ class GgmlWeight:
 
     def dequantize(self) -> torch.Tensor:
         return gq.dequantize(self.rows, self.type, self.cols)
+
+
+def dequantize_on(parts: list[GgmlWeight], device, dtype: torch.dtype) -> torch.Tensor:
+    """The stacked rows of `parts` as a float weight on `device`: each part's packed bytes are
+    copied there and dequantized by the torch decoders (bit-exact to gguf.quants), so a GPU
+    load never holds the float weight in host memory."""
+    return torch.cat([gq.dequantize(p.rows.to(device), p.type, p.cols).to(dtype) for p in parts])
 
 
 class _Seg(ctypes.Structure):

@@ -23,7 +23,7 @@ from ..experts.formats import FORMATS
 from ..kernels.pool import CpuPool
 from ..platform import gemm_aligned
 from .concat import cat_rows
-from .ggml_linear import GgmlLinear
+from .ggml_linear import GgmlLinear, dequantize_on
 from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
 from ..quant.fp8 import block_scales, dequantize_fp8_block
 from ..quant.int8 import dequantize_int8, quantize_int8
@@ -179,6 +179,10 @@ class LinearFactory:
         """A `GgmlLinear` over the GGUF rows of `names` (stacked) when every part is in a type the
         C kernels read and `packs_ggml`; else None (the caller reads floats)."""
         if not self.packs_ggml(ck, device):
+            if self.keep_ggml and device is not None and torch.device(device).type != "cpu" and hasattr(ck, "packed"):
+                parts = [ck.packed(n, s) for n, s in zip(names, shapes)]
+                if all(p is not None for p in parts):     # the GPU: the file's rows, dequantized there
+                    return self(dequantize_on(parts, device, self.storage_dtype), bias)
             return None
         parts = [ck.packed(n, s) for n, s in zip(names, shapes)]
         if any(p is None for p in parts):

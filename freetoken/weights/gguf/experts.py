@@ -1,6 +1,7 @@
 """The expert pool of a GGUF file, straight from its merged expert tensors
 `blk.N.ffn_{gate,up,down}_exps.weight` [E, rows, cols]:
-  quantized (Q8_0, Q4_K, ...): the "ggml" banks, each output row the file's raw block bytes,
+  quantized (every type of quant/ggml_quants.py: Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, TQ1_0,
+      TQ2_0, MXFP4): the "ggml" banks, each output row the file's raw block bytes,
       the type id of every matrix kept beside (gate_up_types [N, 2], down_types [N, 1]);
       layers of different row widths (Q4_K_M's Q6_K / Q4_K ffn_down) go to one pool per width,
       a `GroupedPool` (experts/grouped_pool.py), so no row is padded (only a layer's narrower
@@ -25,8 +26,9 @@ FLOAT = {F32, F16, BF16}
 
 
 def layout(types: set[int]) -> str:
-    """"float" for float experts; "ggml" when our kernels read every type present; else
-    "dequantize" (types without a kernel, e.g. Q2_K, Q3_K, IQ2_*: float banks at load)."""
+    """"float" for float experts; "ggml" when every type present has a dequantizer here (kept
+    packed: the C kernels read it, or the torch executor for a type without one); else
+    "dequantize" (a type this engine cannot decode at all: float banks at load, with a warning)."""
     if types <= FLOAT:
         return "float"
     return "ggml" if all(t in ggml_quants.NAMES for t in types) else "dequantize"
@@ -77,8 +79,9 @@ def build_pool(ck):
             raise CheckpointError(f"{ck.path}: the experts are already quantized by llama.cpp; drop --expert-format")
         return _ggml_pool(ck, blocks, parts, e, ExpertSpec(hidden=hidden, intermediate=inter, fmt="ggml", **spec_kw))
     if kind == "dequantize":
-        log.warning("%s: expert types without a kernel here: dequantizing the experts to %s at load",
-                    ck.path, ck.float_experts_dtype)
+        log.warning("%s: expert types %s cannot be kept packed here: dequantizing the experts to %s at load",
+                    ck.path, sorted({t.ggml_type for trio in parts for t in trio} - FLOAT - set(ggml_quants.NAMES)),
+                    ck.float_experts_dtype)
     dt = ck.float_experts_dtype
     gate_up = torch.empty((n, 2 * inter, hidden), dtype=dt)
     down = torch.empty((n, hidden, inter), dtype=dt)
