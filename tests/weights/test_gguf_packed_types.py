@@ -92,7 +92,7 @@ def check_pool(path: Path, caplog) -> int:
     types = {t for g in groups for k in ("gate_up_types", "down_types") for t in g.banks[k].unique().tolist()}
     want = {t.ggml_type for n, (_, t) in ck.tensors_by_name.items() if "_exps." in n}
     assert types == want
-    from freetoken.models.disk_layout import gguf_layout
+    from freetoken.loading.disk_layout import gguf_layout
     layout = gguf_layout(ck)                           # the disk tier: the same bytes
     assert layout.nbytes == pool.nbytes and layout.expert_nbytes == pool.expert_nbytes
     shape = read_model_shape(path)                     # the memory plan too
