@@ -30,7 +30,7 @@ def child(path: str) -> dict:
 
     from freetoken import LLM, kernels
     from freetoken.quant import ggml_quants as gq
-    from freetoken.weights.gguf import GgufFile
+    from freetoken.weights.gguf.reader import GgufFile
     kernels.cpu_kernels()
     gc.collect()
     bare = rss()

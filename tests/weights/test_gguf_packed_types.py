@@ -22,7 +22,7 @@ from freetoken import LLM
 from freetoken.cli import main as cli_main
 from freetoken.memory.model_size import read_model_shape
 from freetoken.quant import ggml_quants as gq
-from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf.reader import GgufFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from model_checks import ids_for  # noqa: E402
