@@ -126,13 +126,15 @@ class ModelRunner:
         return self.graphs.run(ids, positions, key_slots.gather(1, positions[:, None]).squeeze(1), key_slots)
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    def run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list, list]:
         """Returns (logits of each sequence's last new token [B, V], all-position logits per
-        sequence where it asked for prompt logits, else None)."""
+        sequence where it asked for prompt logits, else None, the logits [k+1, V] of the
+        pending token and the k drafted tokens of each sequence verifying a draft, else None).
+        A sequence's new tokens are its pending ones followed by its `draft`."""
         if self.graphs is not None:
             logits = self._graph_run(batch)
             if logits is not None:
-                return logits, [None] * len(batch)
+                return logits, [None] * len(batch), [None] * len(batch)
         ids, pos, slot_map, key_slots, qidx = [], [], [], [], []
         n_total = sum(n for _, n in batch)
         qmax = max(n for _, n in batch)
@@ -140,7 +142,7 @@ class ModelRunner:
         offset = 0
         for seq, n in batch:
             start = seq.num_computed
-            all_ids = seq.all_ids
+            all_ids = seq.all_ids + seq.draft if seq.draft else seq.all_ids
             ids.extend(all_ids[start:start + n])
             pos.append(torch.arange(start, start + n))
             slots = self._slots(seq, start + n)
@@ -169,8 +171,11 @@ class ModelRunner:
         ends = torch.tensor([int(q_index[i, n - 1]) for i, (_, n) in enumerate(batch)], device=dev)
         last_logits = self.model.compute_logits(hidden[ends])
         full: list[torch.Tensor | None] = []
+        verify: list[torch.Tensor | None] = []
         offset = 0
         for seq, n in batch:
             full.append(self.model.compute_logits(hidden[offset:offset + n]).cpu() if seq.want_prompt_logits else None)
+            k = len(seq.draft)
+            verify.append(self.model.compute_logits(hidden[offset + n - k - 1:offset + n]).float() if k else None)
             offset += n
-        return last_logits, full
+        return last_logits, full, verify
