@@ -163,7 +163,8 @@ class ModelRunner:
                                  key_positions=key_pos.to(dev), query_index=q_index.to(dev),
                                  query_positions=q_pos.to(dev), num_tokens=n_total, context_lens=ctx_lens,
                                  kernel_pool=self.kernel_pool, block_size=self.block_size)
-        phase = "decode" if qmax == 1 else "prefill"
+        # a verify of drafts is a decode step of a few positions a sequence (experts and threads as decode)
+        phase = "decode" if qmax == 1 or all(n == 1 + len(s.draft) for s, n in batch) else "prefill"
         ctx = ForwardContext(attn=meta, kv=self.kv, states=[s.state for s, _ in batch],
                              query_lens=[n for _, n in batch], phase=phase)
         self._torch_threads(phase)

@@ -1,0 +1,212 @@
+"""Speculative decoding is exact: with drafts forced right, wrong and half right, greedy output
+is token for token what plain decoding gives (every family, mixed batches, prefix-cache hits,
+preemption, expert tiers, processors and penalties per position, stop rules), rejected rows
+leave the KV pool and the cache as if never drafted, and sampled output keeps its distribution."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from freetoken import LLM, SamplingParams
+from freetoken.engine.spec.drafters import Draft
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def ids_for(n, seed):
+    r = random.Random(seed)
+    return [r.randrange(3, 400) for _ in range(n)]
+
+
+class ForcedDrafter:
+    """Drafts from the known plain output: right, wrong (every token shifted), half (first half
+    right), or nothing for prompts not in `only`."""
+    name = "forced"
+
+    def __init__(self, prompts, refs, mode, only=None, vocab=400):
+        self.pairs = list(zip(prompts, refs))
+        self.mode, self.only, self.vocab = mode, only, vocab
+        self.calls = 0
+
+    def observe(self, key, tokens, start=0):
+        pass
+
+    def forget(self, key):
+        pass
+
+    def propose(self, ctx, k, key=None):
+        for i, (p, r) in enumerate(self.pairs):
+            if ctx[:len(p)] != p or len(ctx) < len(p) or (self.only is not None and i not in self.only):
+                continue
+            done = len(ctx) - len(p)
+            if r[:done] != ctx[len(p):]:
+                continue
+            out = list(r[done:done + k])
+            if self.mode == "wrong":
+                out = [(t + 1) % self.vocab for t in out]
+            elif self.mode == "half":
+                h = max(1, len(out) // 2)
+                out = out[:h] + [(t + 1) % self.vocab for t in out[h:]]
+            elif self.mode == "random":
+                rng = random.Random(len(ctx))
+                out = [t if rng.random() < 0.7 else (t + 1) % self.vocab for t in out]
+            if out:
+                self.calls += 1
+                return Draft(tuple(out), "forced", 0)
+        return None
+
+
+def force(llm, drafter):
+    spec = llm.engine.spec
+    assert spec is not None
+    spec.priced = False
+    spec.drafters = {"forced": drafter}
+    return spec
+
+
+def check_idle(llm):
+    """No request holds a block; every block is free or the prefix tree's (nothing leaked)."""
+    e = llm.engine
+    e.blocks.check([])
+    e.prefix.check()
+
+
+def generate(llm, prompts, params) -> list[list[int]]:
+    """Token ids per prompt; `params` one SamplingParams or one per prompt."""
+    if isinstance(params, SamplingParams):
+        return [o.token_ids for o in llm.generate(prompts, params)]
+    e, got = llm.engine, {}
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        e.add_request(f"m{i}", p, sp)
+        got[f"m{i}"] = []
+    while e.has_unfinished():
+        for o in e.step():
+            got[o.request_id] += o.new_token_ids
+    return [got[f"m{i}"] for i in range(len(prompts))]
+
+
+def plain_and_spec(path, prompts, params=GREEDY, **opts):
+    plain = LLM(str(path), dtype="float32", speculative="off", **opts)
+    return generate(plain, prompts, params), LLM(str(path), dtype="float32", **opts)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3", "glm4_moe", "minimax_m2", "qwen2_moe"])
+def test_greedy_identity_with_drafts_right_wrong_half(tiny_dir, arch):
+    prompts = [ids_for(20, s) for s in range(3)]
+    ref, llm = plain_and_spec(tiny_dir(arch), prompts)
+    for mode in ("right", "wrong", "half", "random"):
+        d = ForcedDrafter(prompts, ref, mode)
+        spec = force(llm, d)
+        got = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+        assert got == ref, (arch, mode)
+        assert d.calls > 0
+        check_idle(llm)
+    s = spec.stats.summary()["forced"]
+    assert s["accepted_tokens"] > 0 and s["proposed_tokens"] > s["accepted_tokens"]
+
+
+def test_state_models_do_not_speculate_and_say_why(tiny_dir, caplog):
+    with caplog.at_level("INFO", logger="freetoken.engine"):
+        llm = LLM(str(tiny_dir("qwen3_next")), dtype="float32")
+    assert llm.engine.spec is None
+    assert "speculative decoding off" in caplog.text and "state" in caplog.text
+
+
+def test_mixed_batch_drafting_and_plain_sampled_sequences(tiny_dir):
+    """Drafts for two of four sequences; the others (one seeded sampling) are untouched."""
+    prompts = [ids_for(18, 10 + s) for s in range(4)]
+    params = [GREEDY, GREEDY, SamplingParams(max_tokens=24, temperature=0.9, seed=7, ignore_eos=True), GREEDY]
+    ref, llm = plain_and_spec(tiny_dir("qwen3_moe"), prompts, params)
+    for mode in ("right", "half"):
+        force(llm, ForcedDrafter(prompts, ref, mode, only={0, 3}))
+        assert generate(llm, prompts, params) == ref
+        check_idle(llm)
+
+
+def test_processors_penalties_and_stop_rules_per_position(tiny_dir):
+    """A processor that depends on the tokens so far, repetition/presence penalties, a stop
+    token and max_tokens inside a draft: the same output as plain decoding."""
+    def no_repeat_last(out, logits):
+        if out:
+            logits[out[-1]] = float("-inf")
+        return logits
+
+    prompts = [ids_for(16, 20 + s) for s in range(3)]
+
+    def params(stop=()):
+        return SamplingParams(max_tokens=19, temperature=0.0, ignore_eos=True, repetition_penalty=1.3,
+                              presence_penalty=0.5, logits_processors=[no_repeat_last], stop_token_ids=list(stop))
+
+    ref, llm = plain_and_spec(tiny_dir("qwen3_moe"), prompts, params())
+    stop = [r[7] for r in ref]                     # each stops at its 8th token
+    plain = LLM(str(tiny_dir("qwen3_moe")), dtype="float32", speculative="off")
+    ref_stop = [o.token_ids for o in plain.generate(prompts, params(stop))]
+    assert all(len(r) <= 8 for r in ref_stop)
+    for mode in ("right", "wrong", "half"):
+        force(llm, ForcedDrafter(prompts, ref, mode))
+        assert [o.token_ids for o in llm.generate(prompts, params())] == ref
+        force(llm, ForcedDrafter(prompts, ref, mode))
+        outs = llm.generate(prompts, params(stop))
+        assert [o.token_ids for o in outs] == ref_stop
+        assert all(len(r) == 19 for r in ref)
+        check_idle(llm)
+
+
+def test_prefix_cache_hits_and_preemption(tiny_dir):
+    system = ids_for(70, 99)
+    prompts = [system + ids_for(12, 30 + s) for s in range(4)]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    opts = dict(kv_block_size=8, max_num_batched_tokens=48, kv_cache_gib=25 * 8 * 512 / 2**30, max_num_seqs=4)
+    ref, llm = plain_and_spec(tiny_dir("qwen3_moe"), prompts, params, **opts)
+    for mode in ("right", "half", "wrong"):
+        force(llm, ForcedDrafter(prompts, ref, mode))
+        before = llm.engine.scheduler.num_preemptions
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == ref, mode
+        assert llm.engine.scheduler.num_preemptions > before, "the pool was meant to run out"
+        assert any(o.num_cached_tokens for o in outs)
+        check_idle(llm)
+
+
+@pytest.mark.parametrize("tier", [dict(moe_backend="cpu"), dict(moe_backend="offload", expert_cache_slots=8),
+                                  dict(moe_backend="hybrid", expert_cache_slots=5),
+                                  dict(expert_tier="disk", host_cache_slots=6)])
+def test_greedy_identity_on_expert_tiers(tiny_dir, tier):
+    prompts = [ids_for(20, 40 + s) for s in range(2)]
+    ref, llm = plain_and_spec(tiny_dir("qwen3_moe"), prompts, **tier)
+    for mode in ("right", "half"):
+        force(llm, ForcedDrafter(prompts, ref, mode))
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == ref, (tier, mode)
+
+
+def test_rejected_drafts_leave_kv_as_never_drafted(tiny_dir):
+    """Step by step with every draft wrong: the sequence's KV rows equal a plain run's, its
+    block table holds only the blocks its computed rows need, and nothing leaks."""
+    path = tiny_dir("qwen3_moe")
+    prompt = ids_for(21, 5)
+    plain = LLM(str(path), dtype="float32", speculative="off", kv_block_size=4, prefix_cache=False)
+    ref = plain.generate([prompt], GREEDY)[0].token_ids
+    spec_llm = LLM(str(path), dtype="float32", kv_block_size=4, prefix_cache=False)
+    force(spec_llm, ForcedDrafter([prompt], [ref], "wrong"))
+    a, b = plain.engine, spec_llm.engine
+    p = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    a.add_request("r", prompt, p)
+    b.add_request("r", prompt, p)
+    while a.has_unfinished():
+        oa, ob = a.step(), b.step()
+        assert [o.new_token_ids for o in oa] == [o.new_token_ids for o in ob]
+        if "r" not in a.seqs:
+            break
+        sa, sb = a.seqs["r"], b.seqs["r"]
+        assert sa.num_computed == sb.num_computed and sa.output_ids == sb.output_ids
+        assert len(sb.block_table) == -(-sb.num_computed // 4)
+        for i, ca in a.runner.kv.items():
+            cb = b.runner.kv[i]
+            ra = a.runner._slots(sa, sa.num_computed)
+            rb = b.runner._slots(sb, sb.num_computed)
+            torch.testing.assert_close(cb.k[rb], ca.k[ra], rtol=1e-4, atol=1e-5)
+            if ca.v is not None:
+                torch.testing.assert_close(cb.v[rb], ca.v[ra], rtol=1e-4, atol=1e-5)
+    b.blocks.check([])
