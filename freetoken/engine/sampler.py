@@ -67,7 +67,18 @@ def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
     probs, processed = distribution(logits, seq)
     if probs is None:
         return int(torch.argmax(processed))
-    return int(torch.multinomial(probs.cpu(), 1, generator=seq.generator))
+    return draw(probs, seq.generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from probs [V] (not necessarily normalised) by inverse CDF on one uniform of the
+    sequence's generator: one uniform per sampled position, so a speculative step that verifies
+    drafted positions draws exactly the uniforms plain decoding would (spec/verify.py)."""
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    cdf = torch.cumsum(probs.detach().to("cpu", torch.float64), 0)
+    i = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
+    last = int(torch.nonzero(probs).max()) if i >= len(cdf) else i
+    return min(i, last)
 
 
 def plain_greedy(seqs: list[Sequence]) -> bool:

@@ -65,6 +65,11 @@ def hand_written_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-cache-gib", type=float, default=None,
                    help="hybrid models: all state snapshots together (default: up to "
                         f"{defaults.STATE_CACHE_GIB:g}, as host memory allows)")
+    p.add_argument("--speculative", default="auto", choices=("auto", "off", "suffix", "ngram", "mtp", "draft"),
+                   help="draft tokens and verify them in one step (auto: the drafter and length expected to "
+                        "pay, else none)")
+    p.add_argument("--spec-max-draft", type=int, default=8, metavar="K",
+                   help="speculative decoding: at most K drafted tokens a step")
 
 
 def hand_written_options(args) -> dict:
@@ -77,7 +82,8 @@ def hand_written_options(args) -> dict:
                 prefix_cache=args.prefix_cache, state_checkpoints=args.state_checkpoints,
                 state_cache_gib=args.state_cache_gib, verify_weights=args.verify == "on",
                 memory_headroom_gib=args.memory_headroom_gib, prefill_gemm=args.prefill_gemm,
-                bf16_dot=args.bf16_dot, kernel_isa=args.kernel_isa, cuda_graphs=args.cuda_graphs)
+                bf16_dot=args.bf16_dot, kernel_isa=args.kernel_isa, cuda_graphs=args.cuda_graphs,
+                speculative=args.speculative, spec_max_draft=args.spec_max_draft)
 
 
 def _parsers():

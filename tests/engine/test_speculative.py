@@ -210,3 +210,43 @@ def test_rejected_drafts_leave_kv_as_never_drafted(tiny_dir):
             if ca.v is not None:
                 torch.testing.assert_close(cb.v[rb], ca.v[ra], rtol=1e-4, atol=1e-5)
     b.blocks.check([])
+
+
+def test_seeded_sampling_gives_the_same_tokens_with_and_without_drafts(tiny_dir):
+    """The acceptance rule draws each position's token as plain decoding would (one uniform a
+    token): a seed's output does not depend on what was drafted."""
+    prompts = [ids_for(15, 60 + s) for s in range(3)]
+    params = [SamplingParams(max_tokens=20, temperature=t, top_p=tp, top_k=tk, seed=s, ignore_eos=True,
+                             frequency_penalty=0.3)
+              for s, (t, tp, tk) in enumerate([(0.8, 0.9, 0), (1.2, 1.0, 40), (0.6, 0.95, 10)])]
+    ref, llm = plain_and_spec(tiny_dir("qwen3_moe"), prompts, params)
+    for mode in ("right", "wrong", "half", "random"):
+        force(llm, ForcedDrafter(prompts, ref, mode))
+        assert generate(llm, prompts, params) == ref, mode
+
+
+# chi-square critical values at p = 0.001 for 1..5 degrees of freedom
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52}
+
+
+def test_acceptance_rule_keeps_the_distribution_chi_square():
+    """On a 6-token vocabulary: over many seeds, the token the rule emits for a draft d follows
+    softmax(logits / T) (chi-square), and d is accepted with probability p(d)."""
+    from freetoken.engine.sequence import Sequence
+    from freetoken.engine.spec.verify import choose
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    p = torch.softmax(logits / 0.8, 0).double()
+    n = 6000
+    for d in (0, 2, 5):
+        counts, acc = torch.zeros(6), 0
+        for seed in range(n):
+            seq = Sequence("s", [1, 2], SamplingParams(temperature=0.8, seed=seed), None, 0)
+            tok, ok = choose(logits, seq, d)
+            counts[tok] += 1
+            acc += ok
+            assert ok == (tok == d)
+        expected = p * n
+        keep = expected > 5                        # the chi-square approximation's usual rule
+        chi2 = float(((counts.double()[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+        assert chi2 < CHI2_999[int(keep.sum()) - 1], (d, counts, expected)
+        assert abs(acc / n - float(p[d])) < 4 * (float(p[d]) * (1 - float(p[d])) / n) ** 0.5 + 1e-3
