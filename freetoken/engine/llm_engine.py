@@ -114,13 +114,9 @@ class LLMEngine:
             kv_blocks=f"{num_blocks} x {bs} tokens ({self.runner.kv_nbytes / 2**20:.1f} MiB)"))
 
     def _speculator(self) -> Speculator | None:
-        """Speculative decoding, where it can be exact: off for models that carry a recurrent or
-        sliding-window state (a rejected draft would have advanced it; rollback not built)."""
+        """Speculative decoding. Models with a recurrent or window state snapshot it before a
+        verify and restore it when a draft is rejected (`_verify`)."""
         if self.cfg.speculative == "off":
-            return None
-        if self._has_state:
-            log.info("speculative decoding off: this model keeps a recurrent/window state that a rejected "
-                     "draft would advance (its rollback is not built)")
             return None
         if self.graphs_on:
             log.info("speculative decoding off: decode runs as CUDA graph replays of one position each")
@@ -214,6 +210,9 @@ class LLMEngine:
         batch = [(seq, n) for seq, n in batch if self._guard(seq, outputs, self._copy_rows, seq)]
         if not batch:
             return outputs
+        for seq, _ in batch:
+            if seq.draft and seq.state is not None:
+                seq.draft_snapshot = seq.state.snapshot()
         logits, full, verify, batch = self._forward(batch, outputs)
         to_sample = []
         for i, (seq, n) in enumerate(batch):
@@ -322,11 +321,10 @@ class LLMEngine:
         position that rejects its draft (or of the last); emitted one by one, with every stop
         rule applied as plain decoding would. The KV rows of rejected tokens are left behind
         (never read: attention stops at num_computed) and their whole blocks go back."""
-        draft, source = seq.draft, seq.draft_source
-        seq.draft, seq.draft_source = [], None
+        draft, source, snap = seq.draft, seq.draft_source, seq.draft_snapshot
+        seq.draft, seq.draft_source, seq.draft_snapshot = [], None, None
         start = seq.num_computed                 # the pending token's position
         seq.num_computed = start + 1
-        self.prefix.after_step(seq)
         plain = sampler.plain_greedy([seq])
         greedy = verify_rule.greedy_run(rows, draft) if plain else None
         new, accepted, reason = [], 0, None
@@ -346,6 +344,11 @@ class LLMEngine:
             if reason or not ok:
                 break
         self.spec.verified(source, len(draft), accepted)
+        if snap is not None and accepted < len(draft):
+            # the state absorbed every drafted token: back to before the step; the accepted
+            # tokens and the new one run again next step (their KV rows are rewritten alike)
+            seq.state.restore(snap)
+            seq.num_computed = start
         text = seq.detok.take(reason is not None) if seq.detok else ""
         if reason:
             self.scheduler.finish(seq, reason)

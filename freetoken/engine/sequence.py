@@ -41,6 +41,7 @@ class Sequence:
         # speculative decoding (spec/): tokens drafted to verify in this step after the pending one
         self.draft: list[int] = []
         self.draft_source = None              # the spec.Draft they came from
+        self.draft_snapshot = None            # the state before a verify (models with a state)
 
     @property
     def all_ids(self) -> list[int]:

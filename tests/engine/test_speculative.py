@@ -107,11 +107,17 @@ def test_greedy_identity_with_drafts_right_wrong_half(tiny_dir, arch):
     assert s["accepted_tokens"] > 0 and s["proposed_tokens"] > s["accepted_tokens"]
 
 
-def test_state_models_do_not_speculate_and_say_why(tiny_dir, caplog):
-    with caplog.at_level("INFO", logger="freetoken.engine"):
-        llm = LLM(str(tiny_dir("qwen3_next")), dtype="float32")
-    assert llm.engine.spec is None
-    assert "speculative decoding off" in caplog.text and "state" in caplog.text
+@pytest.mark.parametrize("arch", ["qwen3_next", "qwen3_5_moe", "gpt_oss", "deepseek_v4"])
+def test_greedy_identity_on_models_with_a_state(tiny_dir, arch):
+    """Recurrent (gated DeltaNet), sliding-window and compressed (DeepSeek-V4) states: a rejected
+    draft restores the snapshot taken before the verify."""
+    prompts = [ids_for(20, s) for s in range(3)]
+    ref, llm = plain_and_spec(tiny_dir(arch), prompts)
+    assert llm.engine.model.make_state() is not None
+    for mode in ("right", "wrong", "half", "random"):
+        force(llm, ForcedDrafter(prompts, ref, mode))
+        assert generate(llm, prompts, GREEDY) == ref, (arch, mode)
+        check_idle(llm)
 
 
 def test_mixed_batch_drafting_and_plain_sampled_sequences(tiny_dir):
@@ -250,3 +256,34 @@ def test_acceptance_rule_keeps_the_distribution_chi_square():
         chi2 = float(((counts.double()[keep] - expected[keep]) ** 2 / expected[keep]).sum())
         assert chi2 < CHI2_999[int(keep.sum()) - 1], (d, counts, expected)
         assert abs(acc / n - float(p[d])) < 4 * (float(p[d]) * (1 - float(p[d])) / n) ** 0.5 + 1e-3
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "gpt_oss"])
+def test_rejected_drafts_leave_the_state_as_never_drafted(tiny_dir, arch):
+    """Models with a state: whenever the speculative run has computed as many tokens as the
+    plain one, its state tensors equal the plain run's (a rejected draft was rolled back)."""
+    path = tiny_dir(arch)
+    prompt = ids_for(19, 8)
+    plain = LLM(str(path), dtype="float32", speculative="off", prefix_cache=False)
+    ref = plain.generate([prompt], GREEDY)[0].token_ids
+    spec_llm = LLM(str(path), dtype="float32", prefix_cache=False)
+    force(spec_llm, ForcedDrafter([prompt], [ref], "half"))
+    p = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    states = {}
+    for name, llm in (("plain", plain), ("spec", spec_llm)):
+        e = llm.engine
+        e.add_request("r", prompt, p)
+        while e.has_unfinished():
+            e.step()
+            seq = e.seqs.get("r")
+            if seq is not None and seq.state is not None:
+                assert seq.state.position == seq.num_computed
+                states.setdefault(name, {})[seq.num_computed] = seq.state.snapshot()
+    common = sorted(set(states["plain"]) & set(states["spec"]))
+    assert len(common) >= 3
+    for n in common:
+        a, b = states["plain"][n], states["spec"][n]
+        for part in a.parts:
+            for t in a.parts[part].tensors:
+                torch.testing.assert_close(getattr(b.parts[part], t), getattr(a.parts[part], t),
+                                           rtol=1e-4, atol=1e-5, msg=f"{arch} {part}.{t} at {n}")

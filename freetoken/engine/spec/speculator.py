@@ -51,7 +51,7 @@ class Speculator:
     def propose(self, running: list, budget: int) -> None:
         """Set `seq.draft` (and what made it) for the decoding sequences worth drafting for."""
         for s in running:
-            s.draft, s.draft_source = [], None
+            s.draft, s.draft_source, s.draft_snapshot = [], None, None
         live = {s.request_id for s in running}
         for key in self._live - live:
             for d in self.drafters.values():
