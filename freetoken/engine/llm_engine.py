@@ -409,6 +409,8 @@ class LLMEngine:
         """Engine statistics for /metrics: the expert memory's and the prefix cache's."""
         stats = self.model.experts.stats() if self.model.experts is not None else {}
         stats["prefix"] = self.prefix.stats_dict()
+        if self.spec is not None:       # per drafter: drafts, proposed/accepted tokens, mean accepted length
+            stats["speculative"] = self.spec.summary()
         return stats
 
     def close(self) -> None:

@@ -45,6 +45,13 @@ class AcceptanceStats:
             out.append(total)
         return out
 
+    def all_accepted(self, drafter: str, bucket: int, k: int) -> float:
+        """P(every token of a k-token draft is accepted)."""
+        out = 1.0
+        for a in self.rates(drafter, bucket)[:k]:
+            out *= a
+        return out
+
     def observe(self, drafter: str, bucket: int, drafted: int, accepted: int) -> None:
         """A draft of `drafted` tokens of which the first `accepted` were accepted."""
         tried, acc = self._rows(drafter, bucket)

@@ -67,6 +67,7 @@ class VerifyPrice:
     def union(self, n: int) -> float:
         """Expected distinct experts of n positions, one layer, in units of top_k: measured
         where there are samples (5 or more), else the prior scaled by what was measured."""
+        n = int(round(n))
         if n <= 1:
             return 1.0
         if n <= MAX_TRACKED and self._union_n[n] >= 5:
@@ -98,12 +99,12 @@ class VerifyPrice:
         prior = np.array([a0, b0, c0])
         scale = np.array([t1, t1, t1 / max(u1, 1.0)])      # the prior's spread per parameter
         w = 2.0                                               # its weight, in samples
-        X = np.column_stack([np.ones(len(s)), s[:, 0], s[:, 1]]) / scale
-        y = s[:, 2]
+        # ridge regression in units of the prior's spread (phi = theta / scale), seconds in units of t1
+        X = np.column_stack([np.ones(len(s)), s[:, 0], s[:, 1]]) * scale / t1
+        y = s[:, 2] / t1
         A = X.T @ X + w * np.eye(3)
         rhs = X.T @ y + w * (prior / scale)
-        theta = np.linalg.solve(A, rhs) / scale
-        self.theta = np.maximum(theta, 0.0)
+        self.theta = np.maximum(np.linalg.solve(A, rhs) * scale, 0.0)
 
     def seconds(self, positions: int, experts: float | None = None) -> float:
         """Predicted step seconds for `positions` rows (their expected union when not given)."""

@@ -41,6 +41,9 @@ class Speculator:
         nbytes = int(getattr(pool, "expert_nbytes", 0) or 0)
         num_experts = int(getattr(pool, "num_experts", 0) or 0)
         self.price = VerifyPrice(len(self.observer.layers), self.observer.top_k, num_experts, nbytes, rate)
+        probe = model.make_state()
+        # models with a state restore it after a rejection and rerun the accepted tokens next step
+        self.replays = probe is not None and bool(probe.parts)
         self.priced = True          # tests turn pricing off to force every draft through
         self._live: set[str] = set()
         self._t0 = 0.0
@@ -107,6 +110,9 @@ class Speculator:
         best_t = base
         for k in range(1, k_max + 1):
             t = self.price.seconds(positions + k)
+            if self.replays:      # the rerun of 1 + accepted positions, unless all were accepted
+                rerun = self.price.seconds(positions + exp[k] + 1) - self.price.seconds(positions)
+                t += (1 - self.stats.all_accepted(draft.drafter, draft.bucket, k)) * rerun
             rate = (tokens + exp[k]) / t
             if rate > best_rate:
                 best_k, best_rate, best_t = k, rate, t

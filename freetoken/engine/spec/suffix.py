@@ -22,6 +22,8 @@ from .drafters import Draft, match_bucket
 ORDERS = (24, 16, 12, 8, 6, 4, 3, 2)
 PER_KEY = 16           # most recent occurrences kept per n-gram
 MIN_AGREE = 0.5        # the walk stops when fewer of the occurrences agree on the next token
+HEAD = 8               # a prompt's first tokens name the streams it may continue
+HEAD_STREAMS = 32      # ... the most recent streams per head (sessions sharing a system prompt)
 
 
 class _Stream:
@@ -43,7 +45,7 @@ class SuffixDrafter:
         self.total = 0
         self._next_sid = 0
         self._live: dict = {}             # sequence key -> its stream
-        self._heads: dict[tuple, int] = {}   # a stream's first tokens -> its id (the next turn continues it)
+        self._heads: dict[tuple, list[int]] = {}   # first HEAD tokens -> recent stream ids starting so
 
     # --- indexing ------------------------------------------------------------------------
     def observe(self, key, tokens: list[int], start: int = 0) -> None:
@@ -58,21 +60,28 @@ class SuffixDrafter:
         self._bound()
 
     def _attach(self, key, tokens: list[int]) -> _Stream:
-        """A stream for a new sequence: the earlier stream it continues (same head, its tokens a
-        prefix of these), else a fresh one."""
-        head = tuple(tokens[:32])
-        sid = self._heads.get(head)
-        s = self.streams.get(sid) if sid is not None else None
-        if s is not None and len(s.tokens) <= len(tokens) and s.tokens == tokens[:len(s.tokens)] \
-                and s not in self._live.values():
-            self.streams.move_to_end(sid)
+        """A stream for a new sequence: the longest earlier stream whose tokens are a prefix of
+        these (the session's previous turn, found by its first HEAD tokens), else a fresh one."""
+        head = tuple(tokens[:HEAD])
+        live = {id(s) for s in self._live.values()}
+        best = None
+        for sid in self._heads.get(head, ()):
+            s = self.streams.get(sid)
+            if (s is not None and id(s) not in live and len(s.tokens) <= len(tokens)
+                    and (best is None or len(s.tokens) > len(best.tokens)) and s.tokens == tokens[:len(s.tokens)]):
+                best = s
+        if best is not None:
+            self.streams.move_to_end(best.sid)
         else:
-            s = _Stream(self._next_sid)
+            best = _Stream(self._next_sid)
             self._next_sid += 1
-            self.streams[s.sid] = s
-        self._heads[head] = s.sid
-        self._live[key] = s
-        return s
+            self.streams[best.sid] = best
+            if len(tokens) >= HEAD:
+                sids = self._heads.setdefault(head, [])
+                sids.append(best.sid)
+                del sids[:-HEAD_STREAMS]
+        self._live[key] = best
+        return best
 
     def _index(self, s: _Stream) -> None:
         toks, sid = s.tokens, s.sid
@@ -92,7 +101,7 @@ class SuffixDrafter:
     def _bound(self) -> None:
         while self.total > self.max_tokens and len(self.streams) > 1:
             sid, s = next(iter(self.streams.items()))
-            if s in self._live.values():
+            if any(s is t for t in self._live.values()):
                 self.streams.move_to_end(sid)
                 if next(iter(self.streams)) == sid:
                     break
