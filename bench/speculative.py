@@ -111,18 +111,20 @@ def cost_curve(llm, ks, vocab: int, steps: int = 16):
     spec = engine.spec
     theta = spec.price.theta.copy()
     predicted = {k: spec.price.seconds(1 + k) for k in ks}
-    saved = spec.drafters, spec.priced
+    saved = spec.drafters, spec.priced, list(spec.price.samples)
     rows = {}
     prompt = fresh_prompts(1, 256, seed=77, vocab=(100, vocab - 1))[0]
     for k in ks:
         spec.drafters, spec.priced = ({"fixed": FixedDrafter(k, vocab)} if k else {}), False
-        before = len(spec.price.samples)
+        spec.price.samples.clear()
         engine.add_request(f"curve{k}", prompt, SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
-        got = [(n, u, t) for n, u, t in list(spec.price.samples)[before:] if n == 1 + k]
+        got = [(n, u, t) for n, u, t in spec.price.samples if n == 1 + k]
         rows[k] = (statistics.median(t for _, _, t in got), predicted[k], statistics.median(u for _, u, _ in got))
-    spec.drafters, spec.priced = saved
+    spec.drafters, spec.priced = saved[:2]
+    spec.price.samples.clear()
+    spec.price.samples.extend(saved[2])
     spec.price.theta = theta
     return rows
 
@@ -141,12 +143,15 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from freetoken import LLM, SamplingParams
+    from freetoken.engine.spec.ngram import NgramDrafter
+    from freetoken.engine.spec.suffix import SuffixDrafter
     path = medium_checkpoint()
     opts = dict(num_threads=args.threads, max_model_len=4096, spec_max_draft=args.max_draft)
-    plain = LLM(str(path), speculative="off", **opts)
-    spec = LLM(str(path), speculative="auto", **opts)
-    vocab = plain.engine.vocab_size
-    print(isa_line())
+    # one engine (two would not fit the memory rule): "plain" runs with its speculator detached
+    llm = LLM(str(path), speculative="auto", **opts)
+    speculator = llm.engine.spec
+    vocab = llm.engine.vocab_size
+    print(isa_line(args.threads))
     print(f"medium MoE {path.name}: threads {args.threads}, max draft {args.max_draft} (machine shared: "
           "alternating rounds, medians)")
     jobs = replay_jobs(args, vocab)
@@ -157,8 +162,12 @@ def main():
     res = {("replay", "plain"): [], ("replay", "auto"): [], ("free", "plain"): [], ("free", "auto"): []}
     for r in range(args.rounds):
         for work, js in (("replay", jobs), ("free", free)):
-            order = (("plain", plain), ("auto", spec)) if r % 2 == 0 else (("auto", spec), ("plain", plain))
-            for name, llm in order:
+            order = ("plain", "auto") if r % 2 == 0 else ("auto", "plain")
+            for name in order:
+                llm.engine.spec = speculator if name == "auto" else None
+                # fresh drafters each run: an index that saw these responses in an earlier round
+                # would draft them from memory (the statistics and the price carry over)
+                speculator.drafters = {"suffix": SuffixDrafter(), "ngram": NgramDrafter()}
                 secs, toks = decode_run(llm, js)
                 res[(work, name)].append(toks / secs)
                 print(f"  round {r} {work:6s} {name:5s} {toks / secs:7.2f} tok/s ({toks} tokens)", flush=True)
@@ -166,7 +175,8 @@ def main():
     for work in ("replay", "free"):
         a, b = statistics.median(res[(work, "plain")]), statistics.median(res[(work, "auto")])
         print(f"{work:8s}   {a:11.2f}   {b:10.2f}   {b / a:9.3f}x")
-    st = spec.engine.expert_stats().get("speculative", {})
+    llm.engine.spec = speculator
+    st = llm.engine.expert_stats().get("speculative", {})
     for d, s in st.get("drafters", {}).items():
         print(f"drafter {d}: {s['drafts']} drafts, {s['proposed_tokens']} proposed, {s['accepted_tokens']} accepted, "
               f"mean accepted length {s['mean_accepted_length']:.2f}")
@@ -175,7 +185,7 @@ def main():
         print(f"price: step {p['step_s'] * 1e3:.2f} ms + {p['per_position_s'] * 1e3:.3f} ms/position + "
               f"{p['per_expert_s'] * 1e6:.2f} us/expert")
     ks = [0, 1, 2, 4, 8] if args.max_draft >= 8 else list(range(args.max_draft + 1))
-    rows = cost_curve(spec, ks, vocab)
+    rows = cost_curve(llm, ks, vocab)
     print("\nk   measured ms   predicted ms   pred/meas   experts/step   cost/plain")
     for k in ks:
         m, p, u = rows[k]
