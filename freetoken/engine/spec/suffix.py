@@ -9,19 +9,21 @@ the file it read, an edit rewrites the lines it quotes), so on agent sessions lo
 right often (issue 34: 52% of output tokens predicted).
 
 How: tokens live in streams (one per session, appended as the session grows); a hash index
-maps each n-gram of the orders in ORDERS to its most recent end positions (a bounded deque
-each). Memory is bounded: past `max_tokens` the oldest streams are dropped and their
+maps each n-gram of the orders in ORDERS (by its hash) to its PER_KEY most recent end positions. Memory is bounded: past `max_tokens` the oldest streams are dropped and their
 positions skipped (and pruned) on lookup. A new request that repeats an earlier request's
 prompt (an agent's next turn) continues that stream rather than indexing the prompt again."""
 from __future__ import annotations
 
-from collections import Counter, OrderedDict, deque
+from collections import Counter, OrderedDict
 
 from .drafters import Draft, match_bucket
 
 ORDERS = (24, 16, 12, 8, 6, 4, 3, 2)
 PER_KEY = 16           # most recent occurrences kept per n-gram
 MIN_AGREE = 0.5        # the walk stops when fewer of the occurrences agree on the next token
+# tokens kept (all sessions): ~770 bytes of index a token measured (8 orders), 256k tokens ~ 200 MB
+# (up to twice that before dropped streams' n-grams are pruned)
+MAX_TOKENS = 1 << 18
 HEAD = 8               # a prompt's first tokens name the streams it may continue
 HEAD_STREAMS = 32      # ... the most recent streams per head (sessions sharing a system prompt)
 
@@ -36,12 +38,12 @@ class _Stream:
 class SuffixDrafter:
     name = "suffix"
 
-    def __init__(self, max_tokens: int = 1 << 22, orders=ORDERS, per_key: int = PER_KEY,
+    def __init__(self, max_tokens: int = MAX_TOKENS, orders=ORDERS, per_key: int = PER_KEY,
                  min_agree: float = MIN_AGREE):
         self.orders = tuple(sorted(orders, reverse=True))
         self.per_key, self.min_agree, self.max_tokens = per_key, min_agree, max_tokens
         self.streams: OrderedDict[int, _Stream] = OrderedDict()   # oldest first
-        self.index: dict[tuple, deque] = {}
+        self.index: dict[int, int | list[int]] = {}
         self.total = 0
         self._next_sid = 0
         self._live: dict = {}             # sequence key -> its stream
@@ -84,32 +86,45 @@ class SuffixDrafter:
         return best
 
     def _index(self, s: _Stream) -> None:
-        toks, sid = s.tokens, s.sid
-        for p in range(max(s.indexed, 1), len(toks)):     # ngram toks[p-n:p] -> followed at p
+        """n-gram toks[p-n:p] -> followed at p. Compact for memory: the key is the n-gram's hash,
+        the value one int (stream id << 32 | p) or a list of the per_key most recent ones;
+        a lookup checks the tokens (a hash collision or a dropped stream is skipped)."""
+        toks, sid, index, per_key = s.tokens, s.sid, self.index, self.per_key
+        for p in range(max(s.indexed, 1), len(toks)):
+            code = (sid << 32) | p
             for n in self.orders:
                 if p >= n:
-                    key = tuple(toks[p - n:p])
-                    q = self.index.get(key)
-                    if q is None:
-                        q = self.index[key] = deque(maxlen=self.per_key)
-                    q.append((sid, p))
+                    key = hash(tuple(toks[p - n:p]))
+                    old = index.get(key)
+                    if old is None:
+                        index[key] = code
+                    elif isinstance(old, int):
+                        index[key] = [old, code]
+                    else:
+                        old.append(code)
+                        if len(old) > per_key:
+                            del old[0]
         s.indexed = len(toks)
 
     def forget(self, key) -> None:
         self._live.pop(key, None)         # its tokens stay for the sessions that follow
 
     def _bound(self) -> None:
-        while self.total > self.max_tokens and len(self.streams) > 1:
-            sid, s = next(iter(self.streams.items()))
-            if any(s is t for t in self._live.values()):
-                self.streams.move_to_end(sid)
-                if next(iter(self.streams)) == sid:
-                    break
-                continue
-            del self.streams[sid]
-            self.total -= len(s.tokens)
-        if len(self.index) > 4 * self.max_tokens:     # prune n-grams of dropped streams
-            self.index = {k: q for k, q in self.index.items() if any(sid in self.streams for sid, _ in q)}
+        if self.total <= self.max_tokens:
+            return
+        live = {id(t) for t in self._live.values()}
+        for sid, s in list(self.streams.items()):        # oldest first; live streams stay
+            if self.total <= self.max_tokens:
+                break
+            if id(s) not in live:
+                del self.streams[sid]
+                self.total -= len(s.tokens)
+        if len(self.index) > 2 * len(self.orders) * self.max_tokens:    # prune dropped streams' n-grams
+            keep = self.streams
+
+            def alive(v):
+                return [c for c in ([v] if isinstance(v, int) else v) if (c >> 32) in keep]
+            self.index = {k: (a[0] if len(a) == 1 else a) for k, v in self.index.items() if (a := alive(v))}
 
     # --- drafting ------------------------------------------------------------------------
     def propose(self, context: list[int], k: int, key=None) -> Draft | None:
@@ -120,14 +135,15 @@ class SuffixDrafter:
         for n in self.orders:
             if n > n_ctx:
                 continue
-            q = self.index.get(tuple(context[-n:]))
-            if not q:
+            tail = context[-n:]
+            v = self.index.get(hash(tuple(tail)))
+            if v is None:
                 continue
             occ = []
-            for sid, p in q:
-                s = self.streams.get(sid)
-                if s is None or (s is own and p >= n_ctx):   # dropped, or the present itself
-                    continue
+            for code in ([v] if isinstance(v, int) else v):
+                s, p = self.streams.get(code >> 32), code & 0xFFFFFFFF
+                if s is None or (s is own and p >= n_ctx) or s.tokens[p - n:p] != tail:
+                    continue          # dropped, the present itself, or a hash collision
                 occ.append((s.tokens, p))
             if occ:
                 return self._walk(occ, n, k)
