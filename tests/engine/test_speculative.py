@@ -287,3 +287,30 @@ def test_rejected_drafts_leave_the_state_as_never_drafted(tiny_dir, arch):
             for t in a.parts[part].tensors:
                 torch.testing.assert_close(getattr(b.parts[part], t), getattr(a.parts[part], t),
                                            rtol=1e-4, atol=1e-5, msg=f"{arch} {part}.{t} at {n}")
+
+
+def test_auto_drafts_only_where_the_price_says_it_pays(tiny_dir):
+    """With steps priced a + b*positions + c*experts: a bucket whose drafts are never accepted
+    gets k = 0, one whose drafts always are gets a long draft; where each drafted position costs
+    more than a plain step nothing pays."""
+    llm = LLM(str(tiny_dir("qwen3_moe")), dtype="float32")
+    spec = llm.engine.spec
+    for _ in range(60):
+        for n in (1, 2, 3, 5, 9):
+            u = min(16, 4 * n)                       # 2 layers x 8 experts: at most 16 distinct
+            spec.price.observe(n, u, 0.010 + 0.0005 * n + 0.0001 * u)
+    for _ in range(300):
+        spec.stats.observe("suffix", 0, 8, 0)        # bucket 0: never right
+        spec.stats.observe("suffix", 11, 8, 8)       # bucket 11: always right
+    base = spec.price.seconds(1)
+    never = Draft(tuple(range(8)), "suffix", 0)
+    always = Draft(tuple(range(8)), "suffix", 11)
+    assert spec._price(never, 8, 1.0, 1, base)[0] == 0
+    k_cheap = spec._price(always, 8, 1.0, 1, base)[0]
+    assert k_cheap >= 6
+    spec.price.samples.clear()
+    for _ in range(60):
+        for n in (1, 2, 3, 5, 9):                    # each drafted position costs 1.5 plain steps
+            spec.price.observe(n, min(16, 4 * n), 0.010 + 0.015 * (n - 1))
+    spec.price._fit()
+    assert spec._price(always, 8, 1.0, 1, spec.price.seconds(1))[0] == 0
