@@ -314,3 +314,16 @@ def test_auto_drafts_only_where_the_price_says_it_pays(tiny_dir):
             spec.price.observe(n, min(16, 4 * n), 0.010 + 0.015 * (n - 1))
     spec.price._fit()
     assert spec._price(always, 8, 1.0, 1, spec.price.seconds(1))[0] == 0
+
+
+def test_drafter_statistics_reach_metrics(tiny_dir):
+    from freetoken.server.metrics import flatten
+    prompts = [ids_for(20, 3)]
+    ref, llm = plain_and_spec(tiny_dir("qwen3_moe"), prompts)
+    force(llm, ForcedDrafter(prompts, ref, "half"))
+    generate(llm, prompts, GREEDY)
+    names = {n for n, _ in flatten(llm.engine.expert_stats())}
+    for field in ("drafts", "proposed_tokens", "accepted_tokens", "mean_accepted_length"):
+        assert f"speculative_drafters_forced_{field}" in names
+    s = llm.engine.expert_stats()["speculative"]["drafters"]["forced"]
+    assert 0 < s["accepted_tokens"] < s["proposed_tokens"]
