@@ -111,3 +111,14 @@ def test_price_recovers_a_known_cost_model():
     fresh = VerifyPrice(1, 6, 128, 1)
     for n, ratio in UNION_PRIOR:
         assert fresh.union(n) == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize("mode", ["mtp", "draft"])
+def test_unbuilt_drafters_are_refused_in_one_line(mode):
+    from freetoken.config import EngineConfig
+    from freetoken.errors import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match=f"speculative: {mode} drafts are not built yet") as e:
+        EngineConfig(model="m", speculative=mode)
+    assert "\n" not in str(e.value)
+    with pytest.raises(InvalidRequestError, match="spec_max_draft"):
+        EngineConfig(model="m", spec_max_draft=0)
