@@ -9,7 +9,6 @@ Sequences are taken one by one, each adding its k to the step's positions, and k
 unless a draft raises the step's expected tokens per second by more than MARGIN."""
 from __future__ import annotations
 
-import logging
 import time
 
 from .acceptance import AcceptanceStats
@@ -19,7 +18,6 @@ from .price import VerifyPrice
 from .routing import RoutingObserver
 from .suffix import SuffixDrafter
 
-log = logging.getLogger("freetoken.engine")
 
 MARGIN = 1.02           # a draft must promise 2% more tokens per second than not drafting
 
