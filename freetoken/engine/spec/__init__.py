@@ -9,4 +9,5 @@ the engine verifies them in one forward of k+1 positions, and a price decides k 
 - routing.py:  the routing observer that measures a verify's union of experts
 - verify.py:   the exact acceptance rule (greedy identity, speculative sampling)
 - speculator.py: ties them together for the engine
+- replay.py:   recorded agent sessions as turns (the bench's forced outputs, the suffix reference test)
 """
