@@ -134,6 +134,13 @@ class EngineConfig:
     cuda_graphs: bool = flag(False, help="decode batches of up to the most sequences decoded together as CUDA "
                                          "graph replays (resident experts only; off by default until checked on a "
                                          "real GPU)")
+    # Speculative decoding (engine/spec/): drafts from the sessions' own history (suffix) or the
+    # prompt (ngram), verified exactly in one forward; auto drafts only where the price says it
+    # pays. mtp and draft are refused until built.
+    speculative: str = flag("auto", choices=("auto", "off", "suffix", "ngram", "mtp", "draft"),
+                            help="draft tokens and verify them in one step (auto: the drafter and length "
+                                 "expected to pay, else none)")
+    spec_max_draft: int = flag(8, metavar="K", help="speculative decoding: at most K drafted tokens a step")
     seed: int = 0
 
     def __post_init__(self):
@@ -164,6 +171,11 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.speculative in ("mtp", "draft"):
+            raise InvalidRequestError(f"speculative: {self.speculative} drafts are not built yet "
+                                      "(use auto, suffix, ngram or off)")
+        if not 1 <= self.spec_max_draft <= 64:
+            raise InvalidRequestError(f"spec_max_draft: expected 1..64, got {self.spec_max_draft}")
         if self.cuda_graphs:                # what is known before loading; the engine checks the rest
             check_cuda_graphs(self.torch_device, None if self.moe_backend == "auto" else self.moe_backend,
                               self.expert_tier, False, bool(self.record_routing))

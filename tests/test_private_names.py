@@ -73,6 +73,8 @@ WHITE_BOX = {
     ("bench/gpu_check.py", "model"): "prefill with the offload backend's whole-layer streamer on vs off",
     ("bench/deepseek_v4_decode.py", "model"): "the bytes a decode token reads, from the model's own tensors",
     ("bench/concurrent_streams.py", "runner"): "labels its rows with the bf16_dot the model's calibration chose",
+    ("bench/speculative.py", "spec"): "the verify-cost curve forces drafts of each length k through the "
+                                      "speculator and reads its price's prediction",
     ("bench/scripted_server.py", "getattr"): "ForcedEngine forwards EngineClient's names only (client_names())",
 }
 

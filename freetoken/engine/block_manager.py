@@ -79,6 +79,12 @@ class BlockManager:
         for _ in range(n):
             seq.block_table.append(self.take())
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens (rejected draft rows)."""
+        keep = -(-num_tokens // self.block_size)
+        while len(seq.block_table) > keep:
+            self.decref(seq.block_table.pop())
+
     def release(self, seq: Sequence) -> None:
         for b in reversed(seq.block_table):
             self.decref(b)

@@ -23,6 +23,8 @@ from .prefix.cache import PrefixCache
 from . import sampler
 from .logprobs import token_logprobs
 from .scheduler import Scheduler
+from .spec import verify as verify_rule
+from .spec.speculator import Speculator
 from .sequence import Sequence, Status
 from ..memory.plan import kv_block_count, kv_tokens_asked
 from ..memory.resolve import resolve
@@ -89,6 +91,7 @@ class LLMEngine:
                               self.model.make_state() is not None, bool(cfg.record_routing))
             graphs = {"max_batch": self.settings.max_num_seqs, "max_model_len": self.max_model_len}
         self.runner = ModelRunner(self.model, num_blocks, bs, graphs)
+        self.graphs_on = graphs is not None
         self._has_state = make_state is not None   # a recurrent state: no per-sequence rerun
         self.num_request_failures = 0                          # requests failed alone by their own fault
         anchors = AnchorFinder.from_tokenizer(self.tokenizer) if make_state is not None and self.settings.prefix_cache else None
@@ -103,12 +106,27 @@ class LLMEngine:
         self.seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._seed = torch.Generator().manual_seed(cfg.seed)
+        self.spec = self._speculator()
         self.startup_timings["kv"] = time.perf_counter() - t2
         self.startup_timings["total"] = time.perf_counter() - t0
         log.info("started in %.2f s (%s)", self.startup_timings["total"],
                  ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_timings.items() if k != "total"))
         log.info("model %s (%d layers), resolved settings:\n%s", cfg.model, self.model.num_layers, self.settings.table(
             kv_blocks=f"{num_blocks} x {bs} tokens ({self.runner.kv_nbytes / 2**20:.1f} MiB)"))
+
+    def _speculator(self) -> Speculator | None:
+        """Speculative decoding. Models with a recurrent or window state snapshot it before a
+        verify and restore it when a draft is rejected (`_verify`)."""
+        if self.cfg.speculative == "off":
+            return None
+        if self.graphs_on:
+            log.info("speculative decoding off: decode runs as CUDA graph replays of one position each")
+            return None
+        return Speculator(self.cfg.speculative, self.cfg.spec_max_draft, self.model, self.max_model_len)
+
+    def speculative_stats(self) -> dict | None:
+        """Proposed / accepted tokens and mean accepted length per drafter, and the fitted price."""
+        return self.spec.summary() if self.spec is not None else None
 
     def _unplanned_kv_blocks(self) -> int:
         """KV blocks when no memory plan could be made (a config the plan does not understand):
@@ -179,6 +197,8 @@ class LLMEngine:
         for s in self._aborted:
             self.seqs.pop(s.request_id, None)
         self._aborted = []
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running, self.scheduler.budget)
         batch = self.scheduler.schedule()
         if not batch:
             if self.scheduler.waiting and not self.scheduler.running:   # cannot fit even alone
@@ -191,10 +211,17 @@ class LLMEngine:
         batch = [(seq, n) for seq, n in batch if self._guard(seq, outputs, self._copy_rows, seq)]
         if not batch:
             return outputs
-        logits, full, batch = self._forward(batch, outputs)
+        for seq, _ in batch:
+            if seq.draft and seq.state is not None:
+                seq.draft_snapshot = seq.state.snapshot()
+        logits, full, verify, batch = self._forward(batch, outputs)
         to_sample = []
         for i, (seq, n) in enumerate(batch):
-            if self._guard(seq, outputs, self._advance, seq, n, full[i]) and seq.num_pending == 0:
+            if verify[i] is not None:          # a draft: the pending token and k drafted ones
+                out = self._guard(seq, outputs, self._verify, seq, verify[i])
+                if out:
+                    outputs.append(out)
+            elif self._guard(seq, outputs, self._advance, seq, n, full[i]) and seq.num_pending == 0:
                 to_sample.append(i)
         if not to_sample:
             return outputs
@@ -241,26 +268,31 @@ class LLMEngine:
         that raise alone fail. Models with a recurrent state cannot rerun (the failed forward
         may have advanced some layers' state), so there the batch's requests fail."""
         try:
-            logits, full = self.runner.run(batch)
-            return logits, full, batch
+            if self.spec is not None:
+                self.spec.begin_forward(batch)
+            logits, full, verify = self.runner.run(batch)
+            if self.spec is not None:
+                self.spec.end_forward()
+            return logits, full, verify, batch
         except Exception as e:  # noqa: BLE001
             if len(batch) == 1 or self._has_state:
                 for seq, _ in batch:
                     self._fail(seq, e, outputs, model_fault=True)
-                return None, [], []
+                return None, [], [], []
             log.warning("a batched forward of %d requests raised (%s: %s); rerunning each alone",
                         len(batch), type(e).__name__, e)
-        rows, fulls, kept = [], [], []
+        rows, fulls, verifies, kept = [], [], [], []
         for seq, n in batch:
             try:
-                logits, full = self.runner.run([(seq, n)])
+                logits, full, verify = self.runner.run([(seq, n)])
             except Exception as e:  # noqa: BLE001
                 self._fail(seq, e, outputs, model_fault=True)
                 continue
             rows.append(logits)
             fulls.extend(full)
+            verifies.extend(verify)
             kept.append((seq, n))
-        return (torch.cat(rows) if rows else None), fulls, kept
+        return (torch.cat(rows) if rows else None), fulls, verifies, kept
 
     def _advance(self, seq: Sequence, n: int, full) -> None:
         prompt_len = len(seq.prompt_ids)
@@ -285,6 +317,49 @@ class LLMEngine:
             if tok:                         # a one-element list: token 0 is a token too
                 got.append((row, tok[0]))
         return got
+
+    def _verify(self, seq: Sequence, rows: torch.Tensor) -> StepOutput:
+        """A decoding sequence's pending token ran with k drafted tokens after it: keep the
+        drafted tokens the acceptance rule takes (spec/verify.py), then the token of the first
+        position that rejects its draft (or of the last); emitted one by one, with every stop
+        rule applied as plain decoding would. The KV rows of rejected tokens are left behind
+        (never read: attention stops at num_computed) and their whole blocks go back."""
+        draft, source, snap = seq.draft, seq.draft_source, seq.draft_snapshot
+        seq.draft, seq.draft_source, seq.draft_snapshot = [], None, None
+        start = seq.num_computed                 # the pending token's position
+        seq.num_computed = start + 1
+        plain = sampler.plain_greedy([seq])
+        greedy = verify_rule.greedy_run(rows, draft) if plain else None
+        new, accepted, reason = [], 0, None
+        for i in range(len(draft) + 1):
+            d = draft[i] if i < len(draft) else None
+            if plain:
+                tok = greedy[i]
+                ok = tok == d
+            else:
+                tok, ok = verify_rule.choose(rows[i], seq, d)
+            seq.append(tok)
+            if ok:
+                accepted += 1
+                seq.num_computed = start + 1 + accepted     # its KV row, written by this step, stands
+            new.append(tok)
+            reason = self._finish_reason(seq, tok)
+            if reason or not ok:
+                break
+        self.spec.verified(source, len(draft), accepted)
+        if snap is not None and accepted < len(draft):
+            # the state absorbed every drafted token: back to before the step; the accepted
+            # tokens and the new one run again next step (their KV rows are rewritten alike)
+            seq.state.restore(snap)
+            seq.num_computed = start
+        text = seq.detok.take(reason is not None) if seq.detok else ""
+        if reason:
+            self.scheduler.finish(seq, reason)
+            self.seqs.pop(seq.request_id, None)
+        else:
+            self.prefix.after_step(seq)
+            self.blocks.trim(seq, seq.num_computed)
+        return self._output(seq, new, text)
 
     def _emit(self, seq: Sequence, tok: int) -> StepOutput:
         seq.append(tok)
@@ -337,6 +412,8 @@ class LLMEngine:
         """Engine statistics for /metrics: the expert memory's and the prefix cache's."""
         stats = self.model.experts.stats() if self.model.experts is not None else {}
         stats["prefix"] = self.prefix.stats_dict()
+        if self.spec is not None:       # per drafter: drafts, proposed/accepted tokens, mean accepted length
+            stats["speculative"] = self.spec.summary()
         return stats
 
     def close(self) -> None:

@@ -126,13 +126,15 @@ class ModelRunner:
         return self.graphs.run(ids, positions, key_slots.gather(1, positions[:, None]).squeeze(1), key_slots)
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    def run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list, list]:
         """Returns (logits of each sequence's last new token [B, V], all-position logits per
-        sequence where it asked for prompt logits, else None)."""
+        sequence where it asked for prompt logits, else None, the logits [k+1, V] of the
+        pending token and the k drafted tokens of each sequence verifying a draft, else None).
+        A sequence's new tokens are its pending ones followed by its `draft`."""
         if self.graphs is not None:
             logits = self._graph_run(batch)
             if logits is not None:
-                return logits, [None] * len(batch)
+                return logits, [None] * len(batch), [None] * len(batch)
         ids, pos, slot_map, key_slots, qidx = [], [], [], [], []
         n_total = sum(n for _, n in batch)
         qmax = max(n for _, n in batch)
@@ -140,7 +142,7 @@ class ModelRunner:
         offset = 0
         for seq, n in batch:
             start = seq.num_computed
-            all_ids = seq.all_ids
+            all_ids = seq.all_ids + seq.draft if seq.draft else seq.all_ids
             ids.extend(all_ids[start:start + n])
             pos.append(torch.arange(start, start + n))
             slots = self._slots(seq, start + n)
@@ -161,7 +163,8 @@ class ModelRunner:
                                  key_positions=key_pos.to(dev), query_index=q_index.to(dev),
                                  query_positions=q_pos.to(dev), num_tokens=n_total, context_lens=ctx_lens,
                                  kernel_pool=self.kernel_pool, block_size=self.block_size)
-        phase = "decode" if qmax == 1 else "prefill"
+        # a verify of drafts is a decode step of a few positions a sequence (experts and threads as decode)
+        phase = "decode" if qmax == 1 or all(n == 1 + len(s.draft) for s, n in batch) else "prefill"
         ctx = ForwardContext(attn=meta, kv=self.kv, states=[s.state for s, _ in batch],
                              query_lens=[n for _, n in batch], phase=phase)
         self._torch_threads(phase)
@@ -169,8 +172,11 @@ class ModelRunner:
         ends = torch.tensor([int(q_index[i, n - 1]) for i, (_, n) in enumerate(batch)], device=dev)
         last_logits = self.model.compute_logits(hidden[ends])
         full: list[torch.Tensor | None] = []
+        verify: list[torch.Tensor | None] = []
         offset = 0
         for seq, n in batch:
             full.append(self.model.compute_logits(hidden[offset:offset + n]).cpu() if seq.want_prompt_logits else None)
+            k = len(seq.draft)
+            verify.append(self.model.compute_logits(hidden[offset + n - k - 1:offset + n]).float() if k else None)
             offset += n
-        return last_logits, full
+        return last_logits, full, verify

@@ -32,14 +32,16 @@ def apply_penalties(logits: torch.Tensor, seq: Sequence) -> torch.Tensor:
     return logits
 
 
-def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
-    """logits [V] float32 (modified in place)."""
+def distribution(logits: torch.Tensor, seq: Sequence) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """(probabilities [V] the token is drawn from, or None when it is the argmax of the
+    processed logits; those logits). Processors, penalties, temperature, top-k, top-p and
+    min-p applied, as `sample_one` draws from them. logits [V] float32 (modified in place)."""
     p = seq.params
     for proc in p.logits_processors:
         logits = proc(seq.output_ids, logits)
     logits = _finite_rows(apply_penalties(logits, seq))
     if p.greedy:
-        return int(torch.argmax(logits))
+        return None, logits
     raw = logits
     logits = logits / p.temperature
     if p.top_k and p.top_k < logits.shape[-1]:
@@ -56,8 +58,27 @@ def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
     if not float(probs.sum()) > 0.0:    # every candidate overflowed or was filtered out
-        return int(torch.argmax(raw))
-    return int(torch.multinomial(probs.cpu(), 1, generator=seq.generator))
+        return None, raw
+    return probs, raw
+
+
+def sample_one(logits: torch.Tensor, seq: Sequence) -> int:
+    """logits [V] float32 (modified in place)."""
+    probs, processed = distribution(logits, seq)
+    if probs is None:
+        return int(torch.argmax(processed))
+    return draw(probs, seq.generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from probs [V] (not necessarily normalised) by inverse CDF on one uniform of the
+    sequence's generator: one uniform per sampled position, so a speculative step that verifies
+    drafted positions draws exactly the uniforms plain decoding would (spec/verify.py)."""
+    u = float(torch.rand((), generator=generator, dtype=torch.float64))
+    cdf = torch.cumsum(probs.detach().to("cpu", torch.float64), 0)
+    i = int(torch.searchsorted(cdf, u * float(cdf[-1]), right=True))
+    last = int(torch.nonzero(probs).max()) if i >= len(cdf) else i
+    return min(i, last)
 
 
 def plain_greedy(seqs: list[Sequence]) -> bool:
@@ -66,8 +87,13 @@ def plain_greedy(seqs: list[Sequence]) -> bool:
                and not s.params.presence_penalty and not s.params.frequency_penalty for s in seqs)
 
 
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """The argmax of each row [B, V] (NaN never wins)."""
+    return _finite_rows(logits).argmax(dim=-1).tolist()
+
+
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
     """logits [B, V] float32 -> one token per sequence."""
     if plain_greedy(seqs):
-        return _finite_rows(logits).argmax(dim=-1).tolist()
+        return greedy_tokens(logits)
     return [sample_one(logits[i].clone(), s) for i, s in enumerate(seqs)]

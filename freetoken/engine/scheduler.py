@@ -60,6 +60,7 @@ class Scheduler:
                     break
             if seq.status is not Status.RUNNING:
                 continue
+            n += self._fit_draft(seq, n, budget - n)
             self.blocks.allocate(seq, seq.num_computed + n)
             batch.append((seq, n))
             budget -= n
@@ -80,6 +81,17 @@ class Scheduler:
             budget -= n
         self.waiting.extendleft(reversed(deferred))
         return batch
+
+    def _fit_draft(self, seq: Sequence, n: int, budget: int) -> int:
+        """Draft positions a decoding sequence verifies this step after its pending token: its
+        draft cut to the token budget and the blocks free now (a draft never preempts)."""
+        if not seq.draft:
+            return 0
+        k = min(len(seq.draft), budget) if n == seq.num_pending == 1 else 0
+        while k and not self.blocks.can_allocate(seq, seq.num_computed + n + k):
+            k -= 1
+        seq.draft = seq.draft[:k]
+        return k
 
     def _admit(self, seq: Sequence) -> bool:
         """Take the cached prefix; keep it only if the rest of the prompt fits, leaving a
@@ -107,6 +119,7 @@ class Scheduler:
         self.prefix.release(seq)
         seq.num_computed = 0
         seq.state = None
+        seq.draft = []
         seq.prompt_logits = []
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)

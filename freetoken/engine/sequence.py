@@ -38,6 +38,10 @@ class Sequence:
         self.checkpoint_plan: list[int] = []  # positions to snapshot the state at during prefill
         self.pending_checkpoints: dict = {}   # position -> snapshot not yet hung on the tree
         self.pending_copies: list[tuple[int, int, int]] = []   # (src block, dst block, rows)
+        # speculative decoding (spec/): tokens drafted to verify in this step after the pending one
+        self.draft: list[int] = []
+        self.draft_source = None              # the spec.Draft they came from
+        self.draft_snapshot = None            # the state before a verify (models with a state)
 
     @property
     def all_ids(self) -> list[int]:

@@ -46,7 +46,7 @@ class Side:
         batch = [self.seqs[i] for i in which]
         for s in batch:
             self.blocks.allocate(s, s.num_computed + 1)
-        logits, _ = self.runner.run([(s, 1) for s in batch])
+        logits = self.runner.run([(s, 1) for s in batch])[0]
         for s in batch:
             s.num_computed += 1
         return logits.float().cpu()

@@ -1,0 +1,196 @@
+"""Speculative decoding on the medium MoE: decode tok/s with and without it, side by side.
+
+    PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
+        [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8]
+
+1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
+   vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
+   processor leaves only the recorded token), so a drafter's acceptance is its real acceptance on
+   real agent text while every forward is the model's real cost. One request at a time, a
+   session's turns in order (the suffix index sees the session as an agent server would).
+   Prints decode tok/s plain vs --speculative auto, the ratio, and acceptance per drafter.
+2. Free-running random prompts (drafts rarely right): plain vs auto (target >= 0.98x).
+3. The verify cost against k: drafts of k tokens forced through one sequence's steps; the step's
+   measured seconds and distinct experts next to what the price (fitted online during 1 and 2)
+   predicted for it.
+Decode time is from a request's first token to its last (prefill excluded)."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import fresh_prompts, medium_checkpoint  # noqa: E402
+from vs_llamacpp import isa_line  # noqa: E402
+
+SESSIONS = Path(__file__).resolve().parents[1].parent.parent / "shared" / "data" / "agent-sessions"
+
+
+def forced(resp: list[int]):
+    """A logits processor that leaves only the recorded token at each output position."""
+    def proc(out: list[int], logits: torch.Tensor) -> torch.Tensor:
+        t = resp[min(len(out), len(resp) - 1)]
+        keep = logits[t].clone()
+        logits.fill_(float("-inf"))
+        logits[t] = keep if torch.isfinite(keep) else 0.0
+        return logits
+    return proc
+
+
+def decode_run(llm, jobs) -> tuple[float, int]:
+    """Run (prompt, SamplingParams) jobs one at a time; (decode seconds, decode tokens)."""
+    engine = llm.engine
+    secs, toks = 0.0, 0
+    for i, (prompt, params) in enumerate(jobs):
+        rid = f"j{time.monotonic_ns()}-{i}"
+        engine.add_request(rid, prompt, params)
+        first, n = None, 0
+        while engine.has_unfinished():
+            for o in engine.step():
+                if first is None and o.new_token_ids:
+                    first = time.perf_counter()
+                    n -= 1                              # the first token ends the prefill
+                n += len(o.new_token_ids)
+        secs += time.perf_counter() - first
+        toks += n
+    return secs, toks
+
+
+def replay_jobs(args, vocab: int) -> list:
+    from tokenizers import Tokenizer
+
+    from freetoken import SamplingParams
+    from freetoken.engine.spec.replay import load_sessions
+    from freetoken.weights.gguf_tokenizer import save_tokenizer_dir
+    tok_dir = Path.home() / ".cache" / "freetoken" / "bench" / "qwen2-tokenizer"
+    if not (tok_dir / "tokenizer.json").exists():
+        save_tokenizer_dir(SESSIONS.parent / "tokenizers" / "ggml-vocab-qwen2.gguf", tok_dir)
+    tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]]
+    picked = sessions[::max(1, len(sessions) // args.sessions)][:args.sessions]
+    jobs = []
+    for _, turns in picked:
+        for prompt, resp in turns:
+            p = [t % vocab for t in tok.encode(prompt).ids][-args.prompt:]
+            r = [t % vocab for t in tok.encode(resp).ids][:args.response]
+            if len(r) < 2:
+                continue
+            jobs.append((p, SamplingParams(max_tokens=len(r), temperature=0.0, ignore_eos=True,
+                                           logits_processors=[forced(r)])))
+    return jobs
+
+
+class FixedDrafter:
+    """k random tokens every step (almost never right): the cost of verifying k, not its gain."""
+    name = "fixed"
+
+    def __init__(self, k: int, vocab: int):
+        self.k, self.vocab, self.rng = k, vocab, torch.Generator().manual_seed(0)
+
+    def observe(self, *a):
+        pass
+
+    def forget(self, key):
+        pass
+
+    def propose(self, ctx, k, key=None):
+        from freetoken.engine.spec.drafters import Draft
+        n = min(self.k, k)
+        return Draft(tuple(torch.randint(0, self.vocab, (n,), generator=self.rng).tolist()), "fixed", 0) if n else None
+
+
+def cost_curve(llm, ks, vocab: int, steps: int = 16):
+    """Per k: (measured median step seconds, predicted seconds, distinct experts per step)."""
+    from freetoken import SamplingParams
+    engine = llm.engine
+    spec = engine.spec
+    theta = spec.price.theta.copy()
+    predicted = {k: spec.price.seconds(1 + k) for k in ks}
+    saved = spec.drafters, spec.priced, list(spec.price.samples)
+    rows = {}
+    prompt = fresh_prompts(1, 256, seed=77, vocab=(100, vocab - 1))[0]
+    for k in ks:
+        spec.drafters, spec.priced = ({"fixed": FixedDrafter(k, vocab)} if k else {}), False
+        spec.price.samples.clear()
+        engine.add_request(f"curve{k}", prompt, SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        got = [(n, u, t) for n, u, t in spec.price.samples if n == 1 + k]
+        rows[k] = (statistics.median(t for _, _, t in got), predicted[k], statistics.median(u for _, u, _ in got))
+    spec.drafters, spec.priced = saved[:2]
+    spec.price.samples.clear()
+    spec.price.samples.extend(saved[2])
+    spec.price.theta = theta
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sessions", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=768, help="keep the last N prompt tokens")
+    ap.add_argument("--response", type=int, default=96, help="force the first N response tokens")
+    ap.add_argument("--free", type=int, default=4)
+    ap.add_argument("--free-tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--max-draft", type=int, default=8)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from freetoken import LLM, SamplingParams
+    from freetoken.engine.spec.ngram import NgramDrafter
+    from freetoken.engine.spec.suffix import SuffixDrafter
+    path = medium_checkpoint()
+    opts = dict(num_threads=args.threads, max_model_len=4096, spec_max_draft=args.max_draft)
+    # one engine (two would not fit the memory rule): "plain" runs with its speculator detached
+    llm = LLM(str(path), speculative="auto", **opts)
+    speculator = llm.engine.spec
+    vocab = llm.engine.vocab_size
+    print(isa_line(args.threads))
+    print(f"medium MoE {path.name}: threads {args.threads}, max draft {args.max_draft} (machine shared: "
+          "alternating rounds, medians)")
+    jobs = replay_jobs(args, vocab)
+    free = [(p, SamplingParams(max_tokens=args.free_tokens, temperature=0.0, ignore_eos=True))
+            for p in fresh_prompts(args.free, 128, seed=5, vocab=(100, vocab - 1))]
+    print(f"replay: {len(jobs)} turns, {sum(j[1].max_tokens for j in jobs)} forced tokens; "
+          f"free: {len(free)} random prompts x {args.free_tokens} tokens")
+    res = {("replay", "plain"): [], ("replay", "auto"): [], ("free", "plain"): [], ("free", "auto"): []}
+    for r in range(args.rounds):
+        for work, js in (("replay", jobs), ("free", free)):
+            order = ("plain", "auto") if r % 2 == 0 else ("auto", "plain")
+            for name in order:
+                llm.engine.spec = speculator if name == "auto" else None
+                # fresh drafters each run: an index that saw these responses in an earlier round
+                # would draft them from memory (the statistics and the price carry over)
+                speculator.drafters = {"suffix": SuffixDrafter(), "ngram": NgramDrafter()}
+                secs, toks = decode_run(llm, js)
+                res[(work, name)].append(toks / secs)
+                print(f"  round {r} {work:6s} {name:5s} {toks / secs:7.2f} tok/s ({toks} tokens)", flush=True)
+    print("\nworkload   plain tok/s   auto tok/s   auto/plain")
+    for work in ("replay", "free"):
+        a, b = statistics.median(res[(work, "plain")]), statistics.median(res[(work, "auto")])
+        print(f"{work:8s}   {a:11.2f}   {b:10.2f}   {b / a:9.3f}x")
+    llm.engine.spec = speculator
+    st = llm.engine.expert_stats().get("speculative", {})
+    for d, s in st.get("drafters", {}).items():
+        print(f"drafter {d}: {s['drafts']} drafts, {s['proposed_tokens']} proposed, {s['accepted_tokens']} accepted, "
+              f"mean accepted length {s['mean_accepted_length']:.2f}")
+    if "price" in st:
+        p = st["price"]
+        print(f"price: step {p['step_s'] * 1e3:.2f} ms + {p['per_position_s'] * 1e3:.3f} ms/position + "
+              f"{p['per_expert_s'] * 1e6:.2f} us/expert")
+    ks = [0, 1, 2, 4, 8] if args.max_draft >= 8 else list(range(args.max_draft + 1))
+    rows = cost_curve(llm, ks, vocab)
+    print("\nk   measured ms   predicted ms   pred/meas   experts/step   cost/plain")
+    for k in ks:
+        m, p, u = rows[k]
+        print(f"{k:<3d} {m * 1e3:11.2f}   {p * 1e3:12.2f}   {p / m:9.2f}   {u:12.0f}   {m / rows[0][0]:9.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Online acceptance statistics: for each drafter and confidence bucket, how often the i-th
+drafted token is accepted given the ones before it were. The expected accepted length of a
+k-token draft is sum_{i<=k} prod_{j<=i} a_j. Counts start from a prior (a few pseudo-trials)
+and decay, so a workload that changes (a session turning from tool calls to prose) is
+followed and a bucket that stopped paying is tried again only as the prior allows."""
+from __future__ import annotations
+
+PRIOR_FIRST = 0.4       # P(first drafted token accepted) before any evidence
+PRIOR_NEXT = 0.75       # P(next accepted | the ones before were): accepted runs are long or short
+PRIOR_WEIGHT = 2.0      # pseudo-trials of the prior
+DECAY = 0.999           # per observed draft: about the last thousand drafts count
+
+
+class AcceptanceStats:
+    def __init__(self, max_draft: int):
+        self.K = max_draft
+        self._tried: dict[tuple[str, int], list[float]] = {}
+        self._acc: dict[tuple[str, int], list[float]] = {}
+        self.proposed: dict[str, int] = {}      # drafted tokens verified, per drafter
+        self.accepted: dict[str, int] = {}      # of those, accepted
+        self.drafts: dict[str, int] = {}        # verify steps with a draft, per drafter
+
+    def _rows(self, drafter: str, bucket: int):
+        key = (drafter, bucket)
+        if key not in self._tried:
+            self._tried[key] = [0.0] * self.K
+            self._acc[key] = [0.0] * self.K
+        return self._tried[key], self._acc[key]
+
+    def rates(self, drafter: str, bucket: int) -> list[float]:
+        """a_i for i = 1..K: P(token i accepted | tokens < i accepted)."""
+        tried, acc = self._rows(drafter, bucket)
+        out = []
+        for i in range(self.K):
+            prior = PRIOR_FIRST if i == 0 else PRIOR_NEXT
+            out.append((acc[i] + PRIOR_WEIGHT * prior) / (tried[i] + PRIOR_WEIGHT))
+        return out
+
+    def expected_accepted(self, drafter: str, bucket: int, k_max: int) -> list[float]:
+        """E[accepted tokens] of a draft of length k, for k = 0..k_max."""
+        out, run, total = [0.0], 1.0, 0.0
+        for a in self.rates(drafter, bucket)[:k_max]:
+            run *= a
+            total += run
+            out.append(total)
+        return out
+
+    def all_accepted(self, drafter: str, bucket: int, k: int) -> float:
+        """P(every token of a k-token draft is accepted)."""
+        out = 1.0
+        for a in self.rates(drafter, bucket)[:k]:
+            out *= a
+        return out
+
+    def observe(self, drafter: str, bucket: int, drafted: int, accepted: int) -> None:
+        """A draft of `drafted` tokens of which the first `accepted` were accepted."""
+        tried, acc = self._rows(drafter, bucket)
+        for row in (tried, acc):
+            for i in range(self.K):
+                row[i] *= DECAY
+        for i in range(min(drafted, accepted + 1, self.K)):
+            tried[i] += 1
+            if i < accepted:
+                acc[i] += 1
+        self.proposed[drafter] = self.proposed.get(drafter, 0) + drafted
+        self.accepted[drafter] = self.accepted.get(drafter, 0) + accepted
+        self.drafts[drafter] = self.drafts.get(drafter, 0) + 1
+
+    def summary(self) -> dict:
+        """Per drafter: drafts, proposed and accepted tokens, mean accepted length per draft."""
+        return {d: {"drafts": n, "proposed_tokens": self.proposed.get(d, 0),
+                    "accepted_tokens": self.accepted.get(d, 0),
+                    "mean_accepted_length": self.accepted.get(d, 0) / n if n else 0.0}
+                for d, n in self.drafts.items()}
+

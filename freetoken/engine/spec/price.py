@@ -1,0 +1,113 @@
+"""The price of a verify: seconds of one engine step as
+
+    T = a + b * positions + c * experts
+
+`positions` the rows in the forward, `experts` the distinct (layer, expert) pairs they route
+to (0 for a dense model). a is the step's fixed part (weights of the dense part read once,
+the engine's per-step overhead), b each extra position's dense and attention work, c what one
+more expert costs where it runs now (a device hit, a CPU run at B_H, a fill at B_P, a disk
+read at B_D: the measured mix of the current tier). The expected union of experts of n
+positions comes from recent routing (the RoutingObserver), with the union measured on a real
+Qwen3-30B-A3B trace as the prior (FACTS: 1 / 1.61 / 2.16 / 2.96 / 4.19 / 5.72x one token's
+experts for 1 / 2 / 3 / 5 / 9 / 17 positions). a, b, c are fitted online by least squares over
+recent steps, pulled toward a prior made from the bandwidth the experts backend measures, so
+the price follows the machine as it is now (another program on the memory bus, a colder cache).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+UNION_PRIOR = ((1, 1.0), (2, 1.61), (3, 2.16), (5, 2.96), (9, 4.19), (17, 5.72))
+DEFAULT_EXPERT_RATE = 20e9      # bytes/s a CPU expert runs at when nothing was measured yet
+MAX_TRACKED = 64                # positions per forward whose union is tracked
+
+
+def _prior_union(n: int) -> float:
+    """Union of n positions in units of one position's experts (log-linear between the points)."""
+    pts = UNION_PRIOR
+    if n <= 1:
+        return 1.0
+    for (n0, u0), (n1, u1) in zip(pts, pts[1:]):
+        if n <= n1:
+            t = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+            return u0 + t * (u1 - u0)
+    n0, u0 = pts[-1]
+    return u0 * (n / n0) ** 0.5
+
+
+class VerifyPrice:
+    def __init__(self, moe_layers: int, top_k: int, num_experts: int, expert_nbytes: int,
+                 expert_rate: float | None = None, window: int = 256):
+        self.L, self.top_k, self.E = moe_layers, top_k, max(num_experts, 1)
+        self.c0 = expert_nbytes / (expert_rate or DEFAULT_EXPERT_RATE) if moe_layers else 0.0
+        self.samples: deque = deque(maxlen=window)         # (positions, experts, seconds)
+        self._union_sum = np.zeros(MAX_TRACKED + 1)        # per positions: sum of union ratios
+        self._union_n = np.zeros(MAX_TRACKED + 1)
+        self.theta: np.ndarray | None = None               # fitted (a, b, c)
+        self._since_fit = 0
+
+    # --- what the engine measures --------------------------------------------------------
+    def observe(self, positions: int, experts: int, seconds: float) -> None:
+        """One step: `positions` rows, `experts` distinct (layer, expert) pairs, `seconds` long."""
+        self.samples.append((positions, experts, seconds))
+        if self.L and self.top_k and 1 <= positions <= MAX_TRACKED:
+            self._union_sum[positions] += experts / (self.L * self.top_k)
+            self._union_n[positions] += 1
+        self._since_fit += 1
+        if self.theta is None or self._since_fit >= 8:
+            self._fit()
+
+    @property
+    def ready(self) -> bool:
+        return self.theta is not None and len(self.samples) >= 4
+
+    def union(self, n: int) -> float:
+        """Expected distinct experts of n positions, one layer, in units of top_k: measured
+        where there are samples (5 or more), else the prior scaled by what was measured."""
+        n = int(round(n))
+        if n <= 1:
+            return 1.0
+        if n <= MAX_TRACKED and self._union_n[n] >= 5:
+            return self._union_sum[n] / self._union_n[n]
+        # scale the prior's spread by the measured ratio at the nearest measured n
+        ratio = 1.0
+        for m in range(min(n, MAX_TRACKED), 1, -1):
+            if self._union_n[m] >= 5:
+                ratio = (self._union_sum[m] / self._union_n[m] - 1) / (_prior_union(m) - 1)
+                break
+        return min(1 + (_prior_union(n) - 1) * ratio, self.E / max(self.top_k, 1), float(n))
+
+    def experts(self, n: int) -> float:
+        return self.L * self.top_k * self.union(n)
+
+    # --- the model ---------------------------------------------------------------------
+    def _fit(self) -> None:
+        self._since_fit = 0
+        s = np.array(self.samples, dtype=np.float64)
+        if len(s) == 0:
+            return
+        ones = s[:, 0] == s[:, 0].min()
+        t1 = float(np.median(s[ones, 2]))                    # the cheapest steps seen
+        u1 = float(np.median(s[ones, 1]))
+        n1 = float(s[ones, 0].min())
+        c0 = min(self.c0, 0.9 * t1 / max(u1, 1.0))          # the prior never says experts cost more than a step
+        b0 = 0.02 * t1                                        # dense rows ride on the weights' one read
+        a0 = max(t1 - c0 * u1 - b0 * n1, 0.05 * t1)
+        prior = np.array([a0, b0, c0])
+        scale = np.array([t1, t1, t1 / max(u1, 1.0)])      # the prior's spread per parameter
+        w = 2.0                                               # its weight, in samples
+        # ridge regression in units of the prior's spread (phi = theta / scale), seconds in units of t1
+        X = np.column_stack([np.ones(len(s)), s[:, 0], s[:, 1]]) * scale / t1
+        y = s[:, 2] / t1
+        A = X.T @ X + w * np.eye(3)
+        rhs = X.T @ y + w * (prior / scale)
+        self.theta = np.maximum(np.linalg.solve(A, rhs) * scale, 0.0)
+
+    def seconds(self, positions: int, experts: float | None = None) -> float:
+        """Predicted step seconds for `positions` rows (their expected union when not given)."""
+        a, b, c = self.theta if self.theta is not None else (1.0, 0.02, 0.0)
+        e = self.experts(positions) if experts is None else experts
+        return a + b * positions + c * e

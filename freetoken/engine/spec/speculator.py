@@ -1,0 +1,142 @@
+"""The engine's speculation: before each step, a draft for each decoding sequence, its length
+k chosen to maximise expected tokens per second; after the step, the statistics and the
+price learn from what happened.
+
+k for a sequence: the drafter's proposal gives up to K tokens and a confidence bucket; the
+acceptance statistics give E[accepted | k] for that drafter and bucket; the price gives the
+step's seconds with those k more positions (their share of the union of experts included).
+Sequences are taken one by one, each adding its k to the step's positions, and k = 0 wins
+unless a draft raises the step's expected tokens per second by more than MARGIN."""
+from __future__ import annotations
+
+import time
+
+from .acceptance import AcceptanceStats
+from .drafters import Draft
+from .ngram import NgramDrafter
+from .price import VerifyPrice
+from .routing import RoutingObserver
+from .suffix import SuffixDrafter
+
+
+MARGIN = 1.02           # a draft must promise 2% more tokens per second than not drafting
+
+
+class Speculator:
+    def __init__(self, mode: str, max_draft: int, model, max_model_len: int):
+        self.mode, self.K, self.max_model_len = mode, max_draft, max_model_len
+        self.drafters = {}
+        if mode in ("auto", "suffix"):
+            self.drafters["suffix"] = SuffixDrafter()
+        if mode in ("auto", "ngram"):
+            self.drafters["ngram"] = NgramDrafter()
+        self.stats = AcceptanceStats(max_draft)
+        self.observer = RoutingObserver(model)
+        pool = getattr(model, "pool", None)
+        experts = getattr(model, "experts", None)
+        est = getattr(experts, "est", None)            # the tiered backend's live bandwidths
+        rate = est.b_h if est is not None else None
+        nbytes = int(getattr(pool, "expert_nbytes", 0) or 0)
+        num_experts = int(getattr(pool, "num_experts", 0) or 0)
+        self.price = VerifyPrice(len(self.observer.layers), self.observer.top_k, num_experts, nbytes, rate)
+        probe = model.make_state()
+        # models with a state restore it after a rejection and rerun the accepted tokens next step
+        self.replays = probe is not None and bool(probe.parts)
+        self.priced = True          # tests turn pricing off to force every draft through
+        self._live: set[str] = set()
+        self._t0 = 0.0
+        self._step_positions = 0
+        self._step_plain = True
+
+    # --- before the step -----------------------------------------------------------------
+    def propose(self, running: list, budget: int) -> None:
+        """Set `seq.draft` (and what made it) for the decoding sequences worth drafting for."""
+        for s in running:
+            s.draft, s.draft_source, s.draft_snapshot = [], None, None
+        live = {s.request_id for s in running}
+        for key in self._live - live:
+            for d in self.drafters.values():
+                d.forget(key)
+        self._live = live
+        decoding = [s for s in running if s.num_pending == 1 and not s.want_prompt_logits]
+        positions = sum(min(s.num_pending, budget) for s in running)
+        tokens = float(len(decoding))
+        if self.priced and not self.price.ready:
+            for s in decoding:
+                self._observe_tokens(s)
+            return
+        base = self.price.seconds(positions)
+        for seq in decoding:
+            ctx = self._observe_tokens(seq)
+            room = min(self.K, self.max_model_len - len(seq) - 1,
+                       seq.params.max_tokens - len(seq.output_ids) - 1, budget - positions)
+            if room <= 0:
+                continue
+            draft = self._best_draft(seq, ctx, room)
+            if draft is None:
+                continue
+            k = len(draft.tokens)
+            if self.priced:
+                k, tokens, positions, base = self._price(draft, k, tokens, positions, base)
+            if k:
+                seq.draft = list(draft.tokens[:k])
+                seq.draft_source = draft
+                positions += 0 if self.priced else k
+
+    def _observe_tokens(self, seq) -> list[int]:
+        ctx = seq.all_ids
+        for d in self.drafters.values():
+            d.observe(seq.request_id, ctx, 0)
+        return ctx
+
+    def _best_draft(self, seq, ctx, room) -> Draft | None:
+        """The proposal with the most expected accepted tokens among the drafters."""
+        best, best_e = None, -1.0
+        for d in self.drafters.values():
+            dr = d.propose(ctx, room, key=seq.request_id)
+            if dr is None:
+                continue
+            e = self.stats.expected_accepted(dr.drafter, dr.bucket, len(dr.tokens))[-1]
+            if e > best_e:
+                best, best_e = dr, e
+        return best
+
+    def _price(self, draft: Draft, k_max: int, tokens: float, positions: int, base: float):
+        """The k in 0..k_max with the most expected tokens per second for the step so far."""
+        exp = self.stats.expected_accepted(draft.drafter, draft.bucket, k_max)
+        best_k, best_rate = 0, tokens / base * MARGIN
+        best_t = base
+        for k in range(1, k_max + 1):
+            t = self.price.seconds(positions + k)
+            if self.replays:      # the rerun of 1 + accepted positions, unless all were accepted
+                rerun = self.price.seconds(positions + exp[k] + 1) - self.price.seconds(positions)
+                t += (1 - self.stats.all_accepted(draft.drafter, draft.bucket, k)) * rerun
+            rate = (tokens + exp[k]) / t
+            if rate > best_rate:
+                best_k, best_rate, best_t = k, rate, t
+        if best_k:
+            return best_k, tokens + exp[best_k], positions + best_k, best_t
+        return 0, tokens, positions, base
+
+    # --- around the forward -----------------------------------------------------------------
+    def begin_forward(self, batch) -> None:
+        self.observer.start()
+        self._step_positions = sum(n for _, n in batch)
+        # only decode and verify steps teach the price (a prefill chunk is another kind of step)
+        self._step_plain = all(n == 1 + len(s.draft) and s.num_pending == 1 for s, n in batch)
+        self._t0 = time.perf_counter()
+
+    def end_forward(self) -> None:
+        dt = time.perf_counter() - self._t0
+        if self._step_plain and self._step_positions:
+            self.price.observe(self._step_positions, self.observer.unique, dt)
+
+    def verified(self, draft: Draft, drafted: int, accepted: int) -> None:
+        self.stats.observe(draft.drafter, draft.bucket, drafted, accepted)
+
+    def summary(self) -> dict:
+        out = {"mode": self.mode, "max_draft": self.K, "drafters": self.stats.summary()}
+        if self.price.theta is not None:
+            a, b, c = (float(x) for x in self.price.theta)
+            out["price"] = {"step_s": a, "per_position_s": b, "per_expert_s": c}
+        return out

@@ -1,0 +1,124 @@
+"""The parts of speculative decoding on their own: drafters against brute-force searches, the
+suffix index's sharing and memory bound, the acceptance statistics, the verify price."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from freetoken.engine.spec.acceptance import AcceptanceStats
+from freetoken.engine.spec.ngram import NgramDrafter
+from freetoken.engine.spec.price import UNION_PRIOR, VerifyPrice
+from freetoken.engine.spec.suffix import SuffixDrafter
+
+
+def _repetitive(n, seed, alphabet=12):
+    """Text-like tokens: random phrases from a small phrase book, so n-grams recur."""
+    r = random.Random(seed)
+    book = [[r.randrange(alphabet) for _ in range(r.randint(2, 7))] for _ in range(20)]
+    out = []
+    while len(out) < n:
+        out += r.choice(book)
+    return out[:n]
+
+
+def _last_occurrence_continuation(ctx, k, orders):
+    """Brute force prompt lookup: the longest order whose n-gram occurs earlier; its latest
+    occurrence's continuation."""
+    for n in sorted(orders, reverse=True):
+        if n > len(ctx):
+            continue
+        tail = ctx[-n:]
+        for p in range(len(ctx) - 1, n - 1, -1):      # occurrence ending before p, p < len(ctx)
+            if ctx[p - n:p] == tail:
+                return ctx[p:p + k]
+    return None
+
+
+def test_ngram_drafter_is_prompt_lookup():
+    d = NgramDrafter()
+    for seed in range(30):
+        toks = _repetitive(120, seed)
+        for cut in range(10, 120, 7):
+            ctx = toks[:cut]
+            d.observe("s", ctx, 0)
+            got = d.propose(ctx, 5, key="s")
+            want = _last_occurrence_continuation(ctx, 5, d.orders)
+            assert (list(got.tokens) if got else None) == (want or None), (seed, cut)
+        d.forget("s")
+
+
+def test_suffix_drafter_shares_sessions_and_walks_the_majority():
+    d = SuffixDrafter()
+    a = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    d.observe("a", a)
+    d.forget("a")
+    # another session that ends with a's head continues as a did
+    got = d.propose([50, 51, 1, 2, 3], 4, key="b")
+    assert got.tokens == (4, 5, 6, 7)
+    # two occurrences disagree after "4 5": the walk stops where fewer than half agree
+    d.observe("c", [1, 2, 3, 4, 5, 99, 98])
+    d.observe("e", [1, 2, 3, 4, 5, 6, 40])
+    got = d.propose([7, 1, 2, 3], 6, key="f")
+    assert got.tokens[:2] == (4, 5) and len(got.tokens) >= 2
+    # the most recent turn of a session continues its stream instead of indexing it again
+    turn = list(range(100, 112))
+    d.observe("t1", turn)
+    d.forget("t1")
+    total = d.total
+    d.observe("t2", turn + [7, 8])
+    assert d.total == total + 2
+
+
+def test_suffix_drafter_memory_is_bounded():
+    d = SuffixDrafter(max_tokens=500)
+    for s in range(40):
+        d.observe(s, _repetitive(100, s, alphabet=1000))
+        d.forget(s)
+    assert d.total <= 500 + 100
+    assert sum(len(st.tokens) for st in d.streams.values()) == d.total
+    # what remains still drafts: the newest session's phrases
+    last = _repetitive(100, 39, alphabet=1000)
+    assert d.propose(last[:30], 4, key="x") is not None
+
+
+def test_acceptance_statistics_expected_length():
+    st = AcceptanceStats(4)
+    for _ in range(2000):                 # first token accepted 1 in 2, then always
+        st.observe("d", 0, 4, 4)
+        st.observe("d", 0, 4, 0)
+    exp = st.expected_accepted("d", 0, 4)
+    assert exp[0] == 0
+    assert exp[1] == pytest.approx(0.5, abs=0.02)
+    assert exp[4] == pytest.approx(0.5 * 4, abs=0.1)
+    assert st.summary()["d"]["mean_accepted_length"] == pytest.approx(2.0)
+
+
+def test_price_recovers_a_known_cost_model():
+    """Steps timed as a + b*positions + c*experts (plus noise): the fit predicts new steps
+    within 5%, the union prior reproduces the measured Qwen3 trace's curve."""
+    rng = np.random.default_rng(0)
+    p = VerifyPrice(moe_layers=4, top_k=8, num_experts=64, expert_nbytes=2 << 20, expert_rate=10e9)
+    a, b, c = 0.010, 0.0004, 0.0002
+    for _ in range(200):
+        n = int(rng.integers(1, 10))
+        u = int(4 * min(64, 8 * (1 + 0.6 * (n - 1))))
+        p.observe(n, u, (a + b * n + c * u) * (1 + 0.01 * rng.standard_normal()))
+    for n in (1, 3, 9):
+        u = int(4 * min(64, 8 * (1 + 0.6 * (n - 1))))
+        assert p.seconds(n, u) == pytest.approx(a + b * n + c * u, rel=0.05)
+    fresh = VerifyPrice(1, 6, 128, 1)
+    for n, ratio in UNION_PRIOR:
+        assert fresh.union(n) == pytest.approx(ratio)
+
+
+@pytest.mark.parametrize("mode", ["mtp", "draft"])
+def test_unbuilt_drafters_are_refused_in_one_line(mode):
+    from freetoken.config import EngineConfig
+    from freetoken.errors import InvalidRequestError
+    with pytest.raises(InvalidRequestError, match=f"speculative: {mode} drafts are not built yet") as e:
+        EngineConfig(model="m", speculative=mode)
+    assert "\n" not in str(e.value)
+    with pytest.raises(InvalidRequestError, match="spec_max_draft"):
+        EngineConfig(model="m", spec_max_draft=0)
