@@ -66,7 +66,7 @@ def replay_jobs(args, vocab: int) -> list:
 
     from freetoken import SamplingParams
     from freetoken.engine.spec.replay import load_sessions
-    from freetoken.weights.gguf_tokenizer import save_tokenizer_dir
+    from freetoken.weights.gguf.tokenizer import save_tokenizer_dir
     tok_dir = Path.home() / ".cache" / "freetoken" / "bench" / "qwen2-tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
         save_tokenizer_dir(SESSIONS.parent / "tokenizers" / "ggml-vocab-qwen2.gguf", tok_dir)

@@ -317,7 +317,7 @@ def test_auto_drafts_only_where_the_price_says_it_pays(tiny_dir):
 
 
 def test_drafter_statistics_reach_metrics(tiny_dir):
-    from freetoken.server.metrics import flatten
+    from freetoken.server.operations.metrics import flatten
     prompts = [ids_for(20, 3)]
     ref, llm = plain_and_spec(tiny_dir("qwen3_moe"), prompts)
     force(llm, ForcedDrafter(prompts, ref, "half"))
