@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import torch
 
+from ..quant import ggml_iquants as iq
 from ..quant import ggml_quants as gq
 
 KERNEL_TYPES = (gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K)   # the C kernels' dot products
+
+KERNEL_TYPES += iq.TYPES   # the lattice i-quants (ggml_iq.c)
 
 
 def pad_rows(rows: torch.Tensor, width: int) -> torch.Tensor:

@@ -25,6 +25,13 @@ FLOAT_TYPES = (F32, F16, BF16)
 _E2M1_X2 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 _IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
+# the lattice i-quants (IQ1_S .. IQ3_S) live in their own module: here only their ids and sizes
+from . import ggml_iquants as _iq  # noqa: E402
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = (_iq.IQ2_XXS, _iq.IQ2_XS, _iq.IQ2_S, _iq.IQ3_XXS,
+                                                      _iq.IQ3_S, _iq.IQ1_S, _iq.IQ1_M)
+NAMES.update(_iq.NAMES)
+_SIZES.update(_iq.SIZES)
+
 
 def _check(t: int) -> int:
     t = int(t)
@@ -77,6 +84,8 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
 def _deq_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
     """b: [nb, block_bytes] uint8 -> [nb, block_elems] float32 (numpy-gguf's operation order)."""
     nb = b.shape[0]
+    if t in _iq.NAMES:
+        return _iq.dequantize_blocks(b, t)
     if t == Q8_0:
         return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, :2])
     if t == Q4_0:
@@ -232,6 +241,9 @@ def _quant_blocks(x: torch.Tensor, t: int) -> torch.Tensor:
 def quantize(x: torch.Tensor, t: int) -> torch.Tensor:
     """float [..., cols] -> uint8 [..., row_bytes(t, cols)] of valid `t` blocks (round to nearest)."""
     t = _check(t)
+    if t in _iq.NAMES:
+        raise NotImplementedError(f"no quantizer for {NAMES[t]} here (llama.cpp's llama-quantize writes them); "
+                                  "ggml_iquants.random_rows makes valid blocks")
     cols = x.shape[-1]
     lead = x.shape[:-1]
     rb = row_bytes(t, cols)
@@ -249,6 +261,8 @@ _F16_AT = {Q8_0: (0,), Q4_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,), IQ4
 
 def random_rows(t: int, rows: int, cols: int, gen: torch.Generator | None = None) -> torch.Tensor:
     """Random valid rows: random bytes with every fp16 scale kept finite (tests, benchmarks)."""
+    if t in _iq.NAMES:
+        return _iq.random_rows(t, rows, cols, gen)
     raw = torch.randint(0, 256, (rows, row_bytes(t, cols)), dtype=torch.uint8, generator=gen)
     if t in _F16_AT:
         blk = raw.view(rows, -1, block_bytes(t))

@@ -84,6 +84,7 @@ void ggml_dequant_row(int type, const uint8_t *w, int K, float *out) {
         }
         return;
     default:
+        if (ggml_iq_dequant_row(type, w, K, out)) return;   /* the i-quants: ggml_iq.c */
         for (int k = 0; k < K; k++) out[k] = NAN;
     }
 }
@@ -97,7 +98,8 @@ int ft_ggml_linear_run(void *vp, const ft_gseg *seg, int nseg, int K, const void
     int64_t bytes = 0;
     for (int i = 0; i < nseg; i++) {
         const int t = seg[i].type;
-        if (t != GT_Q4_0 && t != GT_Q8_0 && t != GT_Q4_K && t != GT_Q5_K && t != GT_Q6_K && t != GT_MXFP4) return -1;
+        if (t != GT_Q4_0 && t != GT_Q8_0 && t != GT_Q4_K && t != GT_Q5_K && t != GT_Q6_K && t != GT_MXFP4
+            && !ggml_iq_type(t)) return -1;
         N += seg[i].rows;
         bytes += (int64_t)seg[i].rows * seg[i].rs;
     }
