@@ -1,0 +1,129 @@
+"""GGUFs whose weights are llama.cpp's lattice i-quants (IQ1_S .. IQ3_S), written with
+gguf.GGUFWriter: experts and dense layers load packed (no dequantize-to-float fallback), the
+expert pool holds exactly the file's expert bytes, and the logits are those of a float GGUF
+holding the same dequantized weights (exactly on the torch path, to the int8-activation
+tolerance on the C kernels)."""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from freetoken import LLM
+from freetoken.quant import ggml_iquants as iq
+from freetoken.quant import ggml_quants as gq
+from freetoken.weights.gguf import GgufFile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from helpers import assert_logits_close, exact_experts  # noqa: E402
+from model_checks import ids_for  # noqa: E402
+from test_gguf_dense import packed_layers  # noqa: E402
+
+T = gguf.GGUFValueType
+
+
+def _copy_keys(reader, w):
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
+            continue
+        v = field.contents()
+        if field.types[0] == T.ARRAY:
+            w.add_key_value(key, v, T.ARRAY, sub_type=field.types[-1])
+        else:
+            w.add_key_value(key, v, field.types[0])
+
+
+def write_iq(src: Path, dst: Path, ref: Path, type_of, seed: int = 0) -> None:
+    """dst: src with every tensor type_of(name, shape) names replaced by random valid blocks of
+    that i-quant (d scaled to the tensor's size); ref: the same model in F32, holding the values
+    those blocks dequantize to (by gguf.quants, the independent reference)."""
+    gen = torch.Generator().manual_seed(seed)
+    reader = gguf.GGUFReader(src)
+    arch = reader.fields["general.architecture"].contents()
+    wq, wf = gguf.GGUFWriter(dst, arch), gguf.GGUFWriter(ref, arch)
+    _copy_keys(reader, wq)
+    _copy_keys(reader, wf)
+    for t in reader.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+        want = type_of(t.name, shape)
+        if want is None:
+            wq.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+            wf.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+            continue
+        rows = int(np.prod(shape[:-1]))
+        d = 0.02 / shape[-1] ** 0.5          # weights of about 1/sqrt(fan-in)
+        raw = iq.random_rows(want, rows, shape[-1], gen, scale=d).numpy()
+        vals = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(want)), dtype=np.float32)
+        wq.add_tensor(t.name, raw.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType(want))
+        wf.add_tensor(t.name, vals.reshape(shape), raw_dtype=gguf.GGMLQuantizationType.F32)
+    for w in (wq, wf):
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+
+def quantizable(name: str, shape: tuple) -> bool:
+    return not (len(shape) < 2 or shape[-1] % 256 or "norm" in name or "ffn_gate_inp" in name
+                or name.endswith(".bias") or name.startswith("token_embd"))
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(tiny_dir, to_gguf):
+    d = tiny_dir("qwen3_moe", hidden=256, experts=4, moe_intermediate_size=256, layers=2)
+    return to_gguf(d, "f32")
+
+
+def check_file(q: Path, ref: Path, caplog):
+    ck = GgufFile(q)
+    with caplog.at_level(logging.WARNING):
+        pool = ck.prebuilt_experts()
+    assert "dequantiz" not in caplog.text
+    in_file = sum(t.nbytes for n, (_, t) in ck.tensors_by_name.items() if "_exps." in n)
+    type_ids = sum(g.banks[k].nbytes for g in pool.groups for k in ("gate_up_types", "down_types"))
+    assert pool.nbytes - type_ids == in_file                      # the file's expert bytes, packed
+    ids = ids_for(23, seed=3)
+    ref_llm = LLM(str(ref), dtype="float32")
+    want = ref_llm.score(ids)
+    ref_llm.close()
+    with exact_experts():      # torch experts and dequantized dense layers: the float model exactly
+        llm = LLM(str(q), dtype="float32", moe_backend="resident", dense_format="float")
+        assert_logits_close(llm.score(ids), want)
+        llm.close()
+    llm = LLM(str(q), dtype="float32")                            # as served: packed, C kernels
+    n_packed, _ = packed_layers(llm)
+    assert n_packed >= 2 * 2, "dense i-quant layers were not kept packed"    # q|k|v and o per layer
+    got = llm.score(ids)
+    llm.close()
+    assert_logits_close(got, want, rel=3e-2)                      # int8 activations per 32
+    agree = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    assert agree >= 0.9, agree
+
+
+@pytest.mark.parametrize("t", iq.TYPES, ids=gq.type_name)
+def test_each_i_quant_loads_packed(f32_gguf, tmp_path, caplog, t):
+    q, ref = tmp_path / "q.gguf", tmp_path / "ref.gguf"
+    write_iq(f32_gguf, q, ref, lambda n, s: t if quantizable(n, s) else None, seed=t)
+    check_file(q, ref, caplog)
+
+
+def test_dynamic_mix_of_i_and_k_quants(f32_gguf, tmp_path, caplog):
+    """UD-IQ1_S-like: gate, up and down and the layers in different i-quants, attention in
+    others; pool bytes still the file's."""
+    order = [iq.IQ1_S, iq.IQ2_XXS, iq.IQ3_XXS, iq.IQ1_M, iq.IQ2_S, iq.IQ3_S, iq.IQ2_XS]
+
+    def type_of(name, shape):
+        if not quantizable(name, shape):
+            return None
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
+        kind = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "attn_q", "attn_k", "attn_v", "attn_output"]
+        k = next((i for i, p in enumerate(kind) if f".{p}." in name), 0)
+        return order[(k + 3 * layer) % len(order)]
+    q, ref = tmp_path / "q.gguf", tmp_path / "ref.gguf"
+    write_iq(f32_gguf, q, ref, type_of, seed=99)
+    check_file(q, ref, caplog)
