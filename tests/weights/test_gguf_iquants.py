@@ -38,6 +38,12 @@ def _copy_keys(reader, w):
             w.add_key_value(key, v, field.types[0])
 
 
+def unit_d(t: int) -> float:
+    """The d that gives random blocks of type t weights of rms 0.5 (a stable random model)."""
+    v = gq.dequantize(iq.random_rows(t, 64, 256, torch.Generator().manual_seed(0), scale=1.0), t, 256)
+    return 0.5 / float(v.pow(2).mean().sqrt())
+
+
 def write_iq(src: Path, dst: Path, ref: Path, type_of, seed: int = 0) -> None:
     """dst: src with every tensor type_of(name, shape) names replaced by random valid blocks of
     that i-quant (d scaled to the tensor's size); ref: the same model in F32, holding the values
@@ -56,8 +62,7 @@ def write_iq(src: Path, dst: Path, ref: Path, type_of, seed: int = 0) -> None:
             wf.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
             continue
         rows = int(np.prod(shape[:-1]))
-        d = 0.02 / shape[-1] ** 0.5          # weights of about 1/sqrt(fan-in)
-        raw = iq.random_rows(want, rows, shape[-1], gen, scale=d).numpy()
+        raw = iq.random_rows(want, rows, shape[-1], gen, scale=unit_d(want) / shape[-1] ** 0.5).numpy()
         vals = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(want)), dtype=np.float32)
         wq.add_tensor(t.name, raw.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType(want))
         wf.add_tensor(t.name, vals.reshape(shape), raw_dtype=gguf.GGMLQuantizationType.F32)
@@ -113,15 +118,17 @@ def test_each_i_quant_loads_packed(f32_gguf, tmp_path, caplog, t):
 
 
 def test_dynamic_mix_of_i_and_k_quants(f32_gguf, tmp_path, caplog):
-    """UD-IQ1_S-like: gate, up and down and the layers in different i-quants, attention in
-    others; pool bytes still the file's."""
+    """UD-IQ1_S-like: down and the layers in different i-quants from gate / up, attention in
+    others; pool bytes still the file's. (Gate and up of one layer share a type here, as in
+    llama.cpp's mixes: the bank row holds both halves at one width.)"""
     order = [iq.IQ1_S, iq.IQ2_XXS, iq.IQ3_XXS, iq.IQ1_M, iq.IQ2_S, iq.IQ3_S, iq.IQ2_XS]
 
     def type_of(name, shape):
         if not quantizable(name, shape):
             return None
         layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-        kind = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "attn_q", "attn_k", "attn_v", "attn_output"]
+        kind = ["ffn_gate_exps", "ffn_down_exps", "attn_q", "attn_k", "attn_v", "attn_output"]
+        name = name.replace("ffn_up_exps", "ffn_gate_exps")
         k = next((i for i, p in enumerate(kind) if f".{p}." in name), 0)
         return order[(k + 3 * layer) % len(order)]
     q, ref = tmp_path / "q.gguf", tmp_path / "ref.gguf"

@@ -31,34 +31,37 @@ static inline int iq_block_bytes(int type) {
 
 FT_HIDDEN int ggml_iq_type(int type) { return iq_block_bytes(type) != 0; }
 
-static inline float h2f(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return f16_to_f32(h); }
 static inline uint16_t u16at(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t u32at(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 
-static inline float iq1m_d(const uint8_t *blk) {   /* fp16 d from the top nibbles of the 4 scales */
-    const uint16_t h = (uint16_t)((u16at(blk + 48) >> 12) | ((u16at(blk + 50) >> 8) & 0x00f0)
-                                  | ((u16at(blk + 52) >> 4) & 0x0f00) | (u16at(blk + 54) & 0xf000));
+/* The super-block's fp16 d as float (IQ1_M: assembled from the top nibbles of its 4 scales). */
+static inline float iq_d(int type, const uint8_t *blk) {
+    uint16_t h = type == GT_IQ1_M ? (uint16_t)((u16at(blk + 48) >> 12) | ((u16at(blk + 50) >> 8) & 0x00f0)
+                                               | ((u16at(blk + 52) >> 4) & 0x0f00) | (u16at(blk + 54) & 0xf000))
+                                  : u16at(blk);
+#ifdef FT_AVX2
+    return _cvtsh_ss(h);
+#else
     return f16_to_f32(h);
+#endif
 }
 
-/* The scales of sub-block ib (32 weights) of a super-block: weight i = sc[i / 16] * code_i,
- * exactly the products gguf.quants.dequantize forms (IQ1: the 1/8 of the delta moved into sc). */
-static inline void iq_scales(int type, const uint8_t *blk, int ib, float *sc) {
+/* The scales of sub-block ib (32 weights) of a super-block with scale d: weight i = sc[i / 16] *
+ * code_i, exactly the products gguf.quants.dequantize forms (IQ1: the 1/8 of the delta moved into sc). */
+static inline void iq_scales(const int type, const uint8_t *blk, int ib, float d, float *sc) {
     switch (type) {
-    case GT_IQ2_XXS: sc[0] = sc[1] = h2f(blk) * (0.5f + (float)(u32at(blk + 2 + 8 * ib + 4) >> 28)) * 0.25f; break;
-    case GT_IQ3_XXS: sc[0] = sc[1] = h2f(blk) * (0.5f + (float)(u32at(blk + 66 + 4 * ib) >> 28)) * 0.5f; break;
+    case GT_IQ2_XXS: sc[0] = sc[1] = d * (0.5f + (float)(blk[2 + 8 * ib + 7] >> 4)) * 0.25f; break;
+    case GT_IQ3_XXS: sc[0] = sc[1] = d * (0.5f + (float)(blk[66 + 4 * ib + 3] >> 4)) * 0.5f; break;
     case GT_IQ2_XS:
     case GT_IQ2_S: {
         const uint8_t s = blk[(type == GT_IQ2_XS ? 66 : 74) + ib];
-        const float d = h2f(blk);
         sc[0] = d * (0.5f + (float)(s & 15)) * 0.25f;
         sc[1] = d * (0.5f + (float)(s >> 4)) * 0.25f;
         break;
     }
-    case GT_IQ3_S: sc[0] = sc[1] = h2f(blk) * (float)(1 + 2 * ((blk[106 + ib / 2] >> 4 * (ib & 1)) & 15)); break;
-    case GT_IQ1_S: sc[0] = sc[1] = (h2f(blk) * (float)(2 * ((u16at(blk + 34 + 2 * ib) >> 12) & 7) + 1)) * 0.125f; break;
+    case GT_IQ3_S: sc[0] = sc[1] = d * (float)(1 + 2 * ((blk[106 + ib / 2] >> 4 * (ib & 1)) & 15)); break;
+    case GT_IQ1_S: sc[0] = sc[1] = (d * (float)(2 * ((blk[34 + 2 * ib + 1] >> 4) & 7) + 1)) * 0.125f; break;
     default: {   /* GT_IQ1_M: a 3-bit scale per 16 */
-        const float d = iq1m_d(blk);
         const uint16_t s = u16at(blk + 48 + 2 * (ib / 2));
         sc[0] = (d * (float)(2 * ((s >> (6 * (ib & 1))) & 7) + 1)) * 0.125f;
         sc[1] = (d * (float)(2 * ((s >> (6 * (ib & 1) + 3)) & 7) + 1)) * 0.125f;
@@ -218,12 +221,13 @@ FORCE_INLINE void iq_grow(const int type, const uint8_t *w, int n, const int8_t 
     for (int sb = 0; sb < n / 256; sb++) {
         const uint8_t *blk = w + (int64_t)bs * sb;
         for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
+        const float d = iq_d(type, blk);
 #pragma GCC unroll 2
         for (int ib = 0; ib < 8; ib++) {
             __m256i u, sg;
             iq_sub(type, blk, ib, &u, &sg);
             float sc[2];
-            iq_scales(type, blk, ib, sc);
+            iq_scales(type, blk, ib, d, sc);
             const __m256 S = per16 ? _mm256_setr_m128(_mm_set1_ps(sc[0]), _mm_set1_ps(sc[1])) : _mm256_set1_ps(sc[0]);
             const int b = 8 * sb + ib;
             for (int t = 0; t < NT; t++) {
@@ -246,9 +250,10 @@ FORCE_INLINE void iq_grow(const int type, const uint8_t *w, int n, const int8_t 
     float sc[2];
     for (int sb = 0; sb < n / 256; sb++) {
         const uint8_t *blk = w + (int64_t)bs * sb;
+        const float d = iq_d(type, blk);
         for (int ib = 0; ib < 8; ib++) {
             iq_codes(type, blk, ib, q);
-            iq_scales(type, blk, ib, sc);
+            iq_scales(type, blk, ib, d, sc);
             const int b = 8 * sb + ib;
             for (int t = 0; t < NT; t++) {
                 int32_t p0 = 0, p1 = 0;
@@ -297,9 +302,10 @@ int ggml_iq_dequant_row(int type, const uint8_t *w, int K, float *out) {
     float sc[2];
     for (int sb = 0; sb < K / 256; sb++) {
         const uint8_t *blk = w + (int64_t)bs * sb;
+        const float d = iq_d(type, blk);
         for (int ib = 0; ib < 8; ib++) {
             iq_codes(type, blk, ib, q);
-            iq_scales(type, blk, ib, sc);
+            iq_scales(type, blk, ib, d, sc);
             float *o = out + 256 * sb + 32 * ib;
             for (int i = 0; i < 32; i++) o[i] = sc[i >> 4] * (float)q[i];
         }
