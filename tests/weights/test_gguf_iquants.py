@@ -123,20 +123,42 @@ def test_each_i_quant_loads_packed(f32_gguf, tmp_path, caplog, t):
     check_file(q, ref, caplog)
 
 
-def test_dynamic_mix_of_i_and_k_quants(f32_gguf, tmp_path, caplog):
+def mix_type(name, shape):
+    """Types per tensor kind and layer, as a dynamic mix picks them (gate and up alike)."""
+    if not quantizable(name, shape):
+        return None
+    order = [iq.IQ1_S, iq.IQ2_XXS, iq.IQ3_XXS, iq.IQ1_M, iq.IQ2_S, iq.IQ3_S, iq.IQ2_XS]
+    layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
+    kind = ["ffn_gate_exps", "ffn_down_exps", "attn_q", "attn_k", "attn_v", "attn_output"]
+    name = name.replace("ffn_up_exps", "ffn_gate_exps")
+    k = next((i for i, p in enumerate(kind) if f".{p}." in name), 0)
+    return order[(k + 3 * layer) % len(order)]
+
+
+@pytest.mark.parametrize("isa", ["native", "avx2", "portable"])
+def test_ftw_keeps_the_i_quant_bytes(f32_gguf, tmp_path, isa):
+    """`freetoken convert` of an i-quant mix: the FTW file gives the GGUF's logits bit for bit,
+    on every kernel build."""
+    from freetoken.cli import main as cli_main
+    from freetoken.kernels import variants_here
+    if isa not in variants_here():
+        pytest.skip(f"the {isa} kernel build does not run on this CPU")
+    q, ref, out = tmp_path / "q.gguf", tmp_path / "ref.gguf", tmp_path / "q.ftw"
+    write_iq(f32_gguf, q, ref, mix_type, seed=7)
+    assert cli_main(["convert", "--model", str(q), "--out", str(out)]) == 0
+    ids = ids_for(23, seed=3)
+    direct = LLM(str(q), dtype="float32", kernel_isa=isa)
+    want = direct.score(ids)
+    direct.close()
+    ftw = LLM(str(out), dtype="float32", kernel_isa=isa)
+    assert torch.equal(ftw.score(ids), want)
+    ftw.close()
+
+
+def test_dynamic_mix_of_i_quants(f32_gguf, tmp_path, caplog):
     """UD-IQ1_S-like: down and the layers in different i-quants from gate / up, attention in
     others; pool bytes still the file's. (Gate and up of one layer share a type here, as in
     llama.cpp's mixes: the bank row holds both halves at one width.)"""
-    order = [iq.IQ1_S, iq.IQ2_XXS, iq.IQ3_XXS, iq.IQ1_M, iq.IQ2_S, iq.IQ3_S, iq.IQ2_XS]
-
-    def type_of(name, shape):
-        if not quantizable(name, shape):
-            return None
-        layer = int(name.split(".")[1]) if name.startswith("blk.") else 0
-        kind = ["ffn_gate_exps", "ffn_down_exps", "attn_q", "attn_k", "attn_v", "attn_output"]
-        name = name.replace("ffn_up_exps", "ffn_gate_exps")
-        k = next((i for i, p in enumerate(kind) if f".{p}." in name), 0)
-        return order[(k + 3 * layer) % len(order)]
     q, ref = tmp_path / "q.gguf", tmp_path / "ref.gguf"
-    write_iq(f32_gguf, q, ref, type_of, seed=99)
+    write_iq(f32_gguf, q, ref, mix_type, seed=99)
     check_file(q, ref, caplog)
