@@ -51,7 +51,7 @@ def test_each_type_matches_float64_reference(isa, t):
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_mixed_i_and_k_quants_in_one_layer(isa):
-    """A fused q|k|v of a dynamic mix: IQ3_XXS, IQ2_XXS, Q6_K, IQ1_M, IQ4-free k-quant parts; bf16 in."""
+    """A fused layer of a dynamic mix: IQ3_XXS, IQ2_XXS, Q6_K, IQ1_M and IQ3_S parts; bf16 inputs."""
     gen = torch.Generator().manual_seed(3)
     K = 256
     q6 = GgmlWeight(gq.quantize(torch.randn(8, K, generator=gen) * 0.1, gq.Q6_K), gq.Q6_K, K)
