@@ -5,6 +5,7 @@ machine).
     .venv/bin/python bench/ggml_kernels.py                          # decode (1 token), all types
     .venv/bin/python bench/ggml_kernels.py --tokens 1,4 --per-core --isa native,avx2
     .venv/bin/python bench/ggml_kernels.py --types Q4_K,Q6_K --formats int8 --seconds 1
+    .venv/bin/python bench/ggml_kernels.py --types Q4_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M
 
 B_H = bytes of expert weights (blocks incl. their scales) of the distinct experts a call touches
 / call time; weights/s = B_H / bytes per weight, the speed of the arithmetic whatever the width.
@@ -19,11 +20,17 @@ from cpu_experts import build_banks
 from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.ggml_banks import quantize_ggml
 from freetoken.experts.measure.membw import expert_nbytes, measure_expert_bandwidth, read_bandwidth
+from freetoken.quant import ggml_iquants as iq
 from freetoken.quant import ggml_quants as gq
 
 
 def ggml_banks(t: int, n: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
+    if t in iq.TYPES:   # the i-quants have no quantizer here: random valid blocks, small d
+        return {"gate_up": iq.random_rows(t, n * 2 * inter, hidden, g, scale=1e-3).reshape(n, 2 * inter, -1),
+                "gate_up_types": torch.full((n, 2), t, dtype=torch.int32),
+                "down": iq.random_rows(t, n * hidden, inter, g, scale=1e-3).reshape(n, hidden, -1),
+                "down_types": torch.full((n, 1), t, dtype=torch.int32)}
     parts = [quantize_ggml(torch.randn(min(4, n - i), 2 * inter, hidden, generator=g) * 0.02,
                            torch.randn(min(4, n - i), hidden, inter, generator=g) * 0.02, t)
              for i in range(0, n, 4)]

@@ -41,6 +41,14 @@ KERNEL_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q
 _E2M1_X2 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 _IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
+# the lattice i-quants (IQ1_S .. IQ3_S) live in their own module: here only their ids and sizes
+from . import ggml_iquants as _iq  # noqa: E402
+IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M = (_iq.IQ2_XXS, _iq.IQ2_XS, _iq.IQ2_S, _iq.IQ3_XXS,
+                                                      _iq.IQ3_S, _iq.IQ1_S, _iq.IQ1_M)
+NAMES.update(_iq.NAMES)
+_SIZES.update(_iq.SIZES)
+KERNEL_TYPES += _iq.TYPES             # the lattice i-quants (kernels/c/ggml_iq.c)
+
 
 def _check(t: int) -> int:
     t = int(t)
@@ -149,6 +157,8 @@ def _deq_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
         return _f16(b[:, 64:66]) * (_crumbs(b[:, :64]).to(torch.int8) - 1).float()
     if t == TQ1_0:
         return _f16(b[:, 52:54]) * (_trits(b).to(torch.int8) - 1).float()
+    if t in _iq.NAMES:
+        return _iq.dequantize_blocks(b, t)
     if t == Q8_0:
         return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, :2])
     if t == Q4_0:
@@ -386,6 +396,9 @@ def _quant_blocks(x: torch.Tensor, t: int) -> torch.Tensor:
 def quantize(x: torch.Tensor, t: int) -> torch.Tensor:
     """float [..., cols] -> uint8 [..., row_bytes(t, cols)] of valid `t` blocks (round to nearest)."""
     t = _check(t)
+    if t in _iq.NAMES:
+        raise NotImplementedError(f"no quantizer for {NAMES[t]} here (llama.cpp's llama-quantize writes them); "
+                                  "ggml_iquants.random_rows makes valid blocks")
     cols = x.shape[-1]
     lead = x.shape[:-1]
     rb = row_bytes(t, cols)
@@ -409,6 +422,8 @@ def f16_scale_offsets(t: int) -> tuple[int, ...]:
 
 def random_rows(t: int, rows: int, cols: int, gen: torch.Generator | None = None) -> torch.Tensor:
     """Random valid rows: random bytes with every fp16 scale kept finite (tests, benchmarks)."""
+    if t in _iq.NAMES:
+        return _iq.random_rows(t, rows, cols, gen)
     raw = torch.randint(0, 256, (rows, row_bytes(t, cols)), dtype=torch.uint8, generator=gen)
     if t in _F16_AT:
         blk = raw.view(rows, -1, block_bytes(t))

@@ -199,6 +199,10 @@ static inline int ggml_blocks32(int type) {
 FT_HIDDEN void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1);
 FT_HIDDEN void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                              const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
+/* ggml_iq.c: the lattice i-quants (IQ1_S .. IQ3_S); each returns 0 for a type not its own */
+FT_HIDDEN int ggml_iq_type(int type);
+FT_HIDDEN int ggml_iq_row(int type, const uint8_t *w, int n, const uint8_t *const *xp, int nt, float *res);
+FT_HIDDEN int ggml_iq_dequant_row(int type, const uint8_t *w, int K, float *out);
 /* ggml_dense.c: one row of a ggml type -> fp32, as gguf.quants.dequantize */
 FT_HIDDEN void ggml_dequant_row(int type, const uint8_t *w, int K, float *out);
 /* bf16 weights with bf16-rounded activations (bf16dot.c): on when ft_bf16_dot_on. */

@@ -392,6 +392,7 @@ void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, in
     for (int t = 0; t < nt; t++) X[t] = xv(xp[t], n);
     for (int r = 0; r < R; r++) {
         int32_t type; memcpy(&type, sr[r], 4);
+        if (ggml_iq_row(type, wr[r], n, xp, nt, res[r])) continue;   /* the i-quants: ggml_iq.c */
         ggml_row(type, wr[r], n, X, nt, res[r]);
     }
 }

@@ -169,6 +169,7 @@ void ggml_dequant_row(int type, const uint8_t *w, int K, float *out) {
         }
         return;
     default:
+        if (ggml_iq_dequant_row(type, w, K, out)) return;   /* the i-quants: ggml_iq.c */
         for (int k = 0; k < K; k++) out[k] = NAN;
     }
 }
@@ -181,7 +182,7 @@ int ft_ggml_linear_run(void *vp, const ft_gseg *seg, int nseg, int K, const void
     int N = 0;
     int64_t bytes = 0;
     for (int i = 0; i < nseg; i++) {
-        if (!ggml_bytes256(seg[i].type)) return -1;
+        if (!ggml_bytes256(seg[i].type) && !ggml_iq_type(seg[i].type)) return -1;
         N += seg[i].rows;
         bytes += (int64_t)seg[i].rows * seg[i].rs;
     }
