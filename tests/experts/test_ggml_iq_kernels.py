@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_cpu_kernels import ISAS, dense64, reference64, rel_err, routes
 
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import dequantize_expert
 from freetoken.experts.ggml_banks import KERNEL_TYPES, pad_rows
 from freetoken.quant import ggml_iquants as iq

@@ -93,7 +93,7 @@ def check_file(q: Path, ref: Path, caplog):
     type_ids = sum(g.banks[k].nbytes for g in pool.groups for k in ("gate_up_types", "down_types"))
     assert pool.nbytes - type_ids == in_file                      # the file's expert bytes, packed
     from freetoken.memory.model_size import read_model_shape
-    from freetoken.models.disk_layout import gguf_layout
+    from freetoken.loading.disk_layout import gguf_layout
     layout = gguf_layout(ck)                  # the disk tier and the memory plan count the same bytes
     assert layout.nbytes == pool.nbytes and layout.expert_nbytes == pool.expert_nbytes
     assert read_model_shape(q).prebuilt_pool_bytes == pool.nbytes
