@@ -124,10 +124,6 @@ class LLMEngine:
             return None
         return Speculator(self.cfg.speculative, self.cfg.spec_max_draft, self.model, self.max_model_len)
 
-    def speculative_stats(self) -> dict | None:
-        """Proposed / accepted tokens and mean accepted length per drafter, and the fitted price."""
-        return self.spec.summary() if self.spec is not None else None
-
     def _unplanned_kv_blocks(self) -> int:
         """KV blocks when no memory plan could be made (a config the plan does not understand):
         the options' ask, with the bytes per token of the layers the model built."""
