@@ -42,6 +42,11 @@ FOR_TESTS_AND_BENCH = {
     "conv_state_shape": "a linear-attention layer's state shapes (DeltaNet, KDA): the state tests size from them",
     "rec_state_shape": "as conv_state_shape",
     "prefilled": "prompt tokens no replica had cached: bench/vs_llamacpp and the replica tests report it",
+    "load_sessions": "recorded agent sessions as token streams: bench/speculative and the suffix drafter's "
+                     "reference test replay them (engine/spec/replay.py)",
+    "tokens_per_verify": "a drafter's tokens per verify step on a replay: bench/speculative prints it, the "
+                         "reference test compares it with a brute-force drafter",
+    "f16_scale_offsets": "where each ggml type keeps its fp16 scales: tests and bench make valid blocks with it",
 }
 
 
