@@ -75,6 +75,7 @@ WHITE_BOX = {
     ("bench/concurrent_streams.py", "runner"): "labels its rows with the bf16_dot the model's calibration chose",
     ("bench/speculative.py", "spec"): "the verify-cost curve forces drafts of each length k through the "
                                       "speculator and reads its price's prediction",
+    ("bench/gguf_types_memory.py", "model"): "the expert pool's own bytes, compared with the file's expert bytes",
     ("bench/scripted_server.py", "getattr"): "ForcedEngine forwards EngineClient's names only (client_names())",
 }
 
