@@ -117,7 +117,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_gemm_bf16.restype = ci
     lib.ft_gemm_modes.argtypes = []
     lib.ft_gemm_modes.restype = ci
-    lib.ft_set_gemm.argtypes = [ci, ci]
+    lib.ft_get_gemm.argtypes = [ci]
+    lib.ft_get_gemm.restype = ci
+    lib.ft_set_gemm.argtypes = [ci, ci, ci]
     lib.ft_set_gemm.restype = ci
     lib.ft_amx_ready.argtypes = []
     lib.ft_amx_ready.restype = ci

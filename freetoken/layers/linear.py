@@ -10,7 +10,9 @@ compute bound: the weight is dequantized once per call into a reused fp32 scratc
 by torch's fp32 GEMM, which beats both torch's bf16 GEMM (2x slower without native bf16) and
 our dot-product kernel; where the CPU has native bf16 (AMX, AVX512-BF16) and a calibration
 measures torch's bf16 GEMM faster (kernels/choices.py), a bf16 weight is multiplied as stored
-in bf16 instead (inputs and outputs rounded to bf16, as llama.cpp's bf16 path rounds inputs).
+in bf16 instead (inputs and outputs rounded to bf16, as llama.cpp's bf16 path rounds inputs), or
+by our own GEMM tiles (AMX or vdpbf16ps, kernels/gemm.py: inputs rounded to bf16, fp32 out) where
+the calibration measured those fastest.
 
 Elsewhere (CUDA, no C compiler) it is a plain `F.linear` in the compute dtype, with int8
 weights dequantized at load so that the numerics match the CPU path."""
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..experts.formats import FORMATS
+from ..kernels.gemm import gemm_bf16
 from ..kernels.pool import CpuPool
 from ..platform import gemm_aligned
 from .concat import cat_rows
@@ -116,6 +119,10 @@ class Linear:
                 self.out_features, self.in_features)
 
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.code == _FMT[torch.bfloat16] and (tiles := self.pool.lib.ft_get_gemm(1)):
+            y = gemm_bf16(self.pool, tiles, self.weight, x, self.bias)   # our AMX / vdpbf16ps tiles
+            if y is not None:
+                return y
         if self.gemm_dtype == torch.bfloat16 and self.code == _FMT[torch.bfloat16]:
             y = F.linear(x.to(torch.bfloat16), self.weight).float()   # native bf16 GEMM (AMX, AVX512-BF16)
             return y if self.bias is None else y.add_(self.bias)

@@ -8,7 +8,7 @@ import torch
 
 from freetoken import kernels
 from freetoken.experts.cpu import CpuExpertExecutor
-from freetoken.kernels.gemm import GEMM_MODES, modes_here
+from freetoken.kernels.gemm import GEMM_MODES, mode_code, modes_here
 from freetoken.kernels.pool import CpuPool
 
 from test_cpu_kernels import dense64, make_banks, reference64, rounded_reference, routes, rel_err
@@ -61,7 +61,7 @@ def test_experts_through_tiles_match_rounded_reference(isa, mode):
         ex = CpuExpertExecutor(banks, "bf16", hidden, inter, activation="swiglu_oai", isa=isa, gemm_tokens=0)
         dense = dense64(banks, "bf16")
         try:
-            assert lib.ft_set_gemm(code, 1) == code
+            assert lib.ft_set_gemm(code, 1, 0) == code
             for t, k in ((1, 2), (9, 3), (70, 4)):
                 ids, w = routes(t, k, 6, gen)
                 x = torch.randn(t, hidden, generator=gen)
@@ -70,7 +70,7 @@ def test_experts_through_tiles_match_rounded_reference(isa, mode):
                 assert ((y.double() - rounded).abs() <= 1e-4 * rounded.abs().max() + slack).all(), (hidden, t, k)
                 assert rel_err(y, reference64(banks, dense, x, ids, w, "swiglu_oai")) < 2e-2
         finally:
-            lib.ft_set_gemm(0, 16)
+            lib.ft_set_gemm(0, 16, 0)
             ex.close()
 
 
@@ -89,4 +89,55 @@ def test_refused_modes_say_so():
                                         y.data_ptr(), 8) == -3
             finally:
                 pool.close()
-            assert lib.ft_set_gemm(code, 16) == 0
+            assert lib.ft_set_gemm(code, 16, code) == 0 and lib.ft_get_gemm(1) == 0
+
+
+@pytest.mark.parametrize("mode", ["amx", "vdpbf16ps"])
+def test_linear_prefill_through_tiles(mode):
+    """A bf16 Linear's prefill-sized calls under the dense switch: x rounded to bf16, fp32 out;
+    decode sizes keep the exact GEMV."""
+    from freetoken.layers.kernel_rows import GEMV_TOKENS
+    from freetoken.layers.linear import Linear
+    from freetoken.kernels.pool import shared_pool
+    pool = shared_pool()
+    lib = pool.lib
+    if mode not in modes_here(lib) and mode == "amx":
+        pytest.skip("AMX tiles do not run here")
+    g = torch.Generator().manual_seed(torch.seed() % (2**31))
+    w, b = torch.randn(50, 96, generator=g), torch.randn(50, generator=g)
+    lin = Linear(w, b, compute_dtype=torch.float32, storage_dtype=torch.bfloat16, pool=pool)
+    prev = lib.ft_get_gemm(0), lib.ft_get_gemm(1)
+    try:
+        lib.ft_set_gemm(0, 16, mode_code(lib, mode))
+        for m in (1, GEMV_TOKENS + 1, 300):
+            x = torch.randn(m, 96, generator=g)
+            y = lin(x)
+            xr = x.bfloat16().double() if m > GEMV_TOKENS else x.double()
+            ref = xr @ w.bfloat16().double().T + b.double()
+            assert (y.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), m
+    finally:
+        lib.ft_set_gemm(prev[0], 16, prev[1])
+
+
+@pytest.mark.parametrize("mode", ["amx", "vdpbf16ps"])
+def test_engine_prefill_under_forced_tiles(tiny_dir, mode):
+    """A bf16 MoE model's prompt logits with prefill_gemm forced to the tiles (dense layers and
+    experts) agree with the exact fp32 path to bf16 rounding of the GEMM inputs; the switch is
+    what the choice says."""
+    from freetoken import LLM
+    lib = kernels.load()
+    if mode == "amx" and "amx" not in modes_here(lib):
+        pytest.skip("AMX tiles do not run here")
+    model = tiny_dir("qwen3_moe", dtype="bfloat16", layers=2, experts=4, top_k=2)
+    prompt = torch.randint(0, 400, (150,), generator=torch.Generator().manual_seed(1)).tolist()
+    exact = LLM(str(model), dtype="bfloat16", prefill_gemm="float32", bf16_dot="off")
+    ref = exact.score(prompt)
+    exact.close()
+    tiles = LLM(str(model), dtype="bfloat16", prefill_gemm=mode, bf16_dot="off")
+    try:
+        assert lib.ft_get_gemm(0) == lib.ft_get_gemm(1) == mode_code(lib, mode)
+        got = tiles.score(prompt)
+    finally:
+        tiles.close()
+    err = ((got.double() - ref.double()).abs().max() / ref.double().abs().max()).item()
+    assert 0 < err < 3e-2, err

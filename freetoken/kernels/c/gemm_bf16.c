@@ -364,12 +364,16 @@ int ft_gemm_bf16(void *vp, int mode, const void *w, int64_t w_rs, int N, int K, 
     return 0;
 }
 
-/* The expert GEMM switch of ft_moe_run (moe.c): bf16 experts whose group has at least
- * ft_gemm_min tokens run through `ft_gemm_mode`'s tiles (0: never). Returns the mode in effect
- * (0 where `mode` does not run here). */
+/* The prefill GEMM switches, set once per model build by the CPU choices (kernels/choices.py):
+ * ft_moe_run (moe.c) runs bf16 experts with at least ft_gemm_min tokens in a call through
+ * `ft_gemm_mode`'s tiles, the dense layers' prefill (layers/linear.py, ft_get_gemm(1)) through
+ * `ft_gemm_dense`'s (0: never). Returns the experts' mode in effect (0 where `mode` does not run here). */
 int ft_gemm_mode, ft_gemm_min = 16;
-int ft_set_gemm(int mode, int min_tokens) {
+static int ft_gemm_dense;
+int ft_get_gemm(int dense) { return dense ? ft_gemm_dense : ft_gemm_mode; }
+int ft_set_gemm(int mode, int min_tokens, int dense_mode) {
     ft_gemm_mode = mode && gemm_mode_runs(mode, 32) ? mode : 0;
     ft_gemm_min = min_tokens > 1 ? min_tokens : 1;
+    ft_gemm_dense = dense_mode && gemm_mode_runs(dense_mode, 32) ? dense_mode : 0;
     return ft_gemm_mode;
 }
