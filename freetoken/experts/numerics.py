@@ -7,7 +7,8 @@ same way, so the cache size and the backend change speed, never the answer:
   1. the expert's input x and its intermediate act(gate(x)) * up(x) are each rounded once as
      the kernels' `prep_range` rounds them:
        fp32 / fp16 / fp8 weights, bf16 weights with fp32 dots:  none (float32)
-       bf16 weights with the vdpbf16ps dots (`bf16_dot`):      to bf16, round to nearest even
+       bf16 weights with the vdpbf16ps dots (`bf16_dot`), or in
+       a call of >= N tokens under the GEMM tiles (`gemm_rounding`): to bf16, round to nearest even
        int8 / mxfp4 / nvfp4 / ggml weights:                     int8 per 32 (llama.cpp's Q8_0
                                                                activations: d = amax/127,
                                                                q = nearbyint(x * (1/d)))
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 
 _QUANTIZED = ("int8", "mxfp4", "nvfp4", "ggml")     # the kernels quantize activations per 32
-_state = {"bf16_dot": False}
+_state = {"bf16_dot": False, "tiles_min": 0}
 
 
 def set_bf16_dot(lib, on: bool) -> int:
@@ -38,13 +39,20 @@ def bf16_dot() -> bool:
     return _state["bf16_dot"]
 
 
-def rounding(fmt: str, bank_dtype: torch.dtype | None = None) -> str:
+def set_gemm_rounding(min_tokens: int) -> None:
+    """Record the kernels' GEMM-tiles switch (kernels/choices.set_gemm_tiles): calls of at least
+    `min_tokens` tokens over bf16 experts round x and h to bf16 (0: off)."""
+    _state["tiles_min"] = int(min_tokens)
+
+
+def rounding(fmt: str, bank_dtype: torch.dtype | None = None, tokens: int | None = None) -> str:
     """How the kernels round an expert's activations for banks in `fmt` (the pool's spec fmt,
-    "float" with the bank dtype): "none", "bf16" or "int8x32"."""
+    "float" with the bank dtype) in a call of `tokens` tokens: "none", "bf16" or "int8x32"."""
     if fmt in _QUANTIZED:
         return "int8x32"
     bf16_weights = fmt == "bf16" or (fmt == "float" and bank_dtype == torch.bfloat16)
-    if bf16_weights and bf16_dot():
+    tiles = _state["tiles_min"] and tokens is not None and tokens >= _state["tiles_min"]
+    if bf16_weights and (bf16_dot() or tiles):
         return "bf16"
     return "none"
 

@@ -113,6 +113,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_rms_norm.restype = None
     lib.ft_rope.argtypes = [vp, vp, vp, i64, ci, ci, ci, vp]
     lib.ft_rope.restype = None
+    lib.ft_route_topk.argtypes = [vp, i64, ci, ci, ci, ci, vp, vp]
+    lib.ft_route_topk.restype = None
     lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]
     lib.ft_gemm_bf16.restype = ci
     lib.ft_gemm_modes.argtypes = []

@@ -360,5 +360,7 @@ def set_gemm_tiles(lib, c: CpuChoices) -> None:
         raise InvalidRequestError(f"prefill_gemm: {refused[0]!r} tiles do not run here (AMX needs the CPU's "
                                   f"amx_bf16 and the OS's grant of the tile state); expected one of "
                                   f"auto|float32|bfloat16|vdpbf16ps")
+    from ..experts.numerics import set_gemm_rounding
     e = codes.get(c.expert_gemm, 0)
-    lib.ft_set_gemm(e, EXPERT_MIN_TOKENS.get(c.expert_gemm, 16), codes.get(c.dense_gemm, 0))
+    lib.ft_set_gemm(e, EXPERT_MIN_TOKENS, codes.get(c.dense_gemm, 0))
+    set_gemm_rounding(EXPERT_MIN_TOKENS if e else 0)     # the torch expert executors round the same calls

@@ -11,10 +11,11 @@ import ctypes
 import torch
 
 GEMM_MODES = {"amx": 1, "vdpbf16ps": 2, "plain": 3}
-# Tokens of one expert from which the routed-expert kernel runs it through the tiles instead of
-# the dot products (4 tokens per dot tile). Sapphire Rapids, medium expert 2048x768, one core:
-# AMX 1.08x the dots at 8 tokens per expert, 1.8x at 16, 4.2x at 64; vdpbf16ps 0.7x at 8.
-EXPERT_MIN_TOKENS = {"amx": 4, "vdpbf16ps": 16, "plain": 16}
+# Tokens of a routed-expert call (a prefill chunk) from which the kernel runs bf16 experts through
+# the tiles (groups of >= 4 tokens; the rest through the dot products), x and h rounded to bf16
+# in the whole call; decode steps below it stay exact. Sapphire Rapids, medium expert 2048x768,
+# one core: AMX 1.08x the dots at 8 tokens per expert, 4.2x at 64.
+EXPERT_MIN_TOKENS = 16
 
 
 def modes_here(lib: ctypes.CDLL) -> list[str]:

@@ -365,7 +365,7 @@ int ft_gemm_bf16(void *vp, int mode, const void *w, int64_t w_rs, int N, int K, 
 }
 
 /* The prefill GEMM switches, set once per model build by the CPU choices (kernels/choices.py):
- * ft_moe_run (moe.c) runs bf16 experts with at least ft_gemm_min tokens in a call through
+ * ft_moe_run (moe.c) runs calls of at least ft_gemm_min tokens over bf16 experts through
  * `ft_gemm_mode`'s tiles, the dense layers' prefill (layers/linear.py, ft_get_gemm(1)) through
  * `ft_gemm_dense`'s (0: never). Returns the experts' mode in effect (0 where `mode` does not run here). */
 int ft_gemm_mode, ft_gemm_min = 16;
