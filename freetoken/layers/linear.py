@@ -128,11 +128,12 @@ class Linear:
                 self.out_features, self.in_features)
 
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
-        if self.code == _FMT[torch.bfloat16] and (tiles := self.pool.lib.ft_get_gemm(1)):
+        bf16 = self.gemm_dtype == torch.bfloat16 and self.code == _FMT[torch.bfloat16]
+        if bf16 and (tiles := self.pool.lib.ft_get_gemm(1)):
             y = gemm_bf16(self.pool, tiles, self.weight, x, self.bias)   # our AMX / vdpbf16ps tiles
             if y is not None:
                 return y
-        if self.gemm_dtype == torch.bfloat16 and self.code == _FMT[torch.bfloat16]:
+        if bf16:
             y = F.linear(x.to(torch.bfloat16), self.weight).float()   # native bf16 GEMM (AMX, AVX512-BF16)
             return y if self.bias is None else y.add_(self.bias)
         if self.code == _FMT[torch.float32]:

@@ -94,8 +94,8 @@ def test_refused_modes_say_so():
 
 @pytest.mark.parametrize("mode", ["amx", "vdpbf16ps"])
 def test_linear_prefill_through_tiles(mode):
-    """A bf16 Linear's prefill-sized calls under the dense switch: x rounded to bf16, fp32 out;
-    decode sizes keep the exact GEMV."""
+    """A bf16 Linear built for bf16 prefill GEMMs, under the dense switch: x rounded to bf16, fp32
+    out; decode sizes keep the exact GEMV. A Linear built for fp32 GEMMs stays exact."""
     from freetoken.layers.kernel_rows import GEMV_TOKENS
     from freetoken.layers.linear import Linear
     from freetoken.kernels.pool import shared_pool
@@ -105,7 +105,7 @@ def test_linear_prefill_through_tiles(mode):
         pytest.skip("AMX tiles do not run here")
     g = torch.Generator().manual_seed(torch.seed() % (2**31))
     w, b = torch.randn(50, 96, generator=g), torch.randn(50, generator=g)
-    lin = Linear(w, b, compute_dtype=torch.float32, storage_dtype=torch.bfloat16, pool=pool)
+    lin = Linear(w, b, compute_dtype=torch.float32, storage_dtype=torch.bfloat16, pool=pool, gemm_dtype=torch.bfloat16)
     prev = lib.ft_get_gemm(0), lib.ft_get_gemm(1)
     try:
         lib.ft_set_gemm(0, 16, mode_code(lib, mode))
@@ -115,6 +115,10 @@ def test_linear_prefill_through_tiles(mode):
             xr = x.bfloat16().double() if m > GEMV_TOKENS else x.double()
             ref = xr @ w.bfloat16().double().T + b.double()
             assert (y.double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item(), m
+        exact = Linear(w, b, compute_dtype=torch.float32, storage_dtype=torch.bfloat16, pool=pool)
+        x = torch.randn(300, 96, generator=g)
+        ref = x.double() @ w.bfloat16().double().T + b.double()
+        assert (exact(x).double() - ref).abs().max().item() <= 1e-5 * ref.abs().max().item()
     finally:
         lib.ft_set_gemm(prev[0], 16, prev[1])
 
