@@ -37,7 +37,7 @@ def hand_written_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dense-format", default=None, choices=["int8", "float"],
                    help="store attention/dense/lm_head weights as int8 (with --expert-format int8: a Q8_0-sized model); "
                         "float: dequantize a GGUF's quantized dense weights at load (default: kept packed)")
-    p.add_argument("--prefill-gemm", default="auto", choices=["auto", "float32", "bfloat16"],
+    p.add_argument("--prefill-gemm", default="auto", choices=["auto", "float32", "bfloat16", "amx", "vdpbf16ps"],
                    help="force the dtype prefill GEMMs over bf16 weights multiply in (auto: calibrated)")
     p.add_argument("--bf16-dot", default="auto", choices=["auto", "on", "off"],
                    help="force the vdpbf16ps dots with bf16-rounded activations on or off (auto: calibrated)")
