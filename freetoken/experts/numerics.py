@@ -8,7 +8,7 @@ same way, so the cache size and the backend change speed, never the answer:
      the kernels' `prep_range` rounds them:
        fp32 / fp16 / fp8 weights, bf16 weights with fp32 dots:  none (float32)
        bf16 weights with the vdpbf16ps dots (`bf16_dot`), or in
-       a call of >= N tokens under the GEMM tiles (`gemm_rounding`): to bf16, round to nearest even
+       a call of >= N tokens under the GEMM tiles (kernels/gemm.py): to bf16, round to nearest even
        int8 / mxfp4 / nvfp4 / ggml weights:                     int8 per 32 (llama.cpp's Q8_0
                                                                activations: d = amax/127,
                                                                q = nearbyint(x * (1/d)))
@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.gemm import tiles_rounding_min
+
 _QUANTIZED = ("int8", "mxfp4", "nvfp4", "ggml")     # the kernels quantize activations per 32
-_state = {"bf16_dot": False, "tiles_min": 0}
+_state = {"bf16_dot": False}
 
 
 def set_bf16_dot(lib, on: bool) -> int:
@@ -39,19 +41,14 @@ def bf16_dot() -> bool:
     return _state["bf16_dot"]
 
 
-def set_gemm_rounding(min_tokens: int) -> None:
-    """Record the kernels' GEMM-tiles switch (kernels/choices.set_gemm_tiles): calls of at least
-    `min_tokens` tokens over bf16 experts round x and h to bf16 (0: off)."""
-    _state["tiles_min"] = int(min_tokens)
-
-
 def rounding(fmt: str, bank_dtype: torch.dtype | None = None, tokens: int | None = None) -> str:
     """How the kernels round an expert's activations for banks in `fmt` (the pool's spec fmt,
     "float" with the bank dtype) in a call of `tokens` tokens: "none", "bf16" or "int8x32"."""
     if fmt in _QUANTIZED:
         return "int8x32"
     bf16_weights = fmt == "bf16" or (fmt == "float" and bank_dtype == torch.bfloat16)
-    tiles = _state["tiles_min"] and tokens is not None and tokens >= _state["tiles_min"]
+    m = tiles_rounding_min()          # the kernels' expert-tiles switch (kernels/gemm.py)
+    tiles = m and tokens is not None and tokens >= m
     if bf16_weights and (bf16_dot() or tiles):
         return "bf16"
     return "none"

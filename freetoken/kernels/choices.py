@@ -40,6 +40,7 @@ from ..errors import InvalidRequestError
 from ..platform import NATIVE_BF16, cpu_flags, cpu_model
 from ..progress import progress
 from . import cache_dir, cpu_kernels, variants_here
+from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .pool import CpuPool, shared_pool
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,6 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
     the conversions each needs included; and on an expert-sized GEMM (`expert`: tokens of one
     expert, its gate+up rows, hidden) the expert kernel's dot products ("dots_expert") against
     the tiles ("<mode>_expert"). About a second in all."""
-    from .gemm import GEMM_MODES, gemm_bf16, modes_here
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     lib = cpu_kernels()
@@ -353,14 +353,12 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
 def set_gemm_tiles(lib, c: CpuChoices) -> None:
     """Switch the library's prefill GEMM tiles to the choices (a forced mode this CPU refuses, AMX
     without the OS's grant, is a clear error)."""
-    from .gemm import EXPERT_MIN_TOKENS, mode_code
     codes = {m: mode_code(lib, m) for m in {c.dense_gemm, c.expert_gemm} & {"amx", "vdpbf16ps"}}
     refused = [m for m, code in codes.items() if not code]
     if refused:
         raise InvalidRequestError(f"prefill_gemm: {refused[0]!r} tiles do not run here (AMX needs the CPU's "
                                   f"amx_bf16 and the OS's grant of the tile state); expected one of "
                                   f"auto|float32|bfloat16|vdpbf16ps")
-    from ..experts.numerics import set_gemm_rounding
     e = codes.get(c.expert_gemm, 0)
     lib.ft_set_gemm(e, EXPERT_MIN_TOKENS, codes.get(c.dense_gemm, 0))
-    set_gemm_rounding(EXPERT_MIN_TOKENS if e else 0)     # the torch expert executors round the same calls
+    set_tiles_rounding(EXPERT_MIN_TOKENS if e else 0)     # the torch expert executors round the same calls

@@ -16,6 +16,17 @@ GEMM_MODES = {"amx": 1, "vdpbf16ps": 2, "plain": 3}
 # in the whole call; decode steps below it stay exact. Sapphire Rapids, medium expert 2048x768,
 # one core: AMX 1.08x the dots at 8 tokens per expert, 4.2x at 64.
 EXPERT_MIN_TOKENS = 16
+_rounding = {"tiles_min": 0}
+
+
+def set_tiles_rounding(min_tokens: int) -> None:
+    """Record the library's expert-tiles switch (choices.set_gemm_tiles) for the torch expert
+    executors (experts/numerics.py): calls of >= `min_tokens` tokens round x and h to bf16 (0: off)."""
+    _rounding["tiles_min"] = int(min_tokens)
+
+
+def tiles_rounding_min() -> int:
+    return _rounding["tiles_min"]
 
 
 def modes_here(lib: ctypes.CDLL) -> list[str]:
