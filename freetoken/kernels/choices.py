@@ -353,8 +353,12 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
 def set_gemm_tiles(lib, c: CpuChoices) -> None:
     """Switch the library's prefill GEMM tiles to the choices (a forced mode this CPU refuses, AMX
     without the OS's grant, is a clear error)."""
-    codes = {m: mode_code(lib, m) for m in {c.dense_gemm, c.expert_gemm} & {"amx", "vdpbf16ps"}}
-    refused = [m for m, code in codes.items() if not code]
+    wanted = {c.dense_gemm, c.expert_gemm} & {"amx", "vdpbf16ps"}
+    if "prefill_gemm" in c.forced:     # forced: vdpbf16ps emulated where the build lacks it, AMX or an error
+        codes = {m: mode_code(lib, m) for m in wanted}
+    else:                               # calibrated on the native build: a narrower forced build goes without
+        codes = {m: GEMM_MODES[m] if m in modes_here(lib) else 0 for m in wanted}
+    refused = [m for m, code in codes.items() if not code and "prefill_gemm" in c.forced]
     if refused:
         raise InvalidRequestError(f"prefill_gemm: {refused[0]!r} tiles do not run here (AMX needs the CPU's "
                                   f"amx_bf16 and the OS's grant of the tile state); expected one of "

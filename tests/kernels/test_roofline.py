@@ -44,23 +44,29 @@ def test_read_bandwidth_within_2x_of_a_torch_copy():
 def test_peaks_at_least_the_measured_gemm_rates():
     """fp32: torch's sgemm; bf16: our tiles in every mode that runs here (AMX counts against the
     AMX peak, vdpbf16ps against its own); each probe's rate must be at least the GEMM's."""
-    m = measure_machine(1, read_bytes=16 << 20, reps=5, probe_s=0.02)
-    assert {"fp32"} <= set(m.peak) and all(v > 0 for v in m.peak.values())
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(256, 1024, generator=g), torch.randn(1024, 1024, generator=g)
     flops = 2 * 256 * 1024 * 1024
-    assert m.peak["fp32"] >= flops / _best(lambda: torch.nn.functional.linear(x, w))
     lib = kernels.load()
     pool = CpuPool(lib, 1)
+    wb = w.bfloat16()
+    tiles = [(mode, peak) for mode, peak in (("amx", "amx_bf16"), ("vdpbf16ps", "bf16")) if mode in modes_here(lib)]
+    peaks, rates = {}, {}
     try:
-        wb = w.bfloat16()
-        for mode, peak in (("amx", "amx_bf16"), ("vdpbf16ps", "bf16")):
-            if mode in modes_here(lib):
-                rate = flops / _best(lambda: gemm_bf16(pool, GEMM_MODES[mode], wb, x))
-                assert m.peak[peak] >= rate, (mode, m.peak[peak] / 1e9, rate / 1e9)
+        for _ in range(3):          # rounds alternate probe and GEMMs (the machine is shared): best of each
+            m = measure_machine(1, read_bytes=16 << 20, reps=3, probe_s=0.02)
+            assert {"fp32"} <= set(m.peak) and all(v > 0 for v in m.peak.values())
+            for k, v in m.peak.items():
+                peaks[k] = max(peaks.get(k, 0.0), v)
+            rates["fp32"] = max(rates.get("fp32", 0.0), flops / _best(lambda: torch.nn.functional.linear(x, w), 3))
+            for mode, peak in tiles:
+                r = flops / _best(lambda: gemm_bf16(pool, GEMM_MODES[mode], wb, x), 3)
+                rates[peak] = max(rates.get(peak, 0.0), r)
     finally:
         pool.close()
+    for peak, rate in rates.items():
+        assert peaks[peak] >= rate, (peak, peaks[peak] / 1e9, rate / 1e9)
 
 
 def test_model_costs_count_transformers_parameters(tiny_dir):

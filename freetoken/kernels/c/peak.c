@@ -18,7 +18,7 @@ int ft_amx_ready(void);   /* gemm_bf16.c (exported) */
 
 typedef struct { int kind; int64_t iters; double *sink; int64_t *macs; ft_pool *p; } peak_job;
 
-#define CHAINS 12   /* > 2 ports x 4-5 cycles of latency */
+#define CHAINS 16   /* > 2 ports x 4-6 cycles of latency (vdpbf16ps' too); 16 + 2 zmm registers */
 
 static int64_t run_fp32(int64_t iters, double *sink) {
 #ifdef FT_AVX512
