@@ -15,6 +15,12 @@ MEDIUM_QWEN3 = dict(layers=5, experts=64, top_k=8, hidden=2048, vocab=8192,
                     moe_intermediate_size=768, intermediate_size=6144, num_attention_heads=32,
                     num_key_value_heads=4, head_dim=128, max_position_embeddings=65536)
 
+# The second medium shape (issue 38): fewer experts per layer (48, top-8), 16 query heads, a small
+# vocabulary -- what a shape that is not the bench's own pays for.
+MEDIUM_QWEN3_48 = dict(layers=6, experts=48, top_k=8, hidden=2048, vocab=3000,
+                       moe_intermediate_size=768, intermediate_size=6144, num_attention_heads=16,
+                       num_key_value_heads=4, head_dim=128, max_position_embeddings=65536)
+
 # gpt-oss-20b per-layer shapes (hidden/intermediate 2880, 64 heads x 64, 8 kv heads, window 128 on
 # alternate layers, sinks, 32 MXFP4 experts top-4), 4 of its 24 layers: ~2 GB on disk. YaRN as
 # gpt-oss ships it except `truncate`: llama.cpp always rounds the YaRN correction dims

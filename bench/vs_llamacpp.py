@@ -3,6 +3,7 @@
     .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512,4096,16384] [--parallel 1,4]
                                           [--decode 64] [--rounds 3] [--formats bf16,q8_0,q4_k_m,gguf_q8_0,mxfp4,
                                            q2_k,q3_k_m,q4_1,q5_0,q5_1,iq4_nl]
+                                          [--shape medium|medium48]
 
 bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
 `expert_format="int8", dense_format="int8"`, vs llama.cpp's Q8_0 GGUF);
@@ -18,7 +19,15 @@ requests, continuously batched); decode tok/s is the aggregate over the S sequen
 at that context. Prints the machine's ISA line, then prefill/decode tok/s of both engines
 (medians over rounds that alternate which engine goes first) and the ratios
 freetoken/llama.cpp (median of the per-round ratios); for S=1 also how far their greedy tokens
-agree. llama.cpp is installed on first use (see llamacpp_setup.py)."""
+agree. llama.cpp is installed on first use (see llamacpp_setup.py).
+
+--shape medium48 runs the Qwen3-MoE formats on the second medium shape (48 experts top-8, 16
+heads, vocabulary 3000, 6 layers; common.MEDIUM_QWEN3_48) instead of the bench's own.
+
+Every row also says how far each engine is from this machine's limits (kernels/roofline.py,
+measured once at the start): prefill FLOPs per token x tok/s as a share of the format's peak
+multiply-add rate, decode bytes per step x tok/s (one sequence) as a share of the read
+bandwidth; on a shared machine these shares move less than the tok/s do."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +42,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import medium_checkpoint, medium_gpt_oss  # noqa: E402
+from common import MEDIUM_QWEN3_48, medium_checkpoint, medium_gpt_oss  # noqa: E402
 from llamacpp_setup import ensure_llamacpp, to_gguf  # noqa: E402
 
 # llama.cpp's AMX path (Q8_0/Q4_K dense weights repacked for AMX tiles) dies with SIGILL at its first
@@ -137,6 +146,11 @@ FORMATS = {
     **{f: (medium_checkpoint, f, "gguf", {}) for f in ("q2_k", "q3_k_m", "q4_1", "q5_0", "q5_1", "iq4_nl")},
     "mxfp4": (medium_gpt_oss, "bf16", "hf", {}),
 }
+
+SHAPES = {"medium": None, "medium48": ("qwen3-moe-medium48", MEDIUM_QWEN3_48)}
+# bytes per weight (dense layers, experts) the engines read, and the peak a prefill token can use
+FORMAT_COSTS = {"bf16": (2.0, 2.0, "bf16"), "q8_0": (34 / 32, 34 / 32, "int8"), "gguf_q8_0": (34 / 32, 34 / 32, "int8"),
+                "q4_k_m": (4.79 / 8, 4.79 / 8, "int8"), "mxfp4": (2.0, 4.25 / 8, "int8")}
 
 QUANTIZE = textwrap.dedent("""
     import ctypes, os, sys
@@ -279,23 +293,33 @@ def main():
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="side-by-side rounds per case (median reported)")
     ap.add_argument("--formats", default="bf16", help="comma list of " + ", ".join(FORMATS))
+    ap.add_argument("--shape", default="medium", choices=list(SHAPES),
+                    help="the Qwen3-MoE formats' model: the bench's own medium shape or the second one")
     ap.add_argument("--agree-max-prompt", type=int, default=4096,
                     help="check the engines' agreement only up to this prompt length (it costs one more prefill)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(isa_line(args.threads), flush=True)
+    from freetoken.kernels.roofline import measure_machine
+    machine = measure_machine(args.threads)
+    print("roofline: " + machine.describe(), flush=True)
     py, converter = ensure_llamacpp()
     g = torch.Generator().manual_seed(0)
     rows = []
     for fmt in args.formats.split(","):
         build, gtype, source, ft_opts = FORMATS[fmt]
-        model = build()
+        if SHAPES[args.shape] and build is medium_checkpoint:
+            name, shape = SHAPES[args.shape]
+            model = medium_checkpoint(name=name, **shape)
+        else:
+            model = build()
         gguf = make_gguf(py, converter, model, gtype)
+        cfg = json.loads((model / "config.json").read_text())
         model = gguf if source == "gguf" else model
         for plen in map(int, args.prompt.split(",")):
             for par in map(int, args.parallel.split(",")):
-                # each sequence its own prompt: no prefix sharing in either engine; both vocabs are 8192
-                prompts = [torch.randint(100, 8000, (plen,), generator=g).tolist() for _ in range(par)]
+                # each sequence its own prompt: no prefix sharing in either engine
+                prompts = [torch.randint(100, cfg["vocab_size"] - 100, (plen,), generator=g).tolist() for _ in range(par)]
                 ft, ll, ratios = side_by_side(py, gguf, model, prompts, args, ft_opts)
                 agree = ""
                 if par == 1 and plen <= args.agree_max_prompt:
@@ -305,22 +329,39 @@ def main():
                              + agreement(ft, ll, prompts[0]))
                 else:
                     ft.pop("llm").close()
-                rows.append((fmt, plen, par, model, ft, ll, ratios, agree))
+                rows.append((fmt, plen, par, model, ft, ll, ratios, agree, shares(fmt, cfg, plen, par, ft, ll, machine)))
                 print_row(*rows[-1])
     print(f"\n{isa_line(args.threads)}\n{args.threads} threads, decode {args.decode} tokens per sequence, "
           f"median of {args.rounds} alternating rounds; decode tok/s aggregate over the parallel sequences")
     print(f"{'format':8}{'prompt':>7}{'par':>4}  {'engine':11}{'prefill tok/s':>15}{'decode tok/s':>14}")
+    print("roofline: " + machine.describe())
     for row in rows:
         print_row(*row, note=False)
 
 
-def print_row(fmt, plen, par, model, ft, ll, ratios, agree, note=True):
+def shares(fmt: str, cfg: dict, plen: int, par: int, ft: dict, ll: dict, machine) -> str:
+    """Both engines' prefill and decode as shares of the machine's limits (kernels/roofline.py)."""
+    from freetoken.kernels.roofline import decode_share, model_costs, prefill_share
+    dense_b, expert_b, peak = FORMAT_COSTS[fmt]
+    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    # decode at the end of the prompt (the bytes of one sequence's step: par 1); prefill at half of it
+    dec = model_costs(cfg, weight_bytes=dense_b, expert_bytes=3 * cfg["hidden_size"] * inter * expert_b, context=plen)
+    pre = model_costs(cfg, weight_bytes=dense_b, context=plen // 2)
+    one = (lambda e, k: f"{decode_share(dec, machine, e[k] / par):.0%}") if par == 1 else (lambda e, k: "-")
+    return (f"roofline: prefill {prefill_share(pre, machine, ft['prefill'], peak):.1%} / "
+            f"{prefill_share(pre, machine, ll['prefill'], peak):.1%} of the {peak} peak ({machine.ceiling(peak)[0]}), "
+            f"decode {one(ft, 'decode')} / {one(ll, 'decode')} of the read bandwidth (freetoken / llama.cpp)")
+
+
+def print_row(fmt, plen, par, model, ft, ll, ratios, agree, share="", note=True):
     rp, rd = statistics.median(r[0] for r in ratios), statistics.median(r[1] for r in ratios)
     print(f"{fmt:8}{plen:7}{par:4}  {'freetoken':11}{ft['prefill']:15.1f}{ft['decode']:14.2f}"
           + (f"   (model {model.name}, moe backend {ft['backend']})" if note else ""))
     print(f"{'':19}{'llama.cpp':11}{ll['prefill']:15.1f}{ll['decode']:14.2f}")
     print(f"{'':19}{'ratio':11}{rp:14.2f}x{rd:13.2f}x   per round: "
           + ", ".join(f"{a:.2f}/{b:.2f}" for a, b in ratios), flush=True)
+    if share:
+        print(f"{'':19}{share}")
     if note and agree:
         print(f"{'':19}{agree}")
 

@@ -34,7 +34,7 @@ def check_gib(name: str, value) -> None:
 
 
 # the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
-FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16"), "bf16_dot": ("on", "off"),
+FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16", "amx", "vdpbf16ps"), "bf16_dot": ("on", "off"),
                   "kernel_isa": ("native", "avx2", "portable")}
 
 
@@ -67,8 +67,8 @@ class EngineConfig:
     # An explicit dtype holds everywhere. See freetoken/kernels/choices.py.
     compute_dtype: str = "auto"
     # Force one of the CPU's automatic choices (kernels/choices.py) instead of letting the machine
-    # decide, e.g. to run a path this CPU would not pick. prefill_gemm: float32 | bfloat16 (prefill
-    # GEMMs over bf16 weights); bf16_dot: on | off (bf16 weights x bf16-rounded activations with
+    # decide, e.g. to run a path this CPU would not pick. prefill_gemm: float32 | bfloat16 (torch's
+    # prefill GEMMs over bf16 weights) | amx | vdpbf16ps (our tiles, dense and experts); bf16_dot: on | off (bf16 weights x bf16-rounded activations with
     # vdpbf16ps, emulated where the CPU lacks it); kernel_isa: native | avx2 | portable (the C
     # kernels' build, see kernels.variants_here()). "auto": the machine's choice.
     prefill_gemm: str = flag("auto", choices=("auto", *FORCED_CHOICES["prefill_gemm"]),

@@ -21,6 +21,7 @@ settings.load_profile("freetoken")
 # CPU picks (their plain version runs the machine's own pick). A kernel build this CPU cannot run skips.
 CPU_CHOICES = {
     "gemm-fp32": {"prefill_gemm": "float32"}, "gemm-bf16": {"prefill_gemm": "bfloat16"},
+    "gemm-amx": {"prefill_gemm": "amx"}, "gemm-vdpbf16ps": {"prefill_gemm": "vdpbf16ps"},
     "dot-on": {"bf16_dot": "on"}, "dot-off": {"bf16_dot": "off"},
     "isa-avx2": {"kernel_isa": "avx2"}, "isa-portable": {"kernel_isa": "portable"},
 }
@@ -34,6 +35,11 @@ def cpu_choice(request) -> dict:
     isa = opts.get("kernel_isa")
     if isa is not None and isa not in variants_here():
         pytest.skip(f"the {isa} kernel build does not run on this CPU (here: {', '.join(variants_here())})")
+    if opts.get("prefill_gemm") == "amx":
+        from freetoken.kernels import load
+        from freetoken.kernels.gemm import modes_here
+        if load() is None or "amx" not in modes_here(load()):
+            pytest.skip("AMX tiles do not run here (no amx_bf16, or the OS refuses the tile state)")
     return opts
 
 

@@ -6,6 +6,11 @@
   4. one cold request, then the same request warm: TTFT, decode tok/s, expert hit rate
   5. a diagnosis: slow first token -> transfers or re-prefill; low decode -> misses;
      CPU saturation -> the split; start-up delay -> use FTW
+
+With --roofline: first this machine's limits (read bandwidth, peak multiply-add rate per number
+format, kernels/roofline.py), the model's bytes per decode step and FLOPs per token by phase
+against them, and after the requests how far the measured prefill and decode are from those
+limits (their share of them). `freetoken check --roofline` without --model: the machine alone.
 """
 from __future__ import annotations
 
@@ -19,7 +24,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("check", help="validate a deployment: memory plan, bandwidths, a cold and a warm "
                               "request, and a diagnosis", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="HF checkpoint directory or FTW file")
+    p.add_argument("--model", help="HF checkpoint directory or FTW file (required unless --roofline)")
+    p.add_argument("--roofline", action="store_true", help="measure this machine's read bandwidth and peak "
+                   "multiply-add rates, and the model's prefill and decode as a share of them")
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--seconds", type=float, default=0.5, help="time per bandwidth measurement")
@@ -85,6 +92,26 @@ def diagnose(plan, start_s: float, source_is_ftw: bool, model_gib: float, cold: 
     return out
 
 
+def roofline_section(args, cfg=None):
+    """Print the machine's roofline (and the model's costs against it); returns (machine, phases, fmt)."""
+    from ..kernels.roofline import measure_machine, model_costs, report
+    machine = measure_machine(getattr(cfg, "num_threads", None))
+    print("== roofline: " + machine.describe(), flush=True)
+    if cfg is None:
+        return machine, None, None
+    from ..memory.model_size import read_model_shape
+    shape = read_model_shape(args.model)
+    c = shape.config
+    layers = c.get("num_hidden_layers") or 1
+    n_exp = c.get("num_experts") or c.get("n_routed_experts") or c.get("num_local_experts") or 0
+    per = shape.prebuilt_expert_bytes or (shape.expert_bytes_on_disk / (layers * n_exp) if n_exp else None)
+    wbytes = {"float32": 4.0}.get(cfg.dtype, 2.0)
+    fmt = {"float32": "fp32"}.get(cfg.dtype, "bf16")
+    phases = model_costs(c, weight_bytes=wbytes, expert_bytes=per, context=args.prompt_tokens)
+    print(report(phases, machine, fmt), flush=True)
+    return machine, phases, fmt
+
+
 def main(args) -> int:
     import logging
 
@@ -100,8 +127,14 @@ def main(args) -> int:
     from ..memory.plan import expert_format
     from ..memory.resolve import resolve
     logging.getLogger("freetoken.memory").setLevel(logging.ERROR)
+    if args.model is None:
+        if not args.roofline:
+            raise SystemExit("freetoken check: --model is required (or --roofline for the machine alone)")
+        roofline_section(args)
+        return 0
     opts = {k: v for k, v in engine_options(args).items() if v is not None}
     cfg = EngineConfig.from_options(args.model, **opts)
+    roof = roofline_section(args, cfg) if args.roofline else None
     with progress(5, "check", unit="steps") as bar:
         plan = resolve(cfg).plan
         print("== memory plan\n" + plan.table(), flush=True)
@@ -137,6 +170,16 @@ def main(args) -> int:
         hit = f", expert hit rate {r['hit_rate']:.0%}" if r["hit_rate"] is not None and tiered else ""
         print(f"== {name} request: TTFT {r['ttft_s']:.3f} s ({len(prompt)} prompt tokens, {r['cached_tokens']} "
               f"from the prefix cache), decode {r['decode_tok_s']:.1f} tok/s{hit}")
+    if roof is not None:
+        from ..kernels.roofline import decode_share, prefill_share
+        machine, phases, fmt = roof
+        if cold["ttft_s"] > 0:
+            tps = len(prompt) / cold["ttft_s"]
+            print(f"== roofline share: prefill {tps:.1f} tok/s = {prefill_share(phases, machine, tps, fmt):.1%} of "
+                  f"the {fmt} peak ({machine.ceiling(fmt)[0]})")
+        if warm["decode_tok_s"] > 0:
+            print(f"== roofline share: decode {warm['decode_tok_s']:.1f} tok/s = "
+                  f"{decode_share(phases, machine, warm['decode_tok_s']):.1%} of the read bandwidth")
     gib = read_model_shape(args.model).expert_bytes_on_disk / 2**30
     print("== diagnosis")
     for line in diagnose(plan, start_s, is_ftw(args.model), gib, cold, warm, prof, backend):

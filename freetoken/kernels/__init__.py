@@ -116,6 +116,20 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_rms_norm.restype = None
     lib.ft_rope.argtypes = [vp, vp, vp, i64, ci, ci, ci, vp]
     lib.ft_rope.restype = None
+    lib.ft_route_topk.argtypes = [vp, i64, ci, ci, ci, ci, vp, vp]
+    lib.ft_route_topk.restype = None
+    lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]
+    lib.ft_gemm_bf16.restype = ci
+    lib.ft_gemm_modes.argtypes = []
+    lib.ft_gemm_modes.restype = ci
+    lib.ft_get_gemm.argtypes = [ci]
+    lib.ft_get_gemm.restype = ci
+    lib.ft_set_gemm.argtypes = [ci, ci, ci]
+    lib.ft_set_gemm.restype = ci
+    lib.ft_amx_ready.argtypes = []
+    lib.ft_amx_ready.restype = ci
+    lib.ft_peak_macs.argtypes = [vp, ci, i64]
+    lib.ft_peak_macs.restype = i64
     return lib
 
 

@@ -40,6 +40,7 @@ from ..errors import InvalidRequestError
 from ..platform import NATIVE_BF16, cpu_flags, cpu_model
 from ..progress import progress
 from . import cache_dir, cpu_kernels, variants_here
+from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .pool import CpuPool, shared_pool
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,17 @@ def activation_dtype(weights: torch.dtype, device: torch.device, requested: str,
     return weights if flags & NATIVE_BF16 else torch.float32
 
 
-def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps: int = 3) -> dict:
-    """Seconds per prefill-shaped GEMM over a bf16 weight: dequantize + fp32 GEMM vs native bf16
-    GEMM (the conversions each needs included). Under a second in all."""
+def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps: int = 3,
+                 expert: tuple[int, int, int] = (64, 1536, 2048)) -> dict:
+    """Seconds per prefill-shaped GEMM over a bf16 weight: dequantize + fp32 GEMM ("fp32"),
+    torch's native bf16 GEMM ("bf16"), our tiles ("amx", "vdpbf16ps" where they run natively),
+    the conversions each needs included; and on an expert-sized GEMM (`expert`: tokens of one
+    expert, its gate+up rows, hidden) the expert kernel's dot products ("dots_expert") against
+    the tiles ("<mode>_expert"). About a second in all."""
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
+    lib = cpu_kernels()
+    pool = CpuPool(lib, threads) if lib is not None else None
     try:
         g = torch.Generator().manual_seed(0)
         x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
@@ -97,8 +104,25 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
                 fn()
                 ts.append(time.perf_counter() - t)
             return min(ts)
-        return {"fp32": best(fp32), "bf16": best(bf16)}
+        out = {"fp32": best(fp32), "bf16": best(bf16)}
+        tiles = [t for t in modes_here(lib) if t != "plain"] if lib is not None else []
+        for mode in tiles:
+            out[mode] = best(lambda: gemm_bf16(pool, GEMM_MODES[mode], w, x))
+        if tiles:
+            em, en, ek = expert
+            xe, we = torch.randn(em, ek, generator=g), torch.randn(en, ek, generator=g).bfloat16()
+            ye = torch.empty(em, en)
+
+            def dots():
+                lib.ft_linear_run(pool.handle, 1, we.data_ptr(), 2 * ek, None, 0, en, ek, xe.data_ptr(), 0, em,
+                                  None, ye.data_ptr())
+            out["dots_expert"] = best(dots)
+            for mode in tiles:
+                out[f"{mode}_expert"] = best(lambda: gemm_bf16(pool, GEMM_MODES[mode], we, xe, out=ye))
+        return out
     finally:
+        if pool is not None:
+            pool.close()
         torch.set_num_threads(prev)
 
 
@@ -130,22 +154,46 @@ def _cached(cache: os.PathLike | None, what: str, flags: frozenset[str], threads
     return t
 
 
+PREFILL_GEMMS = ("float32", "bfloat16", "amx", "vdpbf16ps")     # EngineConfig.prefill_gemm's forced values
+_GEMM_KEYS = {"fp32": "float32", "bf16": "bfloat16", "amx": "amx", "vdpbf16ps": "vdpbf16ps"}
+
+
+def prefill_gemm_choice(requested: str, activations: torch.dtype, *, kernels: bool, flags: frozenset[str],
+                        threads: int, measure: Callable[[int], dict] = measure_gemm,
+                        cache: os.PathLike | None = None, forced: str = "auto") -> tuple[str, str | None, dict | None]:
+    """(the dense layers' prefill GEMM: float32 | bfloat16 | amx | vdpbf16ps, the routed experts'
+    tiles: amx | vdpbf16ps | None for the dot products, the timings that decided or None).
+    `forced` (EngineConfig.prefill_gemm) wins for both; else only "auto" on a CPU with the kernels
+    and native bf16 is measured, and an explicit compute_dtype keeps every GEMM in that dtype."""
+    if forced != "auto":
+        return forced, forced if forced in ("amx", "vdpbf16ps") else None, None
+    own = "float32" if activations == torch.float32 else "bfloat16"
+    if requested != "auto" or not kernels or not flags & NATIVE_BF16:
+        return own, None, None
+    t = _cached(cache, "gemm2:m256n2048k2048:e64n1536k2048", flags, threads, lambda: measure(threads))
+    try:
+        return _pick_gemm(t) + (t,)
+    except (KeyError, TypeError, ValueError):       # an unreadable cache entry: measure again, uncached
+        t = measure(threads)
+        return _pick_gemm(t) + (t,)
+
+
+def _pick_gemm(t: dict) -> tuple[str, str | None]:
+    dense = _GEMM_KEYS[min((k for k in _GEMM_KEYS if k in t), key=lambda k: t[k])]
+    tiles = [m for m in ("amx", "vdpbf16ps") if f"{m}_expert" in t]
+    best = min(tiles, key=lambda m: t[f"{m}_expert"], default=None)
+    expert = best if best is not None and t[f"{best}_expert"] < t["dots_expert"] else None
+    return dense, expert
+
+
 def prefill_gemm_dtype(requested: str, activations: torch.dtype, *, kernels: bool, flags: frozenset[str],
                        threads: int, measure: Callable[[int], dict] = measure_gemm,
                        cache: os.PathLike | None = None, forced: str = "auto") -> tuple[torch.dtype, dict | None]:
-    """(dtype prefill GEMMs over bf16 weights multiply in, the timings that decided it or None).
-    `forced` (EngineConfig.prefill_gemm) wins; else only "auto" on a CPU with the kernels and
-    native bf16 is measured, and an explicit compute_dtype keeps every GEMM in that dtype."""
-    if forced != "auto":
-        return _DTYPES[forced], None
-    if requested != "auto" or not kernels or not flags & NATIVE_BF16:
-        return activations, None
-    t = _cached(cache, "gemm:m256n2048k2048", flags, threads, lambda: measure(threads))
-    try:
-        return (torch.bfloat16 if t["bf16"] < t["fp32"] else torch.float32), t
-    except (KeyError, TypeError):       # an unreadable cache entry: measure again, uncached
-        t = measure(threads)
-        return (torch.bfloat16 if t["bf16"] < t["fp32"] else torch.float32), t
+    """(dtype prefill GEMMs over bf16 weights multiply in, the timings that decided it or None):
+    `prefill_gemm_choice`'s dense choice as a dtype (the tiles round to bf16)."""
+    dense, _, t = prefill_gemm_choice(requested, activations, kernels=kernels, flags=flags, threads=threads,
+                                      measure=measure, cache=cache, forced=forced)
+    return (torch.float32 if dense == "float32" else torch.bfloat16), t
 
 
 def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[int, ...] = (1,), reps: int = 5,
@@ -223,17 +271,27 @@ class CpuChoices:
     dot_seconds: dict | None = None     # the calibration that chose bf16_dot, if one ran
     kernels: str = "native"         # the C kernels' build (kernels.VARIANTS)
     forced: tuple[str, ...] = ()    # the choices EngineConfig forced ("prefill_gemm", "bf16_dot", "kernel_isa")
+    dense_gemm: str = ""            # float32 | bfloat16 (torch) | amx | vdpbf16ps (our tiles); "": prefill_gemm's
+    expert_gemm: str | None = None  # amx | vdpbf16ps: routed bf16 experts' big groups through our tiles
 
     def describe(self) -> str:
         t, d = self.gemm_seconds, self.dot_seconds
-        why = (f" (calibrated: bf16 GEMM {t['fp32'] / t['bf16']:.2f}x the speed of fp32)" if t
-               else " (forced)" if "prefill_gemm" in self.forced else "")
+        dense = self.dense_gemm or str(self.prefill_gemm).removeprefix("torch.")
+        shown = {"float32": "float32", "bfloat16": "bfloat16 (torch)", "amx": "bfloat16 (AMX tiles)",
+                 "vdpbf16ps": "bfloat16 (vdpbf16ps tiles)"}.get(dense, dense)
+        key = {"float32": "fp32", "bfloat16": "bf16"}.get(dense, dense)
+        why = (f" (calibrated: {t['fp32'] / t[key]:.2f}x the speed of fp32" if t and key in t
+               else " (forced" if "prefill_gemm" in self.forced else "")
+        if why:
+            e = self.expert_gemm
+            why += (f"; experts {e} tiles" + (f" {t['dots_expert'] / t[e + '_expert']:.2f}x the dot products" if t else "")
+                    if e else "; experts dot products") + ")"
         dot = (f"; bf16 weights x {'bf16 (vdpbf16ps)' if self.bf16_dot else 'fp32'} activations in the kernels"
                + (f" (calibrated: vdpbf16ps decode GEMV + attention {d['fp32'] / d['bf16']:.2f}x the speed of fp32)" if d
                   else " (forced)" if "bf16_dot" in self.forced else ""))
         build = f" ({self.kernels} kernels, forced)" if "kernel_isa" in self.forced else ""
         return (f"CPU path {self.isa}{build}; activations {str(self.activations).removeprefix('torch.')}; "
-                f"prefill GEMM {str(self.prefill_gemm).removeprefix('torch.')}{why}{dot}")
+                f"prefill GEMM {shown}{why}{dot}")
 
 
 def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
@@ -243,15 +301,17 @@ def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, k
             kernel_isa: str = "auto") -> CpuChoices:
     """The CPU choices; gemm / dot / kernel_isa are EngineConfig's forcing options ("auto": decide)."""
     act = activation_dtype(weights, device, requested, kernels=kernels, flags=flags)
+    dense, expert = "", None
     if device.type == "cpu" and weights == torch.bfloat16:
-        g, t = prefill_gemm_dtype(requested, act, kernels=kernels, flags=flags, threads=threads,
-                                  measure=measure, cache=cache, forced=gemm)
+        dense, expert, t = prefill_gemm_choice(requested, act, kernels=kernels, flags=flags, threads=threads,
+                                               measure=measure, cache=cache, forced=gemm)
+        g = torch.float32 if dense == "float32" else torch.bfloat16
     else:
         g, t = act, None
     d, dt = (bf16_dot_choice(requested, weights, kernels=kernels, flags=flags, threads=threads,
                              measure=measure_dot, cache=cache, forced=dot) if device.type == "cpu" else (False, None))
     forced = tuple(n for n, v in (("prefill_gemm", gemm), ("bf16_dot", dot), ("kernel_isa", kernel_isa)) if v != "auto")
-    return CpuChoices(isa_level(flags), act, g, t, d, dt, kernel_variant(kernel_isa), forced)
+    return CpuChoices(isa_level(flags), act, g, t, d, dt, kernel_variant(kernel_isa), forced, dense, expert)
 
 
 def kernel_variant(requested: str) -> str:
@@ -286,4 +346,23 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
                         pool.num_threads if pool is not None else 1, cfg.prefill_gemm, cfg.bf16_dot, cfg.kernel_isa)
     if pool is not None:
         pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
+        set_gemm_tiles(pool.lib, c)
     return pool, c
+
+
+def set_gemm_tiles(lib, c: CpuChoices) -> None:
+    """Switch the library's prefill GEMM tiles to the choices (a forced mode this CPU refuses, AMX
+    without the OS's grant, is a clear error)."""
+    wanted = {c.dense_gemm, c.expert_gemm} & {"amx", "vdpbf16ps"}
+    if "prefill_gemm" in c.forced:     # forced: vdpbf16ps emulated where the build lacks it, AMX or an error
+        codes = {m: mode_code(lib, m) for m in wanted}
+    else:                               # calibrated on the native build: a narrower forced build goes without
+        codes = {m: GEMM_MODES[m] if m in modes_here(lib) else 0 for m in wanted}
+    refused = [m for m, code in codes.items() if not code and "prefill_gemm" in c.forced]
+    if refused:
+        raise InvalidRequestError(f"prefill_gemm: {refused[0]!r} tiles do not run here (AMX needs the CPU's "
+                                  f"amx_bf16 and the OS's grant of the tile state); expected one of "
+                                  f"auto|float32|bfloat16|vdpbf16ps")
+    e = codes.get(c.expert_gemm, 0)
+    lib.ft_set_gemm(e, EXPERT_MIN_TOKENS, codes.get(c.dense_gemm, 0))
+    set_tiles_rounding(EXPERT_MIN_TOKENS if e else 0)     # the torch expert executors round the same calls

@@ -10,7 +10,9 @@ compute bound: the weight is dequantized once per call into a reused fp32 scratc
 by torch's fp32 GEMM, which beats both torch's bf16 GEMM (2x slower without native bf16) and
 our dot-product kernel; where the CPU has native bf16 (AMX, AVX512-BF16) and a calibration
 measures torch's bf16 GEMM faster (kernels/choices.py), a bf16 weight is multiplied as stored
-in bf16 instead (inputs and outputs rounded to bf16, as llama.cpp's bf16 path rounds inputs).
+in bf16 instead (inputs and outputs rounded to bf16, as llama.cpp's bf16 path rounds inputs), or
+by our own GEMM tiles (AMX or vdpbf16ps, kernels/gemm.py: inputs rounded to bf16, fp32 out) where
+the calibration measured those fastest.
 
 Elsewhere (CUDA, no C compiler) it is a plain `F.linear` in the compute dtype, with int8
 weights dequantized at load so that the numerics match the CPU path."""
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..experts.formats import FORMATS
+from ..kernels.gemm import gemm_bf16
 from ..kernels.pool import CpuPool
 from ..platform import gemm_aligned
 from .concat import cat_rows
@@ -109,14 +112,28 @@ class Linear:
         return out
 
     def _weight_args(self) -> tuple:
-        """(format code, weights, row bytes, scales, scale row bytes, N, K) as the C kernels take them."""
+        """(format code, weights, row bytes, scales, scale row bytes, N, K) as the C kernels take them
+        (cached: ~7 us of data_ptr/stride calls per decode GEMV; recomputed if the weight is replaced)."""
         w, s = self.weight, self.scales
+        cached = getattr(self, "_args", None)
+        if cached is not None and cached[0] is w and cached[1] is s:
+            return cached[2]
+        args = self._compute_args(w, s)
+        self._args = (w, s, args)
+        return args
+
+    def _compute_args(self, w, s) -> tuple:
         return (self.code, w.data_ptr(), w.stride(0) * w.element_size(),
                 s.data_ptr() if s is not None else None, s.stride(0) * s.element_size() if s is not None else 0,
                 self.out_features, self.in_features)
 
     def _gemm(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gemm_dtype == torch.bfloat16 and self.code == _FMT[torch.bfloat16]:
+        bf16 = self.gemm_dtype == torch.bfloat16 and self.code == _FMT[torch.bfloat16]
+        if bf16 and (tiles := self.pool.lib.ft_get_gemm(1)):
+            y = gemm_bf16(self.pool, tiles, self.weight, x, self.bias)   # our AMX / vdpbf16ps tiles
+            if y is not None:
+                return y
+        if bf16:
             y = F.linear(x.to(torch.bfloat16), self.weight).float()   # native bf16 GEMM (AMX, AVX512-BF16)
             return y if self.bias is None else y.add_(self.bias)
         if self.code == _FMT[torch.float32]:

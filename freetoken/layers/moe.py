@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ..experts.base import Experts
+from ..kernels import cpu_kernels
 from ..platform import gemm_aligned
 from .linear import Linear
 from .mlp import GatedMLP
@@ -24,6 +25,15 @@ class SparseMoE:
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.router(x)
+        lib = cpu_kernels() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
+        if lib is not None and logits.shape[0] <= 64:       # decode-sized: one C call, no torch dispatch
+            logits = logits.contiguous()
+            n, e = logits.shape
+            ids = torch.empty(n, self.top_k, dtype=torch.int64)
+            w = torch.empty(n, self.top_k, dtype=torch.float32)
+            lib.ft_route_topk(logits.data_ptr(), n, e, self.top_k, int(self.norm), int(self.softmax_after_topk),
+                              ids.data_ptr(), w.data_ptr())
+            return ids, w.to(x.dtype)
         if self.softmax_after_topk:
             top, ids = torch.topk(logits, self.top_k, dim=-1)
             return ids, torch.softmax(top, dim=-1, dtype=torch.float32).to(x.dtype)

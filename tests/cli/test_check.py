@@ -26,3 +26,18 @@ def test_diagnosis_rules():
     lines = diagnose(plan, 1.0, True, 1.0, _req(2.0, fill=1.5), _req(1.9, cached=100, hit=0.2), None, "hybrid")
     assert any("transfers" in line for line in lines) and any("misses" in line for line in lines)
     assert diagnose(plan, 1.0, True, 1.0, _req(2.0), _req(0.1, cached=100), None, "cpu")[-1] == "no problem found"
+
+
+def test_check_roofline_reports_limits_and_shares(tiny_dir, capsys):
+    """--roofline: the machine's limits, the model's phases against them, the requests' shares;
+    without --model the machine alone."""
+    src = str(tiny_dir("qwen3_moe", dtype="bfloat16"))
+    assert cli_main(["check", "--model", src, "--prompt-tokens", "40", "--max-tokens", "4", "--seconds", "0.05",
+                     "--roofline"]) == 0
+    out = capsys.readouterr().out
+    for part in ("== roofline: read", "peak GFLOP/s fp32", "attention projections", "experts (top-2 of 8)",
+                 "limits: decode <=", "== roofline share: prefill", "of the read bandwidth"):
+        assert part in out, part
+    assert cli_main(["check", "--roofline"]) == 0
+    out = capsys.readouterr().out
+    assert "== roofline: read" in out and "== memory plan" not in out

@@ -139,8 +139,8 @@ class CpuExpertExecutor:
         if self.lib is None:
             return run_experts(self.banks, self.spec, ids, x, w, out, dtype=torch.float32)
         self.last_experts = 0       # distinct experts this call ran (the expert-memory stats)
-        if self.gemm_tokens and ids.numel() >= self.gemm_tokens:
-            ids = self._split_big(x, ids, w, out)
+        if self.gemm_tokens and ids.numel() >= self.gemm_tokens and not (self.fmt == "bf16" and self.lib.ft_get_gemm(0)):
+            ids = self._split_big(x, ids, w, out)   # (bf16 under the GEMM tiles: the kernel runs big groups itself)
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         x, ids, w = x.contiguous(), ids.contiguous(), w.contiguous()

@@ -7,7 +7,8 @@ same way, so the cache size and the backend change speed, never the answer:
   1. the expert's input x and its intermediate act(gate(x)) * up(x) are each rounded once as
      the kernels' `prep_range` rounds them:
        fp32 / fp16 / fp8 weights, bf16 weights with fp32 dots:  none (float32)
-       bf16 weights with the vdpbf16ps dots (`bf16_dot`):      to bf16, round to nearest even
+       bf16 weights with the vdpbf16ps dots (`bf16_dot`), or in
+       a call of >= N tokens under the GEMM tiles (kernels/gemm.py): to bf16, round to nearest even
        int8 / mxfp4 / nvfp4 / ggml weights:                     int8 per 32 (llama.cpp's Q8_0
                                                                activations: d = amax/127,
                                                                q = nearbyint(x * (1/d)))
@@ -22,6 +23,8 @@ through `set_bf16_dot` here so the torch executors read the same choice.
 from __future__ import annotations
 
 import torch
+
+from ..kernels.gemm import tiles_rounding_min
 
 _QUANTIZED = ("int8", "mxfp4", "nvfp4", "ggml")     # the kernels quantize activations per 32
 _state = {"bf16_dot": False}
@@ -38,13 +41,15 @@ def bf16_dot() -> bool:
     return _state["bf16_dot"]
 
 
-def rounding(fmt: str, bank_dtype: torch.dtype | None = None) -> str:
+def rounding(fmt: str, bank_dtype: torch.dtype | None = None, tokens: int | None = None) -> str:
     """How the kernels round an expert's activations for banks in `fmt` (the pool's spec fmt,
-    "float" with the bank dtype): "none", "bf16" or "int8x32"."""
+    "float" with the bank dtype) in a call of `tokens` tokens: "none", "bf16" or "int8x32"."""
     if fmt in _QUANTIZED:
         return "int8x32"
     bf16_weights = fmt == "bf16" or (fmt == "float" and bank_dtype == torch.bfloat16)
-    if bf16_weights and bf16_dot():
+    m = tiles_rounding_min()          # the kernels' expert-tiles switch (kernels/gemm.py)
+    tiles = m and tokens is not None and tokens >= m
+    if bf16_weights and (bf16_dot() or tiles):
         return "bf16"
     return "none"
 

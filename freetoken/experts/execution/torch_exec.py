@@ -21,11 +21,13 @@ from ..memory.pool import ExpertSpec
 GATHER_BYTES = 256 * 2**20      # float32 weights gathered at once by run_slots
 
 
-def default_rounding(banks: dict[str, torch.Tensor], spec: ExpertSpec, dtype: torch.dtype) -> str:
-    """The kernels' activation rounding for these banks (float64 references: none)."""
+def default_rounding(banks: dict[str, torch.Tensor], spec: ExpertSpec, dtype: torch.dtype,
+                     tokens: int | None = None) -> str:
+    """The kernels' activation rounding for these banks in a call of `tokens` tokens (float64
+    references: none)."""
     if dtype == torch.float64:
         return "none"
-    return numerics.rounding(spec.fmt, banks["gate_up"].dtype if "gate_up" in banks else None)
+    return numerics.rounding(spec.fmt, banks["gate_up"].dtype if "gate_up" in banks else None, tokens)
 
 
 def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torch.Tensor,
@@ -43,7 +45,7 @@ def run_experts(banks: dict[str, torch.Tensor], spec: ExpertSpec, flat_ids: torc
     A 3-D `out` [T, K, H] takes each choice's weighted output at out[t, k] instead of the sum
     (written, not added): the caller sums over k in a fixed order, so the result does not
     depend on how the choices were split between calls (cache hits vs fills)."""
-    mode = default_rounding(banks, spec, dtype) if rounding is None else rounding
+    mode = default_rounding(banks, spec, dtype, x.shape[0]) if rounding is None else rounding
     if out is None:
         acc = torch.float64 if dtype == torch.float64 else torch.float32
         out = torch.zeros(x.shape[0], x.shape[1], dtype=acc, device=x.device)
@@ -117,7 +119,7 @@ def run_slots(banks: dict[str, torch.Tensor], spec: ExpertSpec, slot_ids: torch.
     host sync: the same ops on every device (the CPU tests run them)."""
     if not batched_ok(spec):
         raise ValueError(f"run_slots: {spec.fmt} banks need the grouped executor (run_experts)")
-    mode = default_rounding(banks, spec, torch.float32) if rounding is None else rounding
+    mode = default_rounding(banks, spec, torch.float32, slot_ids.shape[0]) if rounding is None else rounding
     T, K = slot_ids.shape
     H, I = spec.hidden, spec.intermediate
     ids = slot_ids.reshape(-1)

@@ -37,7 +37,7 @@ class ExpertStats:
     def add_experts(self, key: str, flat_ids) -> None:
         """One count for each expert of `flat_ids` (layer * E + expert, each at most once)."""
         if self.pe and len(flat_ids):
-            np.add.at(self.pe[key].reshape(-1), np.asarray(flat_ids, np.int64), 1)
+            self.pe[key].reshape(-1)[np.asarray(flat_ids, np.int64)] += 1     # distinct: no np.add.at (~10x slower)
 
     def add_expert_counts(self, key: str, counts: np.ndarray) -> None:
         """Counts per flat id ([L * E]) gathered elsewhere (the device path's counters)."""

@@ -213,6 +213,17 @@ FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const
                                    float (*res)[NTMAX]);
 #endif
 
+/* gemm_bf16.c: prefill GEMM tiles over bf16 weights (AMX, vdpbf16ps, plain C), x packed in
+ * blocks of 16 tokens [kpad(K)/2 pairs][16][2] bf16 */
+enum { FT_GEMM_AMX = 1, FT_GEMM_VDPBF16PS = 2, FT_GEMM_REF = 3 };
+static inline int64_t kpad(int K) { return (int64_t)(K + 31) / 32 * 32; }
+static inline int64_t blk_bytes(int K) { return kpad(K) * 32; }   /* one packed block of 16 tokens */
+FT_HIDDEN extern int ft_gemm_mode, ft_gemm_min;
+FT_HIDDEN int gemm_mode_runs(int mode, int K);
+FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst);
+FT_HIDDEN void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
+                         int M, float *out, int64_t ldo, uint16_t *pad);
+
 /* attention_blocks.c: the block loops of decode attention (attention.c) */
 enum { ATT_Q_F32 = 0, ATT_Q_ROUNDED = 1, ATT_Q_BF16 = 2 };   /* att_prep_q's output */
 FT_HIDDEN void att_prep_q(const float *q, int G, int D, int Dp, float *qf, int mode);

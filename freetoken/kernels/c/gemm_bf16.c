@@ -1,0 +1,379 @@
+/* Prefill GEMMs over bf16 weights at the matrix units' speed: y[M, N] = x[M, K] @ W[N, K]^T with
+ * W read in place (row stride w_rs bytes) and x rounded to bf16 once per call, products summed
+ * in fp32 (what torch's bf16 GEMM and llama.cpp's bf16 path compute).
+ *
+ * x is packed once per call into blocks of 16 tokens, [K/2 pairs][16 tokens][2] bf16 (zero
+ * padded to 16 tokens and to 32 columns): exactly AMX's B-tile layout (16 pair rows x 16 columns
+ * of 32 bits per 32 columns of K), and the vector layout a vdpbf16ps tile multiplies a broadcast
+ * weight pair with. So the weights need no repacking (AMX's A tile is 16 weight rows as they lie;
+ * the vdpbf16ps tile broadcasts one pair of a row), and the results come out transposed,
+ * [rows][tokens], written back per 16x16 block.
+ *
+ * Kernels (FT_GEMM_*, chosen per call by the caller from the calibration in kernels/choices.py):
+ *   AMX:       tdpbf16ps on 2 x 2 tiles (32 rows x 32 tokens; the 32 rows copied per chunk of
+ *              tokens into tile order, so the A tiles stream contiguously) where the CPU has AMX-BF16 and the
+ *              OS grants the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, checked once, and a first
+ *              tile op run in a forked child so a VM that faults on it refuses cleanly).
+ *   VDPBF16PS: 8 rows x 32 tokens of accumulators, one broadcast weight pair per row per step.
+ *   REF:       the same arithmetic in plain C (every build: the builds without the instructions
+ *              run the forced choice through it, so the tests check the layout on each). */
+#include "ft_kernels.h"
+
+#if defined(FT_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define FT_AMX 1
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
+
+#define MC 256          /* tokens per chunk: their packed x (256 x K bf16) stays in L2 */
+
+
+/* ------------------------------------------------------------------ AMX availability */
+
+#ifdef FT_AMX
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+typedef struct { uint8_t palette, start; uint8_t rsv[14]; uint16_t colsb[16]; uint8_t rows[16]; } tilecfg;
+
+static void amx_config(void) {    /* every tile 16 rows x 64 bytes; per thread, before tile ops */
+    tilecfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) { c.colsb[i] = 64; c.rows[i] = 16; }
+    _tile_loadconfig(&c);
+}
+
+static int amx_probe(void) {      /* 1 when a tile op runs (in a child: a fault there is a refusal) */
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return 0;
+    pid_t pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        static uint16_t a[512], b[512];
+        static float c[256];
+        for (int i = 0; i < 512; i++) a[i] = b[i] = 0x3f80;    /* 1.0 */
+        amx_config();
+        _tile_zero(0); _tile_loadd(4, a, 64); _tile_loadd(6, b, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_stored(0, c, 64);
+        _tile_release();
+        _exit(c[0] == 32.f && c[255] == 32.f ? 0 : 1);
+    }
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0) {}
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+static int amx_ok;
+static pthread_once_t amx_once = PTHREAD_ONCE_INIT;
+static void amx_init(void) { amx_ok = amx_probe(); }
+#endif
+
+/* 1 when this build and the OS run AMX tiles here (the permission is requested on first call). */
+int ft_amx_ready(void) {
+#ifdef FT_AMX
+    pthread_once(&amx_once, amx_init);
+    return amx_ok;
+#else
+    return 0;
+#endif
+}
+
+/* Which kernels run in this build: bit 1 AMX (when granted), bit 2 vdpbf16ps, bit 3 the reference. */
+int ft_gemm_modes(void) {
+    int m = 1 << FT_GEMM_REF;
+#ifdef FT_BF16DOT
+    m |= 1 << FT_GEMM_VDPBF16PS;
+#endif
+    if (ft_amx_ready()) m |= 1 << FT_GEMM_AMX;
+    return m;
+}
+
+/* ------------------------------------------------------------------ packing */
+
+/* Columns [c0, c1) (c0 even) of tokens [m0, m0+16) of x (rows of fp32 through `rows`, m < M
+ * valid) into their packed block; c1 == K also zero-fills the padding up to kpad(K). */
+FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst) {
+    const int64_t p1 = c1 == K ? kpad(K) / 2 : (c1 + 1) / 2;
+    memset(dst + (int64_t)(c0 / 2) * 32, 0, (size_t)(p1 - c0 / 2) * 64);
+    int k0 = c0;
+#ifdef FT_BF16DOT
+    /* 32 columns of a token -> 16 bf16 pairs, scattered to their 16 pair rows */
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32(16));
+    k0 = c0 + ((c1 - c0) & ~31);
+    for (int i = 0; i < 16 && m0 + i < M; i++) {
+        const float *x = rows[m0 + i];
+        for (int k = c0; k < k0; k += 32) {
+            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
+            _mm512_i32scatter_epi32((int *)(dst + (int64_t)(k >> 1) * 32 + 2 * i), idx, (__m512i)v, 4);
+        }
+    }
+#endif
+    for (int i = 0; i < 16 && m0 + i < M; i++) {
+        const float *x = rows[m0 + i];
+        for (int k = k0; k < c1; k++) dst[(int64_t)(k >> 1) * 32 + 2 * i + (k & 1)] = f32_to_bf16(x[k]);
+    }
+}
+
+/* ------------------------------------------------------------------ the tiles
+ * out[m][n - n0] (row stride ldo) for rows [n0, n1) of W and tokens [0, M) of the packed x. */
+
+static void ref_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp, int M,
+                     float *out, int64_t ldo) {
+    const int64_t bb = blk_bytes(K) / 2;
+    for (int n = n0; n < n1; n++) {
+        const uint16_t *wr = (const uint16_t *)(w + (int64_t)n * w_rs);
+        for (int m = 0; m < M; m++) {
+            const uint16_t *xb = xp + (m / 16) * bb + 2 * (m % 16);
+            float s = 0.f;
+            for (int k = 0; k < K; k++) s += bf16_to_f32(wr[k]) * bf16_to_f32(xb[(int64_t)(k >> 1) * 32 + (k & 1)]);
+            out[(int64_t)m * ldo + n - n0] = s;
+        }
+    }
+}
+
+#ifdef FT_BF16DOT
+/* NR rows x 2 blocks of 16 tokens, accumulators [row][block]; NR compile-time. */
+FORCE_INLINE void vtile(const uint8_t *w, int64_t w_rs, int n, int K, const uint16_t *b0, const uint16_t *b1,
+                        int nb, float *out, int64_t ldo, int m0, int M, int n0, const int NR) {
+    __m512 acc[8][2];
+    const uint32_t *wr[8];
+    for (int r = 0; r < NR; r++) {
+        acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        wr[r] = (const uint32_t *)(w + (int64_t)(n + r) * w_rs);
+    }
+    const int kp = K / 2;
+    if (nb == 2) {
+        for (int p = 0; p < kp; p++) {
+            __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * p);
+            __m512bh x1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * p);
+            for (int r = 0; r < NR; r++) {
+                __m512bh wb = (__m512bh)_mm512_set1_epi32((int)wr[r][p]);
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], wb, x0);
+                acc[r][1] = _mm512_dpbf16_ps(acc[r][1], wb, x1);
+            }
+        }
+    } else {
+        for (int p = 0; p < kp; p++) {
+            __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * p);
+            for (int r = 0; r < NR; r++)
+                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)_mm512_set1_epi32((int)wr[r][p]), x0);
+        }
+    }
+    float t[16];
+    for (int r = 0; r < NR; r++)
+        for (int b = 0; b < nb; b++) {
+            _mm512_storeu_ps(t, acc[r][b]);
+            for (int i = 0; i < 16 && m0 + 16 * b + i < M; i++) out[(int64_t)(m0 + 16 * b + i) * ldo + n + r - n0] = t[i];
+        }
+}
+
+static void vdp_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp, int M,
+                     float *out, int64_t ldo) {
+    const int64_t bb = blk_bytes(K) / 2;
+    const int nblk = (M + 15) / 16;
+    for (int c = 0; c < nblk; c += MC / 16) {               /* a chunk of tokens stays in L2 */
+        const int ce = c + MC / 16 < nblk ? c + MC / 16 : nblk;
+        for (int n = n0; n < n1; n += 8) {                   /* 8 weight rows stay in L1 */
+            const int nr = n1 - n < 8 ? n1 - n : 8;
+            for (int b = c; b < ce; b += 2) {
+                const int nb = ce - b >= 2 ? 2 : 1;
+                const uint16_t *b0 = xp + b * bb, *b1 = b0 + bb;
+                switch (nr) {
+                case 8: vtile(w, w_rs, n, K, b0, b1, nb, out, ldo, 16 * b, M, n0, 8); break;
+                case 7: vtile(w, w_rs, n, K, b0, b1, nb, out, ldo, 16 * b, M, n0, 7); break;
+                case 6: vtile(w, w_rs, n, K, b0, b1, nb, out, ldo, 16 * b, M, n0, 6); break;
+                case 5: vtile(w, w_rs, n, K, b0, b1, nb, out, ldo, 16 * b, M, n0, 5); break;
+                case 4: vtile(w, w_rs, n, K, b0, b1, nb, out, ldo, 16 * b, M, n0, 4); break;
+                case 3: vtile(w, w_rs, n, K, b0, b1, nb, out, ldo, 16 * b, M, n0, 3); break;
+                case 2: vtile(w, w_rs, n, K, b0, b1, nb, out, ldo, 16 * b, M, n0, 2); break;
+                default: vtile(w, w_rs, n, K, b0, b1, nb, out, ldo, 16 * b, M, n0, 1); break;
+                }
+            }
+        }
+    }
+}
+#endif
+
+#ifdef FT_AMX
+/* C tile (16 rows x 16 tokens, fp32) stored in `t` -> out (transposed, valid rows/tokens only). */
+static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int M, int nr, int n, int n0) {
+    if (nr == 16) {     /* a whole column of the tile per token: one gather, one store */
+        const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(16));
+        for (int i = 0; i < 16 && m0 + i < M; i++)
+            _mm512_storeu_ps(out + (int64_t)(m0 + i) * ldo + n - n0, _mm512_i32gather_ps(col, t + i, 4));
+        return;
+    }
+    for (int i = 0; i < 16 && m0 + i < M; i++)
+        for (int r = 0; r < nr; r++) out[(int64_t)(m0 + i) * ldo + n + r - n0] = t[r * 16 + i];
+}
+
+/* 32 weight rows from n (rows >= n1 zero) -> [K/32 steps][32 rows][32 bf16] in `a`: two A tiles
+ * per step, contiguous (rows a page apart would share one L1 set), zero-padded past K. */
+static void amx_pack_a(const uint8_t *w, int64_t w_rs, int n, int n1, int K, uint16_t *a) {
+    const int64_t kk = kpad(K) / 32, full = K / 32;
+    for (int r = 0; r < 32; r++) {
+        const uint16_t *src = (const uint16_t *)(w + (int64_t)(n + r) * w_rs);
+        uint16_t *d = a + r * 32;
+        if (n + r >= n1) {
+            for (int64_t k = 0; k < kk; k++) _mm512_storeu_si512(d + k * 1024, _mm512_setzero_si512());
+            continue;
+        }
+        for (int64_t k = 0; k < full; k++) _mm512_storeu_si512(d + k * 1024, _mm512_loadu_si512(src + 32 * k));
+        if (full < kk) {    /* the last K % 32 columns, zero-padded */
+            const __mmask32 m = (__mmask32)((1ull << (K - 32 * full)) - 1);
+            _mm512_storeu_si512(d + full * 1024, _mm512_maskz_loadu_epi16(m, src + 32 * full));
+        }
+    }
+}
+
+/* Rows [n0, n1) over the packed x; pad: 32 x kpad(K) bf16 scratch for the packed rows. */
+static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp, int M,
+                     float *out, int64_t ldo, uint16_t *pad) {
+    const int64_t bb = blk_bytes(K) / 2, kk = kpad(K) / 32;
+    const int nblk = (M + 15) / 16;
+    float t[4][256];
+    amx_config();
+    for (int c = 0; c < nblk; c += MC / 16) {
+        const int ce = c + MC / 16 < nblk ? c + MC / 16 : nblk;
+        for (int n = n0; n < n1; n += 32) {
+            const int left = n1 - n;
+            const int na = left > 16 ? 2 : 1;           /* A tiles: 16 rows each */
+            const int nr0 = left >= 16 ? 16 : left, nr1 = left >= 32 ? 16 : left - 16;
+            amx_pack_a(w, w_rs, n, n1, K, pad);
+            const uint16_t *a0 = pad, *a1 = pad + 512;
+            for (int b = c; b < ce; b += 2) {
+                const int nb = ce - b >= 2 ? 2 : 1;
+                const uint16_t *b0 = xp + b * bb, *b1 = b0 + bb;
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                if (na == 2 && nb == 2) {
+                    for (int64_t k = 0; k < kk; k++) {
+                        _tile_loadd(4, a0 + 1024 * k, 64);
+                        _tile_loadd(5, a1 + 1024 * k, 64);
+                        _tile_loadd(6, b0 + 512 * k, 64);
+                        _tile_loadd(7, b1 + 512 * k, 64);
+                        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+                        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+                    }
+                } else if (na == 2) {
+                    for (int64_t k = 0; k < kk; k++) {
+                        _tile_loadd(4, a0 + 1024 * k, 64);
+                        _tile_loadd(5, a1 + 1024 * k, 64);
+                        _tile_loadd(6, b0 + 512 * k, 64);
+                        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(2, 5, 6);
+                    }
+                } else if (nb == 2) {
+                    for (int64_t k = 0; k < kk; k++) {
+                        _tile_loadd(4, a0 + 1024 * k, 64);
+                        _tile_loadd(6, b0 + 512 * k, 64);
+                        _tile_loadd(7, b1 + 512 * k, 64);
+                        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+                    }
+                } else {
+                    for (int64_t k = 0; k < kk; k++) {
+                        _tile_loadd(4, a0 + 1024 * k, 64);
+                        _tile_loadd(6, b0 + 512 * k, 64);
+                        _tile_dpbf16ps(0, 4, 6);
+                    }
+                }
+                _tile_stored(0, t[0], 64); _tile_stored(1, t[1], 64);
+                _tile_stored(2, t[2], 64); _tile_stored(3, t[3], 64);
+                amx_put(t[0], out, ldo, 16 * b, M, nr0, n, n0);
+                if (nb == 2) amx_put(t[1], out, ldo, 16 * b + 16, M, nr0, n, n0);
+                if (na == 2) {
+                    amx_put(t[2], out, ldo, 16 * b, M, nr1, n + 16, n0);
+                    if (nb == 2) amx_put(t[3], out, ldo, 16 * b + 16, M, nr1, n + 16, n0);
+                }
+            }
+        }
+    }
+    _tile_release();
+}
+#endif
+
+/* Whether `mode` runs here for a K (the vector tiles read whole bf16 pairs of a row in place). */
+FT_HIDDEN int gemm_mode_runs(int mode, int K) {
+    if (mode == FT_GEMM_AMX) return ft_amx_ready();     /* any K: rows copied, zero-padded */
+    if (K % 2) return 0;
+#ifdef FT_BF16DOT
+    if (mode == FT_GEMM_VDPBF16PS) return 1;
+#else
+    if (mode == FT_GEMM_VDPBF16PS) return 0;
+#endif
+    return mode == FT_GEMM_REF;
+}
+
+/* out (ldo) = rows [n0, n1) of W over the packed x; pad: AMX's scratch (32 x kpad(K) bf16). */
+void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
+                         int M, float *out, int64_t ldo, uint16_t *pad) {
+    if (n0 >= n1) return;
+#ifdef FT_AMX
+    if (mode == FT_GEMM_AMX) { amx_rows(w, w_rs, n0, n1, K, xp, M, out, ldo, pad); return; }
+#endif
+#ifdef FT_BF16DOT
+    if (mode == FT_GEMM_VDPBF16PS) { vdp_rows(w, w_rs, n0, n1, K, xp, M, out, ldo); return; }
+#endif
+    (void)pad; (void)mode;
+    ref_rows(w, w_rs, n0, n1, K, xp, M, out, ldo);
+}
+
+/* ------------------------------------------------------------------ the dense GEMM */
+
+typedef struct {
+    int mode; const uint8_t *w; int64_t w_rs; int N, K;
+    const float *x; int64_t ldx; int M;
+    const float *bias; float *y; int64_t ldy;
+    uint16_t *xp; uint16_t *pad; const float **rows;
+    ft_pool *p;
+} gemm_job;
+
+static void gemm_fn(void *a, int tid) {
+    gemm_job *G = a;
+    const int nth = G->p->active, nblk = (G->M + 15) / 16;
+    const int64_t bb = blk_bytes(G->K) / 2;
+    for (int b = tid; b < nblk; b += nth) gemm_pack(G->rows, 16 * b, G->M, G->K, 0, G->K, G->xp + b * bb);
+    pool_barrier(G->p);
+    int n0, n1;
+    split(G->N, 32, nth, tid, &n0, &n1);
+    gemm_rows(G->mode, G->w, G->w_rs, n0, n1, G->K, G->xp, G->M, G->y + n0, G->ldy,
+              G->pad + (int64_t)tid * 32 * kpad(G->K));
+    if (G->bias)
+        for (int m = 0; m < G->M; m++)
+            for (int n = n0; n < n1; n++) G->y[(int64_t)m * G->ldy + n] += G->bias[n];
+}
+
+/* y [M, ldy] (columns 0..N-1) = x [M, ldx] fp32 @ W[N, K]^T (bf16, rows w_rs bytes apart) + bias,
+ * with x rounded to bf16. Returns 0; -3 when `mode` does not run here for this K (the caller
+ * falls back), -2 when the scratch cannot be allocated. */
+int ft_gemm_bf16(void *vp, int mode, const void *w, int64_t w_rs, int N, int K, const float *x, int64_t ldx,
+                 int64_t M, const float *bias, float *y, int64_t ldy) {
+    ft_pool *p = vp;
+    if (!gemm_mode_runs(mode, K)) return -3;
+    if (M <= 0 || N <= 0) return 0;
+    const int nblk = (int)((M + 15) / 16);
+    size_t sz_xp = (size_t)nblk * (size_t)blk_bytes(K), sz_pad = (size_t)p->n * 32 * (size_t)kpad(K) * 2;
+    size_t sz_rows = (size_t)M * sizeof(float *);
+    uint8_t *buf = scratch(p, sz_xp + sz_pad + sz_rows + 128);
+    if (!buf) return -2;
+    const float **rows = (const float **)(buf + (sz_xp + sz_pad + 63) / 64 * 64);
+    for (int64_t m = 0; m < M; m++) rows[m] = x + m * ldx;
+    gemm_job G = {mode, w, w_rs, N, K, x, ldx, (int)M, bias, y, ldy, (uint16_t *)buf, (uint16_t *)(buf + sz_xp),
+                  rows, p};
+    pool_run(p, gemm_fn, &G);
+    return 0;
+}
+
+/* The prefill GEMM switches, set once per model build by the CPU choices (kernels/choices.py):
+ * ft_moe_run (moe.c) runs calls of at least ft_gemm_min tokens over bf16 experts through
+ * `ft_gemm_mode`'s tiles, the dense layers' prefill (layers/linear.py, ft_get_gemm(1)) through
+ * `ft_gemm_dense`'s (0: never). Returns the experts' mode in effect (0 where `mode` does not run here). */
+int ft_gemm_mode, ft_gemm_min = 16;
+static int ft_gemm_dense;
+int ft_get_gemm(int dense) { return dense ? ft_gemm_dense : ft_gemm_mode; }
+int ft_set_gemm(int mode, int min_tokens, int dense_mode) {
+    ft_gemm_mode = mode && gemm_mode_runs(mode, 32) ? mode : 0;
+    ft_gemm_min = min_tokens > 1 ? min_tokens : 1;
+    ft_gemm_dense = dense_mode && gemm_mode_runs(dense_mode, 32) ? dense_mode : 0;
+    return ft_gemm_mode;
+}

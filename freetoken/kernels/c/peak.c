@@ -1,0 +1,147 @@
+/* Peak multiply-add rates of this machine per number format (the roofline's compute ceilings):
+ * every pool thread runs independent chains of one instruction long enough to hide its latency,
+ * operands in registers, no memory traffic. The caller times the call; the return value is the
+ * multiply-adds executed (-1: the format has no instruction in this build or on this CPU).
+ *   FT_PEAK_FP32:      fp32 FMA (zmm with AVX-512, ymm with AVX2, scalar-vectorised C otherwise)
+ *   FT_PEAK_BF16:      AVX512-BF16 vdpbf16ps (2 bf16 products per fp32 lane)
+ *   FT_PEAK_INT8:      VNNI vpdpbusd (4 u8 x s8 products per int32 lane; zmm AVX512-VNNI)
+ *   FT_PEAK_AMX_BF16:  AMX tdpbf16ps, 16x16x32 per tile op (where the OS grants the tiles)
+ *   FT_PEAK_AMX_INT8:  AMX tdpbssd, 16x16x64 per tile op */
+#include "ft_kernels.h"
+
+#if defined(FT_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && defined(__linux__)
+#define FT_AMX_PEAK 1
+#endif
+
+enum { FT_PEAK_FP32 = 0, FT_PEAK_BF16 = 1, FT_PEAK_INT8 = 2, FT_PEAK_AMX_BF16 = 3, FT_PEAK_AMX_INT8 = 4 };
+int ft_amx_ready(void);   /* gemm_bf16.c (exported) */
+
+typedef struct { int kind; int64_t iters; double *sink; int64_t *macs; ft_pool *p; } peak_job;
+
+#define CHAINS 16   /* > 2 ports x 4-6 cycles of latency (vdpbf16ps' too); 16 + 2 zmm registers */
+
+static int64_t run_fp32(int64_t iters, double *sink) {
+#ifdef FT_AVX512
+    __m512 a[CHAINS], m = _mm512_set1_ps(1.0000001f), c = _mm512_set1_ps(1e-7f);
+    for (int i = 0; i < CHAINS; i++) a[i] = _mm512_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < CHAINS; i++) a[i] = _mm512_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < CHAINS; i++) a[0] = _mm512_add_ps(a[0], a[i]);
+    *sink += _mm512_reduce_add_ps(a[0]);
+    return iters * CHAINS * 16;
+#elif defined(FT_AVX2)
+    __m256 a[CHAINS], m = _mm256_set1_ps(1.0000001f), c = _mm256_set1_ps(1e-7f);
+    for (int i = 0; i < CHAINS; i++) a[i] = _mm256_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < CHAINS; i++) a[i] = _mm256_fmadd_ps(a[i], m, c);
+    for (int i = 1; i < CHAINS; i++) a[0] = _mm256_add_ps(a[0], a[i]);
+    *sink += hsum8(a[0]);
+    return iters * CHAINS * 8;
+#else
+    float a[CHAINS * 8];
+    for (int i = 0; i < CHAINS * 8; i++) a[i] = (float)i;
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < CHAINS * 8; i++) a[i] = a[i] * 1.0000001f + 1e-7f;
+    for (int i = 0; i < CHAINS * 8; i++) *sink += a[i];
+    return iters * CHAINS * 8;
+#endif
+}
+
+static int64_t run_bf16(int64_t iters, double *sink) {
+#ifdef FT_BF16DOT
+    __m512 a[CHAINS];
+    __m512bh u = (__m512bh)_mm512_set1_epi16(0x3380), v = (__m512bh)_mm512_set1_epi16(0x3380);   /* 6e-8 */
+    for (int i = 0; i < CHAINS; i++) a[i] = _mm512_set1_ps((float)i);
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < CHAINS; i++) a[i] = _mm512_dpbf16_ps(a[i], u, v);
+    for (int i = 1; i < CHAINS; i++) a[0] = _mm512_add_ps(a[0], a[i]);
+    *sink += _mm512_reduce_add_ps(a[0]);
+    return iters * CHAINS * 32;
+#else
+    (void)iters; (void)sink;
+    return -1;
+#endif
+}
+
+static int64_t run_int8(int64_t iters, double *sink) {
+#if defined(FT_AVX512) && defined(__AVX512VNNI__)
+    __m512i a[CHAINS], u = _mm512_set1_epi8(1), s = _mm512_set1_epi8(1);
+    for (int i = 0; i < CHAINS; i++) a[i] = _mm512_set1_epi32(i);
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < CHAINS; i++) a[i] = _mm512_dpbusd_epi32(a[i], u, s);
+    for (int i = 1; i < CHAINS; i++) a[0] = _mm512_add_epi32(a[0], a[i]);
+    *sink += (double)_mm512_reduce_add_epi32(a[0]);
+    return iters * CHAINS * 64;
+#else
+    (void)iters; (void)sink;
+    return -1;
+#endif
+}
+
+#ifdef FT_AMX_PEAK
+typedef struct { uint8_t palette, start; uint8_t rsv[14]; uint16_t colsb[16]; uint8_t rows[16]; } peak_cfg;
+#endif
+
+static int64_t run_amx(int kind, int64_t iters, double *sink) {
+#ifdef FT_AMX_PEAK
+    if (!ft_amx_ready()) return -1;
+    peak_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) { c.colsb[i] = 64; c.rows[i] = 16; }
+    _tile_loadconfig(&c);
+    static __thread uint8_t src[1024] __attribute__((aligned(64)));
+    float out[256];
+    memset(src, 0, sizeof src);
+    _tile_loadd(4, src, 64); _tile_loadd(5, src, 64); _tile_loadd(6, src, 64); _tile_loadd(7, src, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    if (kind == FT_PEAK_AMX_BF16) {
+        for (int64_t it = 0; it < iters; it++) {
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+        }
+    } else {
+        for (int64_t it = 0; it < iters; it++) {
+            _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7);
+        }
+    }
+    _tile_stored(0, out, 64);
+    _tile_release();
+    *sink += out[0];
+    return iters * 4 * 16 * 16 * (kind == FT_PEAK_AMX_BF16 ? 32 : 64);
+#else
+    (void)kind; (void)iters; (void)sink;
+    return -1;
+#endif
+}
+
+static void peak_fn(void *a, int tid) {
+    peak_job *J = a;
+    double s = 0;
+    int64_t n;
+    switch (J->kind) {
+    case FT_PEAK_FP32: n = run_fp32(J->iters, &s); break;
+    case FT_PEAK_BF16: n = run_bf16(J->iters, &s); break;
+    case FT_PEAK_INT8: n = run_int8(J->iters, &s); break;
+    default: n = run_amx(J->kind, J->iters, &s); break;
+    }
+    J->sink[tid] = s;
+    J->macs[tid] = n;
+}
+
+/* Multiply-adds executed by all pool threads running `iters` rounds of `kind`'s instruction
+ * (the caller times it), or -1 where the format has no instruction here. */
+int64_t ft_peak_macs(void *vp, int kind, int64_t iters) {
+    ft_pool *p = vp;
+    double sink[256] = {0};
+    int64_t macs[256] = {0};
+    peak_job J = {kind, iters, sink, macs, p};
+    pool_run(p, peak_fn, &J);
+    int64_t total = 0;
+    for (int i = 0; i < p->n && i < 256; i++) {
+        if (macs[i] < 0) return -1;
+        total += macs[i];
+    }
+    volatile double keep = sink[0];
+    (void)keep;
+    return total;
+}

@@ -1,0 +1,143 @@
+"""This machine's limits and a model's cost per token against them: the roofline.
+
+`measure_machine()` runs small C probes on the kernel pool's threads: the read bandwidth
+(ft_read_bytes over a buffer far larger than the caches) and the peak multiply-add rate per
+number format (ft_peak_macs: fp32 FMA, AVX512-BF16 vdpbf16ps, VNNI vpdpbusd, AMX tdpbf16ps /
+tdpbssd where the OS grants the tiles), each the best of a few short runs.
+
+`model_costs()` counts, per phase of one layer stack, the bytes a decode step reads and the
+multiply-adds a token costs (weights from the config, experts at their bytes in the pool, KV in
+bf16). A decode step cannot beat bytes / bandwidth, a prefill token FLOPs / peak: the share
+`bound / measured` says how far from the limit an engine runs, on any machine the first time
+it runs there (`freetoken check --roofline`, bench/vs_llamacpp.py)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from . import cpu_kernels
+from .pool import CpuPool
+
+PEAK_KINDS = {"fp32": 0, "bf16": 1, "int8": 2, "amx_bf16": 3, "amx_int8": 4}
+# the instructions a weight format's prefill GEMM can use (its best one is the ceiling)
+FORMAT_PEAKS = {"bf16": ("amx_bf16", "bf16", "fp32"), "int8": ("amx_int8", "int8", "fp32"), "fp32": ("fp32",)}
+
+
+@dataclass
+class Machine:
+    threads: int
+    read_bw: float                              # bytes/s, all threads
+    peak: dict[str, float] = field(default_factory=dict)   # FLOP/s (2 per multiply-add) per PEAK_KINDS
+
+    def ceiling(self, fmt: str) -> tuple[str, float]:
+        """(instruction, FLOP/s): the fastest one a `fmt` GEMM can use here."""
+        kinds = [k for k in FORMAT_PEAKS.get(fmt, ("fp32",)) if k in self.peak]
+        best = max(kinds, key=lambda k: self.peak[k])
+        return best, self.peak[best]
+
+    def describe(self) -> str:
+        peaks = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in self.peak.items())
+        return f"read {self.read_bw / 1e9:.1f} GB/s; peak GFLOP/s {peaks} ({self.threads} threads)"
+
+
+def _best(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure_machine(threads: int | None = None, read_bytes: int = 256 << 20, reps: int = 3,
+                    probe_s: float = 0.05) -> Machine:
+    """The read bandwidth and the peak rate of every format this CPU runs (about a second)."""
+    lib = cpu_kernels()
+    if lib is None:
+        raise RuntimeError("the roofline probes need the C kernels (no C compiler found)")
+    pool = CpuPool(lib, threads, spin_us=200)
+    try:
+        buf = torch.ones(read_bytes // 8, dtype=torch.int64)
+        bw = buf.nbytes / _best(lambda: lib.ft_read_bytes(pool.handle, buf.data_ptr(), buf.nbytes), reps)
+        del buf
+        peak = {}
+        for name, kind in PEAK_KINDS.items():
+            if lib.ft_peak_macs(pool.handle, kind, 1) < 0:
+                continue
+            iters = 1000
+            while True:         # long enough to time (probe_s), from a short first run
+                t = time.perf_counter()
+                lib.ft_peak_macs(pool.handle, kind, iters)
+                dt = time.perf_counter() - t
+                if dt > probe_s / 4 or iters > 1 << 34:
+                    break
+                iters *= 4
+            macs = lib.ft_peak_macs(pool.handle, kind, iters)
+            peak[name] = 2 * macs / _best(lambda: lib.ft_peak_macs(pool.handle, kind, iters), reps)
+        return Machine(pool.num_threads, bw, peak)
+    finally:
+        pool.close()
+
+
+@dataclass
+class Phase:
+    name: str
+    bytes: float        # read per decode step (one sequence)
+    flops: float        # per token (2 per multiply-add)
+
+
+def model_costs(config: dict, *, weight_bytes: float = 2.0, expert_bytes: float | None = None,
+                context: int = 512, kv_bytes: float = 2.0) -> list[Phase]:
+    """Per-token costs by phase for a decoder from its HF-style config: attention projections,
+    attention over `context` keys, router, routed experts (top-k of `expert_bytes` each; default
+    3 x hidden x intermediate x weight_bytes), shared experts or a dense MLP, lm_head."""
+    g = lambda *names, default=0: next((config[n] for n in names if config.get(n) is not None), default)  # noqa: E731
+    H, L = g("hidden_size"), g("num_hidden_layers")
+    hq = g("num_attention_heads")
+    hkv = g("num_key_value_heads", default=hq)
+    d = g("head_dim", default=H // max(1, hq))
+    E, k = g("num_experts", "n_routed_experts", "num_local_experts"), g("num_experts_per_tok", "moe_topk", default=0)
+    inter = g("moe_intermediate_size", "intermediate_size")
+    shared = g("n_shared_experts", default=0) * inter + g("shared_expert_intermediate_size", default=0)
+    vocab = g("vocab_size")
+    proj = H * (hq + 2 * hkv) * d + hq * d * H
+    per_expert = 3 * H * inter
+    e_bytes = expert_bytes if expert_bytes is not None else per_expert * weight_bytes
+    phases = [Phase("attention projections", L * proj * weight_bytes, 2 * L * proj),
+              Phase(f"attention ({context} keys)", L * 2 * hkv * d * context * kv_bytes, 2 * L * 2 * hq * d * context)]
+    if E and k:
+        phases.append(Phase("router", L * H * E * weight_bytes, 2 * L * H * E))
+        phases.append(Phase(f"experts (top-{k} of {E})", L * k * e_bytes, 2 * L * k * per_expert))
+        if shared:
+            phases.append(Phase("shared experts", L * 3 * H * shared * weight_bytes, 2 * L * 3 * H * shared))
+    else:
+        mlp = 3 * H * g("intermediate_size")
+        phases.append(Phase("MLP", L * mlp * weight_bytes, 2 * L * mlp))
+    phases.append(Phase("lm_head", vocab * H * weight_bytes, 2 * vocab * H))
+    return phases
+
+
+def decode_share(phases: list[Phase], machine: Machine, tok_s: float) -> float:
+    """Bytes per step / bandwidth over the measured time per step (one sequence)."""
+    return sum(p.bytes for p in phases) * tok_s / machine.read_bw
+
+
+def prefill_share(phases: list[Phase], machine: Machine, tok_s: float, fmt: str = "bf16") -> float:
+    """FLOPs per token / the format's peak over the measured time per token."""
+    return sum(p.flops for p in phases) * tok_s / machine.ceiling(fmt)[1]
+
+
+def report(phases: list[Phase], machine: Machine, fmt: str = "bf16") -> str:
+    """A table: per phase the decode bound (bytes / bandwidth) and the prefill bound (FLOPs / peak)."""
+    inst, peak = machine.ceiling(fmt)
+    rows = [f"{'phase':<28} {'MB/step':>9} {'decode ms':>10} {'MFLOP/tok':>10} {'prefill us/tok':>15}"]
+    for p in phases + [Phase("total", sum(p.bytes for p in phases), sum(p.flops for p in phases))]:
+        rows.append(f"{p.name:<28} {p.bytes / 1e6:>9.1f} {1e3 * p.bytes / machine.read_bw:>10.2f} "
+                    f"{p.flops / 1e6:>10.1f} {1e6 * p.flops / peak:>15.1f}")
+    total_b, total_f = sum(p.bytes for p in phases), sum(p.flops for p in phases)
+    rows.append(f"limits: decode <= {machine.read_bw / total_b:.1f} tok/s (read bandwidth), "
+                f"prefill <= {peak / total_f:.0f} tok/s ({fmt} on {inst})")
+    return "\n".join(rows)
