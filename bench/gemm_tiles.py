@@ -15,7 +15,7 @@ import time
 import torch
 
 from freetoken import kernels
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import quantize_banks
 from freetoken.kernels.gemm import GEMM_MODES, gemm_bf16, modes_here
 from freetoken.kernels.pool import CpuPool

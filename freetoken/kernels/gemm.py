@@ -21,7 +21,7 @@ _rounding = {"tiles_min": 0}
 
 def set_tiles_rounding(min_tokens: int) -> None:
     """Record the library's expert-tiles switch (choices.set_gemm_tiles) for the torch expert
-    executors (experts/numerics.py): calls of >= `min_tokens` tokens round x and h to bf16 (0: off)."""
+    executors (experts/execution/numerics.py): calls of >= `min_tokens` tokens round x and h to bf16 (0: off)."""
     _rounding["tiles_min"] = int(min_tokens)
 
 

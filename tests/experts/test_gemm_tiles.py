@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from freetoken import kernels
-from freetoken.experts.cpu import CpuExpertExecutor
+from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.kernels.gemm import GEMM_MODES, mode_code, modes_here
 from freetoken.kernels.pool import CpuPool
 
