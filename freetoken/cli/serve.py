@@ -21,8 +21,10 @@ def register(subparsers) -> None:
     s = subparsers.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server",
                               description="Serve a model over OpenAI (/v1/chat/completions, "
                               "/v1/completions, /v1/responses, /v1/models) and Anthropic "
-                              "(/v1/messages) APIs. Without --model: a random-weight demo model.")
-    s.add_argument("--model", default=None, help="checkpoint directory or FTW file (default: random-weight demo)")
+                              "(/v1/messages) APIs. Without --model: SmolLM2-135M-Instruct when installed "
+                              "(./ft installs it), else a random-weight demo model.")
+    s.add_argument("--model", default=None, help="checkpoint directory, GGUF/FTW file, Ollama name or HF repo id (default: "
+                   "SmolLM2-135M-Instruct if installed, else the random-weight demo; `freetoken-demo`: the demo)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--served-model-name", default=None,
@@ -138,9 +140,8 @@ def cmd_serve(args) -> int:
     except Exception as e:  # noqa: BLE001 - constrained output is optional
         log.info("constrained output unavailable: %s", e)
     if demo:
-        log.warning("NO --model GIVEN: serving a RANDOM-WEIGHT DEMO model (%s, built in %s). "
-                    "Its output is gibberish; pass --model DIR to serve a real checkpoint.",
-                    DEMO_ARCH, model)
+        log.warning("serving a RANDOM-WEIGHT DEMO model (%s, built in %s): its output is gibberish. "
+                    "Pass --model to serve a real checkpoint.", DEMO_ARCH, model)
 
     from ..server.shutdown import GracefulServer, uvicorn_config
 
@@ -151,9 +152,10 @@ def cmd_serve(args) -> int:
                 return
             port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port
             url = f"http://{args.host}:{port}"
-            log.warning("FreeToken ready on %s  model=%s%s  (OpenAI base URL %s/v1, Anthropic base "
-                        "URL %s)", url, svc.model_name, " [random-weight demo]" if demo else "",
-                        url, url)
+            log.warning("FreeToken ready on %s  model=%s%s  (open %s/ in a browser; OpenAI base URL %s/v1, "
+                        "Anthropic base URL %s)", url, svc.model_name,
+                        " [RANDOM weights: a demo of the machinery, its answers are gibberish]" if demo else "",
+                        url, url, url)
             print(f"READY {url}", flush=True)
 
     config = uvicorn_config(app, args.shutdown_timeout, conn_timeouts(args),

@@ -40,8 +40,8 @@ class Gemma3ForCausalLM(DenseCausalLM):
     def tiny_config(cls, layers, experts, top_k, hidden, vocab):
         return "Gemma3TextConfig", dict(
             tiny_base(layers, hidden, vocab), head_dim=hidden // 4, intermediate_size=2 * hidden,
-            query_pre_attn_scalar=hidden // 4, sliding_window=8, tie_word_embeddings=True,
-            layer_types=["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)])
+            query_pre_attn_scalar=hidden // 4, sliding_window=8, tie_word_embeddings=True)
+        # layer types: transformers' default, five sliding layers then a full one (llama.cpp's too)
 
     def __init__(self, ck, cfg, max_len):
         if ck.config.get("attn_logit_softcapping"):

@@ -30,6 +30,8 @@ PER_ARCH = {
                   "attn_kv_a_norm": "self_attn.kv_a_layernorm", "attn_kv_b": "self_attn.kv_b_proj"},
     "glm4moe": {**_DEEPSEEK_MOE, "post_attention_norm": "post_attention_layernorm"},
     "llama": {"ffn_gate_inp": "block_sparse_moe.gate"},
+    "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
     "gpt-oss": {"ffn_gate_inp": "mlp.router", "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks"},
 }
