@@ -17,7 +17,7 @@ import torch
 
 from ..quant import ggml_quants as gq
 
-KERNEL_TYPES = (gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K)   # the C kernels' dot products
+KERNEL_TYPES = gq.KERNEL_TYPES   # the C kernels' dot products
 
 
 def pad_rows(rows: torch.Tensor, width: int) -> torch.Tensor:

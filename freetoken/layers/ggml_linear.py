@@ -21,7 +21,7 @@ from ..kernels.pool import CpuPool
 from ..quant import ggml_quants as gq
 from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
 
-KERNEL_TYPES = (gq.Q8_0, gq.Q4_0, gq.MXFP4, gq.Q4_K, gq.Q5_K, gq.Q6_K)   # ggml_dense.c's types
+KERNEL_TYPES = gq.KERNEL_TYPES   # ggml_dense.c's types
 _GGML = 7                    # FMT_GGML of the C kernels
 _TILE_FLOATS = 8 << 20       # fp32 scratch per prefill tile (32 MiB)
 

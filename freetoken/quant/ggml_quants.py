@@ -4,24 +4,40 @@
 A quantized row of `cols` elements is `cols / block_elems(t)` blocks of `block_bytes(t)` bytes.
 Block layouts (little-endian; d, dmin: fp16; k-quants have 256-element super-blocks):
   Q4_0   [d | qs 16]                 x = d * (nibble - 8); low nibbles: 0..15, high: 16..31
+  Q4_1   [d | m | qs 16]             x = d * nibble + m
+  Q5_0   [d | qh u32 | qs 16]        x = d * ((nibble | bit_i << 4) - 16), bit i of qh for element i
+  Q5_1   [d | m | qh u32 | qs 16]    x = d * (nibble | bit_i << 4) + m
+  IQ4_NL [d | qs 16]                 x = d * kvalues[nibble] (IQ4_XS's non-linear 16 values)
   Q8_0   [d | qs int8 32]            x = d * q
   MXFP4  [e8m0 | qs 16]              x = 2^(e-128) * (2 * e2m1); nibbles as Q4_0
   Q4_K   [d | dmin | scales 12 | qs 128]      x = d*sc_j * q - dmin*m_j, 6-bit sc/m per 32
   Q5_K   [d | dmin | scales 12 | qh 32 | qs 128]  as Q4_K with a fifth bit from qh
   Q6_K   [ql 128 | qh 64 | scales int8 16 | d]   x = d*sc_g * (q - 32), one scale per 16
   IQ4_XS [d | scales_h u16 | scales_l 4 | qs 128]  x = d*(sc_j - 32) * kvalues[nibble]
+  Q2_K   [scales 16 | qs 64 | d | dmin]          x = d*(sc_g & 15) * q - dmin*(sc_g >> 4), per 16
+  Q3_K   [hmask 32 | qs 64 | scales 12 | d]      x = d*(sc_g - 32) * (q | hbit << 2 - 4), 6-bit sc per 16
+  TQ2_0  [qs 64 | d]                             x = d * (q - 1), q 2 bits (ternary)
+  TQ1_0  [qs 48 | qh 4 | d]                      x = d * (trit - 1), 5 (qh: 4) trits per byte in base 3
+The 2-bit fields of Q2_K/Q3_K/TQ2_0: element 128 h + 32 j + i is bits 2j..2j+1 of qs[32 h + i].
   F32 / F16 / BF16: plain values.
 """
 from __future__ import annotations
 
 import torch
 
-F32, F16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS, BF16, MXFP4 = 0, 1, 2, 8, 12, 13, 14, 23, 30, 39
-NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K",
-         Q6_K: "Q6_K", IQ4_XS: "IQ4_XS", BF16: "BF16", MXFP4: "MXFP4"}
-_SIZES = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q8_0: (32, 34), MXFP4: (32, 17),
-          Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), IQ4_XS: (256, 136)}
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, BF16, TQ1_0, TQ2_0, MXFP4 = 10, 11, 12, 13, 14, 20, 23, 30, 34, 35, 39
+# one entry per type: name, (elements, bytes) per block
+NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
+         Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", IQ4_NL: "IQ4_NL",
+         IQ4_XS: "IQ4_XS", BF16: "BF16", TQ1_0: "TQ1_0", TQ2_0: "TQ2_0", MXFP4: "MXFP4"}
+_SIZES = {F32: (1, 4), F16: (1, 2), BF16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q5_0: (32, 22),
+          Q5_1: (32, 24), Q8_0: (32, 34), IQ4_NL: (32, 18), MXFP4: (32, 17), Q2_K: (256, 84),
+          Q3_K: (256, 110), Q4_K: (256, 144), Q5_K: (256, 176), Q6_K: (256, 210), IQ4_XS: (256, 136),
+          TQ1_0: (256, 54), TQ2_0: (256, 66)}
 FLOAT_TYPES = (F32, F16, BF16)
+# the types the C kernels (kernels/c/ggml.c decode GEMV + tiles, ggml_dense.c rows) read packed
+KERNEL_TYPES = (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, TQ1_0, TQ2_0)
 _E2M1_X2 = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 _IQ4_NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
@@ -74,9 +90,65 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 0x0F, qs >> 4], -1)
 
 
+def _qh_bits(qh: torch.Tensor) -> torch.Tensor:
+    """Q5_0/Q5_1's 4 bytes [nb, 4] -> [nb, 32] uint8: bit i (little-endian u32) for element i."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=qh.device)
+    return ((qh.unsqueeze(-1) >> shifts) & 1).reshape(qh.shape[0], 32)
+
+
+def _crumbs(qs: torch.Tensor) -> torch.Tensor:
+    """2-bit fields [nb, 32 h] -> [nb, 128 h] uint8: element 128 h + 32 j + i = bits 2j of qs[32 h + i]."""
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=qs.device).reshape(1, 1, 4, 1)
+    return ((qs.reshape(qs.shape[0], -1, 1, 32) >> shifts) & 3).reshape(qs.shape[0], -1)
+
+
+def _trits(b: torch.Tensor) -> torch.Tensor:
+    """TQ1_0's 52 packed bytes [nb, 52] -> [nb, 256] uint8 trits 0..2: byte * 3^p keeps trit p in
+    its top, read as (u8 * 3) >> 8."""
+    nb, dev = b.shape[0], b.device
+    pw = lambda k: torch.tensor([1, 3, 9, 27, 81][:k], dtype=torch.uint8, device=dev).reshape(1, k, 1)  # noqa: E731
+    q0 = (b[:, :32].reshape(nb, 1, 32) * pw(5)).reshape(nb, 160)
+    q1 = (b[:, 32:48].reshape(nb, 1, 16) * pw(5)).reshape(nb, 80)
+    qh = (b[:, 48:52].reshape(nb, 1, 4) * pw(4)).reshape(nb, 16)
+    return ((torch.cat([q0, q1, qh], -1).to(torch.int32) * 3) >> 8).to(torch.uint8)
+
+
+def _q3_scales(s: torch.Tensor) -> torch.Tensor:
+    """Q3_K's 12 bytes [nb, 12] -> [nb, 16] float32 signed scales (6 bits - 32)."""
+    lo = torch.cat([s[:, :8] & 0x0F, s[:, :8] >> 4], -1)
+    sh = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=s.device).reshape(1, 4, 1)
+    hi = ((s[:, 8:12].reshape(-1, 1, 4) >> sh) & 3).reshape(-1, 16)
+    return ((lo | (hi << 4)).to(torch.int8) - 32).float()
+
+
 def _deq_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
     """b: [nb, block_bytes] uint8 -> [nb, block_elems] float32 (numpy-gguf's operation order)."""
     nb = b.shape[0]
+    if t == Q4_1:
+        return _f16(b[:, :2]) * _nibbles(b[:, 4:]).float() + _f16(b[:, 2:4])
+    if t == Q5_0:
+        q = _nibbles(b[:, 6:]) | (_qh_bits(b[:, 2:6]) << 4)
+        return _f16(b[:, :2]) * (q.to(torch.int8) - 16).float()
+    if t == Q5_1:
+        q = _nibbles(b[:, 8:]) | (_qh_bits(b[:, 4:8]) << 4)
+        return _f16(b[:, :2]) * q.float() + _f16(b[:, 2:4])
+    if t == IQ4_NL:
+        lut = torch.tensor(_IQ4_NL, dtype=torch.float32, device=b.device)
+        return _f16(b[:, :2]) * lut[_nibbles(b[:, 2:]).long()]
+    if t == Q2_K:
+        sc, d, dmin = b[:, :16], _f16(b[:, 80:82]), _f16(b[:, 82:84])
+        dl = (d * (sc & 0x0F).float()).reshape(nb, 16, 1)
+        ml = (dmin * (sc >> 4).float()).reshape(nb, 16, 1)
+        return (dl * _crumbs(b[:, 16:80]).reshape(nb, 16, 16).float() - ml).reshape(nb, 256)
+    if t == Q3_K:
+        dl = (_f16(b[:, 108:110]) * _q3_scales(b[:, 96:108])).reshape(nb, 16, 1)
+        hb = (b[:, :32].reshape(nb, 1, 32) >> torch.arange(8, dtype=torch.uint8, device=b.device).reshape(1, 8, 1)) & 1
+        q = _crumbs(b[:, 32:96]).to(torch.int8) - ((hb.reshape(nb, 256) ^ 1) << 2).to(torch.int8)
+        return (dl * q.reshape(nb, 16, 16).float()).reshape(nb, 256)
+    if t == TQ2_0:
+        return _f16(b[:, 64:66]) * (_crumbs(b[:, :64]).to(torch.int8) - 1).float()
+    if t == TQ1_0:
+        return _f16(b[:, 52:54]) * (_trits(b).to(torch.int8) - 1).float()
     if t == Q8_0:
         return b[:, 2:].contiguous().view(torch.int8).float() * _f16(b[:, :2])
     if t == Q4_0:
@@ -149,9 +221,91 @@ def _round(v: torch.Tensor) -> torch.Tensor:
     return torch.sign(v) * torch.floor(v.abs() + 0.5)
 
 
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    """[nb, 32] codes 0..15 -> [nb, 16] bytes (elements 0..15 low nibbles, 16..31 high)."""
+    return (q[:, :16] & 0x0F) | (q[:, 16:] << 4)
+
+
+def _pack_qh(q: torch.Tensor) -> torch.Tensor:
+    """[nb, 32] 5-bit codes -> [nb, 4] bytes: bit i of the little-endian u32 = bit 4 of code i."""
+    hb = (q >> 4).reshape(-1, 4, 8).to(torch.int32) << torch.arange(8, dtype=torch.int32)
+    return hb.sum(-1).to(torch.uint8)
+
+
+def _pack_crumbs(q: torch.Tensor) -> torch.Tensor:
+    """[nb, 128 h] 2-bit codes -> [nb, 32 h] bytes (inverse of _crumbs)."""
+    q = q.reshape(q.shape[0], -1, 4, 32)
+    return (q[:, :, 0] | (q[:, :, 1] << 2) | (q[:, :, 2] << 4) | (q[:, :, 3] << 6)).reshape(q.shape[0], -1)
+
+
+def _minmax_codes(x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_1/Q5_1 (gguf's quantizer): d = (max - min) / top, codes trunc((x - min) / d + 0.5)."""
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    d = (hi - lo) / top
+    inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = torch.trunc((x - lo) * inv + 0.5).clamp(0, top).to(torch.uint8)
+    return d, lo, q
+
+
 def _quant_blocks(x: torch.Tensor, t: int) -> torch.Tensor:
     """x: [nb, block_elems] float32 -> [nb, block_bytes] uint8."""
     nb = x.shape[0]
+    if t == Q4_1:
+        d, lo, q = _minmax_codes(x, 15)
+        return torch.cat([_as_f16_bytes(d), _as_f16_bytes(lo), _pack_nibbles(q)], -1)
+    if t == Q5_1:
+        d, lo, q = _minmax_codes(x, 31)
+        return torch.cat([_as_f16_bytes(d), _as_f16_bytes(lo), _pack_qh(q), _pack_nibbles(q)], -1)
+    if t == Q5_0:   # gguf's: d = max / -16 with the signed value of largest magnitude
+        mx = x.gather(-1, x.abs().argmax(-1, keepdim=True))
+        d = mx / -16
+        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+        q = torch.trunc(x * inv + 16.5).clamp(0, 31).to(torch.uint8)
+        return torch.cat([_as_f16_bytes(d), _pack_qh(q), _pack_nibbles(q)], -1)
+    if t == IQ4_NL:  # kvalues[0] = -127 reaches the largest magnitude; nearest value per element
+        mx = x.gather(-1, x.abs().argmax(-1, keepdim=True))
+        d16 = (mx / -127).to(torch.float16).float()
+        lut = torch.tensor(_IQ4_NL, dtype=torch.float32)
+        q = (d16.unsqueeze(-1) * lut - x.unsqueeze(-1)).abs().argmin(-1).to(torch.uint8)
+        return torch.cat([_as_f16_bytes(d16), _pack_nibbles(q)], -1)
+    if t == Q2_K:
+        xs = x.reshape(nb, 16, 16)
+        lo = xs.amin(-1).clamp(max=0)
+        scale = (xs.amax(-1) - lo) / 3
+        d16 = (scale.amax(-1, keepdim=True) / 15).to(torch.float16).float()
+        dm16 = ((-lo).amax(-1, keepdim=True) / 15).to(torch.float16).float()
+        sc = torch.where(d16 > 0, _round(scale / d16.clamp_min(1e-30)), 0).clamp(0, 15).to(torch.uint8)
+        m = torch.where(dm16 > 0, _round(-lo / dm16.clamp_min(1e-30)), 0).clamp(0, 15).to(torch.uint8)
+        step, off = (d16 * sc.float()).unsqueeze(-1), (dm16 * m.float()).unsqueeze(-1)
+        q = torch.where(step > 0, _round((xs + off) / step.clamp_min(1e-30)), 0).clamp(0, 3).to(torch.uint8)
+        return torch.cat([sc | (m << 4), _pack_crumbs(q.reshape(nb, 256)), _as_f16_bytes(d16), _as_f16_bytes(dm16)], -1)
+    if t == Q3_K:
+        xs = x.reshape(nb, 16, 16)
+        mx = xs.gather(-1, xs.abs().argmax(-1, keepdim=True)).squeeze(-1)
+        scale = mx / -4
+        d16 = (scale.abs().amax(-1, keepdim=True) / 31).to(torch.float16).float()
+        sc = torch.where(d16 > 0, _round(scale / d16.clamp_min(1e-30)), 0).clamp(-32, 31)
+        step = (d16 * sc).unsqueeze(-1)
+        q = torch.where(step != 0, _round(xs / torch.where(step == 0, 1, step)), 0).clamp(-4, 3)
+        u = (q + 4).to(torch.uint8).reshape(nb, 256)
+        hb = (u >> 2).reshape(nb, 8, 32).to(torch.int32) << torch.arange(8, dtype=torch.int32).reshape(1, 8, 1)
+        s6 = (sc + 32).to(torch.uint8)
+        sh = s6 >> 4
+        scales = torch.cat([(s6[:, :8] & 0x0F) | ((s6[:, 8:] & 0x0F) << 4),
+                            sh[:, 0:4] | (sh[:, 4:8] << 2) | (sh[:, 8:12] << 4) | (sh[:, 12:16] << 6)], -1)
+        return torch.cat([hb.sum(1).to(torch.uint8), _pack_crumbs(u & 3), scales, _as_f16_bytes(d16)], -1)
+    if t in (TQ1_0, TQ2_0):   # gguf's: d = amax, trits roundf(x / d) + 1
+        d = x.abs().amax(-1, keepdim=True)
+        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+        q = (_round(x * inv) + 1).to(torch.uint8)
+        if t == TQ2_0:
+            return torch.cat([_pack_crumbs(q), _as_f16_bytes(d)], -1)
+        p5 = torch.tensor([81, 27, 9, 3, 1], dtype=torch.int32).reshape(1, 5, 1)
+        q0 = (q[:, :160].reshape(nb, 5, 32).to(torch.int32) * p5).sum(1)
+        q1 = (q[:, 160:240].reshape(nb, 5, 16).to(torch.int32) * p5).sum(1)
+        qh = (q[:, 240:].reshape(nb, 4, 4).to(torch.int32) * p5[:, :4]).sum(1)
+        qs = (torch.cat([q0, q1, qh], -1) * 256 + 242) // 243     # trit p in the top of byte * 3^p
+        return torch.cat([qs.to(torch.uint8), _as_f16_bytes(d)], -1)
     if t == Q8_0:
         d = x.abs().amax(-1, keepdim=True) / 127
         inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
@@ -244,7 +398,13 @@ def quantize(x: torch.Tensor, t: int) -> torch.Tensor:
 
 
 # byte offsets of fp16 scales in each block: their exponent byte is masked to keep them finite
-_F16_AT = {Q8_0: (0,), Q4_0: (0,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,), IQ4_XS: (0,)}
+_F16_AT = {Q8_0: (0,), Q4_0: (0,), Q4_1: (0, 2), Q5_0: (0,), Q5_1: (0, 2), IQ4_NL: (0,), Q2_K: (80, 82),
+           Q3_K: (108,), Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,), IQ4_XS: (0,), TQ1_0: (52,), TQ2_0: (64,)}
+
+
+def f16_scale_offsets(t: int) -> tuple[int, ...]:
+    """Byte offsets of the fp16 scales (d, and m / dmin where the type has one) in a block of `t`."""
+    return _F16_AT.get(_check(t), ())
 
 
 def random_rows(t: int, rows: int, cols: int, gen: torch.Generator | None = None) -> torch.Tensor:

@@ -174,6 +174,27 @@ FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 #endif
 #endif
 
+/* llama.cpp's block types the ggml kernels read (ggml's type ids; layouts in quant/ggml_quants.py) */
+enum { GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q2_K = 10, GT_Q3_K = 11,
+       GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_IQ4_NL = 20, GT_TQ1_0 = 34, GT_TQ2_0 = 35, GT_MXFP4 = 39 };
+/* Bytes of 256 elements of `type` (8 blocks of 32 or one super-block), 0 for a type without
+ * kernels. One entry per type: ggml.c's decode switch and ggml_dense.c's rows cover the same. */
+static inline int ggml_bytes256(int type) {
+    switch (type) {
+    case GT_Q4_0: return 144;   case GT_Q4_1: return 160;  case GT_Q5_0: return 176;
+    case GT_Q5_1: return 192;   case GT_Q8_0: return 272;  case GT_IQ4_NL: return 144;
+    case GT_MXFP4: return 136;  case GT_Q2_K: return 84;   case GT_Q3_K: return 110;
+    case GT_Q4_K: return 144;   case GT_Q5_K: return 176;  case GT_Q6_K: return 210;
+    case GT_TQ1_0: return 54;   case GT_TQ2_0: return 66;
+    default: return 0;
+    }
+}
+/* Types in blocks of 32 (rows of any multiple of 32); the others have 256-element super-blocks. */
+static inline int ggml_blocks32(int type) {
+    return type == GT_Q4_0 || type == GT_Q4_1 || type == GT_Q5_0 || type == GT_Q5_1 || type == GT_Q8_0
+        || type == GT_IQ4_NL || type == GT_MXFP4;
+}
+
 /* ggml.c: llama.cpp block types (FMT_GGML), the type of each row read through its scale pointer */
 FT_HIDDEN void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1);
 FT_HIDDEN void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,

@@ -2,14 +2,18 @@
  * activations quantized per 32 (int8 + fp32 scale, like llama.cpp's Q8_0 activations).
  *
  * A row's type comes per expert tensor (the bank's int32 type arrays); every type is reduced to
- * the same step: 32 weights as unsigned (Q4_0, MXFP4 offset +12, Q4_K, Q5_K, Q6_K) or signed
- * (Q8_0) bytes, an integer dot with the 32 int8 activations (vpdpbusd on AVX512-VNNI, else
- * maddubs+madd), one fma with weight scale x activation scale; the offsets of the unsigned
- * codes (Q4_0's 8, MXFP4's 12, the k-quants' mins, Q6_K's 32) are removed once per 32 (per 16
- * for Q6_K) with the activation block sums from prep. Types and layouts: quant/ggml_quants.py. */
+ * the same step: 32 weights as unsigned codes (Q4_0, Q4_1, Q5_0, Q5_1, MXFP4 offset +12, Q2_K,
+ * Q3_K (+4), Q4_K, Q5_K, Q6_K, TQ1_0/TQ2_0 (+1)) or signed bytes (Q8_0, IQ4_NL's values), an
+ * integer dot with the 32 int8 activations (vpdpbusd on AVX512-VNNI, else maddubs+madd), one fma
+ * with weight scale x activation scale; the offsets of the unsigned codes (Q4_0's 8, Q5_0's 16,
+ * MXFP4's 12, Q4_1/Q5_1's and the k-quants' mins, Q3_K's 4, Q6_K's 32, the ternary types' 1) are
+ * removed once per 32 (per 16 for Q2_K, Q3_K, Q6_K, whose scales are per 16) with the
+ * activation block sums from prep. Types and layouts: quant/ggml_quants.py. */
 #include "ft_kernels.h"
 
-enum { GT_Q4_0 = 2, GT_Q8_0 = 8, GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14, GT_MXFP4 = 39 };
+/* per-type properties the kernels branch on (compile-time constants inside grow) */
+#define G_SIGNED(t) ((t) == GT_Q8_0 || (t) == GT_IQ4_NL)              /* signed codes, no offset */
+#define G_PER16(t) ((t) == GT_Q6_K || (t) == GT_Q2_K || (t) == GT_Q3_K) /* scales per 16 weights */
 
 /* Prepared activations: int8 q[n] (natural order) | float d[n/32] | float s32[n/32] |
  * float s16[n/16], where s32 / s16 = d * the sum of the block's 32 / the group's 16 q (the
@@ -32,18 +36,9 @@ void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1) {
     }
 }
 
-static inline float h2f(const uint8_t *p) { uint16_t h; memcpy(&h, p, 2); return f16_to_f32(h); }
 static inline float e8m0_half(uint8_t e) {   /* 2^(e-128), ggml_e8m0_to_fp32_half */
     uint32_t u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23; float f; memcpy(&f, &u, 4); return f;
 }
-static inline void kscales(const uint8_t *s, uint8_t *sc, uint8_t *m) {   /* Q4_K/Q5_K 6-bit scales */
-    for (int j = 0; j < 4; j++) {
-        sc[j] = s[j] & 63; m[j] = s[j + 4] & 63;
-        sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
-        m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
-    }
-}
-
 typedef struct { const int8_t *q; const float *d, *s32, *s16; } xview;
 static inline xview xv(const uint8_t *p, int n) {
     const float *d = (const float *)(p + n);
@@ -70,26 +65,61 @@ FORCE_INLINE __m256 f16x8(const uint8_t *p, int stride) {   /* 8 fp16 scales `st
     return _mm256_cvtph_ps(v);
 }
 
-/* Decodes 8 blocks: wv[k] the 32 weight codes of block k, ws/os the weight scales and offset
- * coefficients as vectors (Q6_K: ws[0..1], os[0..1] per 16 weights), built in registers (8
- * scalar stores reloaded as one vector would stall store forwarding). */
+/* 32 bytes whose byte i is 0x10 where bit i of the little-endian u32 at p is set (Q5_0/Q5_1) */
+FORCE_INLINE __m256i hbits32(const uint8_t *p) {
+    uint32_t h; memcpy(&h, p, 4);
+    const __m256i sh = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                        2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)h), sh), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+/* The 32 codes of one legacy block (blocks of 32 with the scale d first) at q: unsigned, except
+ * Q8_0's and IQ4_NL's signed values. */
+FORCE_INLINE __m256i decode32(const int type, const uint8_t *q) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    if (type == GT_Q8_0) return _mm256_loadu_si256((const __m256i *)(q + 2));
+    const int at = type == GT_MXFP4 ? 1 : type == GT_Q4_0 || type == GT_IQ4_NL ? 2 : type == GT_Q4_1 ? 4
+                 : type == GT_Q5_0 ? 6 : 8;
+    __m128i v = _mm_loadu_si128((const __m128i *)(q + at));
+    __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
+    if (type == GT_MXFP4) {
+        const __m256i lutu = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                              12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        return _mm256_shuffle_epi8(lutu, nib);
+    }
+    if (type == GT_IQ4_NL) {
+        const __m256i lut = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+                                             -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        return _mm256_shuffle_epi8(lut, nib);
+    }
+    if (type == GT_Q5_0 || type == GT_Q5_1) nib = _mm256_or_si256(nib, hbits32(q + (type == GT_Q5_0 ? 2 : 4)));
+    return nib;
+}
+
+/* Offset coefficient of a legacy block per unit of weight scale d (x = d (code - off)); Q4_1 and
+ * Q5_1 carry their own min m instead (x = d code + m: coefficient -m). */
+#define G_OFF(t) ((t) == GT_Q4_0 ? 8.f : (t) == GT_Q5_0 ? 16.f : (t) == GT_MXFP4 ? 12.f : 0.f)
+#define G_MIN(t) ((t) == GT_Q4_1 || (t) == GT_Q5_1)
+
+/* TQ1_0's trit at the top of each byte: (b * 3) >> 8 = [b >= 86] + [b >= 171] */
+FORCE_INLINE __m256i trit(__m256i b) {
+    const __m256i c1 = _mm256_set1_epi8((char)86), c2 = _mm256_set1_epi8((char)171);
+    __m256i a = _mm256_cmpeq_epi8(_mm256_max_epu8(b, c1), b), c = _mm256_cmpeq_epi8(_mm256_max_epu8(b, c2), b);
+    return _mm256_sub_epi8(_mm256_setzero_si256(), _mm256_add_epi8(a, c));
+}
+FORCE_INLINE __m256i times3(__m256i b) { return _mm256_add_epi8(b, _mm256_add_epi8(b, b)); }   /* mod 256 */
+
+/* Decodes 8 blocks of 32: wv[k] the 32 weight codes of block k, ws/os the weight scales and
+ * offset coefficients as vectors (per-16 types: ws[0..1], os[0..1] per 16 weights), built in
+ * registers (8 scalar stores reloaded as one vector would stall store forwarding). */
 FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, __m256 *ws, __m256 *os) {
     const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1), m3 = _mm256_set1_epi8(3);
-    const __m256i lutu = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                          12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-    if (type == GT_Q8_0 || type == GT_Q4_0 || type == GT_MXFP4) {
-        const int bs = type == GT_Q8_0 ? 34 : type == GT_Q4_0 ? 18 : 17;
+    if (ggml_blocks32(type)) {
+        const int bs = ggml_bytes256(type) / 8;
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            const uint8_t *q = blk + bs * k;
-            if (type == GT_Q8_0) {       /* signed: the caller moves the signs onto x */
-                wv[k] = _mm256_loadu_si256((const __m256i *)(q + 2));
-            } else {
-                __m128i v = _mm_loadu_si128((const __m128i *)(q + (type == GT_Q4_0 ? 2 : 1)));
-                __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), m4);
-                wv[k] = type == GT_Q4_0 ? nib : _mm256_shuffle_epi8(lutu, nib);
-            }
-        }
+        for (int k = 0; k < 8; k++) wv[k] = decode32(type, blk + bs * k);
         if (type == GT_MXFP4) {   /* 2^(e-128): bits (e-1)<<23, or 0x00200000<<e below e = 2 */
             __m128i e8 = _mm_setzero_si128();
             for (int k = 0; k < 8; k++) e8 = _mm_insert_epi16(e8, blk[17 * k], k);
@@ -97,11 +127,11 @@ FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, __m25
             __m256i norm = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
             __m256i sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);
             ws[0] = _mm256_castsi256_ps(_mm256_blendv_epi8(norm, sub, _mm256_cmpgt_epi32(two, e)));
-            os[0] = _mm256_mul_ps(ws[0], _mm256_set1_ps(12.f));
         } else {
             ws[0] = f16x8(blk, bs);
-            os[0] = _mm256_mul_ps(ws[0], _mm256_set1_ps(8.f));   /* Q4_0 (unused for Q8_0) */
         }
+        os[0] = G_MIN(type) ? _mm256_sub_ps(_mm256_setzero_ps(), f16x8(blk + 2, bs))
+                            : _mm256_mul_ps(ws[0], _mm256_set1_ps(G_OFF(type)));   /* unused when signed */
     } else if (type == GT_Q4_K || type == GT_Q5_K) {
         const int q5 = type == GT_Q5_K;
         const uint8_t *qs = blk + (q5 ? 48 : 16);
@@ -124,7 +154,7 @@ FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, __m25
             }
             wv[2 * c4] = lo; wv[2 * c4 + 1] = hi;
         }
-    } else {   /* GT_Q6_K: scales per 16 weights */
+    } else if (type == GT_Q6_K) {   /* scales per 16 weights */
         const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 208)));
         __m128i s16 = _mm_loadu_si128((const __m128i *)(blk + 192));
         ws[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s16)));
@@ -143,6 +173,65 @@ FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, __m25
             for (int s = 0; s < 4; s++)
                 wv[4 * h + s] = _mm256_or_si256(qv[s], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m3), 4));
         }
+    } else if (type == GT_Q2_K || type == GT_Q3_K || type == GT_TQ2_0) {
+        /* 2-bit codes: block 4h + j = bits 2j of the 32 bytes qs[32 h ..] */
+        const uint8_t *qs = blk + (type == GT_Q2_K ? 16 : type == GT_Q3_K ? 32 : 0);
+        if (type == GT_Q2_K) {   /* x = d (sc & 15) q - dmin (sc >> 4), per 16 */
+            const __m128i s = _mm_loadu_si128((const __m128i *)blk), n4 = _mm_set1_epi8(0x0f);
+            const __m128i sl = _mm_and_si128(s, n4), sh = _mm_and_si128(_mm_srli_epi16(s, 4), n4);
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 80)));
+            const __m256 dm = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 82)));
+            ws[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sl)));
+            ws[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sl, 8))));
+            os[0] = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sh)));
+            os[1] = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sh, 8))));
+        } else if (type == GT_Q3_K) {   /* x = d (sc - 32) (q + 4 hbit - 4), 6-bit sc per 16 */
+            uint32_t l0, l1, hh;
+            memcpy(&l0, blk + 96, 4); memcpy(&l1, blk + 100, 4); memcpy(&hh, blk + 104, 4);
+            const uint32_t n4 = 0x0f0f0f0fu, n2 = 0x03030303u;
+            const __m128i s = _mm_sub_epi8(_mm_setr_epi32((int)((l0 & n4) | (hh & n2) << 4),
+                                                          (int)((l1 & n4) | ((hh >> 2) & n2) << 4),
+                                                          (int)(((l0 >> 4) & n4) | ((hh >> 4) & n2) << 4),
+                                                          (int)(((l1 >> 4) & n4) | ((hh >> 6) & n2) << 4)),
+                                           _mm_set1_epi8(32));
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 108)));
+            ws[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)));
+            ws[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8))));
+            os[0] = _mm256_mul_ps(ws[0], _mm256_set1_ps(4.f));
+            os[1] = _mm256_mul_ps(ws[1], _mm256_set1_ps(4.f));
+        } else {   /* TQ2_0: x = d (q - 1) */
+            ws[0] = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 64)));
+            os[0] = ws[0];
+        }
+        const __m256i hm = type == GT_Q3_K ? _mm256_loadu_si256((const __m256i *)blk) : _mm256_setzero_si256();
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m256i c = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
+                if (type == GT_Q3_K)   /* bit 4h + j of hmask[i]: the code's bit 2 */
+                    c = _mm256_or_si256(c, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + j), m1), 2));
+                wv[4 * h + j] = c;
+            }
+        }
+    } else {   /* GT_TQ1_0: x = d (trit - 1); trit p of byte b is the top trit of b 3^p (mod 256) */
+        ws[0] = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 52)));
+        os[0] = ws[0];
+        __m256i v = _mm256_loadu_si256((const __m256i *)blk);      /* elements 32 p + i, p < 5 */
+#pragma GCC unroll 5
+        for (int k = 0; k < 5; k++) { wv[k] = trit(v); v = times3(v); }
+        /* elements 160 + 16 p + i (p < 5, i < 16) from qs[32 + i]; 240 + 4 p + i from qh[i] */
+        const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(blk + 32)));
+        const __m256i b5 = _mm256_blend_epi32(a, times3(a), 0xF0);            /* [x1 | x3] */
+        const __m256i b6 = times3(times3(b5));                                  /* [x9 | x27] */
+        uint32_t qh; memcpy(&qh, blk + 48, 4);
+        const __m128i h1 = _mm_set1_epi32((int)qh);
+        const __m128i h3 = _mm_add_epi8(h1, _mm_add_epi8(h1, h1)), h9 = _mm_add_epi8(h3, _mm_add_epi8(h3, h3));
+        const __m128i h27 = _mm_add_epi8(h9, _mm_add_epi8(h9, h9));
+        const __m128i hv = _mm_blend_epi32(_mm_blend_epi32(h1, h3, 0x2), _mm_blend_epi32(h9, h27, 0x8), 0xC);
+        const __m256i b7 = _mm256_inserti128_si256(times3(times3(b6)), hv, 1);   /* [x81 | qh] */
+        wv[5] = trit(b5); wv[6] = trit(b6); wv[7] = trit(b7);
     }
 }
 
@@ -157,9 +246,8 @@ FORCE_INLINE __m512i dot512_u8s8(__m512i u, __m512i s) {   /* dot_u8s8 on 64 byt
 #endif
 
 FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, float *res, const int NT) {
-    const int k6 = type == GT_Q6_K;
-    const int bs = type == GT_Q8_0 ? 8 * 34 : type == GT_Q4_0 ? 8 * 18 : type == GT_MXFP4 ? 8 * 17
-                 : type == GT_Q4_K ? 144 : type == GT_Q5_K ? 176 : 210;
+    const int k6 = G_PER16(type), sg = G_SIGNED(type);
+    const int bs = ggml_bytes256(type);
     const __m256i lo4 = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), hi4 = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     __m256 acc[NTMAX][2], corr[NTMAX];
     for (int t = 0; t < NT; t++) acc[t][0] = acc[t][1] = corr[t] = _mm256_setzero_ps();
@@ -185,7 +273,7 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
                 corr[t] = _mm256_fmadd_ps(os[1], _mm256_loadu_ps(X[t].s16 + 2 * b0 + 8), corr[t]);
             } else {
                 D[t][0] = _mm256_mul_ps(ws[0], dx);
-                if (type != GT_Q8_0)
+                if (!sg)
                     corr[t] = _mm256_fmadd_ps(os[0], _mm256_loadu_ps(X[t].s32 + b0), corr[t]);
             }
         }
@@ -196,14 +284,14 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
 #pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
             __m512i w2 = _mm512_inserti64x4(_mm512_castsi256_si512(wv[k]), wv[k + 1], 1);
-            __m512i u = type == GT_Q8_0 ? _mm512_abs_epi8(w2) : w2;
-            const int j = k & 3;   /* Q6_K: the pair's 4 scales of 16 (lanes 2j .. 2j + 3 of D) */
+            __m512i u = sg ? _mm512_abs_epi8(w2) : w2;
+            const int j = k & 3;   /* per 16: the pair's 4 scales of 16 (lanes 2j .. 2j + 3 of D) */
             const __m512i sel = k6 ? _mm512_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
                                                       2 * j + 2, 2 * j + 2, 2 * j + 2, 2 * j + 2, 2 * j + 3, 2 * j + 3, 2 * j + 3, 2 * j + 3)
                                    : _mm512_setr_epi32(k, k, k, k, k, k, k, k, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1, k + 1);
             for (int t = 0; t < NT; t++) {
                 __m512i xq = _mm512_loadu_si512((const void *)(X[t].q + 32 * (b0 + k)));
-                if (type == GT_Q8_0) xq = _mm512_mask_sub_epi8(xq, _mm512_movepi8_mask(w2), _mm512_setzero_si512(), xq);
+                if (sg) xq = _mm512_mask_sub_epi8(xq, _mm512_movepi8_mask(w2), _mm512_setzero_si512(), xq);
                 __m512 sc = _mm512_permutexvar_ps(sel, _mm512_castps256_ps512(D[t][k6 ? k >> 2 : 0]));
                 acc2[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot512_u8s8(u, xq)), sc, acc2[t]);
             }
@@ -213,13 +301,13 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
         {
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
-            __m256i u = type == GT_Q8_0 ? _mm256_abs_epi8(wv[k]) : wv[k];
+            __m256i u = sg ? _mm256_abs_epi8(wv[k]) : wv[k];
             const __m256i sel = k6 ? _mm256_setr_epi32(2 * (k & 3), 2 * (k & 3), 2 * (k & 3), 2 * (k & 3),
                                                        2 * (k & 3) + 1, 2 * (k & 3) + 1, 2 * (k & 3) + 1, 2 * (k & 3) + 1)
                                    : _mm256_set1_epi32(k);
             for (int t = 0; t < NT; t++) {
                 __m256i xq = _mm256_loadu_si256((const __m256i *)(X[t].q + 32 * (b0 + k)));
-                if (type == GT_Q8_0) xq = _mm256_sign_epi8(xq, wv[k]);
+                if (sg) xq = _mm256_sign_epi8(xq, wv[k]);
                 __m256 sc = _mm256_permutevar8x32_ps(D[t][k6 ? k >> 2 : 0], sel);
                 acc[t][k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(u, xq)), sc, acc[t][k & 1]);
             }
@@ -235,79 +323,32 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
     const int nb = n / 32, bs1 = bs / 8;
     for (int b = n / 256 * 8; b < nb; b++) {
         const uint8_t *q = w + (int64_t)bs1 * b;
-        __m256i wv;
-        float dw, off = 0.f;
-        if (type == GT_Q8_0) {
-            wv = _mm256_loadu_si256((const __m256i *)(q + 2)); dw = _cvtsh_ss(*(const uint16_t *)q);
-        } else {
-            const int q40 = type == GT_Q4_0;
-            __m128i v = _mm_loadu_si128((const __m128i *)(q + (q40 ? 2 : 1)));
-            __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0x0f));
-            const __m256i lutu = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                                  12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
-            wv = q40 ? nib : _mm256_shuffle_epi8(lutu, nib);
-            dw = q40 ? _cvtsh_ss(*(const uint16_t *)q) : e8m0_half(q[0]);
-            off = q40 ? 8.f : 12.f;
-        }
+        const __m256i wv = decode32(type, q);
+        const float dw = type == GT_MXFP4 ? e8m0_half(q[0]) : _cvtsh_ss(*(const uint16_t *)q);
+        const float oc = G_MIN(type) ? -_cvtsh_ss(*(const uint16_t *)(q + 2)) : dw * G_OFF(type);
         for (int t = 0; t < NT; t++) {
             __m256i xq = _mm256_loadu_si256((const __m256i *)(X[t].q + 32 * b));
-            __m256i p = type == GT_Q8_0 ? dot_u8s8(_mm256_abs_epi8(wv), _mm256_sign_epi8(xq, wv)) : dot_u8s8(wv, xq);
-            res[t] += dw * (hsum8(_mm256_cvtepi32_ps(p)) * X[t].d[b] - off * X[t].s32[b]);
+            __m256i p = sg ? dot_u8s8(_mm256_abs_epi8(wv), _mm256_sign_epi8(xq, wv)) : dot_u8s8(wv, xq);
+            res[t] += dw * (hsum8(_mm256_cvtepi32_ps(p)) * X[t].d[b]) - oc * X[t].s32[b];
         }
     }
 }
 
-#else /* portable: each 32-block dequantized to floats (as the reference), dot with int8 x */
-
-/* Elements [32 b, 32 b + 32) of a row of `type` -> out (the values gguf.quants.dequantize gives). */
-static void block32(int type, const uint8_t *w, int b, float *out) {
-    if (type == GT_Q8_0 || type == GT_Q4_0 || type == GT_MXFP4) {
-        static const int8_t E2M1_X2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-        const uint8_t *blk = w + (int64_t)(type == GT_Q8_0 ? 34 : type == GT_Q4_0 ? 18 : 17) * b;
-        for (int i = 0; i < 32; i++) {
-            if (type == GT_Q8_0) out[i] = (float)((const int8_t *)blk)[2 + i] * h2f(blk);
-            else {
-                uint8_t byte = blk[(type == GT_Q4_0 ? 2 : 1) + (i & 15)], v = i < 16 ? byte & 15 : byte >> 4;
-                out[i] = type == GT_Q4_0 ? h2f(blk) * (float)(v - 8) : e8m0_half(blk[0]) * (float)E2M1_X2[v];
-            }
-        }
-        return;
-    }
-    const int sb = b / 8, j = b % 8;
-    if (type == GT_Q4_K || type == GT_Q5_K) {
-        const int q5 = type == GT_Q5_K;
-        const uint8_t *blk = w + (int64_t)(q5 ? 176 : 144) * sb, *qs = blk + (q5 ? 48 : 16);
-        uint8_t sc[8], mn[8];
-        kscales(blk + 4, sc, mn);
-        const float dd = h2f(blk) * sc[j], dm = h2f(blk + 2) * mn[j];
-        for (int i = 0; i < 32; i++) {
-            uint8_t byte = qs[32 * (j / 2) + i];
-            int v = (j & 1) ? byte >> 4 : byte & 15;
-            if (q5) v |= ((blk[16 + i] >> j) & 1) << 4;
-            out[i] = dd * (float)v - dm;
-        }
-        return;
-    }
-    /* Q6_K: block b = 8 sb + 4 h + s */
-    const uint8_t *blk = w + (int64_t)210 * sb;
-    const int h = j / 4, s = j % 4;
-    const float d = h2f(blk + 208);
-    for (int i = 0; i < 32; i++) {
-        uint8_t l = blk[64 * h + 32 * (s & 1) + i];
-        int v = ((s >= 2 ? l >> 4 : l & 15) | (((blk[128 + 32 * h + i] >> (2 * s)) & 3) << 4)) - 32;
-        out[i] = (d * (float)((const int8_t *)(blk + 192))[8 * h + 2 * s + i / 16]) * (float)v;
-    }
-}
+#else /* portable: each block dequantized to floats (ggml_dense.c, as the reference), dot with int8 x */
 
 FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, float *res, const int NT) {
     float acc[NTMAX] = {0};
-    float wf[32];
-    for (int b = 0; b < n / 32; b++) {
-        block32(type, w, b, wf);
-        for (int t = 0; t < NT; t++) {
-            float p = 0.f;
-            for (int i = 0; i < 32; i++) p += wf[i] * (float)X[t].q[32 * b + i];
-            acc[t] += p * X[t].d[b];
+    float wf[256];
+    const int be = ggml_blocks32(type) ? 32 : 256, bb = ggml_bytes256(type) / (256 / be);
+    for (int c = 0; c < n / be; c++) {
+        ggml_dequant_row(type, w + (int64_t)bb * c, be, wf);
+        for (int b = 0; b < be / 32; b++) {
+            const int gb = c * be / 32 + b;
+            for (int t = 0; t < NT; t++) {
+                float p = 0.f;
+                for (int i = 0; i < 32; i++) p += wf[32 * b + i] * (float)X[t].q[32 * gb + i];
+                acc[t] += p * X[t].d[gb];
+            }
         }
     }
     for (int t = 0; t < NT; t++) res[t] = acc[t];
@@ -324,12 +365,21 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
 
 static void ggml_row(int type, const uint8_t *w, int n, const xview *X, int nt, float *res) {
     switch (type) {
+    /* one entry per type (ft_kernels.h's ggml_bytes256 lists the same) */
     case GT_Q8_0: GROW_NT(GT_Q8_0) break;
     case GT_Q4_0: GROW_NT(GT_Q4_0) break;
+    case GT_Q4_1: GROW_NT(GT_Q4_1) break;
+    case GT_Q5_0: GROW_NT(GT_Q5_0) break;
+    case GT_Q5_1: GROW_NT(GT_Q5_1) break;
+    case GT_IQ4_NL: GROW_NT(GT_IQ4_NL) break;
     case GT_MXFP4: GROW_NT(GT_MXFP4) break;
+    case GT_Q2_K: GROW_NT(GT_Q2_K) break;
+    case GT_Q3_K: GROW_NT(GT_Q3_K) break;
     case GT_Q4_K: GROW_NT(GT_Q4_K) break;
     case GT_Q5_K: GROW_NT(GT_Q5_K) break;
     case GT_Q6_K: GROW_NT(GT_Q6_K) break;
+    case GT_TQ1_0: GROW_NT(GT_TQ1_0) break;
+    case GT_TQ2_0: GROW_NT(GT_TQ2_0) break;
     default: for (int t = 0; t < nt; t++) res[t] = NAN;
     }
 }
