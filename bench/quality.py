@@ -169,7 +169,7 @@ def main() -> int:
         if d[0] > 1:
             dec_ft.append(d)
     same = sum(a == b for a, b in zip(ours, theirs["answers"]))
-    rate = lambda ds: sum(n for n, _ in ds) / sum(s for _, s in ds)  # noqa: E731
+    rate = lambda ds: sum(n for n, _ in ds) / sum(s for _, s in ds) if ds else float("nan")  # noqa: E731
     pf_ft = statistics.median(args.ctx / s for s in pre_ft)
     pf_ll = statistics.median(args.ctx / s for s in theirs["prefill_s"])
     dc_ft, dc_ll = rate(dec_ft), rate(theirs["decode"])
@@ -179,13 +179,15 @@ def main() -> int:
     print(f"mean KL(llama||ours)  {kl.mean().item():.6f}   p99 {kl.quantile(0.99).item():.5f}   max {kl.max().item():.4f}"
           "  (target <= 0.005)")
     print(f"top-1 agreement       {agree.mean().item() * 100:.2f}%  (target >= 98%)")
-    print(f"greedy answers        {same}/{len(prompts)} identical over up to {args.max_tokens} tokens  (target >= 18/20)")
+    if prompts:
+        print(f"greedy answers        {same}/{len(prompts)} identical over up to {args.max_tokens} tokens  (target >= 18/20)")
     for q, a, b in zip(PROMPTS, ours, theirs["answers"]):
         if a != b:
             k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             print(f"  differs at token {k}: {q!r}\n    ours  {tok.decode(a)[:160]!r}\n    llama {tok.decode(b)[:160]!r}")
     print(f"prefill tok/s ({args.ctx})   FreeToken {pf_ft:.0f}   llama.cpp {pf_ll:.0f}   ratio {pf_ft / pf_ll:.2f}x")
-    print(f"decode tok/s          FreeToken {dc_ft:.1f}   llama.cpp {dc_ll:.1f}   ratio {dc_ft / dc_ll:.2f}x")
+    if prompts:
+        print(f"decode tok/s          FreeToken {dc_ft:.1f}   llama.cpp {dc_ll:.1f}   ratio {dc_ft / dc_ll:.2f}x")
     llm.close()
     return 0
 
