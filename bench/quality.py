@@ -131,6 +131,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", help="FreeToken's --dtype")
+    ap.add_argument("--prefill-gemm", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="FreeToken's prefill GEMM (auto: what calibration picks on this CPU)")
     args = ap.parse_args()
     model = args.model or str(installed_default() or "")
     if not model:
@@ -138,7 +140,7 @@ def main() -> int:
     print(isa_line(args.threads))
     print(f"model {model}\ntext  {text_name()}")
     llm = LLM(model, dtype=args.dtype, num_threads=args.threads, max_model_len=max(2048, args.ctx),
-              prefix_cache=False)
+              prefix_cache=False, prefill_gemm=args.prefill_gemm)
     tok = llm.tokenizer
     tokens, bos = text_tokens(tok, stdlib_docstrings())
     windows = list(chunks(tokens, args.ctx, bos, args.chunks))
@@ -161,7 +163,8 @@ def main() -> int:
             ppl_ll.add(nll(lp_ll, target))
             kls.append((lp_ll.exp() * (lp_ll - lp_ft)).sum(-1))
             top1.append(lp_ll.argmax(-1) == lp_ft.argmax(-1))
-    kl, agree = torch.cat(kls), torch.cat(top1).double()
+    kl = torch.cat(kls) if kls else torch.zeros(0)
+    agree = torch.cat(top1).double() if top1 else torch.zeros(0)
     ours, dec_ft = [], []
     for p in prompts:
         a, d = freetoken_greedy(llm, p, args.max_tokens, set(eos))
@@ -170,22 +173,25 @@ def main() -> int:
             dec_ft.append(d)
     same = sum(a == b for a, b in zip(ours, theirs["answers"]))
     rate = lambda ds: sum(n for n, _ in ds) / sum(s for _, s in ds) if ds else float("nan")  # noqa: E731
-    pf_ft = statistics.median(args.ctx / s for s in pre_ft)
-    pf_ll = statistics.median(args.ctx / s for s in theirs["prefill_s"])
+    pf_ft = statistics.median(args.ctx / s for s in pre_ft) if pre_ft else float("nan")
+    pf_ll = statistics.median(args.ctx / s for s in theirs["prefill_s"]) if pre_ft else float("nan")
     dc_ft, dc_ll = rate(dec_ft), rate(theirs["decode"])
-    print(f"positions scored      {kl.numel()} ({len(windows)} chunks of {args.ctx}, FreeToken --dtype {args.dtype})")
-    print(f"perplexity            FreeToken {ppl_ft.ppl:.4f} +/- {ppl_ft.err:.4f}   llama.cpp {ppl_ll.ppl:.4f} "
-          f"+/- {ppl_ll.err:.4f}   ratio {ppl_ft.ppl / ppl_ll.ppl:.5f}  (target within 0.5%)")
-    print(f"mean KL(llama||ours)  {kl.mean().item():.6f}   p99 {kl.quantile(0.99).item():.5f}   max {kl.max().item():.4f}"
-          "  (target <= 0.005)")
-    print(f"top-1 agreement       {agree.mean().item() * 100:.2f}%  (target >= 98%)")
+    if windows:
+        print(f"positions scored      {kl.numel()} ({len(windows)} chunks of {args.ctx}, FreeToken --dtype {args.dtype}, "
+              f"prefill GEMM {args.prefill_gemm})")
+        print(f"perplexity            FreeToken {ppl_ft.ppl:.4f} +/- {ppl_ft.err:.4f}   llama.cpp {ppl_ll.ppl:.4f} "
+              f"+/- {ppl_ll.err:.4f}   ratio {ppl_ft.ppl / ppl_ll.ppl:.5f}  (target within 0.5%)")
+        print(f"mean KL(llama||ours)  {kl.mean().item():.6f}   p99 {kl.quantile(0.99).item():.5f}   "
+              f"max {kl.max().item():.4f}  (target <= 0.005)")
+        print(f"top-1 agreement       {agree.mean().item() * 100:.2f}%  (target >= 98%)")
     if prompts:
         print(f"greedy answers        {same}/{len(prompts)} identical over up to {args.max_tokens} tokens  (target >= 18/20)")
     for q, a, b in zip(PROMPTS, ours, theirs["answers"]):
         if a != b:
             k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             print(f"  differs at token {k}: {q!r}\n    ours  {tok.decode(a)[:160]!r}\n    llama {tok.decode(b)[:160]!r}")
-    print(f"prefill tok/s ({args.ctx})   FreeToken {pf_ft:.0f}   llama.cpp {pf_ll:.0f}   ratio {pf_ft / pf_ll:.2f}x")
+    if windows:
+        print(f"prefill tok/s ({args.ctx})   FreeToken {pf_ft:.0f}   llama.cpp {pf_ll:.0f}   ratio {pf_ft / pf_ll:.2f}x")
     if prompts:
         print(f"decode tok/s          FreeToken {dc_ft:.1f}   llama.cpp {dc_ll:.1f}   ratio {dc_ft / dc_ll:.2f}x")
     llm.close()
