@@ -133,5 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     except FreeTokenError as e:
         print(f"freetoken: error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:
+        # a verb's own one-line refusal (`raise SystemExit("freetoken serve: ...")`): one prefix
+        # and one exit code for every CLI error, as for FreeTokenError
+        if not isinstance(e.code, str):
+            raise
+        msg = e.code
+        for prefix in (f"freetoken {args.command}: ", "freetoken: "):
+            if msg.startswith(prefix):
+                msg = msg[len(prefix):]
+                break
+        print(f"freetoken: error: {msg}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130

@@ -107,7 +107,7 @@ def test_a_busy_port_fails_at_once_before_the_model_loads(tmp_path):
                            text=True, timeout=60)
     finally:
         taken.close()
-    assert r.returncode != 0
+    assert r.returncode == 2                 # one exit code and prefix for every CLI error
     lines = r.stderr.strip().splitlines()
-    assert lines == [f"freetoken serve: port {port} on 127.0.0.1 is already in use (another server? "
+    assert lines == [f"freetoken: error: port {port} on 127.0.0.1 is already in use (another server? "
                      f"pick one with --port)"], r.stderr
