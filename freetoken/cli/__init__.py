@@ -11,16 +11,37 @@ from ..engine.args import add_engine_args, engine_options
 from ..errors import FreeTokenError
 from ..hub import cli as hub_cli
 from ..sim import cli as sim_cli
-from . import check, convert, plan, profile, serve
+from . import check, convert, perplexity, plan, profile, serve
 
 # The other verbs, each a module with register(subparsers); `pull`/`run` and `sim` register
 # from their subsystems (hub/cli.py, sim/cli.py), which have no layer above them to reach.
-VERBS = (serve, profile, sim_cli, convert, plan, check, hub_cli)
+VERBS = (serve, profile, sim_cli, convert, plan, check, hub_cli, perplexity)
+
+
+def generate_model(model: str | None) -> str:
+    """--model of `generate`: as given, else the installed default model, else the random demo
+    (with a line on stderr saying its output is random)."""
+    from ..default_model import choose, not_installed_hint
+    path, kind = choose(model)
+    if kind != "demo":
+        return path
+    if model is None:
+        print(f"freetoken: {not_installed_hint()}; using the random-weight demo", file=sys.stderr)
+    from ..server.build import ensure_demo_model
+    print("freetoken: RANDOM-weight demo model (freetoken-demo): its output is gibberish", file=sys.stderr)
+    return str(ensure_demo_model())
+
+
+def terminal_safe(text: str) -> str:
+    """Text for a terminal: control characters (a random model emits ESC, BEL, ...) escaped,
+    newlines and tabs kept."""
+    return "".join(c if c in "\n\t" or c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def cmd_generate(args) -> int:
     from ..llm import LLM
     from ..sampling_params import SamplingParams
+    args.model = generate_model(args.model)
     prompt = args.prompt
     if args.chat:   # before the weights are read: a template that cannot render fails in a second
         from ..tokenizer import Tokenizer
@@ -45,7 +66,7 @@ def cmd_generate(args) -> int:
             ids.extend(out.new_token_ids)
             text.append(out.new_text)
             if not args.json:
-                sys.stdout.write(out.new_text)
+                sys.stdout.write(terminal_safe(out.new_text) if sys.stdout.isatty() else out.new_text)
                 sys.stdout.flush()
     if args.json:
         print(json.dumps({"token_ids": ids, "text": "".join(text)}))
@@ -69,7 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text from a prompt (streams to stdout)")
-    g.add_argument("--model", required=True, help="HF checkpoint directory or FTW file")
+    g.add_argument("--model", default=None, help="HF checkpoint directory, GGUF or FTW file (default: "
+                   "SmolLM2-135M-Instruct if installed, else the random-weight demo `freetoken-demo`)")
     g.add_argument("--prompt", required=True)
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--temperature", type=float, default=0.7)
@@ -111,6 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except FreeTokenError as e:
         print(f"freetoken: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:
+        # a verb's own one-line refusal (`raise SystemExit("freetoken serve: ...")`): one prefix
+        # and one exit code for every CLI error, as for FreeTokenError
+        if not isinstance(e.code, str):
+            raise
+        msg = e.code
+        for prefix in (f"freetoken {args.command}: ", "freetoken: "):
+            if msg.startswith(prefix):
+                msg = msg[len(prefix):]
+                break
+        print(f"freetoken: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

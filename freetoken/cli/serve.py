@@ -11,7 +11,17 @@ from ..engine.args import add_engine_args
 log = logging.getLogger("freetoken.server")
 
 
-def _engine_args(p: argparse.ArgumentParser) -> None:
+MAIN_ENGINE_HELP = {
+    "dtype": "weights/KV storage precision of float checkpoints (default bfloat16; GGUF quantized "
+             "layers stay packed whatever this says)",
+    "moe_backend": "where routed experts run: auto (default: CUDA resident if it fits else hybrid; no "
+                   "CUDA: cpu), resident, offload, hybrid, cpu; ignored by a dense model",
+    "expert_cache_gib": "GPU expert cache size in GiB (default: free VRAM after the other weights and "
+                        "a KV reserve); ignored without experts or CUDA",
+}
+
+
+def _engine_args(p) -> None:
     add_engine_args(p)
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other engine option (see freetoken/config.py), e.g. kv_cache_gib=2")
@@ -21,72 +31,81 @@ def register(subparsers) -> None:
     s = subparsers.add_parser("serve", help="OpenAI- and Anthropic-compatible HTTP server",
                               description="Serve a model over OpenAI (/v1/chat/completions, "
                               "/v1/completions, /v1/responses, /v1/models) and Anthropic "
-                              "(/v1/messages) APIs. Without --model: a random-weight demo model.")
-    s.add_argument("--model", default=None, help="checkpoint directory or FTW file (default: random-weight demo)")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--served-model-name", default=None,
-                   help="model id(s) clients use, comma-separated; the first is the main one")
-    s.add_argument("--api-key", default=None,
+                              "(/v1/messages) APIs. Without --model: SmolLM2-135M-Instruct when installed "
+                              "(./ft installs it), else a random-weight demo model.")
+    main = s.add_argument_group("main options")
+    main.add_argument("--model", default=None, help="checkpoint directory, GGUF/FTW file, Ollama name or HF repo id "
+                      "(default: SmolLM2-135M-Instruct if installed, else the random-weight demo; "
+                      "`freetoken-demo`: the demo)")
+    main.add_argument("--host", default="127.0.0.1",
+                      help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every interface)")
+    main.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: any free one)")
+    main.add_argument("--served-model-name", default=None,
+                      help="model id(s) clients use, comma-separated; the first is the main one")
+    srv = s.add_argument_group("requests, limits and security")
+    srv.add_argument("--api-key", default=None,
                    help="require this key (Authorization: Bearer or x-api-key) on every route but "
                    "/health; visible in ps: prefer --api-key-file or $FREETOKEN_API_KEY")
-    s.add_argument("--api-key-file", default=None, metavar="PATH",
+    srv.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="read the API key from this file (one line) instead (default: "
                    "$FREETOKEN_API_KEY, else no key)")
-    s.add_argument("--max-running-requests", type=int, default=16,
+    srv.add_argument("--max-running-requests", type=int, default=16,
                    help="requests decoded together by the engine")
-    s.add_argument("--max-waiting-requests", type=int, default=256,
+    srv.add_argument("--max-waiting-requests", type=int, default=256,
                    help="queued requests beyond that get 429 with Retry-After")
-    s.add_argument("--model-match", default="auto", choices=["auto", "strict", "any"],
+    srv.add_argument("--model-match", default="auto", choices=["auto", "strict", "any"],
                    help="unknown model ids: auto = 404 on OpenAI routes, mapped to the served "
                    "model on Anthropic routes (claude-*); strict = 404 everywhere; any = map all")
-    s.add_argument("--max-tokens-cap", type=int, default=None,
+    srv.add_argument("--max-tokens-cap", type=int, default=None,
                    help="upper bound on any request's output tokens")
-    s.add_argument("--strict-max-tokens", action="store_true",
+    srv.add_argument("--strict-max-tokens", action="store_true",
                    help="reject max_tokens above the room left in the context window (default: "
                    "lower it to fit, as agents send 32k-128k)")
-    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+    srv.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGTERM/SIGINT, let running requests finish for this many seconds; "
                    "the rest end with a 503 error event (default 30)")
-    s.add_argument("--stall-timeout", type=float, default=30.0,
+    srv.add_argument("--stall-timeout", type=float, default=30.0,
                    help="abort a request whose client has read none of its output for this many "
                    "seconds (default 30)")
-    s.add_argument("--allowed-hosts", default="",
+    srv.add_argument("--allowed-hosts", default="",
                    help="comma-separated Host names to answer besides loopback names and IP "
                    "addresses ('*' = any); other Host headers get 403 (DNS rebinding)")
-    s.add_argument("--cors-origins", default="",
+    srv.add_argument("--cors-origins", default="",
                    help="comma-separated web origins (https://app.example) allowed to call the "
                    "server from a browser; default none: CORS off, requests with another "
                    "Origin get 403")
-    s.add_argument("--header-timeout-s", type=float, default=10.0,
+    srv.add_argument("--header-timeout-s", type=float, default=10.0,
                    help="close a connection whose request line and headers are not complete this "
                    "many seconds after its first byte (408; slowloris) (default 10)")
-    s.add_argument("--body-timeout-s", type=float, default=60.0,
+    srv.add_argument("--body-timeout-s", type=float, default=60.0,
                    help="close a connection whose request body is not complete this many seconds "
                    "after its headers (default 60)")
-    s.add_argument("--idle-timeout-s", type=float, default=5.0,
+    srv.add_argument("--idle-timeout-s", type=float, default=5.0,
                    help="close a connection that sends nothing for this many seconds, after "
                    "connecting or between two requests (keep-alive) (default 5)")
-    s.add_argument("--max-body-mb", type=float, default=32,
+    srv.add_argument("--max-body-mb", type=float, default=32,
                    help="largest request body accepted; bigger ones get 413 (default 32)")
-    s.add_argument("--admin-token", default=None,
+    srv.add_argument("--admin-token", default=None,
                    help="enable GET/POST /admin/memory (runtime resizing) for requests carrying this "
                    "token as 'x-admin-token' or 'Authorization: Bearer' (default: off; "
                    "$FREETOKEN_ADMIN_TOKEN); visible in ps: prefer --admin-token-file")
-    s.add_argument("--admin-token-file", default=None, metavar="PATH",
+    srv.add_argument("--admin-token-file", default=None, metavar="PATH",
                    help="read the admin token from this file (one line) instead")
-    s.add_argument("--memory-floor-gib", type=float, default=None,
+    srv.add_argument("--memory-floor-gib", type=float, default=None,
                    help="watch free memory (host MemAvailable/cgroup, CUDA free): below this many GiB "
                    "give memory back (expert cache, then checkpoints, then unused KV blocks); "
                    "default: no watcher")
-    s.add_argument("--memory-ceiling-gib", type=float, default=None,
+    srv.add_argument("--memory-ceiling-gib", type=float, default=None,
                    help="grow back toward the start-up plan only while more than this is free "
                    "(default: 1.5 x floor + 0.25)")
-    s.add_argument("--memory-watch-interval", type=float, default=5.0,
+    srv.add_argument("--memory-watch-interval", type=float, default=5.0,
                    help="seconds between two watcher resizes at least (default 5)")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _replica_args(s)
-    _engine_args(s)
+    _engine_args(s.add_argument_group("engine options (also: freetoken generate, plan, perplexity)"))
+    for a in s._actions:            # the engine flags a first run reaches for, explained here
+        if a.dest in MAIN_ENGINE_HELP:
+            a.help = MAIN_ENGINE_HELP[a.dest]
     s.set_defaults(func=cmd_serve)
 
     # one parser, launch_parser(), reads every option and prints the help (`freetoken launch
@@ -138,9 +157,8 @@ def cmd_serve(args) -> int:
     except Exception as e:  # noqa: BLE001 - constrained output is optional
         log.info("constrained output unavailable: %s", e)
     if demo:
-        log.warning("NO --model GIVEN: serving a RANDOM-WEIGHT DEMO model (%s, built in %s). "
-                    "Its output is gibberish; pass --model DIR to serve a real checkpoint.",
-                    DEMO_ARCH, model)
+        log.warning("serving a RANDOM-WEIGHT DEMO model (%s, built in %s): its output is gibberish. "
+                    "Pass --model to serve a real checkpoint.", DEMO_ARCH, model)
 
     from ..server.operations.shutdown import GracefulServer, uvicorn_config
 
@@ -151,9 +169,10 @@ def cmd_serve(args) -> int:
                 return
             port = self.servers[0].sockets[0].getsockname()[1] if self.servers else args.port
             url = f"http://{args.host}:{port}"
-            log.warning("FreeToken ready on %s  model=%s%s  (OpenAI base URL %s/v1, Anthropic base "
-                        "URL %s)", url, svc.model_name, " [random-weight demo]" if demo else "",
-                        url, url)
+            log.warning("FreeToken ready on %s  model=%s%s  (open %s/ in a browser; OpenAI base URL %s/v1, "
+                        "Anthropic base URL %s)", url, svc.model_name,
+                        " [RANDOM weights: a demo of the machinery, its answers are gibberish]" if demo else "",
+                        url, url, url)
             print(f"READY {url}", flush=True)
 
     config = uvicorn_config(app, args.shutdown_timeout, conn_timeouts(args),

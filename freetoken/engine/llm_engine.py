@@ -406,7 +406,8 @@ class LLMEngine:
 
     def expert_stats(self) -> dict:
         """Engine statistics for /metrics: the expert memory's and the prefix cache's."""
-        stats = self.model.experts.stats() if self.model.experts is not None else {}
+        # a dense model (or one whose layers are all dense) has no expert memory: say so
+        stats = self.model.experts.stats() if self.model.experts is not None else {"dense": True}
         stats["prefix"] = self.prefix.stats_dict()
         if self.spec is not None:       # per drafter: drafts, proposed/accepted tokens, mean accepted length
             stats["speculative"] = self.spec.summary()

@@ -6,8 +6,9 @@ from .linear import Linear
 
 
 class GatedMLP:
-    def __init__(self, gate_up: Linear, down: Linear, limit: float | None = None):
+    def __init__(self, gate_up: Linear, down: Linear, limit: float | None = None, act=F.silu):
         self.gate_up, self.down = gate_up, down     # [2I, H], [H, I]
+        self.act = act                              # Gemma: gelu (tanh approximation)
         self.inter = down.in_features
         self.limit = limit                          # DeepSeek-V4: gate clamped above, up both sides
 
@@ -16,4 +17,4 @@ class GatedMLP:
         gate, up = gu[..., : self.inter], gu[..., self.inter:]
         if self.limit is not None:
             gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
-        return self.down(F.silu(gate) * up)
+        return self.down(self.act(gate) * up)

@@ -62,7 +62,9 @@ def read_model_shape(model: str | Path) -> ModelShape:
         if is_gguf(p):
             return _gguf_shape(GgufFile(p))
         if not is_ftw(p):
-            raise CheckpointError(f"{p}: not an FTW, GGUF file or checkpoint directory")
+            from ..weights.file_kind import describe
+            raise CheckpointError(f"{p.resolve()}: {describe(p)} (expected a GGUF or FTW file or a checkpoint "
+                                  "directory)")
         header = read_header(p)
         if is_gguf_ftw(header):
             return _gguf_shape(GgufInFtw(p, header=header))

@@ -23,6 +23,12 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "DeepseekV32ForCausalLM": ("deepseek_v32", "DeepseekV32ForCausalLM"),
     "DeepseekV4ForCausalLM": ("deepseek_v4", "DeepseekV4ForCausalLM"),
     "MiniMaxM2ForCausalLM": ("minimax_m2", "MiniMaxM2ForCausalLM"),
+    # dense decoders (no experts)
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("mistral", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
 }
 
 

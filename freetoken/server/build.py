@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from .. import LLM
+from ..default_model import DEMO_NAME, NAME as DEFAULT_NAME, choose, not_installed_hint
 from ..engine.args import engine_options
 from ..errors import FreeTokenError
 from ..memory.watcher import MemoryWatcher, WatchPolicy, machine_free
@@ -84,9 +85,12 @@ def build(args):
 
 
     resolve_keys(args)
-    model = args.model
-    demo = model is None
-    if not demo:
+    # no --model: SmolLM2-135M-Instruct when installed, else the random MoE demo (also by name)
+    model, kind = choose(args.model)
+    if kind == "demo" and args.model is None:
+        log.warning("%s: serving the random-weight demo instead", not_installed_hint())
+    demo, default = kind == "demo", kind == "default"
+    if not demo and not default:
         model = resolve_model(model)
     if demo:
         model = str(ensure_demo_model())
@@ -100,8 +104,8 @@ def build(args):
     names = [n.strip() for n in (args.served_model_name or "").split(",") if n.strip()]
     if not names:
         path = Path(model).resolve()
-        named = not demo and not Path(args.model).expanduser().exists()   # an Ollama name or HF repo id
-        names = (["freetoken-demo"] if demo else [args.model] if named
+        named = not demo and not default and not Path(args.model).expanduser().exists()   # Ollama/HF name
+        names = ([DEMO_NAME] if demo else [DEFAULT_NAME] if default else [args.model] if named
                  else [path.stem if path.is_file() else path.name])
     svc = GenerationService(llm.engine, model_name=names[0], architecture=architecture_of(model),
                             max_running=args.max_running_requests,
@@ -117,7 +121,8 @@ def build(args):
                                    max_body_bytes=int(args.max_body_mb * (1 << 20)),
                                    admin_token=getattr(args, "admin_token", None),
                                    allowed_hosts=_csv(getattr(args, "allowed_hosts", "")),
-                                   cors_origins=_csv(getattr(args, "cors_origins", ""))))
+                                   cors_origins=_csv(getattr(args, "cors_origins", "")),
+                                   random_demo=demo))
     svc.loop.watcher = memory_watcher(args, llm.engine)
     svc.metrics.set_memory_sizes(llm.engine.memory_sizes())
     svc.metrics.memory_pinned.set(llm.engine.pinned_bytes())

@@ -25,6 +25,7 @@ class ServerSettings:
     admin_token: str | None = None   # enables /admin/memory (server/operations/admin.py)
     allowed_hosts: list[str] = field(default_factory=list)   # beyond loopback names and IPs
     cors_origins: list[str] = field(default_factory=list)    # CORS off when empty
+    random_demo: bool = False        # the random-weight demo model: the page shows a banner
 
 
 @dataclass

@@ -62,7 +62,7 @@ async def stats(request: Request):
         "model": st.settings.model_names[0], "models": st.settings.model_names,
         "uptime_s": time.time() - st.started, "max_model_len": svc.max_model_len,
         "running": svc.loop.n_running, "waiting": svc.loop.n_waiting,
-        "admin": bool(st.settings.admin_token),
+        "admin": bool(st.settings.admin_token), "random_demo": st.settings.random_demo,
         "engine": m.engine_stats,          # the snapshot /metrics exports as freetoken_engine_*
         "requests": list(m.recent),
     })

@@ -120,7 +120,7 @@ def resolve_model(spec: str | os.PathLike) -> str:
     p = _path(s)
     if p is not None:
         return str(p)
-    looked = [f"path {Path(s).expanduser()}"]
+    looked = [f"path {Path(s).expanduser().absolute()}"]
     found = _ollama(s, looked) or _hf_cache(s, looked)
     if found is not None and found.is_dir():
         quant = (s.partition(":")[2] or None) if "/" in s else None      # ORG/NAME:QUANT

@@ -14,7 +14,8 @@ from freetoken.server.server_state import ServerSettings
 
 from fake_engine import FakeEngine, FakeParams
 
-FIXTURES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "client-requests"
+from helpers import SHARED_DATA                     # found from a git worktree one level deeper too
+FIXTURES = SHARED_DATA / "client-requests"
 MODEL_NAMES = ["capture-model", "capture-reasoner"]   # the ids the captured clients asked for
 
 

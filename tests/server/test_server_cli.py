@@ -1,4 +1,4 @@
-"""`serve` as a process: the demo model when no --model is given, a ready line with the
+"""`serve` as a process: the random demo model asked for by name (`freetoken-demo`), a ready line with the
 URL, the API key from a file (not in argv), graceful SIGTERM; `launch --dry-run` for each agent."""
 import os
 import signal
@@ -24,7 +24,7 @@ def served(tmp_path_factory, tiny_model_dir):
     env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONUNBUFFERED="1")
     key_file = cache / "key"
     key_file.write_text("sekret\n")
-    p = subprocess.Popen([sys.executable, "-m", "freetoken.cli", "serve", "--port", "0",
+    p = subprocess.Popen([sys.executable, "-m", "freetoken.cli", "serve", "--model", "freetoken-demo", "--port", "0",
                           "--api-key-file", str(key_file), "--max-model-len", "2048"],
                          cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines, url = [], None
@@ -107,7 +107,7 @@ def test_a_busy_port_fails_at_once_before_the_model_loads(tmp_path):
                            text=True, timeout=60)
     finally:
         taken.close()
-    assert r.returncode != 0
+    assert r.returncode == 2                 # one exit code and prefix for every CLI error
     lines = r.stderr.strip().splitlines()
-    assert lines == [f"freetoken serve: port {port} on 127.0.0.1 is already in use (another server? "
+    assert lines == [f"freetoken: error: port {port} on 127.0.0.1 is already in use (another server? "
                      f"pick one with --port)"], r.stderr

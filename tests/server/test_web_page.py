@@ -130,7 +130,7 @@ def test_a_wrong_key_is_asked_again(page, fake_page_server):
 
 def test_page_files_are_open_but_data_needs_the_key(fake_page_server):
     url = fake_page_server
-    for path in ("/", "/web/dashboard.js", "/web/style.css"):
+    for path in ("/", "/web/dashboard.js", "/web/style.css", "/web/favicon.svg"):
         r = httpx.get(url + path)
         assert r.status_code == 200 and "default-src 'self'" in r.headers["content-security-policy"]
     assert httpx.get(url + "/web/..%2Fapp.py").status_code == 404         # files by name only

@@ -18,9 +18,9 @@ FT.charts = (() => {
     ctx.fillText("0", 2, h - pad);
   }
 
-  function empty(ctx, w, h) {
+  function empty(ctx, w, h, text) {
     ctx.fillStyle = css("--muted");
-    ctx.fillText("no finished requests yet", w / 2 - 55, h / 2);
+    ctx.fillText(text || "no finished requests yet", w / 2 - 55, h / 2);
   }
 
   // points: [{t, y}] dots; line: [{t, y}] a polyline on the same time axis
@@ -28,6 +28,7 @@ FT.charts = (() => {
     const ctx = setup(canvas), w = canvas.width, h = canvas.height, pad = 22;
     const all = points.concat(line || []);
     if (!all.length) return empty(ctx, w, h);
+    if (!all.some((p) => p.y > 0)) return empty(ctx, w, h, "no data yet");   // not a 1e-9 axis
     const t0 = Math.min(...all.map((p) => p.t)), t1 = Math.max(...all.map((p) => p.t), t0 + 1);
     const yMax = Math.max(...all.map((p) => p.y), 1e-9) * 1.1;
     axes(ctx, w, h, pad, yMax, unit);

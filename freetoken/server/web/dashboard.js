@@ -52,6 +52,10 @@
     const eng = (dash.stats && dash.stats.engine) || {};
     const g = grid($("heat-kind").value);
     $("heat-empty").hidden = !!g;
+    $("heat-empty").textContent = eng.dense ? "Dense model: no experts to show (every layer is a dense MLP)."
+      : "No per-expert counters (a backend without them).";
+    $("dense-note").hidden = !eng.dense;
+    $("split-list").hidden = !!eng.dense;
     $("heat-wrap").hidden = !g;
     const cache = eng.cache || {};
     $("expert-summary").textContent = eng.backend ? `backend ${eng.backend}` +
@@ -151,8 +155,10 @@
     }
     if (plan.current) {
       const now = FT.el("p", "muted");
+      // a budget is not a use: where a component reports its use, show it beside the budget
       now.textContent = "now: " + Object.entries(plan.current).filter(([, s]) => s)
-        .map(([k, s]) => `${k.replace("_", " ")} ${FT.bytes(s.bytes)}`).join(", ");
+        .map(([k, s]) => `${k.replace("_", " ")} ` + (s.used_bytes !== undefined
+          ? `${FT.bytes(s.used_bytes)} used of ${FT.bytes(s.bytes)} budget` : FT.bytes(s.bytes))).join(", ");
       box.append(now);
     }
   }
@@ -184,6 +190,8 @@
       dash.stats = stats;
       FT.model = FT.model || stats.model;
       $("model-name").textContent = stats.model;
+      $("model-kind").textContent = stats.random_demo ? "(random weights)" : stats.engine && stats.engine.dense ? "(dense)" : "(MoE)";
+      $("demo-banner").hidden = !stats.random_demo;
       $("status").textContent = `${stats.running} running · ${stats.waiting} waiting`;
       $("resize-form").hidden = !stats.admin;
       if (dash.polls % MEMORY_EVERY === 0) {

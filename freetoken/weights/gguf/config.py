@@ -23,6 +23,10 @@ FAMILIES = {
     "deepseek32": ("DeepseekV32ForCausalLM", "deepseek_v32", False),
     "minimax-m2": ("MiniMaxM2ForCausalLM", "minimax_m2", True),
     "deepseek4": ("DeepseekV4ForCausalLM", "deepseek_v4", True),
+    # dense decoders ("llama" without expert_count is switched to LlamaForCausalLM in `_llama`)
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", None),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", None),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text", None),
 }
 # families llama.cpp's converter writes that no model class here reads yet: named in the error
 NOT_YET = {"glm5-next": "GLM-5 Next", "minimax-m3": "MiniMax-M3", "kimi-linear": "Kimi Linear",
@@ -131,12 +135,50 @@ def _qwen3moe(c, m, tensors):
 def _llama(c, m, tensors):
     if "rope_freqs.weight" in tensors:
         raise CheckpointError(f"{m.path}: llama3-style rope frequency factors (rope_freqs.weight) are not supported")
-    if not c.get("num_experts"):
-        raise CheckpointError(f"{m.path}: a dense llama model (no {m.arch}.expert_count); only the "
-                              "mixture-of-experts (Mixtral) variant is supported")
+    if not c.get("num_experts"):             # dense: Llama 2/3, SmolLM2, Mistral
+        c.update(architectures=["LlamaForCausalLM"], model_type="llama",
+                 intermediate_size=int(m.req("feed_forward_length")), attention_bias="blk.0.attn_q.bias" in tensors)
+        if m.get("attention.sliding_window"):
+            c.update(architectures=["MistralForCausalLM"], model_type="mistral",
+                     sliding_window=int(m.get("attention.sliding_window")))
+        return
     c["intermediate_size"] = int(m.req("expert_feed_forward_length") if m.get("expert_feed_forward_length")
                                  else m.req("feed_forward_length"))
     c["sliding_window"] = m.get("attention.sliding_window")
+
+
+def _dense(c, m, tensors):
+    """Dense qwen2/qwen3: the MLP width is required; qwen3 files may carry q/k/v biases."""
+    c["intermediate_size"] = int(m.req("feed_forward_length"))
+    c["attention_bias"] = "blk.0.attn_q.bias" in tensors
+
+
+def _gemma3(c, m, tensors):
+    """Gemma 3 as llama.cpp runs it (src/models/gemma3.cpp): five sliding layers per full one
+    unless the file says otherwise, local layers on rope base freq_base_swa (10000), queries
+    scaled by 1/sqrt(head_dim) (27B: 1/sqrt(hidden/heads)); the converter stored every norm
+    weight with Gemma's +1 already added."""
+    _dense(c, m, tensors)
+    layers, window = c["num_hidden_layers"], m.get("attention.sliding_window")
+    pattern = m.get("attention.sliding_window_pattern", 6)
+    if window:
+        c["sliding_window"] = int(window)
+        if isinstance(pattern, list):
+            c["layer_types"] = ["sliding_attention" if s else "full_attention" for s in pattern[:layers]]
+        else:
+            c["layer_types"] = ["sliding_attention" if pattern == 0 or i % pattern < pattern - 1 else "full_attention"
+                                for i in range(layers)]
+    else:
+        c["layer_types"] = ["full_attention"] * layers
+    full = c.pop("rope_parameters")
+    c["rope_parameters"] = {"full_attention": full, "sliding_attention": {
+        "rope_type": "default", "rope_theta": float(m.get("rope.freq_base_swa", 10000.0))}}
+    c["query_pre_attn_scalar"] = (c["hidden_size"] // c["num_attention_heads"] if layers == 62
+                                  else c["head_dim"])
+    if m.get("final_logit_softcapping"):
+        c["final_logit_softcapping"] = float(m.get("final_logit_softcapping"))
+    c["norm_weights_shifted"] = True
+    c["tie_word_embeddings"] = "output.weight" not in tensors
 
 
 def _gpt_oss(c, m, tensors):
@@ -229,7 +271,7 @@ def _minimax_m2(c, m, tensors):
     c["rotary_dim"] = int(m.get("rope.dimension_count", c["head_dim"]))
 
 
-FAMILY_FIELDS = {"qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe, "llama": _llama, "gpt-oss": _gpt_oss,
-                 "qwen3next": _hybrid, "qwen35moe": _hybrid, "deepseek2": _deepseek2, "glm4moe": _glm4moe,
-                 "glm-dsa": _dsa, "deepseek32": _dsa, "minimax-m2": _minimax_m2,
-                 "deepseek4": deepseek4_fields}
+FAMILY_FIELDS = {"qwen2": _dense, "qwen3": _dense, "gemma3": _gemma3, "qwen2moe": _qwen2moe, "qwen3moe": _qwen3moe,
+                 "llama": _llama, "gpt-oss": _gpt_oss, "qwen3next": _hybrid, "qwen35moe": _hybrid,
+                 "deepseek2": _deepseek2, "glm4moe": _glm4moe, "glm-dsa": _dsa, "deepseek32": _dsa,
+                 "minimax-m2": _minimax_m2, "deepseek4": deepseek4_fields}

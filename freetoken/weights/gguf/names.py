@@ -39,6 +39,8 @@ PER_ARCH = {
     "minimax-m2": {"ffn_gate_inp": "block_sparse_moe.gate", "exp_probs_b": "block_sparse_moe.e_score_correction_bias"},
     "glm4moe": {**_DEEPSEEK_MOE, "post_attention_norm": "post_attention_layernorm"},
     "llama": {"ffn_gate_inp": "block_sparse_moe.gate"},
+    "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
     "gpt-oss": {"ffn_gate_inp": "mlp.router", "post_attention_norm": "post_attention_layernorm",
                 "attn_sinks": "self_attn.sinks"},
 }

@@ -24,6 +24,8 @@ _QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
            r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's SMOLLM pre-tokenizer (also codeshell, refact, command-r): digits one by one, then GPT-2's split
+_SMOLLM = [r"\p{N}", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"]
 _DEEPSEEK_LLM = [
     r"[\r\n]",
     # cased letters; escapes keep the code points that Unicode normalization would fold
@@ -61,6 +63,7 @@ _KIMI_K2 = (r"\p{Han}+"
 # GGUF pre-tokenizer name -> the Split regexes (applied in order, matches isolated)
 PRE_TOKENIZERS = {
     "qwen2": [_QWEN2], "qwen35": [_QWEN35], "llama3": [_LLAMA3], "llama-bpe": [_LLAMA3],
+    "smollm": _SMOLLM,
     "deepseek-llm": _DEEPSEEK_LLM, "deepseek-v3": _DEEPSEEK3,
     "glm4": [_GLM4], "glm5": [_GLM4], "minimax-m2": [_MINIMAX_M2], "kimi-k2": [_KIMI_K2],
 }
