@@ -139,7 +139,7 @@ STAY = {
                          "grammar", "prepare", "prompt_tokens", "schema_check", "server_state", "web_ui"},
     "freetoken/layers": {"__init__", "linear", "ggml_linear", "kernel_rows", "concat", "mlp", "moe", "norm", "rope",
                          "hyper", "zeros", "deltanet", "kda", "state", "host_copy"},
-    "freetoken/weights": {"__init__", "checkpoint", "modelopt", "pread", "source", "stores", "validate", "partial"},
+    "freetoken/weights": {"__init__", "checkpoint", "modelopt", "pread", "source", "stores", "validate", "partial", "file_kind"},
 }
 MODELS_NOT_ARCHITECTURES = {"loader", "experts_backend", "disk_layout", "convert"}
 
