@@ -79,7 +79,7 @@ def gib(n: float) -> str:
 
 
 def build(path: Path, layers: int) -> None:
-    from freetoken.weights.gguf.reader import synthetic as sg
+    from freetoken.weights.gguf import synthetic as sg
     if path.exists():
         return
     s = sg.Shape(layers=layers)
@@ -97,7 +97,7 @@ def build(path: Path, layers: int) -> None:
 
 
 def _nbytes(shape, ty) -> int:
-    from freetoken.weights.gguf.reader import synthetic as sg
+    from freetoken.weights.gguf import synthetic as sg
     block, size = sg._block(ty)
     n = 1
     for d in shape[:-1]:

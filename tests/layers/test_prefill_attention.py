@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from freetoken.layers.attention.paged import prefill as prefill_attention
+from freetoken.layers.attention import prefill as prefill_attention
 from freetoken.layers.attention.paged import AttentionMetadata, KVCache, paged_attention
 
 pytestmark = pytest.mark.skipif(not prefill_attention.available(), reason="torch without CPU flash attention")

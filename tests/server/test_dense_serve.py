@@ -7,7 +7,7 @@ import pytest
 
 from freetoken.server.app import create_app
 from freetoken.server.generation import GenerationService
-from freetoken.server.server_state import Settings
+from freetoken.server.server_state import ServerSettings
 from live_server import LiveServer
 
 KEY = "k"
@@ -20,7 +20,7 @@ def dense_server(tiny_dir):
     svc = GenerationService(llm.engine, model_name="tiny-llama", architecture="LlamaForCausalLM",
                             max_running=2, max_waiting=4, max_tokens_cap=8)
     svc.loop.stats_every = 0.2
-    srv = LiveServer(create_app(svc, Settings(model_names=["tiny-llama"], api_key=KEY)))
+    srv = LiveServer(create_app(svc, ServerSettings(model_names=["tiny-llama"], api_key=KEY)))
     yield srv.url
     srv.stop()
     llm.close()

@@ -125,7 +125,7 @@ def smollm2():
     from freetoken.default_model import installed_default
     from freetoken.server.app import create_app
     from freetoken.server.generation import GenerationService
-    from freetoken.server.server_state import Settings
+    from freetoken.server.server_state import ServerSettings
     from live_server import MODEL_NAMES
     gguf = installed_default()
     if gguf is None:
@@ -133,7 +133,7 @@ def smollm2():
     llm = LLM(str(gguf), dtype="float32", max_num_seqs=4, kv_cache_gib=0.3)
     svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="LlamaForCausalLM",
                             max_running=4, max_waiting=16, max_tokens_cap=24)
-    srv = LiveServer(create_app(svc, Settings(model_names=MODEL_NAMES)))
+    srv = LiveServer(create_app(svc, ServerSettings(model_names=MODEL_NAMES)))
     yield llm, srv.url
     srv.stop()
     llm.close()

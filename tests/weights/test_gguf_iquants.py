@@ -17,7 +17,7 @@ import torch
 from freetoken import LLM
 from freetoken.quant import ggml_iquants as iq
 from freetoken.quant import ggml_quants as gq
-from freetoken.weights.gguf import GgufFile
+from freetoken.weights.gguf.reader import GgufFile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 from helpers import assert_logits_close, exact_experts  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from freetoken.weights.gguf.reader import synthetic as sg
+from freetoken.weights.gguf import synthetic as sg
 
 ALLOWANCE = 96 << 20
 CONVERT_BUFFERS = 256 << 20     # a convert's whole growth: piece buffer, side files, interpreter

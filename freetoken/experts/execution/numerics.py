@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.gemm import tiles_rounding_min
+from ...kernels.gemm import tiles_rounding_min
 
 _QUANTIZED = ("int8", "mxfp4", "nvfp4", "ggml")     # the kernels quantize activations per 32
 _state = {"bf16_dot": False}
