@@ -76,10 +76,17 @@ def _build(cc: str, flags: list[str]) -> Path:
         if out.exists():
             return out
         out.parent.mkdir(parents=True, exist_ok=True)
+    return link_atomically(out, lambda tmp: [cc, *_BASE_FLAGS, *flags, *map(str, sources()), "-o", tmp, "-lm"])
+
+
+def link_atomically(out: Path, command) -> Path:
+    """Run the compiler `command(tmp)` writing a library to a temporary file beside `out`, then
+    rename it into place, so concurrent first uses never load half a library. RuntimeError with
+    the compiler's message when it fails."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        cmd = [cc, *_BASE_FLAGS, *flags, *map(str, sources()), "-o", tmp, "-lm"]
+        cmd = command(tmp)
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-2000:]}")

@@ -12,10 +12,9 @@ import ipaddress
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from ...kernels import c_compiler, cache_dir
+from ...kernels import c_compiler, cache_dir, link_atomically
 
 SOURCE = Path(__file__).with_name("c") / "loopback_bind.c"
 MARK = "FREETOKEN_RAY_LOOPBACK"         # set in the re-run process (and inherited by Ray's)
@@ -42,18 +41,10 @@ def build_shim() -> Path:
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-    os.close(fd)
     try:
-        r = subprocess.run([cc, "-O2", "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-ldl"],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            raise SystemExit(f"freetoken serve: building the loopback shim failed:\n{r.stderr[-2000:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+        return link_atomically(out, lambda tmp: [cc, "-O2", "-shared", "-fPIC", str(SOURCE), "-o", tmp, "-ldl"])
+    except RuntimeError as e:
+        raise SystemExit(f"freetoken serve: building the loopback shim failed: {e}") from None
 
 
 def rerun_on_loopback(argv: list[str]) -> None:
