@@ -116,6 +116,16 @@ ROOMS = [
              "gguf_types:types synthetic_gguf:synthetic gguf_deepseek4:deepseek4"),
          {"freetoken.weights.gguf": "GGUF files: the reader, metadata and names mapped to the Hugging Face "
                                     "layout, types, tokenizer, side files, a synthetic writer."}),
+    Room("models/qwen", "the Qwen family's architectures in one room (models/ at most 15 modules)",
+         _in("freetoken.models.qwen", "qwen2 qwen2_moe qwen3 qwen3_moe qwen3_next qwen3_5_moe"),
+         {"freetoken.models.qwen": "The Qwen family: dense Qwen2/Qwen3, Qwen1.5/2-MoE, Qwen3-MoE, the hybrid "
+                                   "Qwen3-Next and Qwen3.5/3.6-MoE."}),
+    Room("models/deepseek", "the DeepSeek family's architectures in one room",
+         _in("freetoken.models.deepseek", "deepseek_v3 deepseek_v32 deepseek_v4"),
+         {"freetoken.models.deepseek": "The DeepSeek family: V3/R1/Kimi-K2 (MLA), V3.2 (sparse attention), V4."}),
+    Room("models/glm", "the GLM family's architectures in one room",
+         _in("freetoken.models.glm", "glm4_moe glm4_moe_lite glm5_next glm_moe_dsa"),
+         {"freetoken.models.glm": "The GLM family: GLM-4.5/4.6/4.7 MoE, GLM-4.7-Lite, GLM-5 (DSA), GLM-5 Next."}),
     Room("weights/ftw", "the FTW format's files in a subpackage",
          _in("freetoken.weights.ftw", "ftw_format:format ftw_gguf:from_gguf ftw_load:load ftw_map:map "
              "ftw_reader:reader ftw_writer:writer"),

@@ -5,29 +5,29 @@ import importlib
 
 from ..errors import UnsupportedModelError
 
-# name -> (module, class); modules are imported on demand.
+# name -> (module under models/, class); modules are imported on demand.
 ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
-    "Qwen2MoeForCausalLM": ("qwen2_moe", "Qwen2MoeForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen.qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Qwen2MoeForCausalLM": ("qwen.qwen2_moe", "Qwen2MoeForCausalLM"),
     "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
     "OlmoeForCausalLM": ("olmoe", "OlmoeForCausalLM"),
-    "Qwen3NextForCausalLM": ("qwen3_next", "Qwen3NextForCausalLM"),
-    "Qwen3_5MoeForCausalLM": ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
-    "Qwen3_5MoeForConditionalGeneration": ("qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
+    "Qwen3NextForCausalLM": ("qwen.qwen3_next", "Qwen3NextForCausalLM"),
+    "Qwen3_5MoeForCausalLM": ("qwen.qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
+    "Qwen3_5MoeForConditionalGeneration": ("qwen.qwen3_5_moe", "Qwen3_5MoeForCausalLM"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
-    "Glm4MoeForCausalLM": ("glm4_moe", "Glm4MoeForCausalLM"),
-    "Glm4MoeLiteForCausalLM": ("glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
-    "GlmMoeDsaForCausalLM": ("glm_moe_dsa", "GlmMoeDsaForCausalLM"),
-    "Glm5NextForConditionalGeneration": ("glm5_next", "Glm5NextForConditionalGeneration"),
-    "DeepseekV3ForCausalLM": ("deepseek_v3", "DeepseekV3ForCausalLM"),
-    "DeepseekV32ForCausalLM": ("deepseek_v32", "DeepseekV32ForCausalLM"),
-    "DeepseekV4ForCausalLM": ("deepseek_v4", "DeepseekV4ForCausalLM"),
+    "Glm4MoeForCausalLM": ("glm.glm4_moe", "Glm4MoeForCausalLM"),
+    "Glm4MoeLiteForCausalLM": ("glm.glm4_moe_lite", "Glm4MoeLiteForCausalLM"),
+    "GlmMoeDsaForCausalLM": ("glm.glm_moe_dsa", "GlmMoeDsaForCausalLM"),
+    "Glm5NextForConditionalGeneration": ("glm.glm5_next", "Glm5NextForConditionalGeneration"),
+    "DeepseekV3ForCausalLM": ("deepseek.deepseek_v3", "DeepseekV3ForCausalLM"),
+    "DeepseekV32ForCausalLM": ("deepseek.deepseek_v32", "DeepseekV32ForCausalLM"),
+    "DeepseekV4ForCausalLM": ("deepseek.deepseek_v4", "DeepseekV4ForCausalLM"),
     "MiniMaxM2ForCausalLM": ("minimax_m2", "MiniMaxM2ForCausalLM"),
     # dense decoders (no experts)
     "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
     "MistralForCausalLM": ("mistral", "MistralForCausalLM"),
-    "Qwen2ForCausalLM": ("qwen2", "Qwen2ForCausalLM"),
-    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Qwen2ForCausalLM": ("qwen.qwen2", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen.qwen3", "Qwen3ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
 }
 
