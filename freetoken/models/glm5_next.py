@@ -33,8 +33,8 @@ from .decoder import tiny_base, tiny_moe_inter
 from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 from .glm_moe_dsa import indexer_types
 from .hf_config import HFConfig
-from .qwen3_5_moe import LanguageModelView, text_part
-from .qwen3_next import LinearAttentionLayer
+from .qwen.qwen3_5_moe import LanguageModelView, text_part
+from .qwen.qwen3_next import LinearAttentionLayer
 
 
 class NoRope:

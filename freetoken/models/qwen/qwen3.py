@@ -1,6 +1,6 @@
 """Dense Qwen3: per-head q/k RMSNorm, no biases by default."""
-from .decoder import ArchSpec, tiny_base
-from .llama import DenseCausalLM
+from ..decoder import ArchSpec, tiny_base
+from ..llama import DenseCausalLM
 
 
 class Qwen3ForCausalLM(DenseCausalLM):

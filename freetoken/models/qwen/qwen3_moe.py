@@ -1,5 +1,5 @@
 """Qwen3-MoE: per-head q/k RMSNorm, softmax router with optional top-k renormalisation."""
-from .decoder import ArchSpec, MoECausalLM, tiny_base, tiny_moe_inter
+from ..decoder import ArchSpec, MoECausalLM, tiny_base, tiny_moe_inter
 
 
 class Qwen3MoeForCausalLM(MoECausalLM):

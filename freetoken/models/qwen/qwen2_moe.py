@@ -1,5 +1,5 @@
 """Qwen2-MoE (Qwen1.5-MoE, Qwen2-57B-A14B): q/k/v biases and a shared expert behind a sigmoid gate."""
-from .decoder import ArchSpec, MoECausalLM, tiny_base, tiny_moe_inter
+from ..decoder import ArchSpec, MoECausalLM, tiny_base, tiny_moe_inter
 
 
 class Qwen2MoeForCausalLM(MoECausalLM):

@@ -1,6 +1,6 @@
 """Dense Qwen2 / Qwen2.5: Llama with q/k/v biases (o_proj has none); the draft models of Qwen MoEs."""
-from .decoder import ArchSpec, tiny_base
-from .llama import DenseCausalLM
+from ..decoder import ArchSpec, tiny_base
+from ..llama import DenseCausalLM
 
 
 class Qwen2ForCausalLM(DenseCausalLM):

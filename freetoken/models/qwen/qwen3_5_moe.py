@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 
 from .qwen3_next import Qwen3NextForCausalLM
-from .decoder import tiny_base, tiny_moe_inter
+from ..decoder import tiny_base, tiny_moe_inter
 
 
 def text_part(config: dict) -> dict:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import CheckpointError
-from ..layers.deltanet import GatedDeltaNet
-from ..layers.attention.gated import GatedAttention, RMSNorm1p
-from ..layers.state import DeltaNetState, SequenceState, check_positions
-from .context import ForwardContext
-from .decoder import ArchSpec, DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter
+from ...errors import CheckpointError
+from ...layers.deltanet import GatedDeltaNet
+from ...layers.attention.gated import GatedAttention, RMSNorm1p
+from ...layers.state import DeltaNetState, SequenceState, check_positions
+from ..context import ForwardContext
+from ..decoder import ArchSpec, DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter
 
 
 class LinearAttentionLayer:
