@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .models import deepseek_v4, gpt_oss
+from .models.deepseek import deepseek_v4
+from .models import gpt_oss
 from .models.registry import ARCHITECTURES
 from .quant.fp8 import quantize_checkpoint_fp8
 from .weights import modelopt

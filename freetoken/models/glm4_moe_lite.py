@@ -5,7 +5,7 @@ paged cache, `rope_interleave`) under GLM-4.5's MoE (sigmoid router with correct
 from __future__ import annotations
 
 from ..errors import CheckpointError
-from .deepseek_v3 import DeepseekV3ForCausalLM
+from .deepseek.deepseek_v3 import DeepseekV3ForCausalLM
 
 
 class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):

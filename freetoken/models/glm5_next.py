@@ -30,7 +30,7 @@ from ..layers.norm import RMSNorm
 from ..layers.state import DeltaNetState, SequenceState, check_positions
 from .context import ForwardContext
 from .decoder import tiny_base, tiny_moe_inter
-from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
+from .deepseek.deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 from .glm_moe_dsa import indexer_types
 from .hf_config import HFConfig
 from .qwen.qwen3_5_moe import LanguageModelView, text_part

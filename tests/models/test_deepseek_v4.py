@@ -153,7 +153,7 @@ def dequantized_copy(d, out):
 def test_fp8_dense_fp4_experts_as_shipped(tiny_dir, tmp_path):
     """V4-Flash's format: FP8 projections with UE8M0 scales stay packed (wo_a split per group
     at 128-row blocks), FP4 experts become the MXFP4 banks without a copy through float."""
-    from freetoken.models.deepseek_v4 import quantize_checkpoint
+    from freetoken.models.deepseek.deepseek_v4 import quantize_checkpoint
 
     d = build(tiny_dir, tmp_path, "q", hidden_size=128, q_lora_rank=128, head_dim=64, o_lora_rank=128,
               moe_intermediate_size=64, index_head_dim=32)

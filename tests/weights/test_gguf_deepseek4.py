@@ -18,7 +18,7 @@ from helpers import assert_logits_close, exact_experts, reference_logits
 from safetensors.torch import load_file, save_file
 
 from freetoken import LLM
-from freetoken.models.deepseek_v4 import quantize_checkpoint
+from freetoken.models.deepseek.deepseek_v4 import quantize_checkpoint
 from freetoken.quant import ggml_quants
 from freetoken.weights.gguf.reader import GgufFile
 from v4_original import to_original

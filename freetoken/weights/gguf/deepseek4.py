@@ -1,5 +1,5 @@
 """DeepSeek-V4 GGUFs (`deepseek4`, llama.cpp's converter from the checkpoint as DeepSeek ships
-it): the names our V4 model reads (models/deepseek_v4.py, the release's own layout without the
+it): the names our V4 model reads (models/deepseek/deepseek_v4.py, the release's own layout without the
 `model.` prefix) and the config fields its metadata holds. Per layer the compress ratio says the
 attention kind: 0 a sliding window only, a layer with indexer tensors compressed sparse (CSA),
 any other ratio heavily compressed (HCA); the first `hash_layer_count` layers route by token id."""
@@ -46,7 +46,7 @@ def hf_names(name: str) -> tuple[str, ...]:
 
 
 def config_fields(c: dict, m, tensors: dict) -> None:
-    """The V4 fields of the HF-style config (models/deepseek_v4.py reads them)."""
+    """The V4 fields of the HF-style config (models/deepseek/deepseek_v4.py reads them)."""
     layers = c["num_hidden_layers"]
     ratios = list(m.req("attention.compress_ratios"))[:layers]
     if len(ratios) != layers:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-from ..layers.linear import Linear
-from ..layers.attention.mla import MLA, MLAConfig
-from ..layers.moe import BiasCorrectedMoE
-from ..layers.norm import RMSNorm
-from .decoder import DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter
-from ..errors import CheckpointError
-from .hf_config import HFConfig
+from ...layers.linear import Linear
+from ...layers.attention.mla import MLA, MLAConfig
+from ...layers.moe import BiasCorrectedMoE
+from ...layers.norm import RMSNorm
+from ..decoder import DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter
+from ...errors import CheckpointError
+from ..hf_config import HFConfig
 
 
 def latent_row(hf) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..layers.attention.dsa import Indexer
-from ..layers.attention.mla import MLA
+from ...layers.attention.dsa import Indexer
+from ...layers.attention.mla import MLA
 from .deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 
 

@@ -12,24 +12,24 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import CheckpointError
-from ..experts.execution.numerics import set_bf16_dot
-from ..experts.memory.pool import ExpertSpec, PoolBuilder
-from ..kernels.choices import model_kernels
-from ..layers.attention.compressor import Compressor
-from ..layers.hyper import HyperConnection, HyperHead
-from ..layers.linear import Linear, LinearFactory
-from ..layers.mlp import GatedMLP
-from ..layers.moe import BiasCorrectedMoE, HashRoutedMoE
-from ..layers.norm import RMSNorm
-from ..layers.rope import inv_freq_and_scale
-from ..layers.state import SequenceState, SlidingWindowKV, check_positions
-from ..layers.attention.v4 import V4Attention
-from .context import ForwardContext
-from .decoder import MoECausalLM, tiny_base, tiny_moe_inter
-from .hf_config import HFConfig
-from ..quant.fp8 import quantize_fp8_block
-from ..quant.mxfp4 import quantize_mxfp4
+from ...errors import CheckpointError
+from ...experts.execution.numerics import set_bf16_dot
+from ...experts.memory.pool import ExpertSpec, PoolBuilder
+from ...kernels.choices import model_kernels
+from ...layers.attention.compressor import Compressor
+from ...layers.hyper import HyperConnection, HyperHead
+from ...layers.linear import Linear, LinearFactory
+from ...layers.mlp import GatedMLP
+from ...layers.moe import BiasCorrectedMoE, HashRoutedMoE
+from ...layers.norm import RMSNorm
+from ...layers.rope import inv_freq_and_scale
+from ...layers.state import SequenceState, SlidingWindowKV, check_positions
+from ...layers.attention.v4 import V4Attention
+from ..context import ForwardContext
+from ..decoder import MoECausalLM, tiny_base, tiny_moe_inter
+from ..hf_config import HFConfig
+from ...quant.fp8 import quantize_fp8_block
+from ...quant.mxfp4 import quantize_mxfp4
 
 ATTENTION_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
