@@ -12,7 +12,7 @@ import transformers
 from freetoken import LLM
 from freetoken.errors import CheckpointError
 from freetoken.layers.attention.paged import kv_values_per_token
-from freetoken.models.glm_moe_dsa import indexer_types
+from freetoken.models.glm.glm_moe_dsa import indexer_types
 
 from helpers import assert_logits_close, reference_logits, save_hf_checkpoint
 from model_checks import check_batch_equals_single, check_incremental_equals_full, ids_for

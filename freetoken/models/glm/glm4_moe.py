@@ -9,10 +9,10 @@ from dataclasses import replace
 
 import torch
 
-from ..errors import CheckpointError
-from ..layers.linear import Linear
-from ..layers.moe import BiasCorrectedMoE
-from .decoder import ArchSpec, MoECausalLM, tiny_base, tiny_moe_inter
+from ...errors import CheckpointError
+from ...layers.linear import Linear
+from ...layers.moe import BiasCorrectedMoE
+from ..decoder import ArchSpec, MoECausalLM, tiny_base, tiny_moe_inter
 
 
 class Glm4MoeForCausalLM(MoECausalLM):

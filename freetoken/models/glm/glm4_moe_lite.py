@@ -4,8 +4,8 @@ paged cache, `rope_interleave`) under GLM-4.5's MoE (sigmoid router with correct
 (default: the first)."""
 from __future__ import annotations
 
-from ..errors import CheckpointError
-from .deepseek.deepseek_v3 import DeepseekV3ForCausalLM
+from ...errors import CheckpointError
+from ..deepseek.deepseek_v3 import DeepseekV3ForCausalLM
 
 
 class Glm4MoeLiteForCausalLM(DeepseekV3ForCausalLM):

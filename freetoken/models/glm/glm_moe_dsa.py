@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..errors import CheckpointError
-from ..layers.attention.dsa import Indexer, SharedSelection
-from ..layers.attention.mla import MLA
-from .deepseek.deepseek_v3 import DeepseekV3ForCausalLM, latent_row
-from .deepseek.deepseek_v32 import DeepseekV32ForCausalLM
+from ...errors import CheckpointError
+from ...layers.attention.dsa import Indexer, SharedSelection
+from ...layers.attention.mla import MLA
+from ..deepseek.deepseek_v3 import DeepseekV3ForCausalLM, latent_row
+from ..deepseek.deepseek_v32 import DeepseekV32ForCausalLM
 
 
 def indexer_types(cfg: dict, path) -> list[str]:

@@ -16,25 +16,25 @@ from dataclasses import replace
 
 import torch
 
-from ..errors import CheckpointError
-from ..experts.execution.numerics import set_bf16_dot
-from ..experts.memory.pool import ExpertPool
-from ..kernels.choices import model_kernels
-from ..layers.attention.dsa import SharedSelection
-from ..layers.attention.dsa_pooled import PooledIndexer
-from ..layers.hyper import HyperConnection
-from ..layers.kda import KimiDeltaAttention
-from ..layers.linear import LinearFactory
-from ..layers.attention.mla import MLA, MLAConfig
-from ..layers.norm import RMSNorm
-from ..layers.state import DeltaNetState, SequenceState, check_positions
-from .context import ForwardContext
-from .decoder import tiny_base, tiny_moe_inter
-from .deepseek.deepseek_v3 import DeepseekV3ForCausalLM, latent_row
+from ...errors import CheckpointError
+from ...experts.execution.numerics import set_bf16_dot
+from ...experts.memory.pool import ExpertPool
+from ...kernels.choices import model_kernels
+from ...layers.attention.dsa import SharedSelection
+from ...layers.attention.dsa_pooled import PooledIndexer
+from ...layers.hyper import HyperConnection
+from ...layers.kda import KimiDeltaAttention
+from ...layers.linear import LinearFactory
+from ...layers.attention.mla import MLA, MLAConfig
+from ...layers.norm import RMSNorm
+from ...layers.state import DeltaNetState, SequenceState, check_positions
+from ..context import ForwardContext
+from ..decoder import tiny_base, tiny_moe_inter
+from ..deepseek.deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 from .glm_moe_dsa import indexer_types
-from .hf_config import HFConfig
-from .qwen.qwen3_5_moe import LanguageModelView, text_part
-from .qwen.qwen3_next import LinearAttentionLayer
+from ..hf_config import HFConfig
+from ..qwen.qwen3_5_moe import LanguageModelView, text_part
+from ..qwen.qwen3_next import LinearAttentionLayer
 
 
 class NoRope:
