@@ -29,7 +29,7 @@ def _recipes() -> dict[str, type]:
     for module, name in ARCHITECTURES.values():
         cls = getattr(importlib.import_module(f"freetoken.models.{module}"), name)
         if "tiny_config" in vars(cls):
-            out[module] = cls
+            out[module.rsplit(".", 1)[-1]] = cls     # the file's name, without its family folder
     return out
 
 
