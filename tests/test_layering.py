@@ -162,6 +162,7 @@ LOCAL_IMPORTS_OK = {
     "cli/check.py": "as cli/__init__.py",
     "cli/convert.py": "as cli/__init__.py",
     "cli/plan.py": "as cli/__init__.py",
+    "cli/perplexity.py": "as cli/__init__.py",
     "cli/profile.py": "as cli/__init__.py",
     "cli/serve.py": "as cli/__init__.py (FastAPI, uvicorn, Ray load when serving)",
     "hub/cli.py": "as cli/__init__.py (the registry clients load when pulling)",

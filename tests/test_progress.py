@@ -95,12 +95,12 @@ def test_calibration_and_profile_report(mode, caplog, tmp_path):
     import torch
 
     from freetoken.experts.measure.probe import measure, synthetic_pool
-    from freetoken.kernels.choices import prefill_gemm_dtype
+    from freetoken.kernels.choices import prefill_gemm_choice
     with caplog.at_level(logging.INFO, logger="freetoken.progress"):
-        prefill_gemm_dtype("auto", torch.float32, kernels=True, flags=frozenset({"avx512_bf16"}), threads=1,
-                           measure=lambda t: {"fp32": 2.0, "bf16": 1.0}, cache=tmp_path)
-        prefill_gemm_dtype("auto", torch.float32, kernels=True, flags=frozenset({"avx512_bf16"}), threads=1,
-                           measure=lambda t: {"fp32": 2.0, "bf16": 1.0}, cache=tmp_path)     # cached: silent
+        prefill_gemm_choice("auto", torch.float32, kernels=True, flags=frozenset({"avx512_bf16"}), threads=1,
+                            measure=lambda t: {"fp32": 2.0, "bf16": 1.0}, cache=tmp_path)
+        prefill_gemm_choice("auto", torch.float32, kernels=True, flags=frozenset({"avx512_bf16"}), threads=1,
+                            measure=lambda t: {"fp32": 2.0, "bf16": 1.0}, cache=tmp_path)     # cached: silent
         measure(synthetic_pool(64, 32, "fp32", 0.001), torch.device("cpu"), seconds=0.05, threads=1)
     assert len(lines(caplog, "calibrate gemm")) == 1
     assert [m.split("%")[0] for m in lines(caplog, "profile")] == ["profile B_P, B_H: 33", "profile B_P, B_H: 67",

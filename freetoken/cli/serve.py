@@ -21,8 +21,8 @@ MAIN_ENGINE_HELP = {
 }
 
 
-def _engine_args(p) -> None:
-    add_engine_args(p)
+def _engine_args(p, help_for: dict[str, str] | None = None) -> None:
+    add_engine_args(p, help_for=help_for)
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="any other engine option (see freetoken/config.py), e.g. kv_cache_gib=2")
 
@@ -102,10 +102,8 @@ def register(subparsers) -> None:
                    help="seconds between two watcher resizes at least (default 5)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _replica_args(s)
-    _engine_args(s.add_argument_group("engine options (also: freetoken generate, plan, perplexity)"))
-    for a in s._actions:            # the engine flags a first run reaches for, explained here
-        if a.dest in MAIN_ENGINE_HELP:
-            a.help = MAIN_ENGINE_HELP[a.dest]
+    # the engine flags a first run reaches for are explained here in their own words
+    _engine_args(s.add_argument_group("engine options (also: freetoken generate, plan, perplexity)"), MAIN_ENGINE_HELP)
     s.set_defaults(func=cmd_serve)
 
     # one parser, launch_parser(), reads every option and prints the help (`freetoken launch

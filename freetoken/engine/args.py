@@ -51,10 +51,15 @@ def _argparse_kwargs(config_class: type, f: dataclasses.Field, fl: Flag) -> dict
     return kw
 
 
-def add_engine_args(p: argparse.ArgumentParser, config_class: type = EngineConfig) -> None:
-    """One argument per flag field (config_class: EngineConfig, or a subclass with more fields)."""
+def add_engine_args(p: argparse.ArgumentParser, config_class: type = EngineConfig,
+                    help_for: dict[str, str] | None = None) -> None:
+    """One argument per flag field (config_class: EngineConfig, or a subclass with more fields);
+    `help_for`: {field name: help} where a verb explains a flag its own way."""
     for f, fl in flag_fields(config_class):
-        p.add_argument(_option(f, fl), **_argparse_kwargs(config_class, f, fl))
+        kwargs = _argparse_kwargs(config_class, f, fl)
+        if help_for and f.name in help_for:
+            kwargs["help"] = help_for[f.name]
+        p.add_argument(_option(f, fl), **kwargs)
 
 
 def engine_options(args, config_class: type = EngineConfig) -> dict:

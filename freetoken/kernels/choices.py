@@ -186,16 +186,6 @@ def _pick_gemm(t: dict) -> tuple[str, str | None]:
     return dense, expert
 
 
-def prefill_gemm_dtype(requested: str, activations: torch.dtype, *, kernels: bool, flags: frozenset[str],
-                       threads: int, measure: Callable[[int], dict] = measure_gemm,
-                       cache: os.PathLike | None = None, forced: str = "auto") -> tuple[torch.dtype, dict | None]:
-    """(dtype prefill GEMMs over bf16 weights multiply in, the timings that decided it or None):
-    `prefill_gemm_choice`'s dense choice as a dtype (the tiles round to bf16)."""
-    dense, _, t = prefill_gemm_choice(requested, activations, kernels=kernels, flags=flags, threads=threads,
-                                      measure=measure, cache=cache, forced=forced)
-    return (torch.float32 if dense == "float32" else torch.bfloat16), t
-
-
 def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[int, ...] = (1,), reps: int = 5,
                      keys: int = 4096, out_of_cache: int = 64 << 20) -> dict:
     """Seconds of one decode step's shape with fp32 activations ("fp32") and with the vdpbf16ps

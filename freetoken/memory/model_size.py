@@ -62,7 +62,7 @@ def read_model_shape(model: str | Path) -> ModelShape:
         if is_gguf(p):
             return _gguf_shape(GgufFile(p))
         if not is_ftw(p):
-            from ..weights.file_kind import describe
+            from ..weights.file_kind import describe     # only on this error path
             raise CheckpointError(f"{p.resolve()}: {describe(p)} (expected a GGUF or FTW file or a checkpoint "
                                   "directory)")
         header = read_header(p)
