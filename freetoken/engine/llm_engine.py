@@ -355,7 +355,10 @@ class LLMEngine:
         else:
             self.prefix.after_step(seq)
             self.blocks.trim(seq, seq.num_computed)
-        return self._output(seq, new, text)
+        out = self._output(seq, new, text)
+        if seq.params.logprobs is not None:      # row i is the target model's raw row for token i
+            out.logprobs = [token_logprobs(rows[i], tok, seq.params.logprobs) for i, tok in enumerate(new)]
+        return out
 
     def _emit(self, seq: Sequence, tok: int) -> StepOutput:
         seq.append(tok)

@@ -43,7 +43,7 @@ def make(num_blocks):
     prefix = PrefixCache(blocks)
     sched = Scheduler(blocks, 3, 16, prefix)
     return SimpleNamespace(blocks=blocks, prefix=prefix, scheduler=sched, runner=RowsRunner(num_blocks),
-                           cfg=SimpleNamespace(max_num_seqs=3), max_model_len=64, capacity_tokens=0)
+                           settings=SimpleNamespace(max_num_seqs=3), max_model_len=64, capacity_tokens=0)
 
 
 def step(eng):

@@ -34,7 +34,8 @@ READ = {"type": "object", "properties": {
     "flags": {"type": "object", "properties": {"raw": {"type": "boolean"}}, "required": ["raw"],
               "additionalProperties": False}},
     "required": ["file_path", "limit"], "additionalProperties": False}
-GREP = {"type": "object", "properties": {"pattern": {"type": "string", "maxLength": 8}}, "required": ["pattern"]}
+GREP = {"type": "object", "properties": {"pattern": {"type": "string", "maxLength": 8}}, "required": ["pattern"],
+        "additionalProperties": False}
 SCHEMAS = {"Read": READ, "Grep": GREP}
 USER = [{"role": "user", "content": "read the README"}]
 
