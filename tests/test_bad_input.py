@@ -66,9 +66,9 @@ def test_special_token_of_wrong_type(ckpt, value):
 
 def test_unsupported_architecture(ckpt):
     cfg = json.loads((ckpt / "config.json").read_text())
-    cfg["architectures"] = ["LlamaForCausalLM"]
+    cfg["architectures"] = ["BertForMaskedLM"]
     (ckpt / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(UnsupportedModelError, match="LlamaForCausalLM.*not supported"):
+    with pytest.raises(UnsupportedModelError, match="BertForMaskedLM.*not supported"):
         _load(ckpt)
 
 
