@@ -198,7 +198,7 @@ async def run(args) -> dict:
             raise SystemExit(f"--url must be a loopback address ({', '.join(sorted(LOOPBACK))}), got {host}")
         url, pid = args.url.rstrip("/"), args.pid
     else:
-        server = Server(args.clients, args.max_running)
+        server = Server(args.clients, args.max_running, ("--speculative", args.speculative))
         url, pid = server.url, server.proc.pid
     limits = httpx.Limits(max_connections=args.clients * 3, max_keepalive_connections=args.clients * 2)
     outcomes: list[Outcome] = []
@@ -337,6 +337,9 @@ def parse_args(argv=None):
                    help="leave the recorded agent sessions' turns out of the mix")
     p.add_argument("--max-requests", type=int, default=100_000, help="stop after this many requests")
     p.add_argument("--max-running", type=int, default=8, help="the started server's --max-running-requests")
+    # the suffix drafter's index grows by design to its bound (engine/spec/suffix.py MAX_TOKENS,
+    # ~200 MB): a leak check of a short soak would read that as growth, so the default soaks without it
+    p.add_argument("--speculative", default="off", help="the started server's --speculative (default off)")
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--sample-every", type=float, default=10.0, help="seconds between RSS / KV samples")
     p.add_argument("--warmup", type=float, default=None, help="seconds before RSS growth is measured "
