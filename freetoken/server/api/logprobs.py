@@ -44,14 +44,17 @@ class TokenStrings:
     a token that is not whole UTF-8 shows as `bytes:\\xe2\\x80`, as OpenAI's tokens do."""
 
     def __init__(self, svc):
-        self.lltok = svc.grammar_tokenizer()
+        try:
+            self.lltok = svc.grammar_tokenizer()
+        except ValueError:      # a tokenizer llguidance cannot read: each token's decoded text
+            self.lltok = None
         self.tok = svc.tokenizer
         self._cache: dict[int, tuple[str, bytes]] = {}
 
     def get(self, tid: int) -> tuple[str, bytes]:
         hit = self._cache.get(tid)
         if hit is None:
-            if self.lltok.is_special_token(tid):
+            if self.lltok is None or self.lltok.is_special_token(tid):
                 s = self.tok.decode([tid])
                 hit = (s, s.encode())
             else:
