@@ -42,7 +42,22 @@ def register(subparsers) -> None:
     main.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: any free one)")
     main.add_argument("--served-model-name", default=None,
                       help="model id(s) clients use, comma-separated; the first is the main one")
-    srv = s.add_argument_group("requests, limits and security")
+    _request_args(s.add_argument_group("requests, limits and security"))
+    _replica_args(s)
+    # the engine flags a first run reaches for are explained here in their own words
+    _engine_args(s.add_argument_group("engine options (also: freetoken generate, plan, perplexity)"), MAIN_ENGINE_HELP)
+    s.set_defaults(func=cmd_serve)
+
+    # one parser, launch_parser(), reads every option and prints the help (`freetoken launch
+    # --help` shows one options section); this entry only hands it the rest of the line
+    la = subparsers.add_parser("launch", add_help=False, prefix_chars="\0",
+                               help="configure and start an agent CLI against a running server")
+    la.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    la.set_defaults(func=cmd_launch)
+
+
+def _request_args(srv) -> None:
+    """Keys, queue limits, timeouts, allowed hosts and origins, admin, the memory watcher."""
     srv.add_argument("--api-key", default=None,
                    help="require this key (Authorization: Bearer or x-api-key) on every route but "
                    "/health; visible in ps: prefer --api-key-file or $FREETOKEN_API_KEY")
@@ -101,17 +116,6 @@ def register(subparsers) -> None:
     srv.add_argument("--memory-watch-interval", type=float, default=5.0,
                    help="seconds between two watcher resizes at least (default 5)")
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    _replica_args(s)
-    # the engine flags a first run reaches for are explained here in their own words
-    _engine_args(s.add_argument_group("engine options (also: freetoken generate, plan, perplexity)"), MAIN_ENGINE_HELP)
-    s.set_defaults(func=cmd_serve)
-
-    # one parser, launch_parser(), reads every option and prints the help (`freetoken launch
-    # --help` shows one options section); this entry only hands it the rest of the line
-    la = subparsers.add_parser("launch", add_help=False, prefix_chars="\0",
-                               help="configure and start an agent CLI against a running server")
-    la.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    la.set_defaults(func=cmd_launch)
 
 
 def _replica_args(s) -> None:

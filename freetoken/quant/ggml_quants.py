@@ -257,8 +257,21 @@ def _minmax_codes(x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor
     return d, lo, q
 
 
+_QUANT_32 = (Q4_1, Q5_1, Q5_0, IQ4_NL, Q8_0, Q4_0, MXFP4)
+_QUANT_LOW_BITS = (Q2_K, Q3_K, TQ1_0, TQ2_0)
+
+
 def _quant_blocks(x: torch.Tensor, t: int) -> torch.Tensor:
     """x: [nb, block_elems] float32 -> [nb, block_bytes] uint8."""
+    if t in _QUANT_32:
+        return _quant_32(x, t)
+    if t in _QUANT_LOW_BITS:
+        return _quant_low_bits(x, t)
+    return _quant_k(x, t)
+
+
+def _quant_32(x: torch.Tensor, t: int) -> torch.Tensor:
+    """Blocks of 32 (legacy types, IQ4_NL, MXFP4)."""
     nb = x.shape[0]
     if t == Q4_1:
         d, lo, q = _minmax_codes(x, 15)
@@ -278,6 +291,30 @@ def _quant_blocks(x: torch.Tensor, t: int) -> torch.Tensor:
         lut = torch.tensor(_IQ4_NL, dtype=torch.float32)
         q = (d16.unsqueeze(-1) * lut - x.unsqueeze(-1)).abs().argmin(-1).to(torch.uint8)
         return torch.cat([_as_f16_bytes(d16), _pack_nibbles(q)], -1)
+    if t == Q8_0:
+        d = x.abs().amax(-1, keepdim=True) / 127
+        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+        return torch.cat([_as_f16_bytes(d), _round(x * inv).to(torch.int8).view(torch.uint8)], -1)
+    if t == Q4_0:   # ggml's: d = max / -8 with the signed value of largest magnitude
+        mx = x.gather(-1, x.abs().argmax(-1, keepdim=True))
+        d = mx / -8
+        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
+        q = torch.trunc(x * inv + 8.5).clamp(0, 15).to(torch.uint8)
+        return torch.cat([_as_f16_bytes(d), q[:, :16] | (q[:, 16:] << 4)], -1)
+    if t == MXFP4:
+        amax = x.abs().amax(-1, keepdim=True)
+        e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-38))) - 2 + 127,
+                        torch.zeros_like(amax)).clamp(0, 255).to(torch.uint8)
+        d = _deq_blocks(torch.cat([e, torch.full((nb, 16), 0x11, dtype=torch.uint8)], -1), MXFP4)[:, :1]
+        lut = torch.tensor(_E2M1_X2, dtype=torch.float32)
+        q = (d.unsqueeze(-1) * lut - x.unsqueeze(-1)).abs().argmin(-1).to(torch.uint8)
+        return torch.cat([e, q[:, :16] | (q[:, 16:] << 4)], -1)
+    raise AssertionError(t)
+
+
+def _quant_low_bits(x: torch.Tensor, t: int) -> torch.Tensor:
+    """The 2- and 3-bit k-quants and the ternary types (256 per block)."""
+    nb = x.shape[0]
     if t == Q2_K:
         xs = x.reshape(nb, 16, 16)
         lo = xs.amin(-1).clamp(max=0)
@@ -316,24 +353,12 @@ def _quant_blocks(x: torch.Tensor, t: int) -> torch.Tensor:
         qh = (q[:, 240:].reshape(nb, 4, 4).to(torch.int32) * p5[:, :4]).sum(1)
         qs = (torch.cat([q0, q1, qh], -1) * 256 + 242) // 243     # trit p in the top of byte * 3^p
         return torch.cat([qs.to(torch.uint8), _as_f16_bytes(d)], -1)
-    if t == Q8_0:
-        d = x.abs().amax(-1, keepdim=True) / 127
-        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-        return torch.cat([_as_f16_bytes(d), _round(x * inv).to(torch.int8).view(torch.uint8)], -1)
-    if t == Q4_0:   # ggml's: d = max / -8 with the signed value of largest magnitude
-        mx = x.gather(-1, x.abs().argmax(-1, keepdim=True))
-        d = mx / -8
-        inv = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-        q = torch.trunc(x * inv + 8.5).clamp(0, 15).to(torch.uint8)
-        return torch.cat([_as_f16_bytes(d), q[:, :16] | (q[:, 16:] << 4)], -1)
-    if t == MXFP4:
-        amax = x.abs().amax(-1, keepdim=True)
-        e = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(1e-38))) - 2 + 127,
-                        torch.zeros_like(amax)).clamp(0, 255).to(torch.uint8)
-        d = _deq_blocks(torch.cat([e, torch.full((nb, 16), 0x11, dtype=torch.uint8)], -1), MXFP4)[:, :1]
-        lut = torch.tensor(_E2M1_X2, dtype=torch.float32)
-        q = (d.unsqueeze(-1) * lut - x.unsqueeze(-1)).abs().argmin(-1).to(torch.uint8)
-        return torch.cat([e, q[:, :16] | (q[:, 16:] << 4)], -1)
+    raise AssertionError(t)
+
+
+def _quant_k(x: torch.Tensor, t: int) -> torch.Tensor:
+    """Q4_K, Q5_K, Q6_K and IQ4_XS (256 per block, 6-bit or 8-bit sub-block scales)."""
+    nb = x.shape[0]
     if t in (Q4_K, Q5_K):
         top = 15 if t == Q4_K else 31
         xs = x.reshape(nb, 8, 32)
