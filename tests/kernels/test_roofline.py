@@ -5,7 +5,6 @@ own: only each probe against another measurement of the same machine, taken alon
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
@@ -13,19 +12,14 @@ import torch
 from freetoken import kernels
 from freetoken.kernels.gemm import GEMM_MODES, gemm_bf16, modes_here
 from freetoken.kernels.pool import CpuPool
+from freetoken.kernels.roofline import _best as best_time
 from freetoken.kernels.roofline import decode_share, measure_machine, model_costs, prefill_share, report
 
 pytestmark = pytest.mark.skipif(kernels.load() is None, reason="no C compiler")
 
 
 def _best(fn, reps=5):
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return best_time(fn, reps)      # the probe's own timer: both sides timed alike
 
 
 def test_read_bandwidth_within_2x_of_a_torch_copy():
