@@ -8,6 +8,9 @@ from pathlib import Path
 
 import torch
 
+# ../shared/data beside the checkout (a worktree one level deeper finds it one more level up)
+SHARED_DATA = next((p / "shared" / "data" for p in Path(__file__).resolve().parents[1:4]
+                    if (p / "shared" / "data").is_dir()), Path(__file__).resolve().parents[1].parent / "shared" / "data")
 CACHE = Path(os.environ.get("FREETOKEN_BENCH_CACHE", Path.home() / ".cache" / "freetoken" / "bench"))
 
 # Realistic per-layer shapes of a Qwen3-30B-A3B-class model, fewer layers so it fits the machine.

@@ -13,10 +13,17 @@ non-expert (dense) weights, side by side, rounds alternating, the file's page ca
 small host cache (`--cache-share`, default here 10% of the pool) and the first token of a
 short prompt, with the engine's start-up phases. The issue 29 target: (b) <= (a) + 1 s.
 
+`--verify ab`: the cost of the disk tier's integrity checks (per-expert xxh3 of every read, the
+file watch; experts/disk/integrity.py) end to end: disk-tier decode tok/s with verification on
+and off in alternating rounds (the order swapped each round, each run a fresh process, the
+page cache dropped first), the tokens of both compared, and the on/off ratio per round and as
+the median of the rounds' ratios. The issue 36 target: verification costs <= 3% of decode.
+
 `--synthetic-layers N` uses (building it once, in --dir) the random-weight GGUF with
 Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's file).
 
   PYTHONPATH=. python bench/disk_tier.py [--gguf FILE] [--decode 32] [--rounds 2] [--cgroup-mib M]
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --verify ab --rounds 6
   PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
 from __future__ import annotations
@@ -41,12 +48,14 @@ FT = textwrap.dedent("""
     policy, verify = sys.argv[6] or None, sys.argv[7] == "on"
     prompt = json.loads(sys.stdin.read())
     if not verify:       # A/B of the integrity checks (experts/disk/integrity.py): no checksums, no watch
-        import freetoken.experts.disk as disk_mod
-        disk_mod.ExpertFileWatch.open = classmethod(lambda cls, layout: None)
+        from freetoken.experts.disk.integrity import ExpertFileWatch
+        ExpertFileWatch.open = classmethod(lambda cls, layout: None)
     fd = os.open(path, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
     opts = dict(host_cache_gib=cache_gib) if mode == "disk" else dict(expert_tier="ram")
     if policy:
         opts["expert_cache_policy"] = policy
+    if mode == "disk" and len(sys.argv) > 8:      # --lookahead / --direct-io / --io-threads
+        opts.update(json.loads(sys.argv[8]))
     llm = LLM(path, dtype="bfloat16", num_threads=threads, max_model_len=1024, prefix_cache=False, **opts)
     eng = llm.engine
     eng.add_request("r", prompt, SamplingParams(max_tokens=n_decode, temperature=0.0, ignore_eos=True))
@@ -59,13 +68,15 @@ FT = textwrap.dedent("""
             times.append(time.perf_counter())
             if len(times) == 1:
                 read0 = (llm.expert_stats().get("disk") or {}).get("bytes_read", 0)
+                cpu0 = time.process_time()     # every thread's CPU: hashing included, the neighbours' not
                 times[0] = time.perf_counter()
     st = llm.expert_stats()
     rss = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM"))) * 1024
     per_tok = ((st.get("disk") or {}).get("bytes_read", 0) - read0) / max(1, len(times) - 1)
     print(json.dumps({"prefill": len(prompt) / (times[0] - t0), "decode": (len(times) - 1) / (times[-1] - times[0]),
                       "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk"),
-                      "decode_bytes_per_token": per_tok}))
+                      "lookahead": st.get("lookahead"), "decode_bytes_per_token": per_tok,
+                      "cpu_s_per_token": (time.process_time() - cpu0) / max(1, len(times) - 1)}))
 """)
 
 
@@ -162,6 +173,56 @@ def startup(args, cache_gib: float, vocab: int) -> None:
           f"{'met' if b <= a + 1 else 'NOT met'}), b / a = {b / a:.2f}x")
 
 
+def verify_ab(args, cache_gib: float, vocab: int) -> None:
+    """Disk-tier decode with verification on and off, rounds alternating (see the docstring)."""
+    import random
+    rng = random.Random(0)
+    rows: dict[str, list[dict]] = {"on": [], "off": []}
+    ratios = []
+    for r in range(args.rounds):
+        stdin = json.dumps([rng.randrange(10, vocab) for _ in range(args.prompt_tokens)])
+        for v in (("on", "off") if r % 2 == 0 else ("off", "on")):
+            rows[v].append(run(FT, [str(args.gguf), "disk", str(args.decode), str(args.threads),
+                                    f"{cache_gib:.4f}", args.policy, v, json.dumps(disk_options(args))], stdin, None))
+        on, off = rows["on"][-1], rows["off"][-1]
+        if "decode" in on and "decode" in off:
+            ratios.append(on["decode"] / off["decode"])
+        hc = on.get("host_cache") or {}
+        print(f"round {r} ({'on first' if r % 2 == 0 else 'off first'}): verify on {tok_s(on)}, off {tok_s(off)}, "
+              f"on/off {ratio(on, off)}; tokens identical: {on.get('tokens') == off.get('tokens') if 'tokens' in on else 'n/a'}; "
+              f"CPU per token on {on.get('cpu_s_per_token', 0) * 1e3:.0f} ms, off {off.get('cpu_s_per_token', 0) * 1e3:.0f} ms; "
+              f"host-cache hit rate {hc.get('hit_rate', 0):.1%}, {on.get('decode_bytes_per_token', 0) / 1e6:.1f} MB "
+              f"read per decoded token" + "".join(f"; verify {k} error: {x['error']}" for k, x in (("on", on), ("off", off))
+                                                  if "error" in x), flush=True)
+    if not ratios:
+        raise SystemExit("verify A/B: no round ran both sides")
+    from statistics import median
+    med = median(ratios)
+    cpu = median(on["cpu_s_per_token"] / off["cpu_s_per_token"] for on, off in zip(rows["on"], rows["off"])
+                 if "decode" in on and "decode" in off)
+    print(f"median decode tok/s: verify on {tok_s(median_run(rows['on']))}, off {tok_s(median_run(rows['off']))}; "
+          f"median of the rounds' on/off ratios {med:.3f} (cost of verification {100 * (1 - med):+.1f}% of decode, "
+          f"target <= 3%: {'met' if med >= 0.97 else 'NOT met'}; ratios " + ", ".join(f"{x:.3f}" for x in ratios) +
+          f"); process CPU per decoded token on/off (median) {cpu:.3f}")
+
+
+def disk_options(args) -> dict:
+    """The disk tier's lookahead / direct-I/O / queue-depth options given on the command line."""
+    return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
+                              ("disk_io_threads", args.io_threads)) if v is not None}
+
+
+def lookahead_line(disk: dict) -> str:
+    """Next-layer guesses: share of the host cache's would-be misses they covered, wasted
+    reads per useful one, and the guesses' precision / recall against what the layer routed."""
+    la, io = disk.get("lookahead") or {}, (disk.get("disk") or {}).get("io") or {}
+    if not la:
+        return "lookahead n/a"
+    return (f"lookahead {la.get('mode', '?')} (guessing: {la['source']}): {la['misses_covered']:.0%} of next-layer misses covered, "
+            f"{la['wasted_per_useful']:.2f} wasted reads per useful read, guesses right {la['precision']:.0%}, "
+            f"next layer's experts guessed {la['recall']:.0%}; reads {io.get('mode', '?')}")
+
+
 def tok_s(res: dict) -> str:
     """An engine's decode figure, or "not run" (never 0.00: a run that failed or was skipped)."""
     return f"{res['decode']:.2f} tok/s" if "decode" in res else "not run"
@@ -215,9 +276,14 @@ def main():
                     help="run every engine under a cgroup-v1 memory limit of this many MiB")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--policy", default="", help="the disk tier's expert_cache_policy (default: the engine's)")
-    ap.add_argument("--verify", default="on", choices=("on", "off"),
-                    help="off: no per-expert checksums or file watch (to measure what they cost)")
+    ap.add_argument("--verify", default="on", choices=("on", "off", "ab"),
+                    help="off: no per-expert checksums or file watch; ab: disk tier only, verification "
+                         "on and off in alternating rounds with their ratio (what the checks cost)")
     ap.add_argument("--no-resident", action="store_true", help="skip the resident reference (no token check)")
+    ap.add_argument("--lookahead", default=None, choices=("auto", "router", "history", "off"),
+                    help="the disk tier's expert_lookahead (default: the engine's)")
+    ap.add_argument("--direct-io", default=None, choices=("auto", "on", "off"), help="the disk tier's disk_direct_io")
+    ap.add_argument("--io-threads", type=int, default=None, help="the disk tier's disk_io_threads (reads in flight)")
     args = ap.parse_args()
     steps = args.steps.split(",")
     sys.path.insert(0, str(HERE))
@@ -244,6 +310,12 @@ def main():
     args.cache_share = 0.5 if args.cache_share is None else args.cache_share
     args.prompt_tokens = args.prompt_tokens or 64
     cache_gib = pool_gib * args.cache_share
+    if args.verify == "ab":
+        print(isa_line(args.threads))
+        print(f"model {args.gguf.name}: expert pool {pool_gib:.2f} GiB, host cache {cache_gib:.2f} GiB "
+              f"({args.cache_share:.0%}), {args.prompt_tokens}-token prompt, {args.decode} decoded, "
+              f"{args.threads} threads, policy {args.policy or 'default'}; disk tier, verification on vs off")
+        return verify_ab(args, cache_gib, vocab)
     cg = None
     if args.cgroup_mib:
         cg = f"freetoken-disk-tier-{os.getpid()}"
@@ -262,7 +334,7 @@ def main():
             prompt = [rng.randrange(10, vocab) for _ in range(args.prompt_tokens)]   # fresh each round
             stdin = json.dumps(prompt)
             base = [str(args.gguf), "", str(args.decode), str(args.threads), f"{cache_gib:.4f}", args.policy,
-                    args.verify]
+                    args.verify, json.dumps(disk_options(args))]
             for mode in (("disk",) if args.no_resident else ("resident", "disk")):
                 a = list(base)
                 a[1] = mode        # the resident reference (its tokens) runs outside the limit: it cannot fit
@@ -289,7 +361,7 @@ def main():
                   f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token, next-layer guesses used "
                   f"{(disk.get('host_cache') or {}).get('prefetch_hit_rate', 0):.0%} "
                   f"({(disk.get('host_cache') or {}).get('prefetch_wasted_bytes', 0) / 1e9:.2f} GB read for nothing); "
-                  f"peak RSS resident "
+                  f"{lookahead_line(disk)}; peak RSS resident "
                   f"{res.get('hwm', 0) / 2**30:.2f} GiB, disk {disk.get('hwm', 0) / 2**30:.2f} GiB"
                   + "".join(f"; {k} error: {v['error']}" for k, v in (("resident", res), ("disk", disk),
                                                                        ("llama.cpp", ll)) if "error" in v))

@@ -1,6 +1,6 @@
 """Prefill GEMMs over bf16 weights per core, as shares of this core's measured peak (outside CI).
 
-    PYTHONPATH=. .venv/bin/python bench/gemm_tiles.py [--rounds 3]
+    PYTHONPATH=. .venv/bin/python bench/gemm_tiles.py [--rounds 3] [--shapes 512x2048x2048,4096x2048x2048]
 
 One thread, CPU time of the calling thread (on a shared machine that approximates a dedicated
 core): the peak multiply-add rate per format (kernels/roofline.py's probes), then dense GEMMs of
@@ -38,6 +38,8 @@ def best_of(fns: dict, rounds: int) -> dict:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shapes", default="512x2048x2048,512x6144x2048,512x2048x4096,64x1536x2048,512x3000x2048,"
+                    "4096x2048x2048", help="comma list of MxNxK dense GEMMs (tokens x rows x columns)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     lib = kernels.load()
@@ -55,7 +57,7 @@ def main():
             "torch_fp32": "fp32"}
     g = torch.Generator().manual_seed(0)
     print(f"{'M x N x K':>20} " + " ".join(f"{k:>22}" for k in [*tiles, "torch_bf16", "torch_fp32"]))
-    for m, n, k in ((512, 2048, 2048), (512, 6144, 2048), (512, 2048, 4096), (64, 1536, 2048), (512, 3000, 2048)):
+    for m, n, k in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
         x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
         w32, y = torch.empty(n, k), torch.empty(m, n)
         fns = {t: (lambda t=t: gemm_bf16(pool, GEMM_MODES[t], w, x, out=y)) for t in tiles}

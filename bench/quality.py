@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/quality.py [--model FILE.gguf] [--ctx 512] [--chunks 8] [--prompts 20]
                                       [--max-tokens 64] [--threads 2] [--dtype float32]
+                                      [--ggml-numerics auto|q8|llama|float32]
 
 The model defaults to the installed SmolLM2-135M-Instruct (Q4_1); the text is
 bench/quality_text.py's (CPython's standard-library docstrings, named in the output). Measured,
@@ -131,6 +132,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", help="FreeToken's --dtype")
+    ap.add_argument("--ggml-numerics", default="auto", choices=("auto", "q8", "llama", "float32"),
+                    help="FreeToken's activation rounding in GGUF-quantized layers (llama: llama.cpp's q8_0/q8_1)")
     ap.add_argument("--prefill-gemm", default="auto", choices=("auto", "float32", "bfloat16"),
                     help="FreeToken's prefill GEMM (auto: what calibration picks on this CPU)")
     args = ap.parse_args()
@@ -140,7 +143,7 @@ def main() -> int:
     print(isa_line(args.threads))
     print(f"model {model}\ntext  {text_name()}")
     llm = LLM(model, dtype=args.dtype, num_threads=args.threads, max_model_len=max(2048, args.ctx),
-              prefix_cache=False, prefill_gemm=args.prefill_gemm)
+              prefix_cache=False, prefill_gemm=args.prefill_gemm, ggml_numerics=args.ggml_numerics)
     tok = llm.tokenizer
     tokens, bos = text_tokens(tok, stdlib_docstrings())
     windows = list(chunks(tokens, args.ctx, bos, args.chunks))
@@ -178,7 +181,7 @@ def main() -> int:
     dc_ft, dc_ll = rate(dec_ft), rate(theirs["decode"])
     if windows:
         print(f"positions scored      {kl.numel()} ({len(windows)} chunks of {args.ctx}, FreeToken --dtype {args.dtype}, "
-              f"prefill GEMM {args.prefill_gemm})")
+              f"prefill GEMM {args.prefill_gemm}, ggml numerics {args.ggml_numerics})")
         print(f"perplexity            FreeToken {ppl_ft.ppl:.4f} +/- {ppl_ft.err:.4f}   llama.cpp {ppl_ll.ppl:.4f} "
               f"+/- {ppl_ll.err:.4f}   ratio {ppl_ft.ppl / ppl_ll.ppl:.5f}  (target within 0.5%)")
         print(f"mean KL(llama||ours)  {kl.mean().item():.6f}   p99 {kl.quantile(0.99).item():.5f}   "

@@ -30,15 +30,16 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from freetoken.cli.serve import register  # noqa: E402
 from freetoken.server.build import build  # noqa: E402
 from freetoken.server.replicas.app import APP_NAME, build_application, resolve_model_dir, start_ray  # noqa: E402
 from freetoken.server.replicas.replay import replay, session_bodies  # noqa: E402
 
-SESSIONS = ROOT.parent.parent / "shared" / "data" / "agent-sessions" / "tau-bench_gpt-4o-airline"
-if not SESSIONS.is_dir():
-    SESSIONS = Path("/work/shared/data/agent-sessions/tau-bench_gpt-4o-airline")
+from common import SHARED_DATA  # noqa: E402
+
+SESSIONS = SHARED_DATA / "agent-sessions" / "tau-bench_gpt-4o-airline"
 
 
 def serve_args(model_dir, *extra):

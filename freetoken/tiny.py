@@ -86,8 +86,10 @@ def randomize_selection_biases(model, seed: int = 0) -> None:
 
 
 def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8, top_k: int = 2,
-              hidden: int = 64, vocab: int = 512, seed: int = 0, dtype: str = "float32", **overrides) -> Path:
-    """Write a random-weight checkpoint of `arch` to out_dir and return its path."""
+              hidden: int = 64, vocab: int = 512, seed: int = 0, dtype: str = "float32", nextn: int = 0,
+              **overrides) -> Path:
+    """Write a random-weight checkpoint of `arch` to out_dir and return its path. nextn: with
+    one multi-token-prediction layer (DeepSeek-V3/GLM-4.5 layout, `add_nextn_layer`)."""
     import transformers
     if arch not in ARCHS:
         raise ValueError(f"make-tiny: unknown architecture {arch!r} (expected one of {', '.join(sorted(ARCHS))})")
@@ -96,7 +98,7 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     tok = train_tokenizer(vocab)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     model_cls = ARCHS[arch]
-    cls_name, kwargs = model_cls.tiny_config(layers, experts, top_k, hidden, vocab)
+    cls_name, kwargs = model_cls.tiny_config(layers + (1 if nextn else 0), experts, top_k, hidden, vocab)
     text = kwargs.get("text_config", kwargs)
     text.update(bos_token_id=None, eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
     text.update(overrides)
@@ -117,6 +119,8 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
         deepseek_v4.quantize_checkpoint(out)
     if arch.endswith("_fp8"):
         quantize_checkpoint_fp8(out)
+    if nextn:
+        add_nextn_layer(out, layers, seed)
     tok.save(str(out / "tokenizer.json"))
     template = resources.files("freetoken.templates").joinpath("qwen.jinja").read_text()
     (out / "tokenizer_config.json").write_text(json.dumps({
@@ -125,3 +129,31 @@ def make_tiny(arch: str, out_dir: str | Path, layers: int = 2, experts: int = 8,
     (out / "generation_config.json").write_text(json.dumps(
         {"eos_token_id": [ids["<|im_end|>"], ids["<|endoftext|>"]], "pad_token_id": ids["<|endoftext|>"]}, indent=2))
     return out
+
+
+def add_nextn_layer(out: Path, layers: int, seed: int = 0) -> None:
+    """Turn a checkpoint saved with `layers` + 1 decoder layers into one of `layers` layers and a
+    nextn layer: the last decoder layer stays as the nextn layer's block, its five extra tensors
+    (enorm, hnorm, eh_proj, shared_head norm and head) are written at random, and the config
+    says num_nextn_predict_layers = 1. transformers neither writes nor runs these."""
+    from safetensors.torch import load_file, save_file
+    cfg = json.loads((out / "config.json").read_text())
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    g = torch.Generator().manual_seed(seed + 1)
+    files = sorted(out.glob("*.safetensors"))
+    tensors = load_file(files[0])
+    dt = next(iter(tensors.values())).dtype
+    p = f"model.layers.{layers}"
+    extra = {f"{p}.enorm.weight": 1 + 0.2 * torch.randn(h, generator=g),
+             f"{p}.hnorm.weight": 1 + 0.2 * torch.randn(h, generator=g),
+             f"{p}.eh_proj.weight": torch.randn(h, 2 * h, generator=g) / (2 * h) ** 0.5,
+             f"{p}.shared_head.norm.weight": 1 + 0.2 * torch.randn(h, generator=g),
+             f"{p}.shared_head.head.weight": 0.1 * torch.randn(v, h, generator=g)}
+    save_file({**tensors, **{k: t.to(dt) for k, t in extra.items()}}, files[0], metadata={"format": "pt"})
+    index = out / "model.safetensors.index.json"
+    if index.exists():
+        idx = json.loads(index.read_text())
+        idx["weight_map"].update({k: files[0].name for k in extra})
+        index.write_text(json.dumps(idx, indent=2))
+    cfg.update(num_hidden_layers=layers, num_nextn_predict_layers=1)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -75,7 +75,12 @@ WHITE_BOX = {
     ("bench/concurrent_streams.py", "runner"): "labels its rows with the bf16_dot the model's calibration chose",
     ("bench/speculative.py", "spec"): "the verify-cost curve forces drafts of each length k through the "
                                       "speculator and reads its price's prediction",
+    ("bench/spec_mtp.py", "spec"): "forces MTP drafts of each length k through the speculator, timing the "
+                                   "drafter and the verify apart",
+    ("bench/spec_mtp.py", "runner"): "a fresh MTP drafter over the model's nextn layer for each k",
     ("bench/gguf_types_memory.py", "model"): "the expert pool's own bytes, compared with the file's expert bytes",
+    ("bench/disk_hits.py", "model"): "the MoE layer calls of the resident and the disk-tier expert backends "
+                                    "alone, on the same inputs (the tier's overhead at hits)",
     ("bench/scripted_server.py", "getattr"): "ForcedEngine forwards EngineClient's names only (client_names())",
 }
 

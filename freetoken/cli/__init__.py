@@ -79,7 +79,7 @@ def cmd_generate(args) -> int:
 def cmd_make_tiny(args) -> int:
     from ..tiny import make_tiny
     out = make_tiny(args.arch, args.out_dir, layers=args.layers, experts=args.experts, top_k=args.top_k,
-                    hidden=args.hidden, vocab=args.vocab, seed=args.seed, dtype=args.dtype)
+                    hidden=args.hidden, vocab=args.vocab, seed=args.seed, dtype=args.dtype, nextn=int(args.nextn))
     print(f"wrote random-weight {args.arch} checkpoint to {out}")
     return 0
 
@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--vocab", type=int, default=512)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    t.add_argument("--nextn", action="store_true",
+                   help="with a multi-token-prediction layer (deepseek_v3, glm4_moe: --speculative mtp)")
     t.set_defaults(func=cmd_make_tiny)
 
     for module in VERBS:

@@ -74,10 +74,14 @@ def main(args) -> int:
     except Exception:                      # the roofline is informative only
         prof.read_bw = None
     if not args.no_disk:
-        from ..experts.measure.diskbw import read_bandwidth, scratch_bandwidth
+        from ..experts.measure.diskbw import best_queue_depth, scratch_bandwidth
         try:
-            prof.b_d = (read_bandwidth(args.disk_file, prof.expert_nbytes, args.seconds) if args.disk_file else
-                        scratch_bandwidth(Path(args.out).parent, prof.expert_nbytes, args.seconds))
+            sweep = (best_queue_depth(args.disk_file, prof.expert_nbytes, args.seconds / 2) if args.disk_file else
+                     scratch_bandwidth(Path(args.out).parent, prof.expert_nbytes, args.seconds / 2,
+                                       measure=best_queue_depth))
+            prof.disk_queue_depth, prof.b_d, table = sweep
+            prof.disk_direct = _direct_ok(args.disk_file or Path(args.out).parent)
+            print("disk reads in flight -> GB/s: " + ", ".join(f"{d}: {v / 1e9:.2f}" for d, v in table.items()))
         except (OSError, ValueError) as e:
             print(f"B_D not measured: {e}")
     save_profile(args.out, prof)
@@ -85,6 +89,26 @@ def main(args) -> int:
           f"B_H {prof.b_h / 1e9:.1f} GB/s alone, CPU branch {prof.b_h_shared / 1e9:.1f} GB/s while copying\n"
           + (f"host read bandwidth {prof.read_bw / 1e9:.1f} GB/s (B_H reaches {prof.b_h / prof.read_bw:.0%})\n"
              if prof.read_bw else "")
-          + (f"B_D {prof.b_d / 1e9:.2f} GB/s (disk, whole-expert reads)\n" if prof.b_d else "")
+          + (f"B_D {prof.b_d / 1e9:.2f} GB/s (disk, whole-expert reads, {prof.disk_queue_depth} in flight, "
+             f"{'O_DIRECT' if prof.disk_direct else 'buffered'})\n" if prof.b_d else "")
           + f"q*/m = {prof.b_p / prof.b_h:.2f}   written to {args.out} [{prof.key}]")
     return 0
+
+
+def _direct_ok(where) -> bool:
+    """Whether O_DIRECT reads work on `where`'s filesystem (a file, or a folder: a scratch file in it)."""
+    import os
+    import tempfile
+    from ..experts.disk.direct import open_direct
+    where = Path(where)
+    if where.is_file():
+        fd = open_direct(where, "auto")
+    else:
+        with tempfile.NamedTemporaryFile(dir=where, prefix=".freetoken-direct-") as f:
+            f.write(b"\0" * 8192)
+            f.flush()
+            fd = open_direct(f.name, "auto")
+    if fd is None:
+        return False
+    os.close(fd)
+    return True

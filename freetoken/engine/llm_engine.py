@@ -24,6 +24,7 @@ from . import sampler
 from .logprobs import token_logprobs
 from .scheduler import Scheduler
 from .spec import verify as verify_rule
+from .spec.draft_model import DraftModelDrafter
 from .spec.speculator import Speculator
 from .sequence import Sequence, Status
 from ..memory.plan import kv_block_count, kv_tokens_asked
@@ -122,7 +123,21 @@ class LLMEngine:
         if self.graphs_on:
             log.info("speculative decoding off: decode runs as CUDA graph replays of one position each")
             return None
-        return Speculator(self.cfg.speculative, self.cfg.spec_max_draft, self.model, self.max_model_len)
+        return Speculator(self.cfg.speculative, self.cfg.spec_max_draft, self.model, self.max_model_len,
+                          self._draft_model(), self.cfg.spec_lookahead)
+
+    def _draft_model(self) -> DraftModelDrafter | None:
+        """`--draft-model`: an engine of its own for the draft checkpoint (its model, runner and KV
+        blocks; no prefix cache, no speculation), on the same device, dtype and threads."""
+        path = self.cfg.draft_model
+        if not path:
+            return None
+        c = self.cfg
+        cfg = EngineConfig(model=path, dtype=c.dtype, device=c.device, compute_dtype=c.compute_dtype,
+                           kernel_isa=c.kernel_isa, prefill_gemm=c.prefill_gemm, bf16_dot=c.bf16_dot, max_num_seqs=c.max_num_seqs, kv_block_size=c.kv_block_size,
+                           num_threads=c.num_threads, prefix_cache=False, speculative="off", seed=c.seed,
+                           max_num_batched_tokens=c.max_num_batched_tokens)
+        return DraftModelDrafter(LLMEngine(cfg), self.tokenizer, self.vocab_size, path)
 
     def _unplanned_kv_blocks(self) -> int:
         """KV blocks when no memory plan could be made (a config the plan does not understand):
@@ -304,7 +319,8 @@ class LLMEngine:
         once: a seeded generator must not draw twice."""
         if sampler.plain_greedy(seqs):
             try:                            # one argmax for the batch; nothing to redo below
-                return list(zip(rows, sampler.sample(logits[rows], seqs)))
+                every = len(rows) == logits.shape[0]       # (rows ascend: then they are all of them)
+                return list(zip(rows, sampler.sample(logits if every else logits[rows], seqs)))
             except Exception:  # noqa: BLE001 - find whose row it was, one at a time
                 pass
         got = []

@@ -2,6 +2,8 @@
 runs the model, and returns the logits of the positions that are sampled."""
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ..layers.attention.paged import AttentionMetadata, KVCache
@@ -22,6 +24,7 @@ class ModelRunner:
         # cache that keeps one row per token and no values (MLA)
         self.kv = {i: KVCache(slots, h, d, model.kv_dtype, model.device, *rest) for i, h, d, *rest in model.kv_layers()}
         self._arange = torch.arange(block_size)
+        self._slot_rows = weakref.WeakKeyDictionary()     # sequence -> (block table, its slots): `_slots`
         # the CPU kernels' pool of a pure-CPU model (None on CUDA): decode attention runs there
         self.kernel_pool = model.linear.pool
         self._saved_threads: int | None = None
@@ -36,8 +39,51 @@ class ModelRunner:
         return sum(c.nbytes for c in self.kv.values())
 
     def _slots(self, seq: Sequence, upto: int) -> torch.Tensor:
-        table = torch.tensor(seq.block_table, dtype=torch.long)
-        return (table[:, None] * self.block_size + self._arange).reshape(-1)[:upto]
+        """Cache slots of seq's first `upto` tokens; the table's slots are kept on the sequence
+        while its block table stays the same (a decode step appends a block every block_size
+        tokens; the prefix cache may swap blocks in place, hence the tuple compare)."""
+        key = tuple(seq.block_table)
+        cached = self._slot_rows.get(seq)
+        if cached is None or cached[0] != key:
+            table = torch.tensor(key, dtype=torch.long)
+            cached = self._slot_rows[seq] = (key, (table[:, None] * self.block_size + self._arange).reshape(-1))
+        return cached[1][:upto]
+
+    def _decode_run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list, list]:
+        """`run` for a plain decode step (one new token a sequence, no drafts, no prompt logits):
+        the same metadata as the general path, built with a few tensor ops instead of ~25 (at
+        one sequence on a small model the general path's bookkeeping was ~0.2 ms a step)."""
+        b = len(batch)
+        ids, lens = [], []
+        for s, _ in batch:
+            nc, prompt = s.num_computed, s.prompt_ids
+            ids.append(prompt[nc] if nc < len(prompt) else s.output_ids[nc - len(prompt)])
+            lens.append(nc + 1)
+            if s.state is None:
+                s.state = self.model.make_state()
+        kmax = max(lens)
+        ctx_lens = torch.tensor(lens)
+        positions = ctx_lens - 1
+        rows = [self._slots(s, n) for (s, _), n in zip(batch, lens)]
+        if b == 1:
+            key_slots = rows[0].unsqueeze(0)
+            key_pos = torch.arange(kmax).unsqueeze(0)
+        else:
+            key_slots = torch.stack([torch.nn.functional.pad(r, (0, kmax - len(r))) for r in rows])
+            key_pos = torch.arange(kmax).expand(b, kmax)
+            key_pos = torch.where(key_pos < ctx_lens[:, None], key_pos, _PAD_POS)
+        slot_map = key_slots.gather(1, positions[:, None]).squeeze(1)
+        q_index = torch.arange(b).unsqueeze(1)
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=slot_map.to(dev), key_slots=key_slots.to(dev),
+                                 key_positions=key_pos.to(dev), query_index=q_index.to(dev),
+                                 query_positions=positions.unsqueeze(1).to(dev), num_tokens=b, context_lens=ctx_lens,
+                                 kernel_pool=self.kernel_pool, block_size=self.block_size)
+        ctx = ForwardContext(attn=meta, kv=self.kv, states=[s.state for s, _ in batch],
+                             query_lens=[1] * b, phase="decode")
+        self._torch_threads("decode")
+        hidden = self.model.forward(torch.tensor(ids, device=dev), positions.to(dev), ctx)
+        return self.model.compute_logits(hidden), [None] * b, [None] * b
 
     @torch.inference_mode()
     def copy_rows(self, copies: list[tuple[int, int, int]]) -> None:
@@ -135,6 +181,8 @@ class ModelRunner:
             logits = self._graph_run(batch)
             if logits is not None:
                 return logits, [None] * len(batch), [None] * len(batch)
+        if all(n == 1 and not s.draft and not s.want_prompt_logits for s, n in batch):
+            return self._decode_run(batch)
         ids, pos, slot_map, key_slots, qidx = [], [], [], [], []
         n_total = sum(n for _, n in batch)
         qmax = max(n for _, n in batch)

@@ -88,8 +88,12 @@ def plain_greedy(seqs: list[Sequence]) -> bool:
 
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
-    """The argmax of each row [B, V] (NaN never wins)."""
-    return _finite_rows(logits).argmax(dim=-1).tolist()
+    """The argmax of each row [B, V] (NaN never wins). torch's argmax returns a NaN's index where
+    a row has one, so one pass over the logits decides; only such rows take the NaN masking."""
+    best = logits.argmax(dim=-1)
+    if torch.isnan(logits.gather(-1, best.unsqueeze(-1))).any():
+        best = _finite_rows(logits).argmax(dim=-1)
+    return best.tolist()
 
 
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:

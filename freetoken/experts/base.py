@@ -27,6 +27,11 @@ class Experts(ABC):
         (the step's dominant phase) and the step's token count (a backend may start copying
         the first layers' experts now, while the embedding and the first attention run)."""
 
+    def expect(self, per_layer: dict | None) -> None:
+        """The coming step's expected experts per layer ({layer: ids within the layer}, from
+        speculative drafts: memory/expected.py). A backend with a cache starts copying layer l's
+        once layer l-1 is done; outputs never change. Default: ignored (nothing to bring closer)."""
+
     def stats(self) -> dict:
         return {}
 

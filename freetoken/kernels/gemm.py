@@ -14,8 +14,10 @@ GEMM_MODES = {"amx": 1, "vdpbf16ps": 2, "plain": 3}
 # Tokens of a routed-expert call (a prefill chunk) from which the kernel runs bf16 experts through
 # the tiles (groups of >= 4 tokens; the rest through the dot products), x and h rounded to bf16
 # in the whole call; decode steps below it stay exact. Sapphire Rapids, medium expert 2048x768,
-# one core: AMX 1.08x the dots at 8 tokens per expert, 4.2x at 64.
-EXPERT_MIN_TOKENS = 16
+# one core: AMX 1.08x the dots at 8 tokens per expert, 4.2x at 64. 66: a verify step (1 + up to 64
+# drafted tokens, layers/kernel_rows.GEMV_TOKENS rows) stays on the dot products too, each row the
+# bits of a decode step, so drafts never change greedy output (tiles round the whole call to bf16).
+EXPERT_MIN_TOKENS = 66
 _rounding = {"tiles_min": 0}
 
 

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from ..kernels.pool import CpuPool
 from ..quant import ggml_quants as gq
-from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
+from ..quant.ggml_act import ACT_MODES, q8_rows, sum_rounding
+from .kernel_rows import GEMV_TOKENS, decode_rows, fp32_scratch, gemv_operands, rows_apply
 
 KERNEL_TYPES = gq.KERNEL_TYPES   # ggml_dense.c's types
 _GGML = 7                    # FMT_GGML of the C kernels
@@ -74,6 +75,7 @@ class GgmlLinear:
         self.out_features = sum(p.rows.shape[0] for p in parts)
         self.segs = (_Seg * len(parts))(*[_Seg(p.rows.data_ptr(), p.rows.stride(0), p.type, p.rows.shape[0])
                                           for p in parts])
+        self._segs_ptr = ctypes.cast(self.segs, ctypes.c_void_p)     # (a cast per decode GEMV was ~1 us)
         self._types = torch.tensor([p.type for p in parts], dtype=torch.int32)
         self.bias = None if bias is None else bias.float().contiguous()
         if self.bias is not None and self.bias.shape != (self.out_features,):
@@ -84,13 +86,16 @@ class GgmlLinear:
         return sum(p.rows.shape[0] * gq.row_bytes(p.type, p.cols) for p in self.parts)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return rows_apply(x, self.in_features, self.out_features, self._gemv, self._gemm)
+        exact = self.pool.lib.ft_set_ggml_act(-1) == ACT_MODES["float32"]    # no int8 GEMV (ggml_act.py)
+        if decode_rows(x) and not exact:
+            return self._gemv(x)
+        return rows_apply(x, self.in_features, self.out_features, self._gemm if exact else self._gemv, self._gemm)
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
         x, y = gemv_operands(x, self.out_features)
         with self.pool.lock:
             rc = self.pool.lib.ft_ggml_linear_run(
-                self.pool.handle, ctypes.cast(self.segs, ctypes.c_void_p), len(self.parts), self.in_features,
+                self.pool.handle, self._segs_ptr, len(self.parts), self.in_features,
                 x.data_ptr(), 0 if x.dtype == torch.float32 else 1, x.shape[0],
                 self.bias.data_ptr() if self.bias is not None else None, y.data_ptr(), self.out_features)
         if rc == -2:
@@ -123,22 +128,46 @@ class GgmlLinear:
         N, K = self.out_features, self.in_features
         tile = max(64, _TILE_FLOATS // K // 64 * 64)
         bf16 = self.gemm_dtype == torch.bfloat16
+        s_corr = None
+        if self.pool.lib.ft_set_ggml_act(-1) == ACT_MODES["llama"]:   # llama.cpp's q8 rounding, as the GEMV
+            x, s_corr = q8_rows(x)
         x = x.to(torch.bfloat16) if bf16 else x.float()
         y = torch.empty(x.shape[0], N, dtype=torch.float32)
         for r0 in range(0, N, tile):
             r1 = min(N, r0 + tile)
             w = self._dequantize_rows(r0, r1, fp32_scratch((r1 - r0) * K).view(r1 - r0, K))
-            y[:, r0:r1] = F.linear(x, w.to(torch.bfloat16)) if bf16 else F.linear(x, w)
+            w = w.to(torch.bfloat16) if bf16 else w
+            if x.shape[0] <= GEMV_TOKENS:   # a decode/verify step (--ggml-numerics float32): row by row, so
+                for i in range(x.shape[0]):  # each row has a one-row step's bits (torch's GEMM rounds by M)
+                    y[i:i + 1, r0:r1] = F.linear(x[i:i + 1], w)
+            else:
+                y[:, r0:r1] = F.linear(x, w)
+            extra = sum_rounding(s_corr, self.parts, r0, r1) if s_corr is not None else None
+            if extra is not None:
+                y[:, r0:r1] += extra
         return y if self.bias is None else y.add_(self.bias)
 
 
 class GgmlEmbedding:
     """Token embeddings from ggml rows: only the looked-up rows are dequantized."""
 
-    def __init__(self, weight: GgmlWeight, dtype: torch.dtype):
+    def __init__(self, weight: GgmlWeight, dtype: torch.dtype, pool: CpuPool | None = None):
         self.weight, self.dtype = weight, dtype
+        # a decode step's few rows by the C dequantizer (exactly gguf.quants' values), not ~10 torch ops
+        self.pool = pool if pool is not None and weight.rows.device.type == "cpu" and weight.type in KERNEL_TYPES else None
+        self._type = torch.tensor([weight.type], dtype=torch.int32)
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.pool is not None and ids.numel() <= GEMV_TOKENS and ids.device.type == "cpu":
+            rows, (n, rs), cols = self.weight.rows, self.weight.rows.shape, self.weight.cols
+            out = torch.empty(ids.numel(), cols, dtype=torch.float32)
+            with self.pool.lock:
+                for i, t in enumerate(ids.reshape(-1).tolist()):
+                    if not 0 <= t < n:
+                        raise IndexError(f"token id {t} is out of the embedding's {n} rows")
+                    self.pool.lib.ft_dequant_rows(self.pool.handle, _GGML, rows.data_ptr() + t * rows.stride(0), rs,
+                                                  self._type.data_ptr(), n, 1, cols, out[i].data_ptr())
+            return out.to(self.dtype).reshape(*ids.shape, cols)
         rows = self.weight.rows[ids.reshape(-1)]
         out = gq.dequantize(rows, self.weight.type, self.weight.cols).to(self.dtype)
         return out.reshape(*ids.shape, self.weight.cols)

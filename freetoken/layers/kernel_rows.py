@@ -8,8 +8,11 @@ import threading
 import torch
 
 # Rows of x from which dequantize + torch GEMM beats streaming the weight through the GEMV
-# (bench/dense_linear.py on the AVX2 dev machine: the GEMV wins up to ~64 tokens).
-GEMV_TOKENS = 64
+# (bench/dense_linear.py on the AVX2 dev machine: the GEMV wins up to ~64 tokens). 65 = a
+# verify step's 1 + 64 drafted tokens (spec_max_draft <= 64): the GEMV gives each row the bits
+# a one-row decode step gives it (its dot of a row does not depend on the other rows), so
+# every step of up to 65 rows is batch invariant and speculation never changes greedy output.
+GEMV_TOKENS = 65
 _scratch = threading.local()
 
 
@@ -25,11 +28,17 @@ def fp32_scratch(numel: int) -> torch.Tensor:
 def rows_apply(x: torch.Tensor, in_features: int, out_features: int, gemv, gemm) -> torch.Tensor:
     """x [..., K] through a kernel layer: few rows (decode) by `gemv`, many (prefill) by `gemm`,
     back in x's dtype and leading shape."""
-    x2 = x.reshape(-1, in_features)
+    x2 = x if x.dim() == 2 else x.reshape(-1, in_features)
     y = gemv(x2) if x2.shape[0] <= GEMV_TOKENS else gemm(x2)
     if y.dtype != x.dtype:
         y = y.to(x.dtype)
     return y if x.dim() == 2 else y.reshape(*x.shape[:-1], out_features)
+
+
+def decode_rows(x: torch.Tensor) -> bool:
+    """x is a decode step's contiguous fp32 [M <= GEMV_TOKENS, K]: the GEMV takes it as is and
+    returns its fp32 rows, so `rows_apply`'s reshapes and casts can be skipped."""
+    return x.dtype is torch.float32 and x.dim() == 2 and x.shape[0] <= GEMV_TOKENS and x.is_contiguous()
 
 
 def gemv_operands(x: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ from ..kernels.pool import CpuPool
 from ..platform import gemm_aligned
 from .concat import cat_rows
 from .ggml_linear import GgmlLinear, dequantize_on
-from .kernel_rows import fp32_scratch, gemv_operands, rows_apply
+from .kernel_rows import decode_rows, fp32_scratch, gemv_operands, rows_apply
 from ..quant.fp8 import block_scales, dequantize_fp8_block
 from ..quant.int8 import dequantize_int8, quantize_int8
 
@@ -89,6 +89,8 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.pool is None:
             return F.linear(x, self.weight, self.bias)
+        if decode_rows(x):
+            return self._gemv(x)
         return rows_apply(x, self.in_features, self.out_features, self._gemv, self._gemm)
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from ..experts.base import Experts
 from ..kernels import cpu_kernels
 from ..platform import gemm_aligned
+from .kernel_rows import GEMV_TOKENS
 from .linear import Linear
 from .mlp import GatedMLP
 
@@ -26,7 +27,7 @@ class SparseMoE:
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.router(x)
         lib = cpu_kernels() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
-        if lib is not None and logits.shape[0] <= 64:       # decode-sized: one C call, no torch dispatch
+        if lib is not None and logits.shape[0] <= GEMV_TOKENS:   # decode/verify-sized: one C call, no torch dispatch
             logits = logits.contiguous()
             n, e = logits.shape
             ids = torch.empty(n, self.top_k, dtype=torch.int64)
@@ -51,9 +52,27 @@ class SparseMoE:
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
-                s = torch.sigmoid(F.linear(x, self.shared_gate)) * s
+                s = row_gate(x, self.shared_gate) * s
             out = out + s
         return out
+
+
+def row_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """sigmoid(x gate^T), a decode/verify step's few rows one at a time on the CPU: torch's GEMM
+    and its vectorized sigmoid round by row count, and a row's bits must not depend on it."""
+    if x.device.type != "cpu" or x.shape[0] > GEMV_TOKENS:
+        return torch.sigmoid(F.linear(x, gate))
+    return torch.cat([torch.sigmoid(F.linear(x[i:i + 1], gate)) for i in range(x.shape[0])])
+
+
+def gate_scores(logits: torch.Tensor, score: str) -> torch.Tensor:
+    """sigmoid or sqrt(softplus) of router logits [n, e], every element on torch's vectorized
+    path (rows padded to 64 columns): its scalar tail rounds exp otherwise, and a row's scores
+    then depended on how many rows shared the call (a verify's rows vs decode steps)."""
+    pad = -logits.shape[-1] % 64
+    x = F.pad(logits, (0, pad)) if pad else logits
+    scores = torch.sigmoid(x) if score == "sigmoid" else torch.sqrt(F.softplus(x))
+    return scores[:, :logits.shape[-1]] if pad else scores
 
 
 def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n_group: int, topk_group: int,
@@ -63,10 +82,8 @@ def grouped_sigmoid_topk(logits: torch.Tensor, bias: torch.Tensor, top_k: int, n
     biased scores sum highest; weights are the unbiased scores, optionally renormalised, times
     `routed_scaling_factor`. DeepSeek-V2 (score "softmax"): softmax scores, groups ranked by
     their best score ("group_limited_greedy"), no bias."""
-    if score == "sigmoid":
-        scores = torch.sigmoid(logits)
-    elif score == "sqrtsoftplus":
-        scores = torch.sqrt(F.softplus(logits))
+    if score in ("sigmoid", "sqrtsoftplus"):
+        scores = gate_scores(logits, score)
     elif score == "softmax":
         scores = torch.softmax(logits, dim=-1)
     else:
@@ -117,8 +134,7 @@ class HashRoutedMoE(BiasCorrectedMoE):
 
     def route_ids(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         logits = self.router(x.float()).float()
-        scores = torch.sigmoid(logits) if self.score == "sigmoid" else torch.sqrt(F.softplus(logits))
-        w = scores.gather(1, ids)
+        w = gate_scores(logits, self.score).gather(1, ids)
         return (w / (w.sum(dim=-1, keepdim=True) + 1e-20) * self.scale).to(x.dtype)
 
     def __call__(self, x: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -9,6 +9,7 @@ import torch
 
 from ..errors import UnsupportedModelError
 from ..kernels import cpu_kernels
+from .norm import RMSNorm
 
 
 def rope_parameters(cfg: dict) -> dict:
@@ -115,6 +116,38 @@ class Rotary:
             return x * cos + _rotate_half(x) * sin
         rot, rest = x[..., : self.dim], x[..., self.dim:]
         return torch.cat([rot * cos + _rotate_half(rot) * sin, rest], dim=-1)
+
+
+def norm_rope_qk(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, rot: int, q_norm, k_norm,
+                 cos: torch.Tensor, sin: torch.Tensor):
+    """One token's q and k, the leading columns of its fused projection row qkv [1, (heads + 2 *
+    kv_heads) * head_dim] (fp32, CPU, contiguous): the optional per-head RMSNorm (q_norm/k_norm:
+    `norm.RMSNorm` or None) then the rotation of both in one buffer; the same C calls as
+    `rms_norm` and `Rotary.apply` make, 2-3 instead of ~10 calls and views a layer. Returns
+    (q [1, heads, head_dim], k [1, kv_heads, head_dim]), or None where this path does not apply."""
+    lib = cpu_kernels()
+    if (lib is None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.shape[0] != 1
+            or not qkv.is_contiguous() or cos.dtype != torch.float32 or not cos.is_contiguous()
+            or not sin.is_contiguous()):
+        return None
+    h, src = heads + kv_heads, qkv.data_ptr()
+    if q_norm is not None:
+        if not (_plain_norm(q_norm) and _plain_norm(k_norm)):
+            return None
+        normed = torch.empty(h * head_dim, dtype=torch.float32)
+        q_bytes = heads * head_dim * 4
+        lib.ft_rms_norm(src, q_norm.weight.data_ptr(), heads, head_dim, q_norm.eps, normed.data_ptr())
+        lib.ft_rms_norm(src + q_bytes, k_norm.weight.data_ptr(), kv_heads, head_dim, k_norm.eps,
+                        normed.data_ptr() + q_bytes)
+        src = normed.data_ptr()
+    out = torch.empty(1, h, head_dim, dtype=torch.float32)
+    lib.ft_rope(src, cos.data_ptr(), sin.data_ptr(), 1, h, head_dim, rot, out.data_ptr())
+    return out[:, :heads], out[:, heads:]
+
+
+def _plain_norm(norm) -> bool:
+    """A `norm.RMSNorm` (not a subclass with other math) whose weight the C kernel reads as is."""
+    return type(norm) is RMSNorm and norm.weight.dtype == torch.float32 and norm.weight.is_contiguous()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,8 @@ from ..config import EngineConfig, Settings
 from ..experts.measure.bandwidth import BandwidthEstimator, DEFAULT_PROFILE, device_id, format_id, load_profile, machine_id
 from ..experts.base import Experts
 from ..experts.disk.backend import DiskExperts
+from ..experts.disk.lookahead import model_routes
+from ..experts.measure.diskbw import THREADS as DISK_THREADS
 from ..experts.disk.plan import host_cache_slots
 from ..experts.execution.host_exec import make_host_executor
 from ..experts.memory.pinning import pin_or_pageable
@@ -131,8 +133,11 @@ def build_disk_experts(model, ck, cfg: EngineConfig, spin_us: int = SPIN_US, set
         host_cache_slots(cfg, n, layout.num_layers, layout.expert_nbytes)
     device = torch.device(cfg.torch_device)
     prof = load_profile(cfg.bandwidth_profile or DEFAULT_PROFILE, machine_id(), device_id(device), format_id(layout))
+    io_threads = cfg.disk_io_threads or (prof.disk_queue_depth if prof is not None else None) or DISK_THREADS
     experts = DiskExperts(layout, device, slots, cfg.expert_cache_policy,
-                          num_threads=cfg.num_threads, spin_us=spin_us, b_d=prof.b_d if prof is not None else None)
+                          num_threads=cfg.num_threads, spin_us=spin_us, b_d=prof.b_d if prof is not None else None,
+                          io_threads=io_threads, lookahead=cfg.expert_lookahead, direct_io=cfg.disk_direct_io)
+    experts.attach_routes(model_routes(model))
     log.info("experts: disk tier, %.2f GiB pool in %s, host cache %d of %d experts (%.2f GiB), B_D %s",
              layout.nbytes / 2**30, layout.paths[0].name, slots, n, slots * layout.expert_nbytes / 2**30,
              f"{experts.b_d / 1e9:.2f} GB/s" if experts.b_d else "not profiled (prefetch unbounded)")

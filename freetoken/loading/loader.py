@@ -15,6 +15,7 @@ import torch
 from ..config import EngineConfig, Settings
 from ..models.context import BuildContext
 from .experts_backend import backend_choice, build_disk_experts, build_experts
+from .mtp_heads import load_mtp_heads
 from ..experts.memory.pool import ExpertPool, requantize
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US, shared_pool
@@ -85,6 +86,8 @@ def load_model(cfg: EngineConfig, settings: Settings, timings: dict | None = Non
             shared_pool(settings.num_threads, isa=kernel_variant(cfg.kernel_isa), spin_us=settings.spin_us)
         model = build_model(ck, cfg, settings.max_model_len, settings.spin_us, settings)
         found = attach_experts(model, cfg, settings, settings.spin_us) if model.experts is not None else {}
+        if cfg.speculative == "mtp":
+            model.mtp = load_mtp_heads(model, ck, cfg, settings, with_format)
         t2 = time.perf_counter()
         ck.close()                          # FTW: every byte in and verified before the model runs
     except BaseException:

@@ -18,7 +18,7 @@ from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
 from ..layers.norm import RMSNorm
-from ..layers.rope import Rotary
+from ..layers.rope import Rotary, norm_rope_qk
 from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
 from ..quant.fp8 import block_scales
@@ -88,7 +88,14 @@ class Attention:
 
     def __call__(self, x, cos, sin, cache, meta):
         n = x.shape[0]
-        q, k, v = self.qkv(x).split(self.splits, dim=-1)
+        qkv = self.qkv(x)
+        if n == 1 and self.clip is None and self.qk_norm != "full" and (qk := norm_rope_qk(
+                qkv, self.heads, self.kv_heads, self.head_dim, self.rotary.dim, self.q_norm, self.k_norm, cos, sin)):
+            # one decoding token on the CPU: q/k norms and rope in 2-3 C calls (rope.norm_rope_qk)
+            v = qkv[:, self.splits[0] + self.splits[1]:].view(1, self.kv_heads, self.head_dim)
+            o = paged_attention(*qk, v, cache, meta, self.scale, self.window, self.prefill_dtype)
+            return self.o(o.reshape(1, -1))
+        q, k, v = qkv.split(self.splits, dim=-1)
         if self.qk_norm == "full":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.clip is not None:
@@ -112,29 +119,36 @@ class DecoderLayer:
         return h + self.mlp(self.post_norm(h))
 
 
+def model_basics(model, ck: Checkpoint, cfg: BuildContext, max_len: int, eps_default: float):
+    """What every model class reads first, set on `model`: its config, the kernels' choices
+    (and the bf16 dot the torch expert executors follow), activation / expert / KV dtypes, the
+    sizes. The KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32
+    activations: half the bytes per decoded token at long contexts. Returns (config, the
+    kernels' thread pool or None)."""
+    hf = HFConfig(ck.config, ck.dir / "config.json")
+    model.hf, model.cfg, model.max_len = hf, cfg, max_len
+    model.device = cfg.torch_device
+    model.expert_dtype = model.kv_dtype = cfg.torch_dtype   # routed experts keep the checkpoint precision
+    pool, model.choices = model_kernels(cfg)
+    if pool is not None:
+        set_bf16_dot(pool.lib, model.choices.bf16_dot)
+    model.dtype = model.choices.activations
+    model.num_layers, model.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
+    model.vocab_size = hf.req("vocab_size")
+    model.eps = hf.first("rms_norm_eps", default=eps_default, kind=float)
+    return hf, pool
+
+
 class MoECausalLM:
     """Embedding -> decoder layers -> final norm -> lm_head, with experts behind the seam."""
 
     arch = ArchSpec()
     embed_rows = None       # GgmlEmbedding of a GGUF's quantized table (else `embed` holds floats)
+    mtp = None              # the nextn layer (models/mtp_head.py), loaded for --speculative mtp
 
     def __init__(self, ck: Checkpoint, cfg: BuildContext, max_len: int):
-        hf = HFConfig(ck.config, ck.dir / "config.json")
-        self.hf, self.cfg, self.max_len = hf, cfg, max_len
-        device = cfg.torch_device
-        self.expert_dtype = cfg.torch_dtype                 # routed experts keep the checkpoint precision
-        pool, self.choices = model_kernels(cfg)
-        if pool is not None:
-            set_bf16_dot(pool.lib, self.choices.bf16_dot)     # the torch expert executors follow it
-        dtype = self.choices.activations
-        self.dtype, self.device = dtype, device
-        # the KV cache keeps the checkpoint's precision (e.g. bf16) even under fp32 activations:
-        # half the bytes per decoded token at long contexts, twice the tokens per kv_cache_gib
-        self.kv_dtype = cfg.torch_dtype
-        self.num_layers = hf.req("num_hidden_layers")
-        self.hidden = hf.req("hidden_size")
-        self.vocab_size = hf.req("vocab_size")
-        self.eps = hf.first("rms_norm_eps", default=1e-6, kind=float)
+        hf, pool = model_basics(self, ck, cfg, max_len, eps_default=1e-6)
+        device, dtype = self.device, self.dtype
         heads = hf.req("num_attention_heads")
         self.head_dim = hf.first("head_dim", default=self.hidden // heads)
         self.kv_heads = hf.first("num_key_value_heads", default=heads)
@@ -255,7 +269,7 @@ class MoECausalLM:
         shape = (self.vocab_size, self.hidden)
         packed = ck.packed("model.embed_tokens.weight", shape) if self.linear.packs_ggml(ck, self.device) else None
         if packed is not None:          # GGUF: rows dequantized as looked up
-            self.embed, self.embed_rows = None, GgmlEmbedding(packed, self.cfg.torch_dtype)
+            self.embed, self.embed_rows = None, GgmlEmbedding(packed, self.cfg.torch_dtype, self.linear.pool)
         else:
             self.embed = ck.get_float("model.embed_tokens.weight", shape, self.cfg.torch_dtype).to(self.device)
             self.embed_rows = None
@@ -378,6 +392,10 @@ class MoECausalLM:
         return DecoderLayer(attn, mlp, RMSNorm(self._w(ck, f"{p}.input_layernorm.weight", (self.hidden,)), self.eps),
                             RMSNorm(self._w(ck, f"{p}.post_attention_layernorm.weight", (self.hidden,)), self.eps))
 
+    def decoder_layer(self, ck: Checkpoint, i: int):
+        """Decoder layer i read as the class reads its own (a nextn layer stored after the last)."""
+        return self._load_layer(ck, i)
+
     # --- compute -------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         if self.experts is not None:
@@ -386,6 +404,7 @@ class MoECausalLM:
         cos, sin = self.rotary.tables(positions)
         for i, layer in enumerate(self.layers):
             x = layer(i, x, cos, sin, ctx)
+        self.prenorm = x            # the last hidden states before the final norm (an MTP drafter's input)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,8 @@ import functools
 import numpy as np
 import torch
 
+from .consts import array_const, const
+
 IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ3_S, IQ2_S, IQ1_M = 16, 17, 18, 19, 21, 22, 29
 NAMES = {IQ2_XXS: "IQ2_XXS", IQ2_XS: "IQ2_XS", IQ3_XXS: "IQ3_XXS", IQ1_S: "IQ1_S",
          IQ3_S: "IQ3_S", IQ2_S: "IQ2_S", IQ1_M: "IQ1_M"}
@@ -55,7 +57,7 @@ def ksigns_np() -> np.ndarray:
 
 
 def _grid(t: int, device) -> torch.Tensor:
-    return torch.from_numpy(grid_np(t)).to(device)
+    return array_const(f"grid{t}", lambda: grid_np(t), device)
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -78,7 +80,7 @@ def _bits(v: torch.Tensor, n: int) -> torch.Tensor:
 
 def _ksigns(idx: torch.Tensor) -> torch.Tensor:
     """7-bit sign indices [...] -> [..., 8] signs (+-1.0)."""
-    ks = torch.from_numpy(ksigns_np()).to(idx.device)
+    ks = array_const("ksigns", ksigns_np, idx.device)
     return _bits(ks[idx.long()], 8)
 
 
@@ -100,7 +102,7 @@ def dequantize_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
         else:
             idx, aux = b[:, 2:66].reshape(nb, 8, 8), _u32(b[:, 66:98])
             db = d * (0.5 + (aux >> 28).float()) * 0.5
-        sg = _ksigns((aux.unsqueeze(-1) >> torch.tensor([0, 7, 14, 21], device=dev)) & 0x7F)
+        sg = _ksigns((aux.unsqueeze(-1) >> const((0, 7, 14, 21), torch.int64, dev)) & 0x7F)
         gv = g[idx.long()].reshape(nb, 8, 32)
         return (db.reshape(nb, 8, 1) * gv * sg.reshape(nb, 8, 32)).reshape(nb, 256)
     if t == IQ2_XS:
@@ -111,7 +113,7 @@ def dequantize_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
         return (db * gv * sg).reshape(nb, 256)
     if t == IQ2_S:
         d = _f16(b[:, :2])
-        qh = b[:, 66:74].to(torch.int32).unsqueeze(-1) >> torch.tensor([0, 2, 4, 6], device=dev)
+        qh = b[:, 66:74].to(torch.int32).unsqueeze(-1) >> const((0, 2, 4, 6), torch.int64, dev)
         idx = b[:, 2:34].to(torch.int32) | ((qh & 3).reshape(nb, 32) << 8)
         db = (d * (0.5 + _nib16(b[:, 74:82])) * 0.25).reshape(nb, 16, 1)
         sg = _bits(b[:, 34:66], 8).reshape(nb, 16, 16)
@@ -127,16 +129,16 @@ def dequantize_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
         d, qh = _f16(b[:, :2]), _u16(b[:, 34:50])
         dl = (d * (2 * ((qh >> 12) & 7) + 1).float()).reshape(nb, 8, 1, 1)
         delta = torch.where(qh & 0x8000 == 0, 0.125, -0.125).reshape(nb, 8, 1, 1)
-        hi = (qh.unsqueeze(-1) >> torch.tensor([0, 3, 6, 9], device=dev)) & 7
+        hi = (qh.unsqueeze(-1) >> const((0, 3, 6, 9), torch.int64, dev)) & 7
         idx = b[:, 2:34].to(torch.int32) | (hi.reshape(nb, 32) << 8)
         return (dl * (g[idx.long()].reshape(nb, 8, 4, 8) + delta)).reshape(nb, 256)
     if t == IQ1_M:
         sc = _u16(b[:, 48:56])
-        d16 = ((sc >> 12) & 0xF) << torch.tensor([0, 4, 8, 12], device=dev)
+        d16 = ((sc >> 12) & 0xF) << const((0, 4, 8, 12), torch.int64, dev)
         d = (d16.sum(-1)).to(torch.int16).view(torch.float16).float().reshape(nb, 1)
-        s3 = ((sc.unsqueeze(-1) >> torch.tensor([0, 3, 6, 9], device=dev)) & 7).reshape(nb, 16)
+        s3 = ((sc.unsqueeze(-1) >> const((0, 3, 6, 9), torch.int64, dev)) & 7).reshape(nb, 16)
         dl = (d * (2 * s3 + 1).float()).reshape(nb, 8, 2, 1, 1)
-        qh = (b[:, 32:48].to(torch.int32).unsqueeze(-1) >> torch.tensor([0, 4], device=dev)).reshape(nb, 32)
+        qh = (b[:, 32:48].to(torch.int32).unsqueeze(-1) >> const((0, 4), torch.int64, dev)).reshape(nb, 32)
         idx = b[:, :32].to(torch.int32) | ((qh & 7) << 8)
         delta = torch.where(qh & 8 == 0, 0.125, -0.125).reshape(nb, 8, 2, 2, 1)
         return (dl * (g[idx.long()].reshape(nb, 8, 2, 2, 8) + delta)).reshape(nb, 256)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from .consts import const
+
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, BF16, TQ1_0, TQ2_0, MXFP4 = 10, 11, 12, 13, 14, 20, 23, 30, 34, 35, 39
 # one entry per type: name, (elements, bytes) per block
@@ -106,7 +108,7 @@ def _qh_bits(qh: torch.Tensor) -> torch.Tensor:
 
 def _crumbs(qs: torch.Tensor) -> torch.Tensor:
     """2-bit fields [nb, 32 h] -> [nb, 128 h] uint8: element 128 h + 32 j + i = bits 2j of qs[32 h + i]."""
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=qs.device).reshape(1, 1, 4, 1)
+    shifts = const((0, 2, 4, 6), torch.uint8, qs.device).reshape(1, 1, 4, 1)
     return ((qs.reshape(qs.shape[0], -1, 1, 32) >> shifts) & 3).reshape(qs.shape[0], -1)
 
 
@@ -114,7 +116,7 @@ def _trits(b: torch.Tensor) -> torch.Tensor:
     """TQ1_0's 52 packed bytes [nb, 52] -> [nb, 256] uint8 trits 0..2: byte * 3^p keeps trit p in
     its top, read as (u8 * 3) >> 8."""
     nb, dev = b.shape[0], b.device
-    pw = lambda k: torch.tensor([1, 3, 9, 27, 81][:k], dtype=torch.uint8, device=dev).reshape(1, k, 1)  # noqa: E731
+    pw = lambda k: const((1, 3, 9, 27, 81)[:k], torch.uint8, dev).reshape(1, k, 1)  # noqa: E731
     q0 = (b[:, :32].reshape(nb, 1, 32) * pw(5)).reshape(nb, 160)
     q1 = (b[:, 32:48].reshape(nb, 1, 16) * pw(5)).reshape(nb, 80)
     qh = (b[:, 48:52].reshape(nb, 1, 4) * pw(4)).reshape(nb, 16)
@@ -124,7 +126,7 @@ def _trits(b: torch.Tensor) -> torch.Tensor:
 def _q3_scales(s: torch.Tensor) -> torch.Tensor:
     """Q3_K's 12 bytes [nb, 12] -> [nb, 16] float32 signed scales (6 bits - 32)."""
     lo = torch.cat([s[:, :8] & 0x0F, s[:, :8] >> 4], -1)
-    sh = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=s.device).reshape(1, 4, 1)
+    sh = const((0, 2, 4, 6), torch.uint8, s.device).reshape(1, 4, 1)
     hi = ((s[:, 8:12].reshape(-1, 1, 4) >> sh) & 3).reshape(-1, 16)
     return ((lo | (hi << 4)).to(torch.int8) - 32).float()
 
@@ -141,7 +143,7 @@ def _deq_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
         q = _nibbles(b[:, 8:]) | (_qh_bits(b[:, 4:8]) << 4)
         return _f16(b[:, :2]) * q.float() + _f16(b[:, 2:4])
     if t == IQ4_NL:
-        lut = torch.tensor(_IQ4_NL, dtype=torch.float32, device=b.device)
+        lut = const(_IQ4_NL, torch.float32, b.device)
         return _f16(b[:, :2]) * lut[_nibbles(b[:, 2:]).long()]
     if t == Q2_K:
         sc, d, dmin = b[:, :16], _f16(b[:, 80:82]), _f16(b[:, 82:84])
@@ -167,7 +169,7 @@ def _deq_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
         e = b[:, :1].to(torch.int32)
         bits = torch.where(e < 2, torch.bitwise_left_shift(torch.full_like(e, 0x00200000), e), (e - 1) << 23)
         d = bits.view(torch.float32)
-        lut = torch.tensor(_E2M1_X2, dtype=torch.float32, device=b.device)
+        lut = const(_E2M1_X2, torch.float32, b.device)
         return d * lut[_nibbles(b[:, 1:]).long()]
     if t in (Q4_K, Q5_K):
         d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
@@ -183,9 +185,9 @@ def _deq_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
     if t == Q6_K:
         ql, qh, sc, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])
         d = (d * sc.contiguous().view(torch.int8).float()).reshape(nb, 16, 1)
-        ql = ql.reshape(nb, 2, 1, 64) >> torch.tensor([0, 4], dtype=torch.uint8, device=b.device).reshape(1, 1, 2, 1)
+        ql = ql.reshape(nb, 2, 1, 64) >> const((0, 4), torch.uint8, b.device).reshape(1, 1, 2, 1)
         ql = (ql & 0x0F).reshape(nb, 8, 32)
-        qh = qh.reshape(nb, 2, 1, 32) >> torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=b.device).reshape(1, 1, 4, 1)
+        qh = qh.reshape(nb, 2, 1, 32) >> const((0, 2, 4, 6), torch.uint8, b.device).reshape(1, 1, 4, 1)
         qh = (qh & 0x03).reshape(nb, 8, 32)
         q = ((ql | (qh << 4)).to(torch.int8) - 32).reshape(nb, 16, 16).float()
         return (d * q).reshape(nb, 256)
@@ -196,7 +198,7 @@ def _deq_blocks(b: torch.Tensor, t: int) -> torch.Tensor:
         sh = (sh >> torch.arange(0, 16, 2, device=b.device)) & 3
         dl = (d * ((sl | (sh << 4)) - 32).float()).reshape(nb, 8, 1)
         q = torch.stack([b[:, 8:].reshape(nb, 8, 16) & 0x0F, b[:, 8:].reshape(nb, 8, 16) >> 4], 2)
-        lut = torch.tensor(_IQ4_NL, dtype=torch.float32, device=b.device)
+        lut = const(_IQ4_NL, torch.float32, b.device)
         return (dl * lut[q.reshape(nb, 8, 32).long()]).reshape(nb, 256)
     raise AssertionError(t)
 

@@ -132,8 +132,12 @@ class Generation:
             reason = "tool_calls"
         elif reason == "stop" and isinstance(out.stop_reason, str):
             stop_seq = out.stop_reason
-        failed = next((p.failed for p in getattr(req.params, "logits_processors", ())
-                       if getattr(p, "failed", None)), None)
+        procs = getattr(req.params, "logits_processors", ())
+        if out.finish_reason == "stop" and not isinstance(out.stop_reason, str):
+            for p in procs:                 # ended on a stop token: did the grammar accept it whole?
+                if hasattr(p, "ended_on_stop_token"):
+                    p.ended_on_stop_token(self.token_ids)
+        failed = next((p.failed for p in procs if getattr(p, "failed", None)), None)
         if failed and reason in ("stop", "tool_calls"):   # a grammar ended it unfinished: never "stop"
             reason = "constraint_failed"
         now = time.monotonic()

@@ -110,7 +110,7 @@ class GrammarProcessor:
             why = (self.matcher.get_error() or "").splitlines()[0][:200]
             raise BadRequest(f"invalid {where}: the schema accepts no JSON value ({why})", param=where)
 
-    def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+    def _consume(self, output_token_ids: list[int]) -> None:
         new = output_token_ids[self.seen:]
         self.seen = len(output_token_ids)
         for t in new:
@@ -119,6 +119,19 @@ class GrammarProcessor:
                 log.warning("grammar rejected token %d; the output ends here", t)
                 self.failed = (f"the output could not continue under the {self.where} constraint "
                                f"(no token the grammar allows could follow); it ends unfinished")
+
+    def ended_on_stop_token(self, output_token_ids: list[int]) -> None:
+        """The output ended on a stop token (EOS), which is not part of the text: the tokens
+        before it must make a whole value, else the answer is marked failed, never a "stop".
+        The engine samples the last tokens after the last call, so they are read here."""
+        self._consume(output_token_ids[:-1])
+        if self.failed is None and not (self.matcher.is_accepting() or self.matcher.is_stopped()):
+            log.warning("the output ended on a stop token before the grammar accepted it")
+            self.failed = (f"the output ended before it was complete under the {self.where} "
+                           "constraint; it ends unfinished")
+
+    def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        self._consume(output_token_ids)
         out = logits.clone()
         if self.matcher.is_error():     # cannot continue: end the output
             self.failed = self.failed or (f"the output could not continue under the {self.where} "

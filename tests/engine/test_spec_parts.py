@@ -113,12 +113,13 @@ def test_price_recovers_a_known_cost_model():
         assert fresh.union(n) == pytest.approx(ratio)
 
 
-@pytest.mark.parametrize("mode", ["mtp", "draft"])
-def test_unbuilt_drafters_are_refused_in_one_line(mode):
+def test_speculative_options_are_checked_in_one_line():
     from freetoken.config import EngineConfig
     from freetoken.errors import InvalidRequestError
-    with pytest.raises(InvalidRequestError, match=f"speculative: {mode} drafts are not built yet") as e:
-        EngineConfig(model="m", speculative=mode)
+    with pytest.raises(InvalidRequestError, match="speculative: draft needs --draft-model") as e:
+        EngineConfig(model="m", speculative="draft")
     assert "\n" not in str(e.value)
+    with pytest.raises(InvalidRequestError, match="draft_model: only used with"):
+        EngineConfig(model="m", speculative="suffix", draft_model="d")
     with pytest.raises(InvalidRequestError, match="spec_max_draft"):
         EngineConfig(model="m", spec_max_draft=0)

@@ -142,9 +142,11 @@ def test_profiled_b_d_bounds_the_prefetch_tokens_unchanged(tiny_dir, tmp_path):
     want = ref.generate([PROMPT], GREEDY)[0].token_ids
     ref.close()
     prof = tmp_path / "bw.json"
-    save_profile(prof, BandwidthProfile(b_p=1e9, b_h=2e9, b_d=1e3, machine=machine_id(), device="cpu", fmt="any"))
+    save_profile(prof, BandwidthProfile(b_p=1e9, b_h=2e9, b_d=1e3, disk_queue_depth=3, machine=machine_id(),
+                                        device="cpu", fmt="any"))
     llm = LLM(str(out), dtype="float32", host_cache_slots=8, prefix_cache=False, bandwidth_profile=str(prof))
     assert llm.engine.model.experts.b_d == 1e3
+    assert llm.engine.model.experts.cache._io._max_workers == 3        # the profile's best queue depth
     for _ in range(3):                   # the predictor learns from the first tokens
         assert llm.generate([PROMPT], GREEDY)[0].token_ids == want
     disk = llm.expert_stats()["disk"]

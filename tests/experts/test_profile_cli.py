@@ -64,3 +64,6 @@ def test_profile_measures_b_d_on_a_given_file(tmp_path):
     assert entry["b_d"] > 0
     prof = load_profile(out, machine_id(), "cpu", "other-format")      # B_D does not depend on the format
     assert prof is not None and prof.b_d == entry["b_d"]
+    from freetoken.experts.measure.diskbw import DEPTHS          # the reads in flight measured best, and how
+    assert entry["disk_queue_depth"] in DEPTHS and prof.disk_queue_depth == entry["disk_queue_depth"]
+    assert entry["disk_direct"] in (True, False)

@@ -18,11 +18,13 @@ TEXTS = ["The quick brown fox jumps over the lazy dog. def add(a, b):\n    retur
          "naïve café — ÜBER “quotes” 東京 🙂 don't won't it's I'M"]
 
 
-def _reference():
-    """LlamaForCausalLM from the file: config from its metadata, tensors dequantized by gguf-py."""
+def llama_reference(path) -> "transformers.LlamaForCausalLM":
+    """LlamaForCausalLM from a GGUF `llama` file: config from its metadata, tensors dequantized by
+    gguf-py, q/k un-permuted as llama.cpp's converter permuted them (bench/quality_sources.py
+    uses it too)."""
     import gguf
     import transformers
-    r = gguf.GGUFReader(str(GGUF))
+    r = gguf.GGUFReader(str(path))
     meta = lambda k: r.fields[f"llama.{k}"].contents()  # noqa: E731
     heads, kv = meta("attention.head_count"), meta("attention.head_count_kv")
     config = transformers.LlamaConfig(
@@ -66,7 +68,7 @@ def engine():
 
 def test_logits_match_transformers_on_the_dequantized_weights(engine):
     ids = engine.tokenizer.encode(TEXTS[0] + TEXTS[1])
-    ref = _reference()
+    ref = llama_reference(GGUF)
     with torch.no_grad():
         theirs = ref(torch.tensor([ids])).logits[0].float()
     ours = engine.score(ids)

@@ -71,9 +71,11 @@ def test_memory_and_metrics_show_each_tier(tiny_model_dir, tmp_path):
         hc = tiers["host_cache"]
         assert hc["slots"] == 3 and 0 < hc["gib"] and 0 <= hc["hit_rate"] <= 1 and hc["misses"] > 0
         assert 0 < tiers["disk"]["bytes_read"] <= want["disk"]["bytes_read"] and tiers["disk"]["reads"] > 0
+        assert tiers["lookahead"]["source"] in ("router", "history") and tiers["disk"]["io"]["mode"] in ("direct", "buffered")
         text = httpx.get(srv.url + "/metrics", timeout=30).text
         for name in ("freetoken_engine_host_cache_slots 3.0", "freetoken_engine_host_cache_hit_rate",
-                     "freetoken_engine_disk_bytes_read", "freetoken_engine_disk_reads"):
+                     "freetoken_engine_disk_bytes_read", "freetoken_engine_disk_reads",
+                     "freetoken_engine_lookahead_precision", "freetoken_engine_lookahead_wasted_per_useful"):
             assert name in text, name
     finally:
         srv.stop()
@@ -113,5 +115,37 @@ def test_file_rewritten_in_place_fails_those_requests_health_degraded_until_rest
             time.sleep(0.1)
         assert httpx.get(srv.url + "/health", timeout=30).json()["status"] == "ok"
     finally:
+        srv.stop()
+        llm.close()
+
+
+@pytest.mark.timeout(300)
+def test_disk_eio_fails_those_requests_server_stays_up(tiny_model_dir, tmp_path):
+    """The disk answers EIO to every expert read (direct or buffered alike): the requests that
+    need a read get a 500 naming the file and the I/O error, the server stays up, and once the
+    disk answers again the same server gives the same text."""
+    import errno
+    ftw, llm, srv = _serve(tiny_model_dir, tmp_path, slots=2)
+    reader = llm.engine.model.experts.cache.reader
+    real = reader._piece
+
+    def eio(*a, **k):
+        raise OSError(errno.EIO, "Input/output error")
+
+    try:
+        post = lambda: httpx.post(srv.url + "/v1/completions", json=BODY, timeout=120)   # noqa: E731
+        first = post()
+        assert first.status_code == 200, first.text
+        llm.engine.model.experts.cache.drop_all()          # nothing cached: the next request must read
+        reader._piece = eio
+        bad = post()
+        assert bad.status_code == 500, bad.text
+        assert "error" in bad.json() and "Input/output error" in bad.text and ftw.name in bad.text
+        assert httpx.get(srv.url + "/health", timeout=30).json()["status"] in ("ok", "degraded")
+        reader._piece = real
+        again = post()
+        assert again.status_code == 200 and again.json()["choices"][0]["text"] == first.json()["choices"][0]["text"]
+    finally:
+        reader._piece = real
         srv.stop()
         llm.close()

@@ -22,6 +22,8 @@ from live_server import MODEL_NAMES, LiveServer, make_fake
 KEY, ADMIN = "page-key", "page-admin"
 WEATHER = ('<think>\nThe user wants the weather in Paris, so I will call the tool.\n</think>\n\n'
            'Let me check that for you.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+CODE = ('Here it is:\n```python\ndef total(xs):\n    return sum(xs)  # <b>not bold</b>\n```\n'
+        'It adds the items.')
 TOOLS = '[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]'
 
 
@@ -85,7 +87,7 @@ def open_page(pg, url):
 @pytest.fixture(scope="module")
 def fake_page_server():
     from fake_engine import FakeEngine
-    engine = FakeEngine(scripts={"weather": WEATHER}, chars_per_step=2, step_delay=0.03)
+    engine = FakeEngine(scripts={"weather": WEATHER, "sum of a list": CODE}, chars_per_step=2, step_delay=0.03)
     _, svc, app = make_fake(engine, api_key=KEY)
     srv = LiveServer(app)
     yield srv.url
@@ -115,6 +117,20 @@ def test_page_asks_for_the_key_and_streams_a_chat(page, fake_page_server):
     assert msg.locator(".tool-name").text_content() == "get_weather"
     assert '"city": "Paris"' in msg.locator(".tool-args").text_content()
     assert "finish: tool_calls" in msg.locator(".meta").text_content()
+
+
+@pytest.mark.browser
+def test_code_fences_show_as_code_blocks_never_as_html(page, fake_page_server):
+    open_page(page, fake_page_server)
+    page.fill("#prompt", "a function for the sum of a list, please")
+    page.press("#prompt", "Enter")
+    page.wait_for_selector(".msg.assistant[data-state=done]", timeout=30000)
+    content = page.locator(".msg.assistant .content")
+    block = content.locator("pre.code")
+    assert block.get_attribute("data-lang") == "python"
+    assert block.locator("code").text_content() == "def total(xs):\n    return sum(xs)  # <b>not bold</b>"
+    assert content.locator("b").count() == 0                        # model text is never HTML
+    assert content.text_content().startswith("Here it is:") and content.text_content().endswith("It adds the items.")
 
 
 @pytest.mark.browser
@@ -205,7 +221,8 @@ def test_dashboard_numbers_equal_metrics(page, tiny_page_server):
         name: e.dataset.metric || e.dataset.check, labels: e.dataset.labels || '',
         how: e.dataset.sum ? 'sum' : e.dataset.mean ? 'mean' : 'one', value: e.dataset.value,
         text: e.textContent, check: !!e.dataset.check }))""")
-    assert len([s for s in shown if s["check"]]) == 3 * 2          # hits/fills/CPU of both MoE layers
+    # hits/fills/CPU of both MoE layers (the speculative table's cells are checked too, below)
+    assert len([s for s in shown if s["check"] and s["name"].startswith("freetoken_engine_layer_")]) == 3 * 2
     compared = 0
     for s in shown:
         labels = dict(kv.split("=") for kv in s["labels"].split(",") if kv)
@@ -264,3 +281,46 @@ def test_api_stats_is_the_snapshot_metrics_renders(tiny_page_server):
     assert last["completion_tokens"] == r.json()["usage"]["completion_tokens"]
     assert last["prompt_tokens"] == r.json()["usage"]["prompt_tokens"]
     assert st["admin"] is True and st["model"] == MODEL_NAMES[0]
+
+
+@pytest.fixture(scope="module")
+def drafting_page_server(tiny_model_dir):
+    """A tiny MoE drafting with a draft model (itself: every draft right) on every step."""
+    from freetoken import LLM
+    llm = LLM(str(tiny_model_dir), dtype="float32", max_model_len=4096, max_num_seqs=4, kv_cache_gib=0.05,
+              speculative="draft", draft_model=str(tiny_model_dir))
+    llm.engine.spec.priced = False
+    svc = GenerationService(llm.engine, model_name=MODEL_NAMES[0], architecture="Qwen3MoeForCausalLM",
+                            max_running=4, max_waiting=8, max_tokens_cap=24)
+    svc.loop.stats_every = 0.2
+    app = create_app(svc, ServerSettings(model_names=MODEL_NAMES, api_key=KEY))
+    srv = LiveServer(app)
+    yield srv.url, llm
+    srv.stop()
+    llm.close()
+
+
+@pytest.mark.browser
+def test_speculative_table_equals_metrics(page, drafting_page_server):
+    """Proposed / accepted / mean accepted length per drafter: each cell the /metrics series it
+    names, the ratio and the draft model's line drawn."""
+    url, _ = drafting_page_server
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(url + "/v1/chat/completions", headers=auth, timeout=120, json={
+        "model": MODEL_NAMES[0], "max_tokens": 20, "temperature": 0, "messages": [{"role": "user", "content": "go"}]})
+    assert r.status_code == 200
+    time.sleep(1.0)
+    open_page(page, url)
+    wait_js(page, "!document.getElementById('spec-table').hidden", 20)
+    samples = metrics_samples(url)
+    cells = page.eval_on_selector_all("#spec-table [data-check]", """els => els.map(e => ({
+        name: e.dataset.check, value: e.dataset.value }))""")
+    assert {c["name"].rsplit("draft_", 1)[-1] for c in cells} == {
+        "drafts", "proposed_tokens", "accepted_tokens", "mean_accepted_length"}
+    for c in cells:
+        want = expected(samples, c["name"], {}, "one")
+        assert want is not None and math.isclose(float(c["value"]), want, rel_tol=1e-9), (c, want)
+    row = page.eval_on_selector_all("#spec-table tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+    assert row[0][0] == "draft" and float(row[0][4]) == 1.0            # itself as its draft: all accepted
+    assert "draft model:" in page.text_content("#spec-extra")
+    assert "(draft," in page.text_content("#spec-mode")

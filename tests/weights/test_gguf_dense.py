@@ -118,3 +118,16 @@ def test_prefill_tiles_equal_the_gemv_rows(tiny_dir, to_gguf, tmp_path):
     a = LLM(str(g), dtype="float32", moe_backend="resident").score(ids)
     b = LLM(str(g), dtype="float32", moe_backend="resident", dense_format="float").score(ids)
     assert (a - b).abs().max().item() <= 1e-4 * max(1.0, b.abs().max().item())
+
+
+def test_ggml_numerics_float32_keeps_decode_exact(tiny_dir, to_gguf):
+    """ggml_numerics="float32": a prompt within the GEMV limit runs exact activations too (logits
+    of the dequantized model to float rounding), where the default q8 rounds them per 32."""
+    g = to_gguf(tiny_dir("llama"), "q8_0")
+    ids = ids_for(20, seed=3)
+    ref = LLM(str(g), dtype="float32", dense_format="float").score(ids)
+    tol = 1e-4 * max(1.0, ref.abs().max().item())
+    exact = LLM(str(g), dtype="float32", ggml_numerics="float32").score(ids)
+    assert (exact - ref).abs().max().item() <= tol
+    q8 = LLM(str(g), dtype="float32", ggml_numerics="q8").score(ids)
+    assert (q8 - ref).abs().max().item() > tol

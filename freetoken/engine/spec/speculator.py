@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import time
 
+from ...layers.kernel_rows import GEMV_TOKENS
 from .acceptance import AcceptanceStats
 from .drafters import Draft
+from .mtp import MTPDrafter
+from .lookahead import ExpertLookahead
 from .ngram import NgramDrafter
 from .price import VerifyPrice
 from .routing import RoutingObserver
@@ -23,15 +26,31 @@ MARGIN = 1.02           # a draft must promise 2% more tokens per second than no
 
 
 class Speculator:
-    def __init__(self, mode: str, max_draft: int, model, max_model_len: int):
+    def __init__(self, mode: str, max_draft: int, model, max_model_len: int, draft_model=None,
+                 lookahead: bool = True):
+        """draft_model: a DraftModelDrafter (draft_model.py) for modes draft and auto, or None;
+        lookahead: hand the experts backend the experts each verify is expected to route."""
         self.mode, self.K, self.max_model_len = mode, max_draft, max_model_len
         self.drafters = {}
         if mode in ("auto", "suffix"):
             self.drafters["suffix"] = SuffixDrafter()
         if mode in ("auto", "ngram"):
             self.drafters["ngram"] = NgramDrafter()
+        # the checkpoint's nextn layer (loaded for --speculative mtp): drafts cost seconds, priced
+        self.mtp = MTPDrafter(model.mtp) if mode == "mtp" and getattr(model, "mtp", None) is not None else None
+        if self.mtp is not None:
+            self.drafters["mtp"] = self.mtp
+        if draft_model is not None and mode in ("auto", "draft"):
+            self.drafters["draft"] = draft_model
+        self._model, self._batch = model, []
+        # on the CPU a step of at most GEMV_TOKENS rows is batch invariant (layers/kernel_rows.py):
+        # each verify row has the bits of the plain decode step, so greedy output is plain's
+        cpu = str(getattr(model, "device", "cpu")).startswith("cpu")
+        self.max_rows = GEMV_TOKENS if cpu else 1 << 30
         self.stats = AcceptanceStats(max_draft)
         self.observer = RoutingObserver(model)
+        la = ExpertLookahead(model) if lookahead else None
+        self.lookahead = la if la is not None and la.active else None
         pool = getattr(model, "pool", None)
         experts = getattr(model, "experts", None)
         est = getattr(experts, "est", None)            # the tiered backend's live bandwidths
@@ -69,10 +88,11 @@ class Speculator:
         for seq in decoding:
             ctx = self._observe_tokens(seq)
             room = min(self.K, self.max_model_len - len(seq) - 1,
-                       seq.params.max_tokens - len(seq.output_ids) - 1, budget - positions)
+                       seq.params.max_tokens - len(seq.output_ids) - 1, budget - positions, self.max_rows - positions)
             if room <= 0:
                 continue
-            draft = self._best_draft(seq, ctx, room)
+            draft = self._mtp_draft(seq, ctx, room, tokens, positions, base) if "mtp" in self.drafters else \
+                self._best_draft(seq, ctx, room, tokens, positions, base)
             if draft is None:
                 continue
             k = len(draft.tokens)
@@ -89,11 +109,20 @@ class Speculator:
             d.observe(seq.request_id, ctx, 0)
         return ctx
 
-    def _best_draft(self, seq, ctx, room) -> Draft | None:
-        """The proposal with the most expected accepted tokens among the drafters."""
+    def _best_draft(self, seq, ctx, room, tokens, positions, base) -> Draft | None:
+        """The proposal with the most expected accepted tokens among the drafters. A drafter
+        that costs time to run (`seconds(k)`: a draft model) is priced first and asked only
+        for the k that pays."""
         best, best_e = None, -1.0
         for d in self.drafters.values():
-            dr = d.propose(ctx, room, key=seq.request_id)
+            k = room
+            if self.priced and hasattr(d, "seconds"):
+                behind = d.behind(seq.request_id, len(ctx))
+                k = self._price(Draft((0,) * room, d.name, 0), room, tokens, positions, base,
+                                lambda k: d.seconds(k, behind))[0]
+                if not k or self.stats.expected_accepted(d.name, 0, k)[-1] <= best_e:
+                    continue          # not worth its time, or a lookup's draft promises as much
+            dr = d.propose(ctx, k, key=seq.request_id)
             if dr is None:
                 continue
             e = self.stats.expected_accepted(dr.drafter, dr.bucket, len(dr.tokens))[-1]
@@ -101,13 +130,22 @@ class Speculator:
                 best, best_e = dr, e
         return best
 
-    def _price(self, draft: Draft, k_max: int, tokens: float, positions: int, base: float):
-        """The k in 0..k_max with the most expected tokens per second for the step so far."""
+    def _mtp_draft(self, seq, ctx, room, tokens, positions, base) -> Draft | None:
+        """The MTP layer drafts as many tokens as the price (its own measured seconds included)
+        says pay, so no draft is made to be thrown away."""
+        if self.priced:
+            room = self._price(Draft((), "mtp", 0), room, tokens, positions, base, self.mtp.cost)[0]
+        return self.mtp.propose(ctx, room, key=seq.request_id) if room else None
+
+    def _price(self, draft: Draft, k_max: int, tokens: float, positions: int, base: float, cost=None):
+        """The k in 0..k_max with the most expected tokens per second for the step so far;
+        `cost(k)`: seconds to draft k tokens, where drafting is still to be done (a draft model,
+        the MTP layer); a draft already made is priced without it (its time is spent)."""
         exp = self.stats.expected_accepted(draft.drafter, draft.bucket, k_max)
         best_k, best_rate = 0, tokens / base * MARGIN
         best_t = base
         for k in range(1, k_max + 1):
-            t = self.price.seconds(positions + k)
+            t = self.price.seconds(positions + k) + (cost(k) if cost is not None else 0.0)
             if self.replays:      # the rerun of 1 + accepted positions, unless all were accepted
                 rerun = self.price.seconds(positions + exp[k] + 1) - self.price.seconds(positions)
                 t += (1 - self.stats.all_accepted(draft.drafter, draft.bucket, k)) * rerun
@@ -121,13 +159,20 @@ class Speculator:
     # --- around the forward -----------------------------------------------------------------
     def begin_forward(self, batch) -> None:
         self.observer.start()
+        self._batch = batch
         self._step_positions = sum(n for _, n in batch)
         # only decode and verify steps teach the price (a prefill chunk is another kind of step)
         self._step_plain = all(n == 1 + len(s.draft) and s.num_pending == 1 for s, n in batch)
+        if self.lookahead is not None:
+            self.lookahead.begin(batch)
         self._t0 = time.perf_counter()
 
     def end_forward(self) -> None:
         dt = time.perf_counter() - self._t0
+        if self.mtp is not None:        # the main model's hidden states before its final norm
+            self.mtp.take_hidden(self._batch, self._model.prenorm)
+        if self.lookahead is not None:
+            self.lookahead.end()
         if self._step_plain and self._step_positions:
             self.price.observe(self._step_positions, self.observer.unique, dt)
 
@@ -136,6 +181,10 @@ class Speculator:
 
     def summary(self) -> dict:
         out = {"mode": self.mode, "max_draft": self.K, "drafters": self.stats.summary()}
+        if self.lookahead is not None:
+            out["lookahead"] = self.lookahead.stats()
+        if "draft" in self.drafters and hasattr(self.drafters["draft"], "summary"):
+            out["draft_model"] = self.drafters["draft"].summary()
         if self.price.theta is not None:
             a, b, c = (float(x) for x in self.price.theta)
             out["price"] = {"step_s": a, "per_position_s": b, "per_expert_s": c}

@@ -13,14 +13,18 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
      cut where a read is still in flight: the leading experts whose bytes are in RAM are
      computed while the later misses are still read (`_landed_runs`), whatever order the
      reads finish in (tested);
-  3. decode: the next-layer predictor (`next_layer.py`) learns from the routing and the
-     experts it expects at layer l+1 are read in the background while attention runs;
+  3. decode: layer l+1's likely experts are read in the background while attention runs,
+     as guessed by layer l+1's router on layer l's input or by the history predictor
+     (`next_layer.py`), whichever has guessed better (lookahead.py); the reads start once the
+     call has released its slots (layer-aware eviction then gives up the layer just run), and
+     stop after a whole pass without a miss;
      prefill with >= 2*E routed pairs: layer l+1's whole expert set is read meanwhile (the
      double buffer of `prefill.py`, when the cache holds two layers). With the disk
      bandwidth B_D known (`freetoken profile`), a decode prefetch is cut to the experts the
      disk can bring while layer l+1's attention runs (B_D x the measured time between two
      layer calls / expert bytes, diskbw.py), likeliest first: more would queue ahead of that
-     layer's own misses.
+     layer's own misses. Experts expected for layer l+1 (speculative drafts: the verify's tokens'
+     earlier routing, memory/expected.py) go first; layer 0's are read when the step begins.
 Integrity (experts/disk/integrity.py): every expert read from the file is checked against its checksum
 (taken once per file version), and between steps the file's identity is looked at; when it
 changed, every cached expert is dropped, /health says degraded until a background pass finds
@@ -39,6 +43,8 @@ from .integrity import ExpertFileWatch
 from .pieces import DiskLayout
 from ..measure.diskbw import prefetch_budget
 from .host_cache import HostExpertCache
+from .lookahead import LOOKAHEAD_CHOICES, GuessScore, RouterLookahead
+from ..memory.expected import ExpectedExperts
 from ..memory.next_layer import THRESHOLD, NextLayerPredictor
 from ..measure.stats import ExpertStats
 from ..execution.torch_exec import run_experts
@@ -62,14 +68,24 @@ class _TorchSlots:
 class DiskExperts(Experts):
     def __init__(self, layout: DiskLayout, device, slots: int, policy: str | None = None,
                  num_threads: int | None = None, spin_us: int | None = None, io_threads: int = 4,
-                 prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None, verify: bool = True):
+                 prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None, verify: bool = True,
+                 lookahead: str = "auto", direct_io: str = "auto"):
+        if lookahead not in LOOKAHEAD_CHOICES:
+            raise ValueError(f"expert lookahead must be one of {', '.join(LOOKAHEAD_CHOICES)}, got {lookahead!r}")
         base, admit, _ = parse_policy_options(policy or DEFAULT_POLICY)
         self.layout, self.E, self.device = layout, layout.num_experts, torch.device(device)
         # every read checked against the expert's checksum, the file's identity watched (experts/disk/integrity.py)
         self.watch = ExpertFileWatch.open(layout) if verify else None
         table_policy = base + ("+layer" if layer_aware(policy or DEFAULT_POLICY) else "")
-        self.cache = HostExpertCache(layout, slots, table_policy, io_threads, drop_cache, self.watch)
+        self.cache = HostExpertCache(layout, slots, table_policy, io_threads, drop_cache, self.watch, direct_io)
+        prefetch = prefetch and lookahead != "off"
+        self.lookahead = lookahead if prefetch else "off"
+        self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
+        self.score = GuessScore()                            # the guesses read ahead
+        self.scores = {"router": GuessScore(), "history": GuessScore()}   # each guess, read or not
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD) if prefetch else None
+        self.source = "off" if self.predictor is None else "history"
+        self._quiet = 0              # decode layer calls in a row without a miss (lookahead sleeps after a pass)
         self._threads = (num_threads, spin_us)
         self.host = self._executor(num_threads, spin_us)
         self.stats_ = ExpertStats(layout.num_layers, "disk")
@@ -83,6 +99,7 @@ class DiskExperts(Experts):
         self._last = (-2, 0.0)       # (layer, end time) of the previous call
         self.prefetch_cut = 0        # predicted experts not prefetched (over the B_D budget)
         self.overlapped = 0          # expert runs computed while later reads of the call were in flight
+        self.expected = ExpectedExperts()    # experts told ahead (speculative drafts)
 
     def _executor(self, num_threads, spin_us):
         sp = self.layout.spec
@@ -99,6 +116,20 @@ class DiskExperts(Experts):
         if self.watch is not None and self.watch.poll():      # the file changed: keep nothing read from it
             self.cache.drop_all()
         self.stats_.step(phase)
+        if phase == "decode":
+            ahead = self._expected_ahead(0)
+            self.expected.started_for(0, ahead[:self.cache.prefetch(ahead)])
+
+    def expect(self, per_layer: dict | None) -> None:
+        self.expected.expect(per_layer)
+
+    def _expected_ahead(self, layer: int) -> np.ndarray:
+        """Experts expected at `layer` (flat ids) that are not in the host cache."""
+        ids = self.expected.take(layer)
+        if not len(ids) or layer >= self.layout.num_layers:
+            return np.empty(0, np.int64)
+        flat = ids + layer * self.E
+        return flat[self.cache.table.slot_of[flat] < 0]
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
@@ -110,8 +141,13 @@ class DiskExperts(Experts):
         w = topk_weights if on_host else topk_weights.to("cpu")
         local = topk_ids.to("cpu", torch.int64).numpy()
         flat = local + layer * self.E
-        uniq = np.unique(flat)
+        uniq = np.sort(flat[0]) if flat.shape[0] == 1 else np.unique(flat)    # one token: a sort is cheaper
+        if flat.shape[0] == 1 and len(uniq) > 1 and not (uniq[1:] != uniq[:-1]).all():
+            uniq = np.unique(uniq)
         T, K = flat.shape
+        ahead = np.empty(0, np.int64)
+        if self.phase == "decode":
+            self.expected.settle(layer, uniq - layer * self.E)
         if self.predictor is not None and self.phase == "prefill":
             self.predictor.observe_tokens(layer, local)
         if self.phase == "prefill" and T * K >= 2 * self.E and self.cache.capacity >= 2 * self.E \
@@ -120,12 +156,22 @@ class DiskExperts(Experts):
             streamed = True
         else:
             streamed = False
-            nxt = self._predict(layer, uniq - layer * self.E)
+            if self.phase == "decode":
+                for sc in (self.score, *self.scores.values()):
+                    sc.routed(layer, uniq)
+            nxt = self._predict(layer, uniq - layer * self.E, hidden)
+            if len(nxt):
+                self.score.guessed_for(layer + 1, nxt)
+            if self.phase == "decode":
+                ahead = self._expected_ahead(layer + 1)        # the speculative lookahead's first
+                nxt = np.concatenate([ahead, nxt[~np.isin(nxt, ahead)]])
             budget = prefetch_budget(self.b_d, self.gap_s, self._S)
             if budget is not None and len(nxt) > budget:
                 self.prefetch_cut += len(nxt) - budget
                 nxt = nxt[:budget]
         out = torch.zeros(T, self.layout.spec.hidden, dtype=torch.float32)
+        if not streamed and self._all_hits(layer, uniq, flat, x, w, out, T * K, nxt, t0):
+            return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
         c0 = dict(self.cache.c)
         read0 = self.cache.read_s
         calls = 0
@@ -133,22 +179,23 @@ class DiskExperts(Experts):
         stream = self._streams(T)
         while len(rest):
             n, slots, pending = self.cache.acquire_nowait(rest)
-            last = n == len(rest)
             try:
                 if not stream:
                     self.cache.landed(rest[:n], pending)
                     pending = [None] * n
                 for a, b in self._landed_runs(rest[:n], pending):
-                    if last and b == n and len(nxt):     # this call's reads are in: read ahead meanwhile
-                        started, nxt = self.cache.prefetch(nxt), nxt[:0]
                     calls += self._run(rest[a:b], slots[a:b], flat, x, w, out)
             finally:
                 self.cache.release(slots)
             rest = rest[n:]
-        if len(nxt):
+        if len(nxt):        # after the release: this layer's experts, used furthest ahead, are victims too
             started = self.cache.prefetch(nxt)
+        if len(ahead):
+            self.expected.started_for(layer + 1, ahead[:min(started, len(ahead))] - (layer + 1) * self.E)
         self.kernel_calls += calls
         c = self.cache.c
+        if self.phase == "decode":      # guessing costs a router GEMV per layer: only while there are misses
+            self._quiet = 0 if c["misses"] != c0["misses"] else self._quiet + 1
         dt = time.perf_counter() - t0
         self.stats_.add(layer, calls=1, routed=T * K, hits=c["hits"] - c0["hits"] + c["waited"] - c0["waited"],
                         misses=c["misses"] - c0["misses"], fills=c["misses"] - c0["misses"],
@@ -159,6 +206,34 @@ class DiskExperts(Experts):
             self.stats_.add(layer + 1, streamed_layers=1)
         self._last = (layer, time.perf_counter())
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
+
+    def _all_hits(self, layer: int, uniq: np.ndarray, flat: np.ndarray, x, w, out, routed: int, nxt: np.ndarray,
+                  t0: float) -> bool:
+        """The call at full hits, with as little bookkeeping as a resident call has (issue 39
+        item 4: the tier's overhead at hits): one locked lookup, one kernel call where the slots
+        ascend with the ids (else `_run`'s runs), the counters. False (nothing done) when one of
+        `uniq` is not resident and landed: the general path then reads it."""
+        slots = self.cache.acquire_hits(uniq)
+        if slots is None:
+            return False
+        try:
+            if len(slots) < 2 or (slots[1:] > slots[:-1]).all():
+                self.host.run(x, torch.from_numpy(slots[np.searchsorted(uniq, flat)]), w, out=out)
+                calls = 1
+            else:
+                calls = self._run(uniq, slots, flat, x, w, out)
+        finally:
+            self.cache.release(slots)
+        started = self.cache.prefetch(nxt) if len(nxt) else 0     # read ahead (lookahead) as the general path
+        self.kernel_calls += calls
+        if self.phase == "decode":
+            self._quiet += 1
+        dt = time.perf_counter() - t0
+        n = len(uniq)
+        self.stats_.add(layer, calls=1, routed=routed, hits=n, prefetches=started, cpu_experts=n,
+                        cpu_bytes=n * int(self._layer_nbytes[layer]), cpu_s=dt, wall_s=dt)
+        self._last = (layer, time.perf_counter())
+        return True
 
     def _streams(self, T: int) -> bool:
         """Whether a call may run its experts in pieces as their reads land: only where the C
@@ -201,15 +276,50 @@ class DiskExperts(Experts):
             calls += 1
         return calls
 
-    def _predict(self, layer: int, local: np.ndarray) -> np.ndarray:
-        if self.predictor is None or self.phase == "prefill":
+    def attach_routes(self, routes: dict) -> None:
+        """The model's routers by MoE layer (lookahead.model_routes): with lookahead "auto" or
+        "router", layer l+1's router guesses its experts from layer l's input."""
+        if self.lookahead in ("auto", "router") and routes:
+            self.router = RouterLookahead(routes)
+
+    def _predict(self, layer: int, local: np.ndarray, x) -> np.ndarray:
+        """Layer+1's experts to read ahead (flat ids, likeliest first): its router's guess
+        (lookahead.py) or the history predictor's (next_layer.py); "auto" makes both and reads
+        what the one that has guessed better so far (F1 against what the next layers routed) says."""
+        if self.predictor is None or self.phase == "prefill" or layer + 1 >= self.layout.num_layers \
+                or self._quiet >= self.layout.num_layers:     # a whole pass without a miss: nothing to read
             return np.empty(0, np.int64)
-        self.predictor.observe(layer, local)
-        return self.predictor.predict(layer, local) + (layer + 1) * self.E
+        first = (layer + 1) * self.E
+        routed = self.router.guess(layer, x) if self.router is not None else None
+        if routed is not None:
+            self.scores["router"].guessed_for(layer + 1, routed + first)
+        if routed is None or self.lookahead == "auto":
+            self.predictor.observe(layer, local)
+            hist = self.predictor.predict(layer, local)
+            self.scores["history"].guessed_for(layer + 1, hist + first)
+            if routed is None or self.scores["history"].f1() >= self.scores["router"].f1():
+                self.source = "history"
+                return hist + first
+        self.source = "router"
+        return routed + first
+
+    def lookahead_stats(self) -> dict:
+        """The guesses (precision/recall vs what the next layer routed) and what reading them
+        ahead brought: share of the host cache's would-be misses they covered and the bytes read
+        for nothing per byte used."""
+        hc = self.cache.c
+        S = self._S
+        used = hc["prefetch_used"]
+        wasted = self.cache.stats()["prefetch_wasted_bytes"]
+        return {**self.score.stats(self.source), "mode": self.lookahead,
+                **{f"{k}_f1": sc.f1() for k, sc in self.scores.items()},
+                "prefetched": hc["prefetches"], "prefetch_used": used,
+                "misses_covered": used / (used + hc["misses"]) if used + hc["misses"] else 0.0,
+                "wasted_per_useful": wasted / (used * S) if used else 0.0}
 
     def stats(self) -> dict:
         hc = self.cache.stats()
-        return self.stats_.as_dict(cache={k: hc[k] for k in ("slots", "resident", "evictions", "gib")},
+        return self.stats_.as_dict(spec_lookahead=self.expected.stats(), cache={k: hc[k] for k in ("slots", "resident", "evictions", "gib")},
                                    host_cache=hc, disk={"bytes_read": hc["bytes_read"], "reads": hc["reads"],
                                                         "read_s": hc["read_s"], "read_gbs": hc["read_gbs"],
                                                         "errors": hc["read_errors"],
@@ -219,7 +329,9 @@ class DiskExperts(Experts):
                                                         "prefetch_cut": self.prefetch_cut,
                                                         "overlapped_runs": self.overlapped,
                                                         **(self.watch.stats() if self.watch is not None
-                                                           else {"integrity": "not verified"})},
+                                                           else {"integrity": "not verified"}),
+                                                        "io": self.cache.reader.describe()},
+                                   lookahead=self.lookahead_stats(),
                                    kernel_calls=self.kernel_calls)
 
     # ---- elastic memory (engine/resize.py's `host_cache` component, in GiB like host_cache_gib) ----

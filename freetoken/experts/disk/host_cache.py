@@ -5,9 +5,11 @@ N slots of whole experts (a row of every bank, as `ExpertPool` would hold it), k
 victims, locks, pending flags). A miss takes a victim slot and its bytes are read from the
 file straight into the slot's rows (`os.preadv`, one call per contiguous piece; the GIL is
 released while the disk works, so the reads of several experts are in flight at once on a
-small thread pool). After each read the file's pages are dropped from the page cache
-(`posix_fadvise(DONTNEED)`): the slot is the copy in RAM, the page cache would be a second.
-Reads are buffered, not O_DIRECT: expert rows of a GGUF file sit at arbitrary offsets.
+small thread pool, `io_threads` in flight: the queue depth `freetoken profile` measures best).
+Where the filesystem allows, reads are O_DIRECT (direct.py: no page-cache copy; an unaligned
+GGUF piece is read as its aligned span into a per-thread bounce buffer); otherwise buffered,
+and after each read the file's pages are dropped from the page cache (`posix_fadvise(DONTNEED)`):
+the slot is the copy in RAM, the page cache would be a second.
 With a file watch (experts/disk/integrity.py) each expert's bytes are hashed (xxh3) as they land and a
 mismatch with its checksum is an `ExpertReadError`, like a short read.
 
@@ -26,9 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
-import xxhash
 
+from .hash_nogil import xxh3_64
 from .pieces import DiskLayout
+from .direct import Bounce, open_direct, read_direct, read_exact
 from .host_rows import HostRows
 from ..memory.slots import DEFAULT_POLICY, SlotTable
 
@@ -41,13 +44,21 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
 
 
+def _same(a: memoryview, b: memoryview) -> bool:
+    """Whether two byte views are the same memory (a read that landed in place)."""
+    return len(a) == len(b) and np.frombuffer(a, np.uint8).__array_interface__["data"][0] == \
+        np.frombuffer(b, np.uint8).__array_interface__["data"][0]
+
+
 class ExpertReader:
     """Reads one expert's rows of every disk bank into given destination rows."""
 
-    def __init__(self, layout: DiskLayout, drop_cache: bool = True, watch=None):
-        self.layout, self.drop_cache = layout, drop_cache
+    def __init__(self, layout: DiskLayout, drop_cache: bool = True, watch=None, direct_io: str = "auto"):
+        self.layout, self.drop_cache, self.direct_io = layout, drop_cache, direct_io
         self.watch = watch           # disk_integrity.ExpertFileWatch: every read checked against its checksum
         self.fds: list[int] = []
+        self.dfds: list[int | None] = []     # O_DIRECT fds (direct.py), None where refused or off
+        self.bounce = Bounce()
         self.open()
 
     def open(self) -> None:
@@ -55,38 +66,39 @@ class ExpertReader:
         fds = [os.open(p, os.O_RDONLY) for p in self.layout.paths]
         for fd in fds:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)   # no readahead beyond what we ask
+        dfds = [open_direct(p, self.direct_io) for p in self.layout.paths]
         self.close()
-        self.fds = fds
+        self.fds, self.dfds = fds, dfds
+
+    def describe(self) -> dict:
+        """How the reads go: O_DIRECT (how many of the files) or buffered."""
+        n = sum(fd is not None for fd in self.dfds)
+        return {"direct_io": self.direct_io, "direct_files": n, "mode": "direct" if n else "buffered"}
 
     def read(self, flat: int, dst: dict[str, torch.Tensor]) -> int:
         """Fills dst[bank] (one expert's row of each disk bank); returns bytes read."""
         total = 0
-        h = xxhash.xxh3_64() if self.watch is not None else None
+        h = xxh3_64() if self.watch is not None else None
         for name, bank in self.layout.banks.items():
             row = _bytes_of(dst[name])
             for pc in bank.pieces:
                 if pc.files[flat] < 0:
                     continue
-                fd, off = self.fds[pc.files[flat]], int(pc.offsets[flat])
-                direct = pc.file_dtype is None and not pc.pitch
-                buf = row[pc.dst:pc.dst + pc.nbytes] if direct else memoryview(bytearray(pc.nbytes))
-                got = 0
-                while got < pc.nbytes:
-                    k = os.preadv(fd, [buf[got:]], off + got)
-                    if k == 0:
-                        break
-                    got += k
+                fi, off = int(pc.files[flat]), int(pc.offsets[flat])
+                direct = pc.file_dtype is None and not pc.pitch          # the bytes are the row's bytes
+                buf, got = self._piece(fi, off, pc.nbytes, row[pc.dst:pc.dst + pc.nbytes] if direct else None)
                 if got < pc.nbytes:
                     L, E = divmod(flat, self.layout.num_experts)
-                    path = self.layout.paths[pc.files[flat]]
                     raise ExpertReadError(
-                        f"{path}: truncated: expert {E} of MoE layer {L} (bank {name!r}) needs bytes "
-                        f"{off}..{off + pc.nbytes} but the file has {os.fstat(fd).st_size}")
+                        f"{self.layout.paths[fi]}: truncated: expert {E} of MoE layer {L} (bank {name!r}) needs bytes "
+                        f"{off}..{off + pc.nbytes} but the file has {os.fstat(self.fds[fi]).st_size}")
                 if h is not None:
-                    h.update(buf[:pc.nbytes])
-                if self.drop_cache:
-                    os.posix_fadvise(fd, off, pc.nbytes, os.POSIX_FADV_DONTNEED)
-                if not direct:
+                    h.update(buf)
+                if direct:
+                    dst_view = row[pc.dst:pc.dst + pc.nbytes]
+                    if buf is not dst_view and not _same(buf, dst_view):   # came through the bounce buffer
+                        dst_view[:] = buf
+                else:
                     self._place(bank, pc, buf, dst[name])
                 total += pc.nbytes
         if h is not None:
@@ -94,6 +106,18 @@ class ExpertReader:
             if bad:
                 raise ExpertReadError(bad)
         return total
+
+    def _piece(self, fi: int, off: int, nbytes: int, dst: memoryview | None) -> tuple[memoryview, int]:
+        """One piece's bytes: (view, bytes read); into `dst` where given and possible."""
+        dfd = self.dfds[fi] if fi < len(self.dfds) else None
+        if dfd is not None:
+            return read_direct(dfd, self.bounce, off, nbytes, dst)
+        fd = self.fds[fi]
+        buf = dst if dst is not None else memoryview(bytearray(nbytes))
+        got = read_exact(fd, buf, off)
+        if self.drop_cache:                  # the slot is the copy in RAM, not the page cache too
+            os.posix_fadvise(fd, off, nbytes, os.POSIX_FADV_DONTNEED)
+        return buf, got
 
     @staticmethod
     def _place(bank, pc, buf: memoryview, dst: torch.Tensor) -> None:
@@ -109,21 +133,22 @@ class ExpertReader:
         flat[:, rb:] = 0
 
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        for fd in (*self.fds, *self.dfds):
+            if fd is not None:
+                os.close(fd)
+        self.fds, self.dfds = [], []
 
 
 class HostExpertCache:
     """`slots` whole experts in host memory over the file described by `layout`."""
 
     def __init__(self, layout: DiskLayout, slots: int, policy: str = DEFAULT_POLICY, threads: int = 4,
-                 drop_cache: bool = True, watch=None):
+                 drop_cache: bool = True, watch=None, direct_io: str = "auto"):
         if slots < 1:
             raise ValueError(f"host expert cache: at least 1 slot, got {slots}")
         self.layout = layout
         self.table = SlotTable(layout.num_layers * layout.num_experts, layout.num_experts, int(slots), policy)
-        self.reader = ExpertReader(layout, drop_cache, watch)
+        self.reader = ExpertReader(layout, drop_cache, watch, direct_io)
         self._rows = {name: HostRows(slots, b.row_shape, b.dtype)      # fresh pages: nothing touched
                       for name, b in layout.banks.items()}                # until a read
         self.banks: dict[str, torch.Tensor] = {name: r.bank for name, r in self._rows.items()}
@@ -201,6 +226,24 @@ class HostExpertCache:
             self.release(slots)
             raise
         return n, slots
+
+    def acquire_hits(self, flat_ids: np.ndarray) -> np.ndarray | None:
+        """`acquire` when every one of `flat_ids` (unique) is resident and landed: their slots,
+        locked (the caller `release`s them); None, and nothing changed, otherwise."""
+        t = self.table
+        with self._cv:
+            slots = t.slot_of[flat_ids]
+            if (slots < 0).any() or t.pending[slots].any():
+                return None
+            t.record(flat_ids)
+            t.locks[slots] += 1                     # unique slots: no np.add.at
+            t.touch(slots)
+            self.c["hits"] += len(slots)
+            used = self._prefetched[slots]
+            if used.any():
+                self.c["prefetch_used"] += int(used.sum())
+                self._prefetched[slots] = False
+            return slots
 
     def acquire_nowait(self, flat_ids: np.ndarray) -> tuple[int, np.ndarray, list]:
         """`acquire` without waiting for the reads: (n, slots, pending), pending[i] the Event

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from .hash_nogil import xxh3_64
 from .pieces import DiskLayout
 
 log = logging.getLogger("freetoken.experts")
@@ -87,7 +88,7 @@ def hash_file_experts(layout: DiskLayout, expect: np.ndarray | None = None,
         for flat in range(n):
             if stop is not None and stop.is_set():
                 raise ChecksumMismatch(flat, "re-verification stopped")
-            h = xxhash.xxh3_64()
+            h = xxh3_64()             # without the GIL: a background re-verification must not stall decode
             for fi, off, nb in expert_pieces(layout, flat):
                 got = os.preadv(fds[fi], [view[:nb]], off)
                 if got < nb:

@@ -12,8 +12,10 @@ Per MoE layer, no host synchronisation in `offload` and exactly one small device
   4. the device experts: `torch_exec.run_slots` over the slot banks (gather by slot id, bmm)
 Statistics stay on the device ([L, 4] counters) until `stats()` asks.
 Used where it applies: lru (with or without +admit, which lru never uses), no +prefetch, no
-fixed q, a batched format (not ggml), capacity >= T*K + 1 (one wave); elsewhere the host
-planner runs. The engine picks it on CUDA; tests force it on the CPU (`device_decisions=True`).
+fixed q, capacity >= T*K + 1 (one wave); elsewhere the host planner runs. Any format: ggml
+slots hold the file's packed bytes, dequantized after the gather by the types the slots carry
+(ggml_slots.py); a grouped pool (layers of different row widths) fills the front of each slot
+row from its own group's rows. The engine picks it on CUDA; tests force it on the CPU (`device_decisions=True`).
 """
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ import numpy as np
 import torch
 
 from ..memory.device_plan import DeviceLRU
-from .torch_exec import batched_ok, run_slots
-from ..memory.uva import byte_rows, device_rows
+from .. import ggml_slots
+from .torch_exec import run_slots
+from ..memory.uva import device_rows
 
 # host-list conversions of this path, counted (tests/experts/test_host_syncs.py)
 HOST_COPIES = {"n": 0}
@@ -30,8 +33,7 @@ HOST_COPIES = {"n": 0}
 
 def applies(table, planner, spec) -> bool:
     """Whether the device decision can stand for the host planner of this cache."""
-    return (table.policy == "lru" and table.predictor is None and planner.fixed_q is None
-            and batched_ok(spec))
+    return table.policy == "lru" and table.predictor is None and planner.fixed_q is None
 
 
 class DeviceDecisions:
@@ -46,6 +48,11 @@ class DeviceDecisions:
         self.active = False                       # the device state is the truth
         self._src = None
         self._pinned = None
+        self.types = ggml_slots.pool_types(self.pool)     # ggml: the types per half, read once here
+        n = self.pool.num_layers * self.pool.num_experts
+        grouped = len(self.pool.groups) > 1               # per flat id: its group, its id there
+        self._group_of = (torch.from_numpy(self.pool.group_of) if grouped else torch.zeros(n, dtype=torch.int64)).to(self.device)
+        self._local_of = (torch.from_numpy(self.pool.local_of) if grouped else torch.arange(n)).to(self.device)
 
     # ---- whose state is the truth -------------------------------------------------------------
     def take(self) -> None:
@@ -55,7 +62,7 @@ class DeviceDecisions:
         self.cache.drain()
         self.lru.load(self.cache.table, self.planner)
         if self._src is None:
-            self._src = {k: device_rows(b, self.device) for k, b in self.pool.banks.items()}
+            self._src = [{k: device_rows(b, self.device) for k, b in g.banks.items()} for g in self.pool.groups]
         self.active = True
 
     def give_back(self) -> tuple[list[list[int]], np.ndarray] | None:
@@ -91,7 +98,7 @@ class DeviceDecisions:
         self._fill(p.fill, p.fill_mask, p.victims)
         self._fill(p.uniq[p.warm.to(torch.int64).argmax().reshape(1)], p.warm.any().reshape(1), p.warm_slot.reshape(1))
         per_choice = torch.zeros(T, K, H, dtype=torch.float32, device=hidden.device)
-        run_slots(self.cache.banks, self.pool.spec, p.slot_ids, hidden, weights, per_choice)
+        run_slots(self.cache.banks, self.pool.spec, p.slot_ids, hidden, weights, per_choice, types=self.types)
         out = per_choice.sum(1)
         self.counts[layer].add_(p.counts)
         self._count_experts(p)
@@ -114,13 +121,21 @@ class DeviceDecisions:
             self.per_expert[row].index_add_(0, torch.where(mask, ids, pad), mask.to(torch.int64))
 
     def _fill(self, ids: torch.Tensor, mask: torch.Tensor, slots: torch.Tensor) -> None:
-        """bank[slots[i]] = pool[ids[i]] where mask[i]; other slots rewritten as they are."""
+        """bank[slots[i]] = pool[ids[i]] where mask[i]; other slots rewritten as they are. A
+        grouped pool: each group's experts fill the front of each slot row (their own bytes)."""
         n = self.pool.num_layers * self.pool.num_experts
         src_idx = torch.where(mask, ids, ids[:1]).clamp(0, n - 1)
-        for k, bank in self.cache.banks.items():
-            dst = byte_rows(bank)
-            rows = self._src[k].index_select(0, src_idx.to(self._src[k].device)).to(dst.device, non_blocking=True)
-            dst.index_copy_(0, slots, torch.where(mask.unsqueeze(1), rows, dst.index_select(0, slots)))
+        group, local = self._group_of[src_idx], self._local_of[src_idx]
+        for gi, src in enumerate(self._src):
+            m = mask & (group == gi)
+            at = torch.where(m, local, 0)
+            for k, bank in self.cache.banks.items():
+                dst = bank.view(torch.uint8) if bank.dtype != torch.uint8 else bank   # [cap, ..., row bytes]
+                rows = src[k].index_select(0, at.to(src[k].device)).to(dst.device, non_blocking=True)
+                rows = rows.reshape(rows.shape[0], *dst.shape[1:-1], -1)
+                front = dst[..., :rows.shape[-1]]
+                keep = m.reshape(-1, *([1] * (rows.dim() - 1)))
+                front.index_copy_(0, slots, torch.where(keep, rows, front.index_select(0, slots)))
 
     def _to_host(self, t: torch.Tensor):
         HOST_COPIES["n"] += 1

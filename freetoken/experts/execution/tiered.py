@@ -12,7 +12,8 @@ One MoE layer of one step (`TieredExperts._forward_planned`):
      start their copies; run the hits on the device meanwhile; when the copies land run
      the fills. If fewer slots are free than fills, the fills go in waves.
   5. sum the gate-weighted partial outputs (exact up to summation order)
-  6. with "+prefetch" (decode): start background copies of the next layer's guessed experts
+  6. with "+prefetch" (decode): start background copies of the next layer's guessed experts;
+     with experts expected for the next layer (speculative drafts, memory/expected.py), those too
 Each branch's time feeds the bandwidth estimator that sets the next q*.
 
 Prefill with many tokens streams whole layers instead (prefill.py). Decode under lru on a GPU
@@ -31,6 +32,7 @@ from ..measure.bandwidth import BandwidthEstimator
 from ..base import Experts
 from ..memory.cache import ExpertCache
 from ..memory.decision import decide
+from ..memory.expected import ExpectedExperts
 from .device_path import DeviceDecisions, applies
 from .host_exec import make_host_executor
 from ..memory.planner import MissPlanner, SplitGuard
@@ -38,7 +40,9 @@ from ..memory.pool import ExpertPool
 from .prefill import LayerStreamer
 from ..memory.slots import DEFAULT_POLICY, slots_in
 from ..measure.stats import ExpertStats
-from .torch_exec import run_experts
+from .resident import SYNC_FREE_PAIRS
+from .torch_exec import run_experts, run_slots
+from .. import ggml_slots
 from ..memory.transfer import CopyEngine, make_copy_engine
 
 
@@ -81,6 +85,7 @@ class TieredExperts(Experts):
         self.est = estimator or BandwidthEstimator.from_profile(None, self.device)
         self.cpu = CpuBranch(host_executor or make_host_executor(pool))
         self.run_device = device_executor
+        self._ggml_types = ggml_slots.pool_types(pool)     # ggml slots: the types per half, read once
         self.streamer = LayerStreamer(self.cache, pool.num_layers, pool.num_experts) if stream_prefill else None
         self.stats_ = ExpertStats(pool.num_layers, policy, num_experts=pool.num_experts)
         self.S = pool.expert_nbytes
@@ -93,6 +98,7 @@ class TieredExperts(Experts):
         # decode decisions on the device: by default on CUDA; the CPU tests force them
         self._want_device = self.device.type == "cuda" if device_decisions is None else device_decisions
         self._devpath: DeviceDecisions | None = None
+        self.expected = ExpectedExperts()            # experts told ahead (speculative drafts)
 
     # ---- Experts seam -------------------------------------------------------------------
     def ensure_sized(self) -> None:
@@ -118,6 +124,12 @@ class TieredExperts(Experts):
         else:
             self.planner.end_step()
         self._harvest()
+        if phase == "decode":
+            self._prefetch_expected(0)
+
+    def expect(self, per_layer: dict | None) -> None:
+        # the device path decides on the device without the host table: hints are not taken there
+        self.expected.expect(None if self._want_device else per_layer)
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
@@ -148,7 +160,7 @@ class TieredExperts(Experts):
     def stats(self) -> dict:
         self._host_decides()
         c = self.cache
-        return self.stats_.as_dict(cache={"slots": c.capacity, "resident": c.resident, "evictions": c.evictions,
+        return self.stats_.as_dict(spec_lookahead=self.expected.stats(), cache={"slots": c.capacity, "resident": c.resident, "evictions": c.evictions,
                                           "expert_nbytes": self.S, "gib": c.capacity * self.S / 2**30,
                                           **c.table.describe()},
                                    bandwidth=self.est.snapshot(), policy=self.planner.policy,
@@ -227,6 +239,11 @@ class TieredExperts(Experts):
     # ---- one layer ----------------------------------------------------------------------
     def _device_run(self, slot_ids: np.ndarray, hidden, weights, out) -> None:
         ids = torch.from_numpy(slot_ids).to(self.device, non_blocking=True)
+        if self._ggml_types is not None and self.run_device is run_experts and ids.numel() <= SYNC_FREE_PAIRS:
+            # ggml slots: gathered and dequantized by the types they carry, without a host sync
+            # per expert (run_experts reads each expert's types on the host)
+            run_slots(self.cache.banks, self.spec, ids, hidden, weights, out, types=self._ggml_types)
+            return
         self.run_device(self.cache.banks, self.spec, ids, hidden, weights, out=out)
 
     def _forward_planned(self, layer, hidden, flat, weights):
@@ -295,7 +312,7 @@ class TieredExperts(Experts):
             out.add_(cpu_out.to(out.device))
             self.est.observe_cpu(len(cpu_ids) * S, cpu_s)
         self._harvest()
-        prefetched = self._prefetch(uniq) if decode else np.empty(0, np.int64)
+        prefetched = self._prefetch(layer, uniq) if decode else np.empty(0, np.int64)
 
         st = self.stats_
         st.add_experts("cpu_experts", cpu_ids)
@@ -308,13 +325,30 @@ class TieredExperts(Experts):
             st.m_sum += d.plan.m
         return out
 
-    def _prefetch(self, uniq: np.ndarray) -> np.ndarray:
+    def _prefetch(self, layer: int, uniq: np.ndarray) -> np.ndarray:
         """"+prefetch": copy the cache's guesses for the next layer in the background (they
-        land before that layer runs when the link keeps up; until then they run on the CPU)."""
+        land before that layer runs when the link keeps up; until then they run on the CPU);
+        then the experts expected there (speculative drafts), after counting this layer's."""
+        self.expected.settle(layer, uniq - layer * self.E)
         ids, slots = self.cache.table.prefetch_after(uniq)
         if len(ids):
             self.cache.install(ids, slots, background=True)
-        return ids
+        return np.concatenate([ids, self._prefetch_expected(layer + 1)])
+
+    def _prefetch_expected(self, layer: int) -> np.ndarray:
+        """Background copies of the experts expected at `layer` that are not resident (flat ids)."""
+        ids = self.expected.take(layer)
+        if not len(ids) or layer >= self.pool.num_layers:
+            return np.empty(0, np.int64)
+        t = self.cache.table
+        want = ids + layer * self.E
+        want = want[t.slot_of[want] < 0]
+        slots = t.candidates(len(want), want) if len(want) else want
+        want = want[:len(slots)]
+        if len(want):
+            self.cache.install(want, slots, background=True)
+        self.expected.started_for(layer, want - layer * self.E)
+        return want
 
     def _prefill_policy(self) -> str:
         # Prefill on demand (the cache cannot free two layers, or few tokens): the device does
@@ -351,9 +385,13 @@ class CpuExperts(Experts):
         ids = (topk_ids if on_host else topk_ids.to("cpu")).long() + layer * self.E
         out = self.host.run(hidden if on_host else hidden.to("cpu"), ids,
                             topk_weights if on_host else topk_weights.to("cpu"))
-        # the distinct experts run, by id (the heat map; a bincount, cheaper than a sort)
-        ran = layer * self.E + np.flatnonzero(np.bincount(ids.reshape(-1).numpy() - layer * self.E,
-                                                          minlength=self.E))
+        # the distinct experts run, by id (the heat map): a decode step's few ids as a Python
+        # set (~1 us), a prefill's many by a bincount (cheaper than a sort)
+        if ids.numel() <= 64:
+            ran = sorted(set(ids.reshape(-1).tolist()))
+        else:
+            ran = layer * self.E + np.flatnonzero(np.bincount(ids.reshape(-1).numpy() - layer * self.E,
+                                                              minlength=self.E))
         n = len(ran)
         self.stats_.add_experts("cpu_experts", ran)
         dt = time.perf_counter() - t0

@@ -8,7 +8,8 @@ the exact math).
 
 `run_slots` is the device cache's decode executor: fixed shapes and no host sync. Every routed
 (token, choice) pair gathers its expert's rows by slot id and the pairs run as batched matmuls
-(`torch.bmm`), in chunks that bound the gathered float32 weights."""
+(`torch.bmm`), in chunks that bound the gathered float32 weights. ggml slots hold the file's
+packed bytes; they are dequantized after the gather, by type on the device (ggml_slots.py)."""
 from __future__ import annotations
 
 import torch
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 
 from . import numerics
 from ..formats import activate, dequantize_expert, get_format, resolve_format
+from .. import ggml_slots
 from ..memory.pool import ExpertSpec
 
 GATHER_BYTES = 256 * 2**20      # float32 weights gathered at once by run_slots
@@ -94,15 +96,11 @@ def _expert(banks, spec: ExpertSpec, fid: int, x: torch.Tensor, deq, mode: str) 
     return F.linear(a, dn_w.to(x.dtype), dn_b)
 
 
-def batched_ok(spec: ExpertSpec) -> bool:
-    """Formats whose rows dequantize batched on any device (ggml rows carry per-expert types that
-    would have to be read on the host)."""
-    return spec.fmt != "ggml"
-
-
-def _gather_dequant(banks, fmt: str, slots: torch.Tensor, which: str) -> torch.Tensor:
+def _gather_dequant(banks, spec: ExpertSpec, slots: torch.Tensor, which: str, types) -> torch.Tensor:
     """float32 [P, rows, cols] of bank `which` ("gate_up" | "down") at `slots` (device tensor)."""
-    f = get_format(resolve_format(banks, fmt))
+    if spec.fmt == "ggml":
+        return ggml_slots.gather_dequant(banks, slots, which, spec.hidden, spec.intermediate, types)
+    f = get_format(resolve_format(banks, spec.fmt))
     gk, gsk, dk, dsk = f.keys
     wk, sk = (gk, gsk) if which == "gate_up" else (dk, dsk)
     w = banks[wk].index_select(0, slots)
@@ -113,12 +111,15 @@ def _gather_dequant(banks, fmt: str, slots: torch.Tensor, which: str) -> torch.T
 
 
 def run_slots(banks: dict[str, torch.Tensor], spec: ExpertSpec, slot_ids: torch.Tensor, x: torch.Tensor,
-              weights: torch.Tensor, out: torch.Tensor, rounding: str | None = None) -> torch.Tensor:
+              weights: torch.Tensor, out: torch.Tensor, rounding: str | None = None,
+              types: dict[str, tuple[int, ...]] | None = None) -> torch.Tensor:
     """out[t, k] = weights[t, k] * expert_{slot_ids[t, k]}(x[t]) for slot_ids >= 0, written into
     the float32 [T, K, H] `out` where slot_ids >= 0 (other entries untouched). Fixed shapes, no
-    host sync: the same ops on every device (the CPU tests run them)."""
-    if not batched_ok(spec):
-        raise ValueError(f"run_slots: {spec.fmt} banks need the grouped executor (run_experts)")
+    host sync: the same ops on every device (the CPU tests run them). ggml banks: `types` the
+    pool's types per half (ggml_slots.pool_types, read once on the host; None: read from the
+    banks here, a host sync)."""
+    if spec.fmt == "ggml" and types is None:
+        types = ggml_slots.bank_types(banks)
     mode = default_rounding(banks, spec, torch.float32, slot_ids.shape[0]) if rounding is None else rounding
     T, K = slot_ids.shape
     H, I = spec.hidden, spec.intermediate
@@ -129,17 +130,17 @@ def run_slots(banks: dict[str, torch.Tensor], spec: ExpertSpec, slot_ids: torch.
     tok = torch.arange(T * K, device=ids.device) // K
     w = (weights.reshape(-1).to(torch.float32) * valid).unsqueeze(1)
     flat_out = out.view(T * K, H)
-    per_pair = 3 * I * H * 4
+    per_pair = 3 * I * H * 4 * ggml_slots.type_count(types)     # a mix: a float copy per type at once
     chunk = max(1, GATHER_BYTES // per_pair)
     for s in range(0, T * K, chunk):        # host loop over a shape known on the host
         sl = slice(s, min(T * K, s + chunk))
         sid = safe[sl]
         xs = xr.index_select(0, tok[sl]).unsqueeze(2)                   # [P, H, 1]
-        h = torch.bmm(_gather_dequant(banks, spec.fmt, sid, "gate_up"), xs).squeeze(2)
+        h = torch.bmm(_gather_dequant(banks, spec, sid, "gate_up", types), xs).squeeze(2)
         if "gate_up_bias" in banks:
             h = h + banks["gate_up_bias"].index_select(0, sid).to(torch.float32)
         a = numerics.round_activations(activate(h[:, :I], h[:, I:], spec.activation, spec.alpha, spec.limit), mode)
-        y = torch.bmm(_gather_dequant(banks, spec.fmt, sid, "down"), a.unsqueeze(2)).squeeze(2)
+        y = torch.bmm(_gather_dequant(banks, spec, sid, "down", types), a.unsqueeze(2)).squeeze(2)
         if "down_bias" in banks:
             y = y + banks["down_bias"].index_select(0, sid).to(torch.float32)
         y = y * w[sl]

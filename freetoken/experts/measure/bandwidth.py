@@ -45,6 +45,8 @@ class BandwidthProfile:
     b_h_shared: float | None = None  # CPU branch while the link runs
     read_bw: float | None = None     # STREAM-like host read bandwidth (the roofline of b_h)
     b_d: float | None = None         # disk -> host cache, whole-expert reads, several in flight
+    disk_queue_depth: int | None = None   # reads in flight at which b_d was best (diskbw.best_queue_depth)
+    disk_direct: bool | None = None  # b_d measured with O_DIRECT reads (the filesystem allows them)
     machine: str = ""
     device: str = ""
     fmt: str = ""

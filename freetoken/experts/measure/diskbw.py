@@ -7,6 +7,7 @@ a file to read (no --disk-file), a scratch file of `scratch_mib` is written besi
 profile, flushed, measured and deleted."""
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 import time
@@ -14,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
+from ..disk.direct import ALIGN, open_direct
 
 THREADS = 4          # HostExpertCache's io_threads default
 
@@ -23,38 +26,62 @@ def _drop(fd: int) -> None:
 
 
 def read_bandwidth(path: str | os.PathLike, piece: int, seconds: float = 1.0, threads: int = THREADS,
-                   seed: int = 0) -> float:
-    """Bytes/s of `piece`-byte reads at random 4 KiB-aligned offsets of `path` (uncached)."""
+                   seed: int = 0, direct: str = "off") -> float:
+    """Bytes/s of `piece`-byte reads at random 4 KiB-aligned offsets of `path` (uncached),
+    `threads` in flight; `direct` "auto"/"on": O_DIRECT where the filesystem allows, as the
+    disk tier reads (experts/disk/direct.py)."""
     path = Path(path)
     size = path.stat().st_size
     if size < 2 * piece:
         raise ValueError(f"{path}: {size} bytes, too small to measure reads of {piece} bytes")
-    fd = os.open(path, os.O_RDONLY)
+    dfd = open_direct(path, direct)
+    fd = os.open(path, os.O_RDONLY) if dfd is None else dfd
     try:
         _drop(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         rng = np.random.default_rng(seed)
-        slots = (size - piece) // 4096
-        bufs = [bytearray(piece) for _ in range(threads)]
+        slots = (size - piece) // ALIGN
+        span = -(-piece // ALIGN) * ALIGN
+        bufs = [mmap.mmap(-1, span) for _ in range(threads)]     # page-aligned (O_DIRECT needs it)
 
         def one(i: int, off: int) -> int:
             n = os.preadv(fd, [bufs[i]], off)
-            os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
+            if dfd is None:
+                os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
             return n
 
         done, t0 = 0, time.perf_counter()
         with ThreadPoolExecutor(threads) as pool:
             while time.perf_counter() - t0 < seconds:
-                offs = (rng.integers(0, slots + 1, threads) * 4096).tolist()
+                offs = (rng.integers(0, slots + 1, threads) * ALIGN).tolist()
                 done += sum(pool.map(one, range(threads), offs))
+        for b in bufs:
+            b.close()
         return done / (time.perf_counter() - t0)
     finally:
         os.close(fd)
 
 
+DEPTHS = (1, 2, 4, 8, 16, 32)
+
+
+def best_queue_depth(path: str | os.PathLike, piece: int, seconds: float = 0.5, depths=DEPTHS,
+                     direct: str = "auto") -> tuple[int, float, dict[int, float]]:
+    """The reads in flight at which `read_bandwidth` is highest: (depth, bytes/s, {depth:
+    bytes/s}). A deeper queue must beat the best shallower one by 5% to be chosen (each
+    thread holds a bounce buffer and a core's share of the GIL for nothing otherwise)."""
+    table = {d: read_bandwidth(path, piece, seconds, d, direct=direct) for d in depths}
+    best = depths[0]
+    for d in depths[1:]:
+        if table[d] > 1.05 * table[best]:
+            best = d
+    return best, table[best], table
+
+
 def scratch_bandwidth(directory: str | os.PathLike, piece: int, seconds: float = 1.0, scratch_mib: int = 512,
-                      threads: int = THREADS) -> float:
-    """`read_bandwidth` over a scratch file of `scratch_mib` MiB written in `directory`."""
+                      threads: int = THREADS, measure=None):
+    """`read_bandwidth` (or `measure(path, piece, seconds)`) over a scratch file of
+    `scratch_mib` MiB written in `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=directory, prefix=".freetoken-diskbw-")
@@ -65,7 +92,7 @@ def scratch_bandwidth(directory: str | os.PathLike, piece: int, seconds: float =
                 f.write(block)
             f.flush()
             os.fsync(f.fileno())
-        return read_bandwidth(name, piece, seconds, threads)
+        return measure(name, piece, seconds) if measure else read_bandwidth(name, piece, seconds, threads)
     finally:
         os.unlink(name)
 

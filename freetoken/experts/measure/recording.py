@@ -22,6 +22,9 @@ class RoutingRecorder(Experts):
         self.writer.write(self.phase, self.step, layer, topk_ids, topk_weights)
         return self.inner.forward(layer, hidden, topk_ids, topk_weights)
 
+    def expect(self, per_layer: dict | None) -> None:
+        self.inner.expect(per_layer)
+
     def stats(self) -> dict:
         return {**self.inner.stats(), "routing_trace": self.path}
 

@@ -43,25 +43,13 @@ void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, int j1) {
  * load for the last n % 32 columns. */
 FORCE_INLINE void btile(const uint8_t *const *wr, int n, const uint8_t *const *xp, float (*res)[NTMAX],
                         const int R, const int NT) {
-    __m512 acc[4][NTMAX], acc2[4];
-    for (int r = 0; r < R; r++) {
-        acc2[r] = _mm512_setzero_ps();
+    /* one chain per (row, token) in every tile shape, so a row's dot has the same bits however
+     * many tokens share the tile (a verify step's k + 1 rows == k + 1 decode steps); a GEMV's
+     * 4 rows still keep 4 chains in flight */
+    __m512 acc[4][NTMAX];
+    for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
-    }
     int i = 0;
-    if (NT == 1) {   /* a GEMV: two chains per row to hide vdpbf16ps' latency */
-        __m512bh x0, x1;
-        for (; i + 64 <= n; i += 64) {
-            x0 = (__m512bh)_mm512_loadu_si512(xp[0] + 2 * i);
-            x1 = (__m512bh)_mm512_loadu_si512(xp[0] + 2 * i + 64);
-            for (int r = 0; r < R; r++) {
-                PREFETCH(wr[r] + 2 * i);
-                PREFETCH(wr[r] + 2 * i + 64);
-                acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i), x0);
-                acc2[r] = _mm512_dpbf16_ps(acc2[r], (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i + 64), x1);
-            }
-        }
-    }
     for (; i + 32 <= n; i += 32) {
         __m512bh x[NTMAX];
         for (int t = 0; t < NT; t++) x[t] = (__m512bh)_mm512_loadu_si512(xp[t] + 2 * i);
@@ -80,10 +68,8 @@ FORCE_INLINE void btile(const uint8_t *const *wr, int n, const uint8_t *const *x
             for (int t = 0; t < NT; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w, x[t]);
         }
     }
-    for (int r = 0; r < R; r++) {
-        acc[r][0] = _mm512_add_ps(acc[r][0], acc2[r]);
+    for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) res[r][t] = _mm512_reduce_add_ps(acc[r][t]);
-    }
 }
 
 #define BTILE_R(NT)                                                              \

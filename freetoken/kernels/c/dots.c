@@ -97,6 +97,41 @@ static inline float fdecode1(int fmt, const uint8_t *w, const uint8_t *s, int k)
     return float_at(fmt, w, k);
 }
 
+/* The 2 x 4 tile's chain h (0: the first 8 of each 16-step, 1: the second, 2: both) into
+ * acc[r][t][h]; returns the elements done (whole 16-steps). */
+FORCE_INLINE int ftile24_half(const int fmt, const uint8_t *const *wr, int n, const uint8_t *const *xp,
+                              __m256 (*acc)[NTMAX][2], const int h) {
+    __m256 c[2][NTMAX], e[2][NTMAX];
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 4; t++) c[r][t] = e[r][t] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 a0, b0, a1, b1;
+        PREFETCH(wr[0] + i * (fmt == FMT_F32 ? 4 : 2));
+        PREFETCH(wr[1] + i * (fmt == FMT_F32 ? 4 : 2));
+        fdecode16(fmt, wr[0], i, &a0, &b0);
+        fdecode16(fmt, wr[1], i, &a1, &b1);
+        if (h != 1)
+            for (int t = 0; t < 4; t++) {
+                __m256 xa = _mm256_loadu_ps((const float *)xp[t] + i);
+                c[0][t] = _mm256_fmadd_ps(a0, xa, c[0][t]);
+                c[1][t] = _mm256_fmadd_ps(a1, xa, c[1][t]);
+            }
+        if (h != 0)
+            for (int t = 0; t < 4; t++) {
+                __m256 xb = _mm256_loadu_ps((const float *)xp[t] + i + 8);
+                e[0][t] = _mm256_fmadd_ps(b0, xb, e[0][t]);
+                e[1][t] = _mm256_fmadd_ps(b1, xb, e[1][t]);
+            }
+    }
+    for (int r = 0; r < 2; r++)
+        for (int t = 0; t < 4; t++) {
+            if (h != 1) acc[r][t][0] = c[r][t];
+            if (h != 0) acc[r][t][1] = e[r][t];
+        }
+    return i;
+}
+
 /* res[r][t] = <row r, x_t> for an R x NT tile; R*NT*2 independent accumulator chains. */
 FORCE_INLINE void ftile(const int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int n,
                         const uint8_t *const *xp, float (*res)[NTMAX], const int R, const int NT) {
@@ -105,30 +140,16 @@ FORCE_INLINE void ftile(const int fmt, const uint8_t *const *wr, const uint8_t *
         for (int t = 0; t < NT; t++) acc[r][t][0] = acc[r][t][1] = _mm256_setzero_ps();
     int i = 0;
     if (fmt != FMT_FP8 && R == 2 && NT == 4) {
-        /* prefill tile: one accumulator per (row, token), half a 16-step at a time, so the
-         * 8 accumulators, 4 activation and 2 weight vectors fit the 16 ymm registers */
-        __m256 c[2][NTMAX];
-        for (int r = 0; r < 2; r++)
-            for (int t = 0; t < 4; t++) c[r][t] = _mm256_setzero_ps();
-        for (; i + 16 <= n; i += 16) {
-            __m256 a0, b0, a1, b1;
-            PREFETCH(wr[0] + i * (fmt == FMT_F32 ? 4 : 2));
-            PREFETCH(wr[1] + i * (fmt == FMT_F32 ? 4 : 2));
-            fdecode16(fmt, wr[0], i, &a0, &b0);
-            fdecode16(fmt, wr[1], i, &a1, &b1);
-            for (int t = 0; t < 4; t++) {
-                __m256 xa = _mm256_loadu_ps((const float *)xp[t] + i);
-                c[0][t] = _mm256_fmadd_ps(a0, xa, c[0][t]);
-                c[1][t] = _mm256_fmadd_ps(a1, xa, c[1][t]);
-            }
-            for (int t = 0; t < 4; t++) {
-                __m256 xb = _mm256_loadu_ps((const float *)xp[t] + i + 8);
-                c[0][t] = _mm256_fmadd_ps(b0, xb, c[0][t]);
-                c[1][t] = _mm256_fmadd_ps(b1, xb, c[1][t]);
-            }
-        }
-        for (int r = 0; r < 2; r++)
-            for (int t = 0; t < 4; t++) acc[r][t][0] = c[r][t];
+        /* prefill tile: 2 rows x 4 tokens sharing each activation load, with the general tiles'
+         * two chains per (row, token) (the first and second 8 of each 16-step): a row's dot has
+         * the same bits whatever tile it ran in (a verify step's k + 1 rows == k + 1 decode
+         * steps). 16 accumulators fit AVX-512's 32 registers; AVX2's 16 take one chain a pass. */
+#ifdef __AVX512F__
+        i = ftile24_half(fmt, wr, n, xp, acc, 2);
+#else
+        ftile24_half(fmt, wr, n, xp, acc, 0);
+        i = ftile24_half(fmt, wr, n, xp, acc, 1);
+#endif
     } else if (fmt == FMT_FP8) {
         for (int b0 = 0; b0 + 128 <= n; b0 += 128) {
             __m256 p[4][NTMAX];

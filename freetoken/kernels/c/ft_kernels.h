@@ -203,6 +203,9 @@ FT_HIDDEN void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr,
 FT_HIDDEN int ggml_iq_type(int type);
 FT_HIDDEN int ggml_iq_row(int type, const uint8_t *w, int n, const uint8_t *const *xp, int nt, float *res);
 FT_HIDDEN int ggml_iq_dequant_row(int type, const uint8_t *w, int K, float *out);
+/* ggml_act.c: llama.cpp's fp16 activation scales and block sums in ggml_prep when on */
+FT_HIDDEN extern int ft_ggml_act_llama;
+FT_HIDDEN float ggml_round_f16(float f);
 /* ggml_dense.c: one row of a ggml type -> fp32, as gguf.quants.dequantize */
 FT_HIDDEN void ggml_dequant_row(int type, const uint8_t *w, int K, float *out);
 /* bf16 weights with bf16-rounded activations (bf16dot.c): on when ft_bf16_dot_on. */

@@ -2,18 +2,23 @@
  * W read in place (row stride w_rs bytes) and x rounded to bf16 once per call, products summed
  * in fp32 (what torch's bf16 GEMM and llama.cpp's bf16 path compute).
  *
- * x is packed once per call into blocks of 16 tokens, [K/2 pairs][16 tokens][2] bf16 (zero
+ * x is packed once per call (a 16 x 16 register transpose of bf16 pairs per 16 tokens x 32 columns)
+ * into blocks of 16 tokens, [K/2 pairs][16 tokens][2] bf16 (zero
  * padded to 16 tokens and to 32 columns): exactly AMX's B-tile layout (16 pair rows x 16 columns
  * of 32 bits per 32 columns of K), and the vector layout a vdpbf16ps tile multiplies a broadcast
- * weight pair with. So the weights need no repacking (AMX's A tile is 16 weight rows as they lie;
- * the vdpbf16ps tile broadcasts one pair of a row), and the results come out transposed,
+ * weight pair with. So the weights need no layout change (AMX's A tile is 16 weight rows, only
+ * copied per sub-panel to be contiguous; the vdpbf16ps tile broadcasts one pair of a row), and the results come out transposed,
  * [rows][tokens], written back per 16x16 block.
  *
  * Kernels (FT_GEMM_*, chosen per call by the caller from the calibration in kernels/choices.py):
- *   AMX:       tdpbf16ps on 2 x 2 tiles (32 rows x 32 tokens; the 32 rows copied per chunk of
- *              tokens into tile order, so the A tiles stream contiguously) where the CPU has AMX-BF16 and the
- *              OS grants the tile state (arch_prctl ARCH_REQ_XCOMP_PERM, checked once, and a first
- *              tile op run in a forked child so a VM that faults on it refuses cleanly).
+ *   AMX:       tdpbf16ps on 2 x 2 tiles (32 rows x 32 tokens), K in sub-panels of 256 columns: the
+ *              sub-panel of 32 rows is copied into tile order (contiguous A tiles) and stays in L1
+ *              while every pair of token blocks of the chunk passes (only x streams from L2; 4 A
+ *              + 4 x tiles in L1 ran at 94% of the peak, both from L2 at 30%), the accumulators
+ *              wait in a per-thread buffer between sub-panels, the next weights are prefetched,
+ *              where the CPU has AMX-BF16 and the OS grants the tile state (arch_prctl
+ *              ARCH_REQ_XCOMP_PERM, checked once, and a first tile op run in a forked child so a
+ *              VM that faults on it refuses cleanly).
  *   VDPBF16PS: 8 rows x 32 tokens of accumulators, one broadcast weight pair per row per step.
  *   REF:       the same arithmetic in plain C (every build: the builds without the instructions
  *              run the forced choice through it, so the tests check the layout on each). */
@@ -90,22 +95,58 @@ int ft_gemm_modes(void) {
 
 /* ------------------------------------------------------------------ packing */
 
+#ifdef FT_BF16DOT
+/* Columns [k, k+32) of 16 tokens -> their 16 pair rows at dst (16 tokens x 2 bf16 each): each
+ * token's 16 pairs are one vector, so the block is a 16 x 16 transpose of 32-bit pairs (two
+ * unpack stages within 128-bit lanes, then a 4 x 4 transpose of the lanes). */
+static void pack_t16(const float *const *rows, int k, uint16_t *dst) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; i++)
+        r[i] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(rows[i] + k + 16), _mm512_loadu_ps(rows[i] + k));
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int b = 0; b < 16; b += 4) {   /* r[b + c], lane L: pair 4L + c of tokens b..b+3 */
+        r[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
+        r[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
+        r[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+        r[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i p0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), p1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
+        const __m512i p2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), p3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
+        _mm512_storeu_si512(dst + (0 + c) * 32, _mm512_shuffle_i32x4(p0, p2, 0x88));
+        _mm512_storeu_si512(dst + (4 + c) * 32, _mm512_shuffle_i32x4(p0, p2, 0xDD));
+        _mm512_storeu_si512(dst + (8 + c) * 32, _mm512_shuffle_i32x4(p1, p3, 0x88));
+        _mm512_storeu_si512(dst + (12 + c) * 32, _mm512_shuffle_i32x4(p1, p3, 0xDD));
+    }
+}
+#endif
+
 /* Columns [c0, c1) (c0 even) of tokens [m0, m0+16) of x (rows of fp32 through `rows`, m < M
  * valid) into their packed block; c1 == K also zero-fills the padding up to kpad(K). */
 FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst) {
     const int64_t p1 = c1 == K ? kpad(K) / 2 : (c1 + 1) / 2;
-    memset(dst + (int64_t)(c0 / 2) * 32, 0, (size_t)(p1 - c0 / 2) * 64);
-    int k0 = c0;
+    int k0 = c0, whole = 0;
 #ifdef FT_BF16DOT
-    /* 32 columns of a token -> 16 bf16 pairs, scattered to their 16 pair rows */
-    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                           _mm512_set1_epi32(16));
     k0 = c0 + ((c1 - c0) & ~31);
-    for (int i = 0; i < 16 && m0 + i < M; i++) {
-        const float *x = rows[m0 + i];
-        for (int k = c0; k < k0; k += 32) {
-            __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
-            _mm512_i32scatter_epi32((int *)(dst + (int64_t)(k >> 1) * 32 + 2 * i), idx, (__m512i)v, 4);
+    whole = m0 + 16 <= M;
+#endif
+    const int64_t z0 = (whole ? k0 : c0) / 2;     /* pair rows not written below start zeroed */
+    memset(dst + z0 * 32, 0, (size_t)(p1 - z0) * 64);
+#ifdef FT_BF16DOT
+    if (whole) {    /* a whole block: 16 x 16 bf16 pairs transposed in registers */
+        for (int k = c0; k < k0; k += 32) pack_t16(rows + m0, k, dst + (int64_t)(k >> 1) * 32);
+    } else {        /* 32 columns of a token -> 16 bf16 pairs, scattered to their 16 pair rows */
+        const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                               _mm512_set1_epi32(16));
+        for (int i = 0; m0 + i < M; i++) {
+            const float *x = rows[m0 + i];
+            for (int k = c0; k < k0; k += 32) {
+                __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k));
+                _mm512_i32scatter_epi32((int *)(dst + (int64_t)(k >> 1) * 32 + 2 * i), idx, (__m512i)v, 4);
+            }
         }
     }
 #endif
@@ -209,81 +250,122 @@ static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int 
         for (int r = 0; r < nr; r++) out[(int64_t)(m0 + i) * ldo + n + r - n0] = t[r * 16 + i];
 }
 
-/* 32 weight rows from n (rows >= n1 zero) -> [K/32 steps][32 rows][32 bf16] in `a`: two A tiles
- * per step, contiguous (rows a page apart would share one L1 set), zero-padded past K. */
-static void amx_pack_a(const uint8_t *w, int64_t w_rs, int n, int n1, int K, uint16_t *a) {
-    const int64_t kk = kpad(K) / 32, full = K / 32;
+/* Steps [s0, s1) (32 columns each) of 32 weight rows from n (rows >= n1 zero) -> [step][32 rows][32
+ * bf16] in `a`: two A tiles per step, contiguous (rows a page apart would share one L1 set),
+ * zero-padded past K. Also asks L2 for the columns of the next sub-panel (rows from nxt_n, steps nxt_s0..):
+ * the weights come from memory once per chunk of tokens, and the fetch overlaps the tiles' work. */
+static void amx_pack_a(const uint8_t *w, int64_t w_rs, int n, int n1, int K, int64_t s0, int64_t s1,
+                       uint16_t *a, int nxt_n, int64_t nxt_s0, int64_t nxt_s1) {
+    const int64_t full = K / 32;
     for (int r = 0; r < 32; r++) {
         const uint16_t *src = (const uint16_t *)(w + (int64_t)(n + r) * w_rs);
-        uint16_t *d = a + r * 32;
+        uint16_t *d = a + r * 32 - s0 * 1024;
+        {   /* past the last row too: the rows a caller walking down the matrix asks for next
+             * (a prefetch of an address outside the weights is dropped, never a fault) */
+            const char *q = (const char *)(w + (int64_t)(nxt_n + r) * w_rs);
+            const int64_t e = (nxt_s1 < full ? nxt_s1 : full) * 64;
+            for (int64_t o = nxt_s0 * 64; o < e; o += 64) _mm_prefetch(q + o, _MM_HINT_T1);
+        }
         if (n + r >= n1) {
-            for (int64_t k = 0; k < kk; k++) _mm512_storeu_si512(d + k * 1024, _mm512_setzero_si512());
+            for (int64_t k = s0; k < s1; k++) _mm512_storeu_si512(d + k * 1024, _mm512_setzero_si512());
             continue;
         }
-        for (int64_t k = 0; k < full; k++) _mm512_storeu_si512(d + k * 1024, _mm512_loadu_si512(src + 32 * k));
-        if (full < kk) {    /* the last K % 32 columns, zero-padded */
+        const int64_t fe = s1 < full ? s1 : full;
+        for (int64_t k = s0; k < fe; k++) _mm512_storeu_si512(d + k * 1024, _mm512_loadu_si512(src + 32 * k));
+        if (fe < s1) {    /* the last K % 32 columns, zero-padded */
             const __mmask32 m = (__mmask32)((1ull << (K - 32 * full)) - 1);
             _mm512_storeu_si512(d + full * 1024, _mm512_maskz_loadu_epi16(m, src + 32 * full));
         }
     }
 }
 
-/* Rows [n0, n1) over the packed x; pad: 32 x kpad(K) bf16 scratch for the packed rows. */
+#define AMX_MC 1024     /* most tokens per chunk of the AMX tiles */
+#define AMX_XB (1 << 20) /* bytes of packed x per chunk: half the L2, the rest for weights and accumulators */
+/* Blocks of 16 tokens per chunk: their packed x stays in L2 while every 32 weight rows pass over
+ * it, so the weights come from memory once per chunk (256 tokens at K = 2048, 1024 at K <= 512). */
+static int amx_chunk_blocks(int K) {
+    const int64_t b = AMX_XB / blk_bytes(K) / 2 * 2;
+    return b < 16 ? 16 : (b > AMX_MC / 16 ? AMX_MC / 16 : (int)b);
+}
+
+#define AKS 8           /* K steps (32 columns) per A sub-panel: 32 rows x 256 bf16 = 16 KB stays in L1
+                         * (16 steps measured no faster: half the accumulator traffic, twice the L1 load) */
+
+/* 2 x 2 tiles (32 rows x 32 tokens) over steps [0, ns) of a sub-panel: C from `cb` (or zero on the
+ * first sub-panel), back to `cb` (4 tiles of 16 x 16 fp32). */
+FORCE_INLINE void amx_block(const uint16_t *a, const uint16_t *b0, const uint16_t *b1, int64_t ns, float *cb,
+                            int first, int na, int nb) {
+    if (first) { _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3); }
+    else { _tile_loadd(0, cb, 64); _tile_loadd(1, cb + 256, 64); _tile_loadd(2, cb + 512, 64); _tile_loadd(3, cb + 768, 64); }
+    if (na == 2 && nb == 2) {
+        for (int64_t k = 0; k < ns; k++) {
+            _tile_loadd(4, a + 1024 * k, 64);
+            _tile_loadd(6, b0 + 512 * k, 64);
+            _tile_loadd(5, a + 1024 * k + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_loadd(7, b1 + 512 * k, 64);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    } else if (na == 2) {
+        for (int64_t k = 0; k < ns; k++) {
+            _tile_loadd(4, a + 1024 * k, 64);
+            _tile_loadd(5, a + 1024 * k + 512, 64);
+            _tile_loadd(6, b0 + 512 * k, 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(2, 5, 6);
+        }
+    } else if (nb == 2) {
+        for (int64_t k = 0; k < ns; k++) {
+            _tile_loadd(4, a + 1024 * k, 64);
+            _tile_loadd(6, b0 + 512 * k, 64);
+            _tile_loadd(7, b1 + 512 * k, 64);
+            _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+        }
+    } else {
+        for (int64_t k = 0; k < ns; k++) {
+            _tile_loadd(4, a + 1024 * k, 64);
+            _tile_loadd(6, b0 + 512 * k, 64);
+            _tile_dpbf16ps(0, 4, 6);
+        }
+    }
+    _tile_stored(0, cb, 64); _tile_stored(1, cb + 256, 64); _tile_stored(2, cb + 512, 64); _tile_stored(3, cb + 768, 64);
+}
+
+/* Rows [n0, n1) over the packed x; pad: 32 x kpad(K) bf16 scratch (AKS steps of it hold the A
+ * sub-panel). Per chunk of tokens (amx_chunk_blocks) and 32 rows, K in sub-panels of AKS steps: the sub-panel's
+ * A tiles come from L1 for every pair of token blocks, only the x tiles stream from L2, and the
+ * 2 x 2 accumulators of each pair wait in `cb` (L1/L2) between sub-panels. */
 static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp, int M,
                      float *out, int64_t ldo, uint16_t *pad) {
     const int64_t bb = blk_bytes(K) / 2, kk = kpad(K) / 32;
-    const int nblk = (M + 15) / 16;
-    float t[4][256];
+    const int nblk = (M + 15) / 16, cblk = amx_chunk_blocks(K);
+    static __thread float cb[AMX_MC / 32][1024] __attribute__((aligned(64)));
     amx_config();
-    for (int c = 0; c < nblk; c += MC / 16) {
-        const int ce = c + MC / 16 < nblk ? c + MC / 16 : nblk;
+    for (int c = 0; c < nblk; c += cblk) {
+        const int ce = c + cblk < nblk ? c + cblk : nblk;
         for (int n = n0; n < n1; n += 32) {
             const int left = n1 - n;
             const int na = left > 16 ? 2 : 1;           /* A tiles: 16 rows each */
             const int nr0 = left >= 16 ? 16 : left, nr1 = left >= 32 ? 16 : left - 16;
-            amx_pack_a(w, w_rs, n, n1, K, pad);
-            const uint16_t *a0 = pad, *a1 = pad + 512;
-            for (int b = c; b < ce; b += 2) {
-                const int nb = ce - b >= 2 ? 2 : 1;
-                const uint16_t *b0 = xp + b * bb, *b1 = b0 + bb;
-                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-                if (na == 2 && nb == 2) {
-                    for (int64_t k = 0; k < kk; k++) {
-                        _tile_loadd(4, a0 + 1024 * k, 64);
-                        _tile_loadd(5, a1 + 1024 * k, 64);
-                        _tile_loadd(6, b0 + 512 * k, 64);
-                        _tile_loadd(7, b1 + 512 * k, 64);
-                        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
-                        _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+            for (int64_t s0 = 0; s0 < kk; s0 += AKS) {
+                const int64_t s1 = s0 + AKS < kk ? s0 + AKS : kk;
+                const int last = s1 == kk;
+                amx_pack_a(w, w_rs, n, n1, K, s0, s1, pad, last ? n + 32 : n, last ? 0 : s1,
+                           last ? AKS : s1 + AKS);
+                for (int b = c; b < ce; b += 2) {
+                    const int nb = ce - b >= 2 ? 2 : 1;
+                    const uint16_t *b0 = xp + b * bb + 512 * s0, *b1 = b0 + bb;
+                    float *t = cb[(b - c) / 2];
+                    if (na == 2 && nb == 2) amx_block(pad, b0, b1, s1 - s0, t, s0 == 0, 2, 2);
+                    else amx_block(pad, b0, b1, s1 - s0, t, s0 == 0, na, nb);
+                    if (!last) continue;
+                    amx_put(t, out, ldo, 16 * b, M, nr0, n, n0);
+                    if (nb == 2) amx_put(t + 256, out, ldo, 16 * b + 16, M, nr0, n, n0);
+                    if (na == 2) {
+                        amx_put(t + 512, out, ldo, 16 * b, M, nr1, n + 16, n0);
+                        if (nb == 2) amx_put(t + 768, out, ldo, 16 * b + 16, M, nr1, n + 16, n0);
                     }
-                } else if (na == 2) {
-                    for (int64_t k = 0; k < kk; k++) {
-                        _tile_loadd(4, a0 + 1024 * k, 64);
-                        _tile_loadd(5, a1 + 1024 * k, 64);
-                        _tile_loadd(6, b0 + 512 * k, 64);
-                        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(2, 5, 6);
-                    }
-                } else if (nb == 2) {
-                    for (int64_t k = 0; k < kk; k++) {
-                        _tile_loadd(4, a0 + 1024 * k, 64);
-                        _tile_loadd(6, b0 + 512 * k, 64);
-                        _tile_loadd(7, b1 + 512 * k, 64);
-                        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
-                    }
-                } else {
-                    for (int64_t k = 0; k < kk; k++) {
-                        _tile_loadd(4, a0 + 1024 * k, 64);
-                        _tile_loadd(6, b0 + 512 * k, 64);
-                        _tile_dpbf16ps(0, 4, 6);
-                    }
-                }
-                _tile_stored(0, t[0], 64); _tile_stored(1, t[1], 64);
-                _tile_stored(2, t[2], 64); _tile_stored(3, t[3], 64);
-                amx_put(t[0], out, ldo, 16 * b, M, nr0, n, n0);
-                if (nb == 2) amx_put(t[1], out, ldo, 16 * b + 16, M, nr0, n, n0);
-                if (na == 2) {
-                    amx_put(t[2], out, ldo, 16 * b, M, nr1, n + 16, n0);
-                    if (nb == 2) amx_put(t[3], out, ldo, 16 * b + 16, M, nr1, n + 16, n0);
                 }
             }
         }

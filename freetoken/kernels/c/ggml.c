@@ -16,11 +16,12 @@
 #define G_PER16(t) ((t) == GT_Q6_K || (t) == GT_Q2_K || (t) == GT_Q3_K) /* scales per 16 weights */
 
 /* Prepared activations: int8 q[n] (natural order) | float d[n/32] | float s32[n/32] |
- * float s16[n/16], where s32 / s16 = d * the sum of the block's 32 / the group's 16 q (the
- * offset corrections). */
+ * float s16[n/16] | float sm[n/32], where s32 / s16 = d * the sum of the block's 32 / the
+ * group's 16 q (the offset corrections) and sm the block sums the mins of Q4_1 / Q5_1 multiply:
+ * s32, or under llama.cpp's rounding (ggml_act.c) q8_1's fp16 s. 1.75 n bytes of prep_bytes'. */
 void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1) {
     int8_t *q = (int8_t *)dst;
-    float *d = (float *)(dst + n), *s32 = d + n / 32, *s16 = s32 + n / 32;
+    float *d = (float *)(dst + n), *s32 = d + n / 32, *s16 = s32 + n / 32, *sm = s16 + n / 16;
     for (int b = j0 / 32; b < j1 / 32; b++) {
         const float *x = src + b * 32;
         float amax = 0.f;
@@ -32,17 +33,21 @@ void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1) {
             q[b * 32 + i] = (int8_t)v;
             if (i < 16) s0 += v; else s1 += v;
         }
-        d[b] = dd; s32[b] = (float)(s0 + s1) * dd; s16[2 * b] = (float)s0 * dd; s16[2 * b + 1] = (float)s1 * dd;
+        d[b] = dd; s32[b] = sm[b] = (float)(s0 + s1) * dd; s16[2 * b] = (float)s0 * dd; s16[2 * b + 1] = (float)s1 * dd;
+        if (ft_ggml_act_llama) {   /* ggml_act.c: q8_0/q8_1's fp16 d and s (s of the unrounded d) */
+            d[b] = ggml_round_f16(dd); sm[b] = ggml_round_f16(sm[b]);
+            s32[b] = (float)(s0 + s1) * d[b]; s16[2 * b] = (float)s0 * d[b]; s16[2 * b + 1] = (float)s1 * d[b];
+        }
     }
 }
 
 static inline float e8m0_half(uint8_t e) {   /* 2^(e-128), ggml_e8m0_to_fp32_half */
     uint32_t u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23; float f; memcpy(&f, &u, 4); return f;
 }
-typedef struct { const int8_t *q; const float *d, *s32, *s16; } xview;
+typedef struct { const int8_t *q; const float *d, *s32, *s16, *sm; } xview;
 static inline xview xv(const uint8_t *p, int n) {
     const float *d = (const float *)(p + n);
-    xview v = {(const int8_t *)p, d, d + n / 32, d + n / 16};
+    xview v = {(const int8_t *)p, d, d + n / 32, d + n / 16, d + n / 16 + n / 16};
     return v;
 }
 
@@ -274,7 +279,7 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
             } else {
                 D[t][0] = _mm256_mul_ps(ws[0], dx);
                 if (!sg)
-                    corr[t] = _mm256_fmadd_ps(os[0], _mm256_loadu_ps(X[t].s32 + b0), corr[t]);
+                    corr[t] = _mm256_fmadd_ps(os[0], _mm256_loadu_ps((G_MIN(type) ? X[t].sm : X[t].s32) + b0), corr[t]);
             }
         }
 #ifdef FT_AVX512
@@ -329,7 +334,7 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
         for (int t = 0; t < NT; t++) {
             __m256i xq = _mm256_loadu_si256((const __m256i *)(X[t].q + 32 * b));
             __m256i p = sg ? dot_u8s8(_mm256_abs_epi8(wv), _mm256_sign_epi8(xq, wv)) : dot_u8s8(wv, xq);
-            res[t] += dw * (hsum8(_mm256_cvtepi32_ps(p)) * X[t].d[b]) - oc * X[t].s32[b];
+            res[t] += dw * (hsum8(_mm256_cvtepi32_ps(p)) * X[t].d[b]) - oc * (G_MIN(type) ? X[t].sm : X[t].s32)[b];
         }
     }
 }
@@ -346,8 +351,13 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
             const int gb = c * be / 32 + b;
             for (int t = 0; t < NT; t++) {
                 float p = 0.f;
-                for (int i = 0; i < 32; i++) p += wf[32 * b + i] * (float)X[t].q[32 * gb + i];
+                int sq = 0;
+                for (int i = 0; i < 32; i++) { p += wf[32 * b + i] * (float)X[t].q[32 * gb + i]; sq += X[t].q[32 * gb + i]; }
                 acc[t] += p * X[t].d[gb];
+                if (ft_ggml_act_llama && (type == GT_Q4_1 || type == GT_Q5_1)) {   /* the min times q8_1's fp16 s */
+                    uint16_t m; memcpy(&m, w + (int64_t)bb * c + 2, 2);
+                    acc[t] += f16_to_f32(m) * (X[t].sm[gb] - X[t].d[gb] * (float)sq);
+                }
             }
         }
     }

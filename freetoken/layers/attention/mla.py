@@ -19,11 +19,21 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .paged import (AttentionMetadata, KVCache, attend_rows, gather_queries, gather_rows, in_place, masked_sdpa,
-                        scatter)
+from .paged import (AttentionMetadata, KVCache, attend_rows, gather_queries, gather_rows, in_flat_order, in_place,
+                    masked_sdpa, scatter, verify_rows)
+from ..kernel_rows import GEMV_TOKENS
 from ..linear import LinearFactory
 from ..norm import RMSNorm
 from ..rope import Rotary, rope_parameters
+
+
+def row_einsum(eq: str, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """einsum(eq, x [n, ...], w) one row of x at a time for a decode/verify step's few rows on
+    the CPU: torch's GEMM of n rows may round unlike its one-row call, and a row's bits must not
+    depend on the rows beside it (batched decode, verify rows == decode steps)."""
+    if x.device.type != "cpu" or x.shape[0] <= 1 or x.shape[0] > GEMV_TOKENS:
+        return torch.einsum(eq, x, w)
+    return torch.cat([torch.einsum(eq, x[i:i + 1], w) for i in range(x.shape[0])])
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,8 @@ class MLA:
             o = self.absorbed(q_nope, q_rope, cache, meta, chosen)
         elif meta.query_index.shape[1] == 1:
             o = self.absorbed(q_nope, q_rope, cache, meta, chosen)
+        elif chosen is None and meta.verify_kernel(q_nope, cache.k.dtype, None):
+            o = self.absorbed_rows(q_nope, q_rope, cache, meta)
         else:
             o = self.expanded(q_nope, q_rope, cache, meta, chosen)
         return self.o(o.reshape(x.shape[0], -1))
@@ -138,10 +150,23 @@ class MLA:
             out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=chosen.mask, scale=c.scale)
         return scatter(out, meta)
 
+    def absorbed_rows(self, q_nope, q_rope, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """A verify's few queries per sequence, each as a decode step at its position computes it
+        (`absorbed` with the C kernel): the same bits, so drafts never change greedy output. The
+        einsums go one row at a time (`row_einsum`)."""
+        c = self.c
+        q = torch.cat([row_einsum("nhd,hdc->nhc", q_nope, self.w_kb), q_rope], dim=-1)
+        extra = cache.k.shape[-1] - c.row
+        qk = F.pad(q, (0, extra)) if extra else q
+        rows, slots, lens = verify_rows(meta)
+        o = attend_rows(meta.kernel_pool, qk.index_select(0, rows), cache.k, cache.k, slots, lens, c.scale)
+        o = in_flat_order(o[..., :c.kv_lora_rank], rows)
+        return row_einsum("nhc,hvc->nhv", o, self.w_vb)
+
     def absorbed(self, q_nope, q_rope, cache: KVCache, meta: AttentionMetadata, chosen=None) -> torch.Tensor:
         """One query per sequence against the latent rows as one shared head -> [N, H, v]."""
         c = self.c
-        q = torch.cat([torch.einsum("nhd,hdc->nhc", q_nope, self.w_kb), q_rope], dim=-1)   # [N, H, row]
+        q = torch.cat([row_einsum("nhd,hdc->nhc", q_nope, self.w_kb), q_rope], dim=-1)   # [N, H, row]
         o = None
         if meta.use_paged(q):          # latent rows are keys ([.., :row]) and values ([.., :rank]) in place
             o = in_place(gather_queries(q, meta), cache.k[..., :c.row], cache.k[..., :c.kv_lora_rank], meta,
@@ -168,4 +193,4 @@ class MLA:
                 o = F.scaled_dot_product_attention(queries, rows, rows[..., :c.kv_lora_rank], attn_mask=chosen.mask,
                                                    scale=c.scale, enable_gqa=True)
             o = scatter(o, meta)
-        return torch.einsum("nhc,hvc->nhv", o, self.w_vb)
+        return row_einsum("nhc,hvc->nhv", o, self.w_vb)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ...kernels.pool import CpuPool
 from ..zeros import zeros
+from ..kernel_rows import GEMV_TOKENS
 from . import paged_flex, prefill as prefill_attention
 
 _KV_CODE = {torch.float32: 0, torch.bfloat16: 1}
@@ -43,9 +44,12 @@ class AttentionMetadata:
     def use_paged(self, q: torch.Tensor) -> bool:
         """True when attention reads the paged cache in place (paged_flex.py) instead of
         gathering each sequence's KV: by default on CUDA; `paged=True` forces it (tests, CPU)."""
-        if self.block_size <= 0 or not paged_flex.available(q.device):
+        if self.block_size <= 0 or self.paged is False:
             return False
-        return self.paged if self.paged is not None else q.device.type == "cuda"
+        dev = q.device          # (asked once: a CPU decode step asks this every layer)
+        if self.paged is None and dev.type != "cuda":
+            return False
+        return paged_flex.available(dev)
 
     def mask(self, window: int | None = None) -> torch.Tensor:
         """[B, 1, Qmax, Kmax] True where a query may attend a key (causal, optional window)."""
@@ -65,6 +69,14 @@ class AttentionMetadata:
         cached key visible (no window cut), float32 queries, fp32/bf16 cache."""
         return (self.kernel_pool is not None and self.context_lens is not None
                 and self.query_index.shape[1] == 1 and q.device.type == "cpu" and q.dtype == torch.float32
+                and cache_dtype in _KV_CODE and (window is None or self.key_slots.shape[1] <= window))
+
+    def verify_kernel(self, q: torch.Tensor, cache_dtype: torch.dtype, window: int | None) -> bool:
+        """True when a step of a few queries per sequence (a verify of drafted tokens, a short
+        chunk) runs the C decode kernel once per query: each row then gets the bits a one-query
+        decode step at its position gets (batch invariance, so drafts never change greedy output)."""
+        return (self.kernel_pool is not None and self.context_lens is not None and 1 < self.query_index.shape[1]
+                and self.num_tokens <= GEMV_TOKENS and q.device.type == "cpu" and q.dtype == torch.float32
                 and cache_dtype in _KV_CODE and (window is None or self.key_slots.shape[1] <= window))
 
 
@@ -143,6 +155,33 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: K
     return attend_rows(meta.kernel_pool, q, cache.k, cache.v, meta.key_slots, meta.context_lens, scale, sinks)
 
 
+def verify_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(flat rows of the step's queries, their sequences' key slots [R, Kmax], keys each reads
+    [R]): the query at position p reads its sequence's keys [0, p] (key j of a sequence sits at
+    key_slots[., j]), the same keys in the same order as a decode step at p."""
+    real = meta.query_positions >= 0
+    seq = torch.arange(real.shape[0]).unsqueeze(1).expand_as(real)[real]
+    return meta.query_index[real], meta.key_slots.index_select(0, seq), meta.query_positions[real] + 1
+
+
+def in_flat_order(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Per-query results `out` [R, ...] of `verify_rows` back in the step's flat token order."""
+    n = out.shape[0]
+    if bool((rows == torch.arange(n)).all()):
+        return out
+    return torch.empty_like(out).index_copy_(0, rows, out)
+
+
+def verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache,
+                     meta: AttentionMetadata, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Several queries per sequence (see `AttentionMetadata.verify_kernel`) as one-query rows of
+    the decode kernel, each row the bits of a decode step at its position."""
+    cache.write(meta.slot_mapping, k, v)
+    rows, slots, lens = verify_rows(meta)
+    return in_flat_order(attend_rows(meta.kernel_pool, q.index_select(0, rows), cache.k, cache.v, slots, lens,
+                                     scale, sinks), rows)
+
+
 def attend_rows(pool: CpuPool, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor,
                 lens: torch.Tensor, scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per sequence: q [S, Hq, D] fp32 attends rows slots[s, :lens[s]] of
@@ -172,6 +211,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
             return scatter(out, meta)
     if meta.decode_kernel(q, cache.k.dtype, window):
         return decode_attention(q, k, v, cache, meta, scale)
+    if meta.verify_kernel(q, cache.k.dtype, window):
+        return verify_attention(q, k, v, cache, meta, scale)
     if (q.device.type == "cpu" and prefill_attention.available() and meta.context_lens is not None
             and meta.query_index.shape[1] > 1 and (window is None or meta.key_slots.shape[1] <= window)):
         queries, keys, values = gather(q, k, v, cache, meta, convert=False)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .paged import AttentionMetadata, KVCache, decode_attention, gather, gather_queries, in_place, scatter
+from .paged import (AttentionMetadata, KVCache, decode_attention, gather, gather_queries, in_place, scatter,
+                    verify_attention)
 
 QUERY_BLOCK = 256
 
@@ -41,6 +42,8 @@ def paged_attention_sinks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cac
             return scatter(out, meta)
     if meta.decode_kernel(q, cache.k.dtype, window):
         return decode_attention(q, k, v, cache, meta, scale, sinks.float().contiguous())
+    if meta.verify_kernel(q, cache.k.dtype, window):     # each query row as its decode step computes it
+        return verify_attention(q, k, v, cache, meta, scale, sinks.float().contiguous())
     queries, keys, values = gather(q, k, v, cache, meta)
     out = attend_with_sinks(queries, keys, values, meta.mask(window), sinks, scale)   # [B, Qmax, Hq, D]
     return scatter(out.transpose(1, 2).to(q.dtype), meta)

@@ -3,8 +3,8 @@ attention over a latent paged cache (`layers/attention/mla.py`), the first `firs
 layers dense, then MoE layers with DeepSeek's sigmoid router (correction bias, group-limited
 top-k, `routed_scaling_factor`) and shared experts. FP8 (e4m3, 128x128 block scales)
 projections and experts are read as shipped: dense ones stay packed in `Linear`, experts in
-fp8 banks when their rows fill whole 128-blocks. Multi-token-prediction layers (index >=
-num_hidden_layers) are never read."""
+fp8 banks when their rows fill whole 128-blocks. The multi-token-prediction layer (index
+num_hidden_layers) is read by `models/mtp_head.py` for `--speculative mtp`."""
 from __future__ import annotations
 
 import torch

@@ -13,9 +13,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import CheckpointError
-from ...experts.execution.numerics import set_bf16_dot
 from ...experts.memory.pool import ExpertSpec, PoolBuilder
-from ...kernels.choices import model_kernels
 from ...layers.attention.compressor import Compressor
 from ...layers.hyper import HyperConnection, HyperHead
 from ...layers.linear import Linear, LinearFactory
@@ -26,8 +24,7 @@ from ...layers.rope import inv_freq_and_scale
 from ...layers.state import SequenceState, SlidingWindowKV, check_positions
 from ...layers.attention.v4 import V4Attention
 from ..context import ForwardContext
-from ..decoder import MoECausalLM, tiny_base, tiny_moe_inter
-from ..hf_config import HFConfig
+from ..decoder import MoECausalLM, model_basics, tiny_base, tiny_moe_inter
 from ...quant.fp8 import quantize_fp8_block
 from ...quant.mxfp4 import quantize_mxfp4
 
@@ -91,16 +88,8 @@ class DeepseekV4ForCausalLM(MoECausalLM):
             mlp_layer_types=["hash_moe" if i == 0 else "moe" for i in range(layers)])
 
     def __init__(self, ck, cfg, max_len: int):  # noqa: C901 - one pass over the checkpoint
-        hf = HFConfig(ck.config, ck.dir / "config.json")
-        self.hf, self.cfg, self.ck_dir, self.max_len = hf, cfg, ck.dir, max_len
-        device = self.device = cfg.torch_device
-        self.expert_dtype = self.kv_dtype = cfg.torch_dtype
-        pool, self.choices = model_kernels(cfg)
-        if pool is not None:
-            set_bf16_dot(pool.lib, self.choices.bf16_dot)     # the torch expert executors follow it
-        self.dtype = self.choices.activations
-        self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
-        self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-6, kind=float)
+        hf, pool = model_basics(self, ck, cfg, max_len, eps_default=1e-6)
+        self.ck_dir, device = ck.dir, self.device
         self.layer_types = list(hf.get("layer_types") or [])
         self.mlp_types = list(hf.get("mlp_layer_types") or [])
         for name, types, allowed in (("layer_types", self.layer_types, ATTENTION_TYPES),

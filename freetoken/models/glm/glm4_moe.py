@@ -1,8 +1,8 @@
 """GLM-4.5 / 4.6 / 4.7 (`Glm4MoeForCausalLM`): GQA with partial rotary (half the head by
 default) and optional per-head q/k norm; the first `first_k_dense_replace` layers are dense;
 MoE layers route with sigmoid scores, a selection-only correction bias, expert groups and
-`routed_scaling_factor`, plus an ungated shared expert. Multi-token-prediction layers (stored
-after the last decoder layer) are never read."""
+`routed_scaling_factor`, plus an ungated shared expert. The multi-token-prediction layer (stored
+after the last decoder layer) is read by `models/mtp_head.py` for `--speculative mtp`."""
 from __future__ import annotations
 
 from dataclasses import replace

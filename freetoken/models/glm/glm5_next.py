@@ -17,9 +17,7 @@ from dataclasses import replace
 import torch
 
 from ...errors import CheckpointError
-from ...experts.execution.numerics import set_bf16_dot
 from ...experts.memory.pool import ExpertPool
-from ...kernels.choices import model_kernels
 from ...layers.attention.dsa import SharedSelection
 from ...layers.attention.dsa_pooled import PooledIndexer
 from ...layers.hyper import HyperConnection
@@ -29,7 +27,7 @@ from ...layers.attention.mla import MLA, MLAConfig
 from ...layers.norm import RMSNorm
 from ...layers.state import DeltaNetState, SequenceState, check_positions
 from ..context import ForwardContext
-from ..decoder import tiny_base, tiny_moe_inter
+from ..decoder import model_basics, tiny_base, tiny_moe_inter
 from ..deepseek.deepseek_v3 import DeepseekV3ForCausalLM, latent_row
 from .glm_moe_dsa import indexer_types
 from ..hf_config import HFConfig
@@ -95,16 +93,7 @@ class Glm5NextForConditionalGeneration(DeepseekV3ForCausalLM):
     def __init__(self, ck, cfg, max_len: int):  # noqa: C901 - one pass over the checkpoint
         if isinstance(ck.config.get("text_config"), dict) or ck.has("model.language_model.embed_tokens.weight"):
             ck = LanguageModelView(ck)
-        hf = HFConfig(ck.config, ck.dir / "config.json")
-        self.hf, self.cfg, self.max_len = hf, cfg, max_len
-        self.device = cfg.torch_device
-        self.expert_dtype = self.kv_dtype = cfg.torch_dtype
-        pool, self.choices = model_kernels(cfg)
-        if pool is not None:
-            set_bf16_dot(pool.lib, self.choices.bf16_dot)     # the torch expert executors follow it
-        self.dtype = self.choices.activations
-        self.num_layers, self.hidden = hf.req("num_hidden_layers"), hf.req("hidden_size")
-        self.vocab_size, self.eps = hf.req("vocab_size"), hf.first("rms_norm_eps", default=1e-5, kind=float)
+        hf, pool = model_basics(self, ck, cfg, max_len, eps_default=1e-5)
         self.layer_types, self.mlp_types = layer_schedule(hf)
         self.indexer_types = indexer_types(hf.data, hf.path)
         for i, t in enumerate(self.layer_types):   # a shared layer reuses the selection of the layer just before

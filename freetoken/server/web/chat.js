@@ -15,6 +15,22 @@
     return b;
   }
 
+  // Model text with its ``` fences shown as code blocks (the language tag as a label); every
+  // piece goes in through textContent, so nothing the model writes is ever parsed as HTML.
+  function renderText(el, text) {
+    el.replaceChildren();
+    const parts = text.split(/^```/m);
+    parts.forEach((part, i) => {
+      if (i % 2 === 0) { if (part) el.append(document.createTextNode(part.replace(/^\n/, ""))); return; }
+      const nl = part.indexOf("\n");
+      const lang = nl < 0 ? "" : part.slice(0, nl).trim();
+      const pre = FT.el("pre", "code");
+      if (lang) pre.dataset.lang = lang;
+      pre.append(FT.el("code", null, nl < 0 ? "" : part.slice(nl + 1).replace(/\n$/, "")));
+      el.append(pre);
+    });
+  }
+
   function scroll() { const m = $("messages"); m.scrollTop = m.scrollHeight; }
 
   // One assistant reply as it streams: parts are created when their first delta arrives.
@@ -38,7 +54,7 @@
     addText(t) {
       if (!this.textEl) { this.textEl = FT.el("div", "content"); this.box.append(this.textEl); }
       this.text += t;
-      this.textEl.textContent = this.text;
+      renderText(this.textEl, this.text);
     }
     addToolCall(d) {
       let c = this.calls[d.index];

@@ -104,6 +104,41 @@
     $("split-cpu").style.width = (any ? 100 * (1 - fill) : 0) + "%";
   }
 
+  // ---- speculative decoding: per drafter, each number marked with the /metrics series it must equal
+  const SPEC_FIELDS = ["drafts", "proposed_tokens", "accepted_tokens"];
+  function drawSpec() {
+    const sp = dash.stats && dash.stats.engine && dash.stats.engine.speculative;
+    const drafters = (sp && sp.drafters) || {};
+    const names = Object.keys(drafters).sort();
+    $("spec-mode").textContent = sp ? `(${sp.mode}, at most ${sp.max_draft} a step)` : "(off)";
+    $("spec-none").hidden = names.length > 0;
+    $("spec-table").hidden = !names.length;
+    const body = $("spec-table").querySelector("tbody");
+    while (body.rows.length > names.length) body.deleteRow(-1);
+    names.forEach((name, i) => {
+      const row = body.rows[i] || body.insertRow();
+      if (row.dataset.drafter !== name) {
+        while (row.cells.length) row.deleteCell(-1);
+        row.dataset.drafter = name;
+        row.insertCell().textContent = name;
+        for (const f of [...SPEC_FIELDS, null, "mean_accepted_length"]) {
+          const c = row.insertCell();
+          if (f) c.dataset.check = `freetoken_engine_speculative_drafters_${name}_${f}`;
+        }
+      }
+      const d = drafters[name];
+      SPEC_FIELDS.forEach((f, k) => show(row.cells[k + 1], d[f]));
+      show(row.cells[4], d.proposed_tokens ? d.accepted_tokens / d.proposed_tokens : null);
+      show(row.cells[5], d.mean_accepted_length);
+    });
+    const extra = [];
+    if (sp && sp.draft_model) extra.push(`draft model: ${FT.fmt(1000 * sp.draft_model.per_token_s)} ms a drafted token, ` +
+      `${sp.draft_model.rows_rolled_back} rows rolled back`);
+    if (sp && sp.lookahead && sp.lookahead.prefetched !== undefined) extra.push(`expert lookahead: ${sp.lookahead.prefetched} prefetched, ` +
+      `${sp.lookahead.used} used, ${sp.lookahead.wasted} wasted`);
+    $("spec-extra").textContent = extra.join(" · ");
+  }
+
   // ---- charts -------------------------------------------------------------------------------
   function drawCharts() {
     const reqs = (dash.stats && dash.stats.requests) || [];
@@ -198,7 +233,7 @@
         dash.memory = await FT.json("/v1/memory").catch(() => null);
         drawMemory();
       }
-      fillMetrics(); throughputPoint(); drawExperts(); drawSplit(); drawCharts();
+      fillMetrics(); throughputPoint(); drawExperts(); drawSplit(); drawSpec(); drawCharts();
       dash.polls++;
       dash.error = null;
     } catch (e) {

@@ -206,6 +206,7 @@ def _routed(c, m, tensors, gating_default: int):
     blocks counted in block_count are dropped (they sit after the decoder layers and are never
     read). Weights are renormalised only when expert_weights_norm says so (llama.cpp's default)."""
     c["num_hidden_layers"] -= int(m.get("nextn_predict_layers", 0))
+    c["num_nextn_predict_layers"] = int(m.get("nextn_predict_layers", 0))   # blk.N.nextn.*: --speculative mtp
     gating = int(m.get("expert_gating_func", gating_default))
     if GATING.get(gating) not in ("sigmoid", "softmax"):
         raise CheckpointError(f"{m.path}: {m.arch}.expert_gating_func = {gating} ({GATING.get(gating, 'unknown')}"

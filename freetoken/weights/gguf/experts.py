@@ -34,9 +34,10 @@ def layout(types: set[int]) -> str:
     return "ggml" if all(t in ggml_quants.NAMES for t in types) else "dequantize"
 
 
-def expert_tensors(ck) -> tuple[list[int], list[list]]:
-    """(MoE block ids, their [gate, up, down] TensorInfos), shapes checked."""
-    blocks = moe_blocks(ck)
+def expert_tensors(ck, blocks: list[int] | None = None) -> tuple[list[int], list[list]]:
+    """(MoE block ids, their [gate, up, down] TensorInfos), shapes checked; `blocks`: those
+    blocks (a nextn block's), else the decoder's."""
+    blocks = moe_blocks(ck) if blocks is None else blocks
     parts = [[ck.tensor_info(f"blk.{b}.ffn_{p}_exps.weight") for p in ("gate", "up", "down")] for b in blocks]
     for b, trio in zip(blocks, parts):
         if None in trio:
@@ -52,7 +53,10 @@ def expert_tensors(ck) -> tuple[list[int], list[list]]:
 
 
 def moe_blocks(ck) -> list[int]:
-    return sorted(int(n.split(".")[1]) for n in ck.tensors_by_name if n.endswith(".ffn_gate_exps.weight"))
+    """The decoder's MoE blocks (nextn blocks, numbered after the last decoder layer, are not)."""
+    last = ck.config.get("num_hidden_layers")
+    return sorted(b for b in (int(n.split(".")[1]) for n in ck.tensors_by_name if n.endswith(".ffn_gate_exps.weight"))
+                  if last is None or b < last)
 
 
 def activation(ck) -> dict:
@@ -65,8 +69,9 @@ def activation(ck) -> dict:
     return {}
 
 
-def build_pool(ck):
-    blocks, parts = expert_tensors(ck)
+def build_pool(ck, blocks: list[int] | None = None):
+    """The decoder's expert pool (or that of `blocks`: a nextn layer's own bank)."""
+    blocks, parts = expert_tensors(ck, blocks)
     if not blocks:
         return None
     e, inter, hidden = parts[0][0].shape

@@ -20,6 +20,10 @@ BLOCK = {
     "ffn_gate_inp": "mlp.gate", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
     "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
     "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    # a nextn (multi-token-prediction) block's own tensors (models/mtp_head.py)
+    "nextn.eh_proj": "eh_proj", "nextn.enorm": "enorm", "nextn.hnorm": "hnorm",
+    "nextn.shared_head_head": "shared_head.head", "nextn.shared_head_norm": "shared_head.norm",
+    "nextn.embed_tokens": "embed_tokens",
 }
 
 _DEEPSEEK_MOE = {"ffn_gate_shexp": "mlp.shared_experts.gate_proj", "ffn_up_shexp": "mlp.shared_experts.up_proj",

@@ -176,6 +176,10 @@ class GgufFile:
     def prebuilt_experts(self):
         return build_pool(self)
 
+    def nextn_experts(self, block: int):
+        """The expert pool of nextn block `block` alone (`--speculative mtp`)."""
+        return build_pool(self, [block])
+
     def reading(self, section: str):
         return contextlib.nullcontext()
 

@@ -1,0 +1,163 @@
+"""O_DIRECT reads (experts/disk/direct.py) put exactly the file's bytes in the slots, for pieces
+at unaligned offsets and lengths (through the bounce buffer) and at aligned ones (straight into
+the slot), with any number of reads in flight; where the filesystem refuses O_DIRECT, "auto"
+reads buffered and "on" says so in one line; a short read, an EIO and a file truncated under
+the reader are clear errors for the experts that need them, and the cache keeps serving."""
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken.experts.disk import direct
+from freetoken.experts.disk.host_cache import ExpertReadError, HostExpertCache
+from freetoken.experts.disk.pieces import BankLayout, DiskLayout, Piece
+from freetoken.experts.memory.pool import ExpertSpec
+
+L, E = 2, 4
+
+
+def _layout(path, row: int, stride: int, skew: int):
+    """Two banks per expert (pieces `row` bytes, `stride` apart, first at `skew`), the file
+    random bytes; returns (layout, {flat: {bank: bytes}})."""
+    n = L * E
+    rng = np.random.default_rng(row + skew)
+    data = rng.integers(0, 256, skew + 2 * n * stride + 100, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    order = rng.permutation(2 * n).reshape(2, n)
+    off = skew + order.astype(np.int64) * stride
+    z = np.zeros(n, np.int32)
+    banks = {"a": BankLayout(torch.uint8, (row,), [Piece(z, off[0], row, 0)]),
+             "b": BankLayout(torch.uint8, (row,), [Piece(z, off[1], row, 0)])}
+    want = {f: {"a": data[off[0, f]:off[0, f] + row], "b": data[off[1, f]:off[1, f] + row]} for f in range(n)}
+    return DiskLayout([path], banks, L, E, ExpertSpec(8, 8)), want
+
+
+def _check_all(cache, want):
+    for f in range(L * E):
+        n, slots = cache.acquire(np.array([f]))
+        for k in ("a", "b"):
+            assert np.array_equal(cache.banks[k][slots[0]].numpy(), want[f][k]), (f, k)
+        cache.release(slots)
+
+
+SHAPES = [(100, 333, 7), (4096, 8192, 0), (8192, 12288, 4096), (5000, 5000, 123)]
+
+
+@pytest.mark.parametrize("row,stride,skew", SHAPES, ids=[f"row{r}-stride{s}-skew{k}" for r, s, k in SHAPES])
+@pytest.mark.parametrize("mode,threads", [("on", 1), ("on", 8), ("off", 3), ("auto", 2)])
+def test_bytes_exact_direct_or_buffered(tmp_path, row, stride, skew, mode, threads):
+    lay, want = _layout(tmp_path / "f.bin", row, stride, skew)
+    cache = HostExpertCache(lay, 3, "lru", threads=threads, direct_io=mode)
+    try:
+        assert cache.reader.describe()["mode"] == ("buffered" if mode == "off" else "direct")
+        _check_all(cache, want)
+        cache.prefetch(np.arange(L * E))
+        cache.drain()
+        cache.check()
+        _check_all(cache, want)
+    finally:
+        cache.close()
+
+
+def test_aligned_piece_lands_in_place(tmp_path):
+    """An aligned piece into an aligned slot row is read with no bounce copy."""
+    lay, want = _layout(tmp_path / "f.bin", 8192, 8192, 0)
+    cache = HostExpertCache(lay, 2, "lru", threads=1, direct_io="on")
+    bounced = []
+    real = direct.Bounce.get
+    direct.Bounce.get = lambda self, n: (bounced.append(n), real(self, n))[1]
+    try:
+        dst = cache.banks["a"][0]
+        if dst.data_ptr() % direct.ALIGN:
+            pytest.skip("slot rows not page-aligned here")
+        _check_all(cache, want)
+        assert not bounced
+    finally:
+        direct.Bounce.get = real
+        cache.close()
+
+
+def test_filesystem_refusing_o_direct(tmp_path, monkeypatch):
+    lay, want = _layout(tmp_path / "f.bin", 100, 333, 7)
+    real_open = os.open
+
+    def refuse(path, flags, *a):
+        if flags & getattr(os, "O_DIRECT", 0):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *a)
+
+    monkeypatch.setattr(os, "open", refuse)
+    cache = HostExpertCache(lay, 3, "lru", threads=2, direct_io="auto")
+    try:
+        assert cache.reader.describe()["mode"] == "buffered"
+        _check_all(cache, want)
+    finally:
+        cache.close()
+    with pytest.raises(OSError, match="O_DIRECT refused.*direct I/O auto or off"):
+        HostExpertCache(lay, 3, "lru", threads=2, direct_io="on")
+    with pytest.raises(ValueError, match="direct I/O must be one of"):
+        HostExpertCache(lay, 3, "lru", direct_io="maybe")
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_truncated_file_fails_only_the_lost_experts(tmp_path, mode):
+    lay, want = _layout(tmp_path / "f.bin", 5000, 5000, 123)
+    cache = HostExpertCache(lay, 3, "lru", threads=2, direct_io=mode)
+    try:
+        ends = {f: max(int(pc.offsets[f]) + pc.nbytes for b in lay.banks.values() for pc in b.pieces)
+                for f in range(L * E)}
+        lost = max(ends, key=ends.get)
+        os.truncate(lay.paths[0], ends[lost] - 1)            # one byte short
+        with pytest.raises(ExpertReadError, match=f"truncated: expert {lost % E} of MoE layer {lost // E}"):
+            cache.acquire(np.array([lost]))
+        cache.check()
+        ok = [f for f in range(L * E) if ends[f] < ends[lost] - 5000]
+        for f in ok:
+            n, slots = cache.acquire(np.array([f]))
+            assert np.array_equal(cache.banks["a"][slots[0]].numpy(), want[f]["a"])
+            cache.release(slots)
+        assert cache.stats()["read_errors"] == 1 and (cache.table.locks == 0).all()
+    finally:
+        cache.close()
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("fault", ["eio", "short"])
+def test_eio_or_short_read_is_a_clear_error_for_that_expert(tmp_path, monkeypatch, mode, fault):
+    """The disk answers EIO (or fewer bytes than the file has) for one expert's piece: that
+    expert's callers get ExpertReadError naming it; the others are read; a retry reads it."""
+    lay, want = _layout(tmp_path / "f.bin", 5000, 5000, 123)
+    bad_off = int(lay.banks["b"].pieces[0].offsets[5])
+    real = os.preadv
+    armed = [True]
+
+    def faulty(fd, bufs, off):
+        span = sum(len(b) for b in bufs)
+        if armed[0] and off <= bad_off < off + span:
+            if fault == "eio":
+                raise OSError(errno.EIO, "Input/output error")
+            return 0
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(os, "preadv", faulty)
+    cache = HostExpertCache(lay, 3, "lru", threads=2, direct_io=mode)
+    try:
+        msg = "Input/output error" if fault == "eio" else "truncated"
+        with pytest.raises(ExpertReadError, match=f"expert 1 of MoE layer 1.*{msg}|{msg}.*expert 1 of MoE layer 1"):
+            cache.acquire(np.array([5]))
+        cache.check()
+        for f in (0, 1, 6):
+            n, slots = cache.acquire(np.array([f]))
+            assert np.array_equal(cache.banks["b"][slots[0]].numpy(), want[f]["b"])
+            cache.release(slots)
+        armed[0] = False                                     # the disk recovered: read again
+        n, slots = cache.acquire(np.array([5]))
+        assert np.array_equal(cache.banks["b"][slots[0]].numpy(), want[5]["b"])
+        cache.release(slots)
+        assert cache.stats()["read_errors"] == 1
+    finally:
+        cache.close()

@@ -1,0 +1,141 @@
+"""Router lookahead and direct reads change what is read and when, never the numbers: with
+lookahead router / history / off, O_DIRECT on / off and any number of reads in flight, the
+disk tier's prompt logits and greedy tokens are the resident pool's bit for bit; the router
+guess is what layer l+1's own router picks for layer l's input (checked against the model's
+routers called directly); lookahead never reads an expert into a slot where it already is
+(or is already being read), and its guesses are scored in the stats."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken import LLM, SamplingParams
+from freetoken.experts.disk.lookahead import model_routes
+from freetoken.loading.convert import convert
+
+PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def _outputs(llm: LLM):
+    return llm.score(PROMPT), [c.token_ids for c in llm.generate([PROMPT, PROMPT[:5]], GREEDY)]
+
+
+@pytest.fixture(scope="module")
+def ftw(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("la") / "m.ftw"
+    convert(tiny_dir("qwen3_moe"), out, expert_format="int8", dtype="float32")
+    ref = LLM(str(out), dtype="float32")
+    want = _outputs(ref)
+    ref.close()
+    return out, want
+
+
+OPTS = [dict(expert_lookahead="router", disk_direct_io="on", disk_io_threads=1),
+        dict(expert_lookahead="auto", disk_direct_io="on", disk_io_threads=4),
+        dict(expert_lookahead="router", disk_direct_io="off", disk_io_threads=16),
+        dict(expert_lookahead="history", disk_direct_io="on", disk_io_threads=3),
+        dict(expert_lookahead="off", disk_direct_io="auto", disk_io_threads=2)]
+
+
+@pytest.mark.parametrize("opts", OPTS, ids=[f"{o['expert_lookahead']}-{o['disk_direct_io']}-{o['disk_io_threads']}"
+                                            for o in OPTS])
+@pytest.mark.parametrize("slots", [4, 12])
+def test_tokens_identical_whatever_lookahead_direct_io_queue_depth(ftw, opts, slots):
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=slots, prefix_cache=False, **opts)
+    try:
+        g_logits, g_tokens = _outputs(llm)
+        assert torch.equal(g_logits, logits)
+        assert g_tokens == tokens
+        st = llm.expert_stats()
+        la, io = st["lookahead"], st["disk"]["io"]
+        assert la["source"] == opts["expert_lookahead"] or (opts["expert_lookahead"] == "auto"
+                                                            and la["source"] in ("router", "history"))
+        assert io["mode"] == ("buffered" if opts["disk_direct_io"] == "off" else "direct")
+        assert llm.engine.model.experts.cache._io._max_workers == opts["disk_io_threads"]
+        if opts["expert_lookahead"] != "off":
+            assert la["guessed"] > 0 and la["needed"] > 0 and 0 <= la["right"] <= min(la["guessed"], la["needed"])
+    finally:
+        llm.close()
+
+
+def test_router_guess_is_the_next_layers_router_on_this_input(ftw):
+    """The guess for layer l+1 = the experts layer l+1's router picks for layer l's MoE input,
+    best rank first, each once (the model's own SparseMoE.route, called here directly)."""
+    path, _ = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead="router")
+    try:
+        experts = llm.engine.model.experts
+        routes = model_routes(llm.engine.model)
+        assert sorted(routes) == list(range(experts.layout.num_layers))
+        x = torch.randn(3, llm.engine.model.hidden)
+        for layer in range(experts.layout.num_layers - 1):
+            got = experts.router.guess(layer, x)
+            ids, w = routes[layer + 1](x)
+            assert sorted(got.tolist()) == sorted(set(ids.flatten().tolist()))
+            assert set(got[:3].tolist()) == set(ids[:, 0].tolist())     # every token's first choice leads
+        assert experts.router.guess(experts.layout.num_layers - 1, x) is None
+    finally:
+        llm.close()
+
+
+def test_lookahead_never_reads_an_expert_twice_into_the_same_slot(ftw):
+    """Every read started (misses and lookahead reads alike) is of an expert not resident and
+    not in flight, into a slot that then holds it: reading it again into that slot would be
+    a wasted read (or two writers on one slot)."""
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=6, prefix_cache=False, expert_lookahead="router")
+    cache = llm.engine.model.experts.cache
+    start = cache._start
+    seen = []
+
+    def checked(flats, slots):
+        t = cache.table
+        assert (t.slot_of[flats] < 0).all(), "an expert already resident or in flight was read again"
+        assert len(set(slots.tolist())) == len(slots) and len(set(flats.tolist())) == len(flats)
+        seen.append((flats.copy(), slots.copy()))
+        return start(flats, slots)
+
+    cache._start = checked
+    try:
+        assert _outputs(llm)[1] == tokens
+        st = llm.expert_stats()
+        assert st["lookahead"]["prefetched"] > 0 and seen
+        assert st["host_cache"]["reads"] == sum(len(f) for f, _ in seen)
+    finally:
+        cache._start = start
+        llm.close()
+
+
+def test_stats_in_memory_summary(ftw):
+    """/v1/memory's tiers (tier_summary) carry the lookahead scores and the read mode."""
+    from freetoken.experts.measure.stats import tier_summary
+    from freetoken.server.operations.metrics import flatten
+    path, _ = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=6, prefix_cache=False)
+    try:
+        _outputs(llm)
+        st = llm.expert_stats()
+        summ = tier_summary(st)
+        assert summ["lookahead"]["source"] in ("router", "history") and "wasted_per_useful" in summ["lookahead"]
+        assert summ["disk"]["io"]["mode"] in ("direct", "buffered")
+        names = {n for n, _ in flatten(st)}
+        assert {"lookahead_precision", "lookahead_misses_covered", "lookahead_wasted_per_useful"} <= names
+    finally:
+        llm.close()
+
+
+def test_bad_lookahead_is_refused(ftw):
+    path, _ = ftw
+    with pytest.raises((ValueError, Exception), match="lookahead"):
+        LLM(str(path), dtype="float32", host_cache_slots=4, expert_lookahead="psychic")
+
+
+def test_guess_ordering_is_rank_major():
+    from freetoken.experts.disk.lookahead import RouterLookahead
+    ids = torch.tensor([[3, 1], [5, 3], [3, 7]])
+    la = RouterLookahead({1: lambda x: (ids, None)})
+    assert la.guess(0, torch.zeros(3, 4)).tolist() == [3, 5, 1, 7]
+    assert np.array_equal(la.guess(1, torch.zeros(1, 4)) is None, True)
