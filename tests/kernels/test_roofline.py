@@ -48,7 +48,11 @@ def test_peaks_at_least_the_measured_gemm_rates():
     tiles = [(mode, peak) for mode, peak in (("amx", "amx_bf16"), ("vdpbf16ps", "bf16")) if mode in modes_here(lib)]
     peaks, rates = {}, {}
     try:
-        for _ in range(3):          # rounds alternate probe and GEMMs (the machine is shared): best of each
+        # rounds alternate probe and GEMMs, best of each; on a shared machine a short probe can lose
+        # its core, so up to 8 rounds, stopping once every peak is at least its GEMM's rate
+        for rnd in range(8):
+            if rnd >= 3 and all(peaks[k] >= v for k, v in rates.items()):
+                break
             m = measure_machine(1, read_bytes=16 << 20, reps=3, probe_s=0.02)
             assert {"fp32"} <= set(m.peak) and all(v > 0 for v in m.peak.values())
             for k, v in m.peak.items():

@@ -80,19 +80,21 @@ def test_project_without_expert_size_asks_for_it(run_sim, tmp_path):
     assert code == 0
 
 
-def test_real_traces_run_and_belady_is_never_beaten(run_sim, traces_dir):
-    for trace in ["qwen3-30b-a3b/qwen.route.csv", "gpt-oss-120b/gptoss.route.csv", "mixtral-8x7b-instruct-fp8/routing_raw.jsonl"]:
-        code, out, _ = run_sim("cache", "--trace", str(traces_dir / trace), "--json")
-        assert code == 0
-        results = json.loads(out)["results"]
-        for cap in (0.11, 0.37):
-            rates = {r["policy"]: r["miss_rate"] for r in results if r["capacity"] == cap}
-            assert set(rates) == set(POLICIES)
-            # prefetching policies load ahead of use: outside the model belady bounds
-            ahead = lambda p: "prefetch" in (DEFAULT_POLICY if p == "default" else p)  # noqa: E731
-            assert min(r for p, r in rates.items() if not ahead(p)) == rates["belady"]
-            on_use = [p for p in ("lru", "lfu", "lrfu", "arc", "default", "lru+layer", "lrfu+admit+layer") if not ahead(p)]
-            assert rates["belady-on-use"] <= min(rates[p] for p in on_use)
+# one test per trace: each runs every policy at two capacities (minutes on a loaded 2-core machine)
+@pytest.mark.parametrize("trace", ["qwen3-30b-a3b/qwen.route.csv", "gpt-oss-120b/gptoss.route.csv",
+                                   "mixtral-8x7b-instruct-fp8/routing_raw.jsonl"])
+def test_real_traces_run_and_belady_is_never_beaten(run_sim, traces_dir, trace):
+    code, out, _ = run_sim("cache", "--trace", str(traces_dir / trace), "--json")
+    assert code == 0
+    results = json.loads(out)["results"]
+    for cap in (0.11, 0.37):
+        rates = {r["policy"]: r["miss_rate"] for r in results if r["capacity"] == cap}
+        assert set(rates) == set(POLICIES)
+        # prefetching policies load ahead of use: outside the model belady bounds
+        ahead = lambda p: "prefetch" in (DEFAULT_POLICY if p == "default" else p)  # noqa: E731
+        assert min(r for p, r in rates.items() if not ahead(p)) == rates["belady"]
+        on_use = [p for p in ("lru", "lfu", "lrfu", "arc", "default", "lru+layer", "lrfu+admit+layer") if not ahead(p)]
+        assert rates["belady-on-use"] <= min(rates[p] for p in on_use)
 
 
 def test_module_entry_point(engine_trace, capsys):
