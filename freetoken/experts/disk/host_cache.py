@@ -333,21 +333,14 @@ class HostExpertCache:
     def prefetch(self, flat_ids: np.ndarray) -> int:
         """Start background reads of those of `flat_ids` (soonest needed first) not resident,
         into victims the policy gives up without waiting (never a locked slot); returns how many
-        were started. A read-ahead does no harm (Cao et al. 1995): it never takes the slot of an
-        expert needed as soon as (or sooner than) the one it brings -- layer calls until its
-        layer comes round, `SlotTable.next_use` -- which would only trade one read for another."""
+        were started; never into the slot of an expert needed as soon (`SlotTable.read_ahead_victims`)."""
         with self._cv:
             t = self.table
             want = np.asarray(flat_ids, np.int64)
             want = want[t.slot_of[want] < 0]
             if not len(want):
                 return 0
-            slots = t.candidates(len(want), want)
-            want = want[:len(slots)]
-            owners = t.owner[slots]
-            ok = (owners < 0) | (t.next_use(owners) > t.next_use(want))
-            if not ok.all():
-                want, slots = want[ok], slots[ok]
+            want, slots = t.read_ahead_victims(want)
             if not len(want):
                 return 0
             self._start(want, slots)
