@@ -9,7 +9,7 @@ so its decode reads nothing (the hit rate of the measured steps is printed; >= 9
 issue's condition); its tokens must be the resident ones (checked).
 
   PYTHONPATH=. .venv/bin/python bench/disk_hits.py --gguf ~/.cache/freetoken/bench/qwen3-moe-medium-q3_k_m.gguf \\
-      --rounds 4 --decode 24
+      --rounds 4 --decode 24 [--bookkeeping]
 """
 from __future__ import annotations
 
@@ -74,6 +74,8 @@ def main() -> int:
     ap.add_argument("--prompt-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--calls", type=int, default=200, help="MoE layer calls per backend and layer (best of)")
+    ap.add_argument("--bookkeeping", action="store_true",
+                    help="also time the layer calls with the kernels replaced by no-ops: each backend's own Python work")
     args = ap.parse_args()
     sys.path.insert(0, str(HERE))
     from vs_llamacpp import isa_line
@@ -110,6 +112,14 @@ def main() -> int:
     ra, rb = layer_calls(res, disk, args.calls, int(k))
     print(f"MoE layer calls alone (best of {args.calls} per layer, summed over the layers, top-{k}): resident "
           f"{ra * 1e3:.3f} ms, disk tier at hits {rb * 1e3:.3f} ms: {ra / rb:.3f}x")
+    if args.bookkeeping:         # last: the engines' kernels are gone after this
+        import torch
+        for be in (res.engine.model.experts, disk.engine.model.experts):
+            be.host.run = lambda x, ids, w, out=None: out if out is not None else torch.zeros(x.shape[0], x.shape[1])
+        ba, bb = layer_calls(res, disk, args.calls, int(k))
+        L = disk.engine.model.experts.layout.num_layers
+        print(f"bookkeeping alone (kernels no-op, best of {args.calls}): resident {ba / L * 1e6:.1f} us, disk tier "
+              f"{bb / L * 1e6:.1f} us per layer call: the tier's extra {(bb - ba) / L * 1e6:.1f} us")
     res.close()
     disk.close()
     return 0

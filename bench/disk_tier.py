@@ -24,6 +24,7 @@ Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's f
 
   PYTHONPATH=. python bench/disk_tier.py [--gguf FILE] [--decode 32] [--rounds 2] [--cgroup-mib M]
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --verify ab --rounds 6
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --lookahead-depth 2 --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
 from __future__ import annotations
@@ -54,8 +55,12 @@ FT = textwrap.dedent("""
     opts = dict(host_cache_gib=cache_gib) if mode == "disk" else dict(expert_tier="ram")
     if policy:
         opts["expert_cache_policy"] = policy
-    if mode == "disk" and len(sys.argv) > 8:      # --lookahead / --direct-io / --io-threads
+    if mode == "disk" and len(sys.argv) > 8:      # --lookahead / --direct-io / --io-threads / --lookahead-depth
         opts.update(json.loads(sys.argv[8]))
+    depth = opts.pop("lookahead_depth", None)
+    if depth is not None:        # layers read ahead (experts/disk/lookahead.DEPTH), for an A/B of it
+        import freetoken.experts.disk.backend as disk_backend
+        disk_backend.DEPTH = depth
     llm = LLM(path, dtype="bfloat16", num_threads=threads, max_model_len=1024, prefix_cache=False, **opts)
     eng = llm.engine
     eng.add_request("r", prompt, SamplingParams(max_tokens=n_decode, temperature=0.0, ignore_eos=True))
@@ -209,7 +214,8 @@ def verify_ab(args, cache_gib: float, vocab: int) -> None:
 def disk_options(args) -> dict:
     """The disk tier's lookahead / direct-I/O / queue-depth options given on the command line."""
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
-                              ("disk_io_threads", args.io_threads)) if v is not None}
+                              ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth))
+            if v is not None}
 
 
 def lookahead_line(disk: dict) -> str:
@@ -284,6 +290,8 @@ def main():
                     help="the disk tier's expert_lookahead (default: the engine's)")
     ap.add_argument("--direct-io", default=None, choices=("auto", "on", "off"), help="the disk tier's disk_direct_io")
     ap.add_argument("--io-threads", type=int, default=None, help="the disk tier's disk_io_threads (reads in flight)")
+    ap.add_argument("--lookahead-depth", type=int, default=None,
+                    help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
     args = ap.parse_args()
     steps = args.steps.split(",")
     sys.path.insert(0, str(HERE))

@@ -101,6 +101,7 @@ def test_lookahead_never_reads_an_expert_twice_into_the_same_slot(ftw):
     cache._start = checked
     try:
         assert _outputs(llm)[1] == tokens
+        cache.drain()       # the last layer reads the next token's first experts ahead: let them land
         st = llm.expert_stats()
         assert st["lookahead"]["prefetched"] > 0 and seen
         assert st["host_cache"]["reads"] == sum(len(f) for f, _ in seen)
@@ -139,3 +140,66 @@ def test_guess_ordering_is_rank_major():
     la = RouterLookahead({1: lambda x: (ids, None)})
     assert la.guess(0, torch.zeros(3, 4)).tolist() == [3, 5, 1, 7]
     assert np.array_equal(la.guess(1, torch.zeros(1, 4)) is None, True)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_tokens_identical_whatever_read_ahead_depth(ftw, depth, monkeypatch):
+    """Reading 1, 2 or 3 layers ahead (lookahead.DEPTH, the chained history guesses) moves only
+    when bytes arrive: the resident pool's logits and tokens."""
+    from freetoken.experts.disk import backend
+    monkeypatch.setattr(backend, "DEPTH", depth)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=5, prefix_cache=False, expert_lookahead="history")
+    try:
+        assert llm.engine.model.experts.depth == depth
+        g_logits, g_tokens = _outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+        assert llm.expert_stats()["lookahead"]["prefetched"] > 0
+    finally:
+        llm.close()
+
+
+def test_last_layer_reads_the_next_tokens_first_experts_ahead(ftw):
+    """In decode, layer 0's experts are read ahead only by the last layer's guess of the next
+    token's first experts (no speculative hints here): some are, and the predictor learnt that step."""
+    path, (_, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=6, prefix_cache=False, expert_lookahead="history",
+              speculative="off")
+    experts = llm.engine.model.experts
+    cache, seen = experts.cache, []
+    prefetch = cache.prefetch
+
+    def spy(ids):
+        if experts.phase == "decode":
+            seen.append(np.asarray(ids).copy())
+        return prefetch(ids)
+
+    cache.prefetch = spy
+    try:
+        assert [c.token_ids for c in llm.generate([PROMPT], GREEDY)] == tokens[:1]
+        assert experts.predictor.pairs[-1].any()
+        assert any((ids < experts.E).any() for ids in seen)
+    finally:
+        cache.prefetch = prefetch
+        llm.close()
+
+
+def test_a_cache_that_holds_the_pool_keeps_slots_in_expert_order(ftw):
+    """With room for the whole pool, expert f is read into slot f: the slots of any call ascend
+    with its experts, so a call at full hits is one kernel call (as on the resident pool), and
+    the numbers are still the resident pool's."""
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=10**9, prefix_cache=False)
+    ex = llm.engine.model.experts
+    try:
+        assert _outputs(llm)[1] == tokens
+        ex.cache.drain()
+        t = ex.cache.table
+        res = np.flatnonzero(t.slot_of >= 0)
+        assert len(res) and (t.slot_of[res] == res).all()
+        k0, c0 = ex.kernel_calls, llm.expert_stats()["total"]["calls"]
+        g_logits, g_tokens = _outputs(llm)                   # the same routing again: every call hits
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+        assert ex.kernel_calls - k0 == llm.expert_stats()["total"]["calls"] - c0
+    finally:
+        llm.close()

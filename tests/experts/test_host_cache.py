@@ -140,3 +140,23 @@ def test_shrunk_file_fails_only_the_lost_experts(tmp_path):
         assert cache.stats()["read_errors"] == 1 and (cache.table.locks == 0).all()
     finally:
         cache.close()
+
+
+@settings(max_examples=30, deadline=None)
+@given(calls=st.lists(st.lists(st.integers(0, L * E - 1), min_size=1, max_size=6, unique=True), min_size=1, max_size=8),
+       ahead=st.lists(st.integers(0, L * E - 1), max_size=6, unique=True))
+def test_room_for_the_whole_pool_puts_each_expert_in_its_own_slot(tmp_path_factory, calls, ahead):
+    """A cache that can hold the whole pool reads expert f into slot f, whatever order the calls
+    and read-aheads come in, so every call's slots ascend with its ids (one kernel call)."""
+    lay, want = _layout(tmp_path_factory.mktemp("pool") / "experts.bin")
+    cache = HostExpertCache(lay, L * E + 2, threads=2)
+    try:
+        for ids in calls:
+            _acquire_all(cache, want, np.sort(np.asarray(ids, np.int64)))
+            cache.prefetch(np.asarray(ahead, np.int64))
+        cache.drain()
+        cache.check()
+        res = np.flatnonzero(cache.table.slot_of >= 0)
+        assert (cache.table.slot_of[res] == res).all()
+    finally:
+        cache.close()

@@ -43,7 +43,7 @@ from .integrity import ExpertFileWatch
 from .pieces import DiskLayout
 from ..measure.diskbw import prefetch_budget
 from .host_cache import HostExpertCache
-from .lookahead import LOOKAHEAD_CHOICES, GuessScore, RouterLookahead
+from .lookahead import DEPTH, LOOKAHEAD_CHOICES, GuessScore, RouterLookahead, chain
 from ..memory.expected import ExpectedExperts
 from ..memory.next_layer import THRESHOLD, NextLayerPredictor
 from ..measure.stats import ExpertStats
@@ -53,6 +53,7 @@ from ..execution.cpu import CpuExpertExecutor
 from ..memory.slots import DEFAULT_POLICY, layer_aware, parse_policy_options
 
 log = logging.getLogger("freetoken.experts")
+_NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
 
 
 class _TorchSlots:
@@ -83,9 +84,12 @@ class DiskExperts(Experts):
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
         self.score = GuessScore()                            # the guesses read ahead
         self.scores = {"router": GuessScore(), "history": GuessScore()}   # each guess, read or not
-        self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD) if prefetch else None
+        self._all_scores = (self.score, *self.scores.values())
+        self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD, wrap=True) if prefetch else None
+        self.depth = DEPTH           # layers read ahead (lookahead.py)
         self.source = "off" if self.predictor is None else "history"
-        self._quiet = 0              # decode layer calls in a row without a miss (lookahead sleeps after a pass)
+        self._quiet = 0              # decode layer calls in a row without a miss or a used read-ahead
+        #                              (the lookahead sleeps after a whole pass of them)
         self._threads = (num_threads, spin_us)
         self.host = self._executor(num_threads, spin_us)
         self.stats_ = ExpertStats(layout.num_layers, "disk")
@@ -131,6 +135,32 @@ class DiskExperts(Experts):
         flat = ids + layer * self.E
         return flat[self.cache.table.slot_of[flat] < 0]
 
+    def _read_ahead(self, layer: int, uniq: np.ndarray, local: np.ndarray, hidden) -> tuple[np.ndarray, np.ndarray]:
+        """(layer+1's experts to read after this call, likeliest first; the speculative ones among
+        them). The guesses of the last call are scored against `uniq` first. Each part runs only
+        when it has something to do (issue 39: an all-hits call pays for no lookahead it skips):
+        no guess pending, no speculative hint, lookahead asleep -> nothing allocated."""
+        decode = self.phase == "decode"
+        if decode:
+            if self.expected.started:
+                self.expected.settle(layer, uniq - layer * self.E)
+            for sc in self._all_scores:
+                sc.routed(layer, uniq)
+        elif self.predictor is not None:
+            self.predictor.observe_tokens(layer, local)
+        nxt = self._predict(layer, uniq, hidden)
+        ahead = _NONE
+        if decode and self.expected.want:
+            ahead = self._expected_ahead(layer + 1)        # the speculative lookahead's first
+            if len(ahead):
+                nxt = np.concatenate([ahead, nxt[~np.isin(nxt, ahead)]])
+        if len(nxt):
+            budget = prefetch_budget(self.b_d, self.gap_s, self._S)
+            if budget is not None and len(nxt) > budget:
+                self.prefetch_cut += len(nxt) - budget
+                nxt = nxt[:budget]
+        return nxt, ahead
+
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
         if self.phase == "decode" and layer == self._last[0] + 1:
@@ -145,30 +175,15 @@ class DiskExperts(Experts):
         if flat.shape[0] == 1 and len(uniq) > 1 and not (uniq[1:] != uniq[:-1]).all():
             uniq = np.unique(uniq)
         T, K = flat.shape
-        ahead = np.empty(0, np.int64)
-        if self.phase == "decode":
-            self.expected.settle(layer, uniq - layer * self.E)
-        if self.predictor is not None and self.phase == "prefill":
-            self.predictor.observe_tokens(layer, local)
         if self.phase == "prefill" and T * K >= 2 * self.E and self.cache.capacity >= 2 * self.E \
                 and layer + 1 < self.layout.num_layers:
-            nxt = np.arange((layer + 1) * self.E, (layer + 2) * self.E)   # the second buffer
+            if self.predictor is not None:
+                self.predictor.observe_tokens(layer, local)
+            nxt, ahead = np.arange((layer + 1) * self.E, (layer + 2) * self.E), _NONE   # the second buffer
             streamed = True
         else:
             streamed = False
-            if self.phase == "decode":
-                for sc in (self.score, *self.scores.values()):
-                    sc.routed(layer, uniq)
-            nxt = self._predict(layer, uniq - layer * self.E, hidden)
-            if len(nxt):
-                self.score.guessed_for(layer + 1, nxt)
-            if self.phase == "decode":
-                ahead = self._expected_ahead(layer + 1)        # the speculative lookahead's first
-                nxt = np.concatenate([ahead, nxt[~np.isin(nxt, ahead)]])
-            budget = prefetch_budget(self.b_d, self.gap_s, self._S)
-            if budget is not None and len(nxt) > budget:
-                self.prefetch_cut += len(nxt) - budget
-                nxt = nxt[:budget]
+            nxt, ahead = self._read_ahead(layer, uniq, local, hidden)
         out = torch.zeros(T, self.layout.spec.hidden, dtype=torch.float32)
         if not streamed and self._all_hits(layer, uniq, flat, x, w, out, T * K, nxt, t0):
             return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
@@ -194,8 +209,9 @@ class DiskExperts(Experts):
             self.expected.started_for(layer + 1, ahead[:min(started, len(ahead))] - (layer + 1) * self.E)
         self.kernel_calls += calls
         c = self.cache.c
-        if self.phase == "decode":      # guessing costs a router GEMV per layer: only while there are misses
-            self._quiet = 0 if c["misses"] != c0["misses"] else self._quiet + 1
+        if self.phase == "decode":      # guessing costs a router GEMV per layer: only while it has work
+            self._quiet = 0 if c["misses"] != c0["misses"] or c["prefetch_used"] != c0["prefetch_used"] \
+                else self._quiet + 1
         dt = time.perf_counter() - t0
         self.stats_.add(layer, calls=1, routed=T * K, hits=c["hits"] - c0["hits"] + c["waited"] - c0["waited"],
                         misses=c["misses"] - c0["misses"], fills=c["misses"] - c0["misses"],
@@ -213,6 +229,7 @@ class DiskExperts(Experts):
         item 4: the tier's overhead at hits): one locked lookup, one kernel call where the slots
         ascend with the ids (else `_run`'s runs), the counters. False (nothing done) when one of
         `uniq` is not resident and landed: the general path then reads it."""
+        used = self.cache.c["prefetch_used"]
         slots = self.cache.acquire_hits(uniq)
         if slots is None:
             return False
@@ -226,8 +243,8 @@ class DiskExperts(Experts):
             self.cache.release(slots)
         started = self.cache.prefetch(nxt) if len(nxt) else 0     # read ahead (lookahead) as the general path
         self.kernel_calls += calls
-        if self.phase == "decode":
-            self._quiet += 1
+        if self.phase == "decode":      # a hit that a read-ahead brought keeps the lookahead awake
+            self._quiet = 0 if self.cache.c["prefetch_used"] != used else self._quiet + 1
         dt = time.perf_counter() - t0
         n = len(uniq)
         self.stats_.add(layer, calls=1, routed=routed, hits=n, prefetches=started, cpu_experts=n,
@@ -282,26 +299,38 @@ class DiskExperts(Experts):
         if self.lookahead in ("auto", "router") and routes:
             self.router = RouterLookahead(routes)
 
-    def _predict(self, layer: int, local: np.ndarray, x) -> np.ndarray:
-        """Layer+1's experts to read ahead (flat ids, likeliest first): its router's guess
-        (lookahead.py) or the history predictor's (next_layer.py); "auto" makes both and reads
-        what the one that has guessed better so far (F1 against what the next layers routed) says."""
-        if self.predictor is None or self.phase == "prefill" or layer + 1 >= self.layout.num_layers \
-                or self._quiet >= self.layout.num_layers:     # a whole pass without a miss: nothing to read
-            return np.empty(0, np.int64)
-        first = (layer + 1) * self.E
-        routed = self.router.guess(layer, x) if self.router is not None else None
+    def _predict(self, layer: int, uniq: np.ndarray, x) -> np.ndarray:
+        """The experts to read ahead (flat ids, soonest needed first, likeliest first within a
+        layer): layer+1's by its router's guess (lookahead.py) or the history predictor's
+        (next_layer.py; "auto" makes both and reads what the one that has guessed better so far,
+        F1 against what the next layers routed, says), then the history predictor chained from
+        that guess for the layers after it (lookahead.DEPTH). The layers are a cycle: the last
+        layer guesses the next token's first (history only: its input is not known yet)."""
+        L = self.layout.num_layers
+        if self.predictor is None or self.phase == "prefill" \
+                or self._quiet >= L:     # a whole pass without a miss or a used read-ahead: nothing to read
+            return _NONE
+        local = uniq - layer * self.E
+        nxt = (layer + 1) % L
+        first = nxt * self.E
+        routed = self.router.guess(layer, x) if self.router is not None and layer + 1 < L else None
         if routed is not None:
-            self.scores["router"].guessed_for(layer + 1, routed + first)
+            self.scores["router"].guessed_for(nxt, routed + first)
+        self.predictor.observe(layer, local)        # (the chain below needs it whatever guesses layer+1)
+        guess = routed
         if routed is None or self.lookahead == "auto":
-            self.predictor.observe(layer, local)
             hist = self.predictor.predict(layer, local)
-            self.scores["history"].guessed_for(layer + 1, hist + first)
+            self.scores["history"].guessed_for(nxt, hist + first)
             if routed is None or self.scores["history"].f1() >= self.scores["router"].f1():
-                self.source = "history"
-                return hist + first
-        self.source = "router"
-        return routed + first
+                guess = hist
+        if layer + 1 < L:           # (the wrap is always the history's guess: not what the mode reads)
+            self.source = "router" if guess is routed else "history"
+        if len(guess):
+            self.score.guessed_for(nxt, guess + first)
+        more = chain(self.predictor, layer, guess, self.depth)
+        if not more:
+            return guess + first
+        return np.concatenate([guess + first, *(g + m * self.E for m, g in more)])
 
     def lookahead_stats(self) -> dict:
         """The guesses (precision/recall vs what the next layer routed) and what reading them

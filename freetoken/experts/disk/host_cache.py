@@ -202,6 +202,18 @@ class HostExpertCache:
         if t.arc is not None:
             t.arc.keep(set(t.owner[t.owner >= 0].tolist()), t.capacity)
 
+    def _victims(self, flats: np.ndarray, whole_pool_only: bool = False) -> np.ndarray | None:
+        """Slots for the misses `flats` (under the lock). Where the cache can hold the whole pool,
+        expert f goes to slot f while that is free: every call's slots then ascend with its ids
+        and a call at full hits is one kernel call, as on the resident pool (issue 39: 1.4 kernel
+        calls a layer call at hits on the medium Q3_K_M model otherwise). Else the policy's
+        victims (`whole_pool_only`: None)."""
+        t = self.table
+        if t.capacity >= len(t.slot_of) and len(flats):
+            if ((t.owner[flats] < 0) & (t.locks[flats] == 0) & ~t.pending[flats]).all():
+                return flats.copy()
+        return None if whole_pool_only else t.candidates(len(flats), flats)
+
     def _start(self, flats: np.ndarray, slots: np.ndarray) -> list[threading.Event]:
         """Assign flats into victim slots (locked, pending) and queue their reads (under the lock)."""
         self.table.assign(flats, slots)
@@ -300,7 +312,7 @@ class HostExpertCache:
             self._prefetched[used] = False
             miss = ids[~hit]
             if len(miss):
-                victims = t.candidates(len(miss), miss)
+                victims = self._victims(miss)
                 slots[~hit] = victims
                 self._prefetched[victims] = False
                 for i, ev in zip(np.flatnonzero(~hit).tolist(), self._start(miss, victims)):
@@ -331,16 +343,18 @@ class HostExpertCache:
                 self._cv.notify_all()
 
     def prefetch(self, flat_ids: np.ndarray) -> int:
-        """Start background reads of those of `flat_ids` not resident, into victims the policy
-        gives up without waiting (never a locked slot); returns how many were started."""
+        """Start background reads of those of `flat_ids` (soonest needed first) not resident,
+        into victims the policy gives up without waiting (never a locked slot); returns how many
+        were started; never into the slot of an expert needed as soon (`SlotTable.read_ahead_victims`)."""
         with self._cv:
             t = self.table
             want = np.asarray(flat_ids, np.int64)
             want = want[t.slot_of[want] < 0]
             if not len(want):
                 return 0
-            slots = t.candidates(len(want), want)
-            want = want[:len(slots)]
+            slots = self._victims(want, whole_pool_only=True)
+            if slots is None:
+                want, slots = t.read_ahead_victims(want)
             if not len(want):
                 return 0
             self._start(want, slots)

@@ -20,6 +20,13 @@ import numpy as np
 import torch
 
 LOOKAHEAD_CHOICES = ("auto", "router", "history", "off")
+# layers read ahead of the one running: layer l+1's guess (router or history), then the history
+# predictor chained from it for l+2, ... (the layers a cycle: the last layer guesses the next
+# token's first). Two: a read started after layer l has layer l+1's attention and MoE call and
+# layer l+2's attention to land in (the 4-layer 30B-A3B-shaped bench at a 5% host cache waited
+# on reads for ~half its disk time with one layer ahead; docs/benchmarks.md "Disk tier: reading
+# further ahead").
+DEPTH = 1
 
 
 def model_routes(model) -> dict[int, Callable]:
@@ -54,6 +61,20 @@ class RouterLookahead:
         return order[np.sort(first)]
 
 
+def chain(predictor, layer: int, guess: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
+    """[(layer+d, its guessed ids), d = 2..depth]: the history predictor applied to its own guess
+    for the layer before, modulo the layer count (the next token's layers after the last); stops
+    at the first empty guess and before coming back to `layer` itself."""
+    out, L = [], predictor.L
+    for d in range(2, depth + 1):
+        if d >= L or not len(guess):
+            break
+        guess = predictor.predict((layer + d - 1) % L, guess)
+        if len(guess):
+            out.append(((layer + d) % L, guess))
+    return out
+
+
 class GuessScore:
     """How good the next-layer guesses were: counted when layer l+1 runs after a guess at l."""
 
@@ -68,7 +89,8 @@ class GuessScore:
         if self._pending is not None and self._pending[0] == layer:
             g = self._pending[1]
             self.guessed += len(g)
-            self.right += int(np.isin(g, uniq_flats, assume_unique=True).sum())
+            # a decode call's few ids: a set intersection (~1 us; np.isin costs ~10x that)
+            self.right += len(set(g.tolist()).intersection(uniq_flats.tolist()))
             self.needed += len(uniq_flats)
         self._pending = None
 

@@ -13,6 +13,10 @@ P(b | routed set A at l) as the mean over a in A of pairs[l, a, b] / seen[l, a].
 Experts of l+1 with that estimate >= `threshold` are the guess, likeliest first. A layer
 call of several tokens (batched decode) counts as one set: their union.
 
+With `wrap` (the disk tier), the layers are a cycle: the last layer's call is paired with the
+next step's layer 0 (pairs[L-1]), so the last layer guesses the next token's first experts, to be
+read while the output head, the sampling and layer 0's attention run.
+
 Cost: L * E * E float32 counters (qwen3 48 x 128 x 128: 3 MiB), O(|A| * E) per layer call.
 """
 from __future__ import annotations
@@ -23,10 +27,10 @@ THRESHOLD = 0.3     # measured: bench/prefetch_sweep.py, docs/routing-locality.m
 
 
 class NextLayerPredictor:
-    def __init__(self, num_layers: int, num_experts: int, threshold: float = THRESHOLD):
+    def __init__(self, num_layers: int, num_experts: int, threshold: float = THRESHOLD, wrap: bool = False):
         if not 0.0 < threshold <= 1.0:
             raise ValueError(f"prefetch threshold must be in (0, 1], got {threshold}")
-        self.L, self.E, self.threshold = num_layers, num_experts, threshold
+        self.L, self.E, self.threshold, self.wrap = num_layers, num_experts, threshold, wrap
         self.pairs = np.zeros((num_layers, num_experts, num_experts), np.float32)
         self.seen = np.zeros((num_layers, num_experts), np.float32)
         self._layer, self._prev = -2, np.empty(0, np.int64)
@@ -46,15 +50,17 @@ class NextLayerPredictor:
 
     def observe(self, layer: int, experts: np.ndarray) -> None:
         """One layer call's unique routed experts (ids within the layer), in execution order."""
-        if layer == self._layer + 1 and len(self._prev) and len(experts):
+        follows = layer == self._layer + 1 or (self.wrap and layer == 0 and self._layer == self.L - 1)
+        if follows and len(self._prev) and len(experts):
             prev = self._prev
-            self.pairs[layer - 1][np.ix_(prev, experts)] += 1.0
+            self.pairs[layer - 1][np.ix_(prev, experts)] += 1.0        # layer 0: pairs[-1], the wrap
             self.seen[layer - 1][prev] += 1.0
         self._layer, self._prev = layer, np.asarray(experts, np.int64)
 
     def probabilities(self, layer: int, experts: np.ndarray) -> np.ndarray:
-        """The estimate P(b at layer+1 | experts at layer) for every b (zeros when unknown)."""
-        if layer + 1 >= self.L or len(experts) == 0:
+        """The estimate P(b at layer+1 | experts at layer) for every b (zeros when unknown; with
+        `wrap`, the last layer's is the next step's layer 0)."""
+        if (layer + 1 >= self.L and not self.wrap) or len(experts) == 0:
             return np.zeros(self.E)
         seen = self.seen[layer][experts]
         rows = self.pairs[layer][experts].astype(np.float64) / np.maximum(seen, 1.0)[:, None]

@@ -220,6 +220,17 @@ class SlotTable:
         order = order[free[order]]
         return order[:k]
 
+    def read_ahead_victims(self, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, slots): a read ahead of `want` (not resident, soonest needed first) into the
+        policy's victims, doing no harm (Cao et al. 1995): never into the slot of an expert
+        needed as soon as the one it brings or sooner (`next_use`), which would only trade this
+        read for a later one; empty slots always."""
+        slots = self.candidates(len(want), want)
+        want = want[:len(slots)]
+        owners = self.owner[slots]
+        ok = (owners < 0) | (self.next_use(owners) > self.next_use(want))
+        return (want, slots) if ok.all() else (want[ok], slots[ok])
+
     def next_use(self, flat_ids: np.ndarray) -> np.ndarray:
         """Layer calls until each id's layer comes round again, counted from the layer being
         accessed now (its own layer: a whole pass, L): in a decode step the layers run in order,
