@@ -2,7 +2,8 @@
 
     PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
         [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
-        [--host-cache-gib G]
+        [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
+        [--free-from random|sessions]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -19,6 +20,13 @@
    seconds per drafted token, rows rolled back), beside plain and auto. Random draft weights
    predict nothing of recorded text: the row shows the price backing off (target >= 0.98x) and
    what drafting costs; a real draft model of a real target is what makes it pay.
+5. --routing-trace PATH: the MoE layers route as a real model's trace routed (sim/trace_routing.py:
+   position p takes the trace's decode step p mod S), on a medium MoE built with the trace's expert
+   shape (Qwen3-30B-A3B's: 128 experts, top-6 as recorded), so a verify touches the real model's
+   union of experts instead of random routers' (40 -> 73 distinct for 2 positions).
+6. --model dense: a medium random dense Qwen3 (4 layers, hidden 2048); --model smollm2: the real
+   default model (SmolLM2-135M-Instruct Q4_1), replay tokenized with its own tokenizer; with
+   --free-from sessions the free-running prompts are the sessions' own (real acceptance there).
 Decode time is from a request's first token to its last (prefill excluded)."""
 from __future__ import annotations
 
@@ -36,6 +44,9 @@ from vs_llamacpp import isa_line  # noqa: E402
 
 MEDIUM_VOCAB = MEDIUM_QWEN3["vocab"]
 SESSIONS = SHARED_DATA / "agent-sessions"
+# the medium MoE's dense shapes without experts (~0.5 GB in bf16: a dense step reads all of it)
+MEDIUM_DENSE = dict(layers=4, hidden=2048, vocab=8192, intermediate_size=6144, num_attention_heads=32,
+                    num_key_value_heads=4, head_dim=128, max_position_embeddings=65536)
 
 
 def forced(resp: list[int]):
@@ -68,28 +79,37 @@ def decode_run(llm, jobs) -> tuple[float, int]:
     return secs, toks
 
 
-def replay_jobs(args, vocab: int) -> list:
+def qwen2_encode():
+    """The sessions' Qwen2 tokenizer (the random models' ids are its ids folded into their vocabulary)."""
     from tokenizers import Tokenizer
 
-    from freetoken import SamplingParams
-    from freetoken.engine.spec.replay import load_sessions
     from freetoken.weights.gguf.tokenizer import save_tokenizer_dir
     tok_dir = Path.home() / ".cache" / "freetoken" / "bench" / "qwen2-tokenizer"
     if not (tok_dir / "tokenizer.json").exists():
         save_tokenizer_dir(SESSIONS.parent / "tokenizers" / "ggml-vocab-qwen2.gguf", tok_dir)
     tok = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    return lambda text: tok.encode(text).ids
+
+
+def session_turns(args, encode, vocab: int) -> list[tuple[list[int], list[int]]]:
+    """(last --prompt prompt ids, first --response response ids) of each picked session turn."""
+    from freetoken.engine.spec.replay import load_sessions
     sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]]
     picked = sessions[::max(1, len(sessions) // args.sessions)][:args.sessions]
-    jobs = []
+    out = []
     for _, turns in picked:
         for prompt, resp in turns:
-            p = [t % vocab for t in tok.encode(prompt).ids][-args.prompt:]
-            r = [t % vocab for t in tok.encode(resp).ids][:args.response]
-            if len(r) < 2:
-                continue
-            jobs.append((p, SamplingParams(max_tokens=len(r), temperature=0.0, ignore_eos=True,
-                                           logits_processors=[forced(r)])))
-    return jobs
+            p = [t % vocab for t in encode(prompt)][-args.prompt:]
+            r = [t % vocab for t in encode(resp)][:args.response]
+            if len(r) >= 2:
+                out.append((p, r))
+    return out
+
+
+def replay_jobs(turns) -> list:
+    from freetoken import SamplingParams
+    return [(p, SamplingParams(max_tokens=len(r), temperature=0.0, ignore_eos=True, logits_processors=[forced(r)]))
+            for p, r in turns]
 
 
 class FixedDrafter:
@@ -148,6 +168,31 @@ def draft_checkpoint(spec: str, vocab: int) -> str:
     return str(out)
 
 
+def target(args):
+    """(checkpoint path, what it is, text -> ids, trace or None) for --model / --routing-trace."""
+    if args.routing_trace:
+        from freetoken.sim.readers import load_trace
+        trace = load_trace(args.routing_trace)
+        shape = dict(MEDIUM_QWEN3, experts=trace.num_experts, top_k=trace.top_k, layers=args.trace_layers)
+        path = medium_checkpoint(name=f"qwen3-moe-medium-e{trace.num_experts}k{trace.top_k}l{args.trace_layers}",
+                                 **shape)
+        return (path, f"medium MoE {path.name} routed as {trace.model} ({trace.name}: {trace.num_layers} layers "
+                f"spread over {args.trace_layers})", qwen2_encode(), trace)
+    if args.model == "medium":
+        path = medium_checkpoint()
+        return path, f"medium MoE {path.name}", qwen2_encode(), None
+    if args.model == "dense":
+        path = medium_checkpoint("qwen3", "qwen3-dense-medium", **MEDIUM_DENSE)
+        return path, f"medium dense Qwen3 {path.name} (random)", qwen2_encode(), None
+    if args.model == "smollm2":
+        from freetoken.default_model import installed_default, not_installed_hint
+        path = installed_default()
+        if path is None:
+            sys.exit(not_installed_hint())
+        return path, f"{path.name} (real weights, its own tokenizer)", None, None
+    return Path(args.model), args.model, qwen2_encode(), None
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=4)
@@ -163,12 +208,20 @@ def main():
                     help="add a --speculative draft column with this draft model")
     ap.add_argument("--host-cache-gib", type=float, default=None,
                     help="the disk tier with this host cache (the expert lookahead reads ahead into it)")
+    ap.add_argument("--model", default="medium", metavar="medium|dense|smollm2|PATH",
+                    help="medium: the random medium MoE; dense: a random medium dense Qwen3; smollm2: the real "
+                         "default model (installed by ./ft)")
+    ap.add_argument("--routing-trace", default=None, metavar="PATH",
+                    help="route the MoE layers as this trace did (a medium MoE with its expert shape)")
+    ap.add_argument("--trace-layers", type=int, default=4, help="MoE layers of the trace-shaped medium MoE")
+    ap.add_argument("--free-from", choices=("random", "sessions"), default="random",
+                    help="free-running prompts: random ids, or the sessions' prompts (a real model's real acceptance)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from freetoken import LLM, SamplingParams
     from freetoken.engine.spec.ngram import NgramDrafter
     from freetoken.engine.spec.suffix import SuffixDrafter
-    path = medium_checkpoint()
+    path, label, encode, trace = target(args)
     opts = dict(num_threads=args.threads, max_model_len=4096, spec_max_draft=args.max_draft)
     # one engine (two would not fit the memory rule): "plain" runs with its speculator detached
     if args.host_cache_gib:
@@ -176,18 +229,22 @@ def main():
     if args.draft_model:
         opts["draft_model"] = draft_checkpoint(args.draft_model, MEDIUM_VOCAB)
     llm = LLM(str(path), speculative="auto", **opts)
+    if trace is not None:
+        from freetoken.sim.trace_routing import TraceRouting
+        TraceRouting(trace, llm.engine.model).install()
     speculator = llm.engine.spec
     draft = speculator.drafters.pop("draft", None)
     names = ("plain", "auto", "draft") if draft is not None else ("plain", "auto")
     vocab = llm.engine.vocab_size
     print(isa_line(args.threads))
-    print(f"medium MoE {path.name}: threads {args.threads}, max draft {args.max_draft} (machine shared: "
-          "alternating rounds, medians)")
-    jobs = replay_jobs(args, vocab)
-    free = [(p, SamplingParams(max_tokens=args.free_tokens, temperature=0.0, ignore_eos=True))
-            for p in fresh_prompts(args.free, 128, seed=5, vocab=(100, vocab - 1))]
+    print(f"{label}: threads {args.threads}, max draft {args.max_draft} (alternating rounds, medians)")
+    turns = session_turns(args, encode or llm.tokenizer.encode, vocab)
+    jobs = replay_jobs(turns)
+    prompts = ([p for p, _ in turns[:args.free]] if args.free_from == "sessions" else
+               fresh_prompts(args.free, 128, seed=5, vocab=(100, vocab - 1)))
+    free = [(p, SamplingParams(max_tokens=args.free_tokens, temperature=0.0, ignore_eos=True)) for p in prompts]
     print(f"replay: {len(jobs)} turns, {sum(j[1].max_tokens for j in jobs)} forced tokens; "
-          f"free: {len(free)} random prompts x {args.free_tokens} tokens")
+          f"free: {len(free)} {args.free_from} prompts x {args.free_tokens} tokens")
     res = {(w, n): [] for w in ("replay", "free") for n in names}
     for r in range(args.rounds):
         for work, js in (("replay", jobs), ("free", free)):

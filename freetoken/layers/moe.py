@@ -23,6 +23,9 @@ class SparseMoE:
         self.shared, self.shared_gate = shared, None if shared_gate is None else gemm_aligned(shared_gate)
         self.softmax_after_topk = softmax_after_topk   # gpt-oss: top-k on logits, softmax over the k
         self.on_route = on_route                       # routing-trace hook: (layer, ids, weights)
+        # (layer, ids) -> ids: another model's recorded routing in place of the router's choice
+        # (sim/trace_routing.py: a bench prices verifies on a real model's union of experts)
+        self.forced_routes = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.router(x)
@@ -46,6 +49,8 @@ class SparseMoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         ids, w = self.route(x)
+        if self.forced_routes is not None:
+            ids = self.forced_routes(self.moe_layer, ids)
         if self.on_route is not None:
             self.on_route(self.moe_layer, ids, w)
         out = self.experts.forward(self.moe_layer, x, ids, w)

@@ -106,3 +106,20 @@ def test_bf16_dot_gemv_matches_float64_reference_of_rounded_activations(isa):
     finally:
         lib.ft_set_bf16_dot(0)
         pool.close()
+
+
+@pytest.mark.skipif("avx2" not in kernels.variants_here(), reason="no AVX-512 build beside the AVX2 one here")
+@pytest.mark.parametrize("storage", [torch.bfloat16, torch.float16, torch.float32])
+def test_avx512_float_tiles_have_the_avx2_tiles_bits(storage):
+    """The AVX-512 build's zmm tiles (4 rows x up to 4 tokens, half the FMAs) sum every dot as
+    the AVX2 build's two 8-lane chains do: equal bits at every verify size, K with a tail."""
+    g = torch.Generator().manual_seed(7)
+    N, K = 37, 75
+    w = torch.randn(N, K, generator=g)
+    pools = [CpuPool(kernels.load(isa), 2, small_job_bytes=0) for isa in ("native", "avx2")]
+    wide, narrow = (Linear(w, compute_dtype=torch.float32, storage_dtype=storage, pool=p) for p in pools)
+    for M in range(1, 11):
+        x = torch.randn(M, K, generator=g)
+        assert torch.equal(wide(x), narrow(x)), M
+    for p in pools:
+        p.close()

@@ -132,6 +132,70 @@ FORCE_INLINE int ftile24_half(const int fmt, const uint8_t *const *wr, int n, co
     return i;
 }
 
+#ifdef __AVX512F__
+/* fdecode16's two vectors as one: [a | b] (bf16: the word pairs broadcast to both halves, the
+ * low words shifted up in the first, the high words masked in the second). */
+FORCE_INLINE __m512 fdecode16z(const int fmt, const uint8_t *w, int i) {
+    if (fmt == FMT_F32) return _mm512_loadu_ps((const float *)w + i);
+    if (fmt == FMT_F16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
+    __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
+    v = _mm512_and_si512(v, _mm512_set_epi32(-65536, -65536, -65536, -65536, -65536, -65536, -65536, -65536,
+                                             -1, -1, -1, -1, -1, -1, -1, -1));
+    return _mm512_castsi512_ps(_mm512_mask_slli_epi32(v, 0x00ff, v, 16));
+}
+
+/* ftile's float formats (not fp8) in zmm registers: lane j < 8 of a (row, token) accumulator is
+ * ftile's first chain's lane j, lane 8 + j its second chain's, each summing the same products in
+ * the same order, so every dot has ftile's bits in half the FMAs; R x NT up to 4 x 4 (16 of the
+ * 32 registers), which a verify step's 2-9 rows run through without reloading the weights. */
+FORCE_INLINE void ztile(const int fmt, const uint8_t *const *wr, int n, const uint8_t *const *xp,
+                        float (*res)[NTMAX], const int R, const int NT) {
+    __m512 acc[4][NTMAX];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 x[NTMAX];
+        for (int t = 0; t < NT; t++) x[t] = _mm512_loadu_ps((const float *)xp[t] + i);
+        for (int r = 0; r < R; r++) {
+            PREFETCH(wr[r] + i * (fmt == FMT_F32 ? 4 : 2));
+            const __m512 w = fdecode16z(fmt, wr[r], i);
+            for (int t = 0; t < NT; t++) acc[r][t] = _mm512_fmadd_ps(w, x[t], acc[r][t]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) {
+            const __m256 lo = _mm512_castps512_ps256(acc[r][t]);
+            const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r][t]), 1));
+            float v = hsum8(_mm256_add_ps(lo, hi));
+            for (int k = i; k < n; k++) v += fdecode1(fmt, wr[r], NULL, k) * ((const float *)xp[t])[k];
+            res[r][t] = v;
+        }
+}
+
+#define ZTILE_NT(F, R)                                                           \
+    switch (nt) {                                                                \
+    case 1: ztile(F, wr, n, xp, res, R, 1); break;                               \
+    case 2: ztile(F, wr, n, xp, res, R, 2); break;                               \
+    case 3: ztile(F, wr, n, xp, res, R, 3); break;                               \
+    default: ztile(F, wr, n, xp, res, R, 4); break;                              \
+    }
+/* dot_tile for the float formats: one zmm tile of R (<= 4) rows x nt tokens. */
+#define ZTILE_CASES(F)                                                           \
+    static void ztile_##F(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt, \
+                          float (*res)[NTMAX]) {                                 \
+        switch (R) {                                                             \
+        case 4: ZTILE_NT(F, 4); break;                                           \
+        case 3: ZTILE_NT(F, 3); break;                                           \
+        case 2: ZTILE_NT(F, 2); break;                                           \
+        default: ZTILE_NT(F, 1); break;                                          \
+        }                                                                        \
+    }
+ZTILE_CASES(FMT_F32)
+ZTILE_CASES(FMT_BF16)
+ZTILE_CASES(FMT_F16)
+#endif
+
 /* res[r][t] = <row r, x_t> for an R x NT tile; R*NT*2 independent accumulator chains. */
 FORCE_INLINE void ftile(const int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int n,
                         const uint8_t *const *xp, float (*res)[NTMAX], const int R, const int NT) {
@@ -597,8 +661,24 @@ TILE_CASES(FMT_MXFP4)
 TILE_CASES(FMT_INT8)
 TILE_CASES(FMT_NVFP4)
 
+int wide_tiles(int fmt) {
+#if defined(FT_AVX2) && defined(__AVX512F__)
+    return fmt == FMT_F32 || fmt == FMT_F16 || (fmt == FMT_BF16 && !ft_bf16_dot_on);
+#else
+    (void)fmt;
+    return 0;
+#endif
+}
+
 void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                      const uint8_t *const *xp, int nt, float (*res)[NTMAX]) {
+#if defined(FT_AVX2) && defined(__AVX512F__)
+    switch (fmt) {      /* the float formats' zmm tiles (ftile's bits) */
+    case FMT_F32: ztile_FMT_F32(wr, R, n, xp, nt, res); return;
+    case FMT_F16: ztile_FMT_F16(wr, R, n, xp, nt, res); return;
+    case FMT_BF16: if (!ft_bf16_dot_on) { ztile_FMT_BF16(wr, R, n, xp, nt, res); return; } break;
+    }
+#endif
     switch (fmt) {
     case FMT_F32: dot_tile_FMT_F32(wr, sr, R, n, xp, nt, res); break;
     case FMT_BF16:

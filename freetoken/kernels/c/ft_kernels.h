@@ -243,6 +243,8 @@ FT_HIDDEN void att_values_block(const uint8_t *const *vr, int kvt, float *p, int
                                 float *acc);
 FT_HIDDEN int att_col(int kvt, int G, int pos);
 
+/* 1 where dot_tile runs fmt in tiles of 4 rows for any token count (AVX-512 float tiles). */
+FT_HIDDEN int wide_tiles(int fmt);
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                         const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
 

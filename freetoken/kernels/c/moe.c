@@ -169,7 +169,7 @@ static void moe_run_fn(void *a, int tid) {
             const int re = rb + RB < r1 ? rb + RB : r1;
             const uint8_t *hp[NTMAX];
             for (int t = 0; t < nt; t++) hp[t] = J->hq + (int64_t)(s0 + c + t) * hs;
-            const int rr = nt == 1 ? 4 : 2;
+            const int rr = nt == 1 || wide_tiles(fmt) ? 4 : 2;
             for (int r = rb; r < re; r += rr) {
                 int m = r + rr <= re ? rr : re - r;
                 const uint8_t *wr[4], *sr[4];
