@@ -221,6 +221,11 @@ FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const
 enum { FT_GEMM_AMX = 1, FT_GEMM_VDPBF16PS = 2, FT_GEMM_REF = 3 };
 static inline int64_t kpad(int K) { return (int64_t)(K + 31) / 32 * 32; }
 static inline int64_t blk_bytes(int K) { return kpad(K) * 32; }   /* one packed block of 16 tokens */
+/* bf16 elements of the AMX tiles' per-thread scratch: two A sub-panels of 32 rows x 256 columns
+ * (8 steps of 32 columns) used in turn, 9 steps apart (18 KB: the copy's stores into one never
+ * alias the tile loads from the other on 4 KB offsets) */
+#define GEMM_PAD_STEP 9
+static inline int64_t gemm_pad_elems(void) { return 32 * 32 * (GEMM_PAD_STEP + 8); }
 FT_HIDDEN extern int ft_gemm_mode, ft_gemm_min;
 FT_HIDDEN int gemm_mode_runs(int mode, int K);
 FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst);

@@ -275,16 +275,16 @@ static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int 
 }
 
 /* Rows [r0, r1) of the sub-panel of steps [s0, s1) (32 columns each) of 32 weight rows from n (rows
- * >= n1 zero) -> pad's steps [s0, s1) of [step][32 rows][32 bf16]: two A tiles per step, contiguous
+ * >= n1 zero) -> dst [step - s0][32 rows][32 bf16]: two A tiles per step, contiguous
  * (rows a page apart would share one L1 set), zero-padded past K. Also asks L2 for the same rows of
  * the sub-panel after it (rows from nxt_n, steps nxt_s0..): the weights come from memory once per
  * chunk of tokens, and the fetch overlaps the tiles' work. */
 static void amx_pack_a(const uint8_t *w, int64_t w_rs, int n, int n1, int K, int64_t s0, int64_t s1, int r0, int r1,
-                       uint16_t *pad, int nxt_n, int64_t nxt_s0, int64_t nxt_s1) {
+                       uint16_t *dst, int nxt_n, int64_t nxt_s0, int64_t nxt_s1) {
     const int64_t full = K / 32;
     for (int r = r0; r < r1; r++) {
         const uint16_t *src = (const uint16_t *)(w + (int64_t)(n + r) * w_rs);
-        uint16_t *d = pad + r * 32;
+        uint16_t *d = dst + r * 32 - s0 * 1024;
         {   /* past the last row too: the rows a caller walking down the matrix asks for next
              * (a prefetch of an address outside the weights is dropped, never a fault) */
             const char *q = (const char *)(w + (int64_t)(nxt_n + r) * w_rs);
@@ -315,6 +315,7 @@ static int amx_chunk_blocks(int K) {
 
 #define AKS 8           /* K steps (32 columns) per A sub-panel: 32 rows x 256 bf16 = 16 KB stays in L1
                          * (16 steps measured no faster: half the accumulator traffic, twice the L1 load) */
+_Static_assert(AKS < GEMM_PAD_STEP, "a sub-panel fits its half of the scratch");
 
 /* 2 x 2 tiles (32 rows x 32 tokens) over steps [0, ns) of a sub-panel: C from `cb` (or zero on the
  * first sub-panel), back to `cb` (4 tiles of 16 x 16 fp32). */
@@ -357,6 +358,9 @@ FORCE_INLINE void amx_block(const uint16_t *a, const uint16_t *b0, const uint16_
     _tile_stored(0, cb, 64); _tile_stored(1, cb + 256, 64); _tile_stored(2, cb + 512, 64); _tile_stored(3, cb + 768, 64);
 }
 
+#define AMX_AHEAD_PAIRS 4   /* pairs of token blocks from which the next sub-panel is copied during the
+                             * tiles (64 tokens: 0.9x copied in between into the same half, still in L1) */
+
 /* One sub-panel of the walk: 32 rows from n, steps [s0, s0 + AKS); n < 0: none. */
 typedef struct { int n; int64_t s0; } amx_sp;
 
@@ -367,13 +371,13 @@ static amx_sp amx_next(amx_sp p, int n0, int n1, int64_t kk, int more_chunks) {
     return (amx_sp){more_chunks ? n0 : -1, 0};
 }
 
-/* Rows [n0, n1) over the packed x; pad: 32 x kpad(K) bf16 scratch (sub-panel s at its steps).
+/* Rows [n0, n1) over the packed x; pad: gemm_pad_elems() bf16 scratch (two sub-panels).
  * Per chunk of tokens (amx_chunk_blocks) and 32 rows, K in sub-panels of AKS steps: the sub-panel's
  * A tiles come from L1 for every pair of token blocks, only the x tiles stream from L2, and the
  * 2 x 2 accumulators of each pair wait in `cb` (L1/L2) between sub-panels. The next sub-panel is
- * copied into its own steps of pad a slice of rows after each pair's tiles (the copy's loads and
- * stores overlap the queued tile products, and the tiles never wait on it), except where it
- * would overwrite the steps in use (K <= 32 * AKS: copied whole in between). */
+ * copied into the other half of pad a slice of rows after each pair's tiles (the copy's loads
+ * and stores overlap the queued tile products, and the tiles never wait on it), or, for a
+ * chunk of few pairs, in between into the same half. */
 static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp, int M,
                      float *out, int64_t ldo, uint16_t *pad, int stream) {
     const int64_t bb = blk_bytes(K) / 2, kk = kpad(K) / 32;
@@ -381,6 +385,7 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
     static __thread float cb[AMX_MC / 32][1024] __attribute__((aligned(64)));
     amx_config();
     amx_sp cur = {n0, 0};
+    int half = 0;                                   /* the half of pad holding `cur` */
     for (int c = 0; c < nblk; c += cblk) {
         const int ce = c + cblk < nblk ? c + cblk : nblk, np = (ce - c + 1) / 2;
         for (int n = n0; n < n1; n += 32) {
@@ -392,18 +397,18 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
                 const int last = s1 == kk;
                 const amx_sp nx = amx_next(cur, n0, n1, kk, ce < nblk), nn = amx_next(nx, n0, n1, kk, 1);
                 const int64_t nx1 = nx.s0 + AKS < kk ? nx.s0 + AKS : kk;
-                const int ahead = nx.n >= 0 && kk > AKS;    /* copy the next one during this one's tiles */
-                if (c == 0 && n == n0 && s0 == 0)
-                    amx_pack_a(w, w_rs, n, n1, K, s0, s1, 0, 32, pad, nx.n, nx.s0, nx1);
+                uint16_t *a = pad + half * GEMM_PAD_STEP * 1024, *an = pad + (1 - half) * GEMM_PAD_STEP * 1024;
+                const int pf_n = nn.n < 0 ? nx.n : nn.n, ahead = nx.n >= 0 && np >= AMX_AHEAD_PAIRS;
+                if (c == 0 && n == n0 && s0 == 0) amx_pack_a(w, w_rs, n, n1, K, s0, s1, 0, 32, a, nx.n, nx.s0, nx1);
                 for (int b = c; b < ce; b += 2) {
                     const int nb = ce - b >= 2 ? 2 : 1, j = (b - c) / 2;
                     const uint16_t *b0 = xp + b * bb + 512 * s0, *b1 = b0 + bb;
                     float *t = cb[j];
-                    if (na == 2 && nb == 2) amx_block(pad + 1024 * s0, b0, b1, s1 - s0, t, s0 == 0, 2, 2);
-                    else amx_block(pad + 1024 * s0, b0, b1, s1 - s0, t, s0 == 0, na, nb);
-                    if (ahead)
-                        amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 32 * j / np, 32 * (j + 1) / np, pad,
-                                   nn.n < 0 ? nx.n : nn.n, nn.s0, nn.s0 + AKS);
+                    if (na == 2 && nb == 2) amx_block(a, b0, b1, s1 - s0, t, s0 == 0, 2, 2);
+                    else amx_block(a, b0, b1, s1 - s0, t, s0 == 0, na, nb);
+                    if (ahead)          /* this pair's slice of the next sub-panel's rows */
+                        amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 32 * j / np, 32 * (j + 1) / np, an,
+                                   pf_n, nn.s0, nn.s0 + AKS);
                     if (!last) continue;
                     amx_put(t, out, ldo, 16 * b, M, nr0, n, n0, stream);
                     if (nb == 2) amx_put(t + 256, out, ldo, 16 * b + 16, M, nr0, n, n0, stream);
@@ -412,9 +417,9 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
                         if (nb == 2) amx_put(t + 768, out, ldo, 16 * b + 16, M, nr1, n + 16, n0, stream);
                     }
                 }
-                if (nx.n >= 0 && !ahead)
-                    amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 0, 32, pad, nn.n < 0 ? nx.n : nn.n, nn.s0, nn.s0 + AKS);
+                if (nx.n >= 0 && !ahead) amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 0, 32, a, pf_n, nn.s0, nn.s0 + AKS);
                 cur = nx;
+                half ^= ahead;
             }
         }
     }
@@ -435,7 +440,7 @@ FT_HIDDEN int gemm_mode_runs(int mode, int K) {
     return mode == FT_GEMM_REF;
 }
 
-/* out (ldo) = rows [n0, n1) of W over the packed x; pad: AMX's scratch (32 x kpad(K) bf16). */
+/* out (ldo) = rows [n0, n1) of W over the packed x; pad: AMX's scratch (gemm_pad_elems() bf16). */
 void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
                int M, float *out, int64_t ldo, uint16_t *pad, int stream) {
     if (n0 >= n1) return;
@@ -477,7 +482,7 @@ static void gemm_fn(void *a, int tid) {
     int n0, n1;
     split(G->N, 32, nth, tid, &n0, &n1);
     gemm_rows(G->mode, G->w, G->w_rs, n0, n1, G->K, G->xp, G->M, G->y + n0, G->ldy,
-              G->pad + (int64_t)tid * 32 * kpad(G->K), (int64_t)G->M * G->N * 4 >= gemm_stream_bytes);
+              G->pad + (int64_t)tid * gemm_pad_elems(), (int64_t)G->M * G->N * 4 >= gemm_stream_bytes);
     if (G->bias)
         for (int m = 0; m < G->M; m++)
             for (int n = n0; n < n1; n++) G->y[(int64_t)m * G->ldy + n] += G->bias[n];
@@ -492,7 +497,7 @@ int ft_gemm_bf16(void *vp, int mode, const void *w, int64_t w_rs, int N, int K, 
     if (!gemm_mode_runs(mode, K)) return -3;
     if (M <= 0 || N <= 0) return 0;
     const int nblk = (int)((M + 15) / 16);
-    size_t sz_xp = (size_t)nblk * (size_t)blk_bytes(K), sz_pad = (size_t)p->n * 32 * (size_t)kpad(K) * 2;
+    size_t sz_xp = (size_t)nblk * (size_t)blk_bytes(K), sz_pad = (size_t)p->n * (size_t)gemm_pad_elems() * 2;
     size_t sz_rows = (size_t)M * sizeof(float *);
     uint8_t *buf = scratch(p, sz_xp + sz_pad + sz_rows + 128);
     if (!buf) return -2;

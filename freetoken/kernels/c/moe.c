@@ -22,7 +22,7 @@ typedef struct {
     const float **xrows, **hrows;   /* per slot: its token's x row, its h row */
     uint16_t *xpk, *hpk;    /* packed x (blocks of blk_bytes(H)), packed h (blk_bytes(I)) */
     float *gtmp;            /* per thread: 3 x (max tokens of a group) x 32 floats */
-    uint16_t *gpad;         /* per thread: 32 x kpad(max(H, I)) bf16 */
+    uint16_t *gpad;         /* per thread: gemm_pad_elems() bf16 */
     int64_t gtmp_n, gpad_n;
 } moe_job;
 
@@ -244,7 +244,7 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
     size_t sz_hn = ((size_t)R * I + (size_t)p->n * H) * 4;
     size_t sz_hq = (size_t)R * (size_t)prep_bytes(I);
     size_t sz_pk = (size_t)nblk * (size_t)(blk_bytes(H) + blk_bytes(I));
-    int64_t gtmp_n = (int64_t)3 * max_ns * 32, gpad_n = nblk ? 32 * kpad(KM) : 0;
+    int64_t gtmp_n = (int64_t)3 * max_ns * 32, gpad_n = nblk ? gemm_pad_elems() : 0;
     size_t sz_gt = (size_t)p->n * (size_t)(gtmp_n * 4 + gpad_n * 2);
     size_t a64 = 64;
     #define RUP(v) (((v) + a64 - 1) / a64 * a64)
