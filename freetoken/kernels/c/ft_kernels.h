@@ -230,7 +230,7 @@ FT_HIDDEN extern int ft_gemm_mode, ft_gemm_min;
 FT_HIDDEN int gemm_mode_runs(int mode, int K);
 FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst);
 FT_HIDDEN void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
-                         int M, float *out, int64_t ldo, uint16_t *pad, int stream);
+                         int M, float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream);
 
 /* attention_blocks.c: the block loops of decode attention (attention.c) */
 enum { ATT_Q_F32 = 0, ATT_Q_ROUNDED = 1, ATT_Q_BF16 = 2 };   /* att_prep_q's output */

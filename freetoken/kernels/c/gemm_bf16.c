@@ -244,7 +244,8 @@ static void vdp_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
  * lanes), one store per token. `stream`: whole aligned lines bypass the caches (a dense GEMM's
  * output larger than L2: the cached stores, each a miss on a line 16 tokens apart, held the tiles
  * up; streamed, 1.3x the tiles at 512 tokens, 1.4x at 4096, docs/benchmarks.md). */
-static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int M, int nr, int n, int n0, int stream) {
+static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int M, int nr, int n, int n0,
+                           const float *bias, int stream) {
     __m512 r[16], u[16];
     for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(t + 16 * i);
     for (int i = 0; i < 16; i += 2) {
@@ -258,6 +259,7 @@ static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int 
         r[b + 3] = (__m512)_mm512_unpackhi_pd((__m512d)u[b + 1], (__m512d)u[b + 3]);
     }
     const __mmask16 mk = (__mmask16)((1u << nr) - 1);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mk, bias + n) : _mm512_setzero_ps();   /* rows n.. */
     float *o = out + (int64_t)m0 * ldo + n - n0;
     const int nt = M - m0 < 16 ? M - m0 : 16;
     for (int c = 0; c < 4; c++) {
@@ -268,8 +270,9 @@ static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int 
         for (int q = 0; q < 4; q++) {   /* v[q]: token 4q + c */
             float *d = o + (int64_t)(4 * q + c) * ldo;
             if (4 * q + c >= nt) continue;
-            if (stream && nr == 16 && !((uintptr_t)d & 63)) { _mm512_stream_ps(d, v[q]); continue; }
-            _mm512_mask_storeu_ps(d, mk, v[q]);
+            const __m512 y = _mm512_add_ps(v[q], bv);
+            if (stream && nr == 16 && !((uintptr_t)d & 63)) { _mm512_stream_ps(d, y); continue; }
+            _mm512_mask_storeu_ps(d, mk, y);
         }
     }
 }
@@ -379,7 +382,7 @@ static amx_sp amx_next(amx_sp p, int n0, int n1, int64_t kk, int more_chunks) {
  * and stores overlap the queued tile products, and the tiles never wait on it), or, for a
  * chunk of few pairs, in between into the same half. */
 static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp, int M,
-                     float *out, int64_t ldo, uint16_t *pad, int stream) {
+                     float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream) {
     const int64_t bb = blk_bytes(K) / 2, kk = kpad(K) / 32;
     const int nblk = (M + 15) / 16, cblk = amx_chunk_blocks(K);
     static __thread float cb[AMX_MC / 32][1024] __attribute__((aligned(64)));
@@ -410,11 +413,11 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
                         amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 32 * j / np, 32 * (j + 1) / np, an,
                                    pf_n, nn.s0, nn.s0 + AKS);
                     if (!last) continue;
-                    amx_put(t, out, ldo, 16 * b, M, nr0, n, n0, stream);
-                    if (nb == 2) amx_put(t + 256, out, ldo, 16 * b + 16, M, nr0, n, n0, stream);
+                    amx_put(t, out, ldo, 16 * b, M, nr0, n, n0, bias, stream);
+                    if (nb == 2) amx_put(t + 256, out, ldo, 16 * b + 16, M, nr0, n, n0, bias, stream);
                     if (na == 2) {
-                        amx_put(t + 512, out, ldo, 16 * b, M, nr1, n + 16, n0, stream);
-                        if (nb == 2) amx_put(t + 768, out, ldo, 16 * b + 16, M, nr1, n + 16, n0, stream);
+                        amx_put(t + 512, out, ldo, 16 * b, M, nr1, n + 16, n0, bias, stream);
+                        if (nb == 2) amx_put(t + 768, out, ldo, 16 * b + 16, M, nr1, n + 16, n0, bias, stream);
                     }
                 }
                 if (nx.n >= 0 && !ahead) amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 0, 32, a, pf_n, nn.s0, nn.s0 + AKS);
@@ -440,18 +443,23 @@ FT_HIDDEN int gemm_mode_runs(int mode, int K) {
     return mode == FT_GEMM_REF;
 }
 
-/* out (ldo) = rows [n0, n1) of W over the packed x; pad: AMX's scratch (gemm_pad_elems() bf16). */
+/* out (ldo) = rows [n0, n1) of W over the packed x + bias[n] (NULL: none); pad: AMX's scratch
+ * (gemm_pad_elems() bf16); stream: AMX writes whole lines past the caches. */
 void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
-               int M, float *out, int64_t ldo, uint16_t *pad, int stream) {
+               int M, float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream) {
     if (n0 >= n1) return;
 #ifdef FT_AMX
-    if (mode == FT_GEMM_AMX) { amx_rows(w, w_rs, n0, n1, K, xp, M, out, ldo, pad, stream); return; }
+    if (mode == FT_GEMM_AMX) { amx_rows(w, w_rs, n0, n1, K, xp, M, out, ldo, pad, bias, stream); return; }
 #endif
+    (void)pad; (void)stream;
 #ifdef FT_BF16DOT
-    if (mode == FT_GEMM_VDPBF16PS) { vdp_rows(w, w_rs, n0, n1, K, xp, M, out, ldo); return; }
+    if (mode == FT_GEMM_VDPBF16PS) vdp_rows(w, w_rs, n0, n1, K, xp, M, out, ldo);
+    else
 #endif
-    (void)pad; (void)mode; (void)stream;
     ref_rows(w, w_rs, n0, n1, K, xp, M, out, ldo);
+    if (bias)
+        for (int m = 0; m < M; m++)
+            for (int n = n0; n < n1; n++) out[(int64_t)m * ldo + n - n0] += bias[n];
 }
 
 /* ------------------------------------------------------------------ the dense GEMM */
@@ -482,10 +490,7 @@ static void gemm_fn(void *a, int tid) {
     int n0, n1;
     split(G->N, 32, nth, tid, &n0, &n1);
     gemm_rows(G->mode, G->w, G->w_rs, n0, n1, G->K, G->xp, G->M, G->y + n0, G->ldy,
-              G->pad + (int64_t)tid * gemm_pad_elems(), (int64_t)G->M * G->N * 4 >= gemm_stream_bytes);
-    if (G->bias)
-        for (int m = 0; m < G->M; m++)
-            for (int n = n0; n < n1; n++) G->y[(int64_t)m * G->ldy + n] += G->bias[n];
+              G->pad + (int64_t)tid * gemm_pad_elems(), G->bias, (int64_t)G->M * G->N * 4 >= gemm_stream_bytes);
 }
 
 /* y [M, ldy] (columns 0..N-1) = x [M, ldx] fp32 @ W[N, K]^T (bf16, rows w_rs bytes apart) + bias,

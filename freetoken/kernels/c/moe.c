@@ -85,8 +85,8 @@ static void moe_run_fn(void *a, int tid) {
                 const uint16_t *xg = J->xpk + J->g_blk[g] * bbH;
                 for (int jb = j0; jb < j1; jb += 32) {
                     const int je = jb + 32 < j1 ? jb + 32 : j1;
-                    gemm_rows(J->gm, wb, d->gu_w_rs, jb, je, H, xg, ns, gt, 32, pad, 0);
-                    gemm_rows(J->gm, wb, d->gu_w_rs, I + jb, I + je, H, xg, ns, gu_t, 32, pad, 0);
+                    gemm_rows(J->gm, wb, d->gu_w_rs, jb, je, H, xg, ns, gt, 32, pad, NULL, 0);
+                    gemm_rows(J->gm, wb, d->gu_w_rs, I + jb, I + je, H, xg, ns, gu_t, 32, pad, NULL, 0);
                     for (int t = 0; t < ns; t++)
                         for (int j = jb; j < je; j++) {
                             float gg = gt[t * 32 + j - jb], uu = gu_t[t * 32 + j - jb];
@@ -154,7 +154,7 @@ static void moe_run_fn(void *a, int tid) {
             const uint16_t *hg = J->hpk + J->g_blk[g] * bbI;
             for (int rb = r0; rb < r1; rb += 32) {
                 const int re = rb + 32 < r1 ? rb + 32 : r1;
-                gemm_rows(J->gm, wb, d->dn_w_rs, rb, re, I, hg, ns, dn_t, 32, pad, 0);
+                gemm_rows(J->gm, wb, d->dn_w_rs, rb, re, I, hg, ns, dn_t, 32, pad, NULL, 0);
                 for (int t = 0; t < ns; t++) {
                     float *o = J->out + (int64_t)J->r_tok[s0 + t] * H;
                     const float wt = J->r_w[s0 + t];
