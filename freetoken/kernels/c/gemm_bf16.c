@@ -277,6 +277,14 @@ static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int 
     }
 }
 
+/* Asks L2 for steps [s0, s1) of weight row `row`, past the last row too: the rows a caller walking
+ * down the matrix asks for next (a prefetch of an address outside the weights is dropped, never a fault). */
+static inline void amx_prefetch(const uint8_t *w, int64_t w_rs, int row, int K, int64_t s0, int64_t s1) {
+    const int64_t full = K / 32, e = (s1 < full ? s1 : full) * 64;
+    const char *q = (const char *)(w + (int64_t)row * w_rs);
+    for (int64_t o = s0 * 64; o < e; o += 64) _mm_prefetch(q + o, _MM_HINT_T1);
+}
+
 /* Rows [r0, r1) of the sub-panel of steps [s0, s1) (32 columns each) of 32 weight rows from n (rows
  * >= n1 zero) -> dst [step - s0][32 rows][32 bf16]: two A tiles per step, contiguous
  * (rows a page apart would share one L1 set), zero-padded past K. Also asks L2 for the same rows of
@@ -288,12 +296,7 @@ static void amx_pack_a(const uint8_t *w, int64_t w_rs, int n, int n1, int K, int
     for (int r = r0; r < r1; r++) {
         const uint16_t *src = (const uint16_t *)(w + (int64_t)(n + r) * w_rs);
         uint16_t *d = dst + r * 32 - s0 * 1024;
-        {   /* past the last row too: the rows a caller walking down the matrix asks for next
-             * (a prefetch of an address outside the weights is dropped, never a fault) */
-            const char *q = (const char *)(w + (int64_t)(nxt_n + r) * w_rs);
-            const int64_t e = (nxt_s1 < full ? nxt_s1 : full) * 64;
-            for (int64_t o = nxt_s0 * 64; o < e; o += 64) _mm_prefetch(q + o, _MM_HINT_T1);
-        }
+        amx_prefetch(w, w_rs, nxt_n + r, K, nxt_s0, nxt_s1);
         if (n + r >= n1) {
             for (int64_t k = s0; k < s1; k++) _mm512_storeu_si512(d + k * 1024, _mm512_setzero_si512());
             continue;
@@ -403,6 +406,8 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
                 uint16_t *a = pad + half * GEMM_PAD_STEP * 1024, *an = pad + (1 - half) * GEMM_PAD_STEP * 1024;
                 const int pf_n = nn.n < 0 ? nx.n : nn.n, ahead = nx.n >= 0 && np >= AMX_AHEAD_PAIRS;
                 if (c == 0 && n == n0 && s0 == 0) amx_pack_a(w, w_rs, n, n1, K, s0, s1, 0, 32, a, nx.n, nx.s0, nx1);
+                if (nx.n < 0)       /* the walk's end: the rows after it (the caller's next call) */
+                    for (int r = 0; r < 32; r++) amx_prefetch(w, w_rs, n + 32 + r, K, 0, AKS);
                 for (int b = c; b < ce; b += 2) {
                     const int nb = ce - b >= 2 ? 2 : 1, j = (b - c) / 2;
                     const uint16_t *b0 = xp + b * bb + 512 * s0, *b1 = b0 + bb;

@@ -238,7 +238,6 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
             n = 0;
         }
     }
-    const int KM = H > I ? H : I;
     size_t sz_meta = (size_t)R * (8 + 4 + 4 + 4 + 4) + (size_t)G * 4 + (size_t)nblk * 4 + (size_t)R * 2 * sizeof(float *) + 8;
     size_t sz_xq = (size_t)T * (size_t)prep_bytes(H);
     size_t sz_hn = ((size_t)R * I + (size_t)p->n * H) * 4;
