@@ -129,6 +129,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_route_topk.restype = None
     lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]
     lib.ft_gemm_bf16.restype = ci
+    lib.ft_gemm_stream.argtypes = [i64]
+    lib.ft_gemm_stream.restype = i64
     lib.ft_gemm_modes.argtypes = []
     lib.ft_gemm_modes.restype = ci
     lib.ft_get_gemm.argtypes = [ci]

@@ -28,26 +28,37 @@ def test_dense_gemm_matches_float64_reference(isa, mode):
     lib, code = _lib_mode(isa, mode)
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
     pool = CpuPool(lib, 2)
+    was = lib.ft_gemm_stream(-1)
     try:
-        # tokens 1..4096; rows not a multiple of 16/32 (tails); K odd or not a multiple of 32
-        for m, n, k in ((1, 5, 32), (17, 33, 64), (40, 50, 96), (300, 77, 2048), (33, 17, 34), (70, 40, 45),
-                        (4096, 48, 64), (129, 3000, 64), (700, 40, 300)):
-            if k % 2 and mode != "amx":
-                continue        # the vector tiles read whole pairs of a row in place
-            x = torch.randn(m, k + 3, generator=gen)[:, :k]          # a row stride wider than K
-            w = (torch.randn(n, k + 1, generator=gen) * 0.1).bfloat16()[:, :k]   # weight rows w_rs apart
-            b = torch.randn(n, generator=gen)
-            y = torch.full((m, n + 2), float("nan"))
-            rc = lib.ft_gemm_bf16(pool.handle, code, w.data_ptr(), w.stride(0) * 2, n, k, x.data_ptr(), x.stride(0),
-                                  m, b.data_ptr(), y.data_ptr(), y.stride(0))
-            assert rc == 0, (m, n, k)
-            ref = x.bfloat16().double() @ w.double().T + b.double()
-            # fp32 sums of exact products: a few ulp of fp32 times sqrt(K)
-            tol = 1e-6 * (x.bfloat16().double().abs() @ w.double().abs().T).max().item()
-            assert (y[:, :n].double() - ref).abs().max().item() <= tol, (m, n, k)
-            assert y[:, n:].isnan().all()                           # nothing past N written
+        # AMX's results streamed past the caches (forced from 0 bytes of output) and stored cached
+        for stream_min in ((0, 1 << 62) if mode == "amx" else (was,)):
+            lib.ft_gemm_stream(stream_min)
+            _dense_shapes(lib, pool, code, mode, gen)
     finally:
+        lib.ft_gemm_stream(was)
         pool.close()
+
+
+def _dense_shapes(lib, pool, code, mode, gen):
+    # tokens 1..4096; rows not a multiple of 16/32 (tails); K odd or not a multiple of 32; several
+    # chunks of tokens and K sub-panels (AMX copies the next sub-panel during the tiles); rows of
+    # the output 64 bytes apart (n + 2 = 64: whole lines streamed) or not
+    for m, n, k in ((1, 5, 32), (17, 33, 64), (40, 50, 96), (300, 77, 2048), (33, 17, 34), (70, 40, 45),
+                    (4096, 48, 64), (129, 3000, 64), (700, 40, 300), (600, 70, 2048), (1100, 62, 320)):
+        if k % 2 and mode != "amx":
+            continue        # the vector tiles read whole pairs of a row in place
+        x = torch.randn(m, k + 3, generator=gen)[:, :k]          # a row stride wider than K
+        w = (torch.randn(n, k + 1, generator=gen) * 0.1).bfloat16()[:, :k]   # weight rows w_rs apart
+        b = torch.randn(n, generator=gen)
+        y = torch.full((m, n + 2), float("nan"))
+        rc = lib.ft_gemm_bf16(pool.handle, code, w.data_ptr(), w.stride(0) * 2, n, k, x.data_ptr(), x.stride(0),
+                              m, b.data_ptr(), y.data_ptr(), y.stride(0))
+        assert rc == 0, (m, n, k)
+        ref = x.bfloat16().double() @ w.double().T + b.double()
+        # fp32 sums of exact products: a few ulp of fp32 times sqrt(K)
+        tol = 1e-6 * (x.bfloat16().double().abs() @ w.double().abs().T).max().item()
+        assert (y[:, :n].double() - ref).abs().max().item() <= tol, (m, n, k)
+        assert y[:, n:].isnan().all()                           # nothing past N written
 
 
 @pytest.mark.parametrize("isa,mode", CASES)

@@ -221,11 +221,16 @@ FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const
 enum { FT_GEMM_AMX = 1, FT_GEMM_VDPBF16PS = 2, FT_GEMM_REF = 3 };
 static inline int64_t kpad(int K) { return (int64_t)(K + 31) / 32 * 32; }
 static inline int64_t blk_bytes(int K) { return kpad(K) * 32; }   /* one packed block of 16 tokens */
+/* bf16 elements of the AMX tiles' per-thread scratch: two A sub-panels of 32 rows x 256 columns
+ * (8 steps of 32 columns) used in turn, 9 steps apart (18 KB: the copy's stores into one never
+ * alias the tile loads from the other on 4 KB offsets) */
+#define GEMM_PAD_STEP 9
+static inline int64_t gemm_pad_elems(void) { return 32 * 32 * (GEMM_PAD_STEP + 8); }
 FT_HIDDEN extern int ft_gemm_mode, ft_gemm_min;
 FT_HIDDEN int gemm_mode_runs(int mode, int K);
 FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst);
 FT_HIDDEN void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
-                         int M, float *out, int64_t ldo, uint16_t *pad);
+                         int M, float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream);
 
 /* attention_blocks.c: the block loops of decode attention (attention.c) */
 enum { ATT_Q_F32 = 0, ATT_Q_ROUNDED = 1, ATT_Q_BF16 = 2 };   /* att_prep_q's output */

@@ -15,7 +15,9 @@
  *              sub-panel of 32 rows is copied into tile order (contiguous A tiles) and stays in L1
  *              while every pair of token blocks of the chunk passes (only x streams from L2; 4 A
  *              + 4 x tiles in L1 ran at 94% of the peak, both from L2 at 30%), the accumulators
- *              wait in a per-thread buffer between sub-panels, the next weights are prefetched,
+ *              wait in a per-thread buffer between sub-panels, the next sub-panel is copied a slice
+ *              of rows after each pair's tiles (overlapping them), the weights after it prefetched,
+ *              a large output streamed past the caches,
  *              where the CPU has AMX-BF16 and the OS grants the tile state (arch_prctl
  *              ARCH_REQ_XCOMP_PERM, checked once, and a first tile op run in a forked child so a
  *              VM that faults on it refuses cleanly).
@@ -237,35 +239,64 @@ static void vdp_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
 #endif
 
 #ifdef FT_AMX
-/* C tile (16 rows x 16 tokens, fp32) stored in `t` -> out (transposed, valid rows/tokens only). */
-static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int M, int nr, int n, int n0) {
-    if (nr == 16) {     /* a whole column of the tile per token: one gather, one store */
-        const __m512i col = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                               _mm512_set1_epi32(16));
-        for (int i = 0; i < 16 && m0 + i < M; i++)
-            _mm512_storeu_ps(out + (int64_t)(m0 + i) * ldo + n - n0, _mm512_i32gather_ps(col, t + i, 4));
-        return;
+/* C tile (16 rows x 16 tokens, fp32) stored in `t` -> out (transposed, valid rows/tokens only):
+ * a 16 x 16 transpose in registers (unpacks within 128-bit lanes, then a 4 x 4 transpose of the
+ * lanes), one store per token. `stream`: whole aligned lines bypass the caches (a dense GEMM's
+ * output larger than L2: the cached stores, each a miss on a line 16 tokens apart, held the tiles
+ * up; streamed, 1.3x the tiles at 512 tokens, 1.4x at 4096, docs/benchmarks.md). */
+static inline void amx_put(const float *t, float *out, int64_t ldo, int m0, int M, int nr, int n, int n0,
+                           const float *bias, int stream) {
+    __m512 r[16], u[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_load_ps(t + 16 * i);
+    for (int i = 0; i < 16; i += 2) {
+        u[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        u[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
     }
-    for (int i = 0; i < 16 && m0 + i < M; i++)
-        for (int r = 0; r < nr; r++) out[(int64_t)(m0 + i) * ldo + n + r - n0] = t[r * 16 + i];
+    for (int b = 0; b < 16; b += 4) {   /* r[b + c], lane L: token 4L + c of rows b..b+3 */
+        r[b] = (__m512)_mm512_unpacklo_pd((__m512d)u[b], (__m512d)u[b + 2]);
+        r[b + 1] = (__m512)_mm512_unpackhi_pd((__m512d)u[b], (__m512d)u[b + 2]);
+        r[b + 2] = (__m512)_mm512_unpacklo_pd((__m512d)u[b + 1], (__m512d)u[b + 3]);
+        r[b + 3] = (__m512)_mm512_unpackhi_pd((__m512d)u[b + 1], (__m512d)u[b + 3]);
+    }
+    const __mmask16 mk = (__mmask16)((1u << nr) - 1);
+    const __m512 bv = bias ? _mm512_maskz_loadu_ps(mk, bias + n) : _mm512_setzero_ps();   /* rows n.. */
+    float *o = out + (int64_t)m0 * ldo + n - n0;
+    const int nt = M - m0 < 16 ? M - m0 : 16;
+    for (int c = 0; c < 4; c++) {
+        const __m512 p0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), p1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+        const __m512 p2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44), p3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+        const __m512 v[4] = {_mm512_shuffle_f32x4(p0, p2, 0x88), _mm512_shuffle_f32x4(p0, p2, 0xDD),
+                             _mm512_shuffle_f32x4(p1, p3, 0x88), _mm512_shuffle_f32x4(p1, p3, 0xDD)};
+        for (int q = 0; q < 4; q++) {   /* v[q]: token 4q + c */
+            float *d = o + (int64_t)(4 * q + c) * ldo;
+            if (4 * q + c >= nt) continue;
+            const __m512 y = _mm512_add_ps(v[q], bv);
+            if (stream && nr == 16 && !((uintptr_t)d & 63)) { _mm512_stream_ps(d, y); continue; }
+            _mm512_mask_storeu_ps(d, mk, y);
+        }
+    }
 }
 
-/* Steps [s0, s1) (32 columns each) of 32 weight rows from n (rows >= n1 zero) -> [step][32 rows][32
- * bf16] in `a`: two A tiles per step, contiguous (rows a page apart would share one L1 set),
- * zero-padded past K. Also asks L2 for the columns of the next sub-panel (rows from nxt_n, steps nxt_s0..):
- * the weights come from memory once per chunk of tokens, and the fetch overlaps the tiles' work. */
-static void amx_pack_a(const uint8_t *w, int64_t w_rs, int n, int n1, int K, int64_t s0, int64_t s1,
-                       uint16_t *a, int nxt_n, int64_t nxt_s0, int64_t nxt_s1) {
+/* Asks L2 for steps [s0, s1) of weight row `row`, past the last row too: the rows a caller walking
+ * down the matrix asks for next (a prefetch of an address outside the weights is dropped, never a fault). */
+static inline void amx_prefetch(const uint8_t *w, int64_t w_rs, int row, int K, int64_t s0, int64_t s1) {
+    const int64_t full = K / 32, e = (s1 < full ? s1 : full) * 64;
+    const char *q = (const char *)(w + (int64_t)row * w_rs);
+    for (int64_t o = s0 * 64; o < e; o += 64) _mm_prefetch(q + o, _MM_HINT_T1);
+}
+
+/* Rows [r0, r1) of the sub-panel of steps [s0, s1) (32 columns each) of 32 weight rows from n (rows
+ * >= n1 zero) -> dst [step - s0][32 rows][32 bf16]: two A tiles per step, contiguous
+ * (rows a page apart would share one L1 set), zero-padded past K. Also asks L2 for the same rows of
+ * the sub-panel after it (rows from nxt_n, steps nxt_s0..): the weights come from memory once per
+ * chunk of tokens, and the fetch overlaps the tiles' work. */
+static void amx_pack_a(const uint8_t *w, int64_t w_rs, int n, int n1, int K, int64_t s0, int64_t s1, int r0, int r1,
+                       uint16_t *dst, int nxt_n, int64_t nxt_s0, int64_t nxt_s1) {
     const int64_t full = K / 32;
-    for (int r = 0; r < 32; r++) {
+    for (int r = r0; r < r1; r++) {
         const uint16_t *src = (const uint16_t *)(w + (int64_t)(n + r) * w_rs);
-        uint16_t *d = a + r * 32 - s0 * 1024;
-        {   /* past the last row too: the rows a caller walking down the matrix asks for next
-             * (a prefetch of an address outside the weights is dropped, never a fault) */
-            const char *q = (const char *)(w + (int64_t)(nxt_n + r) * w_rs);
-            const int64_t e = (nxt_s1 < full ? nxt_s1 : full) * 64;
-            for (int64_t o = nxt_s0 * 64; o < e; o += 64) _mm_prefetch(q + o, _MM_HINT_T1);
-        }
+        uint16_t *d = dst + r * 32 - s0 * 1024;
+        amx_prefetch(w, w_rs, nxt_n + r, K, nxt_s0, nxt_s1);
         if (n + r >= n1) {
             for (int64_t k = s0; k < s1; k++) _mm512_storeu_si512(d + k * 1024, _mm512_setzero_si512());
             continue;
@@ -290,6 +321,7 @@ static int amx_chunk_blocks(int K) {
 
 #define AKS 8           /* K steps (32 columns) per A sub-panel: 32 rows x 256 bf16 = 16 KB stays in L1
                          * (16 steps measured no faster: half the accumulator traffic, twice the L1 load) */
+_Static_assert(AKS < GEMM_PAD_STEP, "a sub-panel fits its half of the scratch");
 
 /* 2 x 2 tiles (32 rows x 32 tokens) over steps [0, ns) of a sub-panel: C from `cb` (or zero on the
  * first sub-panel), back to `cb` (4 tiles of 16 x 16 fp32). */
@@ -332,18 +364,36 @@ FORCE_INLINE void amx_block(const uint16_t *a, const uint16_t *b0, const uint16_
     _tile_stored(0, cb, 64); _tile_stored(1, cb + 256, 64); _tile_stored(2, cb + 512, 64); _tile_stored(3, cb + 768, 64);
 }
 
-/* Rows [n0, n1) over the packed x; pad: 32 x kpad(K) bf16 scratch (AKS steps of it hold the A
- * sub-panel). Per chunk of tokens (amx_chunk_blocks) and 32 rows, K in sub-panels of AKS steps: the sub-panel's
+#define AMX_AHEAD_PAIRS 4   /* pairs of token blocks from which the next sub-panel is copied during the
+                             * tiles (64 tokens: 0.9x copied in between into the same half, still in L1) */
+
+/* One sub-panel of the walk: 32 rows from n, steps [s0, s0 + AKS); n < 0: none. */
+typedef struct { int n; int64_t s0; } amx_sp;
+
+/* The sub-panel after `p` in amx_rows' walk: K, then rows, then the first of the next chunk. */
+static amx_sp amx_next(amx_sp p, int n0, int n1, int64_t kk, int more_chunks) {
+    if (p.s0 + AKS < kk) return (amx_sp){p.n, p.s0 + AKS};
+    if (p.n + 32 < n1) return (amx_sp){p.n + 32, 0};
+    return (amx_sp){more_chunks ? n0 : -1, 0};
+}
+
+/* Rows [n0, n1) over the packed x; pad: gemm_pad_elems() bf16 scratch (two sub-panels).
+ * Per chunk of tokens (amx_chunk_blocks) and 32 rows, K in sub-panels of AKS steps: the sub-panel's
  * A tiles come from L1 for every pair of token blocks, only the x tiles stream from L2, and the
- * 2 x 2 accumulators of each pair wait in `cb` (L1/L2) between sub-panels. */
+ * 2 x 2 accumulators of each pair wait in `cb` (L1/L2) between sub-panels. The next sub-panel is
+ * copied into the other half of pad a slice of rows after each pair's tiles (the copy's loads
+ * and stores overlap the queued tile products, and the tiles never wait on it), or, for a
+ * chunk of few pairs, in between into the same half. */
 static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp, int M,
-                     float *out, int64_t ldo, uint16_t *pad) {
+                     float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream) {
     const int64_t bb = blk_bytes(K) / 2, kk = kpad(K) / 32;
     const int nblk = (M + 15) / 16, cblk = amx_chunk_blocks(K);
     static __thread float cb[AMX_MC / 32][1024] __attribute__((aligned(64)));
     amx_config();
+    amx_sp cur = {n0, 0};
+    int half = 0;                                   /* the half of pad holding `cur` */
     for (int c = 0; c < nblk; c += cblk) {
-        const int ce = c + cblk < nblk ? c + cblk : nblk;
+        const int ce = c + cblk < nblk ? c + cblk : nblk, np = (ce - c + 1) / 2;
         for (int n = n0; n < n1; n += 32) {
             const int left = n1 - n;
             const int na = left > 16 ? 2 : 1;           /* A tiles: 16 rows each */
@@ -351,25 +401,37 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
             for (int64_t s0 = 0; s0 < kk; s0 += AKS) {
                 const int64_t s1 = s0 + AKS < kk ? s0 + AKS : kk;
                 const int last = s1 == kk;
-                amx_pack_a(w, w_rs, n, n1, K, s0, s1, pad, last ? n + 32 : n, last ? 0 : s1,
-                           last ? AKS : s1 + AKS);
+                const amx_sp nx = amx_next(cur, n0, n1, kk, ce < nblk), nn = amx_next(nx, n0, n1, kk, 1);
+                const int64_t nx1 = nx.s0 + AKS < kk ? nx.s0 + AKS : kk;
+                uint16_t *a = pad + half * GEMM_PAD_STEP * 1024, *an = pad + (1 - half) * GEMM_PAD_STEP * 1024;
+                const int pf_n = nn.n < 0 ? nx.n : nn.n, ahead = nx.n >= 0 && np >= AMX_AHEAD_PAIRS;
+                if (c == 0 && n == n0 && s0 == 0) amx_pack_a(w, w_rs, n, n1, K, s0, s1, 0, 32, a, nx.n, nx.s0, nx1);
+                if (nx.n < 0)       /* the walk's end: the rows after it (the caller's next call) */
+                    for (int r = 0; r < 32; r++) amx_prefetch(w, w_rs, n + 32 + r, K, 0, AKS);
                 for (int b = c; b < ce; b += 2) {
-                    const int nb = ce - b >= 2 ? 2 : 1;
+                    const int nb = ce - b >= 2 ? 2 : 1, j = (b - c) / 2;
                     const uint16_t *b0 = xp + b * bb + 512 * s0, *b1 = b0 + bb;
-                    float *t = cb[(b - c) / 2];
-                    if (na == 2 && nb == 2) amx_block(pad, b0, b1, s1 - s0, t, s0 == 0, 2, 2);
-                    else amx_block(pad, b0, b1, s1 - s0, t, s0 == 0, na, nb);
+                    float *t = cb[j];
+                    if (na == 2 && nb == 2) amx_block(a, b0, b1, s1 - s0, t, s0 == 0, 2, 2);
+                    else amx_block(a, b0, b1, s1 - s0, t, s0 == 0, na, nb);
+                    if (ahead)          /* this pair's slice of the next sub-panel's rows */
+                        amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 32 * j / np, 32 * (j + 1) / np, an,
+                                   pf_n, nn.s0, nn.s0 + AKS);
                     if (!last) continue;
-                    amx_put(t, out, ldo, 16 * b, M, nr0, n, n0);
-                    if (nb == 2) amx_put(t + 256, out, ldo, 16 * b + 16, M, nr0, n, n0);
+                    amx_put(t, out, ldo, 16 * b, M, nr0, n, n0, bias, stream);
+                    if (nb == 2) amx_put(t + 256, out, ldo, 16 * b + 16, M, nr0, n, n0, bias, stream);
                     if (na == 2) {
-                        amx_put(t + 512, out, ldo, 16 * b, M, nr1, n + 16, n0);
-                        if (nb == 2) amx_put(t + 768, out, ldo, 16 * b + 16, M, nr1, n + 16, n0);
+                        amx_put(t + 512, out, ldo, 16 * b, M, nr1, n + 16, n0, bias, stream);
+                        if (nb == 2) amx_put(t + 768, out, ldo, 16 * b + 16, M, nr1, n + 16, n0, bias, stream);
                     }
                 }
+                if (nx.n >= 0 && !ahead) amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 0, 32, a, pf_n, nn.s0, nn.s0 + AKS);
+                cur = nx;
+                half ^= ahead;
             }
         }
     }
+    if (stream) _mm_sfence();       /* the streamed lines reach memory before the caller's barrier */
     _tile_release();
 }
 #endif
@@ -386,21 +448,35 @@ FT_HIDDEN int gemm_mode_runs(int mode, int K) {
     return mode == FT_GEMM_REF;
 }
 
-/* out (ldo) = rows [n0, n1) of W over the packed x; pad: AMX's scratch (32 x kpad(K) bf16). */
+/* out (ldo) = rows [n0, n1) of W over the packed x + bias[n] (NULL: none); pad: AMX's scratch
+ * (gemm_pad_elems() bf16); stream: AMX writes whole lines past the caches. */
 void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
-                         int M, float *out, int64_t ldo, uint16_t *pad) {
+               int M, float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream) {
     if (n0 >= n1) return;
 #ifdef FT_AMX
-    if (mode == FT_GEMM_AMX) { amx_rows(w, w_rs, n0, n1, K, xp, M, out, ldo, pad); return; }
+    if (mode == FT_GEMM_AMX) { amx_rows(w, w_rs, n0, n1, K, xp, M, out, ldo, pad, bias, stream); return; }
 #endif
+    (void)pad; (void)stream;
 #ifdef FT_BF16DOT
-    if (mode == FT_GEMM_VDPBF16PS) { vdp_rows(w, w_rs, n0, n1, K, xp, M, out, ldo); return; }
+    if (mode == FT_GEMM_VDPBF16PS) vdp_rows(w, w_rs, n0, n1, K, xp, M, out, ldo);
+    else
 #endif
-    (void)pad; (void)mode;
     ref_rows(w, w_rs, n0, n1, K, xp, M, out, ldo);
+    if (bias)
+        for (int m = 0; m < M; m++)
+            for (int n = n0; n < n1; n++) out[(int64_t)m * ldo + n - n0] += bias[n];
 }
 
 /* ------------------------------------------------------------------ the dense GEMM */
+
+/* Output bytes from which a dense GEMM's AMX tiles stream their results past the caches (an L2
+ * of output: below it the next layer reads them from cache); ft_gemm_stream sets it (tests force both). */
+static int64_t gemm_stream_bytes = 2 << 20;
+int64_t ft_gemm_stream(int64_t min_bytes) {
+    const int64_t was = gemm_stream_bytes;
+    if (min_bytes >= 0) gemm_stream_bytes = min_bytes;
+    return was;
+}
 
 typedef struct {
     int mode; const uint8_t *w; int64_t w_rs; int N, K;
@@ -419,10 +495,7 @@ static void gemm_fn(void *a, int tid) {
     int n0, n1;
     split(G->N, 32, nth, tid, &n0, &n1);
     gemm_rows(G->mode, G->w, G->w_rs, n0, n1, G->K, G->xp, G->M, G->y + n0, G->ldy,
-              G->pad + (int64_t)tid * 32 * kpad(G->K));
-    if (G->bias)
-        for (int m = 0; m < G->M; m++)
-            for (int n = n0; n < n1; n++) G->y[(int64_t)m * G->ldy + n] += G->bias[n];
+              G->pad + (int64_t)tid * gemm_pad_elems(), G->bias, (int64_t)G->M * G->N * 4 >= gemm_stream_bytes);
 }
 
 /* y [M, ldy] (columns 0..N-1) = x [M, ldx] fp32 @ W[N, K]^T (bf16, rows w_rs bytes apart) + bias,
@@ -434,7 +507,7 @@ int ft_gemm_bf16(void *vp, int mode, const void *w, int64_t w_rs, int N, int K, 
     if (!gemm_mode_runs(mode, K)) return -3;
     if (M <= 0 || N <= 0) return 0;
     const int nblk = (int)((M + 15) / 16);
-    size_t sz_xp = (size_t)nblk * (size_t)blk_bytes(K), sz_pad = (size_t)p->n * 32 * (size_t)kpad(K) * 2;
+    size_t sz_xp = (size_t)nblk * (size_t)blk_bytes(K), sz_pad = (size_t)p->n * (size_t)gemm_pad_elems() * 2;
     size_t sz_rows = (size_t)M * sizeof(float *);
     uint8_t *buf = scratch(p, sz_xp + sz_pad + sz_rows + 128);
     if (!buf) return -2;

@@ -22,7 +22,7 @@ typedef struct {
     const float **xrows, **hrows;   /* per slot: its token's x row, its h row */
     uint16_t *xpk, *hpk;    /* packed x (blocks of blk_bytes(H)), packed h (blk_bytes(I)) */
     float *gtmp;            /* per thread: 3 x (max tokens of a group) x 32 floats */
-    uint16_t *gpad;         /* per thread: 32 x kpad(max(H, I)) bf16 */
+    uint16_t *gpad;         /* per thread: gemm_pad_elems() bf16 */
     int64_t gtmp_n, gpad_n;
 } moe_job;
 
@@ -85,8 +85,8 @@ static void moe_run_fn(void *a, int tid) {
                 const uint16_t *xg = J->xpk + J->g_blk[g] * bbH;
                 for (int jb = j0; jb < j1; jb += 32) {
                     const int je = jb + 32 < j1 ? jb + 32 : j1;
-                    gemm_rows(J->gm, wb, d->gu_w_rs, jb, je, H, xg, ns, gt, 32, pad);
-                    gemm_rows(J->gm, wb, d->gu_w_rs, I + jb, I + je, H, xg, ns, gu_t, 32, pad);
+                    gemm_rows(J->gm, wb, d->gu_w_rs, jb, je, H, xg, ns, gt, 32, pad, NULL, 0);
+                    gemm_rows(J->gm, wb, d->gu_w_rs, I + jb, I + je, H, xg, ns, gu_t, 32, pad, NULL, 0);
                     for (int t = 0; t < ns; t++)
                         for (int j = jb; j < je; j++) {
                             float gg = gt[t * 32 + j - jb], uu = gu_t[t * 32 + j - jb];
@@ -154,7 +154,7 @@ static void moe_run_fn(void *a, int tid) {
             const uint16_t *hg = J->hpk + J->g_blk[g] * bbI;
             for (int rb = r0; rb < r1; rb += 32) {
                 const int re = rb + 32 < r1 ? rb + 32 : r1;
-                gemm_rows(J->gm, wb, d->dn_w_rs, rb, re, I, hg, ns, dn_t, 32, pad);
+                gemm_rows(J->gm, wb, d->dn_w_rs, rb, re, I, hg, ns, dn_t, 32, pad, NULL, 0);
                 for (int t = 0; t < ns; t++) {
                     float *o = J->out + (int64_t)J->r_tok[s0 + t] * H;
                     const float wt = J->r_w[s0 + t];
@@ -238,13 +238,12 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
             n = 0;
         }
     }
-    const int KM = H > I ? H : I;
     size_t sz_meta = (size_t)R * (8 + 4 + 4 + 4 + 4) + (size_t)G * 4 + (size_t)nblk * 4 + (size_t)R * 2 * sizeof(float *) + 8;
     size_t sz_xq = (size_t)T * (size_t)prep_bytes(H);
     size_t sz_hn = ((size_t)R * I + (size_t)p->n * H) * 4;
     size_t sz_hq = (size_t)R * (size_t)prep_bytes(I);
     size_t sz_pk = (size_t)nblk * (size_t)(blk_bytes(H) + blk_bytes(I));
-    int64_t gtmp_n = (int64_t)3 * max_ns * 32, gpad_n = nblk ? 32 * kpad(KM) : 0;
+    int64_t gtmp_n = (int64_t)3 * max_ns * 32, gpad_n = nblk ? gemm_pad_elems() : 0;
     size_t sz_gt = (size_t)p->n * (size_t)(gtmp_n * 4 + gpad_n * 2);
     size_t a64 = 64;
     #define RUP(v) (((v) + a64 - 1) / a64 * a64)
