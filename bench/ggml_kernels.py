@@ -25,16 +25,20 @@ from freetoken.quant import ggml_quants as gq
 
 
 def ggml_banks(t: int, n: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Banks of one type; gate and up are views of one [n, 2I, RB] tensor (one type, one width),
+    the layout a baseline library built from before the separate up bank reads as well."""
     g = torch.Generator().manual_seed(seed)
     if t in iq.TYPES:   # the i-quants have no quantizer here: random valid blocks, small d
-        return {"gate_up": iq.random_rows(t, n * 2 * inter, hidden, g, scale=1e-3).reshape(n, 2 * inter, -1),
-                "gate_up_types": torch.full((n, 2), t, dtype=torch.int32),
+        gu = iq.random_rows(t, n * 2 * inter, hidden, g, scale=1e-3).reshape(n, 2 * inter, -1)
+        return {"gate": gu[:, :inter], "up": gu[:, inter:], "gate_up_types": torch.full((n, 2), t, dtype=torch.int32),
                 "down": iq.random_rows(t, n * hidden, inter, g, scale=1e-3).reshape(n, hidden, -1),
                 "down_types": torch.full((n, 1), t, dtype=torch.int32)}
     parts = [quantize_ggml(torch.randn(min(4, n - i), 2 * inter, hidden, generator=g) * 0.02,
                            torch.randn(min(4, n - i), hidden, inter, generator=g) * 0.02, t)
              for i in range(0, n, 4)]
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    banks = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+    gu = torch.cat([banks["gate"], banks["up"]], 1)
+    return dict(banks, gate=gu[:, :inter], up=gu[:, inter:])
 
 
 def build_baseline(rev: str) -> None:

@@ -21,7 +21,6 @@ import torch
 
 from freetoken.experts import ggml_slots
 from freetoken.experts.execution.torch_exec import run_slots
-from freetoken.experts.ggml_banks import bank_row_bytes
 from freetoken.experts.memory.pool import ExpertSpec
 from freetoken.quant import ggml_iquants as iq
 from freetoken.quant import ggml_quants as gq
@@ -33,17 +32,16 @@ def slot_banks(trios, hidden: int, inter: int, device) -> dict[str, torch.Tensor
     """Random valid slots (small scales), expert i in trios[i % len(trios)]."""
     g = torch.Generator().manual_seed(0)
     n = len(trios)
-    rb, rbd = bank_row_bytes([t for tr in trios for t in tr[:2]], hidden), bank_row_bytes([tr[2] for tr in trios], inter)
-    gu = torch.zeros(n, 2 * inter, rb, dtype=torch.uint8)
-    dn = torch.zeros(n, hidden, rbd, dtype=torch.uint8)
     rows = lambda t, r, c: (iq.random_rows(t, r, c, g, scale=1e-3) if t in iq.TYPES  # noqa: E731
                             else gq.quantize(torch.randn(r, c, generator=g) * 0.02, t))
-    for i, (gt, ut, dt) in enumerate(trios):
-        gu[i, :inter, :gq.row_bytes(gt, hidden)] = rows(gt, inter, hidden)
-        gu[i, inter:, :gq.row_bytes(ut, hidden)] = rows(ut, inter, hidden)
-        dn[i, :, :gq.row_bytes(dt, inter)] = rows(dt, hidden, inter)
-    banks = {"gate_up": gu, "gate_up_types": torch.tensor([tr[:2] for tr in trios], dtype=torch.int32),
-             "down": dn, "down_types": torch.tensor([[tr[2]] for tr in trios], dtype=torch.int32)}
+    banks = {}
+    for half, (name, r, c) in enumerate((("gate", inter, hidden), ("up", inter, hidden), ("down", hidden, inter))):
+        b = torch.zeros(n, r, max(gq.row_bytes(tr[half], c) for tr in trios), dtype=torch.uint8)
+        for i, tr in enumerate(trios):
+            b[i, :, :gq.row_bytes(tr[half], c)] = rows(tr[half], r, c)
+        banks[name] = b
+    banks.update(gate_up_types=torch.tensor([tr[:2] for tr in trios], dtype=torch.int32),
+                 down_types=torch.tensor([[tr[2]] for tr in trios], dtype=torch.int32))
     return {k: v.to(device) for k, v in banks.items()}
 
 

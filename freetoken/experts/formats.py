@@ -9,10 +9,11 @@ Bank layouts (leading index = flat id moe_layer*E + expert; I = intermediate, H 
   int8:  gate_up int8 [N, 2I, H], gate_up_scales f16 [N, 2I, H/32], down / down_scales likewise
   nvfp4: gate_up_blocks u8 [N, 2I, H/16, 8], gate_up_scales u8 [N, 2I, H/16 + 4] (e4m3 per 16, then
          the row's float32 global scale), down_* likewise (quant/nvfp4.py)
-  ggml:  gate_up u8 [N, 2I, RB] raw llama.cpp blocks per output row, gate_up_types int32 [N, 2]
-         (ggml type of the gate half, of the up half), down u8 [N, H, RBd], down_types int32
-         [N, 1]; RB = the widest row of the bank's types, narrower rows zero-padded (ggml_banks.py;
-         a GGUF's layers of different widths get a bank each: grouped_pool.py)
+  ggml:  gate u8 [N, I, RBg] and up u8 [N, I, RBu] (banks of their own: their types may differ in
+         row width) raw llama.cpp blocks per output row, gate_up_types int32 [N, 2] (ggml type of
+         the gate, of the up rows), down u8 [N, H, RBd], down_types int32 [N, 1]; a bank's row
+         width is the widest of its types, narrower rows zero-padded (ggml_banks.py; a GGUF's
+         layers of different widths get banks each: grouped_pool.py)
   optional: gate_up_bias f32 [N, 2I], down_bias f32 [N, H]
 An `ExpertSpec` says "float" for the three float formats (the bank dtype tells which).
 """
@@ -42,6 +43,7 @@ class Format:
     quantize: Callable | None = None    # float [.., rows, cols] -> (weights, scales)
     dequantize: Callable | None = None  # (weights, scales, dtype) -> float [rows, cols]
     group: int = 1                   # input elements per index of the weight bank's dim 2 (packed blocks)
+    up: str = ""                     # the up rows' own bank ('' = rows I.. of the gate_up weights)
 
     @property
     def is_float(self) -> bool:
@@ -64,7 +66,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
            quantize_nvfp4_bank, dequantize_nvfp4_bank, group=16),
     # llama.cpp's quantizations as read from GGUF files, a type per expert tensor (ggml_banks.py);
     # requantizing float experts to "ggml" gives Q8_0
-    Format("ggml", 7, ("gate_up", "gate_up_types", "down", "down_types"), None, 32),
+    Format("ggml", 7, ("gate", "gate_up_types", "down", "down_types"), None, 32, up="up"),
 )}
 FORMAT_NAMES = tuple(FORMATS)
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 1, "silu_clamp": 2}     # name -> the C kernels' ACT_*
@@ -85,6 +87,12 @@ def spec_format(fmt: str) -> str:
 def weight_keys(fmt: str) -> tuple[str, str, str, str]:
     """(gate_up weights, gate_up scales, down weights, down scales) bank names; scales '' if none."""
     return get_format(fmt).keys
+
+
+def weight_banks(fmt: str) -> tuple[str, ...]:
+    """Every bank of an expert's weights and scales in `fmt` (what a routed expert streams)."""
+    f = get_format(fmt)
+    return tuple(k for k in (*f.keys, f.up) if k)
 
 
 def resolve_format(banks: dict[str, torch.Tensor], fmt: str) -> str:

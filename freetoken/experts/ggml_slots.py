@@ -49,17 +49,16 @@ def dequantize_rows(rows: torch.Tensor, types: torch.Tensor, cols: int, candidat
 
 def gather_dequant(banks: dict[str, torch.Tensor], slots: torch.Tensor, which: str, hidden: int,
                    intermediate: int, types: dict[str, tuple[int, ...]]) -> torch.Tensor:
-    """float32 [P, rows, cols] of bank `which` ("gate_up" | "down") at slot ids `slots` (a
-    tensor on the banks' device)."""
+    """float32 [P, rows, cols] of `which` ("gate_up": the gate and up banks' rows, gate first |
+    "down") at slot ids `slots` (a tensor on the banks' device)."""
     if which == "down":
         rows, ty = banks["down"].index_select(0, slots), banks["down_types"].index_select(0, slots)
         out = torch.empty(rows.shape[0], hidden, intermediate, dtype=torch.float32, device=rows.device)
         return dequantize_rows(rows, ty[:, 0], intermediate, types["down"], out)
-    rows, ty = banks["gate_up"].index_select(0, slots), banks["gate_up_types"].index_select(0, slots)
-    I = intermediate
-    out = torch.empty(rows.shape[0], 2 * I, hidden, dtype=torch.float32, device=rows.device)
-    dequantize_rows(rows[:, :I], ty[:, 0], hidden, types["gate"], out[:, :I])
-    dequantize_rows(rows[:, I:], ty[:, 1], hidden, types["up"], out[:, I:])
+    ty, I = banks["gate_up_types"].index_select(0, slots), intermediate
+    out = torch.empty(ty.shape[0], 2 * I, hidden, dtype=torch.float32, device=ty.device)
+    for half, (name, rows) in enumerate((("gate", slice(0, I)), ("up", slice(I, 2 * I)))):
+        dequantize_rows(banks[name].index_select(0, slots), ty[:, half], hidden, types[name], out[:, rows])
     return out
 
 

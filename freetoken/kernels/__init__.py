@@ -39,6 +39,8 @@ class Desc(ctypes.Structure):
         ("dn_w", ctypes.c_void_p), ("dn_w_es", ctypes.c_int64), ("dn_w_rs", ctypes.c_int64),
         ("dn_s", ctypes.c_void_p), ("dn_s_es", ctypes.c_int64), ("dn_s_rs", ctypes.c_int64),
         ("gu_b", ctypes.c_void_p), ("dn_b", ctypes.c_void_p),
+        # the up rows in a bank of their own (ggml), else None: rows I.. of gu_w
+        ("up_w", ctypes.c_void_p), ("up_w_es", ctypes.c_int64), ("up_w_rs", ctypes.c_int64),
     ]
 
 

@@ -8,10 +8,10 @@ contiguous per tensor; a safetensors checkpoint has one tensor per expert matrix
 expert is read with one `pread` per piece:
 
   FTW          one piece per bank: bank tensor offset + flat * row bytes
-  GGUF         gate_up: the gate piece and the up piece (blk.N.ffn_{gate,up}_exps, expert e's
-               rows), down: one piece; with mixed types (Q4_K_M) one piece per row width, and
-               rows narrower than the bank row placed row by row (`pitch`, zero padding);
-               float types cast to the engine dtype
+  GGUF         ggml: gate, up and down each one piece (blk.N.ffn_{gate,up,down}_exps, expert
+               e's rows); with mixed types (Q4_K_M) one piece per row width, and rows narrower
+               than the bank row placed row by row (`pitch`, zero padding); float: gate_up the
+               gate piece and the up piece, types cast to the engine dtype
   safetensors  per-expert gate/up/down tensors, or the fused `gate_up_proj` row e
 
 Tiny per-expert banks (ggml type ids, gpt-oss biases) are `resident`: read once at start.
@@ -108,24 +108,18 @@ def gguf_layout(ck) -> DiskLayout:
     if kind == "ggml":
         if ck.expert_format:
             raise CheckpointError(f"{ck.path}: the experts are already quantized by llama.cpp; drop --expert-format")
-        width_gu = max(ggml_quants.row_bytes(t.ggml_type, hidden) for trio in parts for t in trio[:2])
-        width_d = max(ggml_quants.row_bytes(trio[2].ggml_type, inter) for trio in parts)
-        gu_pieces, d_pieces = [], []
-        for which, cols, w, dst, out in ((0, hidden, width_gu, 0, gu_pieces), (1, hidden, width_gu, inter * width_gu,
-                                                                                gu_pieces),
-                                         (2, inter, width_d, 0, d_pieces)):
-            rows = hidden if which == 2 else inter
+        banks = {}
+        for which, name, rows, cols in ((0, "gate", inter, hidden), (1, "up", inter, hidden), (2, "down", hidden, inter)):
             widths = [ggml_quants.row_bytes(trio[which].ggml_type, cols) for trio in parts]
+            w, pieces = max(widths), []
             for rb in sorted(set(widths)):        # mixed types (Q4_K_M): one piece per row width
-                layers = [m for m, x in enumerate(widths) if x == rb]
-                pc = piece(which, rows * rb, dst, **(dict(rows=rows, pitch=w) if rb != w else {}))
+                pc = piece(which, rows * rb, 0, **(dict(rows=rows, pitch=w) if rb != w else {}))
                 keep = np.zeros(n, bool)
-                for m in layers:
+                for m in (m for m, x in enumerate(widths) if x == rb):
                     keep[m * e:(m + 1) * e] = True
                 pc.files[~keep] = -1
-                out.append(pc)
-        banks = {"gate_up": BankLayout(torch.uint8, (2 * inter, width_gu), gu_pieces),
-                 "down": BankLayout(torch.uint8, (hidden, width_d), d_pieces)}
+                pieces.append(pc)
+            banks[name] = BankLayout(torch.uint8, (rows, w), pieces)
         resident["gate_up_types"] = torch.tensor([[g.ggml_type, u.ggml_type] for g, u, _ in parts],
                                                  dtype=torch.int32).repeat_interleave(e, 0)
         resident["down_types"] = torch.tensor([[d.ggml_type] for _, _, d in parts],

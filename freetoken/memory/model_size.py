@@ -107,10 +107,11 @@ def _gguf_shape(ck) -> ModelShape:
     e, inter, hidden = trios[0][0].shape
     extra = 3 * 4 + ((2 * inter + hidden) * 4 if ck.arch == "gpt-oss" else 0)   # type ids, gpt-oss biases
     widths = row_widths(trios)
-    per_layer = [2 * inter * w_gu + hidden * w_d + extra for w_gu, w_d in widths]
+    rows = (inter, inter, hidden)       # gate, up, down: banks of their own
+    per_layer = [sum(r * w for r, w in zip(rows, ws)) + extra for ws in widths]
     # the pool holds each layer in its own widths; a cache slot holds any layer's expert: each
-    # bank as wide as its widest layer (a mix's widest gate_up and widest down may be in different layers)
-    slot = 2 * inter * max(w for w, _ in widths) + hidden * max(w for _, w in widths) + extra
+    # bank as wide as its widest layer (a mix's widest gate, up and down may be in different layers)
+    slot = sum(r * max(w) for r, w in zip(rows, zip(*widths))) + extra
     return ModelShape(_text(ck.config), dense, expert_bytes, "prebuilt:ggml", slot, packed_dense,
                       prebuilt_pool_bytes=e * sum(per_layer))
 

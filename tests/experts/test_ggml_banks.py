@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from freetoken.experts.formats import dequantize_expert
-from freetoken.experts.ggml_banks import check_ggml_banks, ggml_expert_nbytes, pad_rows, quantize_ggml
+from freetoken.experts.ggml_banks import check_ggml_banks, ggml_expert_nbytes, quantize_ggml
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 from freetoken.experts.execution.torch_exec import run_experts
 from freetoken.quant import ggml_quants as gq
@@ -15,9 +15,14 @@ from freetoken.quant import ggml_quants as gq
 LAYER_TYPES = [(gq.Q4_K, gq.Q4_K, gq.Q6_K), (gq.Q5_K, gq.Q4_K, gq.Q4_K), (gq.Q8_0, gq.Q4_0, gq.MXFP4)]
 
 
+def pad_rows(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """u8 [..., rb] -> [..., width] with zero bytes after the blocks."""
+    return torch.nn.functional.pad(rows, (0, width - rows.shape[-1]))
+
+
 def mixed_banks(E: int, H: int, I: int, gen: torch.Generator, layer_types=LAYER_TYPES):
-    """Banks of len(layer_types) layers x E experts, each layer in its own types, rows padded to
-    the widest; also returns the float weights the blocks came from."""
+    """Banks of len(layer_types) layers x E experts, each layer in its own types, each bank's
+    rows padded to its widest; also returns the float weights the blocks came from."""
     layers, floats = [], []
     for g, u, d in layer_types:
         gu = torch.randn(E, 2 * I, H, generator=gen) * 0.1
@@ -25,7 +30,7 @@ def mixed_banks(E: int, H: int, I: int, gen: torch.Generator, layer_types=LAYER_
         layers.append(quantize_ggml(gu, dn, g, u, d))
         floats.append((gu, dn))
     out = {}
-    for k in ("gate_up", "down"):
+    for k in ("gate", "up", "down"):
         width = max(b[k].shape[2] for b in layers)
         out[k] = torch.cat([pad_rows(b[k], width) for b in layers]).contiguous()
     for k in ("gate_up_types", "down_types"):
@@ -38,7 +43,8 @@ def test_banks_dequantize_per_expert_type():
     E, H, I = 3, 256, 512
     banks, floats = mixed_banks(E, H, I, gen)
     assert check_ggml_banks(banks, H, I) == {gq.Q4_K, gq.Q5_K, gq.Q6_K, gq.Q8_0, gq.Q4_0, gq.MXFP4}
-    assert banks["gate_up"].shape == (3 * E, 2 * I, gq.row_bytes(gq.Q8_0, H))   # the widest type
+    assert banks["gate"].shape == (3 * E, I, gq.row_bytes(gq.Q8_0, H))   # the widest type
+    assert banks["up"].shape == (3 * E, I, gq.row_bytes(gq.Q4_K, H))     # its own: Q4_K and Q4_0 alike
     for layer, (g, u, d) in enumerate(LAYER_TYPES):
         for e in range(E):
             fid = layer * E + e

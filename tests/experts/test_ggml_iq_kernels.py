@@ -9,7 +9,7 @@ from test_cpu_kernels import ISAS, dense64, reference64, rel_err, routes
 
 from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import dequantize_expert
-from freetoken.experts.ggml_banks import KERNEL_TYPES, pad_rows
+from freetoken.experts.ggml_banks import KERNEL_TYPES
 from freetoken.quant import ggml_iquants as iq
 from freetoken.quant import ggml_quants as gq
 
@@ -17,8 +17,8 @@ H, I = 512, 256
 
 
 def iq_banks(n: int, types: tuple[int, int, int], gen: torch.Generator, scale: float = 0.004) -> dict:
-    """n experts of random valid blocks, gate / up / down in their own types (rows padded to the
-    widest), fp16 d = scale (values O(0.1)); the first expert's d random (every scale bit)."""
+    """n experts of random valid blocks, gate / up / down in their own types (banks of
+    their own widths), fp16 d = scale (values O(0.1)); the first expert's d random (every scale bit)."""
     g, u, d = types
 
     def rows(t, r, cols):
@@ -29,16 +29,14 @@ def iq_banks(n: int, types: tuple[int, int, int], gen: torch.Generator, scale: f
             v = gq.dequantize(out[0], t, cols)                 # rescale: keep d's bits, tame the size
             out[0] = out[0] if float(v.abs().max()) < 10 else iq.random_rows(t, r, cols, gen, scale=scale)
         return out
-    gr, ur = rows(g, I, H), rows(u, I, H)
-    w = max(gr.shape[-1], ur.shape[-1])
-    return {"gate_up": torch.cat([pad_rows(gr, w), pad_rows(ur, w)], 1).contiguous(),
+    return {"gate": rows(g, I, H).contiguous(), "up": rows(u, I, H).contiguous(),
             "gate_up_types": torch.tensor([[g, u]] * n, dtype=torch.int32),
             "down": rows(d, H, I).contiguous(),
             "down_types": torch.tensor([[d]] * n, dtype=torch.int32)}
 
 
 def check(banks, isa, gen, tokens=range(1, 12)):
-    n = banks["gate_up"].shape[0]
+    n = banks["gate"].shape[0]
     ex = CpuExpertExecutor(banks, "ggml", H, I, isa=isa, gemm_tokens=0)
     dense = dense64(banks, "ggml")
     for t in tokens:                                # 1..11 tokens: tiles of 1-4 tokens per expert

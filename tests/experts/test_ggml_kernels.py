@@ -66,7 +66,7 @@ def test_random_valid_blocks():
             if t == gq.MXFP4:
                 b.view(*b.shape[:2], -1, 17)[..., 0] = torch.randint(118, 128, b.shape[:2] + (cols // 32,),
                                                                      dtype=torch.uint8, generator=gen)
-        banks = {"gate_up": gu, "gate_up_types": torch.full((3, 2), t, dtype=torch.int32),
+        banks = {"gate": gu[:, :I].contiguous(), "up": gu[:, I:].contiguous(), "gate_up_types": torch.full((3, 2), t, dtype=torch.int32),
                  "down": dn, "down_types": torch.full((3, 1), t, dtype=torch.int32)}
         dense = dense64(banks, "ggml")
         scale = dense[0].abs().max()
@@ -108,7 +108,7 @@ def test_prefill_gemm_path_dequantizes_in_c(isa):
     accuracy, whatever the token count."""
     gen = torch.Generator().manual_seed(11)
     banks, _ = mixed_banks(3, H, I, gen)
-    n = banks["gate_up"].shape[0]
+    n = banks["gate"].shape[0]
     ex = CpuExpertExecutor(banks, "ggml", H, I, isa=isa, gemm_tokens=1)
     for fid in (0, n - 1):
         got, want = ex._dequantize(fid), dequantize_expert(banks, "ggml", fid)

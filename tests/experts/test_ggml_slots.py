@@ -18,7 +18,6 @@ from freetoken.experts.execution.host_exec import make_host_executor
 from freetoken.experts.execution.resident import ResidentExperts
 from freetoken.experts.execution.tiered import TieredExperts
 from freetoken.experts.execution.torch_exec import run_experts, run_slots
-from freetoken.experts.ggml_banks import bank_row_bytes
 from freetoken.experts.grouped_pool import GroupedPool
 from freetoken.experts.measure.bandwidth import BandwidthEstimator
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
@@ -45,16 +44,15 @@ def mixed_banks(trios, g, extreme=False):
     """ggml banks, expert i in types trios[i] = (gate, up, down); the padding past each row's
     blocks is random bytes (a slot keeps what its previous expert left there)."""
     N = len(trios)
-    rb = bank_row_bytes([t for tr in trios for t in tr[:2]], H)
-    rbd = bank_row_bytes([tr[2] for tr in trios], I)
-    gu = torch.randint(0, 256, (N, 2 * I, rb), dtype=torch.uint8, generator=g)
-    dn = torch.randint(0, 256, (N, H, rbd), dtype=torch.uint8, generator=g)
-    for i, (gt, ut, dt) in enumerate(trios):
-        gu[i, :I, :gq.row_bytes(gt, H)] = valid_rows(gt, I, H, g, extreme)
-        gu[i, I:, :gq.row_bytes(ut, H)] = valid_rows(ut, I, H, g, extreme)
-        dn[i, :, :gq.row_bytes(dt, I)] = valid_rows(dt, H, I, g, extreme)
-    return {"gate_up": gu, "gate_up_types": torch.tensor([tr[:2] for tr in trios], dtype=torch.int32),
-            "down": dn, "down_types": torch.tensor([[tr[2]] for tr in trios], dtype=torch.int32)}
+    banks = {}
+    for half, (name, rows, cols) in enumerate((("gate", I, H), ("up", I, H), ("down", H, I))):
+        b = torch.randint(0, 256, (N, rows, max(gq.row_bytes(tr[half], cols) for tr in trios)), dtype=torch.uint8,
+                          generator=g)
+        for i, tr in enumerate(trios):
+            b[i, :, :gq.row_bytes(tr[half], cols)] = valid_rows(tr[half], rows, cols, g, extreme)
+        banks[name] = b
+    return {**banks, "gate_up_types": torch.tensor([tr[:2] for tr in trios], dtype=torch.int32),
+            "down_types": torch.tensor([[tr[2]] for tr in trios], dtype=torch.int32)}
 
 
 def gguf_rows(rows: torch.Tensor, t: int, cols: int) -> torch.Tensor:
@@ -79,8 +77,8 @@ def test_gathered_slots_dequantize_bit_exact(extreme):
     dn = ggml_slots.gather_dequant(banks, slots, "down", H, I, types)
     for p, s in enumerate(slots.tolist()):
         gt, ut, dt = trios[s]
-        assert torch.equal(gu[p, :I], gguf_rows(banks["gate_up"][s, :I], gt, H)), gq.type_name(gt)
-        assert torch.equal(gu[p, I:], gguf_rows(banks["gate_up"][s, I:], ut, H)), gq.type_name(ut)
+        assert torch.equal(gu[p, :I], gguf_rows(banks["gate"][s], gt, H)), gq.type_name(gt)
+        assert torch.equal(gu[p, I:], gguf_rows(banks["up"][s], ut, H)), gq.type_name(ut)
         assert torch.equal(dn[p], gguf_rows(banks["down"][s], dt, I)), gq.type_name(dt)
 
 
@@ -124,17 +122,18 @@ def test_run_slots_equals_the_c_kernels(t):
 
 
 def grouped_ggml_pool(L=4, E=6, seed=3):
-    """Layers in different types and row widths (a dynamic mix), one pool per width."""
+    """Layers in different types and row widths, gate and up too (a dynamic mix), one pool per
+    widths."""
     g = torch.Generator().manual_seed(seed)
-    per_layer = [(gq.Q2_K, gq.Q2_K, gq.Q4_K), (iq.IQ2_XXS, iq.IQ2_XXS, gq.Q6_K),
-                 (gq.Q4_K, gq.Q4_K, gq.Q3_K), (iq.IQ1_S, iq.IQ1_S, iq.IQ3_XXS)][:L]
+    per_layer = [(gq.Q2_K, gq.Q4_K, gq.Q4_K), (iq.IQ2_XXS, gq.Q3_K, gq.Q6_K),
+                 (gq.Q4_K, iq.IQ2_XXS, gq.Q3_K), (iq.IQ1_S, gq.Q2_K, iq.IQ3_XXS)][:L]
     spec = ExpertSpec(H, I, "ggml")
     groups, layers = [], []
     for m, trio in enumerate(per_layer):
         banks = mixed_banks([trio] * E, g)
         # exact widths (a file's group): no padding past this layer's own rows
-        banks["gate_up"] = banks["gate_up"][..., :gq.row_bytes(trio[0], H)].contiguous()
-        banks["down"] = banks["down"][..., :gq.row_bytes(trio[2], I)].contiguous()
+        for half, (name, cols) in enumerate((("gate", H), ("up", H), ("down", I))):
+            assert banks[name].shape[-1] == gq.row_bytes(trio[half], cols)
         groups.append(ExpertPool(banks, 1, E, spec))
         layers.append([m])
     return GroupedPool(groups, layers)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_ggml_banks import pad_rows
 from tiered_helpers import one_torch_thread  # noqa: F401
 
 from freetoken.experts.memory.cache import ExpertCache
-from freetoken.experts.ggml_banks import pad_rows, quantize_ggml
+from freetoken.experts.ggml_banks import quantize_ggml
 from freetoken.experts.grouped_pool import GroupedPool
 from freetoken.experts.execution.host_exec import cpu_executor, make_host_executor
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
@@ -21,7 +22,7 @@ from freetoken.quant import ggml_quants as gq
 
 E, H, I = 4, 256, 256
 # per layer (gate, up, down): Q6_K and Q4_K ffn_down alternating as in Q4_K_M, and one layer of
-# legacy types whose gate and up differ in width (that layer pads its up half to its gate's)
+# legacy types whose gate and up differ in width (banks of their own: neither pads)
 LAYER_TYPES = [(gq.Q4_K, gq.Q4_K, gq.Q6_K), (gq.Q4_K, gq.Q4_K, gq.Q4_K), (gq.Q4_K, gq.Q4_K, gq.Q6_K),
                (gq.Q8_0, gq.Q4_0, gq.Q8_0), (gq.Q4_K, gq.Q4_K, gq.Q4_K)]
 L = len(LAYER_TYPES)
@@ -66,7 +67,7 @@ def routing(gen, tokens: int, k: int = 2):
 def test_pool_holds_each_layer_in_its_own_width(pools):
     grouped, padded = pools
     assert len(grouped.groups) == 3
-    want = sum(E * (2 * I * max(gq.row_bytes(g, H), gq.row_bytes(u, H)) + H * gq.row_bytes(d, I) + 3 * 4)
+    want = sum(E * (I * (gq.row_bytes(g, H) + gq.row_bytes(u, H)) + H * gq.row_bytes(d, I) + 3 * 4)
                for g, u, d in LAYER_TYPES)
     assert grouped.nbytes == want < padded.nbytes
     assert grouped.expert_nbytes == padded.expert_nbytes          # a cache slot holds the widest

@@ -47,7 +47,7 @@ def test_gguf_to_ftw_keeps_experts_packed_and_logits(request, tiny_dir, to_gguf,
             assert gg.banks[name].dtype == bank.dtype and torch.equal(gg.banks[name], bank), name
     if source != "bf16-deepseek_v3":
         assert want.spec.fmt == "ggml"
-        assert set(got.groups[0].banks) == {"gate_up", "gate_up_types", "down", "down_types"}
+        assert set(got.groups[0].banks) == {"gate", "up", "gate_up_types", "down", "down_types"}
     if source == "q4_k_m":
         assert {ggml_quants.Q4_K, ggml_quants.Q6_K} <= {t for g in got.groups
                                                         for t in g.banks["down_types"].unique().tolist()}

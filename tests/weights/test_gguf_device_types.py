@@ -110,14 +110,11 @@ def _cache_holds_file_bytes(cache, path) -> int:
         if fid < 0:
             continue
         m, e = divmod(fid, E)
-        for bank, rows, name in (("gate_up", slice(0, None), "ffn_gate_exps"), ("gate_up", None, "ffn_up_exps"),
-                                 ("down", slice(0, None), "ffn_down_exps")):
-            t = tensors[f"blk.{m}.{name}.weight"]
+        for bank in ("gate", "up", "down"):
+            t = tensors[f"blk.{m}.ffn_{bank}_exps.weight"]
             raw = torch.from_numpy(np.array(ck.raw(t.name))).reshape(t.shape[0], t.shape[1], -1)[e]
-            I = raw.shape[0] if bank == "gate_up" else None
             got = cache.banks[bank][slot]
-            got = got[:I] if name == "ffn_gate_exps" else got[I:] if name == "ffn_up_exps" else got
-            assert torch.equal(got[:, :raw.shape[-1]].cpu(), raw), (slot, fid, name)
+            assert torch.equal(got[:, :raw.shape[-1]].cpu(), raw), (slot, fid, bank)
             total += raw.numel()
     return total
 
@@ -178,10 +175,9 @@ def test_dynamic_mix_on_the_device_path(f32_gguf, tmp_path, monkeypatch):
 
 
 def test_mix_counts_each_types_bytes_in_every_tier(f32_gguf, tmp_path):
-    """The dynamic mix: the host pool, the memory plan and the FTW file count the same bytes: the
-    file's expert bytes, one pool per row width, plus only the padding of a gate half narrower
-    than its up half (or the reverse: the C kernels read a layer's gate and up rows with one row
-    stride, so they share a bank row width); the disk tier reads the file's bytes exactly."""
+    """The dynamic mix: the host pool, the memory plan, the disk tier and the FTW file count the
+    same bytes: the file's expert bytes (one pool per row widths, gate and up banks of their own
+    widths, no padding) plus the type ids."""
     from freetoken.cli import main as cli_main
     from freetoken.loading.disk_layout import gguf_layout
     from freetoken.memory.model_size import read_model_shape
@@ -193,11 +189,9 @@ def test_mix_counts_each_types_bytes_in_every_tier(f32_gguf, tmp_path):
     tensors = {n: t for n, (_, t) in ck.tensors_by_name.items()}
     in_file = sum(t.nbytes for n, t in tensors.items() if "_exps." in n)
     type_ids = sum(g.banks[k].nbytes for g in pool.groups for k in ("gate_up_types", "down_types"))
-    pad = 0
-    for m in range(L):
-        g, u = tensors[f"blk.{m}.ffn_gate_exps.weight"], tensors[f"blk.{m}.ffn_up_exps.weight"]
-        pad += abs(g.nbytes - u.nbytes)
-    assert pool.nbytes - type_ids == in_file + pad
+    assert all(tensors[f"blk.{m}.ffn_gate_exps.weight"].nbytes != tensors[f"blk.{m}.ffn_up_exps.weight"].nbytes
+               for m in range(L))                    # gate and up differ in row width in every layer
+    assert pool.nbytes - type_ids == in_file
     assert len(pool.groups) == L                         # three layers, three row widths: no padding between them
     layout = gguf_layout(ck)       # the disk tier reads each piece at its own width: the file's bytes
     assert layout.nbytes == in_file + type_ids and layout.expert_nbytes == pool.expert_nbytes

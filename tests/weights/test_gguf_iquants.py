@@ -163,7 +163,7 @@ def test_ftw_keeps_the_i_quant_bytes(f32_gguf, tmp_path, isa):
 def test_dynamic_mix_of_i_quants(f32_gguf, tmp_path, caplog):
     """UD-IQ1_S-like: down and the layers in different i-quants from gate / up, attention in
     others; pool bytes still the file's. (Gate and up of one layer share a type here, as in
-    llama.cpp's mixes: the bank row holds both halves at one width.)"""
+    llama.cpp's mixes; test_gguf_device_types.py's mix gives them different widths.)"""
     q, ref = tmp_path / "q.gguf", tmp_path / "ref.gguf"
     write_iq(f32_gguf, q, ref, mix_type, seed=99)
     check_file(q, ref, caplog)

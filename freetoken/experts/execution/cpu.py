@@ -107,7 +107,8 @@ class CpuExpertExecutor:
 
     def _make_ggml_desc(self, geom) -> kernels.Desc:
         """ggml banks: the 'scales' of the descriptor are the int32 type arrays, one entry per
-        `rs` rows (gate_up: I rows per type, gate then up; down: all H rows)."""
+        `rs` rows (gate_up_types: I rows per type, gate then up; down: all H rows); the up rows
+        are a bank of their own (`up_w`), at their own row width."""
         b, H, I = self.banks, self.H, self.I
         types = check_ggml_banks(b, H, I)
         if not types <= set(KERNEL_TYPES):
@@ -118,10 +119,11 @@ class CpuExpertExecutor:
                 raise ValueError(f"bank {name} must be a contiguous CPU tensor")
         gb, db = self._bias.get("gate_up_bias"), self._bias.get("down_bias")
         return kernels.Desc(
-            get_format("ggml").code, ACTIVATIONS[self.activation], H, I, self.alpha, self.limit, b["gate_up"].shape[0],
-            *geom(b["gate_up"], 2 * I, "gate_up"), gut.data_ptr(), 8, I,
+            get_format("ggml").code, ACTIVATIONS[self.activation], H, I, self.alpha, self.limit, b["gate"].shape[0],
+            *geom(b["gate"], I, "gate"), gut.data_ptr(), 8, I,
             *geom(b["down"], H, "down"), dnt.data_ptr(), 4, H,
-            gb.data_ptr() if gb is not None else None, db.data_ptr() if db is not None else None)
+            gb.data_ptr() if gb is not None else None, db.data_ptr() if db is not None else None,
+            *geom(b["up"], I, "up"))
 
     def run(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
             out: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,15 +173,19 @@ class CpuExpertExecutor:
     def _dequantize(self, fid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [2I, H], down [H, I]) of expert `fid` in fp32 by the C kernels, into buffers
         reused across calls (torch's dequantization of int8/mxfp4/fp8 is several passes)."""
-        d = self._desc
+        d, I, H = self._desc, self.I, self.H
         if self._deq is None:
-            self._deq = (torch.empty(2 * self.I, self.H), torch.empty(self.H, self.I))
+            self._deq = (torch.empty(2 * I, H), torch.empty(H, I))
+        gu, dn = self._deq
+        parts = [((d.gu_w, d.gu_w_es, d.gu_w_rs, d.gu_s, d.gu_s_es, d.gu_s_rs), gu, H),
+                 ((d.dn_w, d.dn_w_es, d.dn_w_rs, d.dn_s, d.dn_s_es, d.dn_s_rs), dn, I)]
+        if d.up_w:      # the up rows in their own bank: gate and up in turn, their types 4 bytes apart
+            parts[:1] = [((d.gu_w, d.gu_w_es, d.gu_w_rs, d.gu_s, d.gu_s_es, d.gu_s_rs), gu[:I], H),
+                         ((d.up_w, d.up_w_es, d.up_w_rs, d.gu_s + 4, d.gu_s_es, d.gu_s_rs), gu[I:], H)]
         with self._pool.lock:
-            for (wp, wes, wrs, sp, ses, srs), rows, cols, buf in (
-                    ((d.gu_w, d.gu_w_es, d.gu_w_rs, d.gu_s, d.gu_s_es, d.gu_s_rs), 2 * self.I, self.H, self._deq[0]),
-                    ((d.dn_w, d.dn_w_es, d.dn_w_rs, d.dn_s, d.dn_s_es, d.dn_s_rs), self.H, self.I, self._deq[1])):
+            for (wp, wes, wrs, sp, ses, srs), buf, cols in parts:
                 self.lib.ft_dequant_rows(self._pool.handle, d.fmt, wp + fid * wes, wrs,
-                                         sp + fid * ses if sp else None, srs, rows, cols, buf.data_ptr())
+                                         sp + fid * ses if sp else None, srs, buf.shape[0], cols, buf.data_ptr())
         return self._deq
 
     def close(self) -> None:

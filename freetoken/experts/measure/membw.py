@@ -15,7 +15,7 @@ import torch
 from ... import kernels
 from ...kernels.pool import CpuPool
 from ..execution.cpu import CpuExpertExecutor
-from ..formats import weight_keys
+from ..formats import weight_banks, weight_keys
 
 
 CLOCKS = {"wall": time.perf_counter, "thread": time.thread_time}
@@ -58,7 +58,7 @@ def torch_read_bandwidth(buf: torch.Tensor | None = None, repeats: int = 5, cloc
 
 def expert_nbytes(executor: CpuExpertExecutor) -> int:
     """Bytes of one expert's weights and scales (what a decode step streams per routed expert)."""
-    return sum(executor.banks[k][0].nbytes for k in weight_keys(executor.fmt) if k)
+    return sum(executor.banks[k][0].nbytes for k in weight_banks(executor.fmt))
 
 
 def measure_expert_bandwidth(executor: CpuExpertExecutor, tokens: int = 1, top_k: int = 8,

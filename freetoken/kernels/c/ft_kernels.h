@@ -77,6 +77,9 @@ typedef struct {
     const uint8_t *dn_w; int64_t dn_w_es, dn_w_rs;
     const uint8_t *dn_s; int64_t dn_s_es, dn_s_rs;
     const float *gu_b, *dn_b;                        /* [N, 2I], [N, H] or NULL */
+    /* the up rows in a bank of their own (ggml: a gate and an up type of different row widths),
+     * NULL: rows I..2I-1 of gu_w; their scales stay rows I..2I-1 of gu_s */
+    const uint8_t *up_w; int64_t up_w_es, up_w_rs;
 } ft_desc;
 
 /* ------------------------------------------------------------------ scalar helpers */

@@ -80,13 +80,16 @@ static void moe_run_fn(void *a, int tid) {
             const int64_t e = J->g_e[g];
             const int s0 = J->g_start[g], ns = J->g_n[g];
             const uint8_t *wb = d->gu_w + e * d->gu_w_es;
+            /* the up rows: rows I.. of the gate's bank, or a bank of their own */
+            const uint8_t *ub = d->up_w ? d->up_w + e * d->up_w_es : wb + (int64_t)I * d->gu_w_rs;
+            const int64_t urs = d->up_w ? d->up_w_rs : d->gu_w_rs;
             const float *gb = d->gu_b ? d->gu_b + e * 2 * I : NULL;
             if (J->g_blk[g] >= 0) {     /* the GEMM tiles: 32 columns of gate and of up at a time */
                 const uint16_t *xg = J->xpk + J->g_blk[g] * bbH;
                 for (int jb = j0; jb < j1; jb += 32) {
                     const int je = jb + 32 < j1 ? jb + 32 : j1;
                     gemm_rows(J->gm, wb, d->gu_w_rs, jb, je, H, xg, ns, gt, 32, pad, NULL, 0);
-                    gemm_rows(J->gm, wb, d->gu_w_rs, I + jb, I + je, H, xg, ns, gu_t, 32, pad, NULL, 0);
+                    gemm_rows(J->gm, ub, urs, jb, je, H, xg, ns, gu_t, 32, pad, NULL, 0);
                     for (int t = 0; t < ns; t++)
                         for (int j = jb; j < je; j++) {
                             float gg = gt[t * 32 + j - jb], uu = gu_t[t * 32 + j - jb];
@@ -111,10 +114,10 @@ static void moe_run_fn(void *a, int tid) {
                     for (int q = 0; q < m; q++) {
                         wr[q] = wb + (int64_t)(j + q) * d->gu_w_rs;
                         sr[q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, j + q);
-                        wr[m + q] = wb + (int64_t)(I + j + q) * d->gu_w_rs;
+                        wr[m + q] = ub + (int64_t)(j + q) * urs;
                         sr[m + q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, I + j + q);
                     }
-                    tl_pf = (int64_t)m * d->gu_w_rs;
+                    tl_pf = (int64_t)m * d->gu_w_rs;     /* (the up rows' next tile: near enough) */
                     dot_tile(fmt, wr, sr, 2 * m, H, xp, nt, res);
                     for (int q = 0; q < m; q++)
                         for (int t = 0; t < nt; t++) {
@@ -283,6 +286,6 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
     moe_job J = {d, x, xt, T, out, G, g_e, g_start, g_n, r_tok, r_w, R, xq, hn, hq,
                  gm, g_blk, blk_g, nblk, xrows, hrows, xpk, hpk, gtmp, gpad, gtmp_n, gpad_n};
     moe_ctx C = {&J, p};
-    pool_run_sized(p, moe_run_fn, &C, (int64_t)G * (d->gu_w_es + d->dn_w_es));
+    pool_run_sized(p, moe_run_fn, &C, (int64_t)G * (d->gu_w_es + (d->up_w ? d->up_w_es : 0) + d->dn_w_es));
     return G;
 }

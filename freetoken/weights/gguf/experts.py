@@ -3,9 +3,9 @@
   quantized (every type of quant/ggml_quants.py: Q4_0..Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, TQ1_0,
       TQ2_0, MXFP4): the "ggml" banks, each output row the file's raw block bytes,
       the type id of every matrix kept beside (gate_up_types [N, 2], down_types [N, 1]);
-      layers of different row widths (Q4_K_M's Q6_K / Q4_K ffn_down) go to one pool per width,
-      a `GroupedPool` (experts/grouped_pool.py), so no row is padded (only a layer's narrower
-      half of gate_up, if its gate and up types differ in width, pads to the wider);
+      layers of different row widths (Q4_K_M's Q6_K / Q4_K ffn_down) go to one pool per widths,
+      a `GroupedPool` (experts/grouped_pool.py), and gate and up are banks of their own, so no
+      row is padded: the pool is the file's expert bytes plus 12 bytes of type ids per expert;
   F32/F16/BF16: float banks in the engine's dtype (re-encoded with --expert-format if asked).
 gpt-oss's expert biases (`ffn_*_exps.bias`) become gate_up_bias / down_bias."""
 from __future__ import annotations
@@ -103,11 +103,11 @@ def build_pool(ck, blocks: list[int] | None = None):
     return requantize(pool, ck.expert_format) if ck.expert_format and spec.fmt == "float" else pool
 
 
-def row_widths(parts) -> list[tuple[int, int]]:
-    """Per MoE layer, (gate_up row bytes, down row bytes) of its ggml types."""
+def row_widths(parts) -> list[tuple[int, int, int]]:
+    """Per MoE layer, (gate, up, down row bytes) of its ggml types."""
     inter, hidden = parts[0][0].shape[1], parts[0][0].shape[2]
-    return [(max(ggml_quants.row_bytes(g.ggml_type, hidden), ggml_quants.row_bytes(u.ggml_type, hidden)),
-             ggml_quants.row_bytes(d.ggml_type, inter)) for g, u, d in parts]
+    return [tuple(ggml_quants.row_bytes(t.ggml_type, cols) for t, cols in zip(trio, (hidden, hidden, inter)))
+            for trio in parts]
 
 
 def width_groups(parts) -> list[list[int]]:
@@ -131,23 +131,22 @@ def _ggml_pool(ck, blocks, parts, e: int, spec):
 
 
 def _ggml_banks(ck, parts, e: int) -> dict[str, torch.Tensor]:
-    """Banks of the layers `parts` (their gate_up rows as wide as the wider of gate and up)."""
+    """Banks of the layers `parts` (gate, up and down each as wide as its widest layer here)."""
     g0, _, d0 = parts[0]
     inter, hidden = g0.shape[1], g0.shape[2]
-    width_gu = max(w for w, _ in row_widths(parts))
-    width_d = max(w for _, w in row_widths(parts))
+    widths = [max(w) for w in zip(*row_widths(parts))]
     n = len(parts) * e
-    gate_up = torch.zeros((n, 2 * inter, width_gu), dtype=torch.uint8)
-    down = torch.zeros((n, hidden, width_d), dtype=torch.uint8)
+    banks = {name: torch.zeros((n, rows, w), dtype=torch.uint8)
+             for name, rows, w in zip(("gate", "up", "down"), (inter, inter, hidden), widths)}
     gate_up_types = torch.empty((n, 2), dtype=torch.int32)
     down_types = torch.empty((n, 1), dtype=torch.int32)
     for m, (g, u, d) in enumerate(parts):
         rows = slice(m * e, (m + 1) * e)
-        for t, dst in ((g, gate_up[rows, :inter]), (u, gate_up[rows, inter:]), (d, down[rows])):
-            _read_rows(ck, t, dst)
+        for t, name in ((g, "gate"), (u, "up"), (d, "down")):
+            _read_rows(ck, t, banks[name][rows])
         gate_up_types[rows, 0], gate_up_types[rows, 1] = g.ggml_type, u.ggml_type
         down_types[rows, 0] = d.ggml_type
-    return {"gate_up": gate_up, "gate_up_types": gate_up_types, "down": down, "down_types": down_types}
+    return {**banks, "gate_up_types": gate_up_types, "down_types": down_types}
 
 
 def _read_rows(ck, t, dst: torch.Tensor) -> None:
