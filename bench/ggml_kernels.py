@@ -6,9 +6,17 @@ machine).
     .venv/bin/python bench/ggml_kernels.py --tokens 1,4 --per-core --isa native,avx2
     .venv/bin/python bench/ggml_kernels.py --types Q4_K,Q6_K --formats int8 --seconds 1
     .venv/bin/python bench/ggml_kernels.py --types Q4_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M
+    .venv/bin/python bench/ggml_kernels.py --prefill --per-core --types Q2_K,Q3_K,IQ2_XXS --tokens 64,128,512
 
 B_H = bytes of expert weights (blocks incl. their scales) of the distinct experts a call touches
 / call time; weights/s = B_H / bytes per weight, the speed of the arithmetic whatever the width.
+
+--prefill: one routed-expert layer (--experts 64, top-8) of a prompt of --tokens tokens, routed
+evenly (tokens x 8 / 64 tokens per expert), through the int8 dot tiles ("dots", each weight block
+decoded once per 4 tokens) and through the prefill tiles over a bf16 panel decoded once per call
+("tiles", kernels/c/ggml_tiles.c), alternating rounds; ms per layer, tiles/dots speedup, and the
+share of this machine's peak multiply-add rate (int8 vpdpbusd for the dots, the tiles' bf16).
+The call and per-expert thresholds are set to 1 here, so small --tokens show where the tiles win.
 """
 from __future__ import annotations
 
@@ -71,9 +79,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--isa", default="native", help="comma list: native, avx2, portable")
     ap.add_argument("--per-core", action="store_true", help="one thread, timed by the thread's CPU clock")
+    ap.add_argument("--prefill", action="store_true", help="prefill of one layer: dots vs tiles (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="--prefill: alternating rounds (best of)")
     ap.add_argument("--baseline", default=None, metavar="GIT_REV",
                     help="also run the native kernels as built from this git revision (isa 'baseline'): before/after")
     a = ap.parse_args()
+    if a.prefill:
+        prefill_main(a)
+        return
     if a.baseline:
         build_baseline(a.baseline)
         a.isa += ",baseline"
@@ -101,6 +114,71 @@ def main() -> None:
                 rel = f"{bh / ref[(isa, tok)]:8.2f}" if (isa, tok) in ref else f"{'-':>8s}"
                 print(f"{name:8s} {tok:3d} {ex.isa:11s} {per_w:8.3f} {bh / 1e9:9.1f} {bh / rb:6.2f} "
                       f"{bh / per_w / 1e9:10.2f} {rel}", flush=True)
+            ex.close()
+        del banks
+
+
+def timing_banks(t: int, n: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random valid blocks with every fp16 scale 2^-10 (MXFP4's e8m0 2^-8): values of a usable
+    size, generated in moments where quantizing 64 experts takes minutes."""
+    if t in iq.TYPES:
+        return ggml_banks(t, n, hidden, inter, seed)
+    g = torch.Generator().manual_seed(seed)
+
+    def rows(r, cols):
+        raw = gq.random_rows(t, n * r, cols, g)
+        blk = raw.view(n * r, -1, gq.block_bytes(t))
+        for off in gq.f16_scale_offsets(t):
+            blk[..., off], blk[..., off + 1] = 0x00, 0x14
+        if t == gq.MXFP4:
+            blk[..., 0] = 120
+        return raw.reshape(n, r, -1)
+    return {"gate_up": rows(2 * inter, hidden), "gate_up_types": torch.full((n, 2), t, dtype=torch.int32),
+            "down": rows(hidden, inter), "down_types": torch.full((n, 1), t, dtype=torch.int32)}
+
+
+def prefill_main(a) -> None:
+    from freetoken.experts.measure.membw import CLOCKS
+    from freetoken.kernels.gemm import GEMM_MODES, modes_here
+    from freetoken.kernels.roofline import measure_machine
+    from freetoken.platform import cpu_model
+    threads = 1 if a.per_core else a.threads
+    now = CLOCKS["thread" if a.per_core else "wall"]
+    m = measure_machine(threads)
+    print(f"{cpu_model()}; {m.describe()}")
+    print(f"clock: {'thread CPU time (one thread)' if a.per_core else 'wall'}; layer: {a.experts} experts, top-{a.top_k}, hidden {a.hidden}, intermediate {a.inter}; "
+          f"best of {a.rounds} alternating rounds")
+    by_name = {v: k for k, v in gq.NAMES.items()}
+    print(f"{'type':8s} {'tok':>4s} {'tok/exp':>7s} {'isa':16s} {'tiles':9s} {'dots ms':>8s} {'tiles ms':>8s} "
+          f"{'speedup':>7s} {'dots %int8':>10s} {'tiles %peak':>11s}")
+    for name in a.types.split(","):
+        banks = timing_banks(by_name[name], a.experts, a.hidden, a.inter)
+        for isa in a.isa.split(","):
+            ex = CpuExpertExecutor(banks, "ggml", a.hidden, a.inter, num_threads=threads, isa=isa, gemm_tokens=0)
+            lib = ex.lib
+            mode = next((md for md in ("amx", "vdpbf16ps", "plain") if md in modes_here(lib)), None)
+            peak = m.peak.get({"amx": "amx_bf16", "vdpbf16ps": "bf16"}.get(mode, "fp32"), float("nan"))
+            for tok in [int(v) for v in a.tokens.split(",")]:
+                g = torch.Generator().manual_seed(tok)
+                x = torch.randn(tok, a.hidden, generator=g)
+                ids = (torch.arange(tok)[:, None] * a.top_k + torch.arange(a.top_k)) % a.experts
+                w = torch.rand(tok, a.top_k, generator=g)
+                best = {"dots": float("inf"), "tiles": float("inf")}
+                lib.ft_set_gemm(0, 1, 0)
+                for _ in range(a.rounds):
+                    for path, code in (("dots", 0), ("tiles", GEMM_MODES[mode])):
+                        lib.ft_set_ggml_tiles(code, 1)
+                        ex.run(x, ids, w)
+                        t0 = now()
+                        ex.run(x, ids, w)
+                        best[path] = min(best[path], now() - t0)
+                lib.ft_set_ggml_tiles(0, 16)
+                lib.ft_set_gemm(0, 16, 0)
+                flops = 2 * tok * a.top_k * 3 * a.hidden * a.inter
+                print(f"{name:8s} {tok:4d} {tok * a.top_k / a.experts:7.1f} {ex.isa:16s} {mode:9s} "
+                      f"{best['dots'] * 1e3:8.1f} {best['tiles'] * 1e3:8.1f} {best['dots'] / best['tiles']:7.2f} "
+                      f"{100 * flops / best['dots'] / m.peak.get('int8', float('nan')):10.1f} "
+                      f"{100 * flops / best['tiles'] / peak:11.1f}", flush=True)
             ex.close()
         del banks
 

@@ -41,7 +41,7 @@ from ..platform import NATIVE_BF16, cpu_flags, cpu_model
 from ..progress import progress
 from ..quant.ggml_act import ACT_MODES
 from . import cache_dir, cpu_kernels, variants_here
-from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, gemm_bf16, mode_code, modes_here, set_tiles_rounding
+from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .pool import CpuPool, shared_pool
 
 log = logging.getLogger(__name__)
@@ -339,22 +339,18 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
         pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
         pool.lib.ft_set_ggml_act(ACT_MODES.get(cfg.ggml_numerics, ACT_MODES["q8"]))
         set_gemm_tiles(pool.lib, c)
+        set_ggml_tiles(pool.lib, c, cfg.ggml_numerics, cfg.prefill_gemm)
     return pool, c
 
 
-def set_gemm_tiles(lib, c: CpuChoices) -> None:
-    """Switch the library's prefill GEMM tiles to the choices (a forced mode this CPU refuses, AMX
-    without the OS's grant, is a clear error)."""
-    wanted = {c.dense_gemm, c.expert_gemm} & {"amx", "vdpbf16ps"}
-    if "prefill_gemm" in c.forced:     # forced: vdpbf16ps emulated where the build lacks it, AMX or an error
-        codes = {m: mode_code(lib, m) for m in wanted}
-    else:                               # calibrated on the native build: a narrower forced build goes without
-        codes = {m: GEMM_MODES[m] if m in modes_here(lib) else 0 for m in wanted}
-    refused = [m for m, code in codes.items() if not code and "prefill_gemm" in c.forced]
-    if refused:
-        raise InvalidRequestError(f"prefill_gemm: {refused[0]!r} tiles do not run here (AMX needs the CPU's "
-                                  f"amx_bf16 and the OS's grant of the tile state); expected one of "
-                                  f"auto|float32|bfloat16|vdpbf16ps")
-    e = codes.get(c.expert_gemm, 0)
-    lib.ft_set_gemm(e, EXPERT_MIN_TOKENS, codes.get(c.dense_gemm, 0))
-    set_tiles_rounding(EXPERT_MIN_TOKENS if e else 0)     # the torch expert executors round the same calls
+def set_ggml_tiles(lib, c: CpuChoices, numerics: str, forced: str = "auto") -> int:
+    """Switch the prefill tiles of experts in llama.cpp block types (kernels/c/ggml_tiles.c) to the
+    experts' tiles choice (calibrated on bf16 experts, whose dots cost less than the ggml ones) or
+    to a forced prefill_gemm amx | vdpbf16ps (whatever the dtype), under ggml_numerics "auto" only:
+    "q8" and "llama" promise the int8 dots, "float32" exact activations. Returns the mode in
+    effect (0: the dots)."""
+    mode = forced if forced in ("amx", "vdpbf16ps") else c.expert_gemm
+    code = 0
+    if mode and numerics == "auto":
+        code = mode_code(lib, mode) if forced != "auto" else GEMM_MODES[mode] if mode in modes_here(lib) else 0
+    return lib.ft_set_ggml_tiles(code, GGML_GROUP_MIN)
