@@ -354,3 +354,21 @@ def set_ggml_tiles(lib, c: CpuChoices, numerics: str, forced: str = "auto") -> i
     if mode and numerics == "auto":
         code = mode_code(lib, mode) if forced != "auto" else GEMM_MODES[mode] if mode in modes_here(lib) else 0
     return lib.ft_set_ggml_tiles(code, GGML_GROUP_MIN)
+
+
+def set_gemm_tiles(lib, c: CpuChoices) -> None:
+    """Switch the library's prefill GEMM tiles to the choices (a forced mode this CPU refuses, AMX
+    without the OS's grant, is a clear error)."""
+    wanted = {c.dense_gemm, c.expert_gemm} & {"amx", "vdpbf16ps"}
+    if "prefill_gemm" in c.forced:     # forced: vdpbf16ps emulated where the build lacks it, AMX or an error
+        codes = {m: mode_code(lib, m) for m in wanted}
+    else:                               # calibrated on the native build: a narrower forced build goes without
+        codes = {m: GEMM_MODES[m] if m in modes_here(lib) else 0 for m in wanted}
+    refused = [m for m, code in codes.items() if not code and "prefill_gemm" in c.forced]
+    if refused:
+        raise InvalidRequestError(f"prefill_gemm: {refused[0]!r} tiles do not run here (AMX needs the CPU's "
+                                  f"amx_bf16 and the OS's grant of the tile state); expected one of "
+                                  f"auto|float32|bfloat16|vdpbf16ps")
+    e = codes.get(c.expert_gemm, 0)
+    lib.ft_set_gemm(e, EXPERT_MIN_TOKENS, codes.get(c.dense_gemm, 0))
+    set_tiles_rounding(EXPERT_MIN_TOKENS if e else 0)     # the torch expert executors round the same calls

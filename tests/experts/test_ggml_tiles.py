@@ -69,20 +69,19 @@ def reference(dense, x, ids, w, call_tiles: bool):
     rounded to bf16; the others the exact weights by x and h quantized per 32 to int8 (after the
     tiles call's bf16 rounding)."""
     gu_all, dn_all = dense
-    counts = torch.bincount(ids[ids >= 0].flatten(), minlength=N)
     out = torch.zeros(x.shape, dtype=torch.float64)
-    for i in range(ids.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[i, j])
-            if e < 0:
-                continue
-            tiles = call_tiles and int(counts[e]) >= GROUP_MIN
-            xr = bf16(x[i]) if call_tiles else x[i].double()
-            gu, dn = (bf16(gu_all[e]), bf16(dn_all[e])) if tiles else (gu_all[e], dn_all[e])
-            h = gu @ (xr if tiles else q8_act(xr))
-            a = h[:I] / (1 + torch.exp(-h[:I])) * h[I:]
-            a = bf16(a) if call_tiles else a
-            out[i] += float(w[i, j]) * (dn @ (a if tiles else q8_act(a)))
+    for e in range(N):
+        rows, cols = (ids == e).nonzero(as_tuple=True)
+        if not len(rows):
+            continue
+        tiles = call_tiles and len(rows) >= GROUP_MIN
+        xr = bf16(x[rows]) if call_tiles else x[rows].double()
+        gu, dn = (bf16(gu_all[e]), bf16(dn_all[e])) if tiles else (gu_all[e], dn_all[e])
+        h = (xr if tiles else q8_act(xr)) @ gu.T
+        a = h[:, :I] / (1 + torch.exp(-h[:, :I])) * h[:, I:]
+        a = bf16(a) if call_tiles else a
+        y = (a if tiles else q8_act(a)) @ dn.T
+        out.index_add_(0, rows, w[rows, cols].double()[:, None] * y)
     return out
 
 
