@@ -17,6 +17,9 @@ decoded once per 4 tokens) and through the prefill tiles over a bf16 panel decod
 ("tiles", kernels/c/ggml_tiles.c), alternating rounds; ms per layer, tiles/dots speedup, and the
 share of this machine's peak multiply-add rate (int8 vpdpbusd for the dots, the tiles' bf16).
 The call and per-expert thresholds are set to 1 here, so small --tokens show where the tiles win.
+--prefill --gguf FILE: end to end instead, the prefill of one --tokens prompt of that GGUF MoE (the
+engine's own thresholds) with the tiles and with the dots, alternating (--per-core: one thread,
+its CPU time).
 """
 from __future__ import annotations
 
@@ -81,9 +84,13 @@ def main() -> None:
     ap.add_argument("--per-core", action="store_true", help="one thread, timed by the thread's CPU clock")
     ap.add_argument("--prefill", action="store_true", help="prefill of one layer: dots vs tiles (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="--prefill: alternating rounds (best of)")
+    ap.add_argument("--gguf", default=None, help="--prefill: a GGUF MoE's whole prefill instead of one layer")
     ap.add_argument("--baseline", default=None, metavar="GIT_REV",
                     help="also run the native kernels as built from this git revision (isa 'baseline'): before/after")
     a = ap.parse_args()
+    if a.prefill and a.gguf:
+        prefill_gguf(a)
+        return
     if a.prefill:
         prefill_main(a)
         return
@@ -181,6 +188,32 @@ def prefill_main(a) -> None:
                       f"{100 * flops / best['tiles'] / peak:11.1f}", flush=True)
             ex.close()
         del banks
+
+
+def prefill_gguf(a) -> None:
+    """Prefill of one prompt of a GGUF MoE through the ggml experts' tiles vs the dots, alternating
+    (both engines share the kernel library; its switch is set before each run)."""
+    from freetoken import LLM, SamplingParams
+    from freetoken.experts.measure.membw import CLOCKS
+    from freetoken.kernels import cpu_kernels
+    from freetoken.kernels.gemm import GEMM_MODES, GGML_GROUP_MIN, modes_here
+    now = CLOCKS["thread" if a.per_core else "wall"]
+    prompt = torch.randint(100, 5000, (int(a.tokens),), generator=torch.Generator().manual_seed(0)).tolist()
+    threads = 1 if a.per_core else a.threads
+    llm = LLM(a.gguf, num_threads=threads, max_model_len=len(prompt) + 64, prefix_cache=False)
+    lib = cpu_kernels()
+    mode = next(m for m in ("amx", "vdpbf16ps", "plain") if m in modes_here(lib))
+    best = {}
+    for _ in range(a.rounds):
+        for path, code in (("dots", 0), ("tiles", GEMM_MODES[mode])):
+            lib.ft_set_ggml_tiles(code, GGML_GROUP_MIN)
+            t0 = now()
+            llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+            best[path] = min(best.get(path, float("inf")), now() - t0)
+    llm.close()
+    print(f"{a.gguf}: {len(prompt)}-token prefill, {threads or 'all'} thread(s), clock "
+          f"{'thread' if a.per_core else 'wall'}: dots {len(prompt) / best['dots']:.0f} tok/s, tiles ({mode}) "
+          f"{len(prompt) / best['tiles']:.0f} tok/s: {best['dots'] / best['tiles']:.2f}x")
 
 
 if __name__ == "__main__":
