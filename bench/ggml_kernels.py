@@ -6,9 +6,20 @@ machine).
     .venv/bin/python bench/ggml_kernels.py --tokens 1,4 --per-core --isa native,avx2
     .venv/bin/python bench/ggml_kernels.py --types Q4_K,Q6_K --formats int8 --seconds 1
     .venv/bin/python bench/ggml_kernels.py --types Q4_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M
+    .venv/bin/python bench/ggml_kernels.py --prefill --per-core --types Q2_K,Q3_K,IQ2_XXS --tokens 64,128,512
 
 B_H = bytes of expert weights (blocks incl. their scales) of the distinct experts a call touches
 / call time; weights/s = B_H / bytes per weight, the speed of the arithmetic whatever the width.
+
+--prefill: one routed-expert layer (--experts 64, top-8) of a prompt of --tokens tokens, routed
+evenly (tokens x 8 / 64 tokens per expert), through the int8 dot tiles ("dots", each weight block
+decoded once per 4 tokens) and through the prefill tiles over a bf16 panel decoded once per call
+("tiles", kernels/c/ggml_tiles.c), alternating rounds; ms per layer, tiles/dots speedup, and the
+share of this machine's peak multiply-add rate (int8 vpdpbusd for the dots, the tiles' bf16).
+The call and per-expert thresholds are set to 1 here, so small --tokens show where the tiles win.
+--prefill --gguf FILE: end to end instead, the prefill of one --tokens prompt of that GGUF MoE (the
+engine's own thresholds) with the tiles and with the dots, alternating (--per-core: one thread,
+its CPU time).
 """
 from __future__ import annotations
 
@@ -75,9 +86,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--isa", default="native", help="comma list: native, avx2, portable")
     ap.add_argument("--per-core", action="store_true", help="one thread, timed by the thread's CPU clock")
+    ap.add_argument("--prefill", action="store_true", help="prefill of one layer: dots vs tiles (see above)")
+    ap.add_argument("--rounds", type=int, default=3, help="--prefill: alternating rounds (best of)")
+    ap.add_argument("--gguf", default=None, help="--prefill: a GGUF MoE's whole prefill instead of one layer")
     ap.add_argument("--baseline", default=None, metavar="GIT_REV",
                     help="also run the native kernels as built from this git revision (isa 'baseline'): before/after")
     a = ap.parse_args()
+    if a.prefill and a.gguf:
+        prefill_gguf(a)
+        return
+    if a.prefill:
+        prefill_main(a)
+        return
     if a.baseline:
         build_baseline(a.baseline)
         a.isa += ",baseline"
@@ -107,6 +127,97 @@ def main() -> None:
                       f"{bh / per_w / 1e9:10.2f} {rel}", flush=True)
             ex.close()
         del banks
+
+
+def timing_banks(t: int, n: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random valid blocks with every fp16 scale 2^-10 (MXFP4's e8m0 2^-8): values of a usable
+    size, generated in moments where quantizing 64 experts takes minutes."""
+    if t in iq.TYPES:
+        return ggml_banks(t, n, hidden, inter, seed)
+    g = torch.Generator().manual_seed(seed)
+
+    def rows(r, cols):
+        raw = gq.random_rows(t, n * r, cols, g)
+        blk = raw.view(n * r, -1, gq.block_bytes(t))
+        for off in gq.f16_scale_offsets(t):
+            blk[..., off], blk[..., off + 1] = 0x00, 0x14
+        if t == gq.MXFP4:
+            blk[..., 0] = 120
+        return raw.reshape(n, r, -1)
+    return {"gate_up": rows(2 * inter, hidden), "gate_up_types": torch.full((n, 2), t, dtype=torch.int32),
+            "down": rows(hidden, inter), "down_types": torch.full((n, 1), t, dtype=torch.int32)}
+
+
+def prefill_main(a) -> None:
+    from freetoken.experts.measure.membw import CLOCKS
+    from freetoken.kernels.gemm import GEMM_MODES, modes_here
+    from freetoken.kernels.roofline import measure_machine
+    from freetoken.platform import cpu_model
+    threads = 1 if a.per_core else a.threads
+    now = CLOCKS["thread" if a.per_core else "wall"]
+    m = measure_machine(threads)
+    print(f"{cpu_model()}; {m.describe()}")
+    print(f"clock: {'thread CPU time (one thread)' if a.per_core else 'wall'}; layer: {a.experts} experts, top-{a.top_k}, hidden {a.hidden}, intermediate {a.inter}; "
+          f"best of {a.rounds} alternating rounds")
+    by_name = {v: k for k, v in gq.NAMES.items()}
+    print(f"{'type':8s} {'tok':>4s} {'tok/exp':>7s} {'isa':16s} {'tiles':9s} {'dots ms':>8s} {'tiles ms':>8s} "
+          f"{'speedup':>7s} {'dots %int8':>10s} {'tiles %peak':>11s}")
+    for name in a.types.split(","):
+        banks = timing_banks(by_name[name], a.experts, a.hidden, a.inter)
+        for isa in a.isa.split(","):
+            ex = CpuExpertExecutor(banks, "ggml", a.hidden, a.inter, num_threads=threads, isa=isa, gemm_tokens=0)
+            lib = ex.lib
+            mode = next((md for md in ("amx", "vdpbf16ps", "plain") if md in modes_here(lib)), None)
+            peak = m.peak.get({"amx": "amx_bf16", "vdpbf16ps": "bf16"}.get(mode, "fp32"), float("nan"))
+            for tok in [int(v) for v in a.tokens.split(",")]:
+                g = torch.Generator().manual_seed(tok)
+                x = torch.randn(tok, a.hidden, generator=g)
+                ids = (torch.arange(tok)[:, None] * a.top_k + torch.arange(a.top_k)) % a.experts
+                w = torch.rand(tok, a.top_k, generator=g)
+                best = {"dots": float("inf"), "tiles": float("inf")}
+                lib.ft_set_gemm(0, 1, 0)
+                for _ in range(a.rounds):
+                    for path, code in (("dots", 0), ("tiles", GEMM_MODES[mode])):
+                        lib.ft_set_ggml_tiles(code, 1)
+                        ex.run(x, ids, w)
+                        t0 = now()
+                        ex.run(x, ids, w)
+                        best[path] = min(best[path], now() - t0)
+                lib.ft_set_ggml_tiles(0, 16)
+                lib.ft_set_gemm(0, 16, 0)
+                flops = 2 * tok * a.top_k * 3 * a.hidden * a.inter
+                print(f"{name:8s} {tok:4d} {tok * a.top_k / a.experts:7.1f} {ex.isa:16s} {mode:9s} "
+                      f"{best['dots'] * 1e3:8.1f} {best['tiles'] * 1e3:8.1f} {best['dots'] / best['tiles']:7.2f} "
+                      f"{100 * flops / best['dots'] / m.peak.get('int8', float('nan')):10.1f} "
+                      f"{100 * flops / best['tiles'] / peak:11.1f}", flush=True)
+            ex.close()
+        del banks
+
+
+def prefill_gguf(a) -> None:
+    """Prefill of one prompt of a GGUF MoE through the ggml experts' tiles vs the dots, alternating
+    (both engines share the kernel library; its switch is set before each run)."""
+    from freetoken import LLM, SamplingParams
+    from freetoken.experts.measure.membw import CLOCKS
+    from freetoken.kernels import cpu_kernels
+    from freetoken.kernels.gemm import GEMM_MODES, GGML_GROUP_MIN, modes_here
+    now = CLOCKS["thread" if a.per_core else "wall"]
+    prompt = torch.randint(100, 5000, (int(a.tokens),), generator=torch.Generator().manual_seed(0)).tolist()
+    threads = 1 if a.per_core else a.threads
+    llm = LLM(a.gguf, num_threads=threads, max_model_len=len(prompt) + 64, prefix_cache=False)
+    lib = cpu_kernels()
+    mode = next(m for m in ("amx", "vdpbf16ps", "plain") if m in modes_here(lib))
+    best = {}
+    for _ in range(a.rounds):
+        for path, code in (("dots", 0), ("tiles", GEMM_MODES[mode])):
+            lib.ft_set_ggml_tiles(code, GGML_GROUP_MIN)
+            t0 = now()
+            llm.generate([prompt], SamplingParams(max_tokens=1, temperature=0.0))
+            best[path] = min(best.get(path, float("inf")), now() - t0)
+    llm.close()
+    print(f"{a.gguf}: {len(prompt)}-token prefill, {threads or 'all'} thread(s), clock "
+          f"{'thread' if a.per_core else 'wall'}: dots {len(prompt) / best['dots']:.0f} tok/s, tiles ({mode}) "
+          f"{len(prompt) / best['tiles']:.0f} tok/s: {best['dots'] / best['tiles']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -341,6 +341,9 @@ def main():
                     help="the Qwen3-MoE formats' model: the bench's own medium shape or the second one")
     ap.add_argument("--agree-max-prompt", type=int, default=4096,
                     help="check the engines' agreement only up to this prompt length (it costs one more prefill)")
+    ap.add_argument("--ggml-numerics", default=None, choices=("auto", "q8", "llama", "float32"),
+                    help="FreeToken's ggml_numerics (default: the engine's; q8 keeps the ggml experts' prefill "
+                         "on the int8 dots: the before of the prefill tiles)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(isa_line(args.threads), flush=True)
@@ -352,6 +355,8 @@ def main():
     rows = []
     for fmt in args.formats.split(","):
         build, gtype, source, ft_opts = FORMATS[fmt]
+        if args.ggml_numerics:
+            ft_opts = {**ft_opts, "ggml_numerics": args.ggml_numerics}
         if SHAPES[args.shape] and build is medium_checkpoint:
             name, shape = SHAPES[args.shape]
             model = medium_checkpoint(name=name, **shape)

@@ -80,7 +80,8 @@ class EngineConfig:
     # How the ggml (GGUF-quantized) layers round activations: q8 = int8 per 32 with fp32 scales in
     # the decode GEMV, exact prefill; llama = llama.cpp's q8_0/q8_1 rounding (fp16 scales and block
     # sums) in both; float32 = exact everywhere (decode dequantizes rows for a GEMM: slower).
-    # auto: q8 (docs/benchmarks.md). See quant/ggml_act.py.
+    # auto: q8, with the routed experts' prefill through the bf16 tiles (kernels/c/ggml_tiles.c,
+    # docs/gguf.md) where the experts' tiles are calibrated or forced. See quant/ggml_act.py.
     ggml_numerics: str = flag("auto", choices=("auto", "q8", "llama", "float32"),
                               help="activation rounding of GGUF-quantized layers (auto: q8)")
     max_model_len: int | None = flag(None, help=lambda: "context window (default: the checkpoint's, at most "

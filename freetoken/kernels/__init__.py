@@ -139,6 +139,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_get_gemm.restype = ci
     lib.ft_set_gemm.argtypes = [ci, ci, ci]
     lib.ft_set_gemm.restype = ci
+    lib.ft_set_ggml_tiles.argtypes = [ci, ci]
+    lib.ft_set_ggml_tiles.restype = ci
+    lib.ft_ggml_rows_bf16.argtypes = [ci, vp, i64, ci, ci, vp]
+    lib.ft_ggml_rows_bf16.restype = None
     lib.ft_amx_ready.argtypes = []
     lib.ft_amx_ready.restype = ci
     lib.ft_peak_macs.argtypes = [vp, ci, i64]

@@ -41,7 +41,7 @@ from ..platform import NATIVE_BF16, cpu_flags, cpu_model
 from ..progress import progress
 from ..quant.ggml_act import ACT_MODES
 from . import cache_dir, cpu_kernels, variants_here
-from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, gemm_bf16, mode_code, modes_here, set_tiles_rounding
+from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .pool import CpuPool, shared_pool
 
 log = logging.getLogger(__name__)
@@ -339,7 +339,21 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
         pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
         pool.lib.ft_set_ggml_act(ACT_MODES.get(cfg.ggml_numerics, ACT_MODES["q8"]))
         set_gemm_tiles(pool.lib, c)
+        set_ggml_tiles(pool.lib, c, cfg.ggml_numerics, cfg.prefill_gemm)
     return pool, c
+
+
+def set_ggml_tiles(lib, c: CpuChoices, numerics: str, forced: str = "auto") -> int:
+    """Switch the prefill tiles of experts in llama.cpp block types (kernels/c/ggml_tiles.c) to the
+    experts' tiles choice (calibrated on bf16 experts, whose dots cost less than the ggml ones) or
+    to a forced prefill_gemm amx | vdpbf16ps (whatever the dtype), under ggml_numerics "auto" only:
+    "q8" and "llama" promise the int8 dots, "float32" exact activations. Returns the mode in
+    effect (0: the dots)."""
+    mode = forced if forced in ("amx", "vdpbf16ps") else c.expert_gemm
+    code = 0
+    if mode and numerics == "auto":
+        code = mode_code(lib, mode) if forced != "auto" else GEMM_MODES[mode] if mode in modes_here(lib) else 0
+    return lib.ft_set_ggml_tiles(code, GGML_GROUP_MIN)
 
 
 def set_gemm_tiles(lib, c: CpuChoices) -> None:

@@ -18,6 +18,10 @@ GEMM_MODES = {"amx": 1, "vdpbf16ps": 2, "plain": 3}
 # drafted tokens, layers/kernel_rows.GEMV_TOKENS rows) stays on the dot products too, each row the
 # bits of a decode step, so drafts never change greedy output (tiles round the whole call to bf16).
 EXPERT_MIN_TOKENS = 66
+# Tokens of one expert from which, in such a call, experts in llama.cpp block types run through the
+# tiles (each weight row decoded once into a bf16 panel, c/ggml_tiles.c) instead of the int8 dots
+# (which decode it once per 4 tokens); measured with bench/ggml_kernels.py --prefill (docs/benchmarks.md).
+GGML_GROUP_MIN = 16
 _rounding = {"tiles_min": 0}
 
 

@@ -4,7 +4,9 @@
 sum_k w[t,k] * down(act(gate(x[t])) * up(x[t])) with the C kernels of `kernels/` (weights
 dequantized inside the dot products, fp32 accumulation, a persistent pinned thread pool).
 Experts that receive many tokens in one call (prefill) go through torch GEMMs instead, where
-the weights are reused enough for a blocked matmul to beat streaming dot products.
+the weights are reused enough for a blocked matmul to beat streaming dot products; bf16 and
+ggml (llama.cpp block types) experts do that inside the kernel instead, through the GEMM tiles
+(kernels/gemm.py, kernels/c/ggml_tiles.c), when the library's switches are on.
 
 Bank layouts and codecs: `formats.py`.
 """

@@ -15,7 +15,10 @@ same way, so the cache size and the backend change speed, never the answer:
   2. weights dequantized to float32, products summed in float32 (fp32 accumulation);
   3. the gate-weighted sum over a token's experts in float32, rounded to the activations'
      dtype once, at the end (the `Experts` seam).
-The results then differ by float32 summation order only.
+The results then differ by float32 summation order only. One exception: under ggml_numerics
+"auto" the C kernels run a ggml expert with >= GGML_GROUP_MIN tokens of a tiles call on bf16
+weights, x and h (kernels/c/ggml_tiles.c); the torch executors keep int8 per 32 there
+(tolerance-level differences on a long prefill, docs/gguf.md).
 
 The bf16-dot switch is process-wide in the C library (`ft_set_bf16_dot`); the models set it
 through `set_bf16_dot` here so the torch executors read the same choice.

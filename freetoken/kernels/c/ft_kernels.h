@@ -206,6 +206,38 @@ FT_HIDDEN void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr,
 FT_HIDDEN int ggml_iq_type(int type);
 FT_HIDDEN int ggml_iq_row(int type, const uint8_t *w, int n, const uint8_t *const *xp, int nt, float *res);
 FT_HIDDEN int ggml_iq_dequant_row(int type, const uint8_t *w, int K, float *out);
+/* The prefill tiles over ggml experts (ggml_tiles.c): each weight row decoded ONCE per call into a
+ * per-thread bf16 panel that gemm_bf16.c's tiles multiply with all of an expert's tokens.
+ * ggml_row_bf16 (ggml.c) / ggml_iq_row_bf16 (ggml_iq.c): one row of K elements -> K bf16, the
+ * values gguf.quants.dequantize gives rounded to nearest even; 0 for a type not theirs. */
+FT_HIDDEN int ggml_row_bf16(int type, const uint8_t *w, int K, uint16_t *dst);
+FT_HIDDEN int ggml_iq_row_bf16(int type, const uint8_t *w, int K, uint16_t *dst);
+FT_HIDDEN extern int ft_ggml_tiles, ft_ggml_group_min;
+FT_HIDDEN void ggml_panel(int type, const uint8_t *w, int64_t rs, int r0, int r1, int K, uint16_t *pan);
+#ifdef FT_AVX2
+/* 32 int8 codes c -> 32 bf16 at dst: element i = s[i / 16] * c_i - o[i / 16] (one rounding in
+ * fp32, then to bf16 nearest even; decoded weights are finite) */
+FORCE_INLINE void codes_bf16(__m256i c, float s0, float s1, float o0, float o1, uint16_t *dst) {
+#if defined(FT_AVX512) && defined(__AVX512BF16__)
+    const __m512 lo = _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c))),
+                                      _mm512_set1_ps(s0), _mm512_set1_ps(o0));
+    const __m512 hi = _mm512_fmsub_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c, 1))),
+                                      _mm512_set1_ps(s1), _mm512_set1_ps(o1));
+    _mm512_storeu_si512(dst, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+#else
+    for (int q = 0; q < 4; q++) {
+        const __m128i b = q < 2 ? _mm256_castsi256_si128(c) : _mm256_extracti128_si256(c, 1);
+        const __m256 v = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q & 1 ? _mm_srli_si128(b, 8) : b)),
+                                         _mm256_set1_ps(q < 2 ? s0 : s1), _mm256_set1_ps(q < 2 ? o0 : o1));
+        __m256i u = _mm256_castps_si256(v);
+        u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                      _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)))), 16);
+        _mm_storeu_si128((__m128i *)(dst + 8 * q),
+                         _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1)));
+    }
+#endif
+}
+#endif
 /* ggml_act.c: llama.cpp's fp16 activation scales and block sums in ggml_prep when on */
 FT_HIDDEN extern int ft_ggml_act_llama;
 FT_HIDDEN float ggml_round_f16(float f);

@@ -339,7 +339,54 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
     }
 }
 
+/* One row -> bf16 (the prefill tiles' panel): decode8's codes, scales and offsets, each
+ * weight ws * code - os; a legacy row's last < 8 blocks through the scalar dequantization. */
+FORCE_INLINE void row_bf16(const int type, const uint8_t *w, int K, uint16_t *dst) {
+    const int k6 = G_PER16(type), sg = G_SIGNED(type), bs = ggml_bytes256(type);
+    for (int g8 = 0; g8 < K / 256; g8++) {
+        __m256i wv[8];
+        __m256 ws[2], os[2];
+        float s[16], o[16];
+        decode8(type, w + (int64_t)bs * g8, wv, ws, os);
+        _mm256_storeu_ps(s, ws[0]);
+        _mm256_storeu_ps(o, os[0]);
+        if (k6) { _mm256_storeu_ps(s + 8, ws[1]); _mm256_storeu_ps(o + 8, os[1]); }
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            const int a = k6 ? 2 * k : k, b = k6 ? 2 * k + 1 : k;
+            codes_bf16(wv[k], s[a], s[b], sg ? 0.f : o[a], sg ? 0.f : o[b], dst + 256 * g8 + 32 * k);
+        }
+    }
+    float f[32];
+    for (int b = K / 256 * 8; b < K / 32; b++) {
+        ggml_dequant_row(type, w + (int64_t)bs / 8 * b, 32, f);
+        for (int i = 0; i < 32; i++) dst[32 * b + i] = f32_to_bf16(f[i]);
+    }
+}
+
+#define ROW_BF16(t) case t: row_bf16(t, w, K, dst); return 1;
+int ggml_row_bf16(int type, const uint8_t *w, int K, uint16_t *dst) {
+    switch (type) {   /* one entry per type (ft_kernels.h's ggml_bytes256 lists the same) */
+    ROW_BF16(GT_Q8_0) ROW_BF16(GT_Q4_0) ROW_BF16(GT_Q4_1) ROW_BF16(GT_Q5_0) ROW_BF16(GT_Q5_1)
+    ROW_BF16(GT_IQ4_NL) ROW_BF16(GT_MXFP4) ROW_BF16(GT_Q2_K) ROW_BF16(GT_Q3_K) ROW_BF16(GT_Q4_K)
+    ROW_BF16(GT_Q5_K) ROW_BF16(GT_Q6_K) ROW_BF16(GT_TQ1_0) ROW_BF16(GT_TQ2_0)
+    default: return 0;
+    }
+}
+
 #else /* portable: each block dequantized to floats (ggml_dense.c, as the reference), dot with int8 x */
+
+int ggml_row_bf16(int type, const uint8_t *w, int K, uint16_t *dst) {
+    if (!ggml_bytes256(type)) return 0;
+    const int be = ggml_blocks32(type) ? 32 : 256, bb = ggml_bytes256(type) / (256 / be);
+    float f[256];
+    for (int c = 0; c < K / be; c++) {
+        ggml_dequant_row(type, w + (int64_t)bb * c, be, f);
+        for (int i = 0; i < be; i++) dst[be * c + i] = f32_to_bf16(f[i]);
+    }
+    return 1;
+}
+
 
 FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, float *res, const int NT) {
     float acc[NTMAX] = {0};

@@ -240,7 +240,44 @@ FORCE_INLINE void iq_grow(const int type, const uint8_t *w, int n, const int8_t 
     for (int t = 0; t < NT; t++) res[t] = hsum8(_mm256_add_ps(acc[t][0], acc[t][1]));
 }
 
+/* One row -> bf16 (the prefill tiles' panel): each weight sc * (signed code), as the dequantization */
+FORCE_INLINE void iq_row_bf16(const int type, const uint8_t *w, int K, uint16_t *dst) {
+    const int bs = iq_block_bytes(type);
+    for (int sb = 0; sb < K / 256; sb++) {
+        const uint8_t *blk = w + (int64_t)bs * sb;
+        const float d = iq_d(type, blk);
+#pragma GCC unroll 2
+        for (int ib = 0; ib < 8; ib++) {
+            __m256i u, sg;
+            float sc[2];
+            iq_sub(type, blk, ib, &u, &sg);
+            iq_scales(type, blk, ib, d, sc);
+            codes_bf16(_mm256_sign_epi8(u, sg), sc[0], sc[1], 0.f, 0.f, dst + 256 * sb + 32 * ib);
+        }
+    }
+}
+
+#define IQ_ROW_BF16(t) case t: iq_row_bf16(t, w, K, dst); return 1;
+int ggml_iq_row_bf16(int type, const uint8_t *w, int K, uint16_t *dst) {
+    switch (type) {
+    IQ_ROW_BF16(GT_IQ2_XXS) IQ_ROW_BF16(GT_IQ2_XS) IQ_ROW_BF16(GT_IQ2_S) IQ_ROW_BF16(GT_IQ3_XXS)
+    IQ_ROW_BF16(GT_IQ3_S) IQ_ROW_BF16(GT_IQ1_S) IQ_ROW_BF16(GT_IQ1_M)
+    default: return 0;
+    }
+}
+
 #else /* portable: the scalar decode, integer dots per 16 */
+
+int ggml_iq_row_bf16(int type, const uint8_t *w, int K, uint16_t *dst) {
+    float f[256];
+    if (!ggml_iq_type(type)) return 0;
+    for (int sb = 0; sb < K / 256; sb++) {
+        ggml_iq_dequant_row(type, w + (int64_t)iq_block_bytes(type) * sb, 256, f);
+        for (int i = 0; i < 256; i++) dst[256 * sb + i] = f32_to_bf16(f[i]);
+    }
+    return 1;
+}
+
 
 FORCE_INLINE void iq_grow(const int type, const uint8_t *w, int n, const int8_t *const *xq, const float *const *xd,
                           float *res, const int NT) {

@@ -14,7 +14,7 @@ typedef struct {
     uint8_t *xq;        /* T prepared inputs, stride prep_bytes(H) */
     float *hn;          /* R x I natural fp32 */
     uint8_t *hq;        /* R prepared h, stride prep_bytes(I) */
-    /* groups of >= GEMM_GROUP_MIN tokens through the GEMM tiles (gemm_bf16.c), bf16 experts only */
+    /* groups of >= GEMM_GROUP_MIN tokens (ggml: ft_ggml_group_min) through the GEMM tiles (gemm_bf16.c) */
     int gm;             /* the tiles' mode, 0: none this call */
     const int32_t *g_blk;   /* first packed block of group g, -1: the dot tiles */
     const int32_t *blk_g;   /* the group of packed block b */
@@ -22,7 +22,7 @@ typedef struct {
     const float **xrows, **hrows;   /* per slot: its token's x row, its h row */
     uint16_t *xpk, *hpk;    /* packed x (blocks of blk_bytes(H)), packed h (blk_bytes(I)) */
     float *gtmp;            /* per thread: 3 x (max tokens of a group) x 32 floats */
-    uint16_t *gpad;         /* per thread: gemm_pad_elems() bf16 */
+    uint16_t *gpad;         /* per thread: gemm_pad_elems() bf16 (ggml: the decoded 32 x kpad(max(H, I)) panel after it) */
     int64_t gtmp_n, gpad_n;
 } moe_job;
 
@@ -35,6 +35,18 @@ static inline float act_fn(const ft_desc *d, float g, float u) {
 }
 
 typedef struct { moe_job *J; ft_pool *p; } moe_ctx;
+
+/* Rows [n0, n1) (<= 32) of expert matrix wb through the tiles into out (ldo 32): bf16 rows in
+ * place; ggml rows (their type at tp) decoded once into the thread's panel first (ggml_tiles.c). */
+static void tile_rows(const moe_job *J, const uint8_t *wb, int64_t rs, const uint8_t *tp, int n0, int n1, int K,
+                      const uint16_t *xp, int ns, float *out, uint16_t *pad) {
+    if (J->d->fmt != FMT_GGML) { gemm_rows(J->gm, wb, rs, n0, n1, K, xp, ns, out, 32, pad, NULL, 0); return; }
+    uint16_t *pan = pad + gemm_pad_elems();
+    int32_t type;
+    memcpy(&type, tp, 4);
+    ggml_panel(type, wb, rs, n0, n1, K, pan);
+    gemm_rows(J->gm, (const uint8_t *)pan, kpad(K) * 2, 0, n1 - n0, K, xp, ns, out, 32, pad, NULL, 0);
+}
 
 static void moe_run_fn(void *a, int tid) {
     moe_ctx *C = a;
@@ -88,8 +100,10 @@ static void moe_run_fn(void *a, int tid) {
                 const uint16_t *xg = J->xpk + J->g_blk[g] * bbH;
                 for (int jb = j0; jb < j1; jb += 32) {
                     const int je = jb + 32 < j1 ? jb + 32 : j1;
-                    gemm_rows(J->gm, wb, d->gu_w_rs, jb, je, H, xg, ns, gt, 32, pad, NULL, 0);
-                    gemm_rows(J->gm, ub, urs, jb, je, H, xg, ns, gu_t, 32, pad, NULL, 0);
+                    tile_rows(J, wb, d->gu_w_rs, scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, jb),
+                              jb, je, H, xg, ns, gt, pad);
+                    tile_rows(J, ub, urs, scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, I + jb),
+                              jb, je, H, xg, ns, gu_t, pad);
                     for (int t = 0; t < ns; t++)
                         for (int j = jb; j < je; j++) {
                             float gg = gt[t * 32 + j - jb], uu = gu_t[t * 32 + j - jb];
@@ -157,7 +171,8 @@ static void moe_run_fn(void *a, int tid) {
             const uint16_t *hg = J->hpk + J->g_blk[g] * bbI;
             for (int rb = r0; rb < r1; rb += 32) {
                 const int re = rb + 32 < r1 ? rb + 32 : r1;
-                gemm_rows(J->gm, wb, d->dn_w_rs, rb, re, I, hg, ns, dn_t, 32, pad, NULL, 0);
+                tile_rows(J, wb, d->dn_w_rs, scale_row(fmt, d->dn_s, d->dn_s_es, d->dn_s_rs, e, rb),
+                          rb, re, I, hg, ns, dn_t, pad);
                 for (int t = 0; t < ns; t++) {
                     float *o = J->out + (int64_t)J->r_tok[s0 + t] * H;
                     const float wt = J->r_w[s0 + t];
@@ -193,10 +208,12 @@ static void moe_run_fn(void *a, int tid) {
     }
 }
 
-/* Whether the GEMM tiles take this call's experts: bf16 weights, fp32 inputs, a mode that runs
+/* The tiles' mode for this call's experts (0: the dot products): bf16 weights under ft_gemm_mode,
+ * ggml weights under ft_ggml_tiles (not under llama.cpp's numerics), fp32 inputs, a mode that runs
  * for both of the experts' input widths. */
 static int fmt_gemm(const ft_desc *d, int xt) {
-    return d->fmt == FMT_BF16 && xt == XT_F32 && gemm_mode_runs(ft_gemm_mode, d->H) && gemm_mode_runs(ft_gemm_mode, d->I);
+    const int m = d->fmt == FMT_BF16 ? ft_gemm_mode : d->fmt == FMT_GGML && !ft_ggml_act_llama ? ft_ggml_tiles : 0;
+    return m && xt == XT_F32 && gemm_mode_runs(m, d->H) && gemm_mode_runs(m, d->I) ? m : 0;
 }
 
 /* Tokens of one expert from which a tiles call runs it through the tiles, not the dot products
@@ -231,13 +248,14 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
      * >= GEMM_GROUP_MIN tokens run through them, the rest through the dot products, with x and h
      * rounded to bf16 in every group alike, so the answer depends on the call, not on how its
      * tokens spread over the experts (the torch executors round the same calls: numerics.py) */
-    const int gm = (ft_gemm_mode && T >= ft_gemm_min && fmt_gemm(d, xt)) ? ft_gemm_mode : 0;
+    const int gm = T >= ft_gemm_min ? fmt_gemm(d, xt) : 0;
+    const int gmin = d->fmt == FMT_GGML ? ft_ggml_group_min : GEMM_GROUP_MIN;
     int nblk = 0, max_ns = 0, G = 0;
     for (int i = 0, n = 0; i < R; i++) {
         n++;
         if (i == R - 1 || keys[i + 1].e != keys[i].e) {
             G++;
-            if (gm && n >= GEMM_GROUP_MIN) { nblk += (n + 15) / 16; max_ns = n > max_ns ? n : max_ns; }
+            if (gm && n >= gmin) { nblk += (n + 15) / 16; max_ns = n > max_ns ? n : max_ns; }
             n = 0;
         }
     }
@@ -246,7 +264,9 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
     size_t sz_hn = ((size_t)R * I + (size_t)p->n * H) * 4;
     size_t sz_hq = (size_t)R * (size_t)prep_bytes(I);
     size_t sz_pk = (size_t)nblk * (size_t)(blk_bytes(H) + blk_bytes(I));
-    int64_t gtmp_n = (int64_t)3 * max_ns * 32, gpad_n = nblk ? gemm_pad_elems() : 0;
+    const int KM = H > I ? H : I;
+    int64_t gtmp_n = (int64_t)3 * max_ns * 32;
+    int64_t gpad_n = nblk ? gemm_pad_elems() + (d->fmt == FMT_GGML ? 32 * kpad(KM) : 0) : 0;
     size_t sz_gt = (size_t)p->n * (size_t)(gtmp_n * 4 + gpad_n * 2);
     size_t a64 = 64;
     #define RUP(v) (((v) + a64 - 1) / a64 * a64)
@@ -275,7 +295,7 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
         if (i == R - 1 || keys[i + 1].e != keys[i].e) {
             const int g = G - 1, n = g_n[g];
             g_blk[g] = -1;
-            if (gm && n >= GEMM_GROUP_MIN) {
+            if (gm && n >= gmin) {
                 g_blk[g] = b;
                 for (int k = 0; k < (n + 15) / 16; k++) blk_g[b++] = g;
             }
