@@ -1,0 +1,55 @@
+"""llama.cpp's own quantizer applied to a GGUF (`llama_model_quantize` through llama-cpp-python's
+ctypes API, as `llama-quantize` runs it), in a child process of the python that has llama_cpp
+(llamacpp_setup.ensure_llamacpp). bench/vs_llamacpp.py makes its quantizer mixes with it."""
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+
+# llama.cpp's lattice i-quant mixes: made with a uniform importance matrix (see uniform_imatrix)
+IQUANTS = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s")
+
+QUANTIZE = textwrap.dedent("""
+    import ctypes, json, os, sys
+    import llama_cpp as L
+    src, dst, ftype = sys.argv[1], sys.argv[2], getattr(L, sys.argv[3])
+    p = L.llama_model_quantize_default_params()
+    p.ftype, p.nthread = ftype, 2
+    imatrix = json.loads(sys.stdin.read() or "null")   # {tensor: values per column (x experts)} or null
+    if imatrix:                                         # kept alive until the call returns
+        keep = [(n.encode(), (ctypes.c_float * k)(*([1.0] * k))) for n, k in imatrix.items()]
+        arr = (L.llama_model_imatrix_data * (len(keep) + 1))()
+        for i, (n, d) in enumerate(keep):
+            arr[i].name, arr[i].data, arr[i].size = n, d, len(d)
+        p.imatrix = arr                                 # the last entry (name NULL) ends the list
+    L.llama_backend_init()
+    assert L.llama_model_quantize(src.encode(), (dst + ".partial").encode(), ctypes.byref(p)) == 0
+    os.rename(dst + ".partial", dst)                  # another process may be waiting for this name
+""")
+QUANT_TYPES = {f: f"LLAMA_FTYPE_MOSTLY_{f.upper()}" for f in ("q4_k_m", "q2_k", "q3_k_m", "q4_1", "q5_0", "q5_1",
+                                                              "iq4_nl", *IQUANTS)}
+
+
+def uniform_imatrix(gguf_path: Path) -> dict[str, int]:
+    """A uniform importance matrix (every column weighs the same) for the lattice i-quants, which
+    llama.cpp refuses to make without one: the value count of each 2-D/3-D weight (columns x
+    experts), as llama.cpp's imatrix tool would store it. Not a measured imatrix: the issue allows
+    "an importance matrix made by its imatrix tool or a uniform one"."""
+    from gguf import GGUFReader
+    out = {}
+    for t in GGUFReader(str(gguf_path)).tensors:
+        shape = [int(x) for x in t.shape]               # ggml order: columns first
+        if len(shape) >= 2 and t.name.endswith(".weight") and not t.name.startswith(("token_embd", "output")):
+            out[t.name] = shape[0] * (shape[2] if len(shape) == 3 else 1)
+    return out
+
+
+def quantize(py: Path, src: Path, out: Path, gtype: str) -> Path:
+    """`src` quantized by llama.cpp into `out` as the mix `gtype` (a QUANT_TYPES key)."""
+    print(f"quantizing {src.name} -> {out.name} with llama.cpp ...", flush=True)
+    imatrix = json.dumps(uniform_imatrix(src) if gtype in IQUANTS else None)
+    subprocess.run([py, "-c", QUANTIZE, str(src), str(out), QUANT_TYPES[gtype]], check=True,
+                   capture_output=True, input=imatrix, text=True)
+    return out
