@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import MEDIUM_QWEN3_48, medium_checkpoint, medium_gpt_oss  # noqa: E402
 from freetoken.default_model import installed_default, not_installed_hint  # noqa: E402
 from freetoken.weights.gguf.reader import GgufFile  # noqa: E402
-from llamacpp_quantize import IQUANTS, QUANT_TYPES, quantize  # noqa: E402
+from llamacpp_quantize import IQUANTS, quantize  # noqa: E402
 from llamacpp_setup import ensure_llamacpp, to_gguf  # noqa: E402
 
 # llama.cpp's AMX path (Q8_0/Q4_K dense weights repacked for AMX tiles) dies with SIGILL at its first
@@ -170,12 +170,16 @@ def smollm2_file() -> Path:
         raise SystemExit("smollm2: " + not_installed_hint())
     return f
 
+# the converter's own --outtype values (q8_0 included: FORMATS' q8_0 is the converter's file, not the quantizer's)
+CONVERTER_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+
+
 def make_gguf(py: Path, converter: Path, model: Path, gtype: str) -> Path:
     """The GGUF both engines run: `model` itself when it is one (gtype None), the converter's output, or llama.cpp's own quantizer (through
     llama-cpp-python's ctypes API, as `llama-quantize` does) applied to the bf16 GGUF."""
     if gtype is None:
         return model
-    if gtype not in QUANT_TYPES:
+    if gtype in CONVERTER_OUTTYPES:
         return to_gguf(py, converter, model, gtype)
     out = model.parent / f"{model.name}-{gtype}.gguf"
     if not out.exists():
