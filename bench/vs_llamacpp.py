@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import MEDIUM_QWEN3_48, medium_checkpoint, medium_gpt_oss  # noqa: E402
 from freetoken.default_model import installed_default, not_installed_hint  # noqa: E402
 from freetoken.weights.gguf.reader import GgufFile  # noqa: E402
+from llamacpp_quantize import IQUANTS, quantize  # noqa: E402
 from llamacpp_setup import ensure_llamacpp, to_gguf  # noqa: E402
 
 # llama.cpp's AMX path (Q8_0/Q4_K dense weights repacked for AMX tiles) dies with SIGILL at its first
@@ -141,8 +142,6 @@ LLAMA_RUN = NO_AMX + textwrap.dedent("""
 # converter --outtype, or a llama.cpp quantizer type made from the bf16 GGUF (QUANTIZE). FreeToken
 # loads the HF checkpoint ("hf") or the very GGUF file llama.cpp runs ("gguf": its quantized experts
 # stay packed, and so do its quantized dense tensors: the ggml dense kernels, as llama.cpp reads them).
-# llama.cpp's lattice i-quant mixes: made with a uniform importance matrix (see uniform_imatrix)
-IQUANTS = ("iq1_s", "iq1_m", "iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s")
 FORMATS = {
     "bf16": (medium_checkpoint, "bf16", "hf", {}),
     "q8_0": (medium_checkpoint, "q8_0", "hf", {"expert_format": "int8", "dense_format": "int8"}),  # Q8_0-sized
@@ -171,39 +170,8 @@ def smollm2_file() -> Path:
         raise SystemExit("smollm2: " + not_installed_hint())
     return f
 
-QUANTIZE = textwrap.dedent("""
-    import ctypes, json, os, sys
-    import llama_cpp as L
-    src, dst, ftype = sys.argv[1], sys.argv[2], getattr(L, sys.argv[3])
-    p = L.llama_model_quantize_default_params()
-    p.ftype, p.nthread = ftype, 2
-    imatrix = json.loads(sys.stdin.read() or "null")   # {tensor: values per column (x experts)} or null
-    if imatrix:                                         # kept alive until the call returns
-        keep = [(n.encode(), (ctypes.c_float * k)(*([1.0] * k))) for n, k in imatrix.items()]
-        arr = (L.llama_model_imatrix_data * (len(keep) + 1))()
-        for i, (n, d) in enumerate(keep):
-            arr[i].name, arr[i].data, arr[i].size = n, d, len(d)
-        p.imatrix = arr                                 # the last entry (name NULL) ends the list
-    L.llama_backend_init()
-    assert L.llama_model_quantize(src.encode(), (dst + ".partial").encode(), ctypes.byref(p)) == 0
-    os.rename(dst + ".partial", dst)                  # another process may be waiting for this name
-""")
-QUANT_TYPES = {f: f"LLAMA_FTYPE_MOSTLY_{f.upper()}" for f in ("q4_k_m", "q2_k", "q3_k_m", "q4_1", "q5_0", "q5_1",
-                                                              "iq4_nl", *IQUANTS)}
-
-
-def uniform_imatrix(gguf_path: Path) -> dict[str, int]:
-    """A uniform importance matrix (every column weighs the same) for the lattice i-quants, which
-    llama.cpp refuses to make without one: the value count of each 2-D/3-D weight (columns x
-    experts), as llama.cpp's imatrix tool would store it. Not a measured imatrix: the issue allows
-    "an importance matrix made by its imatrix tool or a uniform one"."""
-    from gguf import GGUFReader
-    out = {}
-    for t in GGUFReader(str(gguf_path)).tensors:
-        shape = [int(x) for x in t.shape]               # ggml order: columns first
-        if len(shape) >= 2 and t.name.endswith(".weight") and not t.name.startswith(("token_embd", "output")):
-            out[t.name] = shape[0] * (shape[2] if len(shape) == 3 else 1)
-    return out
+# the converter's own --outtype values (q8_0 included: FORMATS' q8_0 is the converter's file, not the quantizer's)
+CONVERTER_OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 
 
 def make_gguf(py: Path, converter: Path, model: Path, gtype: str) -> Path:
@@ -211,15 +179,11 @@ def make_gguf(py: Path, converter: Path, model: Path, gtype: str) -> Path:
     llama-cpp-python's ctypes API, as `llama-quantize` does) applied to the bf16 GGUF."""
     if gtype is None:
         return model
-    if gtype not in QUANT_TYPES:
+    if gtype in CONVERTER_OUTTYPES:
         return to_gguf(py, converter, model, gtype)
     out = model.parent / f"{model.name}-{gtype}.gguf"
     if not out.exists():
-        src = to_gguf(py, converter, model, "bf16")
-        print(f"quantizing {src.name} -> {out.name} with llama.cpp ...", flush=True)
-        imatrix = json.dumps(uniform_imatrix(src) if gtype in IQUANTS else None)
-        subprocess.run([py, "-c", QUANTIZE, str(src), str(out), QUANT_TYPES[gtype]], check=True,
-                       capture_output=True, input=imatrix, text=True)
+        quantize(py, to_gguf(py, converter, model, "bf16"), out, gtype)
     return out
 
 
