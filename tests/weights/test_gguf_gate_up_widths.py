@@ -21,7 +21,7 @@ from freetoken.memory.model_size import read_model_shape
 from freetoken.quant import ggml_quants as gq
 from freetoken.weights.gguf.reader import GgufFile
 from test_gguf_device_types import _equal, _near, _run
-from test_gguf_iquants import _copy_keys
+from test_gguf_iquants import write_pair
 from helpers import exact_experts
 from model_checks import ids_for
 
@@ -34,29 +34,15 @@ PARTS = ("gate", "up", "down")
 def write_mix(src: Path, dst: Path, ref: Path) -> None:
     """dst: src with blk.N.ffn_{gate,up,down}_exps in LAYERS[N] (the float values quantized);
     ref: the same model in F32 holding what those blocks dequantize to (by gguf.quants)."""
-    reader = gguf.GGUFReader(src)
-    arch = reader.fields["general.architecture"].contents()
-    wq, wf = gguf.GGUFWriter(dst, arch), gguf.GGUFWriter(ref, arch)
-    _copy_keys(reader, wq)
-    _copy_keys(reader, wf)
-    for t in reader.tensors:
-        part = next((i for i, p in enumerate(PARTS) if f".ffn_{p}_exps." in t.name), None)
+    def blocks(name, shape, t):
+        part = next((i for i, p in enumerate(PARTS) if f".ffn_{p}_exps." in name), None)
         if part is None:
-            for w in (wq, wf):
-                w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-            continue
-        want = LAYERS[int(t.name.split(".")[1])][part]
-        shape = tuple(int(x) for x in reversed(t.shape.tolist()))
+            return None
+        want = LAYERS[int(name.split(".")[1])][part]
         x = torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
-        raw = gq.quantize(x.reshape(-1, shape[-1]), want).numpy()
-        vals = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(want)), np.float32)
-        wq.add_tensor(t.name, raw.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType(want))
-        wf.add_tensor(t.name, vals.reshape(shape), raw_dtype=gguf.GGMLQuantizationType.F32)
-    for w in (wq, wf):
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        return gq.quantize(x.reshape(-1, shape[-1]), want).numpy(), want
+
+    write_pair(src, dst, ref, blocks)
 
 
 @pytest.fixture(scope="module")

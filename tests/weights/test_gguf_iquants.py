@@ -44,11 +44,10 @@ def unit_d(t: int) -> float:
     return 0.5 / float(v.pow(2).mean().sqrt())
 
 
-def write_iq(src: Path, dst: Path, ref: Path, type_of, seed: int = 0) -> None:
-    """dst: src with every tensor type_of(name, shape) names replaced by random valid blocks of
-    that i-quant (d scaled to the tensor's size); ref: the same model in F32, holding the values
-    those blocks dequantize to (by gguf.quants, the independent reference)."""
-    gen = torch.Generator().manual_seed(seed)
+def write_pair(src: Path, dst: Path, ref: Path, blocks) -> None:
+    """dst: src with each tensor for which blocks(name, shape, tensor) gives (raw blocks, ggml type)
+    holding those blocks; ref: the same model in F32, holding the values the blocks dequantize to
+    (by gguf.quants, the independent reference). blocks -> None keeps a tensor as it is in both."""
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     wq, wf = gguf.GGUFWriter(dst, arch), gguf.GGUFWriter(ref, arch)
@@ -56,13 +55,12 @@ def write_iq(src: Path, dst: Path, ref: Path, type_of, seed: int = 0) -> None:
     _copy_keys(reader, wf)
     for t in reader.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-        want = type_of(t.name, shape)
-        if want is None:
-            wq.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
-            wf.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+        made = blocks(t.name, shape, t)
+        if made is None:
+            for w in (wq, wf):
+                w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
             continue
-        rows = int(np.prod(shape[:-1]))
-        raw = iq.random_rows(want, rows, shape[-1], gen, scale=unit_d(want) / shape[-1] ** 0.5).numpy()
+        raw, want = made
         vals = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(want)), dtype=np.float32)
         wq.add_tensor(t.name, raw.reshape(*shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType(want))
         wf.add_tensor(t.name, vals.reshape(shape), raw_dtype=gguf.GGMLQuantizationType.F32)
@@ -71,6 +69,21 @@ def write_iq(src: Path, dst: Path, ref: Path, type_of, seed: int = 0) -> None:
         w.write_kv_data_to_file()
         w.write_tensors_to_file()
         w.close()
+
+
+def write_iq(src: Path, dst: Path, ref: Path, type_of, seed: int = 0) -> None:
+    """write_pair with every tensor type_of(name, shape) names replaced by random valid blocks of
+    that i-quant (d scaled to the tensor's size)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def blocks(name, shape, t):
+        want = type_of(name, shape)
+        if want is None:
+            return None
+        rows = int(np.prod(shape[:-1]))
+        return iq.random_rows(want, rows, shape[-1], gen, scale=unit_d(want) / shape[-1] ** 0.5).numpy(), want
+
+    write_pair(src, dst, ref, blocks)
 
 
 def quantizable(name: str, shape: tuple) -> bool:
