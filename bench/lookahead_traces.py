@@ -30,7 +30,7 @@ import numpy as np
 from freetoken.experts.memory.slots import DEFAULT_POLICY
 from freetoken.sim.capacity import parse_capacity
 from freetoken.sim.policies import POLICIES
-from freetoken.sim.replay import replay
+from freetoken.sim.replay import prefill_cells, replay
 from freetoken.sim.trace import PREFILL
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -54,12 +54,8 @@ def lookahead_replay(stream, slots: int, policy: str) -> dict:
 
     for seg in stream.segments:
         if seg.phase == PREFILL:
-            for i, cell in enumerate(seg.cells):
-                if seg.rows:
-                    p.prompt_rows(seg.layers[i], seg.rows[i])
-                p.prefill_cell(cell)
+            for _ in prefill_cells(p, seg):
                 sweep()
-            p.place(seg.prompt_counts)
             continue
         for cell in seg.cells:
             mine = waiting.intersection(cell)

@@ -24,6 +24,16 @@ class ReplayResult:
         return self.misses / self.accesses if self.accesses else 0.0
 
 
+def prefill_cells(policy: Policy, seg):
+    """Feed a prefill segment to the policy (with its prompt rows where the trace has them),
+    yielding each cell's hits; once consumed, the prompt's counts are placed."""
+    for i, cell in enumerate(seg.cells):
+        if seg.rows:
+            policy.prompt_rows(seg.layers[i], seg.rows[i])
+        yield policy.prefill_cell(cell)
+    policy.place(seg.prompt_counts)
+
+
 def replay_hits(policy: Policy, stream: AccessStream) -> list[tuple[str, bool]]:
     """(phase, hit) for every access, prefill included, in stream order."""
     out: list[tuple[str, bool]] = []
@@ -31,11 +41,8 @@ def replay_hits(policy: Policy, stream: AccessStream) -> list[tuple[str, bool]]:
     policy.place(Counter())
     for seg in stream.segments:
         if seg.phase == PREFILL:
-            for i, cell in enumerate(seg.cells):
-                if seg.rows:
-                    policy.prompt_rows(seg.layers[i], seg.rows[i])
-                out += [(PREFILL, bool(h)) for h in policy.prefill_cell(cell)]
-            policy.place(seg.prompt_counts)
+            for hits in prefill_cells(policy, seg):
+                out += [(PREFILL, bool(h)) for h in hits]
         else:
             for cell in seg.cells:
                 out += [(seg.phase, bool(h)) for h in policy.access_cell(cell)]
@@ -50,11 +57,8 @@ def replay(name: str, stream: AccessStream, slots: int) -> ReplayResult:
     accesses = misses = 0
     for seg in stream.segments:
         if seg.phase == PREFILL:
-            for i, cell in enumerate(seg.cells):
-                if seg.rows:
-                    policy.prompt_rows(seg.layers[i], seg.rows[i])
-                policy.prefill_cell(cell)
-            policy.place(seg.prompt_counts)
+            for _ in prefill_cells(policy, seg):
+                pass
             continue
         access_cell, end_cell = policy.access_cell, policy.end_cell
         for cell in seg.cells:
