@@ -75,7 +75,8 @@ def test_router_guess_is_the_next_layers_router_on_this_input(ftw):
             got = experts.router.guess(layer, x)
             ids, w = routes[layer + 1](x)
             assert sorted(got.tolist()) == sorted(set(ids.flatten().tolist()))
-            assert set(got[:3].tolist()) == set(ids[:, 0].tolist())     # every token's first choice leads
+            firsts = set(ids[:, 0].tolist())       # tokens may share a first choice: it leads once
+            assert set(got[:len(firsts)].tolist()) == firsts                 # every token's first choice leads
         assert experts.router.guess(experts.layout.num_layers - 1, x) is None
     finally:
         llm.close()
