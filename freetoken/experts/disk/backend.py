@@ -141,6 +141,8 @@ class DiskExperts(Experts):
         when it has something to do (issue 39: an all-hits call pays for no lookahead it skips):
         no guess pending, no speculative hint, lookahead asleep -> nothing allocated."""
         decode = self.phase == "decode"
+        if decode and self._idle():
+            return _NONE, _NONE
         if decode:
             if self.expected.started:
                 self.expected.settle(layer, uniq - layer * self.E)
@@ -160,6 +162,12 @@ class DiskExperts(Experts):
                 self.prefetch_cut += len(nxt) - budget
                 nxt = nxt[:budget]
         return nxt, ahead
+
+    def _idle(self) -> bool:
+        """A decode call has nothing to guess, score or read ahead: the lookahead asleep (or
+        off), no guess waiting for this layer, no speculative hint (the common call at hits)."""
+        return (self.predictor is None or self._quiet >= self.layout.num_layers) and not self.expected.started \
+            and not self.expected.want and not any(sc.waiting for sc in self._all_scores)
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
