@@ -7,6 +7,7 @@ in one call only where the slots ascend with the ids."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,3 +59,31 @@ def test_hit_path_leaves_the_table_the_general_path_leaves(tmp_path_factory, ops
     finally:
         general.close()
         hits.close()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_ranked_kernel_sums_slots_in_the_pools_order(fmt):
+    """The C kernel over the experts moved to other slots, told each slot's flat id as its rank
+    (`CpuExpertExecutor.run(rank=...)`, what the disk tier runs at any cache layout), gives the
+    resident pool's answer bit for bit: same experts, summed in the same order."""
+    import torch
+    from test_cpu_kernels import make_banks
+
+    from freetoken.experts.execution.cpu import CpuExpertExecutor
+    gen = torch.Generator().manual_seed(3)
+    n, hidden, inter = 12, 128, 64
+    banks = make_banks(fmt, n, hidden, inter, False, gen)
+    perm = torch.randperm(n, generator=gen)                   # expert f sits in slot perm[f]
+    slots = {k: torch.empty_like(v) for k, v in banks.items()}
+    for k, v in banks.items():
+        slots[k][perm] = v
+    pool, moved = (CpuExpertExecutor(b, fmt, hidden, inter, gemm_tokens=0) for b in (banks, slots))
+    try:
+        for t in (1, 3):
+            ids = torch.stack([torch.randperm(n, generator=gen)[:6] for _ in range(t)])
+            x, w = torch.randn(t, hidden, generator=gen), torch.rand(t, 6, generator=gen)
+            want = pool.run(x, ids, w)
+            assert torch.equal(moved.run(x, perm[ids], w, rank=ids), want)
+    finally:
+        pool.close()
+        moved.close()

@@ -287,7 +287,14 @@ class DiskExperts(Experts):
             a = b
 
     def _run(self, ids: np.ndarray, slots: np.ndarray, flat: np.ndarray, x, w, out) -> int:
-        """Kernel calls over `ids` (ascending) in runs whose slots ascend too (see the module doc)."""
+        """Kernel calls over `ids` (ascending): one where the kernel sums in the order of a
+        rank (`flat`, the resident pool's order, whatever the slots), else runs whose slots
+        ascend too (see the module doc)."""
+        if len(ids) > 1 and getattr(self.host, "ranks", lambda n: False)(flat.size):
+            pos = np.minimum(np.searchsorted(ids, flat), len(ids) - 1)
+            sid = np.where(ids[pos] == flat, slots[pos], -1)
+            self.host.run(x, torch.from_numpy(sid), w, out=out, rank=torch.from_numpy(flat))
+            return 1
         breaks = np.flatnonzero(np.diff(slots) <= 0) + 1
         calls = 0
         for run_ids, run_slots in (zip(np.split(ids, breaks), np.split(slots, breaks)) if len(breaks)
