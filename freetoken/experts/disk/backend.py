@@ -6,10 +6,11 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
      (hits locked; misses read from the file, several at once) -- as many as the free slots
      hold; the rest follow in further rounds;
   2. the CPU kernels run them from the cache's slot banks. The kernel adds each token's
-     expert outputs in ascending slot order, so each call covers a run of experts whose
-     slots ascend with their flat ids: every token's outputs are then added in the same order
-     as the fully resident pool adds them, and the result is bit for bit the resident one
-     whatever the cache size (tested down to one slot per layer). The same holds for runs
+     expert outputs in ascending order of a rank, here their flat ids (`ft_moe_run_ranked`;
+     without one, ascending slot order, and a call covers a run of experts whose slots ascend
+     with their ids): every token's outputs are then added in the same order as the fully
+     resident pool adds them, and the result is bit for bit the resident one whatever the
+     cache size (tested down to one slot per layer). The same holds for runs
      cut where a read is still in flight: the leading experts whose bytes are in RAM are
      computed while the later misses are still read (`_landed_runs`), whatever order the
      reads finish in (tested);
