@@ -388,10 +388,13 @@ class HostExpertCache:
             want = want[t.slot_of[want] < 0]
             if not len(want):
                 return 0
+            self._settle()
             slots = self._victims(want, whole_pool_only=True)
             if slots is None:
-                self._settle()
                 want, slots = t.read_ahead_victims(want)
+            if len(want) > 1:       # queued as a layer call computes them (soonest layer, then ascending
+                o = np.lexsort((want, t.next_use(want)))    # ids): its landed prefix runs while the rest read
+                want, slots = want[o], slots[o]
             if not len(want):
                 return 0
             self._start(want, slots)
