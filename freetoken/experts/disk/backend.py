@@ -236,8 +236,9 @@ class DiskExperts(Experts):
                   t0: float) -> bool:
         """The call at full hits, with as little bookkeeping as a resident call has (issue 39
         item 4: the tier's overhead at hits): one locked gather of the slots (the cache's
-        `ready_of`), one kernel call where the slots ascend with the ids (else `_run`'s runs), the counters. False (nothing done) when one of
-        `uniq` is not resident and landed: the general path then reads it."""
+        `ready_of`), one kernel call (ranked by flat id where the slots do not ascend with
+        the ids: `_run`), the counters. False (nothing done) when one of `uniq` is not
+        resident and landed: the general path then reads it."""
         used = self.cache.c["prefetch_used"]
         got = self.cache.acquire_hits(layer, uniq, flat)
         if got is None:

@@ -143,6 +143,8 @@ class CpuExpertExecutor:
             return out
         ids = expert_ids if expert_ids.dtype == torch.int64 else expert_ids.long()
         w = weights if weights.dtype == torch.float32 else weights.float()
+        if rank is not None and (rank.shape != ids.shape or rank.dtype != torch.int64 or not self.ranks(ids.numel())):
+            raise ValueError("rank must be int64 like expert_ids, on the C kernel without the GEMM split")
         if self.lib is None:
             return run_experts(self.banks, self.spec, ids, x, w, out, dtype=torch.float32)
         self.last_experts = 0       # distinct experts this call ran (the expert-memory stats)
@@ -152,8 +154,6 @@ class CpuExpertExecutor:
             x = x.float()
         x, ids, w = x.contiguous(), ids.contiguous(), w.contiguous()
         if rank is not None:
-            if rank.shape != ids.shape or rank.dtype != torch.int64 or not self.ranks(T * ids.shape[1]):
-                raise ValueError("rank must be int64 like expert_ids, on the C kernel without the GEMM split")
             rank = rank.contiguous()
         with self._pool.lock:
             rc = self.lib.ft_moe_run_ranked(self._pool.handle, ctypes.byref(self._desc), x.data_ptr(),
