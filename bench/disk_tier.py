@@ -72,17 +72,35 @@ FT = textwrap.dedent("""
             toks += out.new_token_ids
             times.append(time.perf_counter())
             if len(times) == 1:
-                read0 = (llm.expert_stats().get("disk") or {}).get("bytes_read", 0)
+                st0 = llm.expert_stats()
+                read0 = (st0.get("disk") or {}).get("bytes_read", 0)
                 cpu0 = time.process_time()     # every thread's CPU: hashing included, the neighbours' not
                 times[0] = time.perf_counter()
     st = llm.expert_stats()
     rss = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM"))) * 1024
     per_tok = ((st.get("disk") or {}).get("bytes_read", 0) - read0) / max(1, len(times) - 1)
+    def delta(get):          # decode only: after the first token
+        return get(st) - get(st0)
+    n_dec = max(1, len(times) - 1)
+    split = {"kernel_calls_per_layer_call": delta(lambda s: s.get("kernel_calls", 0)) / max(1, delta(lambda s: s["total"]["calls"])),
+             "expert_ms_per_token": delta(lambda s: s["total"]["wall_s"]) / n_dec * 1e3,
+             "blocked_ms_per_token": delta(lambda s: (s.get("disk") or {}).get("read_s", 0.0)) / n_dec * 1e3}
     print(json.dumps({"prefill": len(prompt) / (times[0] - t0), "decode": (len(times) - 1) / (times[-1] - times[0]),
                       "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk"),
-                      "lookahead": st.get("lookahead"), "decode_bytes_per_token": per_tok,
+                      "lookahead": st.get("lookahead"), "decode_bytes_per_token": per_tok, "split": split,
                       "cpu_s_per_token": (time.process_time() - cpu0) / max(1, len(times) - 1)}))
 """)
+
+
+def split_line(res: dict, disk: dict) -> str:
+    """Where a decoded token's expert time went: the layer calls' wall time (blocked on reads
+    included) and the kernel calls a layer call took, resident against the disk tier."""
+    r, d = res.get("split") or {}, disk.get("split") or {}
+    if not d:
+        return "expert split n/a"
+    return (f"expert calls {d['expert_ms_per_token']:.1f} ms a token ({d['blocked_ms_per_token']:.1f} blocked on reads; "
+            f"resident {r.get('expert_ms_per_token', float('nan')):.1f}), "
+            f"{d['kernel_calls_per_layer_call']:.2f} kernel calls a layer call")
 
 
 # start to first token, disk tier; the clock starts after `import freetoken`
@@ -369,7 +387,7 @@ def main():
                   f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token, next-layer guesses used "
                   f"{(disk.get('host_cache') or {}).get('prefetch_hit_rate', 0):.0%} "
                   f"({(disk.get('host_cache') or {}).get('prefetch_wasted_bytes', 0) / 1e9:.2f} GB read for nothing); "
-                  f"{lookahead_line(disk)}; peak RSS resident "
+                  f"{lookahead_line(disk)}; {split_line(res, disk)}; peak RSS resident "
                   f"{res.get('hwm', 0) / 2**30:.2f} GiB, disk {disk.get('hwm', 0) / 2**30:.2f} GiB"
                   + "".join(f"; {k} error: {v['error']}" for k, v in (("resident", res), ("disk", disk),
                                                                        ("llama.cpp", ll)) if "error" in v))

@@ -6,10 +6,11 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
      (hits locked; misses read from the file, several at once) -- as many as the free slots
      hold; the rest follow in further rounds;
   2. the CPU kernels run them from the cache's slot banks. The kernel adds each token's
-     expert outputs in ascending slot order, so each call covers a run of experts whose
-     slots ascend with their flat ids: every token's outputs are then added in the same order
-     as the fully resident pool adds them, and the result is bit for bit the resident one
-     whatever the cache size (tested down to one slot per layer). The same holds for runs
+     expert outputs in ascending order of a rank, here their flat ids (`ft_moe_run_ranked`;
+     without one, ascending slot order, and a call covers a run of experts whose slots ascend
+     with their ids): every token's outputs are then added in the same order as the fully
+     resident pool adds them, and the result is bit for bit the resident one whatever the
+     cache size (tested down to one slot per layer). The same holds for runs
      cut where a read is still in flight: the leading experts whose bytes are in RAM are
      computed while the later misses are still read (`_landed_runs`), whatever order the
      reads finish in (tested);
@@ -141,6 +142,8 @@ class DiskExperts(Experts):
         when it has something to do (issue 39: an all-hits call pays for no lookahead it skips):
         no guess pending, no speculative hint, lookahead asleep -> nothing allocated."""
         decode = self.phase == "decode"
+        if decode and self._idle():
+            return _NONE, _NONE
         if decode:
             if self.expected.started:
                 self.expected.settle(layer, uniq - layer * self.E)
@@ -161,6 +164,12 @@ class DiskExperts(Experts):
                 nxt = nxt[:budget]
         return nxt, ahead
 
+    def _idle(self) -> bool:
+        """A decode call has nothing to guess, score or read ahead: the lookahead asleep (or
+        off), no guess waiting for this layer, no speculative hint (the common call at hits)."""
+        return (self.predictor is None or self._quiet >= self.layout.num_layers) and not self.expected.started \
+            and not self.expected.want and not any(sc.waiting for sc in self._all_scores)
+
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
         if self.phase == "decode" and layer == self._last[0] + 1:
@@ -169,12 +178,12 @@ class DiskExperts(Experts):
         on_host = self.device.type == "cpu"
         x = hidden if on_host else hidden.to("cpu")
         w = topk_weights if on_host else topk_weights.to("cpu")
-        local = topk_ids.to("cpu", torch.int64).numpy()
+        local = (topk_ids if on_host and topk_ids.dtype == torch.int64 else topk_ids.to("cpu", torch.int64)).numpy()
         flat = local + layer * self.E
-        uniq = np.sort(flat[0]) if flat.shape[0] == 1 else np.unique(flat)    # one token: a sort is cheaper
-        if flat.shape[0] == 1 and len(uniq) > 1 and not (uniq[1:] != uniq[:-1]).all():
-            uniq = np.unique(uniq)
         T, K = flat.shape
+        uniq = np.sort(flat[0]) if T == 1 else np.unique(flat)    # one token: a sort is cheaper
+        if T == 1 and len(set(uniq.tolist())) < K:              # (a set: ~3x cheaper than comparing)
+            uniq = np.unique(uniq)
         if self.phase == "prefill" and T * K >= 2 * self.E and self.cache.capacity >= 2 * self.E \
                 and layer + 1 < self.layout.num_layers:
             if self.predictor is not None:
@@ -226,29 +235,29 @@ class DiskExperts(Experts):
     def _all_hits(self, layer: int, uniq: np.ndarray, flat: np.ndarray, x, w, out, routed: int, nxt: np.ndarray,
                   t0: float) -> bool:
         """The call at full hits, with as little bookkeeping as a resident call has (issue 39
-        item 4: the tier's overhead at hits): one locked lookup, one kernel call where the slots
-        ascend with the ids (else `_run`'s runs), the counters. False (nothing done) when one of
-        `uniq` is not resident and landed: the general path then reads it."""
+        item 4: the tier's overhead at hits): one locked gather of the slots (the cache's
+        `ready_of`), one kernel call (ranked by flat id where the slots do not ascend with
+        the ids: `_run`), the counters. False (nothing done) when one of `uniq` is not
+        resident and landed: the general path then reads it."""
         used = self.cache.c["prefetch_used"]
-        slots = self.cache.acquire_hits(uniq)
-        if slots is None:
+        got = self.cache.acquire_hits(layer, uniq, flat)
+        if got is None:
             return False
+        slots, ordered = got
         try:
-            if len(slots) < 2 or (slots[1:] > slots[:-1]).all():
-                self.host.run(x, torch.from_numpy(slots[np.searchsorted(uniq, flat)]), w, out=out)
+            if ordered:         # the one kernel call of the resident pool, on the slots
+                self.host.run(x, torch.from_numpy(slots), w, out=out)
                 calls = 1
             else:
-                calls = self._run(uniq, slots, flat, x, w, out)
+                calls = self._run(uniq, self.cache.ready_of[uniq], flat, x, w, out)
         finally:
             self.cache.release(slots)
         started = self.cache.prefetch(nxt) if len(nxt) else 0     # read ahead (lookahead) as the general path
         self.kernel_calls += calls
         if self.phase == "decode":      # a hit that a read-ahead brought keeps the lookahead awake
             self._quiet = 0 if self.cache.c["prefetch_used"] != used else self._quiet + 1
-        dt = time.perf_counter() - t0
-        n = len(uniq)
-        self.stats_.add(layer, calls=1, routed=routed, hits=n, prefetches=started, cpu_experts=n,
-                        cpu_bytes=n * int(self._layer_nbytes[layer]), cpu_s=dt, wall_s=dt)
+        self.stats_.add_hit_call(layer, routed, len(uniq), int(self._layer_nbytes[layer]), started,
+                                 time.perf_counter() - t0)
         self._last = (layer, time.perf_counter())
         return True
 
@@ -280,7 +289,14 @@ class DiskExperts(Experts):
             a = b
 
     def _run(self, ids: np.ndarray, slots: np.ndarray, flat: np.ndarray, x, w, out) -> int:
-        """Kernel calls over `ids` (ascending) in runs whose slots ascend too (see the module doc)."""
+        """Kernel calls over `ids` (ascending): one where the kernel sums in the order of a
+        rank (`flat`, the resident pool's order, whatever the slots), else runs whose slots
+        ascend too (see the module doc)."""
+        if len(ids) > 1 and getattr(self.host, "ranks", lambda n: False)(flat.size):
+            pos = np.minimum(np.searchsorted(ids, flat), len(ids) - 1)
+            sid = np.where(ids[pos] == flat, slots[pos], -1)
+            self.host.run(x, torch.from_numpy(sid), w, out=out, rank=torch.from_numpy(flat))
+            return 1
         breaks = np.flatnonzero(np.diff(slots) <= 0) + 1
         calls = 0
         for run_ids, run_slots in (zip(np.split(ids, breaks), np.split(slots, breaks)) if len(breaks)

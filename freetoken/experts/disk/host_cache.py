@@ -159,6 +159,16 @@ class HostExpertCache:
         self._landed: dict[int, threading.Event] = {}      # slot -> set when its read is over
         self._failed: dict[int, BaseException] = {}        # flat -> the read error (until retried)
         self._prefetched = np.zeros(slots, bool)           # filled by a prefetch, not yet used
+        self._any_prefetched = False                       # ... some slot may be (the hit path skips the look)
+        # the hit path (`acquire_hits`, issue 39: a call at full hits costs what a resident call
+        # costs): one lookup in `ready_of`, kept up to date as reads land and slots are evicted,
+        # and the policy's bookkeeping of a pass's hit calls done at once (`_settle`), before the
+        # policy next decides anything
+        self.ready_of = np.full(len(self.table.slot_of), -1, np.int64)   # flat -> slot once landed, else -1
+        self.identity = True       # every resident expert in the slot of its flat id (a whole-pool cache):
+        #                            then any call's slots ascend with its ids
+        self._hit_log: list[np.ndarray] = []               # hit calls' unique ids, not yet in the policy
+        self._log_layer = -1
         self._io = ThreadPoolExecutor(max(1, threads), thread_name_prefix="freetoken-disk")
         self.c = dict(hits=0, misses=0, waited=0, reads=0, bytes_read=0, prefetches=0, prefetch_used=0,
                       read_errors=0)
@@ -185,6 +195,7 @@ class HostExpertCache:
                 self.c["reads"] += 1
                 self.c["bytes_read"] += n
                 self.table.ready(np.array([slot]))
+                self.ready_of[flat] = slot
             else:
                 self.c["read_errors"] += 1
                 self._failed[flat] = err
@@ -198,6 +209,7 @@ class HostExpertCache:
         flat = int(t.owner[slot])
         if flat >= 0:
             t.slot_of[flat] = -1
+            self.ready_of[flat] = -1
         t.owner[slot], t.stamp[slot], t.pending[slot] = -1, -1, False
         if t.arc is not None:
             t.arc.keep(set(t.owner[t.owner >= 0].tolist()), t.capacity)
@@ -216,6 +228,11 @@ class HostExpertCache:
 
     def _start(self, flats: np.ndarray, slots: np.ndarray) -> list[threading.Event]:
         """Assign flats into victim slots (locked, pending) and queue their reads (under the lock)."""
+        self._settle()              # (the policy sees the logged hits before these reads, as they came)
+        old = self.table.owner[slots]
+        self.ready_of[old[old >= 0]] = -1
+        if self.identity and (flats != slots).any():
+            self.identity = False
         self.table.assign(flats, slots)
         events = []
         for f, s in zip(flats.tolist(), slots.tolist()):
@@ -239,23 +256,41 @@ class HostExpertCache:
             raise
         return n, slots
 
-    def acquire_hits(self, flat_ids: np.ndarray) -> np.ndarray | None:
-        """`acquire` when every one of `flat_ids` (unique) is resident and landed: their slots,
-        locked (the caller `release`s them); None, and nothing changed, otherwise."""
-        t = self.table
+    def acquire_hits(self, layer: int, uniq: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, bool] | None:
+        """`acquire` of a layer call whose experts (`uniq`: its unique flat ids, ascending;
+        `flat`: the call's [T, K] ids) are all resident and landed: (the slots of `flat`,
+        locked -- the caller `release`s them --, whether the slots of `uniq` ascend too: one
+        kernel call); None, and nothing changed, otherwise. One gather and a lock; the policy
+        sees the call at the next `_settle`, in the same order as if it had been told now."""
         with self._cv:
-            slots = t.slot_of[flat_ids]
-            if (slots < 0).any() or t.pending[slots].any():
+            slots = self.ready_of[flat]
+            if slots.min() < 0:
                 return None
-            t.record(flat_ids)
-            t.locks[slots] += 1                     # unique slots: no np.add.at
-            t.touch(slots)
-            self.c["hits"] += len(slots)
-            used = self._prefetched[slots]
-            if used.any():
-                self.c["prefetch_used"] += int(used.sum())
-                self._prefetched[slots] = False
-            return slots
+            self.table.locks[slots] += 1        # repeated slots count once, and `release` takes one
+            if layer <= self._log_layer:        # a new pass: the last one's hits go to the policy
+                self._settle()
+            self._hit_log.append(uniq)
+            self._log_layer = layer
+            self.c["hits"] += len(uniq)
+            ordered = self.identity
+            if self._any_prefetched or not ordered:
+                su = self.ready_of[uniq]
+                ordered = ordered or len(su) < 2 or bool((su[1:] > su[:-1]).all())
+                used = self._prefetched[su]
+                if used.any():
+                    self.c["prefetch_used"] += int(used.sum())
+                    self._prefetched[su] = False
+                    self._any_prefetched = bool(self._prefetched.any())
+            return slots, ordered
+
+    def _settle(self) -> None:
+        """The logged hit calls to the policy (under the lock): counted and touched as one
+        batch (their layers ascend: `SlotTable.record` takes a pass's calls at once)."""
+        if self._hit_log:
+            ids = self._hit_log[0] if len(self._hit_log) == 1 else np.concatenate(self._hit_log)
+            self._hit_log, self._log_layer = [], -1
+            self.table.record(ids)
+            self.table.touch(self.table.slot_of[ids])
 
     def acquire_nowait(self, flat_ids: np.ndarray) -> tuple[int, np.ndarray, list]:
         """`acquire` without waiting for the reads: (n, slots, pending), pending[i] the Event
@@ -264,6 +299,7 @@ class HostExpertCache:
         flat_ids = np.asarray(flat_ids, np.int64)
         t = self.table
         with self._cv:
+            self._settle()
             slots = t.slot_of[flat_ids]
             if (slots >= 0).all() and not t.pending[slots].any():      # all landed hits: the common case
                 t.record(flat_ids)
@@ -352,20 +388,26 @@ class HostExpertCache:
             want = want[t.slot_of[want] < 0]
             if not len(want):
                 return 0
+            self._settle()
             slots = self._victims(want, whole_pool_only=True)
             if slots is None:
                 want, slots = t.read_ahead_victims(want)
+            if len(want) > 1:       # queued as a layer call computes them (soonest layer, then ascending
+                o = np.lexsort((want, t.next_use(want)))    # ids): its landed prefix runs while the rest read
+                want, slots = want[o], slots[o]
             if not len(want):
                 return 0
             self._start(want, slots)
             t.unlock(slots)          # a prefetch holds no user lock: pending keeps it safe
             self._prefetched[slots] = True
+            self._any_prefetched = True
             self.c["prefetches"] += len(want)
             return len(want)
 
     def drain(self) -> None:
         """Wait for every read in flight (between steps, before a resize or close)."""
         with self._cv:
+            self._settle()
             events = list(self._landed.values())
         for ev in events:
             ev.wait()
@@ -381,6 +423,8 @@ class HostExpertCache:
             for slot in used.tolist():
                 self._drop(slot)
             self._prefetched[:] = False
+            self._any_prefetched = False
+            self.identity = True
             self._failed.clear()
             try:
                 self.reader.open()          # the name may now be another file (replaced, restored)
@@ -399,6 +443,7 @@ class HostExpertCache:
         with self._cv:
             if self._landed or self.table.locks.any():
                 raise RuntimeError("host expert cache: resize while a layer call or a read is running")
+            self._settle()
             keep = self.table.keep_best(slots)
             for name, rows in self._rows.items():
                 self.banks[name] = rows.resize(keep, slots)
@@ -410,10 +455,17 @@ class HostExpertCache:
             was = self._prefetched
             self._prefetched = np.zeros(slots, bool)
             self._prefetched[:len(keep)] = was[keep]
+            self._any_prefetched = bool(self._prefetched.any())
+            t = self.table
+            used = np.flatnonzero(t.owner >= 0)
+            self.ready_of[:] = -1
+            self.ready_of[t.owner[used]] = used
+            self.identity = bool((t.owner[used] == used).all())
             return len(keep)
 
     def stats(self) -> dict:
         with self._cv:
+            self._settle()
             c = dict(self.c)
             desc = self.table.describe()
             unused_now = int(self._prefetched.sum())          # prefetched, still resident, not used yet
@@ -430,8 +482,16 @@ class HostExpertCache:
     def check(self) -> None:
         """Invariants (tests): the table's, plus: a slot is pending exactly while its read runs."""
         with self._cv:
-            self.table.check()
-            assert set(np.flatnonzero(self.table.pending).tolist()) == set(self._landed), "pending != reads in flight"
+            self._settle()
+            t = self.table
+            t.check()
+            assert set(np.flatnonzero(t.pending).tolist()) == set(self._landed), "pending != reads in flight"
+            landed = np.where(t.slot_of >= 0, t.slot_of, -1)
+            landed[landed >= 0] = np.where(t.pending[landed[landed >= 0]], -1, landed[landed >= 0])
+            assert np.array_equal(self.ready_of, landed), "ready_of != the landed residents"
+            used = np.flatnonzero(t.owner >= 0)
+            assert not self.identity or (t.owner[used] == used).all(), "identity set, a slot holds another id"
+            assert self._any_prefetched or not self._prefetched.any()
 
     def close(self) -> None:
         self.drain()

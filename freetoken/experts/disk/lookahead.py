@@ -94,6 +94,11 @@ class GuessScore:
             self.needed += len(uniq_flats)
         self._pending = None
 
+    @property
+    def waiting(self) -> bool:
+        """A guess waits to be scored against the next layer call."""
+        return self._pending is not None
+
     def f1(self) -> float:
         """2 x right / (guessed + needed): precision and recall in one number (0 before any)."""
         return 2 * self.right / (self.guessed + self.needed) if self.guessed + self.needed else 0.0

@@ -128,9 +128,12 @@ class CpuExpertExecutor:
             *geom(b["up"], I, "up"))
 
     def run(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, rank: torch.Tensor | None = None) -> torch.Tensor:
         """x [T, H] float32/bf16; expert_ids [T, K] int64 flat ids (< 0: skip); weights [T, K].
-        Returns float32 [T, H] = sum_k weights[t,k] * expert_{ids[t,k]}(x[t]); adds into `out`."""
+        Returns float32 [T, H] = sum_k weights[t,k] * expert_{ids[t,k]}(x[t]); adds into `out`.
+        Each token's outputs are summed in ascending id, or ascending `rank` ([T, K] int64, one
+        value per expert: the disk tier's flat ids of its slots) where given: C kernel only,
+        and no torch GEMM split (`ranks`)."""
         T = x.shape[0]
         if out is None:
             out = torch.zeros(T, self.H, dtype=torch.float32)
@@ -140,6 +143,8 @@ class CpuExpertExecutor:
             return out
         ids = expert_ids if expert_ids.dtype == torch.int64 else expert_ids.long()
         w = weights if weights.dtype == torch.float32 else weights.float()
+        if rank is not None and (rank.shape != ids.shape or rank.dtype != torch.int64 or not self.ranks(ids.numel())):
+            raise ValueError("rank must be int64 like expert_ids, on the C kernel without the GEMM split")
         if self.lib is None:
             return run_experts(self.banks, self.spec, ids, x, w, out, dtype=torch.float32)
         self.last_experts = 0       # distinct experts this call ran (the expert-memory stats)
@@ -148,16 +153,24 @@ class CpuExpertExecutor:
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         x, ids, w = x.contiguous(), ids.contiguous(), w.contiguous()
+        if rank is not None:
+            rank = rank.contiguous()
         with self._pool.lock:
-            rc = self.lib.ft_moe_run(self._pool.handle, ctypes.byref(self._desc), x.data_ptr(),
-                                     0 if x.dtype == torch.float32 else 1, T, ids.shape[1],
-                                     ids.data_ptr(), w.data_ptr(), out.data_ptr())
+            rc = self.lib.ft_moe_run_ranked(self._pool.handle, ctypes.byref(self._desc), x.data_ptr(),
+                                            0 if x.dtype == torch.float32 else 1, T, ids.shape[1], ids.data_ptr(),
+                                            None if rank is None else rank.data_ptr(), w.data_ptr(), out.data_ptr())
         if rc == -1:
             raise IndexError("expert id out of range of the banks")
         if rc < 0:
             raise MemoryError("CPU expert kernel could not allocate its scratch memory")
         self.last_experts += rc
         return out
+
+    def ranks(self, pairs: int) -> bool:
+        """Whether a call of `pairs` routed (token, expert) pairs may take a `rank`: the C kernel
+        runs all of it (no experts split off to torch ahead of the others)."""
+        return self.lib is not None and not (self.gemm_tokens and pairs >= self.gemm_tokens
+                                             and not (self.fmt == "bf16" and self.lib.ft_get_gemm(0)))
 
     def _split_big(self, x, ids, w, out) -> torch.Tensor:
         """Run experts with >= gemm_tokens tokens through torch; returns ids with those masked."""

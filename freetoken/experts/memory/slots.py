@@ -135,20 +135,21 @@ class SlotTable:
         """Count one routed access of each id (one layer's unique ids, hits and misses)."""
         if len(flat_ids) == 0:
             return
-        layer = int(flat_ids[0]) // self.num_experts
+        # (several layer calls of one pass may come at once, layers ascending: the host cache's
+        # hits, recorded in a batch; the pass and the token turn only at the first)
+        layer, last = int(flat_ids[0]) // self.num_experts, int(flat_ids[-1]) // self.num_experts
         if layer < self._cur_layer:                 # a new pass through the layers
             self.working_set, self._pass_count = self._pass_count, 0
         self._pass_count += len(flat_ids)
-        self._cur_layer = layer
+        self._cur_layer = last
         if self.policy == "lru":
             return
         if self.arc is not None:
             self.arc.seen(flat_ids)
             return
-        layer = int(flat_ids[0]) // self.num_experts
         if layer < self.last_layer:
             self.token += 1
-        self.last_layer = layer
+        self.last_layer = last
         if self.policy == "lfu":
             self.count[flat_ids] += 1.0
         else:

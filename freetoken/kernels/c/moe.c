@@ -220,16 +220,28 @@ static int fmt_gemm(const ft_desc *d, int xt) {
  * (Sapphire Rapids, expert 2048x768, one core: AMX 1.08x the dots at 8 tokens, 4.2x at 64). */
 #define GEMM_GROUP_MIN 4
 
-typedef struct { int64_t e; int32_t idx; } route_key;
+/* r: the order the experts' outputs are summed in (the expert id e itself, or the caller's rank:
+ * the disk tier runs experts from cache slots in their flat ids' order, so any slot layout sums
+ * as the resident pool does; one rank per expert of a call) */
+typedef struct { int64_t r, e; int32_t idx; } route_key;
 static int cmp_route(const void *a, const void *b) {
     const route_key *x = a, *y = b;
-    if (x->e != y->e) return x->e < y->e ? -1 : 1;
+    if (x->r != y->r) return x->r < y->r ? -1 : 1;
     return x->idx - y->idx;
 }
+
+int ft_moe_run_ranked(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
+                      const int64_t *ids, const int64_t *rank, const float *w, float *out);
 
 /* Returns the number of distinct experts run (>= 0), -1 on a bad expert id, -2 on allocation failure. */
 int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
                const int64_t *ids, const float *w, float *out) {
+    return ft_moe_run_ranked(vp, d, x, xt, T, K, ids, NULL, w, out);
+}
+
+/* ft_moe_run, each token's outputs summed in ascending rank[i] (NULL: ascending ids[i]) */
+int ft_moe_run_ranked(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
+                      const int64_t *ids, const int64_t *rank, const float *w, float *out) {
     ft_pool *p = vp;
     const int64_t RK = T * K;
     route_key *keys = malloc(sizeof(route_key) * (size_t)(RK ? RK : 1));
@@ -238,7 +250,7 @@ int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int
     for (int64_t i = 0; i < RK; i++) {
         if (ids[i] < 0) continue;
         if (ids[i] >= d->n_experts) { free(keys); return -1; }
-        keys[R].e = ids[i]; keys[R].idx = (int32_t)i; R++;
+        keys[R].e = ids[i]; keys[R].r = rank ? rank[i] : ids[i]; keys[R].idx = (int32_t)i; R++;
     }
     if (R == 0) { free(keys); return 0; }
     if (R > 1) qsort(keys, (size_t)R, sizeof *keys, cmp_route);

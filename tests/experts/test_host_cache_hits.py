@@ -1,0 +1,89 @@
+"""The host cache's hit path (`acquire_hits`: one gather in `ready_of`, the policy told in a
+batch at the next decision, issue 39) against the general path (`acquire`, the policy told at
+once): over random layer calls and read-aheads, two caches driven alike end in the same
+table -- residency, recency stamps, policy scores, pass and token counters, hit counts -- and
+every slot the hit path hands out holds its expert's bytes, in an order the kernels may run
+in one call only where the slots ascend with the ids."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from freetoken.experts.disk.host_cache import HostExpertCache
+
+from test_host_cache import E, L, _acquire_all, _holds, _layout
+
+calls = st.lists(st.tuples(st.sampled_from(["call", "call", "prefetch"]), st.integers(0, L - 1),
+                           st.lists(st.lists(st.integers(0, E - 1), min_size=1, max_size=3, unique=True),
+                                    min_size=1, max_size=2)),
+                 min_size=1, max_size=30)
+
+
+def _state(cache):
+    t = cache.table
+    return (t.slot_of.tolist(), t.owner.tolist(), t.stamp.tolist(), t.count.tolist(), t.since.tolist(),
+            t.token, t.working_set, t._pass_count, cache.c["hits"], cache.c["prefetch_used"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=calls, slots=st.integers(1, L * E), policy=st.sampled_from(["lru", "lfu", "lrfu", "arc", "lrfu+layer"]))
+def test_hit_path_leaves_the_table_the_general_path_leaves(tmp_path_factory, ops, slots, policy):
+    lay, want = _layout(tmp_path_factory.mktemp("hh") / "f.bin")
+    general, hits = HostExpertCache(lay, slots, policy, threads=2), HostExpertCache(lay, slots, policy, threads=2)
+    try:
+        for op, layer, rows in ops:
+            k = min(len(r) for r in rows)
+            flat = np.array([r[:k] for r in rows], np.int64) + layer * E
+            uniq = np.unique(flat)
+            if op == "prefetch":
+                for c in (general, hits):
+                    c.prefetch(uniq)
+            else:
+                _acquire_all(general, want, uniq)
+                got = hits.acquire_hits(layer, uniq, flat)
+                if got is None:
+                    _acquire_all(hits, want, uniq)
+                else:
+                    s, ordered = got
+                    _holds(hits, want, flat.ravel(), s.ravel())
+                    su = hits.table.slot_of[uniq]
+                    assert not ordered or (np.diff(su) > 0).all()
+                    assert ordered or not hits.identity
+                    hits.release(s)
+            for c in (general, hits):
+                c.drain()
+                c.check()
+            assert _state(general) == _state(hits)
+    finally:
+        general.close()
+        hits.close()
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_ranked_kernel_sums_slots_in_the_pools_order(fmt):
+    """The C kernel over the experts moved to other slots, told each slot's flat id as its rank
+    (`CpuExpertExecutor.run(rank=...)`, what the disk tier runs at any cache layout), gives the
+    resident pool's answer bit for bit: same experts, summed in the same order."""
+    import torch
+    from test_cpu_kernels import make_banks
+
+    from freetoken.experts.execution.cpu import CpuExpertExecutor
+    gen = torch.Generator().manual_seed(3)
+    n, hidden, inter = 12, 128, 64
+    banks = make_banks(fmt, n, hidden, inter, False, gen)
+    perm = torch.randperm(n, generator=gen)                   # expert f sits in slot perm[f]
+    slots = {k: torch.empty_like(v) for k, v in banks.items()}
+    for k, v in banks.items():
+        slots[k][perm] = v
+    pool, moved = (CpuExpertExecutor(b, fmt, hidden, inter, gemm_tokens=0) for b in (banks, slots))
+    try:
+        for t in (1, 3):
+            ids = torch.stack([torch.randperm(n, generator=gen)[:6] for _ in range(t)])
+            x, w = torch.randn(t, hidden, generator=gen), torch.rand(t, 6, generator=gen)
+            want = pool.run(x, ids, w)
+            assert torch.equal(moved.run(x, perm[ids], w, rank=ids), want)
+    finally:
+        pool.close()
+        moved.close()
