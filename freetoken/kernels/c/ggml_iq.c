@@ -212,8 +212,104 @@ FORCE_INLINE void iq_sub(const int type, const uint8_t *blk, int ib, __m256i *u,
     }
 }
 
+#if defined(FT_AVX512) && defined(__BMI2__)
+/* IQ2_XXS, IQ3_XXS, IQ1_S (one scale per 32): two sub-blocks per 512-bit dot, their signs as a
+ * 64-bit mask that negates x, and the 8 sub-block scales of a super-block as one vector. */
+#define IQ_PAIRS(t) ((t) == GT_IQ2_XXS || (t) == GT_IQ3_XXS || (t) == GT_IQ1_S)
+
+/* 2 x 4 x 7 sign indices (bits 0-27 of a0, a1) -> 64 sign bits: ksigns_iq2xs's bytes are the
+ * index with bit 7 = parity of the index, computed here (pdep spreads the 7-bit fields to bytes). */
+FORCE_INLINE uint64_t signs64(uint32_t a0, uint32_t a1) {
+    const uint64_t s = _pdep_u64((uint64_t)(a0 & 0x0fffffffu) | (uint64_t)(a1 & 0x0fffffffu) << 28,
+                                 0x7f7f7f7f7f7f7f7full);
+    uint64_t p = s ^ (s >> 4);   /* parity per byte lands in bit 0 (shifts stay inside the byte) */
+    p ^= p >> 2;
+    p ^= p >> 1;
+    return s | (p & 0x0101010101010101ull) << 7;
+}
+
+/* Sub-blocks 2k, 2k + 1: u = 64 magnitudes, *neg = the weights whose sign goes onto x. */
+FORCE_INLINE __m512i iq_pair(const int type, const uint8_t *blk, int k, __mmask64 *neg) {
+    if (type == GT_IQ2_XXS) {
+        const uint8_t *p = blk + 2 + 16 * k;
+        *neg = signs64(u32at(p + 4), u32at(p + 12));
+        return _mm512_set_epi64((int64_t)iq2xxs_grid[p[11]], (int64_t)iq2xxs_grid[p[10]], (int64_t)iq2xxs_grid[p[9]],
+                                (int64_t)iq2xxs_grid[p[8]], (int64_t)iq2xxs_grid[p[3]], (int64_t)iq2xxs_grid[p[2]],
+                                (int64_t)iq2xxs_grid[p[1]], (int64_t)iq2xxs_grid[p[0]]);
+    }
+    if (type == GT_IQ3_XXS) {
+        const uint8_t *p = blk + 2 + 16 * k;
+        *neg = signs64(u32at(blk + 66 + 8 * k), u32at(blk + 70 + 8 * k));
+#define G3(i, j) (int64_t)((uint64_t)iq3xxs_grid[p[i]] | (uint64_t)iq3xxs_grid[p[j]] << 32)
+        return _mm512_set_epi64(G3(14, 15), G3(12, 13), G3(10, 11), G3(8, 9), G3(6, 7), G3(4, 5), G3(2, 3), G3(0, 1));
+#undef G3
+    }
+    /* GT_IQ1_S: codes 8 g + delta (g in -1, 0, 1), never 0: u = |code|, the sign from the code */
+    const uint8_t *p = blk + 2 + 8 * k;
+    const int h0 = u16at(blk + 34 + 4 * k), h1 = u16at(blk + 36 + 4 * k);
+    const __m512i g = _mm512_set_epi64((int64_t)iq1s_grid[p[7] | (h1 >> 9 & 7) << 8], (int64_t)iq1s_grid[p[6] | (h1 >> 6 & 7) << 8],
+                                       (int64_t)iq1s_grid[p[5] | (h1 >> 3 & 7) << 8], (int64_t)iq1s_grid[p[4] | (h1 & 7) << 8],
+                                       (int64_t)iq1s_grid[p[3] | (h0 >> 9 & 7) << 8], (int64_t)iq1s_grid[p[2] | (h0 >> 6 & 7) << 8],
+                                       (int64_t)iq1s_grid[p[1] | (h0 >> 3 & 7) << 8], (int64_t)iq1s_grid[p[0] | (h0 & 7) << 8]);
+    const __m512i dl = _mm512_inserti64x4(_mm512_set1_epi8(h0 & 0x8000 ? -1 : 1), _mm256_set1_epi8(h1 & 0x8000 ? -1 : 1), 1);
+    /* 8 g per byte: a 16-bit shift, the bits it carries in from the byte below masked off */
+    const __m512i c = _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16(g, 3), _mm512_set1_epi8((char)0xf8)), dl);
+    *neg = _mm512_movepi8_mask(c);
+    return _mm512_abs_epi8(c);
+}
+
+/* The super-block's 8 sub-block scales, each the float iq_scales forms (d x odd integer, / 8 or / 4) */
+FORCE_INLINE __m256 iq_scales8(const int type, const uint8_t *blk, float d) {
+    __m256i ls;
+    if (type == GT_IQ2_XXS)   /* top nibble of each sub-block's second word */
+        ls = _mm512_cvtepi64_epi32(_mm512_srli_epi64(_mm512_loadu_si512((const void *)(blk + 2)), 60));
+    else if (type == GT_IQ3_XXS)
+        ls = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(blk + 66)), 28);
+    else
+        ls = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 34))), 12),
+                              _mm256_set1_epi32(7));
+    const __m256 odd = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), odd), _mm256_set1_ps(type == GT_IQ3_XXS ? 0.25f : 0.125f));
+}
+
+/* Lanes 0-7 of the accumulator sum the even sub-blocks and 8-15 the odd ones: iq_grow's acc[t][0]
+ * and acc[t][1], the same products in the same order. */
+FORCE_INLINE void iq_grow_pairs(const int type, const uint8_t *w, int n, const int8_t *const *xq,
+                                const float *const *xd, float *res, const int NT) {
+    const int bs = iq_block_bytes(type);
+    __m512 acc[NTMAX];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int sb = 0; sb < n / 256; sb++) {
+        const uint8_t *blk = w + (int64_t)bs * sb;
+        for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
+        const __m256 ws = iq_scales8(type, blk, iq_d(type, blk));
+        __m512 D[NTMAX];
+        for (int t = 0; t < NT; t++)
+            D[t] = _mm512_castps256_ps512(_mm256_mul_ps(ws, _mm256_loadu_ps(xd[t] + 8 * sb)));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __mmask64 neg;
+            const __m512i u = iq_pair(type, blk, k, &neg);
+            const __m512i sel = _mm512_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k,
+                                                  2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+            for (int t = 0; t < NT; t++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * sb + 64 * k));
+                x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                const __m512i p = dot512_u8s8(u, x);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(sel, D[t]), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        res[t] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+}
+#endif
+
 FORCE_INLINE void iq_grow(const int type, const uint8_t *w, int n, const int8_t *const *xq, const float *const *xd,
                           float *res, const int NT) {
+#if defined(FT_AVX512) && defined(__BMI2__)
+    if (IQ_PAIRS(type)) { iq_grow_pairs(type, w, n, xq, xd, res, NT); return; }
+#endif
     const int bs = iq_block_bytes(type);
     const int per16 = type == GT_IQ2_XS || type == GT_IQ2_S || type == GT_IQ1_M;
     __m256 acc[NTMAX][2];
