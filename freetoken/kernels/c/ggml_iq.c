@@ -233,24 +233,24 @@ FORCE_INLINE __m512i iq_pair(const int type, const uint8_t *blk, int k, __mmask6
     if (type == GT_IQ2_XXS) {
         const uint8_t *p = blk + 2 + 16 * k;
         *neg = signs64(u32at(p + 4), u32at(p + 12));
-        return _mm512_set_epi64((int64_t)iq2xxs_grid[p[11]], (int64_t)iq2xxs_grid[p[10]], (int64_t)iq2xxs_grid[p[9]],
-                                (int64_t)iq2xxs_grid[p[8]], (int64_t)iq2xxs_grid[p[3]], (int64_t)iq2xxs_grid[p[2]],
-                                (int64_t)iq2xxs_grid[p[1]], (int64_t)iq2xxs_grid[p[0]]);
+        /* 8 grid points of 8 bytes (indices: bytes 0-3 and 8-11) in one gather (2 KB table) */
+        const __m128i ix = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0));
+        return _mm512_i32gather_epi64(_mm256_cvtepu8_epi32(ix), (const void *)iq2xxs_grid, 8);
     }
     if (type == GT_IQ3_XXS) {
         const uint8_t *p = blk + 2 + 16 * k;
         *neg = signs64(u32at(blk + 66 + 8 * k), u32at(blk + 70 + 8 * k));
-#define G3(i, j) (int64_t)((uint64_t)iq3xxs_grid[p[i]] | (uint64_t)iq3xxs_grid[p[j]] << 32)
-        return _mm512_set_epi64(G3(14, 15), G3(12, 13), G3(10, 11), G3(8, 9), G3(6, 7), G3(4, 5), G3(2, 3), G3(0, 1));
-#undef G3
+        /* 16 grid points of 4 bytes: one gather (1 KB table, L1-resident) */
+        return _mm512_i32gather_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), (const void *)iq3xxs_grid, 4);
     }
     /* GT_IQ1_S: codes 8 g + delta (g in -1, 0, 1), never 0: u = |code|, the sign from the code */
     const uint8_t *p = blk + 2 + 8 * k;
     const int h0 = u16at(blk + 34 + 4 * k), h1 = u16at(blk + 36 + 4 * k);
-    const __m512i g = _mm512_set_epi64((int64_t)iq1s_grid[p[7] | (h1 >> 9 & 7) << 8], (int64_t)iq1s_grid[p[6] | (h1 >> 6 & 7) << 8],
-                                       (int64_t)iq1s_grid[p[5] | (h1 >> 3 & 7) << 8], (int64_t)iq1s_grid[p[4] | (h1 & 7) << 8],
-                                       (int64_t)iq1s_grid[p[3] | (h0 >> 9 & 7) << 8], (int64_t)iq1s_grid[p[2] | (h0 >> 6 & 7) << 8],
-                                       (int64_t)iq1s_grid[p[1] | (h0 >> 3 & 7) << 8], (int64_t)iq1s_grid[p[0] | (h0 & 7) << 8]);
+    /* 8 grid indices: 8 low bits from qs, 3 high bits from each sub-block's qh; one gather */
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)(h0 | h1 << 16)), _mm256_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25)),
+                                        _mm256_set1_epi32(7));
+    const __m256i ix = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), _mm256_slli_epi32(hi, 8));
+    const __m512i g = _mm512_i32gather_epi64(ix, (const void *)iq1s_grid, 8);
     const __m512i dl = _mm512_inserti64x4(_mm512_set1_epi8(h0 & 0x8000 ? -1 : 1), _mm256_set1_epi8(h1 & 0x8000 ? -1 : 1), 1);
     /* 8 g per byte: a 16-bit shift, the bits it carries in from the byte below masked off */
     const __m512i c = _mm512_add_epi8(_mm512_and_si512(_mm512_slli_epi16(g, 3), _mm512_set1_epi8((char)0xf8)), dl);
