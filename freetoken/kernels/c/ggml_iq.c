@@ -243,18 +243,15 @@ FORCE_INLINE __m512i iq_pair(const int type, const uint8_t *blk, int k, __mmask6
         /* 16 grid points of 4 bytes: one gather (1 KB table, L1-resident) */
         return _mm512_i32gather_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), (const void *)iq3xxs_grid, 4);
     }
-    /* GT_IQ1_S: codes 8 g + delta (g in -1, 0, 1) made unsigned, 8 (g + 1) + delta + 1 in 0..18:
-     * no signs to apply; the caller removes the 9 x (the block sums of x) this adds */
+    /* GT_IQ1_S: codes 8 g + delta (g in -1, 0, 1) = 8 (g + 1) + (delta - 8): u = g + 1 >= 0, no
+     * signs to apply; the caller scales by 8 and removes the (8 - delta) x (the block sums of x) */
     const uint8_t *p = blk + 2 + 8 * k;
-    const int h0 = u16at(blk + 34 + 4 * k), h1 = u16at(blk + 36 + 4 * k);
     /* 8 grid indices: 8 low bits from qs, 3 high bits from each sub-block's qh; one gather */
-    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)(h0 | h1 << 16)), _mm256_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25)),
-                                        _mm256_set1_epi32(7));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)u32at(blk + 34 + 4 * k)),
+                                                          _mm256_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25)), _mm256_set1_epi32(7));
     const __m256i ix = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), _mm256_slli_epi32(hi, 8));
-    const __m512i g1 = _mm512_add_epi8(_mm512_i32gather_epi64(ix, (const void *)iq1s_grid, 8), _mm512_set1_epi8(1));
-    const __m512i dl = _mm512_inserti64x4(_mm512_set1_epi8((char)(~h0 >> 14 & 2)), _mm256_set1_epi8((char)(~h1 >> 14 & 2)), 1);
     *neg = 0;
-    return _mm512_add_epi8(_mm512_slli_epi16(g1, 3), dl);   /* bytes <= 2 before the shift: no carries */
+    return _mm512_add_epi8(_mm512_i32gather_epi64(ix, (const void *)iq1s_grid, 8), _mm512_set1_epi8(1));
 }
 
 /* The super-block's 8 sub-block scales, each the float iq_scales forms (d x odd integer, / 8 or / 4) */
@@ -277,18 +274,21 @@ FORCE_INLINE void iq_grow_pairs(const int type, const uint8_t *w, int n, const i
                                 const float *const *xd, float *res, const int NT) {
     const int bs = iq_block_bytes(type);
     __m512 acc[NTMAX];
-    __m256 corr[NTMAX];   /* IQ1_S: 9 x the block sums, per lane */
+    __m256 corr[NTMAX];   /* IQ1_S: (8 - delta) x the block sums, per lane */
     for (int t = 0; t < NT; t++) { acc[t] = _mm512_setzero_ps(); corr[t] = _mm256_setzero_ps(); }
     for (int sb = 0; sb < n / 256; sb++) {
         const uint8_t *blk = w + (int64_t)bs * sb;
         for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
-        const __m256 ws = iq_scales8(type, blk, iq_d(type, blk));
+        __m256 ws = iq_scales8(type, blk, iq_d(type, blk));
+        if (type == GT_IQ1_S) {   /* xd + n / 32: the block sums d * sum(q) (ggml_prep's s32) */
+            const __m256i neg_delta = _mm256_srli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 34))), 15);
+            const __m256 cs = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(7), _mm256_add_epi32(neg_delta, neg_delta))));
+            for (int t = 0; t < NT; t++) corr[t] = _mm256_fmadd_ps(cs, _mm256_loadu_ps(xd[t] + n / 32 + 8 * sb), corr[t]);
+            ws = _mm256_mul_ps(ws, _mm256_set1_ps(8.f));
+        }
         __m512 D[NTMAX];
         for (int t = 0; t < NT; t++)
             D[t] = _mm512_castps256_ps512(_mm256_mul_ps(ws, _mm256_loadu_ps(xd[t] + 8 * sb)));
-        if (type == GT_IQ1_S)   /* xd + n / 32: the block sums d * sum(q) (ggml_prep's s32) */
-            for (int t = 0; t < NT; t++)
-                corr[t] = _mm256_fmadd_ps(_mm256_mul_ps(ws, _mm256_set1_ps(9.f)), _mm256_loadu_ps(xd[t] + n / 32 + 8 * sb), corr[t]);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             __mmask64 neg;
