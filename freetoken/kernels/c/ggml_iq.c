@@ -9,6 +9,8 @@
  * scaled per 16 lanes by weight scale x activation scale. Sub-block scales: per 32 weights
  * (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) or per 16 (IQ2_XS, IQ2_S, IQ1_M): the dot's 8 int32 lanes
  * hold 4 products each, so lanes 0-3 are the first 16 weights and 4-7 the second.
+ * With AVX-512 (+ BMI2), the per-32 types (IQ2_XXS, IQ3_XXS, IQ1_S) take iq_grow_pairs instead:
+ * 64 weights per dot, their grid points in one gather, the scales per super-block (docs/gguf.md).
  * Layouts: quant/ggml_iquants.py. Row dequantization (prefill GEMMs) is at the end. */
 #include "ft_kernels.h"
 #include "ggml_iq_grids.h"
