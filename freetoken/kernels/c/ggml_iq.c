@@ -249,9 +249,9 @@ FORCE_INLINE __m512i iq_pair(const int type, const uint8_t *blk, int k, __mmask6
      * signs to apply; the caller scales by 8 and removes the (8 - delta) x (the block sums of x) */
     const uint8_t *p = blk + 2 + 8 * k;
     /* 8 grid indices: 8 low bits from qs, 3 high bits from each sub-block's qh; one gather */
-    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)u32at(blk + 34 + 4 * k)),
-                                                          _mm256_setr_epi32(0, 3, 6, 9, 16, 19, 22, 25)), _mm256_set1_epi32(7));
-    const __m256i ix = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), _mm256_slli_epi32(hi, 8));
+    const __m256i hi = _mm256_sllv_epi32(_mm256_set1_epi32((int)u32at(blk + 34 + 4 * k)), _mm256_setr_epi32(8, 5, 2, 0, 0, 0, 0, 0));
+    const __m256i hs = _mm256_srlv_epi32(hi, _mm256_setr_epi32(0, 0, 0, 1, 8, 11, 14, 17));   /* bits 8-10: the 3 high bits */
+    const __m256i ix = _mm256_ternarylogic_epi32(hs, _mm256_set1_epi32(0x700), _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), 0xea);   /* (hs & 0x700) | qs */
     *neg = 0;
     return _mm512_add_epi8(_mm512_i32gather_epi64(ix, (const void *)iq1s_grid, 8), _mm512_set1_epi8(1));
 }
