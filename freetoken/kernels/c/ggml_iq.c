@@ -271,7 +271,7 @@ FORCE_INLINE __m256 iq_scales8(const int type, const uint8_t *blk, float d) {
 }
 
 /* Lanes 0-7 of the accumulator sum the even sub-blocks and 8-15 the odd ones: iq_grow's acc[t][0]
- * and acc[t][1], the same products in the same order. */
+ * and acc[t][1], the same products in the same order for IQ2_XXS / IQ3_XXS (IQ1_S: + corr). */
 FORCE_INLINE void iq_grow_pairs(const int type, const uint8_t *w, int n, const int8_t *const *xq,
                                 const float *const *xd, float *res, const int NT) {
     const int bs = iq_block_bytes(type);
