@@ -175,6 +175,15 @@ FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
                              _mm256_set1_epi16(1));
 }
 #endif
+#ifdef FT_AVX512
+FORCE_INLINE __m512i dot512_u8s8(__m512i u, __m512i s) {   /* dot_u8s8 on 64 byte pairs */
+#ifdef FT_VNNI
+    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+}
+#endif
 #endif
 
 /* llama.cpp's block types the ggml kernels read (ggml's type ids; layouts in quant/ggml_quants.py) */

@@ -240,16 +240,6 @@ FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, __m25
     }
 }
 
-#ifdef FT_AVX512
-FORCE_INLINE __m512i dot512_u8s8(__m512i u, __m512i s) {   /* dot_u8s8 on 64 byte pairs */
-#ifdef FT_VNNI
-    return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
-#else
-    return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
-#endif
-}
-#endif
-
 FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, float *res, const int NT) {
     const int k6 = G_PER16(type), sg = G_SIGNED(type);
     const int bs = ggml_bytes256(type);

@@ -9,6 +9,8 @@
  * scaled per 16 lanes by weight scale x activation scale. Sub-block scales: per 32 weights
  * (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) or per 16 (IQ2_XS, IQ2_S, IQ1_M): the dot's 8 int32 lanes
  * hold 4 products each, so lanes 0-3 are the first 16 weights and 4-7 the second.
+ * With AVX-512 (+ BMI2), the per-32 types (IQ2_XXS, IQ3_XXS, IQ1_S) take iq_grow_pairs instead:
+ * 64 weights per dot, their grid points in one gather, the scales per super-block (docs/gguf.md).
  * Layouts: quant/ggml_iquants.py. Row dequantization (prefill GEMMs) is at the end. */
 #include "ft_kernels.h"
 #include "ggml_iq_grids.h"
@@ -212,8 +214,108 @@ FORCE_INLINE void iq_sub(const int type, const uint8_t *blk, int ib, __m256i *u,
     }
 }
 
+#if defined(FT_AVX512) && defined(__BMI2__)
+/* IQ2_XXS, IQ3_XXS, IQ1_S (one scale per 32): two sub-blocks per 512-bit dot, their signs as a
+ * 64-bit mask that negates x, and the 8 sub-block scales of a super-block as one vector. */
+#define IQ_PAIRS(t) ((t) == GT_IQ2_XXS || (t) == GT_IQ3_XXS || (t) == GT_IQ1_S)
+
+/* 2 x 4 x 7 sign indices (bits 0-27 of a0, a1) -> 64 sign bits: ksigns_iq2xs's bytes are the
+ * index with bit 7 = parity of the index, computed here (pdep spreads the 7-bit fields to bytes). */
+FORCE_INLINE uint64_t signs64(uint32_t a0, uint32_t a1) {
+    const uint64_t s = _pdep_u64((uint64_t)(a0 & 0x0fffffffu) | (uint64_t)(a1 & 0x0fffffffu) << 28,
+                                 0x7f7f7f7f7f7f7f7full);
+    uint64_t p = s ^ (s >> 4);   /* parity per byte lands in bit 0 (shifts stay inside the byte) */
+    p ^= p >> 2;
+    p ^= p >> 1;
+    return s | (p & 0x0101010101010101ull) << 7;
+}
+
+/* Sub-blocks 2k, 2k + 1: u = 64 magnitudes, *neg = the weights whose sign goes onto x. */
+FORCE_INLINE __m512i iq_pair(const int type, const uint8_t *blk, int k, __mmask64 *neg) {
+    if (type == GT_IQ2_XXS) {
+        const uint8_t *p = blk + 2 + 16 * k;
+        *neg = signs64(u32at(p + 4), u32at(p + 12));
+        /* 8 grid points of 8 bytes (indices: bytes 0-3 and 8-11) in one gather (2 KB table) */
+        const __m128i ix = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 0, 0, 0, 0, 0, 0, 0, 0));
+        return _mm512_i32gather_epi64(_mm256_cvtepu8_epi32(ix), (const void *)iq2xxs_grid, 8);
+    }
+    if (type == GT_IQ3_XXS) {
+        const uint8_t *p = blk + 2 + 16 * k;
+        *neg = signs64(u32at(blk + 66 + 8 * k), u32at(blk + 70 + 8 * k));
+        /* 16 grid points of 4 bytes: one gather (1 KB table, L1-resident) */
+        return _mm512_i32gather_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), (const void *)iq3xxs_grid, 4);
+    }
+    /* GT_IQ1_S: codes 8 g + delta (g in -1, 0, 1) = 8 (g + 1) + (delta - 8): u = g + 1 >= 0, no
+     * signs to apply; the caller scales by 8 and removes the (8 - delta) x (the block sums of x) */
+    const uint8_t *p = blk + 2 + 8 * k;
+    /* 8 grid indices: 8 low bits from qs, 3 high bits from each sub-block's qh; one gather */
+    const __m256i hi = _mm256_sllv_epi32(_mm256_set1_epi32((int)u32at(blk + 34 + 4 * k)), _mm256_setr_epi32(8, 5, 2, 0, 0, 0, 0, 0));
+    const __m256i hs = _mm256_srlv_epi32(hi, _mm256_setr_epi32(0, 0, 0, 1, 8, 11, 14, 17));   /* bits 8-10: the 3 high bits */
+    const __m256i ix = _mm256_ternarylogic_epi32(hs, _mm256_set1_epi32(0x700), _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), 0xea);   /* (hs & 0x700) | qs */
+    *neg = 0;
+    return _mm512_add_epi8(_mm512_i32gather_epi64(ix, (const void *)iq1s_grid, 8), _mm512_set1_epi8(1));
+}
+
+/* The super-block's 8 sub-block scales, each the float iq_scales forms (d x odd integer, / 8 or / 4) */
+FORCE_INLINE __m256 iq_scales8(const int type, const uint8_t *blk, float d) {
+    __m256i ls;
+    if (type == GT_IQ2_XXS)   /* top nibble of each sub-block's second word */
+        ls = _mm512_cvtepi64_epi32(_mm512_srli_epi64(_mm512_loadu_si512((const void *)(blk + 2)), 60));
+    else if (type == GT_IQ3_XXS)
+        ls = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(blk + 66)), 28);
+    else
+        ls = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 34))), 12),
+                              _mm256_set1_epi32(7));
+    const __m256 odd = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), odd), _mm256_set1_ps(type == GT_IQ3_XXS ? 0.25f : 0.125f));
+}
+
+/* Lanes 0-7 of the accumulator sum the even sub-blocks and 8-15 the odd ones: iq_grow's acc[t][0]
+ * and acc[t][1], the same products in the same order for IQ2_XXS / IQ3_XXS (IQ1_S: + corr). */
+FORCE_INLINE void iq_grow_pairs(const int type, const uint8_t *w, int n, const int8_t *const *xq,
+                                const float *const *xd, float *res, const int NT) {
+    const int bs = iq_block_bytes(type);
+    __m512 acc[NTMAX];
+    __m256 corr[NTMAX];   /* IQ1_S: (8 - delta) x the block sums, per lane */
+    for (int t = 0; t < NT; t++) { acc[t] = _mm512_setzero_ps(); corr[t] = _mm256_setzero_ps(); }
+    for (int sb = 0; sb < n / 256; sb++) {
+        const uint8_t *blk = w + (int64_t)bs * sb;
+        for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
+        __m256 ws = iq_scales8(type, blk, iq_d(type, blk));
+        if (type == GT_IQ1_S) {   /* xd + n / 32: the block sums d * sum(q) (ggml_prep's s32) */
+            const __m256i neg_delta = _mm256_srli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 34))), 15);
+            const __m256 cs = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_set1_epi32(7), _mm256_add_epi32(neg_delta, neg_delta))));
+            for (int t = 0; t < NT; t++) corr[t] = _mm256_fmadd_ps(cs, _mm256_loadu_ps(xd[t] + n / 32 + 8 * sb), corr[t]);
+            ws = _mm256_mul_ps(ws, _mm256_set1_ps(8.f));
+        }
+        __m512 D[NTMAX];
+        for (int t = 0; t < NT; t++)
+            D[t] = _mm512_castps256_ps512(_mm256_mul_ps(ws, _mm256_loadu_ps(xd[t] + 8 * sb)));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __mmask64 neg;
+            const __m512i u = iq_pair(type, blk, k, &neg);
+            const __m512i sel = _mm512_setr_epi32(2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k,
+                                                  2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1);
+            for (int t = 0; t < NT; t++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * sb + 64 * k));
+                if (type != GT_IQ1_S) x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                const __m512i p = dot512_u8s8(u, x);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_permutexvar_ps(sel, D[t]), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        res[t] = hsum8(_mm256_sub_ps(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))),
+                                     corr[t]));
+}
+#endif
+
 FORCE_INLINE void iq_grow(const int type, const uint8_t *w, int n, const int8_t *const *xq, const float *const *xd,
                           float *res, const int NT) {
+#if defined(FT_AVX512) && defined(__BMI2__)
+    if (IQ_PAIRS(type)) { iq_grow_pairs(type, w, n, xq, xd, res, NT); return; }
+#endif
     const int bs = iq_block_bytes(type);
     const int per16 = type == GT_IQ2_XS || type == GT_IQ2_S || type == GT_IQ1_M;
     __m256 acc[NTMAX][2];
