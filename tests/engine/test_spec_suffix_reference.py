@@ -1,8 +1,8 @@
 """The suffix drafter reproduces a brute-force one on real agent sessions: tokens per verify
 step with the recorded responses forced, within 10%. The reference searches the whole history
 (every earlier session and the present one) for the longest match of the context's suffix (up
-to 64 tokens), takes every occurrence and walks the majority continuation (the most recent
-occurrence's where there is none): no index, no caps, no bound on memory."""
+to 64 tokens), takes every occurrence and walks the majority continuation: no index, no caps,
+no bound on memory."""
 from __future__ import annotations
 
 from collections import Counter
@@ -44,12 +44,12 @@ class BruteSuffix:
                 best, m = ends, m + 1
         occ, out = list(best + 1), []
         for i in range(k):
-            occ = [p for p in occ if p + i < len(h) and h[p + i] >= 0]
-            if not occ:
+            nxt = Counter(int(h[p + i]) for p in occ if p + i < len(h) and h[p + i] >= 0)
+            if not nxt:
                 break
-            tok, cnt = Counter(int(h[p + i]) for p in occ).most_common(1)[0]
+            tok, cnt = nxt.most_common(1)[0]
             if cnt < MIN_AGREE * len(occ):
-                tok = int(h[occ[-1] + i])            # no majority: the most recent occurrence
+                break
             out.append(tok)
             occ = [p for p in occ if p + i < len(h) and h[p + i] == tok]
         return Draft(tuple(out), "brute", 0) if out else None

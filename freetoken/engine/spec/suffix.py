@@ -3,10 +3,8 @@
 What it answers: given a sequence's last tokens, where did the longest of their suffixes
 (up to `max_order` tokens) occur before, in this session or any other, and what followed
 there? The continuation is walked as a suffix tree would be: at each step the most frequent
-next token among the occurrences still agreeing, with its count as the confidence; where too few
-agree, the most recent occurrence's (this session's own first): within a session the latest
-repetition predicts best (measured on the agent sessions: 1.80 tokens a verify step at k = 8 vs
-1.63 stopping there, the same as prompt lookup's 1.80). Agent output repeats its context (a tool call names
+next token among the occurrences still agreeing, with its count as the confidence; the walk
+stops when too few occurrences agree. Agent output repeats its context (a tool call names
 the file it read, an edit rewrites the lines it quotes), so on agent sessions long drafts are
 right often (issue 34: 52% of output tokens predicted).
 
@@ -20,9 +18,9 @@ from collections import Counter, OrderedDict
 
 from .drafters import Draft, match_bucket
 
-ORDERS = (24, 16, 12, 8, 6, 4, 3, 2, 1)   # 1: a single token's last occurrences (prompt lookup's last resort)
+ORDERS = (24, 16, 12, 8, 6, 4, 3, 2)
 PER_KEY = 16           # most recent occurrences kept per n-gram
-MIN_AGREE = 0.5        # below this share agreeing, the walk follows the most recent occurrence
+MIN_AGREE = 0.5        # the walk stops when fewer of the occurrences agree on the next token
 # tokens kept (all sessions): ~770 bytes of index a token measured (8 orders), 256k tokens ~ 200 MB
 # (up to twice that before dropped streams' n-grams are pruned)
 MAX_TOKENS = 1 << 18
@@ -146,31 +144,27 @@ class SuffixDrafter:
                 s, p = self.streams.get(code >> 32), code & 0xFFFFFFFF
                 if s is None or (s is own and p >= n_ctx) or s.tokens[p - n:p] != tail:
                     continue          # dropped, the present itself, or a hash collision
-                occ.append((s.tokens, p, s is own))
-            draft = self._walk(occ, n, k) if occ else None
-            if draft is not None:
-                return draft          # else every occurrence ends at the present: a shorter order
+                occ.append((s.tokens, p))
+            if occ:
+                return self._walk(occ, n, k)
         return None
 
     def _walk(self, occ, match_len: int, k: int) -> Draft | None:
         """Most frequent continuation token by token while at least min_agree of the
-        occurrences still agree; otherwise the most recent occurrence's token (occurrences are
-        listed oldest first; this session's own win)."""
+        occurrences (and two, or the only one) still agree."""
         out: list[int] = []
         first_count = 0
         for i in range(k):
-            occ = [o for o in occ if o[1] + i < len(o[0])]
-            if not occ:
+            nxt = Counter(toks[p + i] for toks, p in occ if p + i < len(toks))
+            if not nxt:
                 break
-            tok, cnt = Counter(toks[p + i] for toks, p, _ in occ).most_common(1)[0]
+            tok, cnt = nxt.most_common(1)[0]
             if cnt < self.min_agree * len(occ):
-                toks, p, _ = next((o for o in reversed(occ) if o[2]), occ[-1])
-                tok = toks[p + i]
-                cnt = sum(1 for t, q, _ in occ if t[q + i] == tok)
+                break
             if i == 0:
                 first_count = cnt
             out.append(tok)
-            occ = [o for o in occ if o[0][o[1] + i] == tok]
+            occ = [(toks, p) for toks, p in occ if p + i < len(toks) and toks[p + i] == tok]
         if not out:
             return None
         return Draft(tuple(out), self.name, match_bucket(match_len, first_count))
