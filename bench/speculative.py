@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
         [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
         [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
-        [--free-from random|sessions]
+        [--free-from random|sessions] [--history N]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -27,6 +27,9 @@
 6. --model dense: a medium random dense Qwen3 (4 layers, hidden 2048); --model smollm2: the real
    default model (SmolLM2-135M-Instruct Q4_1), replay tokenized with its own tokenizer; with
    --free-from sessions the free-running prompts are the sessions' own (real acceptance there).
+7. --history N: the suffix index first sees N other recorded sessions (evenly spaced among those
+   not replayed; whole turns), as an agent server that served them would have; the model-free
+   study of the sessions (docs/benchmarks.md) drafted from such a shared history.
 Decode time is from a request's first token to its last (prefill excluded)."""
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -91,8 +95,9 @@ def qwen2_encode():
     return lambda text: tok.encode(text).ids
 
 
-def session_turns(args, encode, vocab: int) -> list[tuple[list[int], list[int]]]:
-    """(last --prompt prompt ids, first --response response ids) of each picked session turn."""
+def session_turns(args, encode, vocab: int) -> tuple[list[tuple[list[int], list[int]]], list[list[int]]]:
+    """(last --prompt prompt ids, first --response response ids) of each picked session turn, and
+    the --history other sessions' whole turns (prompt + response ids), evenly spaced among the rest."""
     from freetoken.engine.spec.replay import load_sessions
     sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]]
     picked = sessions[::max(1, len(sessions) // args.sessions)][:args.sessions]
@@ -103,7 +108,23 @@ def session_turns(args, encode, vocab: int) -> list[tuple[list[int], list[int]]]
             r = [t % vocab for t in encode(resp)][:args.response]
             if len(r) >= 2:
                 out.append((p, r))
-    return out
+    names = {n for n, _ in picked}
+    rest = [s for s in load_sessions(SESSIONS) if s[1] and s[0] not in names] if args.history else []
+    history = [[t % vocab for t in encode(prompt + resp)]
+               for _, turns in rest[::max(1, len(rest) // max(args.history, 1))][:args.history] for prompt, resp in turns]
+    return out, history
+
+
+def fresh_drafters(history: list[list[int]]) -> dict:
+    """A suffix index that has seen the history sessions (as an agent server that served them
+    would have), and a prompt lookup (per sequence: no history)."""
+    from freetoken.engine.spec.ngram import NgramDrafter
+    from freetoken.engine.spec.suffix import SuffixDrafter
+    suffix = SuffixDrafter()
+    for i, ids in enumerate(history):
+        suffix.observe(("history", i), ids, 0)
+        suffix.forget(("history", i))
+    return {"suffix": suffix, "ngram": NgramDrafter()}
 
 
 def replay_jobs(turns) -> list:
@@ -154,6 +175,31 @@ def cost_curve(llm, ks, vocab: int, steps: int = 16):
     spec.price.samples.extend(saved[2])
     spec.price.theta = theta
     return rows
+
+
+def watch_lengths(speculator) -> Counter:
+    """Counts (drafter, k drafted, accepted) of every verify while `.on` (the replay's auto runs)."""
+    seen = Counter()
+    seen.on = False
+    verified = speculator.verified
+
+    def count(draft, drafted, accepted):
+        if seen.on:
+            seen[(draft.drafter, drafted, accepted)] += 1
+        verified(draft, drafted, accepted)
+    speculator.verified = count
+    return seen
+
+
+def print_lengths(seen: Counter) -> None:
+    """Per drafter and k the price chose: drafts, mean accepted, share fully accepted (the price
+    cut a run that might have gone on), share of nothing accepted."""
+    print("\nreplay, auto: drafter   k   drafts   mean accepted   all k accepted   none accepted")
+    for d, k in sorted({(d, k) for d, k, _ in seen}):
+        rows = [(a, n) for (dd, kk, a), n in seen.items() if (dd, kk) == (d, k)]
+        n = sum(c for _, c in rows)
+        print(f"  {d:8s} {k:3d} {n:8d} {sum(a * c for a, c in rows) / n:15.2f} "
+              f"{sum(c for a, c in rows if a == k) / n:16.2f} {sum(c for a, c in rows if a == 0) / n:15.2f}")
 
 
 def draft_checkpoint(spec: str, vocab: int) -> str:
@@ -214,6 +260,9 @@ def main():
     ap.add_argument("--routing-trace", default=None, metavar="PATH",
                     help="route the MoE layers as this trace did (a medium MoE with its expert shape)")
     ap.add_argument("--trace-layers", type=int, default=4, help="MoE layers of the trace-shaped medium MoE")
+    ap.add_argument("--history", type=int, default=0, metavar="N",
+                    help="the suffix index first sees N other recorded sessions (whole turns), as a server "
+                         "that served them would have (0: each replay starts from an empty index)")
     ap.add_argument("--free-from", choices=("random", "sessions"), default="random",
                     help="free-running prompts: random ids, or the sessions' prompts (a real model's real acceptance)")
     args = ap.parse_args()
@@ -238,14 +287,16 @@ def main():
     vocab = llm.engine.vocab_size
     print(isa_line(args.threads))
     print(f"{label}: threads {args.threads}, max draft {args.max_draft} (alternating rounds, medians)")
-    turns = session_turns(args, encode or llm.tokenizer.encode, vocab)
+    turns, history = session_turns(args, encode or llm.tokenizer.encode, vocab)
     jobs = replay_jobs(turns)
     prompts = ([p for p, _ in turns[:args.free]] if args.free_from == "sessions" else
                fresh_prompts(args.free, 128, seed=5, vocab=(100, vocab - 1)))
     free = [(p, SamplingParams(max_tokens=args.free_tokens, temperature=0.0, ignore_eos=True)) for p in prompts]
     print(f"replay: {len(jobs)} turns, {sum(j[1].max_tokens for j in jobs)} forced tokens; "
-          f"free: {len(free)} {args.free_from} prompts x {args.free_tokens} tokens")
+          f"free: {len(free)} {args.free_from} prompts x {args.free_tokens} tokens; suffix history: "
+          f"{args.history} other sessions ({sum(map(len, history))} tokens)")
     res = {(w, n): [] for w in ("replay", "free") for n in names}
+    lengths = watch_lengths(speculator)
     for r in range(args.rounds):
         for work, js in (("replay", jobs), ("free", free)):
             order = names if r % 2 == 0 else names[::-1]
@@ -253,9 +304,10 @@ def main():
                 llm.engine.spec = None if name == "plain" else speculator
                 # fresh drafters each run: an index that saw these responses in an earlier round
                 # would draft them from memory (the statistics and the price carry over)
-                speculator.drafters = ({"draft": draft} if name == "draft" else
-                                       {"suffix": SuffixDrafter(), "ngram": NgramDrafter()})
+                speculator.drafters = {"draft": draft} if name == "draft" else fresh_drafters(history)
+                lengths.on = work == "replay" and name == "auto"
                 secs, toks = decode_run(llm, js)
+                lengths.on = False
                 res[(work, name)].append(toks / secs)
                 print(f"  round {r} {work:6s} {name:5s} {toks / secs:7.2f} tok/s ({toks} tokens)", flush=True)
     print("\nworkload   plain tok/s   auto tok/s   auto/plain" + ("   draft tok/s   draft/plain" if draft else ""))
@@ -281,6 +333,7 @@ def main():
     for d, s in st.get("drafters", {}).items():
         print(f"drafter {d}: {s['drafts']} drafts, {s['proposed_tokens']} proposed, {s['accepted_tokens']} accepted, "
               f"mean accepted length {s['mean_accepted_length']:.2f}")
+    print_lengths(lengths)
     if "price" in st:
         p = st["price"]
         print(f"price: step {p['step_s'] * 1e3:.2f} ms + {p['per_position_s'] * 1e3:.3f} ms/position + "
