@@ -9,7 +9,7 @@
  * scaled per 16 lanes by weight scale x activation scale. Sub-block scales: per 32 weights
  * (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) or per 16 (IQ2_XS, IQ2_S, IQ1_M): the dot's 8 int32 lanes
  * hold 4 products each, so lanes 0-3 are the first 16 weights and 4-7 the second.
- * With AVX-512 (+ BMI2), the per-32 types (IQ2_XXS, IQ3_XXS, IQ1_S) take iq_grow_pairs instead:
+ * With AVX-512 (+ BMI2), the per-32 types (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) take iq_grow_pairs instead:
  * 64 weights per dot, their grid points in one gather, the scales per super-block (docs/gguf.md).
  * Layouts: quant/ggml_iquants.py. Row dequantization (prefill GEMMs) is at the end. */
 #include "ft_kernels.h"
@@ -215,9 +215,9 @@ FORCE_INLINE void iq_sub(const int type, const uint8_t *blk, int ib, __m256i *u,
 }
 
 #if defined(FT_AVX512) && defined(__BMI2__)
-/* IQ2_XXS, IQ3_XXS, IQ1_S (one scale per 32): two sub-blocks per 512-bit dot, their signs as a
- * 64-bit mask that negates x, and the 8 sub-block scales of a super-block as one vector. */
-#define IQ_PAIRS(t) ((t) == GT_IQ2_XXS || (t) == GT_IQ3_XXS || (t) == GT_IQ1_S)
+/* IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S (one scale per 32): two sub-blocks per 512-bit dot, their signs
+ * as a 64-bit mask that negates x, and the 8 sub-block scales of a super-block as one vector. */
+#define IQ_PAIRS(t) ((t) == GT_IQ2_XXS || (t) == GT_IQ3_XXS || (t) == GT_IQ3_S || (t) == GT_IQ1_S)
 
 /* 2 x 4 x 7 sign indices (bits 0-27 of a0, a1) -> 64 sign bits: ksigns_iq2xs's bytes are the
  * index with bit 7 = parity of the index, computed here (pdep spreads the 7-bit fields to bytes). */
@@ -245,6 +245,16 @@ FORCE_INLINE __m512i iq_pair(const int type, const uint8_t *blk, int k, __mmask6
         /* 16 grid points of 4 bytes: one gather (1 KB table, L1-resident) */
         return _mm512_i32gather_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)), (const void *)iq3xxs_grid, 4);
     }
+    if (type == GT_IQ3_S) {   /* the sign bits are stored as they are; 9-bit indices: the 9th from qh */
+        uint64_t sg;
+        memcpy(&sg, blk + 74 + 8 * k, 8);
+        *neg = sg;
+        const __m512i hb = _mm512_srlv_epi32(_mm512_set1_epi32((int)u16at(blk + 66 + 2 * k)),
+                                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        const __m512i ix = _mm512_or_si512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + 16 * k))),
+                                           _mm512_slli_epi32(_mm512_and_si512(hb, _mm512_set1_epi32(1)), 8));
+        return _mm512_i32gather_epi32(ix, (const void *)iq3s_grid, 4);   /* 2 KB table */
+    }
     /* GT_IQ1_S: codes 8 g + delta (g in -1, 0, 1) = 8 (g + 1) + (delta - 8): u = g + 1 >= 0, no
      * signs to apply; the caller scales by 8 and removes the (8 - delta) x (the block sums of x) */
     const uint8_t *p = blk + 2 + 8 * k;
@@ -263,11 +273,15 @@ FORCE_INLINE __m256 iq_scales8(const int type, const uint8_t *blk, float d) {
         ls = _mm512_cvtepi64_epi32(_mm512_srli_epi64(_mm512_loadu_si512((const void *)(blk + 2)), 60));
     else if (type == GT_IQ3_XXS)
         ls = _mm256_srli_epi32(_mm256_loadu_si256((const __m256i *)(blk + 66)), 28);
+    else if (type == GT_IQ3_S)   /* a nibble per sub-block, low nibble first */
+        ls = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)u32at(blk + 106)), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                              _mm256_set1_epi32(15));
     else
         ls = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(blk + 34))), 12),
                               _mm256_set1_epi32(7));
     const __m256 odd = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(ls, ls), _mm256_set1_epi32(1)));
-    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), odd), _mm256_set1_ps(type == GT_IQ3_XXS ? 0.25f : 0.125f));
+    const __m256 dodd = _mm256_mul_ps(_mm256_set1_ps(d), odd);
+    return type == GT_IQ3_S ? dodd : _mm256_mul_ps(dodd, _mm256_set1_ps(type == GT_IQ3_XXS ? 0.25f : 0.125f));
 }
 
 /* Lanes 0-7 of the accumulator sum the even sub-blocks and 8-15 the odd ones: iq_grow's acc[t][0]
