@@ -9,7 +9,8 @@
  * scaled per 16 lanes by weight scale x activation scale. Sub-block scales: per 32 weights
  * (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) or per 16 (IQ2_XS, IQ2_S, IQ1_M): the dot's 8 int32 lanes
  * hold 4 products each, so lanes 0-3 are the first 16 weights and 4-7 the second.
- * With AVX-512 (+ BMI2), the per-32 types (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) take iq_grow_pairs instead:
+ * With AVX-512 (+ BMI2), the per-32 types (IQ2_XXS, IQ3_XXS, IQ3_S, IQ1_S) take iq_grow_pairs instead
+ * (the per-16 IQ2_XS, IQ2_S: iq_grow_pairs16):
  * 64 weights per dot, their grid points in one gather, the scales per super-block (docs/gguf.md).
  * Layouts: quant/ggml_iquants.py. Row dequantization (prefill GEMMs) is at the end. */
 #include "ft_kernels.h"
@@ -323,12 +324,74 @@ FORCE_INLINE void iq_grow_pairs(const int type, const uint8_t *w, int n, const i
         res[t] = hsum8(_mm256_sub_ps(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))),
                                      corr[t]));
 }
+
+/* IQ2_XS, IQ2_S (one scale per 16) in pairs of sub-blocks: 8 grid points of 8 bytes in one gather,
+ * the signs as a 64-bit mask (IQ2_XS: the 7-bit sign indices pext'ed out of the 9-bit grid
+ * indices' words; IQ2_S: the sign bytes as stored), the 16 scales of a super-block as one vector. */
+#define IQ_PAIRS16(t) ((t) == GT_IQ2_XS || (t) == GT_IQ2_S)
+
+FORCE_INLINE __m512i iq_pair16(const int type, const uint8_t *blk, int k, __mmask64 *neg) {
+    __m256i ix;
+    if (type == GT_IQ2_XS) {
+        const uint8_t *p = blk + 2 + 16 * k;
+        uint64_t w0, w1;
+        memcpy(&w0, p, 8);
+        memcpy(&w1, p + 8, 8);
+        *neg = signs64((uint32_t)_pext_u64(w0, 0xfe00fe00fe00fe00ull), (uint32_t)_pext_u64(w1, 0xfe00fe00fe00fe00ull));
+        ix = _mm256_and_si256(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), _mm256_set1_epi32(511));
+        return _mm512_i32gather_epi64(ix, (const void *)iq2xs_grid, 8);   /* 4 KB table */
+    }
+    uint64_t sg;   /* GT_IQ2_S: 10-bit indices, the top 2 bits from qh */
+    memcpy(&sg, blk + 34 + 8 * k, 8);
+    *neg = sg;
+    const __m256i hb = _mm256_srlv_epi32(_mm256_set1_epi32((int)u16at(blk + 66 + 2 * k)), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14));
+    ix = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * k))),
+                         _mm256_slli_epi32(_mm256_and_si256(hb, _mm256_set1_epi32(3)), 8));
+    return _mm512_i32gather_epi64(ix, (const void *)iq2s_grid, 8);         /* 8 KB table */
+}
+
+/* Lane i of the dot sums weights 4i..4i+3 of the pair: lanes 4j..4j+3 are its j-th 16 weights. */
+FORCE_INLINE void iq_grow_pairs16(const int type, const uint8_t *w, int n, const int8_t *const *xq,
+                                  const float *const *xd, float *res, const int NT) {
+    const int bs = iq_block_bytes(type);
+    const __m512i half = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    __m512 acc[NTMAX];
+    for (int t = 0; t < NT; t++) acc[t] = _mm512_setzero_ps();
+    for (int sb = 0; sb < n / 256; sb++) {
+        const uint8_t *blk = w + (int64_t)bs * sb;
+        for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
+        /* scale nibbles, low first: weight group i (16 weights) has d (0.5 + nibble_i) / 4 */
+        const __m128i b = _mm_loadl_epi64((const __m128i *)(blk + (type == GT_IQ2_XS ? 66 : 74)));
+        const __m128i nib = _mm_unpacklo_epi8(_mm_and_si128(b, _mm_set1_epi8(15)), _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(15)));
+        const __m512i ls = _mm512_cvtepu8_epi32(nib);
+        const __m512 odd = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(ls, ls), _mm512_set1_epi32(1)));
+        const __m512 ws = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(iq_d(type, blk)), odd), _mm512_set1_ps(0.125f));
+        __m512 D[NTMAX];
+        for (int t = 0; t < NT; t++)
+            D[t] = _mm512_mul_ps(ws, _mm512_permutexvar_ps(half, _mm512_castps256_ps512(_mm256_loadu_ps(xd[t] + 8 * sb))));
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __mmask64 neg;
+            const __m512i u = iq_pair16(type, blk, k, &neg);
+            const __m512i sel = _mm512_setr_epi32(4 * k, 4 * k, 4 * k, 4 * k, 4 * k + 1, 4 * k + 1, 4 * k + 1, 4 * k + 1,
+                                                  4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 2, 4 * k + 3, 4 * k + 3, 4 * k + 3, 4 * k + 3);
+            for (int t = 0; t < NT; t++) {
+                __m512i x = _mm512_loadu_si512((const void *)(xq[t] + 256 * sb + 64 * k));
+                x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot512_u8s8(u, x)), _mm512_permutexvar_ps(sel, D[t]), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < NT; t++)
+        res[t] = hsum8(_mm256_add_ps(_mm512_castps512_ps256(acc[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[t]), 1))));
+}
 #endif
 
 FORCE_INLINE void iq_grow(const int type, const uint8_t *w, int n, const int8_t *const *xq, const float *const *xd,
                           float *res, const int NT) {
 #if defined(FT_AVX512) && defined(__BMI2__)
     if (IQ_PAIRS(type)) { iq_grow_pairs(type, w, n, xq, xd, res, NT); return; }
+    if (IQ_PAIRS16(type)) { iq_grow_pairs16(type, w, n, xq, xd, res, NT); return; }
 #endif
     const int bs = iq_block_bytes(type);
     const int per16 = type == GT_IQ2_XS || type == GT_IQ2_S || type == GT_IQ1_M;
