@@ -8,7 +8,7 @@ import torch
 
 from freetoken import kernels
 from freetoken.experts.execution.cpu import CpuExpertExecutor
-from freetoken.kernels.gemm import GEMM_MODES, mode_code, modes_here
+from freetoken.kernels.gemm import GEMM_MODES, copy_once, mode_code, modes_here
 from freetoken.kernels.pool import CpuPool
 
 from test_cpu_kernels import dense64, make_banks, reference64, rounded_reference, routes, rel_err
@@ -28,23 +28,27 @@ def test_dense_gemm_matches_float64_reference(isa, mode):
     lib, code = _lib_mode(isa, mode)
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
     pool = CpuPool(lib, 2)
-    was = lib.ft_gemm_stream(-1)
+    was, once = lib.ft_gemm_stream(-1), copy_once(lib, -1)
     try:
-        # AMX's results streamed past the caches (forced from 0 bytes of output) and stored cached
-        for stream_min in ((0, 1 << 62) if mode == "amx" else (was,)):
+        # AMX's results streamed past the caches (forced from 0 bytes of output) and stored cached;
+        # the weight sub-panels copied per chunk of tokens, or once from 2 chunks (kept for the rest)
+        for stream_min, min_chunks in (((0, 0), (1 << 62, 2)) if mode == "amx" else ((was, once),)):
             lib.ft_gemm_stream(stream_min)
+            copy_once(lib, min_chunks)
             _dense_shapes(lib, pool, code, mode, gen)
     finally:
         lib.ft_gemm_stream(was)
+        copy_once(lib, once)
         pool.close()
 
 
 def _dense_shapes(lib, pool, code, mode, gen):
     # tokens 1..4096; rows not a multiple of 16/32 (tails); K odd or not a multiple of 32; several
     # chunks of tokens and K sub-panels (AMX copies the next sub-panel during the tiles); rows of
-    # the output 64 bytes apart (n + 2 = 64: whole lines streamed) or not
+    # the output 64 bytes apart (n + 2 = 64: whole lines streamed) or not; 2-4 chunks with row and K tails
     for m, n, k in ((1, 5, 32), (17, 33, 64), (40, 50, 96), (300, 77, 2048), (33, 17, 34), (70, 40, 45),
-                    (4096, 48, 64), (129, 3000, 64), (700, 40, 300), (600, 70, 2048), (1100, 62, 320)):
+                    (4096, 48, 64), (129, 3000, 64), (700, 40, 300), (600, 70, 2048), (1100, 62, 320),
+                    (2100, 45, 37)):
         if k % 2 and mode != "amx":
             continue        # the vector tiles read whole pairs of a row in place
         x = torch.randn(m, k + 3, generator=gen)[:, :k]          # a row stride wider than K

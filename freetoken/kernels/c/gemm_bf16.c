@@ -367,6 +367,15 @@ FORCE_INLINE void amx_block(const uint16_t *a, const uint16_t *b0, const uint16_
 #define AMX_AHEAD_PAIRS 4   /* pairs of token blocks from which the next sub-panel is copied during the
                              * tiles (64 tokens: 0.9x copied in between into the same half, still in L1) */
 
+/* Asks L1 for steps [k0, k1) of a sub-panel copied in tile order (2 KB a step), L2 for those of `a2`. */
+static inline void amx_prefetch_wt(const uint16_t *a, const uint16_t *a2, int k0, int k1) {
+    const char *q = (const char *)(a + (int64_t)k0 * 1024), *q2 = (const char *)(a2 + (int64_t)k0 * 1024);
+    for (int64_t o = 0; o < (int64_t)(k1 - k0) * 2048; o += 64) {
+        _mm_prefetch(q + o, _MM_HINT_T0);
+        _mm_prefetch(q2 + o, _MM_HINT_T1);
+    }
+}
+
 /* One sub-panel of the walk: 32 rows from n, steps [s0, s0 + AKS); n < 0: none. */
 typedef struct { int n; int64_t s0; } amx_sp;
 
@@ -377,7 +386,9 @@ static amx_sp amx_next(amx_sp p, int n0, int n1, int64_t kk, int more_chunks) {
     return (amx_sp){more_chunks ? n0 : -1, 0};
 }
 
-/* Rows [n0, n1) over the packed x; pad: gemm_pad_elems() bf16 scratch (two sub-panels).
+/* Rows [n0, n1) over the packed x; pad: gemm_pad_elems() bf16 scratch (two sub-panels); wt: NULL, or
+ * scratch for rows [n0, n1) in tile order ((n1 - n0 + 31) / 32 x kpad(K) x 32 bf16), where the first
+ * chunk of tokens leaves each sub-panel it copies (see amx_rows_wt) and the later chunks read them.
  * Per chunk of tokens (amx_chunk_blocks) and 32 rows, K in sub-panels of AKS steps: the sub-panel's
  * A tiles come from L1 for every pair of token blocks, only the x tiles stream from L2, and the
  * 2 x 2 accumulators of each pair wait in `cb` (L1/L2) between sub-panels. The next sub-panel is
@@ -385,7 +396,7 @@ static amx_sp amx_next(amx_sp p, int n0, int n1, int64_t kk, int more_chunks) {
  * and stores overlap the queued tile products, and the tiles never wait on it), or, for a
  * chunk of few pairs, in between into the same half. */
 static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp, int M,
-                     float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream) {
+                     float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream, uint16_t *wt) {
     const int64_t bb = blk_bytes(K) / 2, kk = kpad(K) / 32;
     const int nblk = (M + 15) / 16, cblk = amx_chunk_blocks(K);
     static __thread float cb[AMX_MC / 32][1024] __attribute__((aligned(64)));
@@ -403,8 +414,14 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
                 const int last = s1 == kk;
                 const amx_sp nx = amx_next(cur, n0, n1, kk, ce < nblk), nn = amx_next(nx, n0, n1, kk, 1);
                 const int64_t nx1 = nx.s0 + AKS < kk ? nx.s0 + AKS : kk;
-                uint16_t *a = pad + half * GEMM_PAD_STEP * 1024, *an = pad + (1 - half) * GEMM_PAD_STEP * 1024;
-                const int pf_n = nn.n < 0 ? nx.n : nn.n, ahead = nx.n >= 0 && np >= AMX_AHEAD_PAIRS;
+                uint16_t *a = pad + half * GEMM_PAD_STEP * 1024, *an = pad + (1 - half) * GEMM_PAD_STEP * 1024, *ann = an;
+                if (wt) {   /* each sub-panel at its own place; copied in the first chunk only */
+                    a = wt + ((int64_t)(n - n0) / 32 * kk + s0) * 1024;
+                    an = nx.n < 0 ? a : wt + ((int64_t)(nx.n - n0) / 32 * kk + nx.s0) * 1024;
+                    ann = nn.n < 0 ? an : wt + ((int64_t)(nn.n - n0) / 32 * kk + nn.s0) * 1024;
+                }
+                const int copy = !wt || (c == 0 && !(nx.n == n0 && nx.s0 == 0));
+                const int pf_n = nn.n < 0 ? nx.n : nn.n, ahead = nx.n >= 0 && np >= AMX_AHEAD_PAIRS && copy;
                 if (c == 0 && n == n0 && s0 == 0) amx_pack_a(w, w_rs, n, n1, K, s0, s1, 0, 32, a, nx.n, nx.s0, nx1);
                 if (nx.n < 0)       /* the walk's end: the rows after it (the caller's next call) */
                     for (int r = 0; r < 32; r++) amx_prefetch(w, w_rs, n + 32 + r, K, 0, AKS);
@@ -414,7 +431,9 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
                     float *t = cb[j];
                     if (na == 2 && nb == 2) amx_block(a, b0, b1, s1 - s0, t, s0 == 0, 2, 2);
                     else amx_block(a, b0, b1, s1 - s0, t, s0 == 0, na, nb);
-                    if (ahead)          /* this pair's slice of the next sub-panel's rows */
+                    if (!copy && nx.n >= 0)   /* this pair's slice of the next sub-panel, already copied */
+                        amx_prefetch_wt(an, ann, AKS * j / np, AKS * (j + 1) / np);
+                    else if (ahead)     /* this pair's slice of the next sub-panel's rows */
                         amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 32 * j / np, 32 * (j + 1) / np, an,
                                    pf_n, nn.s0, nn.s0 + AKS);
                     if (!last) continue;
@@ -425,9 +444,10 @@ static void amx_rows(const uint8_t *w, int64_t w_rs, int n0, int n1, int K, cons
                         if (nb == 2) amx_put(t + 768, out, ldo, 16 * b + 16, M, nr1, n + 16, n0, bias, stream);
                     }
                 }
-                if (nx.n >= 0 && !ahead) amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 0, 32, a, pf_n, nn.s0, nn.s0 + AKS);
+                if (nx.n >= 0 && !ahead && copy)
+                    amx_pack_a(w, w_rs, nx.n, n1, K, nx.s0, nx1, 0, 32, wt ? an : a, pf_n, nn.s0, nn.s0 + AKS);
                 cur = nx;
-                half ^= ahead;
+                half ^= ahead && !wt;
             }
         }
     }
@@ -454,7 +474,7 @@ void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, 
                int M, float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream) {
     if (n0 >= n1) return;
 #ifdef FT_AMX
-    if (mode == FT_GEMM_AMX) { amx_rows(w, w_rs, n0, n1, K, xp, M, out, ldo, pad, bias, stream); return; }
+    if (mode == FT_GEMM_AMX) { amx_rows(w, w_rs, n0, n1, K, xp, M, out, ldo, pad, bias, stream, NULL); return; }
 #endif
     (void)pad; (void)stream;
 #ifdef FT_BF16DOT
@@ -478,11 +498,38 @@ int64_t ft_gemm_stream(int64_t min_bytes) {
     return was;
 }
 
+/* Chunks of tokens from which a dense AMX GEMM keeps the weight sub-panels its first chunk copies
+ * into tile order (a per-call scratch of the weight's size, up to GEMM_WT_MAX bytes) for the later
+ * chunks to read, instead of copying them again per chunk (0: never). The copy was a quarter of the
+ * time at 4096 tokens; kept, 1.08-1.13x at 4096 tokens, even at 1024, 0.87x at 512 (the first
+ * chunk's stores then miss: docs/benchmarks.md). ft_gemm_copy_once sets it (tests force both). */
+static int gemm_copy_once = 4;
+#define GEMM_WT_MAX ((int64_t)64 << 20)
+int ft_gemm_copy_once(int min_chunks) {
+    const int was = gemm_copy_once;
+    if (min_chunks >= 0) gemm_copy_once = min_chunks;
+    return was;
+}
+
+/* bf16 elements of the tile-order scratch of a dense AMX call (0: none): 32 rows x kpad(K) per 32
+ * rows of N (each thread's share starts at a multiple of 32 rows: its part starts at n0 / 32). */
+static int64_t gemm_wt_elems(int mode, int N, int K, int M) {
+#ifdef FT_AMX
+    const int need = gemm_copy_once < 2 ? 2 : gemm_copy_once;    /* one chunk: nothing to reuse */
+    if (mode != FT_GEMM_AMX || !gemm_copy_once || (M + 15) / 16 <= (need - 1) * amx_chunk_blocks(K)) return 0;
+    const int64_t e = (int64_t)(N + 31) / 32 * kpad(K) * 32;
+    return e * 2 <= GEMM_WT_MAX ? e : 0;
+#else
+    (void)mode; (void)N; (void)K; (void)M;
+    return 0;
+#endif
+}
+
 typedef struct {
     int mode; const uint8_t *w; int64_t w_rs; int N, K;
     const float *x; int64_t ldx; int M;
     const float *bias; float *y; int64_t ldy;
-    uint16_t *xp; uint16_t *pad; const float **rows;
+    uint16_t *xp; uint16_t *pad; const float **rows; uint16_t *wt;
     ft_pool *p;
 } gemm_job;
 
@@ -494,8 +541,16 @@ static void gemm_fn(void *a, int tid) {
     pool_barrier(G->p);
     int n0, n1;
     split(G->N, 32, nth, tid, &n0, &n1);
-    gemm_rows(G->mode, G->w, G->w_rs, n0, n1, G->K, G->xp, G->M, G->y + n0, G->ldy,
-              G->pad + (int64_t)tid * gemm_pad_elems(), G->bias, (int64_t)G->M * G->N * 4 >= gemm_stream_bytes);
+    const int stream = (int64_t)G->M * G->N * 4 >= gemm_stream_bytes;
+    uint16_t *pad = G->pad + (int64_t)tid * gemm_pad_elems();
+#ifdef FT_AMX
+    if (G->wt && n0 < n1) {     /* this thread's rows in tile order */
+        uint16_t *wt = G->wt + (int64_t)n0 / 32 * kpad(G->K) * 32;
+        amx_rows(G->w, G->w_rs, n0, n1, G->K, G->xp, G->M, G->y + n0, G->ldy, pad, G->bias, stream, wt);
+        return;
+    }
+#endif
+    gemm_rows(G->mode, G->w, G->w_rs, n0, n1, G->K, G->xp, G->M, G->y + n0, G->ldy, pad, G->bias, stream);
 }
 
 /* y [M, ldy] (columns 0..N-1) = x [M, ldx] fp32 @ W[N, K]^T (bf16, rows w_rs bytes apart) + bias,
@@ -508,13 +563,13 @@ int ft_gemm_bf16(void *vp, int mode, const void *w, int64_t w_rs, int N, int K, 
     if (M <= 0 || N <= 0) return 0;
     const int nblk = (int)((M + 15) / 16);
     size_t sz_xp = (size_t)nblk * (size_t)blk_bytes(K), sz_pad = (size_t)p->n * (size_t)gemm_pad_elems() * 2;
-    size_t sz_rows = (size_t)M * sizeof(float *);
-    uint8_t *buf = scratch(p, sz_xp + sz_pad + sz_rows + 128);
+    size_t sz_rows = (size_t)M * sizeof(float *), sz_wt = (size_t)gemm_wt_elems(mode, N, K, (int)M) * 2;
+    uint8_t *buf = scratch(p, sz_xp + sz_pad + sz_wt + sz_rows + 128);
     if (!buf) return -2;
-    const float **rows = (const float **)(buf + (sz_xp + sz_pad + 63) / 64 * 64);
+    const float **rows = (const float **)(buf + (sz_xp + sz_pad + sz_wt + 63) / 64 * 64);
     for (int64_t m = 0; m < M; m++) rows[m] = x + m * ldx;
     gemm_job G = {mode, w, w_rs, N, K, x, ldx, (int)M, bias, y, ldy, (uint16_t *)buf, (uint16_t *)(buf + sz_xp),
-                  rows, p};
+                  rows, sz_wt ? (uint16_t *)(buf + sz_xp + sz_pad) : NULL, p};
     pool_run(p, gemm_fn, &G);
     return 0;
 }
