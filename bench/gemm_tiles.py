@@ -1,6 +1,6 @@
 """Prefill GEMMs over bf16 weights per core, as shares of this core's measured peak (outside CI).
 
-    PYTHONPATH=. .venv/bin/python bench/gemm_tiles.py [--rounds 3] [--shapes 512x2048x2048,4096x2048x2048]
+    PYTHONPATH=. .venv/bin/python bench/gemm_tiles.py [--rounds 3] [--shapes 512x2048x2048,4096x2048x2048] [--copy-once 0]
 
 One thread, CPU time of the calling thread (on a shared machine that approximates a dedicated
 core): the peak multiply-add rate per format (kernels/roofline.py's probes), then dense GEMMs of
@@ -40,9 +40,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", default="512x2048x2048,512x6144x2048,512x2048x4096,64x1536x2048,512x3000x2048,"
                     "4096x2048x2048", help="comma list of MxNxK dense GEMMs (tokens x rows x columns)")
+    ap.add_argument("--copy-once", type=int, default=-1,
+                    help="chunks of tokens from which a dense AMX GEMM copies the weights once per call (0: per chunk)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     lib = kernels.load()
+    lib.ft_gemm_copy_once(args.copy_once)
+    print(f"dense AMX GEMMs copy the weights once per call from {lib.ft_gemm_copy_once(-1)} chunks of tokens (0: per chunk)")
     pool = CpuPool(lib, 1)
     peak = {}
     for name, kind in PEAK_KINDS.items():

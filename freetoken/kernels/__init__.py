@@ -135,6 +135,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_gemm_bf16.restype = ci
     lib.ft_gemm_stream.argtypes = [i64]
     lib.ft_gemm_stream.restype = i64
+    lib.ft_gemm_copy_once.argtypes = [ci]
+    lib.ft_gemm_copy_once.restype = ci
     lib.ft_gemm_modes.argtypes = []
     lib.ft_gemm_modes.restype = ci
     lib.ft_get_gemm.argtypes = [ci]

@@ -50,15 +50,6 @@ def mode_code(lib: ctypes.CDLL, mode: str) -> int:
     return GEMM_MODES[mode] if mode in here else 0
 
 
-def copy_once(lib: ctypes.CDLL, min_chunks: int) -> int:
-    """Chunks of tokens (256 at K = 2048) from which a dense AMX GEMM copies each weight sub-panel
-    into tile order once per call, not once per chunk (0: never; -1: only ask). Returns the setting
-    before; a build without AMX keeps it and never uses it."""
-    lib.ft_gemm_copy_once.argtypes = [ctypes.c_int]
-    lib.ft_gemm_copy_once.restype = ctypes.c_int
-    return lib.ft_gemm_copy_once(min_chunks)
-
-
 def gemm_bf16(pool, code: int, w: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None,
               out: torch.Tensor | None = None) -> torch.Tensor | None:
     """x [M, K] fp32 (rows may be strided) @ w [N, K] bf16 (rows may be strided) ^T + bias (fp32)

@@ -8,7 +8,7 @@ import torch
 
 from freetoken import kernels
 from freetoken.experts.execution.cpu import CpuExpertExecutor
-from freetoken.kernels.gemm import GEMM_MODES, copy_once, mode_code, modes_here
+from freetoken.kernels.gemm import GEMM_MODES, mode_code, modes_here
 from freetoken.kernels.pool import CpuPool
 
 from test_cpu_kernels import dense64, make_banks, reference64, rounded_reference, routes, rel_err
@@ -28,17 +28,17 @@ def test_dense_gemm_matches_float64_reference(isa, mode):
     lib, code = _lib_mode(isa, mode)
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
     pool = CpuPool(lib, 2)
-    was, once = lib.ft_gemm_stream(-1), copy_once(lib, -1)
+    was, once = lib.ft_gemm_stream(-1), lib.ft_gemm_copy_once(-1)
     try:
         # AMX's results streamed past the caches (forced from 0 bytes of output) and stored cached;
         # the weight sub-panels copied per chunk of tokens, or once from 2 chunks (kept for the rest)
         for stream_min, min_chunks in (((0, 0), (1 << 62, 2)) if mode == "amx" else ((was, once),)):
             lib.ft_gemm_stream(stream_min)
-            copy_once(lib, min_chunks)
+            lib.ft_gemm_copy_once(min_chunks)
             _dense_shapes(lib, pool, code, mode, gen)
     finally:
         lib.ft_gemm_stream(was)
-        copy_once(lib, once)
+        lib.ft_gemm_copy_once(once)
         pool.close()
 
 

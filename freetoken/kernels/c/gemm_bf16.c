@@ -17,7 +17,8 @@
  *              + 4 x tiles in L1 ran at 94% of the peak, both from L2 at 30%), the accumulators
  *              wait in a per-thread buffer between sub-panels, the next sub-panel is copied a slice
  *              of rows after each pair's tiles (overlapping them), the weights after it prefetched,
- *              a large output streamed past the caches,
+ *              a large output streamed past the caches; a dense call of 4+ chunks keeps the first
+ *              chunk's copies in a per-call scratch and the later chunks only prefetch them,
  *              where the CPU has AMX-BF16 and the OS grants the tile state (arch_prctl
  *              ARCH_REQ_XCOMP_PERM, checked once, and a first tile op run in a forked child so a
  *              VM that faults on it refuses cleanly).
@@ -500,9 +501,10 @@ int64_t ft_gemm_stream(int64_t min_bytes) {
 
 /* Chunks of tokens from which a dense AMX GEMM keeps the weight sub-panels its first chunk copies
  * into tile order (a per-call scratch of the weight's size, up to GEMM_WT_MAX bytes) for the later
- * chunks to read, instead of copying them again per chunk (0: never). The copy was a quarter of the
- * time at 4096 tokens; kept, 1.08-1.13x at 4096 tokens, even at 1024, 0.87x at 512 (the first
- * chunk's stores then miss: docs/benchmarks.md). ft_gemm_copy_once sets it (tests force both). */
+ * chunks to read, instead of copying them again per chunk (0: never). The per-chunk copy was a
+ * quarter of the time at 4096 tokens; kept: 1.08-1.17x at 4096 tokens, 1.0x at 1024, 0.87x at 512
+ * (2 chunks: the first chunk's stores into the scratch miss, one chunk reads it), so from 4 chunks
+ * (docs/benchmarks.md). ft_gemm_copy_once sets it (tests force both). */
 static int gemm_copy_once = 4;
 #define GEMM_WT_MAX ((int64_t)64 << 20)
 int ft_gemm_copy_once(int min_chunks) {
