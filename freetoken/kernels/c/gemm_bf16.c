@@ -388,8 +388,8 @@ static amx_sp amx_next(amx_sp p, int n0, int n1, int64_t kk, int more_chunks) {
 }
 
 /* Rows [n0, n1) over the packed x; pad: gemm_pad_elems() bf16 scratch (two sub-panels); wt: NULL, or
- * scratch for rows [n0, n1) in tile order ((n1 - n0 + 31) / 32 x kpad(K) x 32 bf16), where the first
- * chunk of tokens leaves each sub-panel it copies (see amx_rows_wt) and the later chunks read them.
+ * scratch for rows [n0, n1) in tile order ((n1 - n0 + 31) / 32 x kpad(K) x 32 bf16): the first chunk
+ * of tokens copies each sub-panel there (overlapped as below), the later chunks read and prefetch them.
  * Per chunk of tokens (amx_chunk_blocks) and 32 rows, K in sub-panels of AKS steps: the sub-panel's
  * A tiles come from L1 for every pair of token blocks, only the x tiles stream from L2, and the
  * 2 x 2 accumulators of each pair wait in `cb` (L1/L2) between sub-panels. The next sub-panel is
