@@ -10,10 +10,12 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
      without one, ascending slot order, and a call covers a run of experts whose slots ascend
      with their ids): every token's outputs are then added in the same order as the fully
      resident pool adds them, and the result is bit for bit the resident one whatever the
-     cache size (tested down to one slot per layer). The same holds for runs
-     cut where a read is still in flight: the leading experts whose bytes are in RAM are
-     computed while the later misses are still read (`_landed_runs`), whatever order the
-     reads finish in (tested);
+     cache size (tested down to one slot per layer). The same holds while reads are in
+     flight: every expert of the call whose bytes are in RAM runs at once, in whatever order
+     the reads land, each routed pair's output in a row of its own (`ft_moe_run_pairs`), the
+     rows added in flat-id order at the end (`ft_moe_combine`; `_run_as_landed`); with
+     overlap off only the landed prefix in id order runs ahead (`_landed_runs`); both
+     tested against random read delays;
   3. decode: layer l+1's likely experts are read in the background while attention runs,
      as guessed by layer l+1's router on layer l's input or by the history predictor
      (`next_layer.py`), whichever has guessed better (lookahead.py); the reads start once the
