@@ -114,6 +114,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_moe_run.restype = ctypes.c_int
     lib.ft_moe_run_ranked.argtypes = [vp, ctypes.POINTER(Desc), vp, ctypes.c_int, i64, i64, vp, vp, vp, vp]
     lib.ft_moe_run_ranked.restype = ctypes.c_int
+    lib.ft_moe_run_pairs.argtypes = [vp, ctypes.POINTER(Desc), vp, ctypes.c_int, i64, i64, vp, vp]
+    lib.ft_moe_run_pairs.restype = ctypes.c_int
+    lib.ft_moe_combine.argtypes = [i64, i64, i64, vp, vp, vp, vp, vp]
+    lib.ft_moe_combine.restype = None
     lib.ft_read_bytes.argtypes = [vp, vp, i64]
     lib.ft_read_bytes.restype = ctypes.c_double
     ci = ctypes.c_int

@@ -154,11 +154,17 @@ def test_profiled_b_d_bounds_the_prefetch_tokens_unchanged(tiny_dir, tmp_path):
     llm.close()
 
 
-def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path):
+ORDER_CASES = [(True, None), (False, None), (True, "lru"), (True, "lfu+layer"), (True, "arc"), (True, "lrfu+prefetch")]
+
+
+@pytest.mark.parametrize("overlap,policy", ORDER_CASES, ids=[f"overlap-{o}-{p or 'default'}" for o, p in ORDER_CASES])
+def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path, overlap, policy):
     """A layer call computes the experts already in RAM while its misses are still read
-    (experts/disk/backend.py `_landed_runs`): with each expert's read delayed by a drawn amount, so
-    reads finish in arbitrary orders, logits and tokens stay the resident run's bit for bit,
-    and calls really were cut where a read was in flight."""
+    (experts/disk/backend.py: overlap on, `_run_as_landed`, any landed expert as it lands;
+    off, `_landed_runs`, the landed prefix in id order): with each expert's read delayed by a
+    drawn amount, so reads finish in arbitrary orders, logits and tokens stay the resident
+    run's bit for bit under each cache policy, and calls really were cut where a read was in
+    flight."""
     import time
 
     from hypothesis import given, settings
@@ -168,8 +174,10 @@ def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path):
     ref = LLM(str(out), dtype="float32")
     logits, gens = _outputs(ref)
     ref.close()
-    llm = LLM(str(out), dtype="float32", host_cache_slots=6, prefix_cache=False)
+    llm = LLM(str(out), dtype="float32", host_cache_slots=6, prefix_cache=False,
+              **({"expert_cache_policy": policy} if policy else {}))
     experts = llm.engine.model.experts
+    experts.overlap = overlap
     reader = experts.cache.reader
     read = reader.read
 
@@ -183,7 +191,8 @@ def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path):
 
     try:
         check()
-        assert llm.expert_stats()["disk"]["overlapped_runs"] > 0
+        disk = llm.expert_stats()["disk"]
+        assert disk["overlapped_runs"] > 0 and (disk["apart_rounds"] > 0) == overlap
     finally:
         reader.read = read
         llm.close()

@@ -87,3 +87,52 @@ def test_ranked_kernel_sums_slots_in_the_pools_order(fmt):
     finally:
         pool.close()
         moved.close()
+
+
+_PAIR_BANKS: dict = {}
+
+
+@settings(max_examples=25, deadline=None)
+@given(fmt=st.sampled_from(["bf16", "int8", "fp32"]), isa=st.sampled_from(["native", "portable"]),
+       tokens=st.sampled_from([1, 2, 5, 17]), bias=st.booleans(), data=st.data())
+def test_pairs_landed_in_any_order_sum_as_one_ranked_call(fmt, isa, tokens, bias, data):
+    """What the disk tier runs while reads are in flight (backend `_run_as_landed`): the
+    call's experts split into groups that land in any order, each group's pair outputs kept
+    apart (`run_pairs`), then added in rank order (`combine`): the one ranked call's answer
+    bit for bit (bf16 on native also through the GEMM tiles: their groups of >= 4 tokens),
+    with the experts in shuffled slots."""
+    import torch
+    from test_cpu_kernels import make_banks
+
+    from freetoken import kernels
+    from freetoken.experts.execution.cpu import CpuExpertExecutor
+    from freetoken.kernels.gemm import mode_code, modes_here
+    n, hidden, inter, k = 10, 96, 64, 4
+    key = (fmt, isa, bias)
+    if key not in _PAIR_BANKS:
+        gen = torch.Generator().manual_seed(5)
+        _PAIR_BANKS[key] = CpuExpertExecutor(make_banks(fmt, n, hidden, inter, bias, gen), fmt, hidden, inter,
+                                             gemm_tokens=0, isa=isa)
+    ex = _PAIR_BANKS[key]
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(n, generator=gen)[:k] for _ in range(tokens)])
+    rank = (ids * 7 + 3) % n                      # slot f holds the expert ranked (7f + 3) mod n
+    x, w = torch.randn(tokens, hidden, generator=gen), torch.rand(tokens, k, generator=gen)
+    group = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)))   # landing batch of each slot
+    order = data.draw(st.permutations([0, 1, 2]))
+    lib = kernels.load(isa)
+    tiles = fmt == "bf16" and isa == "native" and data.draw(st.booleans())
+    if tiles:
+        lib.ft_set_gemm(mode_code(lib, data.draw(st.sampled_from(modes_here(lib)))), 1, 0)
+    try:
+        want = ex.run(x, ids, w, rank=rank)
+        y = torch.full((tokens * k, hidden), -0.0)
+        for g in order:
+            ex.run_pairs(x, torch.where(group[ids] == g, ids, -1), y)
+        out = torch.zeros(tokens, hidden)
+        ex.combine(ids, rank, w, y, out)
+    finally:
+        if tiles:
+            lib.ft_set_gemm(0, 16, 0)
+    assert torch.equal(out, want)

@@ -99,5 +99,6 @@ def test_shrink_returns_memory_and_grow_reuses_the_mapping():
     mapped = rows.mapped_nbytes
     grown = rows.resize(np.arange(4), 128)          # within the mapping: no new map, rows stay
     assert rows.mapped_nbytes == mapped and [int(grown[i, 0, 0]) for i in range(3)] == [1, 2, 3]
+    assert int(grown[4:].max()) == 0, "the shrunk tail's pages were kept (a shared map's DONTNEED), not given back"
     bigger = rows.resize(np.array([0, 2]), 300)     # past it: a new mapping, survivors copied
     assert rows.mapped_nbytes == 300 * 256 * 1024 and [int(bigger[i, 5, 5]) for i in range(2)] == [1, 3]

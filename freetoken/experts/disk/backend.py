@@ -10,10 +10,12 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
      without one, ascending slot order, and a call covers a run of experts whose slots ascend
      with their ids): every token's outputs are then added in the same order as the fully
      resident pool adds them, and the result is bit for bit the resident one whatever the
-     cache size (tested down to one slot per layer). The same holds for runs
-     cut where a read is still in flight: the leading experts whose bytes are in RAM are
-     computed while the later misses are still read (`_landed_runs`), whatever order the
-     reads finish in (tested);
+     cache size (tested down to one slot per layer). The same holds while reads are in
+     flight: every expert of the call whose bytes are in RAM runs at once, in whatever order
+     the reads land, each routed pair's output in a row of its own (`ft_moe_run_pairs`), the
+     rows added in flat-id order at the end (`ft_moe_combine`; `_run_as_landed`); with
+     overlap off only the landed prefix in id order runs ahead (`_landed_runs`); both
+     tested against random read delays;
   3. decode: layer l+1's likely experts are read in the background while attention runs,
      as guessed by layer l+1's router on layer l's input or by the history predictor
      (`next_layer.py`), whichever has guessed better (lookahead.py); the reads start once the
@@ -55,6 +57,7 @@ from ..memory.slots import DEFAULT_POLICY, layer_aware, parse_policy_options
 
 log = logging.getLogger("freetoken.experts")
 _NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
+_APART_BYTES = 32 << 20             # the most a call's per-pair output rows take (`_apart`)
 
 
 class _TorchSlots:
@@ -71,7 +74,7 @@ class DiskExperts(Experts):
     def __init__(self, layout: DiskLayout, device, slots: int, policy: str | None = None,
                  num_threads: int | None = None, spin_us: int | None = None, io_threads: int = 4,
                  prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None, verify: bool = True,
-                 lookahead: str = "auto", direct_io: str = "auto"):
+                 lookahead: str = "auto", direct_io: str = "auto", overlap: bool = True):
         if lookahead not in LOOKAHEAD_CHOICES:
             raise ValueError(f"expert lookahead must be one of {', '.join(LOOKAHEAD_CHOICES)}, got {lookahead!r}")
         base, admit, _ = parse_policy_options(policy or DEFAULT_POLICY)
@@ -104,6 +107,9 @@ class DiskExperts(Experts):
         self._last = (-2, 0.0)       # (layer, end time) of the previous call
         self.prefetch_cut = 0        # predicted experts not prefetched (over the B_D budget)
         self.overlapped = 0          # expert runs computed while later reads of the call were in flight
+        self.apart = 0               # layer-call rounds run as their reads landed (`_run_as_landed`)
+        self.overlap = overlap       # a call's experts in RAM run while its other reads are in flight, in any
+        #                              order (`_run_as_landed`); off: only a landed prefix runs ahead
         self.expected = ExpectedExperts()    # experts told ahead (speculative drafts)
 
     def _executor(self, num_threads, spin_us):
@@ -207,8 +213,12 @@ class DiskExperts(Experts):
                 if not stream:
                     self.cache.landed(rest[:n], pending)
                     pending = [None] * n
-                for a, b in self._landed_runs(rest[:n], pending):
-                    calls += self._run(rest[a:b], slots[a:b], flat, x, w, out)
+                if self._apart(pending, flat.size):
+                    calls += self._run_as_landed(rest[:n], slots, pending, flat, x, w, out)
+                    self.apart += 1
+                else:
+                    for a, b in self._landed_runs(rest[:n], pending):
+                        calls += self._run(rest[a:b], slots[a:b], flat, x, w, out)
             finally:
                 self.cache.release(slots)
             rest = rest[n:]
@@ -267,6 +277,47 @@ class DiskExperts(Experts):
         a call runs ahead of the others: a piece boundary would move them in the sum)."""
         gemm = getattr(self.host, "gemm_tokens", None)
         return getattr(self.host, "lib", None) is not None and (not gemm or T < gemm)
+
+    def _apart(self, pending: list, pairs: int) -> bool:
+        """Whether a call's experts run as their reads land, in any order (`_run_as_landed`):
+        overlap on, a read still in flight, the kernel's pair outputs, and a buffer of pairs x
+        hidden floats that stays small."""
+        return self.overlap and len(pending) > 1 and any(ev is not None and not ev.is_set() for ev in pending) \
+            and pairs * self.layout.spec.hidden * 4 <= _APART_BYTES and hasattr(self.host, "run_pairs") \
+            and self.host.ranks(pairs)
+
+    def _run_as_landed(self, ids: np.ndarray, slots: np.ndarray, pending: list, flat: np.ndarray, x, w, out) -> int:
+        """Kernel calls over `ids` (ascending, their `slots`), each over every expert whose
+        read has landed by then, in whatever order they land: the hits run while the misses
+        are still read (issue 39). Each pair's output goes to its own row of a buffer
+        (`run_pairs`), and the rows are added into `out` in the order of the flat ids at the
+        end (`combine`): the sum the one-call kernel adds, bit for bit."""
+        T, K = flat.shape
+        y = torch.full((T * K, self.layout.spec.hidden), -0.0)
+        todo = np.ones(len(ids), bool)
+        calls = 0
+        while todo.any():
+            ready = todo & np.array([ev is None or ev.is_set() for ev in pending])
+            if not ready.any():
+                first = int(np.argmax(todo))         # queued first: read first, most likely
+                self.cache.landed(ids[first:first + 1], pending[first:first + 1])
+                continue
+            idx = np.flatnonzero(ready)
+            self.cache.landed(ids[idx], [pending[i] for i in idx])       # raises if one of them failed
+            todo[idx] = False
+            if todo.any():
+                self.overlapped += 1
+            self.host.run_pairs(x, torch.from_numpy(self._slot_ids(ids[idx], slots[idx], flat)), y)
+            calls += 1
+        mine = np.where(np.isin(flat, ids), flat, -1)
+        self.host.combine(torch.from_numpy(mine), torch.from_numpy(flat), w, y, out)
+        return calls
+
+    @staticmethod
+    def _slot_ids(ids: np.ndarray, slots: np.ndarray, flat: np.ndarray) -> np.ndarray:
+        """`flat` [T, K] with each of `ids` (ascending) as its slot and every other id as -1."""
+        pos = np.minimum(np.searchsorted(ids, flat), len(ids) - 1)
+        return np.where(ids[pos] == flat, slots[pos], -1)
 
     def _landed_runs(self, ids: np.ndarray, pending: list):
         """Yields (a, b): ids[a:b] have landed, in ascending order, covering all of ids. Each
@@ -373,6 +424,7 @@ class DiskExperts(Experts):
                                                         "layer_gap_s": self.gap_s or 0.0,
                                                         "prefetch_cut": self.prefetch_cut,
                                                         "overlapped_runs": self.overlapped,
+                                                        "apart_rounds": self.apart,
                                                         **(self.watch.stats() if self.watch is not None
                                                            else {"integrity": "not verified"}),
                                                         "io": self.cache.reader.describe()},

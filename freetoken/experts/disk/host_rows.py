@@ -22,7 +22,13 @@ class HostRows:
         self._map(slots)
 
     def _map(self, slots: int) -> None:
-        self._mm = mmap.mmap(-1, max(1, slots * self.row_nbytes))
+        # private: a shared anonymous map is shmem, where DONTNEED keeps the pages and THP is off
+        self._mm = mmap.mmap(-1, max(1, slots * self.row_nbytes), flags=mmap.MAP_PRIVATE)
+        if hasattr(mmap, "MADV_HUGEPAGE"):      # 2 MiB pages: fewer TLB misses as the kernels stream rows
+            try:
+                self._mm.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:                     # (THP unsupported here: 4 KiB pages)
+                pass
         self.bank = self._view(slots)
 
     def _view(self, slots: int) -> torch.Tensor:

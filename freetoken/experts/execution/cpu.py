@@ -166,6 +166,38 @@ class CpuExpertExecutor:
         self.last_experts += rc
         return out
 
+    def run_pairs(self, x: torch.Tensor, expert_ids: torch.Tensor, y: torch.Tensor) -> None:
+        """Each routed pair's output apart: y [T*K, H] float32, row t*K+k = expert ids[t,k] on
+        x[t] (unweighted, bias included; rows of ids < 0 untouched). The caller fills y with
+        -0.0 first, so each row is the expert's output exactly; `combine` then sums them as
+        `run` with a rank would. C kernel only (`ranks`)."""
+        T, K = expert_ids.shape
+        if not self.ranks(expert_ids.numel()) or y.dtype != torch.float32 or not y.is_contiguous() \
+                or y.shape != (T * K, self.H):
+            raise ValueError("run_pairs needs the C kernel and a contiguous float32 [T*K, H] y")
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            x = x.float()
+        x, ids = x.contiguous(), expert_ids.long().contiguous()
+        with self._pool.lock:
+            rc = self.lib.ft_moe_run_pairs(self._pool.handle, ctypes.byref(self._desc), x.data_ptr(),
+                                           0 if x.dtype == torch.float32 else 1, T, K, ids.data_ptr(), y.data_ptr())
+        if rc == -1:
+            raise IndexError("expert id out of range of the banks")
+        if rc < 0:
+            raise MemoryError("CPU expert kernel could not allocate its scratch memory")
+
+    def combine(self, ids: torch.Tensor, rank: torch.Tensor, weights: torch.Tensor, y: torch.Tensor,
+                out: torch.Tensor) -> None:
+        """out[t] += weights[t,k] * y[t*K+k] over the pairs with ids >= 0, each token's in
+        ascending `rank`: the sum `run(..., rank=rank)` adds, bit for bit, from `run_pairs` rows."""
+        T, K = ids.shape
+        ids, rank = ids.long().contiguous(), rank.long().contiguous()
+        w = weights.float().contiguous()
+        if out.dtype != torch.float32 or not out.is_contiguous() or out.shape != (T, self.H) or rank.shape != ids.shape:
+            raise ValueError("combine needs a contiguous float32 [T, H] out and a rank like ids")
+        self.lib.ft_moe_combine(T, K, self.H, y.data_ptr(), ids.data_ptr(), rank.data_ptr(), w.data_ptr(),
+                                out.data_ptr())
+
     def ranks(self, pairs: int) -> bool:
         """Whether a call of `pairs` routed (token, expert) pairs may take a `rank`: the C kernel
         runs all of it (no experts split off to torch ahead of the others)."""

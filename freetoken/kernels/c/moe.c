@@ -10,6 +10,7 @@ typedef struct {
     int G;              /* groups (distinct experts) */
     const int64_t *g_e; const int32_t *g_start; const int32_t *g_n;
     const int32_t *r_tok; const float *r_w;   /* per slot, sorted by expert */
+    const int32_t *r_out;   /* per slot: its row of out (its token's; ft_moe_run_pairs: the pair's) */
     int R;
     uint8_t *xq;        /* T prepared inputs, stride prep_bytes(H) */
     float *hn;          /* R x I natural fp32 */
@@ -174,7 +175,7 @@ static void moe_run_fn(void *a, int tid) {
                 tile_rows(J, wb, d->dn_w_rs, scale_row(fmt, d->dn_s, d->dn_s_es, d->dn_s_rs, e, rb),
                           rb, re, I, hg, ns, dn_t, pad);
                 for (int t = 0; t < ns; t++) {
-                    float *o = J->out + (int64_t)J->r_tok[s0 + t] * H;
+                    float *o = J->out + (int64_t)J->r_out[s0 + t] * H;
                     const float wt = J->r_w[s0 + t];
                     for (int r = rb; r < re; r++) o[r] += wt * (db ? dn_t[t * 32 + r - rb] + db[r] : dn_t[t * 32 + r - rb]);
                 }
@@ -201,7 +202,7 @@ static void moe_run_fn(void *a, int tid) {
                 for (int q = 0; q < m; q++)
                     for (int t = 0; t < nt; t++) {
                         int s = s0 + c + t;
-                        J->out[(int64_t)J->r_tok[s] * H + r + q] += J->r_w[s] * (db ? y[q][t] + db[r + q] : y[q][t]);
+                        J->out[(int64_t)J->r_out[s] * H + r + q] += J->r_w[s] * (db ? y[q][t] + db[r + q] : y[q][t]);
                     }
             }
         }
@@ -230,18 +231,56 @@ static int cmp_route(const void *a, const void *b) {
     return x->idx - y->idx;
 }
 
-int ft_moe_run_ranked(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
-                      const int64_t *ids, const int64_t *rank, const float *w, float *out);
+static int moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
+                   const int64_t *ids, const int64_t *rank, const float *w, float *out, int pairs);
 
 /* Returns the number of distinct experts run (>= 0), -1 on a bad expert id, -2 on allocation failure. */
 int ft_moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
                const int64_t *ids, const float *w, float *out) {
-    return ft_moe_run_ranked(vp, d, x, xt, T, K, ids, NULL, w, out);
+    return moe_run(vp, d, x, xt, T, K, ids, NULL, w, out, 0);
 }
 
 /* ft_moe_run, each token's outputs summed in ascending rank[i] (NULL: ascending ids[i]) */
 int ft_moe_run_ranked(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
                       const int64_t *ids, const int64_t *rank, const float *w, float *out) {
+    return moe_run(vp, d, x, xt, T, K, ids, rank, w, out, 0);
+}
+
+/* Each routed pair's expert output on its own: out is [T*K, H], row i = expert ids[i] on token
+ * i / K, bias included, unweighted (added as 1 * y into out's row, which the caller sets to -0.0:
+ * then the row is y exactly). The disk tier runs the experts already in RAM this way while the
+ * rest are read, and ft_moe_combine sums the rows as ft_moe_run_ranked would have. */
+int ft_moe_run_pairs(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
+                     const int64_t *ids, float *out) {
+    return moe_run(vp, d, x, xt, T, K, ids, NULL, NULL, out, 1);
+}
+
+/* out[t] += w[i] * y[i] over token t's pairs i (ids[i] >= 0) in ascending rank[i], then i: the
+ * kernel's own sum (moe_run_fn's `out += w * y`, the same expression, so the same rounding and
+ * contraction), over rows ft_moe_run_pairs made. */
+void ft_moe_combine(int64_t T, int64_t K, int64_t H, const float *y, const int64_t *ids, const int64_t *rank,
+                    const float *w, float *out) {
+    for (int64_t t = 0; t < T; t++) {
+        int64_t ord[K > 0 ? K : 1];
+        int n = 0;
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t i = t * K + k;
+            if (ids[i] < 0) continue;
+            int j = n++;
+            while (j > 0 && rank[ord[j - 1]] > rank[i]) { ord[j] = ord[j - 1]; j--; }
+            ord[j] = i;
+        }
+        float *o = out + t * H;
+        for (int j = 0; j < n; j++) {
+            const float wt = w[ord[j]];
+            const float *yr = y + ord[j] * H;
+            for (int64_t r = 0; r < H; r++) o[r] += wt * yr[r];
+        }
+    }
+}
+
+static int moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
+                   const int64_t *ids, const int64_t *rank, const float *w, float *out, int pairs) {
     ft_pool *p = vp;
     const int64_t RK = T * K;
     route_key *keys = malloc(sizeof(route_key) * (size_t)(RK ? RK : 1));
@@ -271,7 +310,7 @@ int ft_moe_run_ranked(void *vp, const ft_desc *d, const void *x, int xt, int64_t
             n = 0;
         }
     }
-    size_t sz_meta = (size_t)R * (8 + 4 + 4 + 4 + 4) + (size_t)G * 4 + (size_t)nblk * 4 + (size_t)R * 2 * sizeof(float *) + 8;
+    size_t sz_meta = (size_t)R * (8 + 4 + 4 + 4 + 4 + 4) + (size_t)G * 4 + (size_t)nblk * 4 + (size_t)R * 2 * sizeof(float *) + 8;
     size_t sz_xq = (size_t)T * (size_t)prep_bytes(H);
     size_t sz_hn = ((size_t)R * I + (size_t)p->n * H) * 4;
     size_t sz_hq = (size_t)R * (size_t)prep_bytes(I);
@@ -286,7 +325,8 @@ int ft_moe_run_ranked(void *vp, const ft_desc *d, const void *x, int xt, int64_t
     if (!buf) { free(keys); return -2; }
     int64_t *g_e = (int64_t *)buf;
     int32_t *g_start = (int32_t *)(g_e + R), *g_n = g_start + R, *r_tok = g_n + R;
-    float *r_w = (float *)(r_tok + R);
+    int32_t *r_out = r_tok + R;
+    float *r_w = (float *)(r_out + R);
     const float **xrows = (const float **)(r_w + R + (R & 1)), **hrows = xrows + R;
     int32_t *g_blk = (int32_t *)(hrows + R), *blk_g = g_blk + G;
     uint8_t *xq = buf + RUP(sz_meta);
@@ -301,7 +341,8 @@ int ft_moe_run_ranked(void *vp, const ft_desc *d, const void *x, int xt, int64_t
         if (i == 0 || keys[i].e != keys[i - 1].e) { g_e[G] = keys[i].e; g_start[G] = i; g_n[G] = 0; G++; }
         g_n[G - 1]++;
         r_tok[i] = (int32_t)(keys[i].idx / K);
-        r_w[i] = w[keys[i].idx];
+        r_out[i] = pairs ? keys[i].idx : r_tok[i];
+        r_w[i] = pairs ? 1.f : w[keys[i].idx];
         xrows[i] = (const float *)x + (int64_t)r_tok[i] * H;
         hrows[i] = hn + (int64_t)i * I;
         if (i == R - 1 || keys[i + 1].e != keys[i].e) {
@@ -315,7 +356,7 @@ int ft_moe_run_ranked(void *vp, const ft_desc *d, const void *x, int xt, int64_t
     }
     free(keys);
 
-    moe_job J = {d, x, xt, T, out, G, g_e, g_start, g_n, r_tok, r_w, R, xq, hn, hq,
+    moe_job J = {d, x, xt, T, out, G, g_e, g_start, g_n, r_tok, r_w, r_out, R, xq, hn, hq,
                  gm, g_blk, blk_g, nblk, xrows, hrows, xpk, hpk, gtmp, gpad, gtmp_n, gpad_n};
     moe_ctx C = {&J, p};
     pool_run_sized(p, moe_run_fn, &C, (int64_t)G * (d->gu_w_es + (d->up_w ? d->up_w_es : 0) + d->dn_w_es));
