@@ -94,6 +94,8 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
     torch.set_num_threads(threads)
     lib = cpu_kernels()
     pool = CpuPool(lib, threads) if lib is not None else None
+    if lib is not None:
+        lib.ft_set_gemv_amx(0)      # "dots_expert" is the dot tiles (model_kernels sets the choice after)
     try:
         g = torch.Generator().manual_seed(0)
         x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
@@ -207,6 +209,7 @@ def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[i
     from DRAM is at par. Well under a second."""
     lib = cpu_kernels()
     pool = CpuPool(lib, threads)
+    lib.ft_set_gemv_amx(0)          # the dot tiles both ways (model_kernels sets the choice after)
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(n, k, generator=g).bfloat16()
     ws = [w0] + [w0.clone() for _ in range(max(1, -(-out_of_cache // w0.nbytes)) - 1)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from freetoken import kernels
 from freetoken.kernels.pool import CpuPool
@@ -18,12 +18,18 @@ if LIB is None or not LIB.ft_amx_ready():
 
 
 @pytest.fixture(scope="module")
-def pool():
+def threads():
     p = CpuPool(LIB, 2, pin=False, small_job_bytes=0)     # two threads even on tiny layers
-    assert LIB.ft_set_gemv_amx(1) == 1
     yield p
-    LIB.ft_set_gemv_amx(0)
     p.close()
+
+
+@pytest.fixture
+def pool(threads, gemv_dots):
+    """The pool with the AMX GEMV switched on (after conftest's gemv_dots turned it off)."""
+    assert LIB.ft_set_gemv_amx(1) == 1
+    yield threads
+    LIB.ft_set_gemv_amx(0)
 
 
 def linear(pool, n: int, k: int, bias: bool, g: torch.Generator) -> tuple[Linear, torch.Tensor, torch.Tensor | None]:
@@ -58,7 +64,7 @@ def test_bf16_activations_take_the_same_path(pool):
     assert torch.equal(lin(x), lin(x.float()).bfloat16())
 
 
-@settings(max_examples=25)
+@settings(max_examples=25, suppress_health_check=[HealthCheck.function_scoped_fixture])   # one switch for all
 @given(n=st.integers(1, 70), k=st.integers(1, 200), m=st.integers(2, GEMV_TOKENS), seed=st.integers(0, 2**31 - 1))
 def test_rows_are_one_row_steps(pool, n, k, m, seed):
     g = torch.Generator().manual_seed(seed)
