@@ -35,7 +35,7 @@ def check_gib(name: str, value) -> None:
 
 # the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
 FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16", "amx", "vdpbf16ps"), "bf16_dot": ("on", "off"),
-                  "kernel_isa": ("native", "avx2", "portable")}
+                  "kernel_isa": ("native", "avx2", "portable"), "decode_gemv": ("amx", "dots")}
 
 
 @dataclass(frozen=True)
@@ -70,13 +70,16 @@ class EngineConfig:
     # decide, e.g. to run a path this CPU would not pick. prefill_gemm: float32 | bfloat16 (torch's
     # prefill GEMMs over bf16 weights) | amx | vdpbf16ps (our tiles, dense and experts); bf16_dot: on | off (bf16 weights x bf16-rounded activations with
     # vdpbf16ps, emulated where the CPU lacks it); kernel_isa: native | avx2 | portable (the C
-    # kernels' build, see kernels.variants_here()). "auto": the machine's choice.
+    # kernels' build, see kernels.variants_here()); decode_gemv: amx | dots (the decode GEMV of
+    # bf16 weights on AMX tiles, activations rounded to bf16, or on the dot tiles). "auto": the machine's choice.
     prefill_gemm: str = flag("auto", choices=("auto", *FORCED_CHOICES["prefill_gemm"]),
                              help="force the dtype prefill GEMMs over bf16 weights multiply in (auto: calibrated)")
     bf16_dot: str = flag("auto", choices=("auto", *FORCED_CHOICES["bf16_dot"]),
                          help="force the vdpbf16ps dots with bf16-rounded activations on or off (auto: calibrated)")
     kernel_isa: str = flag("auto", choices=("auto", *FORCED_CHOICES["kernel_isa"]),
                            help="force a C kernel build (auto: the widest this CPU runs)")
+    decode_gemv: str = flag("auto", choices=("auto", *FORCED_CHOICES["decode_gemv"]),
+                            help="force the decode GEMV of bf16 weights onto AMX tiles or the dot tiles (auto: calibrated)")
     # How the ggml (GGUF-quantized) layers round activations: q8 = int8 per 32 with fp32 scales in
     # the decode GEMV, exact prefill; llama = llama.cpp's q8_0/q8_1 rounding (fp16 scales and block
     # sums) in both; float32 = exact everywhere (decode dequantizes rows for a GEMM: slower).

@@ -24,6 +24,7 @@ CPU_CHOICES = {
     "gemm-amx": {"prefill_gemm": "amx"}, "gemm-vdpbf16ps": {"prefill_gemm": "vdpbf16ps"},
     "dot-on": {"bf16_dot": "on"}, "dot-off": {"bf16_dot": "off"},
     "isa-avx2": {"kernel_isa": "avx2"}, "isa-portable": {"kernel_isa": "portable"},
+    "gemv-amx": {"decode_gemv": "amx"}, "gemv-dots": {"decode_gemv": "dots"},
 }
 
 
@@ -35,7 +36,7 @@ def cpu_choice(request) -> dict:
     isa = opts.get("kernel_isa")
     if isa is not None and isa not in variants_here():
         pytest.skip(f"the {isa} kernel build does not run on this CPU (here: {', '.join(variants_here())})")
-    if opts.get("prefill_gemm") == "amx":
+    if "amx" in (opts.get("prefill_gemm"), opts.get("decode_gemv")):
         from freetoken.kernels import load
         from freetoken.kernels.gemm import modes_here
         if load() is None or "amx" not in modes_here(load()):

@@ -22,7 +22,16 @@ over a bf16 KV cache to bf16 (vdpbf16ps on the cache rows in place, as llama.cpp
 cache). Switched on under "auto" where the CPU has it and a short calibration of the decode
 step's shape (a 1-token GEMV streamed from DRAM plus attention over 4096 keys) says it is
 faster, cached per CPU model like the GEMM choice; an explicit compute_dtype keeps fp32
-activations exact."""
+activations exact.
+
+The decode GEMV over bf16 weights on AMX tiles (kernels/c/amx_gemv.c: activations rounded to
+bf16, 16 weight rows per tile product with up to 16 tokens each): a decode step of one row is
+memory bound either way, but the dot tiles turn compute bound beyond one row (a verify of k
+drafts, concurrent streams), the tiles stay memory bound up to ~65 rows. Switched on under
+"auto" where the CPU has AMX-BF16, the OS grants the tile state and a short calibration (1, 4
+and 16 rows of a GEMV streamed from DRAM, against the dot tiles the bf16-dot choice runs) says
+it is faster in sum, cached like the others; every row count of a GEMV call takes the same path, so a
+verify step stays batch invariant."""
 from __future__ import annotations
 
 import functools
@@ -85,6 +94,8 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
     torch.set_num_threads(threads)
     lib = cpu_kernels()
     pool = CpuPool(lib, threads) if lib is not None else None
+    if lib is not None:
+        lib.ft_set_gemv_amx(0)      # "dots_expert" is the dot tiles (model_kernels sets the choice after)
     try:
         g = torch.Generator().manual_seed(0)
         x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
@@ -198,6 +209,7 @@ def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[i
     from DRAM is at par. Well under a second."""
     lib = cpu_kernels()
     pool = CpuPool(lib, threads)
+    lib.ft_set_gemv_amx(0)          # the dot tiles both ways (model_kernels sets the choice after)
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(n, k, generator=g).bfloat16()
     ws = [w0] + [w0.clone() for _ in range(max(1, -(-out_of_cache // w0.nbytes)) - 1)]
@@ -252,6 +264,65 @@ def bf16_dot_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
         return t["bf16"] < t["fp32"], t
 
 
+AMX_FLAGS = frozenset({"amx_bf16", "amx_tile"})
+
+
+def measure_amx_gemv(threads: int, bf16_dot: bool = False, n: int = 2048, k: int = 2048,
+                     tokens: tuple[int, ...] = (1, 4, 16), reps: int = 3, out_of_cache: int = 64 << 20) -> dict:
+    """Seconds of decode GEMVs of `tokens` rows over a bf16 [n, k] weight streamed from DRAM
+    (copies rotated past `out_of_cache` bytes) through the dot tiles ("dots", vdpbf16ps when
+    `bf16_dot`) and the AMX tiles ("amx", only where the library runs them). Well under a second."""
+    lib = cpu_kernels()
+    pool = CpuPool(lib, threads)
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(n, k, generator=g).bfloat16()
+    ws = [w0] + [w0.clone() for _ in range(max(1, -(-out_of_cache // w0.nbytes)) - 1)]
+    xs = [torch.randn(m, k, generator=g) for m in tokens]
+    ys = [torch.empty(m, n) for m in tokens]
+
+    def run():
+        for w in ws:
+            for x, y in zip(xs, ys):
+                lib.ft_linear_run(pool.handle, 1, w.data_ptr(), 2 * k, None, 0, n, k, x.data_ptr(), 0, x.shape[0],
+                                  None, y.data_ptr())
+    try:
+        lib.ft_set_bf16_dot(int(bf16_dot))
+        modes = ("dots", "amx") if lib.ft_set_gemv_amx(1) else ("dots",)
+        best = {}
+        for _ in range(reps):                    # interleaved: a load change hits both alike
+            for name in modes:
+                lib.ft_set_gemv_amx(int(name == "amx"))
+                run()
+                t = time.perf_counter()
+                run()
+                best[name] = min(best.get(name, 1e9), time.perf_counter() - t)
+        return best
+    finally:
+        lib.ft_set_gemv_amx(0)
+        lib.ft_set_bf16_dot(0)
+        pool.close()
+
+
+def amx_gemv_choice(requested: str, weights: torch.dtype, *, kernels: bool, flags: frozenset[str], threads: int,
+                    bf16_dot: bool, measure: Callable[..., dict] = measure_amx_gemv,
+                    cache: os.PathLike | None = None, forced: str = "auto") -> tuple[bool, dict | None]:
+    """(whether the decode GEMV of bf16 weights runs on the AMX tiles, the timings). `forced`
+    (EngineConfig.decode_gemv: amx | dots) wins (model_kernels refuses "amx" where AMX does not
+    run); "auto" measures only with the kernels, bf16 weights, fp32 activations asked by "auto"
+    and AMX-BF16 in the flags."""
+    if forced != "auto":
+        return forced == "amx" and kernels and weights == torch.bfloat16, None
+    if requested != "auto" or not kernels or weights != torch.bfloat16 or not AMX_FLAGS <= flags:
+        return False, None
+    t = _cached(cache, f"amxgemv:dram-m1-4-16:{cpu_model()}:{threads}:dot{int(bf16_dot)}", flags, threads,
+                lambda: measure(threads, bf16_dot))
+    try:
+        return "amx" in t and t["amx"] < t["dots"], t
+    except (KeyError, TypeError):
+        t = measure(threads, bf16_dot)
+        return "amx" in t and t["amx"] < t["dots"], t
+
+
 @dataclass(frozen=True)
 class CpuChoices:
     isa: str                        # avx512 | avx2 | portable (the flags' view; the library reports its own)
@@ -264,6 +335,8 @@ class CpuChoices:
     forced: tuple[str, ...] = ()    # the choices EngineConfig forced ("prefill_gemm", "bf16_dot", "kernel_isa")
     dense_gemm: str = ""            # float32 | bfloat16 (torch) | amx | vdpbf16ps (our tiles); "": prefill_gemm's
     expert_gemm: str | None = None  # amx | vdpbf16ps: routed bf16 experts' big groups through our tiles
+    gemv_amx: bool = False          # the decode GEMV of bf16 weights on AMX tiles (kernels/c/amx_gemv.c)
+    gemv_seconds: dict | None = None    # the calibration that chose gemv_amx, if one ran
 
     def describe(self) -> str:
         t, d = self.gemm_seconds, self.dot_seconds
@@ -282,15 +355,22 @@ class CpuChoices:
                   else " (forced)" if "bf16_dot" in self.forced else ""))
         build = f" ({self.kernels} kernels, forced)" if "kernel_isa" in self.forced else ""
         return (f"CPU path {self.isa}{build}; activations {str(self.activations).removeprefix('torch.')}; "
-                f"prefill GEMM {shown}{why}{dot}")
+                f"prefill GEMM {shown}{why}{dot}{self._describe_gemv()}")
+
+    def _describe_gemv(self) -> str:
+        g = self.gemv_seconds
+        how = (f" (calibrated: {g['dots'] / g['amx']:.2f}x the speed of the dot tiles at 1+4+16 rows)" if g and "amx" in g
+               else " (forced)" if "decode_gemv" in self.forced else "")
+        return f"; decode GEMV of bf16 weights on {'AMX tiles' if self.gemv_amx else 'dot tiles'}{how}"
 
 
 def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
             flags: frozenset[str], threads: int, measure: Callable[[int], dict] = measure_gemm,
             cache: os.PathLike | None = None,
             measure_dot: Callable[[int], dict] = measure_bf16_dot, gemm: str = "auto", dot: str = "auto",
-            kernel_isa: str = "auto") -> CpuChoices:
-    """The CPU choices; gemm / dot / kernel_isa are EngineConfig's forcing options ("auto": decide)."""
+            kernel_isa: str = "auto", measure_gemv: Callable[..., dict] = measure_amx_gemv,
+            gemv: str = "auto") -> CpuChoices:
+    """The CPU choices; gemm / dot / kernel_isa / gemv are EngineConfig's forcing options ("auto": decide)."""
     act = activation_dtype(weights, device, requested, kernels=kernels, flags=flags)
     dense, expert = "", None
     if device.type == "cpu" and weights == torch.bfloat16:
@@ -301,8 +381,11 @@ def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, k
         g, t = act, None
     d, dt = (bf16_dot_choice(requested, weights, kernels=kernels, flags=flags, threads=threads,
                              measure=measure_dot, cache=cache, forced=dot) if device.type == "cpu" else (False, None))
-    forced = tuple(n for n, v in (("prefill_gemm", gemm), ("bf16_dot", dot), ("kernel_isa", kernel_isa)) if v != "auto")
-    return CpuChoices(isa_level(flags), act, g, t, d, dt, kernel_variant(kernel_isa), forced, dense, expert)
+    a, at = (amx_gemv_choice(requested, weights, kernels=kernels, flags=flags, threads=threads, bf16_dot=d,
+                             measure=measure_gemv, cache=cache, forced=gemv) if device.type == "cpu" else (False, None))
+    forced = tuple(n for n, v in (("prefill_gemm", gemm), ("bf16_dot", dot), ("kernel_isa", kernel_isa),
+                                  ("decode_gemv", gemv)) if v != "auto")
+    return CpuChoices(isa_level(flags), act, g, t, d, dt, kernel_variant(kernel_isa), forced, dense, expert, a, at)
 
 
 def kernel_variant(requested: str) -> str:
@@ -312,11 +395,12 @@ def kernel_variant(requested: str) -> str:
 
 @functools.cache
 def machine_choices(weights: torch.dtype, device: torch.device, requested: str, kernels: bool,
-                    threads: int, gemm: str = "auto", dot: str = "auto", kernel_isa: str = "auto") -> CpuChoices:
+                    threads: int, gemm: str = "auto", dot: str = "auto", kernel_isa: str = "auto",
+                    gemv: str = "auto") -> CpuChoices:
     """`resolve` for this machine, calibration cached under the kernels' cache dir; logged once
     per distinct set of options (so one process runs the same choices for every load of a model)."""
     c = cpu_choices(weights, device, requested, kernels=kernels, flags=cpu_flags(), threads=threads,
-                cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa)
+                cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa, gemv=gemv)
     if device.type == "cpu":
         log.info("%s", c.describe())
     return c
@@ -334,9 +418,11 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
                                       f"{'|'.join(['auto', *variants_here()])}")
         pool = shared_pool(cfg.num_threads, isa=variant, spin_us=cfg.spin_us)
     c = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
-                        pool.num_threads if pool is not None else 1, cfg.prefill_gemm, cfg.bf16_dot, cfg.kernel_isa)
+                        pool.num_threads if pool is not None else 1, cfg.prefill_gemm, cfg.bf16_dot, cfg.kernel_isa,
+                        cfg.decode_gemv)
     if pool is not None:
         pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
+        set_gemv_amx(pool.lib, c)
         pool.lib.ft_set_ggml_act(ACT_MODES.get(cfg.ggml_numerics, ACT_MODES["q8"]))
         set_gemm_tiles(pool.lib, c)
         set_ggml_tiles(pool.lib, c, cfg.ggml_numerics, cfg.prefill_gemm)
@@ -372,3 +458,11 @@ def set_gemm_tiles(lib, c: CpuChoices) -> None:
     e = codes.get(c.expert_gemm, 0)
     lib.ft_set_gemm(e, EXPERT_MIN_TOKENS, codes.get(c.dense_gemm, 0))
     set_tiles_rounding(EXPERT_MIN_TOKENS if e else 0)     # the torch expert executors round the same calls
+
+
+def set_gemv_amx(lib, c: CpuChoices) -> None:
+    """Switch the library's decode GEMV of bf16 weights to the choice (calibrated on the native
+    build: a narrower forced build goes without; AMX forced where it does not run: a clear error)."""
+    if lib.ft_set_gemv_amx(int(c.gemv_amx)) != int(c.gemv_amx) and "decode_gemv" in c.forced:
+        raise InvalidRequestError("decode_gemv: 'amx' does not run here (AMX needs the CPU's amx_bf16 and the OS's "
+                                  "grant of the tile state); expected one of auto|dots")

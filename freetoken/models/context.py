@@ -29,6 +29,7 @@ class BuildContext:
     num_threads = property(lambda self: self.cfg.num_threads)
     prefill_gemm = property(lambda self: self.cfg.prefill_gemm)     # forced CPU choices, or "auto"
     bf16_dot = property(lambda self: self.cfg.bf16_dot)
+    decode_gemv = property(lambda self: self.cfg.decode_gemv)
     kernel_isa = property(lambda self: self.cfg.kernel_isa)
     ggml_numerics = property(lambda self: self.cfg.ggml_numerics)
 

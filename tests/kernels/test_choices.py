@@ -130,6 +130,51 @@ def test_forcing_options_are_checked():
 
     from freetoken.config import EngineConfig
     from freetoken.errors import InvalidRequestError
-    for name, bad in (("prefill_gemm", "fp16"), ("bf16_dot", "yes"), ("kernel_isa", "avx512")):
+    for name, bad in (("prefill_gemm", "fp16"), ("bf16_dot", "yes"), ("kernel_isa", "avx512"), ("decode_gemv", "on")):
         with pytest.raises(InvalidRequestError, match=name):
             EngineConfig(model="m", **{name: bad})
+
+
+class GemvCalibration:
+    def __init__(self, dots, amx=None):
+        self.t, self.calls, self.dot = {"dots": dots} | ({"amx": amx} if amx is not None else {}), 0, []
+
+    def __call__(self, threads, bf16_dot):
+        self.calls += 1
+        self.dot.append(bf16_dot)
+        return dict(self.t)
+
+
+def test_amx_gemv_only_under_auto_with_amx_and_when_measured_faster(tmp_path):
+    gemm, dot = Calibration(2, 1), Calibration(fp32=1.0, bf16=2.0)
+    pick = lambda flags, cal, requested="auto", weights=torch.bfloat16, kernels=True, **kw: cpu_choices(  # noqa: E731
+        weights, CPU, requested, kernels=kernels, flags=flags, threads=2, measure=gemm, measure_dot=dot,
+        measure_gemv=cal, **kw)
+    fast, slow, refused = GemvCalibration(2.0, 1.0), GemvCalibration(1.0, 1.5), GemvCalibration(1.0)
+    assert pick(SPR, fast).gemv_amx and "AMX tiles (calibrated: 2.00x" in pick(SPR, fast).describe()
+    assert not pick(SPR, slow).gemv_amx and pick(SPR, slow).gemv_seconds == slow.t
+    assert not pick(SPR, refused).gemv_amx          # the OS refused the tiles: the calibration ran dots only
+    assert fast.dot == [False, False]               # against the dot tiles the bf16-dot choice runs
+    never = GemvCalibration(2.0, 1.0)
+    assert not pick(ZEN4, never).gemv_amx and not pick(AVX2, never).gemv_amx
+    assert not pick(SPR, never, requested="float32").gemv_amx     # explicit: exact fp32 activations
+    assert not pick(SPR, never, weights=torch.float16).gemv_amx
+    assert not pick(SPR, never, kernels=False).gemv_amx
+    assert never.calls == 0
+    forced = pick(ZEN4, never, gemv="amx")
+    assert forced.gemv_amx and forced.forced == ("decode_gemv",) and "(forced)" in forced.describe()
+    assert not pick(SPR, fast, gemv="dots").gemv_amx and never.calls == 0
+    cached = GemvCalibration(2.0, 1.0)
+    for _ in range(2):
+        assert pick(SPR, cached, cache=tmp_path).gemv_amx
+    assert cached.calls == 1
+
+
+def test_amx_gemv_calibration_runs_the_library_here():
+    from freetoken.kernels import cpu_kernels
+    from freetoken.kernels.choices import measure_amx_gemv
+    lib = cpu_kernels()
+    if lib is None:
+        return
+    t = measure_amx_gemv(1, n=256, k=512, tokens=(1, 3), reps=1, out_of_cache=1 << 20)
+    assert set(t) == ({"dots", "amx"} if lib.ft_amx_ready() else {"dots"}) and all(v > 0 for v in t.values())

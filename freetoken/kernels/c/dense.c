@@ -86,6 +86,10 @@ static void gemv_fn(void *a, int tid) {
 int gemv_run(ft_pool *p, const ft_gemv_rows *W, int N, int K, const void *x, int xt, int64_t M,
              const float *bias, float *y, int64_t ldy, int64_t bytes) {
     if (M <= 0) return 0;
+    if (ft_gemv_amx && W->fmt == FMT_BF16 && !W->seg) {    /* amx_gemv.c, where chosen and AMX runs */
+        const int rc = amx_gemv_run(p, W->w, W->w_rs, N, K, x, xt, M, bias, y, ldy, bytes);
+        if (rc != -3) return rc;
+    }
     size_t sz_xq = (size_t)M * (size_t)prep_bytes(K), sz_tmp = (size_t)p->n * K * 4;
     uint8_t *buf = scratch(p, (sz_xq + 63) / 64 * 64 + sz_tmp);
     if (!buf) return -2;

@@ -56,6 +56,11 @@
 #define FT_BF16DOT 1
 #endif
 
+/* AMX-BF16 tiles (gemm_bf16.c's prefill GEMM, amx_gemv.c's decode GEMV), used where the OS grants
+ * the tile state (ft_amx_ready). */
+#if defined(FT_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#define FT_AMX 1
+#endif
 enum { FMT_F32 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_FP8 = 3, FMT_MXFP4 = 4, FMT_INT8 = 5, FMT_NVFP4 = 6, FMT_GGML = 7 };
 enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1, ACT_SILU_CLAMP = 2 };
 enum { XT_F32 = 0, XT_BF16 = 1 };
@@ -271,6 +276,10 @@ static inline int64_t blk_bytes(int K) { return kpad(K) * 32; }   /* one packed 
 #define GEMM_PAD_STEP 9
 static inline int64_t gemm_pad_elems(void) { return 32 * 32 * (GEMM_PAD_STEP + 8); }
 FT_HIDDEN extern int ft_gemm_mode, ft_gemm_min;
+int ft_amx_ready(void);
+#ifdef FT_AMX
+FT_HIDDEN void amx_config(void);
+#endif
 FT_HIDDEN int gemm_mode_runs(int mode, int K);
 FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst);
 FT_HIDDEN void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
@@ -344,6 +353,10 @@ typedef struct {        /* where the weight rows are */
  * decide whether the pool runs it on one thread. 0, or -2 when the scratch cannot be allocated. */
 FT_HIDDEN int gemv_run(ft_pool *p, const ft_gemv_rows *W, int N, int K, const void *x, int xt, int64_t M,
                        const float *bias, float *y, int64_t ldy, int64_t bytes);
+/* amx_gemv.c: the decode GEMV over bf16 weights on AMX tiles, on when ft_gemv_amx (dense.c asks) */
+FT_HIDDEN extern int ft_gemv_amx;
+FT_HIDDEN int amx_gemv_run(ft_pool *p, const uint8_t *w, int64_t w_rs, int N, int K, const void *x, int xt,
+                           int64_t M, const float *bias, float *y, int64_t ldy, int64_t bytes);
 
 /* ------------------------------------------------------------------ work split helpers */
 

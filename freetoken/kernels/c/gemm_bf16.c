@@ -27,8 +27,7 @@
  *              run the forced choice through it, so the tests check the layout on each). */
 #include "ft_kernels.h"
 
-#if defined(FT_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
-#define FT_AMX 1
+#ifdef FT_AMX
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,11 +43,12 @@
 #define XFEATURE_XTILEDATA 18
 typedef struct { uint8_t palette, start; uint8_t rsv[14]; uint16_t colsb[16]; uint8_t rows[16]; } tilecfg;
 
-static void amx_config(void) {    /* every tile 16 rows x 64 bytes; per thread, before tile ops */
+FT_HIDDEN void amx_config(void) {    /* every tile 16 rows x 64 bytes; per thread, before tile ops */
     tilecfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int i = 0; i < 8; i++) { c.colsb[i] = 64; c.rows[i] = 16; }
+    __asm__ volatile("" : : "r"(&c) : "memory");   /* gcc drops the stores ldtilecfg reads otherwise */
     _tile_loadconfig(&c);
 }
 
