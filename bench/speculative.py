@@ -318,7 +318,9 @@ def main():
         if draft is not None:
             c = statistics.median(res[(work, "draft")])
             line += f"   {c:11.2f}   {c / a:10.3f}x"
-        print(line)
+        # each round's auto against the plain run beside it (the machine's drift cancels in a pair)
+        pairs = [x / y for x, y in zip(res[(work, "auto")], res[(work, "plain")])]
+        print(line + f"   (per round: {', '.join(f'{x:.3f}' for x in pairs)})")
     llm.engine.spec = speculator
     speculator.drafters = {"suffix": SuffixDrafter(), "ngram": NgramDrafter()}
     st = llm.engine.expert_stats().get("speculative", {})
