@@ -80,9 +80,8 @@ def replay(drafters: dict, turns, cost: list[float], K: int, stats: AcceptanceSt
                 if k:
                     acc = min(accepted(dr, resp, pos), k)
                     stats.observe(dr.drafter, dr.bucket, k, acc)
-                for other in drafts if shadow and mode == "priced" else ():
-                    if other is not dr or not k:
-                        stats.observe_shadow(other.drafter, other.bucket, len(other.tokens), accepted(other, resp, pos))
+                elif shadow and mode == "priced":         # the engine scores the draft it did not make
+                    stats.observe_shadow(dr.drafter, dr.bucket, len(dr.tokens), accepted(dr, resp, pos))
             steps += 1
             spent += cost[k]
             pos += min(acc + 1, len(resp) - pos)

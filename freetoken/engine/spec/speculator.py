@@ -49,7 +49,7 @@ class Speculator:
         cpu = str(getattr(model, "device", "cpu")).startswith("cpu")
         self.max_rows = GEMV_TOKENS if cpu else 1 << 30
         self.stats = AcceptanceStats(max_draft)
-        self.shadow = ShadowScores(self.stats)      # proposals not drafted, scored as tokens come
+        self.shadow = ShadowScores(self.stats)      # drafts the price turned down, scored as tokens come
         self.observer = RoutingObserver(model)
         la = ExpertLookahead(model) if lookahead else None
         self.lookahead = la if la is not None and la.active else None
@@ -94,17 +94,15 @@ class Speculator:
                        seq.params.max_tokens - len(seq.output_ids) - 1, budget - positions, self.max_rows - positions)
             if room <= 0:
                 continue
-            made = [self._mtp_draft(seq, ctx, room, tokens, positions, base)] if "mtp" in self.drafters else \
-                self._proposals(seq, ctx, room, tokens, positions, base)
-            draft = self._best(made)
+            draft = self._mtp_draft(seq, ctx, room, tokens, positions, base) if "mtp" in self.drafters else \
+                self._best_draft(seq, ctx, room, tokens, positions, base)
             if draft is None:
                 continue
             k = len(draft.tokens)
             if self.priced:
                 k, tokens, positions, base = self._price(draft, k, tokens, positions, base)
-            for other in made:
-                if other is not None and (other is not draft or not k):
-                    self.shadow.keep(seq.request_id, other, len(ctx))
+            if not k:     # learn what it would have given (scoring the losing drafters' too was found to mislead)
+                self.shadow.keep(seq.request_id, draft, len(ctx))
             if k:
                 seq.draft = list(draft.tokens[:k])
                 seq.draft_source = draft
@@ -117,21 +115,11 @@ class Speculator:
         self.shadow.settle(seq.request_id, ctx)
         return ctx
 
-    def _best(self, made: list) -> Draft | None:
-        """The proposal with the most expected accepted tokens."""
+    def _best_draft(self, seq, ctx, room, tokens, positions, base) -> Draft | None:
+        """The proposal with the most expected accepted tokens among the drafters. A drafter
+        that costs time to run (`seconds(k)`: a draft model) is priced first and asked only
+        for the k that pays."""
         best, best_e = None, -1.0
-        for dr in made:
-            if dr is not None:
-                e = self.stats.expected_accepted(dr.drafter, dr.bucket, len(dr.tokens))[-1]
-                if e > best_e:
-                    best, best_e = dr, e
-        return best
-
-    def _proposals(self, seq, ctx, room, tokens, positions, base) -> list[Draft]:
-        """Each drafter's proposal. A drafter that costs time to run (`seconds(k)`: a draft
-        model) is priced first and asked only for the k that pays, and only when a lookup's
-        draft does not already promise as much."""
-        made, best_e = [], -1.0
         for d in self.drafters.values():
             k = room
             if self.priced and hasattr(d, "seconds"):
@@ -141,10 +129,12 @@ class Speculator:
                 if not k or self.stats.expected_accepted(d.name, 0, k)[-1] <= best_e:
                     continue          # not worth its time, or a lookup's draft promises as much
             dr = d.propose(ctx, k, key=seq.request_id)
-            if dr is not None:
-                made.append(dr)
-                best_e = max(best_e, self.stats.expected_accepted(dr.drafter, dr.bucket, len(dr.tokens))[-1])
-        return made
+            if dr is None:
+                continue
+            e = self.stats.expected_accepted(dr.drafter, dr.bucket, len(dr.tokens))[-1]
+            if e > best_e:
+                best, best_e = dr, e
+        return best
 
     def _mtp_draft(self, seq, ctx, room, tokens, positions, base) -> Draft | None:
         """The MTP layer drafts as many tokens as the price (its own measured seconds included)
