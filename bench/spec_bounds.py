@@ -12,7 +12,9 @@ with the responses forced, one draft a step. Per drafter set (suffix, prompt loo
 - `priced`: speed-up over plain decoding when k is chosen as the engine's price does (acceptance
   statistics per drafter and bucket, the most expected tokens per second, MARGIN), with a verify
   of k drafts costing --cost[k] plain steps (default: the medium dense model's quiet curve,
-  docs/benchmarks.md; the trace-routed MoE's is 1,1.42,1.48,1.77,2.05,2.35,2.65,2.95,3.26);
+  docs/benchmarks.md; the trace-routed MoE's stop-41 curve was 1,1.42,1.48,1.77,2.05,2.35,2.65,2.95,3.26,
+  the bytes its verifies read 1,1.38,1.72,2.0,2.29,2.52,2.75,2.98,3.2); the drafts the price turns
+  down are scored as the engine scores them (spec/shadow.py; --no-shadow: not, as before);
 - `oracle`: the speed-up of a price that knew which drafts hit (drafts exactly the run that will
   be accepted, when it pays): no price can beat it with these drafters.
 As the bench, the replay runs twice with fresh drafters and the statistics carried over; the
