@@ -3,6 +3,7 @@ could give on the same forced agent turns, whatever the machine's load.
 
     PYTHONPATH=. .venv/bin/python bench/spec_bounds.py [--sessions 2] [--turns 6] [--prompt 768]
         [--response 96] [--history 0,20] [--max-draft 8] [--cost 1,1.11,1.19,1.33,1.48,1.61,1.74,1.87,1.99]
+        [--no-shadow]
 
 The same turns as bench/speculative.py (same picks, truncation, ids folded into 8192), replayed
 with the responses forced, one draft a step. Per drafter set (suffix, prompt lookup, both as
@@ -11,7 +12,9 @@ with the responses forced, one draft a step. Per drafter set (suffix, prompt loo
 - `priced`: speed-up over plain decoding when k is chosen as the engine's price does (acceptance
   statistics per drafter and bucket, the most expected tokens per second, MARGIN), with a verify
   of k drafts costing --cost[k] plain steps (default: the medium dense model's quiet curve,
-  docs/benchmarks.md; the trace-routed MoE's is 1,1.42,1.48,1.77,2.05,2.35,2.65,2.95,3.26);
+  docs/benchmarks.md; the trace-routed MoE's stop-41 curve was 1,1.42,1.48,1.77,2.05,2.35,2.65,2.95,3.26,
+  the bytes its verifies read 1,1.38,1.72,2.0,2.29,2.52,2.75,2.98,3.2); the drafts the price turns
+  down are scored as the engine scores them (spec/shadow.py; --no-shadow: not, as before);
 - `oracle`: the speed-up of a price that knew which drafts hit (drafts exactly the run that will
   be accepted, when it pays): no price can beat it with these drafters.
 As the bench, the replay runs twice with fresh drafters and the statistics carried over; the
@@ -52,9 +55,11 @@ def priced_k(draft, stats: AcceptanceStats, cost: list[float]) -> int:
     return best_k
 
 
-def replay(drafters: dict, turns, cost: list[float], K: int, stats: AcceptanceStats, mode: str) -> float:
+def replay(drafters: dict, turns, cost: list[float], K: int, stats: AcceptanceStats, mode: str,
+           shadow: bool = True) -> float:
     """mode full: tokens a verify step, every draft at its full length; priced / oracle: speed-up
-    over plain (tokens per unit of plain-step time)."""
+    over plain (tokens per unit of plain-step time). shadow: the statistics also learn from the
+    proposals not verified, as the engine's (spec/shadow.py)."""
     steps = spent = tokens = 0.0
     for t, (prompt, resp) in enumerate(turns):
         pos = 0
@@ -77,6 +82,8 @@ def replay(drafters: dict, turns, cost: list[float], K: int, stats: AcceptanceSt
                 if k:
                     acc = min(accepted(dr, resp, pos), k)
                     stats.observe(dr.drafter, dr.bucket, k, acc)
+                elif shadow and mode == "priced":         # the engine scores the draft it did not make
+                    stats.observe_shadow(dr.drafter, dr.bucket, len(dr.tokens), accepted(dr, resp, pos))
             steps += 1
             spent += cost[k]
             pos += min(acc + 1, len(resp) - pos)
@@ -97,6 +104,8 @@ def main():
     ap.add_argument("--max-draft", type=int, default=8)
     ap.add_argument("--cost", default="1,1.11,1.19,1.33,1.48,1.61,1.74,1.87,1.99",
                     help="a verify of k = 0.. drafts in plain steps (k past the list: extended linearly)")
+    ap.add_argument("--no-shadow", action="store_true",
+                    help="the statistics learn from verified drafts only (the price before spec/shadow.py)")
     args = ap.parse_args()
     cost = [float(x) for x in args.cost.split(",")]
     if len(cost) < 2 or cost[0] <= 0:
@@ -116,7 +125,7 @@ def main():
                 stats = AcceptanceStats(args.max_draft)
                 for _ in range(2):
                     d = {n: v for n, v in fresh_drafters(history).items() if n in names}
-                    r = replay(d, turns, cost, args.max_draft, stats, mode)
+                    r = replay(d, turns, cost, args.max_draft, stats, mode, not args.no_shadow)
                 out.append(r)
             print(f"{h:7d}   {label:14s} {out[0]:22.3f}   {out[1]:14.3f}   {out[2]:14.3f}", flush=True)
 

@@ -178,27 +178,28 @@ def cost_curve(llm, ks, vocab: int, steps: int = 16):
 
 
 def watch_lengths(speculator) -> Counter:
-    """Counts (drafter, k drafted, accepted) of every verify while `.on` (the replay's auto runs)."""
+    """Counts (workload, drafter, k drafted, accepted) of every verify while `.on` names the
+    workload (the auto runs)."""
     seen = Counter()
-    seen.on = False
+    seen.on = None
     verified = speculator.verified
 
     def count(draft, drafted, accepted):
         if seen.on:
-            seen[(draft.drafter, drafted, accepted)] += 1
+            seen[(seen.on, draft.drafter, drafted, accepted)] += 1
         verified(draft, drafted, accepted)
     speculator.verified = count
     return seen
 
 
 def print_lengths(seen: Counter) -> None:
-    """Per drafter and k the price chose: drafts, mean accepted, share fully accepted (the price
-    cut a run that might have gone on), share of nothing accepted."""
-    print("\nreplay, auto: drafter   k   drafts   mean accepted   all k accepted   none accepted")
-    for d, k in sorted({(d, k) for d, k, _ in seen}):
-        rows = [(a, n) for (dd, kk, a), n in seen.items() if (dd, kk) == (d, k)]
+    """Per workload, drafter and k the price chose: drafts, mean accepted, share fully accepted
+    (the price cut a run that might have gone on), share of nothing accepted."""
+    print("\nauto: workload drafter   k   drafts   mean accepted   all k accepted   none accepted")
+    for w, d, k in sorted({(w, d, k) for w, d, k, _ in seen}):
+        rows = [(a, n) for (ww, dd, kk, a), n in seen.items() if (ww, dd, kk) == (w, d, k)]
         n = sum(c for _, c in rows)
-        print(f"  {d:8s} {k:3d} {n:8d} {sum(a * c for a, c in rows) / n:15.2f} "
+        print(f"  {w:6s} {d:8s} {k:3d} {n:8d} {sum(a * c for a, c in rows) / n:15.2f} "
               f"{sum(c for a, c in rows if a == k) / n:16.2f} {sum(c for a, c in rows if a == 0) / n:15.2f}")
 
 
@@ -305,9 +306,9 @@ def main():
                 # fresh drafters each run: an index that saw these responses in an earlier round
                 # would draft them from memory (the statistics and the price carry over)
                 speculator.drafters = {"draft": draft} if name == "draft" else fresh_drafters(history)
-                lengths.on = work == "replay" and name == "auto"
+                lengths.on = work if name == "auto" else None
                 secs, toks = decode_run(llm, js)
-                lengths.on = False
+                lengths.on = None
                 res[(work, name)].append(toks / secs)
                 print(f"  round {r} {work:6s} {name:5s} {toks / secs:7.2f} tok/s ({toks} tokens)", flush=True)
     print("\nworkload   plain tok/s   auto tok/s   auto/plain" + ("   draft tok/s   draft/plain" if draft else ""))
@@ -317,7 +318,9 @@ def main():
         if draft is not None:
             c = statistics.median(res[(work, "draft")])
             line += f"   {c:11.2f}   {c / a:10.3f}x"
-        print(line)
+        # each round's auto against the plain run beside it (the machine's drift cancels in a pair)
+        pairs = [x / y for x, y in zip(res[(work, "auto")], res[(work, "plain")])]
+        print(line + f"   (per round: {', '.join(f'{x:.3f}' for x in pairs)})")
     llm.engine.spec = speculator
     speculator.drafters = {"suffix": SuffixDrafter(), "ngram": NgramDrafter()}
     st = llm.engine.expert_stats().get("speculative", {})

@@ -2,7 +2,9 @@
 drafted token is accepted given the ones before it were. The expected accepted length of a
 k-token draft is sum_{i<=k} prod_{j<=i} a_j. Counts start from a prior (a few pseudo-trials)
 and decay, so a workload that changes (a session turning from tool calls to prose) is
-followed and a bucket that stopped paying is tried again only as the prior allows."""
+followed. Proposals the price did not draft are scored too, against the tokens the sequence
+then emitted (`observe_shadow`, kept by shadow.py): without them a bucket the prior prices out
+would never be tried, and a bucket that stopped paying would keep its old rates."""
 from __future__ import annotations
 
 PRIOR_FIRST = 0.4       # P(first drafted token accepted) before any evidence
@@ -54,6 +56,16 @@ class AcceptanceStats:
 
     def observe(self, drafter: str, bucket: int, drafted: int, accepted: int) -> None:
         """A draft of `drafted` tokens of which the first `accepted` were accepted."""
+        self.observe_shadow(drafter, bucket, drafted, accepted)
+        self.proposed[drafter] = self.proposed.get(drafter, 0) + drafted
+        self.accepted[drafter] = self.accepted.get(drafter, 0) + accepted
+        self.drafts[drafter] = self.drafts.get(drafter, 0) + 1
+
+    def observe_shadow(self, drafter: str, bucket: int, drafted: int, accepted: int) -> None:
+        """A proposal of `drafted` tokens not verified, whose first `accepted` the sequence then
+        emitted: the same evidence as a verify (a token equals the one decoding emits there
+        exactly when the acceptance rule would take it: always for greedy, with probability p
+        for sampling, as the draft is one token), left out of the per-drafter counts."""
         tried, acc = self._rows(drafter, bucket)
         for row in (tried, acc):
             for i in range(self.K):
@@ -62,9 +74,6 @@ class AcceptanceStats:
             tried[i] += 1
             if i < accepted:
                 acc[i] += 1
-        self.proposed[drafter] = self.proposed.get(drafter, 0) + drafted
-        self.accepted[drafter] = self.accepted.get(drafter, 0) + accepted
-        self.drafts[drafter] = self.drafts.get(drafter, 0) + 1
 
     def summary(self) -> dict:
         """Per drafter: drafts, proposed and accepted tokens, mean accepted length per draft."""

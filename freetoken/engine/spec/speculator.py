@@ -19,6 +19,7 @@ from .lookahead import ExpertLookahead
 from .ngram import NgramDrafter
 from .price import VerifyPrice
 from .routing import RoutingObserver
+from .shadow import ShadowScores
 from .suffix import SuffixDrafter
 
 
@@ -48,6 +49,7 @@ class Speculator:
         cpu = str(getattr(model, "device", "cpu")).startswith("cpu")
         self.max_rows = GEMV_TOKENS if cpu else 1 << 30
         self.stats = AcceptanceStats(max_draft)
+        self.shadow = ShadowScores(self.stats)      # drafts the price turned down, scored as tokens come
         self.observer = RoutingObserver(model)
         la = ExpertLookahead(model) if lookahead else None
         self.lookahead = la if la is not None and la.active else None
@@ -76,6 +78,7 @@ class Speculator:
         for key in self._live - live:
             for d in self.drafters.values():
                 d.forget(key)
+            self.shadow.forget(key)
         self._live = live
         decoding = [s for s in running if s.num_pending == 1 and not s.want_prompt_logits]
         positions = sum(min(s.num_pending, budget) for s in running)
@@ -98,6 +101,8 @@ class Speculator:
             k = len(draft.tokens)
             if self.priced:
                 k, tokens, positions, base = self._price(draft, k, tokens, positions, base)
+            if not k:     # learn what it would have given (scoring the losing drafters' too was found to mislead)
+                self.shadow.keep(seq.request_id, draft, len(ctx))
             if k:
                 seq.draft = list(draft.tokens[:k])
                 seq.draft_source = draft
@@ -107,6 +112,7 @@ class Speculator:
         ctx = seq.all_ids
         for d in self.drafters.values():
             d.observe(seq.request_id, ctx, 0)
+        self.shadow.settle(seq.request_id, ctx)
         return ctx
 
     def _best_draft(self, seq, ctx, room, tokens, positions, base) -> Draft | None:
