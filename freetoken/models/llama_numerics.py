@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..errors import InvalidRequestError
+from ..kernels import cpu_kernels
 from ..layers.attention.paged import gather, scatter
 from ..layers.ggml_linear import GgmlLinear
 from ..layers.rope import rope_parameters
@@ -45,11 +46,12 @@ class ExactLinear:
     def __init__(self, lin: GgmlLinear):
         self.rows = [ge.Q41Rows(p.rows, p.cols) for p in lin.parts]
         self.bias, self.in_features, self.out_features = lin.bias, lin.in_features, lin.out_features
+        self.lib, self.threads = lin.pool.lib, lin.pool.num_threads
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x = x.reshape(-1, self.in_features)
-        y = torch.cat([ge.q4_1_matmul(x, r) for r in self.rows], -1)
+        y = torch.cat([ge.q4_1_matmul(x, r, self.lib, self.threads) for r in self.rows], -1)
         y = y if self.bias is None else y + self.bias
         return y.reshape(*lead, self.out_features)
 
@@ -68,8 +70,8 @@ class ExactAttention:
     """A decoder Attention run as llama.cpp's graph: q/k/v, ggml rope, f16 cache rows, ggml
     attention with kq_scale = 1 / sqrtf(head_dim); its other attributes are the wrapped one's."""
 
-    def __init__(self, attn):
-        self.attn = attn
+    def __init__(self, attn, lib):
+        self.attn, self.lib = attn, lib
         self.kq_scale = float(np.float32(1) / np.sqrt(np.float32(attn.head_dim)))
 
     def __getattr__(self, name):
@@ -83,7 +85,7 @@ class ExactAttention:
         v = v.reshape(n, a.kv_heads, a.head_dim)
         queries, keys, values = gather(q, ge.f16(k), ge.f16(v), cache, meta)
         queries, keys = interleaved(queries), interleaved(keys)     # K Q sums in the GGUF rows' order
-        out = ge.attention(queries, keys, values, meta.mask(a.window), self.kq_scale)
+        out = ge.attention(queries, keys, values, meta.mask(a.window), self.kq_scale, self.lib)
         return a.o(scatter(out, meta).reshape(n, -1))
 
 
@@ -114,7 +116,7 @@ def apply(model) -> None:
         layer.post_norm = ExactNorm(layer.post_norm.weight, layer.post_norm.eps)
         a = layer.attn
         a.qkv, a.o = exact_linear(a.qkv), exact_linear(a.o)
-        layer.attn = ExactAttention(a)
+        layer.attn = ExactAttention(a, cpu_kernels())
         mlp = layer.mlp
         mlp.gate_up, mlp.down = exact_linear(mlp.gate_up), exact_linear(mlp.down)
         if mlp.act is torch.nn.functional.silu:

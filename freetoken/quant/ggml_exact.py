@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -102,11 +103,14 @@ class Q41Rows:
         self.d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
         self.m = raw[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
         qs = raw[..., 4:].to(torch.int16)
-        self.q = torch.cat([qs & 15, qs >> 4], -1).to(torch.int8)
+        self.q = torch.cat([qs & 15, qs >> 4], -1).to(torch.int8).contiguous()
 
 
-def q4_1_matmul(x: torch.Tensor, w: Q41Rows) -> torch.Tensor:
-    """x [T, K] @ W^T as ggml_vec_dot_q4_1_q8_1 sums it, per output (T, N)."""
+def q4_1_matmul(x: torch.Tensor, w: Q41Rows, lib=None, threads: int = 1) -> torch.Tensor:
+    """x [T, K] @ W^T as ggml_vec_dot_q4_1_q8_1 sums it, per output (T, N): by the C kernel
+    (kernels/c/ggml_exact.c, N split over `threads` calls) when `lib` is given, else in torch."""
+    if lib is not None:
+        return _q4_1_c(x, w, lib, threads)
     q, dx, sx = q8_1(x)
     T, nb = q.shape[:2]
     N = w.q.shape[0]
@@ -122,14 +126,37 @@ def q4_1_matmul(x: torch.Tensor, w: Q41Rows) -> torch.Tensor:
     return halving_sum(acc.float()) + summs.float()
 
 
+def _q4_1_c(x: torch.Tensor, w: Q41Rows, lib, threads: int) -> torch.Tensor:
+    q, dx, sx = q8_1(x)
+    T, nb = q.shape[:2]
+    N = w.q.shape[0]
+    qx, dx, sx = q.to(torch.int8).contiguous(), dx.contiguous(), sx.contiguous()
+    y = torch.empty(T, N, dtype=torch.float32)
+    cuts = [N * i // threads for i in range(threads + 1)]
+    call = lambda a, b: lib.ft_q4_1_exact(qx.data_ptr(), dx.data_ptr(), sx.data_ptr(), T, w.q.data_ptr(),  # noqa: E731
+                                          w.d.data_ptr(), w.m.data_ptr(), a, b, nb, y.data_ptr(), N)
+    if threads == 1:
+        call(0, N)
+    else:                                   # ctypes lets go of the GIL: the slices run side by side
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(call, cuts[:-1], cuts[1:]))
+    return y
+
+
 def supported(parts) -> bool:
     """True when every part of a ggml layer is Q4_1 (the types this module sums exactly)."""
     return all(p.type == gq.Q4_1 for p in parts)
 
 
-def dot16(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a [..., M, K] x b [..., N, K] -> [..., M, N] as tinyBLAS sums f16 dots (K a multiple of
-    16): lane l adds products l, l + 16, ... in order, then the 16 lanes halve."""
+def dot16(a: torch.Tensor, b: torch.Tensor, lib=None) -> torch.Tensor:
+    """a [M, K] x b [N, K] -> [M, N] as tinyBLAS sums f16 dots (K a multiple of 16): lane l adds
+    products l, l + 16, ... in order, then the 16 lanes halve (kernels/c/ggml_exact.c with `lib`)."""
+    if lib is not None:
+        a, b = a.float().contiguous(), b.float().contiguous()
+        out = torch.empty(a.shape[0], b.shape[0], dtype=torch.float32)
+        lib.ft_dot16_exact(a.data_ptr(), a.shape[1], b.data_ptr(), b.shape[1], a.shape[0], b.shape[0], a.shape[1],
+                           out.data_ptr(), out.shape[1])
+        return out
     acc = None
     for c in range(0, a.shape[-1], LANES):
         p = a[..., :, None, c:c + LANES] * b[..., None, :, c:c + LANES]    # f16 x f16: exact in float32
@@ -145,7 +172,8 @@ def soft_max(scores: torch.Tensor, visible: torch.Tensor, scale: float) -> torch
     return e * _div(1, total).float()
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
+              lib=None) -> torch.Tensor:
     """q [B, Hq, Q, D], k/v [B, Hkv, K, D] (f16-rounded), visible [B, 1, Q, K] -> [B, Hq, Q, D]:
     llama.cpp's non-flash attention (kq, soft_max, kqv), one head at a time."""
     B, Hq, Q, D = q.shape
@@ -157,8 +185,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
     out = torch.empty(B, Hq, Q, D, dtype=torch.float32)
     for b in range(B):
         for h in range(Hq):
-            p = soft_max(dot16(f16(q[b, h]), k[b, h // group]), visible[b, 0], scale)
-            out[b, h] = dot16(f16(p), v[b, h // group].T.contiguous())
+            p = soft_max(dot16(f16(q[b, h]), k[b, h // group], lib), visible[b, 0], scale)
+            out[b, h] = dot16(f16(p), v[b, h // group].T.contiguous(), lib)
     return out
 
 
