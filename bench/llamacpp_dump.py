@@ -169,6 +169,9 @@ def main() -> None:
     tokens = llm.tokenizer.encode(stdlib_docstrings()[:20 * args.tokens])[:args.tokens]
     m = llm.engine.model
     calls, orig = record(m)
+    llm_logits = []
+    head = m.compute_logits
+    m.compute_logits = lambda h: llm_logits.append(head(h)) or llm_logits[-1]
     if args.decode:
         out = llm.generate([tokens], SamplingParams(max_tokens=args.decode, temperature=0.0, ignore_eos=True))[0]
         tokens = tokens + list(out.token_ids)[:args.decode - 1]
@@ -194,6 +197,10 @@ def main() -> None:
             print(f"{i:>5} {op:<20} {fmt(chained):>26} {fmt(isolated):>27}")
             if first is None and isolated is not None and isolated[0] < 1:
                 first = (i, op, fmt(isolated))
+    if args.layers is None:
+        final = llm_logits[-1]
+        print(f"{'':>5} {'result_output':<20} {fmt(compare(final, ll('result_output'))):>26} {'-':>27}  "
+              f"argmax {int(final[-1].argmax())} vs llama.cpp {int(np.argmax(ll('result_output').reshape(-1)[-final.shape[-1]:]))}")
     print("first op whose own arithmetic differs from llama.cpp's: " +
           (f"layer {first[0]} {first[1]} ({first[2].strip()})" if first else "none (every op bit-identical in isolation)"))
     llm.close()

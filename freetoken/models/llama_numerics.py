@@ -98,6 +98,7 @@ def check(model) -> None:
            f"the KV cache is {model.kv_dtype}, not float32" if model.kv_dtype != torch.float32 else
            f"rope type {params['rope_type']!r}" if params["rope_type"] != "default" else
            "a partial rotary dim" if model.rotary.dim != model.head_dim else
+           f"head dim {model.head_dim}, not a multiple of 64" if model.head_dim % 64 else
            "q/k norms or clipping" if any(L.attn.qk_norm or L.attn.clip is not None for L in model.layers) else
            "a sliding window" if any(L.attn.window for L in model.layers) else
            "the model is not on the CPU" if model.device.type != "cpu" else None)

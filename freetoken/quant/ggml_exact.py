@@ -13,7 +13,8 @@ tensors (bench/llamacpp_dump.py) to the bit:
   - ggml_vec_dot_q4_1_q8_1 (AVX2 loop): 8 int32 lanes of 4 products per block, acc = fma(d_w d_x,
     lane, acc) over blocks, a halving sum of the 8 lanes, plus the mins' fma chain m * s;
   - f16 K/V/Q and softmax probabilities, with llamafile's tinyBLAS f16 GEMM order for K Q and
-    V P: 16 lanes accumulated over the reduction in order, then a halving sum of the lanes;
+    V P in a batch (16 lanes accumulated over the reduction in order, then a halving sum of the
+    lanes) and ggml_vec_dot_f16's in a one-token step (4 accumulators of 16 lanes);
   - ggml_v_expf (the AVX512 polynomial) in soft_max (per-16 halving sums added in double, scaled
     by float(1 / sum)) and in SiLU (x / (1 + expf(-x)));
   - rms_norm: float32 squares summed in double, scale = 1 / sqrtf(mean + eps), (x * scale) * w;
@@ -34,7 +35,7 @@ from . import ggml_quants as gq
 _EXP = {k: float.fromhex(v) for k, v in dict(
     log2e="0x1.715476p+0", shift="0x1.8p23", ln2hi="0x1.62e4p-1", ln2lo="0x1.7f7d1cp-20", c5="0x1.0e4020p-7",
     c4="0x1.573e2ep-5", c3="0x1.555e66p-3", c2="0x1.fffdb6p-2", c1="0x1.ffffecp-1").items()}
-LANES = 16          # tinyBLAS's f16 vector (AVX512): K Q and V P sum 16 lanes, then halve
+LANES = 16          # ggml's f16 vectors (AVX512): K Q and V P sum 16 lanes, then halve
 
 
 def fma(a, b, c) -> torch.Tensor:
@@ -148,20 +149,25 @@ def supported(parts) -> bool:
     return all(p.type == gq.Q4_1 for p in parts)
 
 
-def dot16(a: torch.Tensor, b: torch.Tensor, lib=None) -> torch.Tensor:
-    """a [M, K] x b [N, K] -> [M, N] as tinyBLAS sums f16 dots (K a multiple of 16): lane l adds
-    products l, l + 16, ... in order, then the 16 lanes halve (kernels/c/ggml_exact.c with `lib`)."""
+def dot16(a: torch.Tensor, b: torch.Tensor, lib=None, vec_dot: bool = False) -> torch.Tensor:
+    """a [M, K] x b [N, K] -> [M, N] summed as ggml sums f16 dots (kernels/c/ggml_exact.c with
+    `lib`): tinyBLAS's GEMM (lane l adds products l, l + 16, ... in order) or, `vec_dot`,
+    ggml_vec_dot_f16 (4 accumulators over 64 at a time, then (0 + 2) + (1 + 3)); both then
+    halve the 16 lanes. K a multiple of 64."""
     if lib is not None:
         a, b = a.float().contiguous(), b.float().contiguous()
         out = torch.empty(a.shape[0], b.shape[0], dtype=torch.float32)
         lib.ft_dot16_exact(a.data_ptr(), a.shape[1], b.data_ptr(), b.shape[1], a.shape[0], b.shape[0], a.shape[1],
-                           out.data_ptr(), out.shape[1])
+                           out.data_ptr(), out.shape[1], int(vec_dot))
         return out
-    acc = None
-    for c in range(0, a.shape[-1], LANES):
-        p = a[..., :, None, c:c + LANES] * b[..., None, :, c:c + LANES]    # f16 x f16: exact in float32
-        acc = p if acc is None else acc + p
-    return halving_sum(acc)
+    n_acc = 4 if vec_dot else 1
+    acc = [None] * n_acc
+    for c in range(0, a.shape[-1], LANES * n_acc):
+        for j in range(n_acc):
+            o = c + LANES * j
+            p = a[:, None, o:o + LANES] * b[None, :, o:o + LANES]           # f16 x f16: exact in float32
+            acc[j] = p if acc[j] is None else acc[j] + p
+    return halving_sum((acc[0] + acc[2]) + (acc[1] + acc[3]) if vec_dot else acc[0])
 
 
 def soft_max(scores: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
@@ -178,15 +184,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.
     llama.cpp's non-flash attention (kq, soft_max, kqv), one head at a time."""
     B, Hq, Q, D = q.shape
     K = k.shape[2]
-    pad = -K % LANES
+    pad = -K % (4 * LANES)
+    one = Q == 1            # a one-token step: llama.cpp's mul_mat takes ggml_vec_dot_f16, a batch tinyBLAS
     k, v = (torch.nn.functional.pad(t.float(), (0, 0, 0, pad)) for t in (k, v))
     visible = torch.nn.functional.pad(visible, (0, pad), value=False)
     group = Hq // k.shape[1]
     out = torch.empty(B, Hq, Q, D, dtype=torch.float32)
     for b in range(B):
         for h in range(Hq):
-            p = soft_max(dot16(f16(q[b, h]), k[b, h // group], lib), visible[b, 0], scale)
-            out[b, h] = dot16(f16(p), v[b, h // group].T.contiguous(), lib)
+            p = soft_max(dot16(f16(q[b, h]), k[b, h // group], lib, one), visible[b, 0], scale)
+            out[b, h] = dot16(f16(p), v[b, h // group].T.contiguous(), lib, one)
     return out
 
 

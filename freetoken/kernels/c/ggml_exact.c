@@ -42,27 +42,33 @@ void ft_q4_1_exact(const int8_t *qx, const float *dx, const float *sx, int T, co
     }
 }
 
-/* out[m, n] = the dot of a[m, :K] and b[n, :K] (rows lda / ldb apart; K a multiple of 16) as
- * llamafile's tinyBLAS sums an f16 GEMM on AVX512 (its operands here are f16 values in fp32, so
- * each product is exact): 16 lanes, lane l += a[l + 16c] * b[l + 16c] for c in order, then
- * _mm512_reduce_add_ps's halving sum (lanes l and l + 8, then l + 4, l + 2, l + 1). */
+/* out[m, n] = the dot of a[m, :K] and b[n, :K] (rows lda / ldb apart) as ggml sums an f16 dot
+ * on AVX512 (its operands here are f16 values in fp32, so each product is exact), in one of two
+ * orders: vec_dot = 0, llamafile's tinyBLAS GEMM (K a multiple of 16): 16 lanes, lane l += the
+ * products l + 16c for c in order; vec_dot = 1, ggml_vec_dot_f16 (K a multiple of 64): four
+ * 16-lane accumulators, accumulator j += the products 64i + 16j + l, then (0 + 2) + (1 + 3).
+ * Either ends in _mm512_reduce_add_ps's halving sum (lanes l and l + 8, then l + 4, l + 2, l + 1). */
 void ft_dot16_exact(const float *a, int64_t lda, const float *b, int64_t ldb, int M, int N, int K,
-                    float *out, int64_t ldo) {
+                    float *out, int64_t ldo, int vec_dot) {
+    const int acc_n = vec_dot ? 4 : 1;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
             const float *x = a + m * lda, *y = b + n * ldb;
-            float l16[16];
+            float l16[4][16] = {{0}};
+            for (int c = 0; c < K; c += 16 * acc_n)
+                for (int j = 0; j < acc_n; j++) {
 #ifdef FT_AVX512
-            __m512 acc = _mm512_setzero_ps();
-            for (int c = 0; c < K; c += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(y + c), acc);
-            _mm512_storeu_ps(l16, acc);
+                    const int o = c + 16 * j;
+                    _mm512_storeu_ps(l16[j], _mm512_fmadd_ps(_mm512_loadu_ps(x + o), _mm512_loadu_ps(y + o),
+                                                             _mm512_loadu_ps(l16[j])));
 #else
-            for (int l = 0; l < 16; l++) l16[l] = 0.f;
-            for (int c = 0; c < K; c += 16)
-                for (int l = 0; l < 16; l++) l16[l] = fmaf(x[c + l], y[c + l], l16[l]);
+                    for (int l = 0; l < 16; l++) l16[j][l] = fmaf(x[c + 16 * j + l], y[c + 16 * j + l], l16[j][l]);
 #endif
+                }
+            if (vec_dot)
+                for (int l = 0; l < 16; l++) l16[0][l] = (l16[0][l] + l16[2][l]) + (l16[1][l] + l16[3][l]);
             for (int h = 8; h >= 1; h /= 2)
-                for (int l = 0; l < h; l++) l16[l] = l16[l] + l16[l + h];
-            out[m * ldo + n] = l16[0];
+                for (int l = 0; l < h; l++) l16[0][l] = l16[0][l] + l16[0][l + h];
+            out[m * ldo + n] = l16[0][0];
         }
 }
