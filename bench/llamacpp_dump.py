@@ -154,6 +154,38 @@ def layer_rows(i: int, m, calls: dict, orig: dict, ll) -> list[tuple]:
     return rows
 
 
+def run(model: Path, tokens: int, decode: int, numerics: str, layers: int | None = None):
+    """([(layer, op, chained, isolated)], (FreeToken's argmax, llama.cpp's) of the last step)."""
+    from freetoken import LLM, SamplingParams
+    llm = LLM(str(model), dtype="float32", num_threads=1, prefix_cache=False, ggml_numerics=numerics,
+              max_model_len=max(1024, tokens + decode + 16))
+    ids = llm.tokenizer.encode(stdlib_docstrings()[:20 * tokens])[:tokens]
+    m = llm.engine.model
+    calls, orig = record(m)
+    logits, head = [], m.compute_logits
+    m.compute_logits = lambda h: logits.append(head(h)) or logits[-1]
+    if decode:
+        out = llm.generate([ids], SamplingParams(max_tokens=decode, temperature=0.0, ignore_eos=True))[0]
+        ids = ids + list(out.token_ids)[:decode - 1]
+    else:
+        llm.score(ids)
+    steps = [tokens] + [1] * max(decode - 1, 0)
+    with tempfile.TemporaryDirectory() as d:
+        dump = llama_tensors(model, ids, steps, d)
+    last = str(len(steps) - 1)
+
+    def ll(name, op=None):
+        keys = [k for k in dump if k.split("|")[:2] == [last, name] and (op is None or k.split("|")[2] == op)]
+        if not keys:
+            raise SystemExit(f"llama.cpp's graph has no tensor {name!r} (op {op}): not a Llama-style graph?")
+        return dump[keys[0]]
+    rows = [(i, *r) for i in range(min(layers or m.num_layers, m.num_layers)) for r in layer_rows(i, m, calls, orig, ll)]
+    final, theirs = logits[-1], ll("result_output").reshape(-1)
+    rows.append(("", "result_output", compare(final, theirs[-final.shape[-1]:]), None))
+    llm.close()
+    return rows, (int(final[-1].argmax()), int(np.argmax(theirs[-final.shape[-1]:])))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
@@ -162,48 +194,18 @@ def main() -> None:
     ap.add_argument("--ggml-numerics", default="llama-exact", choices=("auto", "q8", "llama", "llama-exact", "float32"))
     ap.add_argument("--layers", type=int, default=None, help="compare the first N layers (default all)")
     args = ap.parse_args()
-    from freetoken import LLM, SamplingParams
     model = resolve(args.model)
-    llm = LLM(str(model), dtype="float32", num_threads=1, prefix_cache=False, ggml_numerics=args.ggml_numerics,
-              max_model_len=max(1024, args.tokens + args.decode + 16))
-    tokens = llm.tokenizer.encode(stdlib_docstrings()[:20 * args.tokens])[:args.tokens]
-    m = llm.engine.model
-    calls, orig = record(m)
-    llm_logits = []
-    head = m.compute_logits
-    m.compute_logits = lambda h: llm_logits.append(head(h)) or llm_logits[-1]
-    if args.decode:
-        out = llm.generate([tokens], SamplingParams(max_tokens=args.decode, temperature=0.0, ignore_eos=True))[0]
-        tokens = tokens + list(out.token_ids)[:args.decode - 1]
-    else:
-        llm.score(tokens)
-    steps = [args.tokens] + [1] * max(args.decode - 1, 0)
-    with tempfile.TemporaryDirectory() as d:
-        dump = llama_tensors(model, tokens, steps, d)
-    last = len(steps) - 1
-
-    def ll(name, op=None):
-        keys = [k for k in dump if k.split("|")[0] == str(last) and k.split("|")[1] == name
-                and (op is None or k.split("|")[2] == op)]
-        if not keys:
-            raise SystemExit(f"llama.cpp's graph has no tensor {name!r} (op {op}): not a Llama-style graph?")
-        return dump[keys[0]]
-    print(f"model {model}; {args.tokens} prompt tokens{f', {args.decode} decode steps (the last compared)' if args.decode else ''}; "
-          f"FreeToken --ggml-numerics {args.ggml_numerics}\n{'layer':>5} {'op':<20} {'chained: same bits, rel':>26} "
-          f"{'isolated: same bits, rel':>27}")
-    first = None
-    for i in range(min(args.layers or m.num_layers, m.num_layers)):
-        for op, chained, isolated in layer_rows(i, m, calls, orig, ll):
-            print(f"{i:>5} {op:<20} {fmt(chained):>26} {fmt(isolated):>27}")
-            if first is None and isolated is not None and isolated[0] < 1:
-                first = (i, op, fmt(isolated))
-    if args.layers is None:
-        final = llm_logits[-1]
-        print(f"{'':>5} {'result_output':<20} {fmt(compare(final, ll('result_output'))):>26} {'-':>27}  "
-              f"argmax {int(final[-1].argmax())} vs llama.cpp {int(np.argmax(ll('result_output').reshape(-1)[-final.shape[-1]:]))}")
+    rows, (ours, theirs) = run(model, args.tokens, args.decode, args.ggml_numerics, args.layers)
+    print(f"model {model}; {args.tokens} prompt tokens"
+          f"{f', {args.decode} decode steps (the last compared)' if args.decode else ''}; FreeToken --ggml-numerics "
+          f"{args.ggml_numerics}\n{'layer':>5} {'op':<20} {'chained: same bits, rel':>26} {'isolated: same bits, rel':>27}")
+    for i, op, chained, isolated in rows:
+        print(f"{i:>5} {op:<20} {fmt(chained):>26} {fmt(isolated):>27}")
+    print(f"next token: FreeToken {ours}, llama.cpp {theirs}")
+    first = next((r for r in rows if r[3] is not None and r[3][0] < 1), None)
     print("first op whose own arithmetic differs from llama.cpp's: " +
-          (f"layer {first[0]} {first[1]} ({first[2].strip()})" if first else "none (every op bit-identical in isolation)"))
-    llm.close()
+          (f"layer {first[0]} {first[1]} ({fmt(first[3]).strip()})" if first else
+           "none (every op bit-identical in isolation)"))
 
 
 if __name__ == "__main__":
