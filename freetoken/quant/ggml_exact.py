@@ -35,12 +35,14 @@ from . import ggml_quants as gq
 _EXP = {k: float.fromhex(v) for k, v in dict(
     log2e="0x1.715476p+0", shift="0x1.8p23", ln2hi="0x1.62e4p-1", ln2lo="0x1.7f7d1cp-20", c5="0x1.0e4020p-7",
     c4="0x1.573e2ep-5", c3="0x1.555e66p-3", c2="0x1.fffdb6p-2", c1="0x1.ffffecp-1").items()}
+_EXP_T = {k: torch.tensor(v, dtype=torch.float32) for k, v in _EXP.items()}
+_INF, _ONE, _ZERO = torch.tensor(float("inf")), torch.tensor(1.0), torch.tensor(0.0)
 LANES = 16          # ggml's f16 vectors (AVX512): K Q and V P sum 16 lanes, then halve
 
 
-def fma(a, b, c) -> torch.Tensor:
+def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """float32 fma(a, b, c): one rounding (a * b is exact in float64)."""
-    return (torch.as_tensor(a).double() * torch.as_tensor(b).double() + torch.as_tensor(c).double()).float()
+    return (a.double() * b.double() + c.double()).float()
 
 
 def halving_sum(x: torch.Tensor) -> torch.Tensor:
@@ -63,13 +65,13 @@ def f16(x: torch.Tensor) -> torch.Tensor:
 
 def v_expf(x: torch.Tensor) -> torch.Tensor:
     """ggml_v_expf (ggml-cpu vec.h, AVX512): exp(x) as llama.cpp's softmax and SiLU compute it."""
-    c = {k: torch.tensor(v, dtype=torch.float32) for k, v in _EXP.items()}
+    c = _EXP_T
     z = fma(x, c["log2e"], c["shift"])
     n = z - c["shift"]
     b = fma(-n, c["ln2lo"], fma(-n, c["ln2hi"], x))
     u = b * b
-    j = fma(fma(fma(c["c5"], b, c["c4"]), u, fma(c["c3"], b, c["c2"])), u, fma(c["c1"], b, torch.ones(())))
-    return torch.where(n.abs() > 192, torch.exp(x), torch.ldexp(j, n))     # |n| > 192: over/underflow
+    j = fma(fma(fma(c["c5"], b, c["c4"]), u, fma(c["c3"], b, c["c2"])), u, fma(c["c1"], b, _ONE))
+    return torch.where(n.abs() > 192, torch.where(n > 0, _INF, _ZERO), torch.ldexp(j, n))   # inf or 0 (ggml's slow path)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -136,7 +138,7 @@ def _q4_1_c(x: torch.Tensor, w: Q41Rows, lib, threads: int) -> torch.Tensor:
     cuts = [N * i // threads for i in range(threads + 1)]
     call = lambda a, b: lib.ft_q4_1_exact(qx.data_ptr(), dx.data_ptr(), sx.data_ptr(), T, w.q.data_ptr(),  # noqa: E731
                                           w.d.data_ptr(), w.m.data_ptr(), a, b, nb, y.data_ptr(), N)
-    if threads == 1:
+    if threads == 1 or T == 1:              # a one-token step: a thread hand-off costs more than the rows
         call(0, N)
     else:                                   # ctypes lets go of the GIL: the slices run side by side
         with ThreadPoolExecutor(threads) as ex:
