@@ -14,6 +14,7 @@ from ..errors import InvalidRequestError
 from ..kernels import cpu_kernels
 from ..layers.attention.paged import gather, scatter
 from ..layers.ggml_linear import GgmlLinear
+from ..layers.kernel_rows import GEMV_TOKENS
 from ..layers.rope import rope_parameters
 from ..quant import ggml_exact as ge
 
@@ -85,7 +86,10 @@ class ExactAttention:
         v = v.reshape(n, a.kv_heads, a.head_dim)
         queries, keys, values = gather(q, ge.f16(k), ge.f16(v), cache, meta)
         queries, keys = interleaved(queries), interleaved(keys)     # K Q sums in the GGUF rows' order
-        out = ge.attention(queries, keys, values, meta.mask(a.window), self.kq_scale, self.lib)
+        visible = meta.mask(a.window)
+        # a decode or verify step (a few rows after cached keys): each row as llama.cpp's one-token step
+        steps = queries.shape[2] <= GEMV_TOKENS and bool((visible[:, 0, 0].sum(-1) > 1).all())
+        out = ge.attention(queries, keys, values, visible, self.kq_scale, self.lib, steps)
         return a.o(scatter(out, meta).reshape(n, -1))
 
 

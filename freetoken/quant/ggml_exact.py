@@ -181,13 +181,16 @@ def soft_max(scores: torch.Tensor, visible: torch.Tensor, scale: float) -> torch
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
-              lib=None) -> torch.Tensor:
+              lib=None, one_token_rows: bool = False) -> torch.Tensor:
     """q [B, Hq, Q, D], k/v [B, Hkv, K, D] (f16-rounded), visible [B, 1, Q, K] -> [B, Hq, Q, D]:
-    llama.cpp's non-flash attention (kq, soft_max, kqv), one head at a time."""
+    llama.cpp's non-flash attention (kq, soft_max, kqv), one head at a time. A one-token step
+    sums as ggml_vec_dot_f16 (llama.cpp's mul_mat leaves tinyBLAS there), a batch as tinyBLAS;
+    `one_token_rows`: every row as its own one-token step (a verify of drafted tokens, which
+    llama.cpp would have decoded one at a time)."""
     B, Hq, Q, D = q.shape
     K = k.shape[2]
     pad = -K % (4 * LANES)
-    one = Q == 1            # a one-token step: llama.cpp's mul_mat takes ggml_vec_dot_f16, a batch tinyBLAS
+    one = Q == 1 or one_token_rows
     k, v = (torch.nn.functional.pad(t.float(), (0, 0, 0, pad)) for t in (k, v))
     visible = torch.nn.functional.pad(visible, (0, pad), value=False)
     group = Hq // k.shape[1]
