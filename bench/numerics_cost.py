@@ -5,8 +5,9 @@
 
 Two engines on the same GGUF (`--dtype float32`, prefix cache off): `auto` and --numerics.
 Rounds alternate between them (so a shared machine's load falls on both alike); per round,
-prefill = a 1-token generate over --prompt tokens of bench/quality_text.py's text (a fresh slice
-each round), decode = (--decode - 1) tokens / (a --decode-token greedy generate - that prefill).
+one greedy request over --prompt tokens of bench/quality_text.py's text (a fresh slice each
+round): prefill = prompt tokens / time to the first token, decode = the --decode - 1 tokens after
+it / their time.
 Prints each engine's median tok/s and the ratio mode / auto."""
 from __future__ import annotations
 
@@ -23,14 +24,19 @@ from real_models import resolve  # noqa: E402
 
 
 def timed_round(llm, ids: list[int], decode: int) -> tuple[float, float]:
-    """(prefill tok/s, decode tok/s) of one prompt."""
+    """(prefill tok/s: prompt to first token, decode tok/s: the tokens after it) of one greedy request."""
     from freetoken import SamplingParams
-    t = time.perf_counter()
-    llm.generate([ids], SamplingParams(max_tokens=1, temperature=0.0))
-    pre = time.perf_counter() - t
-    t = time.perf_counter()
-    llm.generate([ids], SamplingParams(max_tokens=decode, temperature=0.0, ignore_eos=True))
-    return len(ids) / pre, (decode - 1) / max(time.perf_counter() - t - pre, 1e-9)
+    engine, n, first = llm.engine, 0, None
+    t0 = time.perf_counter()
+    engine.add_request(f"cost{time.perf_counter_ns()}", list(ids),
+                       SamplingParams(max_tokens=decode, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished():
+        for out in engine.step():
+            n += len(out.new_token_ids)
+            if first is None and n:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return len(ids) / (first - t0), (n - 1) / max(end - first, 1e-9)
 
 
 def main() -> None:
