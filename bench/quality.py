@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/quality.py [--model FILE.gguf|smollm2|gemma3-270m] [--ctx 512] [--chunks 8]
                                       [--prompts 20] [--max-tokens 64] [--threads 2] [--dtype float32]
-                                      [--ggml-numerics auto|q8|llama|float32]
+                                      [--ggml-numerics auto|q8|llama|llama-exact|float32]
                                       [--formats own,q8_0,q4_0,q4_k_m,q6_k,...] [--cache DIR]
 
 The model defaults to the installed SmolLM2-135M-Instruct (Q4_1); gemma3-270m is Gemma 3 270M
@@ -246,7 +246,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", default="float32", help="FreeToken's --dtype")
-    ap.add_argument("--ggml-numerics", default="auto", choices=("auto", "q8", "llama", "float32"),
+    ap.add_argument("--ggml-numerics", default="auto", choices=("auto", "q8", "llama", "llama-exact", "float32"),
                     help="FreeToken's activation rounding in GGUF-quantized layers (llama: llama.cpp's q8_0/q8_1)")
     ap.add_argument("--prefill-gemm", default="auto", choices=("auto", "float32", "bfloat16"),
                     help="FreeToken's prefill GEMM (auto: what calibration picks on this CPU)")

@@ -85,7 +85,9 @@ class EngineConfig:
     # sums) in both; float32 = exact everywhere (decode dequantizes rows for a GEMM: slower).
     # auto: q8, with the routed experts' prefill through the bf16 tiles (kernels/c/ggml_tiles.c,
     # docs/gguf.md) where the experts' tiles are calibrated or forced. See quant/ggml_act.py.
-    ggml_numerics: str = flag("auto", choices=("auto", "q8", "llama", "float32"),
+    # llama-exact: llama.cpp's CPU arithmetic bit for bit on dense Llama-style models in float32
+    # (models/llama_numerics.py; slow, for agreeing with llama.cpp).
+    ggml_numerics: str = flag("auto", choices=("auto", "q8", "llama", "llama-exact", "float32"),
                               help="activation rounding of GGUF-quantized layers (auto: q8)")
     max_model_len: int | None = flag(None, help=lambda: "context window (default: the checkpoint's, at most "
                                      f"{defaults.MAX_MODEL_LEN})")

@@ -80,6 +80,8 @@ WHITE_BOX = {
     ("bench/spec_mtp.py", "spec"): "forces MTP drafts of each length k through the speculator, timing the "
                                    "drafter and the verify apart",
     ("bench/spec_mtp.py", "runner"): "a fresh MTP drafter over the model's nextn layer for each k",
+    ("bench/llamacpp_dump.py", "model"): "records the layers' inputs and outputs to compare each op with llama.cpp's "
+                                         "graph tensors, which no serving option exposes",
     ("bench/gguf_types_memory.py", "model"): "the expert pool's own bytes, compared with the file's expert bytes",
     ("bench/disk_hits.py", "model"): "the MoE layer calls of the resident and the disk-tier expert backends "
                                     "alone, on the same inputs (the tier's overhead at hits)",

@@ -133,6 +133,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_rms_norm.restype = None
     lib.ft_rope.argtypes = [vp, vp, vp, i64, ci, ci, ci, vp]
     lib.ft_rope.restype = None
+    lib.ft_q4_1_exact.argtypes = [vp, vp, vp, ci, vp, vp, vp, ci, ci, ci, vp, i64]
+    lib.ft_q4_1_exact.restype = None
+    lib.ft_dot16_exact.argtypes = [vp, i64, vp, i64, ci, ci, ci, vp, i64, ci]
+    lib.ft_dot16_exact.restype = None
     lib.ft_route_topk.argtypes = [vp, i64, ci, ci, ci, ci, vp, vp]
     lib.ft_route_topk.restype = None
     lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]

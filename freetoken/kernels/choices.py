@@ -48,7 +48,7 @@ import torch
 from ..errors import InvalidRequestError
 from ..platform import NATIVE_BF16, cpu_flags, cpu_model
 from ..progress import progress
-from ..quant.ggml_act import ACT_MODES
+from ..quant.ggml_act import act_mode
 from . import cache_dir, cpu_kernels, variants_here
 from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .pool import CpuPool, shared_pool
@@ -423,7 +423,7 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
     if pool is not None:
         pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
         set_gemv_amx(pool.lib, c)
-        pool.lib.ft_set_ggml_act(ACT_MODES.get(cfg.ggml_numerics, ACT_MODES["q8"]))
+        pool.lib.ft_set_ggml_act(act_mode(cfg.ggml_numerics))
         set_gemm_tiles(pool.lib, c)
         set_ggml_tiles(pool.lib, c, cfg.ggml_numerics, cfg.prefill_gemm)
     return pool, c

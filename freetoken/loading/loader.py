@@ -20,6 +20,7 @@ from ..experts.memory.pool import ExpertPool, requantize
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US, shared_pool
 from ..weights.source import open_checkpoint
+from ..models import llama_numerics
 from ..models.registry import model_class
 
 log = logging.getLogger("freetoken.models")
@@ -40,7 +41,10 @@ def build_model(ck, cfg: EngineConfig, max_len: int, spin_us: int = SPIN_US, set
     """The model skeleton: the checkpoint's model class constructed over `ck` (its dense modules,
     its MoE layers seated for experts not built yet)."""
     cls = model_class(ck.config, ck.dir / "config.json")
-    return cls(ck, BuildContext(cfg, spin_us, settings), max_len)
+    model = cls(ck, BuildContext(cfg, spin_us, settings), max_len)
+    if cfg.ggml_numerics == "llama-exact":      # llama.cpp's CPU arithmetic bit for bit (slow; a comparison tool)
+        llama_numerics.apply(model)
+    return model
 
 
 def expert_pool(model, cfg: EngineConfig) -> ExpertPool:

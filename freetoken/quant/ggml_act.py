@@ -13,6 +13,12 @@ import torch
 from . import ggml_quants as gq
 
 ACT_MODES = {"q8": 0, "llama": 1, "float32": 2}    # kernels/c/ggml_act.c's switch
+
+
+def act_mode(numerics: str) -> int:
+    """The C switch for a ggml_numerics choice ("llama-exact": its layers without an exact sum
+    keep llama.cpp's rounding; "auto": q8)."""
+    return ACT_MODES.get("llama" if numerics == "llama-exact" else numerics, ACT_MODES["q8"])
 _MIN_TYPES = {gq.Q4_1: 20, gq.Q5_1: 24}      # block bytes; the fp16 min m at byte 2
 
 
@@ -20,8 +26,9 @@ def q8_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(x rounded as q8_0/q8_1: q * fp16(d), [M, K] fp32; per block of 32 the q8_1 sum's
     rounding fp16(d sum q) - fp16(d) sum q, [M, K / 32])."""
     b = x.float().unflatten(-1, (-1, 32))
-    d = b.abs().amax(-1, keepdim=True) / 127
-    q = torch.round(b * torch.where(d > 0, 1 / d, torch.zeros_like(d)))
+    amax = b.abs().amax(-1, keepdim=True)
+    d = amax / 127
+    q = torch.round(b * torch.where(amax > 0, torch.full_like(amax, 127) / amax, torch.zeros_like(amax)))   # x86 ggml-cpu: 127 / amax, not 1 / d
     d16 = d.half().float()
     sq = q.sum(-1)
     return (q * d16).flatten(-2), (d[..., 0] * sq).half().float() - d16[..., 0] * sq

@@ -27,7 +27,7 @@ def llama_reference(x: torch.Tensor, w) -> torch.Tensor:
     b = x.double().numpy().reshape(x.shape[0], -1, 32).astype(np.float32)
     amax = np.abs(b).max(-1, keepdims=True)
     d = amax / np.float32(127)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)   # x86: 127 / amax
     q = np.round(b * inv)                                       # half to even, as _mm256_round_ps
     d16 = d.astype(np.float16).astype(np.float64)
     ref_w = gguf_dequantize(w).double()

@@ -27,6 +27,7 @@ void ggml_prep(const float *src, uint8_t *dst, int n, int j0, int j1) {
         float amax = 0.f;
         for (int i = 0; i < 32; i++) { float a = fabsf(x[i]); amax = a > amax ? a : amax; }
         float dd = amax / 127.f, id = dd > 0.f ? 1.f / dd : 0.f;
+        if (ft_ggml_act_llama) id = amax > 0.f ? 127.f / amax : 0.f;   /* ggml-cpu x86 quantize_row_q8_0/q8_1's 1/d */
         int s0 = 0, s1 = 0;
         for (int i = 0; i < 32; i++) {
             int v = (int)nearbyintf(x[i] * id);
