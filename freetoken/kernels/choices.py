@@ -198,6 +198,21 @@ def _pick_gemm(t: dict) -> tuple[str, str | None]:
     return dense, expert
 
 
+def best_interleaved(run: Callable[[], None], switch: Callable[[str], object], names: tuple[str, ...],
+                     reps: int) -> dict:
+    """{name: best seconds of `run` with `switch(name)` applied}, the names interleaved in each
+    round so a change of load hits them alike; each timed run follows a warm-up run."""
+    best = {}
+    for _ in range(reps):
+        for name in names:
+            switch(name)
+            run()
+            t = time.perf_counter()
+            run()
+            best[name] = min(best.get(name, 1e9), time.perf_counter() - t)
+    return best
+
+
 def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[int, ...] = (1,), reps: int = 5,
                      keys: int = 4096, out_of_cache: int = 64 << 20) -> dict:
     """Seconds of one decode step's shape with fp32 activations ("fp32") and with the vdpbf16ps
@@ -229,15 +244,7 @@ def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[i
             lib.ft_decode_attention(pool.handle, q.data_ptr(), 1, hq, hkv, d, kc.data_ptr(), vc.data_ptr(), 1,
                                     slots.data_ptr(), keys, lens.data_ptr(), d ** -0.5, None, o.data_ptr())
     try:
-        best = {}
-        for _ in range(reps):                    # interleaved: a load change hits both alike
-            for name, on in (("fp32", 0), ("bf16", 1)):
-                lib.ft_set_bf16_dot(on)
-                run()
-                t = time.perf_counter()
-                run()
-                best[name] = min(best.get(name, 1e9), time.perf_counter() - t)
-        return best
+        return best_interleaved(run, lambda name: lib.ft_set_bf16_dot(int(name == "bf16")), ("fp32", "bf16"), reps)
     finally:
         lib.ft_set_bf16_dot(0)
         pool.close()
@@ -288,15 +295,7 @@ def measure_amx_gemv(threads: int, bf16_dot: bool = False, n: int = 2048, k: int
     try:
         lib.ft_set_bf16_dot(int(bf16_dot))
         modes = ("dots", "amx") if lib.ft_set_gemv_amx(1) else ("dots",)
-        best = {}
-        for _ in range(reps):                    # interleaved: a load change hits both alike
-            for name in modes:
-                lib.ft_set_gemv_amx(int(name == "amx"))
-                run()
-                t = time.perf_counter()
-                run()
-                best[name] = min(best.get(name, 1e9), time.perf_counter() - t)
-        return best
+        return best_interleaved(run, lambda name: lib.ft_set_gemv_amx(int(name == "amx")), modes, reps)
     finally:
         lib.ft_set_gemv_amx(0)
         lib.ft_set_bf16_dot(0)
