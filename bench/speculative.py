@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
         [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
         [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
-        [--free-from random|sessions] [--history N]
+        [--free-from random|sessions] [--history N] [--curve-context N]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -152,8 +152,9 @@ class FixedDrafter:
         return Draft(tuple(torch.randint(0, self.vocab, (n,), generator=self.rng).tolist()), "fixed", 0) if n else None
 
 
-def cost_curve(llm, ks, vocab: int, steps: int = 16):
-    """Per k: (measured median step seconds, predicted seconds, distinct experts per step)."""
+def cost_curve(llm, ks, vocab: int, steps: int = 16, context: int = 256):
+    """Per k: (measured median step seconds, predicted seconds, distinct experts per step), the
+    drafts verified after a prompt of `context` tokens (each verify row attends all of them)."""
     from freetoken import SamplingParams
     engine = llm.engine
     spec = engine.spec
@@ -161,7 +162,7 @@ def cost_curve(llm, ks, vocab: int, steps: int = 16):
     predicted = {k: spec.price.seconds(1 + k) for k in ks}
     saved = spec.drafters, spec.priced, list(spec.price.samples)
     rows = {}
-    prompt = fresh_prompts(1, 256, seed=77, vocab=(100, vocab - 1))[0]
+    prompt = fresh_prompts(1, context, seed=77, vocab=(100, vocab - 1))[0]
     for k in ks:
         spec.drafters, spec.priced = ({"fixed": FixedDrafter(k, vocab)} if k else {}), False
         spec.price.samples.clear()
@@ -261,6 +262,8 @@ def main():
     ap.add_argument("--routing-trace", default=None, metavar="PATH",
                     help="route the MoE layers as this trace did (a medium MoE with its expert shape)")
     ap.add_argument("--trace-layers", type=int, default=4, help="MoE layers of the trace-shaped medium MoE")
+    ap.add_argument("--curve-context", type=int, default=256, metavar="N",
+                    help="the verify cost curve after a prompt of N tokens (the replay's steps run at 800-1600)")
     ap.add_argument("--history", type=int, default=0, metavar="N",
                     help="the suffix index first sees N other recorded sessions (whole turns), as a server "
                          "that served them would have (0: each replay starts from an empty index)")
@@ -342,7 +345,7 @@ def main():
         print(f"price: step {p['step_s'] * 1e3:.2f} ms + {p['per_position_s'] * 1e3:.3f} ms/position + "
               f"{p['per_expert_s'] * 1e6:.2f} us/expert")
     ks = [0, 1, 2, 4, 8] if args.max_draft >= 8 else list(range(args.max_draft + 1))
-    rows = cost_curve(llm, ks, vocab)
+    rows = cost_curve(llm, ks, vocab, context=args.curve_context)
     print("\nk   measured ms   predicted ms   pred/meas   experts/step   cost/plain")
     for k in ks:
         m, p, u = rows[k]

@@ -84,6 +84,34 @@ def test_every_kernel_path_at_long_context(isa, dtype):
     pool.close()
 
 
+def _row(meta, i: int) -> AttentionMetadata:
+    """Row i of a decode step's metadata as a step of its own."""
+    n = int(meta.context_lens[i])
+    return AttentionMetadata(
+        slot_mapping=meta.slot_mapping[i:i + 1], key_slots=meta.key_slots[i:i + 1, :n],
+        key_positions=meta.key_positions[i:i + 1, :n], query_index=torch.zeros(1, 1, dtype=torch.long),
+        query_positions=meta.query_positions[i:i + 1], num_tokens=1, context_lens=meta.context_lens[i:i + 1],
+        kernel_pool=meta.kernel_pool)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_gets_its_bits_alone_in_any_batch(threads, dtype):
+    """Batch invariance past the split-K threshold: a sequence's chunks follow its own key count,
+    so each row of a batch (a verify's drafted positions: 1100..1108 keys, beside other lengths)
+    equals that row run alone, bit for bit, and all agree with float64 attention."""
+    pool = CpuPool(kernels.load(), threads, small_job_bytes=0)
+    gen = torch.Generator().manual_seed(threads)
+    lens = [300, 1] + list(range(1100, 1109)) + [5000, 257]
+    q, k, v, cache, meta = _decode_step(lens, 32, 4, 128, dtype, gen, pool)
+    out = paged_attention(q, k, v, cache, meta, 128 ** -0.5)
+    torch.testing.assert_close(out.double(), _reference(q, cache, meta, 128 ** -0.5), atol=2e-6, rtol=2e-5)
+    for i in range(len(lens)):
+        one = paged_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], cache, _row(meta, i), 128 ** -0.5)
+        assert torch.equal(one[0], out[i]), (i, lens[i])
+    pool.close()
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("hq,hkv,d", [(16, 1, 80), (20, 1, 40), (14, 2, 96), (24, 2, 64), (3, 1, 8), (32, 4, 128)])

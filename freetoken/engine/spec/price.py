@@ -10,8 +10,9 @@ read at B_D: the measured mix of the current tier). The expected union of expert
 positions comes from recent routing (the RoutingObserver), with the union measured on a real
 Qwen3-30B-A3B trace as the prior (FACTS: 1 / 1.61 / 2.16 / 2.96 / 4.19 / 5.72x one token's
 experts for 1 / 2 / 3 / 5 / 9 / 17 positions). a, b, c are fitted online by least squares over
-recent steps, pulled toward a prior made from the bandwidth the experts backend measures, so
-the price follows the machine as it is now (another program on the memory bus, a colder cache).
+recent steps (robust to the steps another program preempted), pulled toward a prior made from
+the bandwidth the experts backend measures, so the price follows the machine as it is now
+(another program on the memory bus, a colder cache).
 """
 from __future__ import annotations
 
@@ -36,6 +37,28 @@ def _prior_union(n: int) -> float:
             return u0 + t * (u1 - u0)
     n0, u0 = pts[-1]
     return u0 * (n / n0) ** 0.5
+
+
+HUBER_K = 1.5          # residuals past 1.5 robust sigmas weigh less (Huber weights)
+TUKEY_C = 4.685        # and past 4.7 robust sigmas nothing (Tukey's biweight)
+
+
+def _robust_ridge(X: np.ndarray, y: np.ndarray, w: float, phi0: np.ndarray, rounds: int = 6) -> np.ndarray:
+    """Ridge regression toward phi0, robustly reweighted (Huber, then Tukey): a step another
+    program preempted runs milliseconds long, and the longer steps (the verifies) are preempted
+    more often, so plain least squares charged each extra position part of the load's delays."""
+    wts = np.ones(len(y))
+    for i in range(rounds):
+        Xw = X * wts[:, None]
+        phi = np.linalg.solve(Xw.T @ X + w * np.eye(X.shape[1]), Xw.T @ y + w * phi0)
+        r = y - X @ phi
+        # y is in units of the cheapest step: 0.1% of it is the least spread believed
+        sigma = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-3)
+        u = np.abs(r) / (sigma * (HUBER_K if i < rounds // 2 else TUKEY_C))
+        # Huber weights first (convex: from least squares' start it finds the bulk), then
+        # Tukey's (a step delayed by many sigmas weighs nothing: the delays are one-sided)
+        wts = np.minimum(1.0, 1.0 / np.maximum(u, 1e-30)) if i < rounds // 2 else np.clip(1 - u * u, 0, 1) ** 2
+    return phi
 
 
 class VerifyPrice:
@@ -102,9 +125,7 @@ class VerifyPrice:
         # ridge regression in units of the prior's spread (phi = theta / scale), seconds in units of t1
         X = np.column_stack([np.ones(len(s)), s[:, 0], s[:, 1]]) * scale / t1
         y = s[:, 2] / t1
-        A = X.T @ X + w * np.eye(3)
-        rhs = X.T @ y + w * (prior / scale)
-        self.theta = np.maximum(np.linalg.solve(A, rhs) * scale, 0.0)
+        self.theta = np.maximum(_robust_ridge(X, y, w, prior / scale) * scale, 0.0)
 
     def seconds(self, positions: int, experts: float | None = None) -> float:
         """Predicted step seconds for `positions` rows (their expected union when not given)."""

@@ -9,7 +9,10 @@
  * sinks (gpt-oss): one extra logit per query head in the denominator, its mass dropped.
  *
  * Split-K: work items are (sequence, kv head, chunk of keys), taken from a shared counter, so
- * one long sequence keeps every thread busy; each item leaves its G heads' unnormalized output,
+ * one long sequence keeps every thread busy. A sequence's chunks follow from its own key count
+ * and the pool's size only, never from the other rows of the call: a verify row (one query of a
+ * drafted position) then sums in the order of the decode step at its position, and a sequence
+ * decoded in a batch gets the bits it gets alone. Each item leaves its G heads' unnormalized output,
  * max and sum (flash-decoding), and after a barrier each (sequence, query head) merges its
  * chunks. Within an item, two passes over its keys in blocks of ATT_BLOCK rows: the scores of
  * all G query heads (the K block read once for the group), the softmax numerators, then the
@@ -28,7 +31,8 @@ typedef struct {
     const int64_t *slots; int64_t kmax; const int64_t *nkeys;
     float scale; const float *sinks;
     float *out;
-    int nch; int64_t chunk;                 /* chunks per (sequence, kv head), keys per chunk */
+    int nch; int64_t chunk;                 /* chunks of the longest sequence, and its keys per chunk */
+    int64_t want;                           /* chunks a sequence is split into at most (att_seq_chunk) */
     float *part;                            /* per item: G x (D + 2): unnormalized o, max m, sum l */
     float *tmp; int64_t tmp_stride;         /* per thread: scores, queries, accumulators, one block */
     _Atomic int next;
@@ -131,6 +135,14 @@ FORCE_INLINE void att_chunk(const att_job *A, int s, int h, int64_t j0, int64_t 
     }
 }
 
+/* Keys per chunk of a sequence of n keys: n split `want` ways, at least ATT_CHUNK_MIN (below
+ * that the merge costs more than the split saves), whole blocks. */
+static int64_t att_seq_chunk(int64_t n, int64_t want) {
+    int64_t chunk = (n + want - 1) / want;
+    chunk = chunk < ATT_CHUNK_MIN ? ATT_CHUNK_MIN : chunk;
+    return (chunk + ATT_BLOCK - 1) / ATT_BLOCK * ATT_BLOCK;
+}
+
 static void att_fn(void *a, int tid) {
     att_job *A = a;
     const int G = A->Hq / A->Hkv, D = A->D, items = A->S * A->Hkv * A->nch;
@@ -141,8 +153,8 @@ static void att_fn(void *a, int tid) {
 #endif
     for (int it; (it = atomic_fetch_add(&A->next, 1)) < items;) {
         const int c = it % A->nch, sh = it / A->nch, s = sh / A->Hkv, h = sh % A->Hkv;
-        const int64_t j0 = (int64_t)c * A->chunk, n = A->nkeys[s];
-        const int64_t j1 = j0 + A->chunk < n ? j0 + A->chunk : n;
+        const int64_t n = A->nkeys[s], chunk = att_seq_chunk(n, A->want), j0 = (int64_t)c * chunk;
+        const int64_t j1 = j0 + chunk < n ? j0 + chunk : n;
         float *part = A->part + (int64_t)it * G * (D + 2);
         if (j0 >= j1) {
             for (int g = 0; g < G; g++) { part[(int64_t)g * (D + 2) + D] = -INFINITY; part[(int64_t)g * (D + 2) + D + 1] = 0.f; }
@@ -186,13 +198,11 @@ int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D,
     const int G = Hq / Hkv;
     int64_t longest = 0, kv_rows = 0;
     for (int s = 0; s < S; s++) { kv_rows += nkeys[s]; longest = nkeys[s] > longest ? nkeys[s] : longest; }
-    /* enough items for ~4 per thread, chunks of at least ATT_CHUNK_MIN keys */
-    const int64_t pairs = (int64_t)S * Hkv, want = 4 * (int64_t)p->n;
-    int64_t nch = pairs >= want ? 1 : (want + pairs - 1) / pairs;
-    int64_t chunk = (longest + nch - 1) / nch;
-    chunk = chunk < ATT_CHUNK_MIN ? ATT_CHUNK_MIN : chunk;
-    chunk = (chunk + ATT_BLOCK - 1) / ATT_BLOCK * ATT_BLOCK;
-    nch = (longest + chunk - 1) / chunk;
+    /* one sequence alone makes ~4 items per thread; each sequence is cut by that rule whatever
+     * else is in the call (att_seq_chunk), so the longest has the most chunks */
+    const int64_t pairs = (int64_t)S * Hkv, want = (4 * (int64_t)p->n + Hkv - 1) / Hkv;
+    const int64_t chunk = att_seq_chunk(longest, want);
+    int64_t nch = (longest + chunk - 1) / chunk;
     if (nch < 1) nch = 1;
     const int64_t items = pairs * nch;
     const int Dp = (D + 31) & ~31;
@@ -202,7 +212,7 @@ int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D,
                                 + 2 * G + 31) & ~(int64_t)15;
     float *mem = (float *)scratch(p, (size_t)(part_floats + tmp_stride * p->n + 16) * 4);
     if (!mem) return -2;
-    att_job A = {q, S, Hq, Hkv, D, Dp, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, (int)nch, chunk,
+    att_job A = {q, S, Hq, Hkv, D, Dp, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, (int)nch, chunk, want,
                  mem, mem + ((part_floats + 15) & ~(int64_t)15), tmp_stride, 0, p};
     pool_run_sized(p, att_fn, &A, kv_rows * 2 * Hkv * D * (kvt == XT_F32 ? 4 : 2));
     return 0;
