@@ -166,6 +166,18 @@ def _cached(cache: os.PathLike | None, what: str, flags: frozenset[str], threads
     return t
 
 
+def _calibrated(cache: os.PathLike | None, what: str, flags: frozenset[str], threads: int,
+                measure: Callable[[], dict], pick: Callable[[dict], object]) -> tuple[object, dict]:
+    """(pick(timings), timings) from `_cached`; an unreadable cache entry (pick cannot read it)
+    is measured again, uncached."""
+    t = _cached(cache, what, flags, threads, measure)
+    try:
+        return pick(t), t
+    except (KeyError, TypeError, ValueError):
+        t = measure()
+        return pick(t), t
+
+
 PREFILL_GEMMS = ("float32", "bfloat16", "amx", "vdpbf16ps")     # EngineConfig.prefill_gemm's forced values
 _GEMM_KEYS = {"fp32": "float32", "bf16": "bfloat16", "amx": "amx", "vdpbf16ps": "vdpbf16ps"}
 
@@ -182,12 +194,9 @@ def prefill_gemm_choice(requested: str, activations: torch.dtype, *, kernels: bo
     own = "float32" if activations == torch.float32 else "bfloat16"
     if requested != "auto" or not kernels or not flags & NATIVE_BF16:
         return own, None, None
-    t = _cached(cache, "gemm2:m256n2048k2048:e64n1536k2048", flags, threads, lambda: measure(threads))
-    try:
-        return _pick_gemm(t) + (t,)
-    except (KeyError, TypeError, ValueError):       # an unreadable cache entry: measure again, uncached
-        t = measure(threads)
-        return _pick_gemm(t) + (t,)
+    pick, t = _calibrated(cache, "gemm2:m256n2048k2048:e64n1536k2048", flags, threads, lambda: measure(threads),
+                          _pick_gemm)
+    return pick + (t,)
 
 
 def _pick_gemm(t: dict) -> tuple[str, str | None]:
@@ -262,13 +271,8 @@ def bf16_dot_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
             or isa_level(flags) != "avx512":
         return False, None
     # keyed per CPU model: vCPUs with the same flags differ in it
-    t = _cached(cache, f"bf16dot:decode-dram-attn4096:{cpu_model()}:{threads}", flags, threads,
-                lambda: measure(threads))
-    try:
-        return t["bf16"] < t["fp32"], t
-    except (KeyError, TypeError):
-        t = measure(threads)
-        return t["bf16"] < t["fp32"], t
+    return _calibrated(cache, f"bf16dot:decode-dram-attn4096:{cpu_model()}:{threads}", flags, threads,
+                       lambda: measure(threads), lambda t: t["bf16"] < t["fp32"])
 
 
 AMX_FLAGS = frozenset({"amx_bf16", "amx_tile"})
@@ -313,13 +317,8 @@ def amx_gemv_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
         return forced == "amx" and kernels and weights == torch.bfloat16, None
     if requested != "auto" or not kernels or weights != torch.bfloat16 or not AMX_FLAGS <= flags:
         return False, None
-    t = _cached(cache, f"amxgemv:dram-m1-4-16:{cpu_model()}:{threads}:dot{int(bf16_dot)}", flags, threads,
-                lambda: measure(threads, bf16_dot))
-    try:
-        return "amx" in t and t["amx"] < t["dots"], t
-    except (KeyError, TypeError):
-        t = measure(threads, bf16_dot)
-        return "amx" in t and t["amx"] < t["dots"], t
+    return _calibrated(cache, f"amxgemv:dram-m1-4-16:{cpu_model()}:{threads}:dot{int(bf16_dot)}", flags, threads,
+                       lambda: measure(threads, bf16_dot), lambda t: "amx" in t and t["amx"] < t["dots"])
 
 
 @dataclass(frozen=True)
