@@ -52,7 +52,8 @@ FT = textwrap.dedent("""
         from freetoken.experts.disk.integrity import ExpertFileWatch
         ExpertFileWatch.open = classmethod(lambda cls, layout: None)
     fd = os.open(path, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
-    opts = dict(host_cache_gib=cache_gib) if mode == "disk" else dict(expert_tier="ram")
+    # a host cache of 0 GiB: the memory plan sizes it (under a cgroup limit: what fits there)
+    opts = (dict(host_cache_gib=cache_gib) if cache_gib > 0 else dict(expert_tier="disk")) if mode == "disk" else dict(expert_tier="ram")
     if policy:
         opts["expert_cache_policy"] = policy
     if mode == "disk" and len(sys.argv) > 8:      # --lookahead / --direct-io / --io-threads / --lookahead-depth
@@ -295,7 +296,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--cache-share", type=float, default=None,
-                    help="host cache as a share of the pool (default 0.5; startup: 0.1)")
+                    help="host cache as a share of the pool (default 0.5, or under --cgroup-mib the engine's plan; startup: 0.1)")
     ap.add_argument("--cgroup-mib", type=int, default=None,
                     help="run every engine under a cgroup-v1 memory limit of this many MiB")
     ap.add_argument("--no-llamacpp", action="store_true")
@@ -333,7 +334,10 @@ def main():
         startup(argparse.Namespace(**{**vars(args), "prompt_tokens": args.prompt_tokens or 4}), pool_gib * share, vocab)
         if "decode" not in steps:
             return
-    args.cache_share = 0.5 if args.cache_share is None else args.cache_share
+    # under a memory limit without --cache-share, the engine's own plan sizes the host cache
+    # (what a user gets); otherwise half the pool, forced
+    planned = args.cgroup_mib is not None and args.cache_share is None
+    args.cache_share = 0.0 if planned else 0.5 if args.cache_share is None else args.cache_share
     args.prompt_tokens = args.prompt_tokens or 64
     cache_gib = pool_gib * args.cache_share
     if args.verify == "ab":
@@ -352,8 +356,9 @@ def main():
         have_ll = not args.no_llamacpp and importlib.util.find_spec("llama_cpp") is not None
         if "startup" not in steps:
             print(isa_line(args.threads))
-        print(f"model {args.gguf.name}: expert pool {pool_gib:.2f} GiB, host cache {cache_gib:.2f} GiB "
-              f"({args.cache_share:.0%}), cgroup {args.cgroup_mib or 'none'} MiB, {args.prompt_tokens}-token prompt, "
+        hc = "sized by the memory plan under the limit" if planned else f"{cache_gib:.2f} GiB ({args.cache_share:.0%})"
+        print(f"model {args.gguf.name}: expert pool {pool_gib:.2f} GiB, host cache {hc}, "
+              f"cgroup {args.cgroup_mib or 'none'} MiB, {args.prompt_tokens}-token prompt, "
               f"{args.decode} decoded, {args.threads} threads")
         rows: dict[str, list[dict]] = {"resident": [], "disk": [], "llama.cpp mmap": []}
         for r in range(args.rounds):
@@ -382,7 +387,8 @@ def main():
             print(f"round {r}: resident {tok_s(res)}, disk tier {tok_s(disk)} ({ratio(disk, res)}), llama.cpp mmap "
                   f"{tok_s(ll)}; disk vs llama.cpp {ratio(disk, ll)}; tokens identical to resident: "
                   f"{same if 'tokens' in disk and 'tokens' in res else 'n/a'}; host-cache hit rate "
-                  f"{(disk.get('host_cache') or {}).get('hit_rate', 0):.1%}, "
+                  f"{(disk.get('host_cache') or {}).get('hit_rate', 0):.1%} of "
+                  f"{(disk.get('host_cache') or {}).get('gib', 0):.2f} GiB, "
                   f"{(disk.get('disk') or {}).get('bytes_read', 0) / 1e9:.2f} GB read, "
                   f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token, next-layer guesses used "
                   f"{(disk.get('host_cache') or {}).get('prefetch_hit_rate', 0):.0%} "

@@ -239,3 +239,19 @@ def test_host_cache_that_cannot_fit_under_the_limit_is_refused_or_shrunk(tiny_di
         _moe_plan(tiny_dir, limit, "cgroup limit", expert_tier="ram")
     s, _ = _moe_plan(tiny_dir, limit, "MemTotal", expert_tier="ram")          # not a hard limit: a warning
     assert s.expert_tier == "ram"
+
+
+def test_forced_tier_default_size_keeps_the_headroom_under_a_limit(tiny_dir):
+    """The disk tier forced without a size (half the pool) fits the cgroup limit but not the
+    budget the headroom leaves: it shrinks to the budget, so the KV cache and context keep
+    their room (a 10 GiB cgroup once left a 32-token context)."""
+    from freetoken.experts.disk.plan import PROCESS_FLOOR
+    _, plan = _moe_plan(tiny_dir, 64 * GiB, "MemTotal", expert_tier="disk")
+    pool = next(i.nbytes for i in plan.items if i.name == "expert pool")
+    dense = next(i.nbytes for i in plan.items if i.name == "dense weights")
+    limit = PROCESS_FLOOR + dense + pool                              # half the pool fits under the limit
+    headroom = 0.75 * pool / GiB                                      # ... a quarter of it in the budget
+    s, plan = _moe_plan(tiny_dir, limit, "cgroup limit", expert_tier="disk", memory_headroom_gib=headroom)
+    cache = next(i.nbytes for i in plan.items if i.name == "host expert cache")
+    assert 0 < cache <= pool // 4 and any("shrunk" in w for w in plan.warnings)
+    assert plan.used("host") <= plan.available["host"] and s.max_model_len == 64

@@ -13,7 +13,8 @@ the process holds past one is an OOM kill, not a slowdown. So a host cache whose
 given (host_cache_gib / host_cache_slots) and does not fit under the limit beside the dense
 weights and the process's own floor (`PROCESS_FLOOR`: Python, torch, the kernels, KV and
 activations of a short context) is refused in one line; the forced tier's default size (a
-share of the pool) is shrunk to what fits (the auto tier's is a share of the budget, which
+share of the pool) is shrunk to what fits in the budget (the limit less the headroom) beside the dense
+weights and that floor (the auto tier's is a share of the budget, which
 the headroom already keeps under the limit); `expert_tier=ram` with a pool that cannot fit under a cgroup limit is refused."""
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ def disk_tier(cfg, n_experts: int, moe_layers: int, S: int, pool: int, dense: in
         f"{budget / GiB:.2f} GiB; experts are read from the model file into a host cache of "
         f"{slots * S / GiB:.2f} GiB ({slots} of {n_experts} experts)")
     room = None if limit is None else limit - dense - PROCESS_FLOOR
+    if forced and not sized:      # a default size: within the budget (the headroom kept), not only the limit
+        room = min(budget, limit if limit is not None else budget) - dense - PROCESS_FLOOR
     if room is not None and slots * S > room and (sized or forced):      # (auto: sized from the budget already)
         if sized:
             raise MemoryLimitError(
@@ -67,8 +70,9 @@ def disk_tier(cfg, n_experts: int, moe_layers: int, S: int, pool: int, dense: in
                 f"(the process needs ~{PROCESS_FLOOR / GiB:.2f} GiB besides); at most "
                 f"{max(0, room) / GiB:.2f} GiB fits")
         fit = max(1, min(slots, max(0, room) // S))
-        line = (f"experts: a host cache of {slots * S / GiB:.2f} GiB does not fit under the {limit_source} of "
-                f"{limit / GiB:.2f} GiB beside the dense weights ({dense / GiB:.2f} GiB); shrunk to "
+        line = (f"experts: a host cache of {slots * S / GiB:.2f} GiB does not fit in the {budget / GiB:.2f} GiB "
+                f"budget ({limit_source} {(limit or budget) / GiB:.2f} GiB less the headroom) beside the dense "
+                f"weights ({dense / GiB:.2f} GiB); shrunk to "
                 f"{fit * S / GiB:.2f} GiB ({fit} of {n_experts} experts)")
         slots = fit
     return DiskTier(slots, slots * S, line)
