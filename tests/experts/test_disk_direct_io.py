@@ -161,3 +161,66 @@ def test_eio_or_short_read_is_a_clear_error_for_that_expert(tmp_path, monkeypatc
         assert cache.stats()["read_errors"] == 1
     finally:
         cache.close()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_sector_offset_pieces_land_in_their_slots_with_no_copy(tmp_path, threads):
+    """A GGUF's expert pieces start 32 bytes past a sector boundary: the slots' frames put
+    each row at that lead (host_rows.py), so every piece's aligned span is read straight into
+    its slot, none through the bounce buffer; the rows hold exactly the file's bytes, the
+    frames' padding never leaks into a neighbour, and the piece that ends at the end of the
+    file (its span reaching past it) reads whole."""
+    lay, want = _layout(tmp_path / "f.bin", 3 * 4096, 3 * 4096, 32)
+    end = max(int(pc.offsets.max()) + pc.nbytes for b in lay.banks.values() for pc in b.pieces)
+    os.truncate(lay.paths[0], end)
+    bounced = []
+    real = direct.Bounce.get
+    direct.Bounce.get = lambda self, n: (bounced.append(n), real(self, n))[1]
+    cache = HostExpertCache(lay, 3, "lru", threads=threads, direct_io="on")
+    try:
+        for k in ("a", "b"):
+            bank = cache.banks[k]
+            assert bank.stride(0) > 3 * 4096 and bank[0].data_ptr() % 512 == 32, "rows not framed at the lead"
+        _check_all(cache, want)
+        cache.prefetch(np.arange(L * E))
+        cache.drain()
+        cache.check()
+        _check_all(cache, want)
+        assert not bounced, f"{len(bounced)} pieces went through the bounce buffer"
+    finally:
+        direct.Bounce.get = real
+        cache.close()
+
+
+@pytest.mark.parametrize("fault", ["truncated", "eio", "short"])
+def test_framed_read_failures_are_clear_errors(tmp_path, monkeypatch, fault):
+    """Reads straight into a slot's frame fail as clearly as the others: a file truncated
+    under the reader, an EIO and a short count are an ExpertReadError for that expert only."""
+    lay, want = _layout(tmp_path / "f.bin", 3 * 4096, 3 * 4096, 32)
+    cache = HostExpertCache(lay, 3, "lru", threads=2, direct_io="on")
+    try:
+        assert cache.banks["a"][0].data_ptr() % 512 == 32
+        bad = int(np.argmax(lay.banks["b"].pieces[0].offsets))          # the last piece in the file
+        bad_off = int(lay.banks["b"].pieces[0].offsets[bad])
+        if fault == "truncated":
+            os.truncate(lay.paths[0], bad_off + 100)
+        else:
+            real = os.preadv
+
+            def faulty(fd, bufs, off):          # the read that starts at the bad piece (a span
+                if off <= bad_off < off + 4096:  # before it may reach into its first bytes)
+                    if fault == "eio":
+                        raise OSError(errno.EIO, "Input/output error")
+                    return 100                   # a count short of a block: the file ended
+                return real(fd, bufs, off)
+            monkeypatch.setattr(os, "preadv", faulty)
+        msg = {"truncated": "truncated", "eio": "Input/output error", "short": "truncated"}[fault]
+        with pytest.raises(ExpertReadError, match=f"expert {bad % E} of MoE layer {bad // E}.*{msg}|{msg}.*expert {bad % E} of MoE layer {bad // E}"):
+            cache.acquire(np.array([bad]))
+        cache.check()
+        for f in (f for f in range(L * E) if f != bad):
+            n, slots = cache.acquire(np.array([f]))
+            assert np.array_equal(cache.banks["a"][slots[0]].numpy(), want[f]["a"])
+            cache.release(slots)
+    finally:
+        cache.close()
