@@ -224,3 +224,42 @@ def test_framed_read_failures_are_clear_errors(tmp_path, monkeypatch, fault):
             cache.release(slots)
     finally:
         cache.close()
+
+
+def test_narrower_rows_read_into_the_slot_and_spread_out(tmp_path):
+    """llama.cpp's Q4_K_M: one layer's rows narrower than the bank's (`pitch`): the packed
+    piece is read into the slot's frame and each row moved out to the bank's pitch in place,
+    the padding zeroed; the other layer's full-width rows land directly; none bounce."""
+    rows, rb, pitch = 64, 96, 160
+    n = L * E
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, 32 + n * rows * pitch + 512, dtype=np.uint8)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data.tobytes())
+    narrow = np.arange(n) < E                                  # layer 0: narrow rows, layer 1: full width
+    off = 32 + np.arange(n, dtype=np.int64) * rows * pitch     # every piece 32 bytes past a sector
+    files_n = np.where(narrow, 0, -1).astype(np.int32)
+    files_w = np.where(narrow, -1, 0).astype(np.int32)
+    pieces = [Piece(files_n, off, rows * rb, 0, rows=rows, pitch=pitch), Piece(files_w, off, rows * pitch, 0)]
+    lay = DiskLayout([path], {"c": BankLayout(torch.uint8, (rows, pitch), pieces)}, L, E, ExpertSpec(8, 8))
+    want = {}
+    for f in range(n):
+        if narrow[f]:
+            w = np.zeros((rows, pitch), np.uint8)
+            w[:, :rb] = data[off[f]:off[f] + rows * rb].reshape(rows, rb)
+        else:
+            w = data[off[f]:off[f] + rows * pitch].reshape(rows, pitch)
+        want[f] = w
+    bounced = []
+    real = direct.Bounce.get
+    direct.Bounce.get = lambda self, k: (bounced.append(k), real(self, k))[1]
+    cache = HostExpertCache(lay, 2, "lru", threads=2, direct_io="on")
+    try:
+        for f in [*range(n), *range(n)]:                      # each slot holds narrow and wide rows in turn
+            _, slots = cache.acquire(np.array([f]))
+            assert np.array_equal(cache.banks["c"][slots[0]].numpy(), want[f]), f
+            cache.release(slots)
+        assert not bounced
+    finally:
+        direct.Bounce.get = real
+        cache.close()

@@ -100,8 +100,9 @@ class ExpertReader:
                     continue
                 fi, off = int(pc.files[flat]), int(pc.offsets[flat])
                 direct = pc.file_dtype is None and not pc.pitch          # the bytes are the row's bytes
-                framed = (fr[0], fr[1] + pc.dst) if direct and fr is not None else None
-                buf, got = self._piece(fi, off, pc.nbytes, None, framed)
+                framed = (fr[0], fr[1] + pc.dst) if pc.file_dtype is None and fr is not None else None
+                buf, got = self._piece(fi, off, pc.nbytes, None, framed) if framed else (None, 0)
+                in_frame = buf is not None
                 if buf is None:                      # not framed: into the row, or via a buffer
                     row = _bytes_of(dst[name]) if row is None else row
                     buf, got = self._piece(fi, off, pc.nbytes, row[pc.dst:pc.dst + pc.nbytes] if direct else None)
@@ -112,10 +113,12 @@ class ExpertReader:
                         f"{off}..{off + pc.nbytes} but the file has {os.fstat(self.fds[fi]).st_size}")
                 if h is not None:
                     h.update(buf)
-                if row is not None and direct:
+                if direct and not in_frame:
                     dst_view = row[pc.dst:pc.dst + pc.nbytes]
                     if buf is not dst_view and not _same(buf, dst_view):   # came through the bounce buffer
                         _copy(dst_view, buf)
+                elif not direct and in_frame:        # narrower ggml rows, packed at the row's start
+                    self._spread(fr[0][fr[1]:fr[1] + bank.row_nbytes], pc)
                 elif not direct:
                     self._place(bank, pc, buf, dst[name])
                 total += pc.nbytes
@@ -170,6 +173,17 @@ class ExpertReader:
         flat = dst.view(torch.uint8).view(-1).numpy()[pc.dst:pc.dst + pc.rows * pc.pitch].reshape(pc.rows, pc.pitch)
         flat[:, :rb] = np.frombuffer(buf, np.uint8).reshape(pc.rows, rb)
         flat[:, rb:] = 0
+
+    @staticmethod
+    def _spread(row: memoryview, pc) -> None:
+        """A piece of narrower ggml rows read packed into its place in the row: each row moved
+        out to the bank's pitch, in place (numpy copies overlapping views through a temporary:
+        the bytes just hashed, in cache), the padding zeroed."""
+        rb = pc.nbytes // pc.rows
+        u8 = np.frombuffer(row, np.uint8)
+        out = u8[pc.dst:pc.dst + pc.rows * pc.pitch].reshape(pc.rows, pc.pitch)
+        out[:, :rb] = u8[pc.dst:pc.dst + pc.nbytes].reshape(pc.rows, rb)
+        out[:, rb:] = 0
 
     def close(self) -> None:
         for fd in (*self.fds, *self.dfds):

@@ -84,7 +84,8 @@ class HostRows:
 def frame_of(bank, align: int) -> tuple[int, int | None]:
     """(lead, stride) of a bank's slot frames (`HostRows`) for O_DIRECT reads at `align`: the
     lead most of its pieces' file offsets share modulo `align` (those read straight into the
-    slot; the others go through the bounce buffer); (0, None), today's packed rows, where
+    slot, narrower ggml rows packed and then spread out in place; the others go through the
+    bounce buffer); (0, None), today's packed rows, where
     reads are not direct or an expert has two pieces in one row (a span would overwrite the
     other's bytes)."""
     if align <= 1:
@@ -93,8 +94,7 @@ def frame_of(bank, align: int) -> tuple[int, int | None]:
     active = sum((pc.files >= 0).astype(np.int64) for pc in bank.pieces)
     if not len(bank.pieces) or int(np.max(active, initial=0)) > 1:
         return 0, None
-    res = [((pc.offsets - pc.dst) % align)[pc.files >= 0] for pc in bank.pieces
-           if pc.file_dtype is None and not pc.pitch]
+    res = [((pc.offsets - pc.dst) % align)[pc.files >= 0] for pc in bank.pieces if pc.file_dtype is None]
     res = np.concatenate(res) if res else np.empty(0, np.int64)
     if not len(res):
         return 0, None
