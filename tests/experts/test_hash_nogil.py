@@ -19,7 +19,7 @@ def update(request):
         yield None
         return
     was = hash_nogil._update
-    hash_nogil.use_update(request.param)
+    hash_nogil._update = getattr(hash_nogil._LIB, request.param)
     yield request.param
     hash_nogil._update = was
 

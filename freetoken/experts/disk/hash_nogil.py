@@ -23,9 +23,9 @@ def _library():
         lib.XXH3_createState.restype = ctypes.c_void_p
         lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
         lib.XXH3_64bits_reset.argtypes = [ctypes.c_void_p]
-        for name in ("XXH3_64bits_update", "XXH3_64bits_update_dispatch"):
-            if hasattr(lib, name):
-                getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        lib.XXH3_64bits_update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        if hasattr(lib, "XXH3_64bits_update_dispatch"):     # (xxhash's x86 dispatch: not on every build)
+            lib.XXH3_64bits_update_dispatch.argtypes = lib.XXH3_64bits_update.argtypes
         lib.XXH3_64bits_digest.argtypes = [ctypes.c_void_p]
         lib.XXH3_64bits_digest.restype = ctypes.c_uint64
         return lib
@@ -36,14 +36,6 @@ def _library():
 _LIB = _library()
 UPDATES = [n for n in ("XXH3_64bits_update_dispatch", "XXH3_64bits_update") if _LIB is not None and hasattr(_LIB, n)]
 _update = getattr(_LIB, UPDATES[0]) if UPDATES else None     # the widest SIMD first (tests force each)
-
-
-def use_update(name: str) -> None:
-    """Tests: hash with the library's update function `name` (one of UPDATES)."""
-    global _update
-    if name not in UPDATES:
-        raise ValueError(f"xxh3 update must be one of {UPDATES}, got {name!r}")
-    _update = getattr(_LIB, name)
 
 
 class Xxh3NoGil:
