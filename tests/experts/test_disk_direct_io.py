@@ -263,3 +263,32 @@ def test_narrower_rows_read_into_the_slot_and_spread_out(tmp_path):
     finally:
         direct.Bounce.get = real
         cache.close()
+
+
+def test_a_4k_sector_disk_is_probed_and_still_read_in_place(tmp_path, monkeypatch):
+    """A disk whose O_DIRECT reads need 4096-byte offsets, lengths and memory (emulated: any
+    other direct read is refused with EINVAL, as the kernel does): the probe finds 4096, the
+    frames follow it, and the pieces still land in their slots exactly, none bounced."""
+    import fcntl
+    real = os.preadv
+
+    def sector_4k(fd, bufs, off):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            n = sum(len(b) for b in bufs)
+            if off % 4096 or n % 4096 or any(direct.address(memoryview(b)) % 4096 for b in bufs):
+                raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(os, "preadv", sector_4k)
+    lay, want = _layout(tmp_path / "f.bin", 3 * 4096, 3 * 4096, 32)
+    bounced = []
+    real_get = direct.Bounce.get
+    monkeypatch.setattr(direct.Bounce, "get", lambda self, n: (bounced.append(n), real_get(self, n))[1])
+    cache = HostExpertCache(lay, 3, "lru", threads=2, direct_io="on")
+    try:
+        assert cache.reader.aligns == [4096]
+        assert cache.banks["a"].stride(0) % 4096 == 0 and cache.banks["a"][0].data_ptr() % 4096 == 32
+        _check_all(cache, want)
+        assert not bounced
+    finally:
+        cache.close()
