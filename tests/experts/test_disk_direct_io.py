@@ -161,3 +161,134 @@ def test_eio_or_short_read_is_a_clear_error_for_that_expert(tmp_path, monkeypatc
         assert cache.stats()["read_errors"] == 1
     finally:
         cache.close()
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_sector_offset_pieces_land_in_their_slots_with_no_copy(tmp_path, threads):
+    """A GGUF's expert pieces start 32 bytes past a sector boundary: the slots' frames put
+    each row at that lead (host_rows.py), so every piece's aligned span is read straight into
+    its slot, none through the bounce buffer; the rows hold exactly the file's bytes, the
+    frames' padding never leaks into a neighbour, and the piece that ends at the end of the
+    file (its span reaching past it) reads whole."""
+    lay, want = _layout(tmp_path / "f.bin", 3 * 4096, 3 * 4096, 32)
+    end = max(int(pc.offsets.max()) + pc.nbytes for b in lay.banks.values() for pc in b.pieces)
+    os.truncate(lay.paths[0], end)
+    bounced = []
+    real = direct.Bounce.get
+    direct.Bounce.get = lambda self, n: (bounced.append(n), real(self, n))[1]
+    cache = HostExpertCache(lay, 3, "lru", threads=threads, direct_io="on")
+    try:
+        for k in ("a", "b"):
+            bank = cache.banks[k]
+            assert bank.stride(0) > 3 * 4096 and bank[0].data_ptr() % 512 == 32, "rows not framed at the lead"
+        _check_all(cache, want)
+        cache.prefetch(np.arange(L * E))
+        cache.drain()
+        cache.check()
+        _check_all(cache, want)
+        assert not bounced, f"{len(bounced)} pieces went through the bounce buffer"
+    finally:
+        direct.Bounce.get = real
+        cache.close()
+
+
+@pytest.mark.parametrize("fault", ["truncated", "eio", "short"])
+def test_framed_read_failures_are_clear_errors(tmp_path, monkeypatch, fault):
+    """Reads straight into a slot's frame fail as clearly as the others: a file truncated
+    under the reader, an EIO and a short count are an ExpertReadError for that expert only."""
+    lay, want = _layout(tmp_path / "f.bin", 3 * 4096, 3 * 4096, 32)
+    cache = HostExpertCache(lay, 3, "lru", threads=2, direct_io="on")
+    try:
+        assert cache.banks["a"][0].data_ptr() % 512 == 32
+        bad = int(np.argmax(lay.banks["b"].pieces[0].offsets))          # the last piece in the file
+        bad_off = int(lay.banks["b"].pieces[0].offsets[bad])
+        if fault == "truncated":
+            os.truncate(lay.paths[0], bad_off + 100)
+        else:
+            real = os.preadv
+
+            def faulty(fd, bufs, off):          # the read that starts at the bad piece (a span
+                if off <= bad_off < off + 4096:  # before it may reach into its first bytes)
+                    if fault == "eio":
+                        raise OSError(errno.EIO, "Input/output error")
+                    return 100                   # a count short of a block: the file ended
+                return real(fd, bufs, off)
+            monkeypatch.setattr(os, "preadv", faulty)
+        msg = {"truncated": "truncated", "eio": "Input/output error", "short": "truncated"}[fault]
+        with pytest.raises(ExpertReadError, match=f"expert {bad % E} of MoE layer {bad // E}.*{msg}|{msg}.*expert {bad % E} of MoE layer {bad // E}"):
+            cache.acquire(np.array([bad]))
+        cache.check()
+        for f in (f for f in range(L * E) if f != bad):
+            n, slots = cache.acquire(np.array([f]))
+            assert np.array_equal(cache.banks["a"][slots[0]].numpy(), want[f]["a"])
+            cache.release(slots)
+    finally:
+        cache.close()
+
+
+def test_narrower_rows_read_into_the_slot_and_spread_out(tmp_path):
+    """llama.cpp's Q4_K_M: one layer's rows narrower than the bank's (`pitch`): the packed
+    piece is read into the slot's frame and each row moved out to the bank's pitch in place,
+    the padding zeroed; the other layer's full-width rows land directly; none bounce."""
+    rows, rb, pitch = 64, 96, 160
+    n = L * E
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 256, 32 + n * rows * pitch + 512, dtype=np.uint8)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data.tobytes())
+    narrow = np.arange(n) < E                                  # layer 0: narrow rows, layer 1: full width
+    off = 32 + np.arange(n, dtype=np.int64) * rows * pitch     # every piece 32 bytes past a sector
+    files_n = np.where(narrow, 0, -1).astype(np.int32)
+    files_w = np.where(narrow, -1, 0).astype(np.int32)
+    pieces = [Piece(files_n, off, rows * rb, 0, rows=rows, pitch=pitch), Piece(files_w, off, rows * pitch, 0)]
+    lay = DiskLayout([path], {"c": BankLayout(torch.uint8, (rows, pitch), pieces)}, L, E, ExpertSpec(8, 8))
+    want = {}
+    for f in range(n):
+        if narrow[f]:
+            w = np.zeros((rows, pitch), np.uint8)
+            w[:, :rb] = data[off[f]:off[f] + rows * rb].reshape(rows, rb)
+        else:
+            w = data[off[f]:off[f] + rows * pitch].reshape(rows, pitch)
+        want[f] = w
+    bounced = []
+    real = direct.Bounce.get
+    direct.Bounce.get = lambda self, k: (bounced.append(k), real(self, k))[1]
+    cache = HostExpertCache(lay, 2, "lru", threads=2, direct_io="on")
+    try:
+        for f in [*range(n), *range(n)]:                      # each slot holds narrow and wide rows in turn
+            _, slots = cache.acquire(np.array([f]))
+            assert np.array_equal(cache.banks["c"][slots[0]].numpy(), want[f]), f
+            cache.release(slots)
+        assert not bounced
+    finally:
+        direct.Bounce.get = real
+        cache.close()
+
+
+def test_a_4k_sector_disk_is_probed_and_still_read_in_place(tmp_path, monkeypatch):
+    """A disk whose O_DIRECT reads need 4096-byte offsets, lengths and memory (emulated: any
+    other direct read is refused with EINVAL, as the kernel does): the probe finds 4096, the
+    frames follow it, and the pieces still land in their slots exactly, none bounced."""
+    import fcntl
+    real = os.preadv
+
+    def sector_4k(fd, bufs, off):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            n = sum(len(b) for b in bufs)
+            if off % 4096 or n % 4096 or any(direct.address(memoryview(b)) % 4096 for b in bufs):
+                raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(os, "preadv", sector_4k)
+    lay, want = _layout(tmp_path / "f.bin", 3 * 4096, 3 * 4096, 32)
+    bounced = []
+    real_get = direct.Bounce.get
+    monkeypatch.setattr(direct.Bounce, "get", lambda self, n: (bounced.append(n), real_get(self, n))[1])
+    cache = HostExpertCache(lay, 3, "lru", threads=2, direct_io="on")
+    try:
+        assert cache.reader.aligns == [4096]
+        assert cache.banks["a"].stride(0) % 4096 == 0 and cache.banks["a"][0].data_ptr() % 4096 == 32
+        _check_all(cache, want)
+        assert not bounced
+    finally:
+        cache.close()

@@ -184,7 +184,7 @@ def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path, ove
     @settings(max_examples=10, deadline=None)
     @given(delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002, 0.004]), min_size=16, max_size=16))
     def check(delays):
-        reader.read = lambda flat, dst: (time.sleep(delays[flat % 16]), read(flat, dst))[1]
+        reader.read = lambda flat, *a: (time.sleep(delays[flat % 16]), read(flat, *a))[1]
         g_logits, g_gens = _outputs(llm)
         assert torch.equal(g_logits, logits)
         assert [c.token_ids for c in g_gens] == [c.token_ids for c in gens]

@@ -6,6 +6,7 @@ expert's bytes, and a shrink gives its pages back to the OS."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -102,3 +103,22 @@ def test_shrink_returns_memory_and_grow_reuses_the_mapping():
     assert int(grown[4:].max()) == 0, "the shrunk tail's pages were kept (a shared map's DONTNEED), not given back"
     bigger = rows.resize(np.array([0, 2]), 300)     # past it: a new mapping, survivors copied
     assert rows.mapped_nbytes == 300 * 256 * 1024 and [int(bigger[i, 5, 5]) for i in range(2)] == [1, 3]
+
+
+def test_framed_rows_keep_their_lead_through_shrink_and_grow():
+    """Rows framed for O_DIRECT (a 32-byte lead, a 512-multiple stride): each row sits at its
+    frame's lead, and a shrink or a grow past the mapping keeps the survivors' bytes there."""
+    row, lead, stride = (3, 100), 32, 512
+    rows = HostRows(8, row, torch.uint8, lead, stride)
+    data = torch.randint(0, 256, (8, *row), dtype=torch.uint8)
+    rows.bank.copy_(data)
+    for s in range(8):
+        assert bytes(rows.frame(s)[lead:lead + 300]) == data[s].numpy().tobytes()
+    keep = np.array([1, 4, 6])
+    for slots in (3, 50):                          # shrink in place, then grow past the mapping
+        bank = rows.resize(keep if slots == 3 else np.arange(3), slots)
+        assert bank.stride(0) == stride and torch.equal(bank[:3], data[keep])
+        for i in range(3):
+            assert bytes(rows.frame(i)[lead:lead + 300]) == data[keep[i]].numpy().tobytes()
+    with pytest.raises(ValueError, match="do not frame"):
+        HostRows(2, row, torch.uint8, 300, 512)

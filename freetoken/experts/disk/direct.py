@@ -3,11 +3,14 @@
 A buffered `pread` copies every byte twice through RAM (disk -> page cache -> slot) and then
 has to drop the page-cache copy again (fadvise DONTNEED); on a 2-core box that copy is CPU
 time the kernels do not get. With O_DIRECT the device DMAs into an aligned user buffer:
-offset, length and buffer address must be multiples of the logical block size (4096 covers
-every common disk). An expert piece of a GGUF sits at an arbitrary offset, so it is read as the
-aligned span around it into a per-thread aligned bounce buffer and the piece copied out of it
-(one copy, where buffered reads make two); a piece whose offset, length and destination are
-all aligned is read straight into the slot (no copy at all).
+offset, length and buffer address must be multiples of the disk's direct-I/O alignment (its
+logical block size, 512 on most disks; `dio_align` finds it with one probe read, 4096 covers
+every common disk). An expert piece of a GGUF sits at an arbitrary offset (32 bytes past a
+sector boundary in llama.cpp's files), so it is read as the aligned span around it: straight
+into the host cache's slot where the slot's frame is laid out for it (host_rows.py: the row
+starts at the piece's offset modulo the alignment, the span's extra head and tail bytes land
+in the frame's own padding, `read_span`), else into a per-thread aligned bounce buffer and the
+piece copied out of it (one copy, where buffered reads make two).
 
 Where the filesystem refuses O_DIRECT (tmpfs, some FUSE/overlay mounts: open or the first
 read fails with EINVAL), "auto" falls back to buffered reads; "on" is an error there.
@@ -54,6 +57,35 @@ def open_direct(path, mode: str) -> int | None:
     return fd
 
 
+def dio_align(fd: int) -> int:
+    """The smallest alignment (512, 1024, 2048 or 4096) this O_DIRECT fd reads at: offset,
+    length and memory all at that multiple (one probe read each); ALIGN where the file is too
+    small to tell."""
+    if os.fstat(fd).st_size < 2 * ALIGN:
+        return ALIGN
+    view = memoryview(mmap.mmap(-1, 2 * ALIGN))      # page-aligned; freed with its last view
+    for a in (512, 1024, 2048):
+        try:
+            if os.preadv(fd, [view[a:2 * a]], a) == a:
+                return a
+        except OSError:
+            pass
+    return ALIGN
+
+
+def read_span(fd: int, buf: memoryview, start: int) -> int:
+    """Whole aligned blocks from `start` into `buf` (aligned, its length a multiple of the
+    alignment) until full or the file ends; returns the bytes read (O_DIRECT continuations stay
+    aligned: a count short of a whole block is the end)."""
+    got, span = 0, len(buf)
+    while got < span:
+        k = os.preadv(fd, [buf[got:]], start + got)
+        got += k
+        if k == 0 or k % 512:
+            break
+    return got
+
+
 class Bounce(threading.local):
     """One page-aligned buffer per I/O thread (anonymous mmap: page-aligned), grown on demand."""
 
@@ -89,12 +121,6 @@ def read_direct(fd: int, bounce: Bounce, off: int, nbytes: int, dst: memoryview 
     start = off - off % ALIGN
     span = -(-(off + nbytes - start) // ALIGN) * ALIGN
     buf = bounce.get(span)[:span]
-    got = 0
-    while got < span:                      # O_DIRECT continuations stay aligned: whole blocks only
-        k = os.preadv(fd, [buf[got:]], start + got)
-        if k == 0 or k % ALIGN:
-            got += k
-            break
-        got += k
+    got = read_span(fd, buf, start)
     head = off - start
     return buf[head:head + nbytes], max(0, min(nbytes, got - head))

@@ -3,7 +3,12 @@ the whole hash (0.4 ms per 2.65 MB expert), so the disk tier's I/O threads hashi
 read stalled the decode thread's Python between kernels. The same C functions (the xxhash
 library inside the `xxhash` extension, exported there) called through ctypes run with the GIL
 released; the digests are the same, so the checksums kept on disk stay valid. Where the
-library does not export them, `xxhash.xxh3_64` is used as before."""
+library does not export them, `xxhash.xxh3_64` is used as before.
+
+The update is the library's `XXH3_64bits_update_dispatch` where exported: xxhash's runtime
+dispatch to the widest SIMD this CPU has (AVX-512 here), where the plain `XXH3_64bits_update`
+is the wheel's SSE2 build (measured on a 2.8 MB expert: 0.11 against 0.14 ms in cache, 0.38
+against 0.45 ms just read from disk); the same state, the same digests."""
 from __future__ import annotations
 
 import ctypes
@@ -19,6 +24,8 @@ def _library():
         lib.XXH3_freeState.argtypes = [ctypes.c_void_p]
         lib.XXH3_64bits_reset.argtypes = [ctypes.c_void_p]
         lib.XXH3_64bits_update.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        if hasattr(lib, "XXH3_64bits_update_dispatch"):     # (xxhash's x86 dispatch: not on every build)
+            lib.XXH3_64bits_update_dispatch.argtypes = lib.XXH3_64bits_update.argtypes
         lib.XXH3_64bits_digest.argtypes = [ctypes.c_void_p]
         lib.XXH3_64bits_digest.restype = ctypes.c_uint64
         return lib
@@ -27,6 +34,8 @@ def _library():
 
 
 _LIB = _library()
+UPDATES = [n for n in ("XXH3_64bits_update_dispatch", "XXH3_64bits_update") if _LIB is not None and hasattr(_LIB, n)]
+_update = getattr(_LIB, UPDATES[0]) if UPDATES else None     # the widest SIMD first (tests force each)
 
 
 class Xxh3NoGil:
@@ -43,7 +52,7 @@ class Xxh3NoGil:
         mv = memoryview(buf).cast("B")
         if mv.nbytes:
             c = (ctypes.c_char * mv.nbytes).from_buffer_copy(mv) if mv.readonly else ctypes.c_char.from_buffer(mv)
-            _LIB.XXH3_64bits_update(self._state, ctypes.addressof(c), mv.nbytes)
+            _update(self._state, ctypes.addressof(c), mv.nbytes)
 
     def intdigest(self) -> int:
         return int(_LIB.XXH3_64bits_digest(self._state))

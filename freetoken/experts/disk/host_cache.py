@@ -32,8 +32,8 @@ import torch
 
 from .hash_nogil import xxh3_64
 from .pieces import DiskLayout
-from .direct import Bounce, address, open_direct, read_direct, read_exact
-from .host_rows import HostRows
+from .direct import Bounce, address, dio_align, open_direct, read_direct, read_exact, read_span
+from .host_rows import HostRows, frame_of
 from ..memory.slots import DEFAULT_POLICY, SlotTable
 
 
@@ -80,24 +80,32 @@ class ExpertReader:
         dfds = [open_direct(p, self.direct_io) for p in self.layout.paths]
         self.close()
         self.fds, self.dfds = fds, dfds
+        self.aligns = [1 if fd is None else dio_align(fd) for fd in dfds]   # O_DIRECT: offset/length/memory
 
     def describe(self) -> dict:
         """How the reads go: O_DIRECT (how many of the files) or buffered."""
         n = sum(fd is not None for fd in self.dfds)
         return {"direct_io": self.direct_io, "direct_files": n, "mode": "direct" if n else "buffered"}
 
-    def read(self, flat: int, dst: dict[str, torch.Tensor]) -> int:
-        """Fills dst[bank] (one expert's row of each disk bank); returns bytes read."""
+    def read(self, flat: int, dst: dict[str, torch.Tensor], frames: dict | None = None) -> int:
+        """Fills dst[bank] (one expert's row of each disk bank); returns bytes read. frames[bank]:
+        (the slot's frame, the row's lead in it; host_rows.py) -- a piece whose aligned span the
+        frame holds is read straight into it, and hashed there (no bounce copy)."""
         total = 0
         h = xxh3_64() if self.watch is not None else None
         for name, bank in self.layout.banks.items():
-            row = _bytes_of(dst[name])
+            row, fr = None, frames.get(name) if frames else None
             for pc in bank.pieces:
                 if pc.files[flat] < 0:
                     continue
                 fi, off = int(pc.files[flat]), int(pc.offsets[flat])
                 direct = pc.file_dtype is None and not pc.pitch          # the bytes are the row's bytes
-                buf, got = self._piece(fi, off, pc.nbytes, row[pc.dst:pc.dst + pc.nbytes] if direct else None)
+                framed = (fr[0], fr[1] + pc.dst) if pc.file_dtype is None and fr is not None else None
+                buf, got = self._piece(fi, off, pc.nbytes, None, framed) if framed else (None, 0)
+                in_frame = buf is not None
+                if buf is None:                      # not framed: into the row, or via a buffer
+                    row = _bytes_of(dst[name]) if row is None else row
+                    buf, got = self._piece(fi, off, pc.nbytes, row[pc.dst:pc.dst + pc.nbytes] if direct else None)
                 if got < pc.nbytes:
                     L, E = divmod(flat, self.layout.num_experts)
                     raise ExpertReadError(
@@ -105,11 +113,13 @@ class ExpertReader:
                         f"{off}..{off + pc.nbytes} but the file has {os.fstat(self.fds[fi]).st_size}")
                 if h is not None:
                     h.update(buf)
-                if direct:
+                if direct and not in_frame:
                     dst_view = row[pc.dst:pc.dst + pc.nbytes]
                     if buf is not dst_view and not _same(buf, dst_view):   # came through the bounce buffer
                         _copy(dst_view, buf)
-                else:
+                elif not direct and in_frame:        # narrower ggml rows, packed at the row's start
+                    self._spread(fr[0][fr[1]:fr[1] + bank.row_nbytes], pc)
+                elif not direct:
                     self._place(bank, pc, buf, dst[name])
                 total += pc.nbytes
         if h is not None:
@@ -118,8 +128,28 @@ class ExpertReader:
                 raise ExpertReadError(bad)
         return total
 
-    def _piece(self, fi: int, off: int, nbytes: int, dst: memoryview | None) -> tuple[memoryview, int]:
-        """One piece's bytes: (view, bytes read); into `dst` where given and possible."""
+    def _framed(self, fi: int, off: int, nbytes: int, frame: memoryview, at: int) -> tuple[memoryview | None, int]:
+        """The piece [off, off+nbytes) read as its aligned span straight into `frame`, the piece
+        landing at frame[at:]: (its view there, bytes of it read); (None, 0) where this file is
+        not read O_DIRECT or the span does not fall on the frame's alignment or fit in it."""
+        dfd = self.dfds[fi] if fi < len(self.dfds) else None
+        if dfd is None:
+            return None, 0
+        a = self.aligns[fi]
+        head = off % a
+        lo = at - head
+        hi = lo + -(-(head + nbytes) // a) * a
+        if lo < 0 or hi > len(frame) or (address(frame) + lo) % a:
+            return None, 0
+        got = read_span(dfd, frame[lo:hi], off - head)
+        return frame[at:at + nbytes], max(0, min(nbytes, got - head))
+
+    def _piece(self, fi: int, off: int, nbytes: int, dst: memoryview | None,
+               framed: tuple[memoryview, int] | None = None) -> tuple[memoryview | None, int]:
+        """One piece's bytes: (view, bytes read); into `dst` where given and possible. With
+        `framed` (frame, where the piece lands in it): straight into the frame, or (None, 0)."""
+        if framed is not None:
+            return self._framed(fi, off, nbytes, *framed)
         dfd = self.dfds[fi] if fi < len(self.dfds) else None
         if dfd is not None:
             return read_direct(dfd, self.bounce, off, nbytes, dst)
@@ -144,6 +174,17 @@ class ExpertReader:
         flat[:, :rb] = np.frombuffer(buf, np.uint8).reshape(pc.rows, rb)
         flat[:, rb:] = 0
 
+    @staticmethod
+    def _spread(row: memoryview, pc) -> None:
+        """A piece of narrower ggml rows read packed into its place in the row: each row moved
+        out to the bank's pitch, in place (numpy copies overlapping views through a temporary:
+        the bytes just hashed, in cache), the padding zeroed."""
+        rb = pc.nbytes // pc.rows
+        u8 = np.frombuffer(row, np.uint8)
+        out = u8[pc.dst:pc.dst + pc.rows * pc.pitch].reshape(pc.rows, pc.pitch)
+        out[:, :rb] = u8[pc.dst:pc.dst + pc.nbytes].reshape(pc.rows, rb)
+        out[:, rb:] = 0
+
     def close(self) -> None:
         for fd in (*self.fds, *self.dfds):
             if fd is not None:
@@ -161,8 +202,9 @@ class HostExpertCache:
         self.layout = layout
         self.table = SlotTable(layout.num_layers * layout.num_experts, layout.num_experts, int(slots), policy)
         self.reader = ExpertReader(layout, drop_cache, watch, direct_io)
-        self._rows = {name: HostRows(slots, b.row_shape, b.dtype)      # fresh pages: nothing touched
-                      for name, b in layout.banks.items()}                # until a read
+        align = max((a for a, fd in zip(self.reader.aligns, self.reader.dfds) if fd is not None), default=1)
+        self._rows = {name: HostRows(slots, b.row_shape, b.dtype, *frame_of(b, align))   # fresh pages: nothing
+                      for name, b in layout.banks.items()}                                # touched until a read
         self.banks: dict[str, torch.Tensor] = {name: r.bank for name, r in self._rows.items()}
         for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
             self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
@@ -195,7 +237,8 @@ class HostExpertCache:
         """Runs on an I/O thread: the slot's rows from the file; then the slot is readable."""
         err = None
         try:
-            n = self.reader.read(flat, {k: self.banks[k][slot] for k in self.layout.banks})
+            n = self.reader.read(flat, {k: self.banks[k][slot] for k in self.layout.banks},
+                                 {k: (r.frame(slot), r.lead) for k, r in self._rows.items()})
             for k, t in self.layout.resident.items():
                 self.banks[k][slot].copy_(t[flat])
         except BaseException as e:  # noqa: BLE001 -- handed to every waiter
