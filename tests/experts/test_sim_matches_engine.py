@@ -15,7 +15,7 @@ from freetoken.sim.readers import load_trace
 def _land_prefetches_at_once(llm, policy):
     """The simulator lands a prefetch before the next layer runs; the engine's threaded copies
     may still be in flight then (the expert runs on the CPU): copy synchronously to compare."""
-    if policy.endswith("+prefetch"):
+    if "+prefetch" in policy:
         llm.engine.model.experts.inner.cache.copy = SyncCopyEngine()
 
 
@@ -24,7 +24,7 @@ HW = Hardware("test", link_gbps=10, cpu_gbps=20, link_concurrent_gbps=10, cpu_co
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit", "arc", "lru+prefetch", "lrfu+admit+prefetch",
-                                    "lru+layer", "lrfu+admit+layer+prefetch"])
+                                    "lru+layer", "lrfu+admit+layer+prefetch", "lrfu+admit+layer+prefetch+budget"])
 def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
     path = tmp_path / "routing.jsonl"
@@ -42,7 +42,7 @@ def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     assert p.hits + p.prefill_hits == tot["hits"]
     assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
     assert p.fills + p.prefill_misses == tot["fills"]
-    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == policy.endswith("+prefetch")
+    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == ("+prefetch" in policy)
 
 
 # hybrid: B_P / B_H = 6 / (6 + 4) = 0.6 gives q* >= 1 for every m >= 1, so no background
@@ -51,7 +51,8 @@ HYBRID_HW = Hardware("test", link_gbps=6, cpu_gbps=10, link_concurrent_gbps=6, c
                      device_gbps=100)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit", "lrfu+admit+prefetch", "lrfu+admit+layer+prefetch"])
+@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit", "lrfu+admit+prefetch", "lrfu+admit+layer+prefetch",
+                                    "lrfu+admit+layer+prefetch+budget"])
 def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy):
     """The q* split with fixed bandwidths (no online estimates, no split guard) is deterministic:
     the engine and the simulator fill and run on the CPU the same experts."""
@@ -77,4 +78,4 @@ def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy)
     assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
     assert p.fills + p.prefill_misses == tot["fills"]
     assert p.cpu == tot["cpu_experts"]
-    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == policy.endswith("+prefetch")
+    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == ("+prefetch" in policy)
