@@ -94,6 +94,11 @@ def parse_policy_options(name: str) -> tuple[str, bool, bool]:
     return base, "admit" in extras, "prefetch" in extras
 
 
+def without_prefetch(name: str) -> str:
+    """The policy without '+prefetch' (and its '+budget'): where nothing may be copied ahead."""
+    return "+".join(x for x in name.split("+") if x not in ("prefetch", "budget"))
+
+
 def budgeted(name: str) -> bool:
     """Whether the policy name asks for prefetch within a transfer budget ('+budget')."""
     return "budget" in name.split("+")[1:]
