@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from freetoken.experts.memory.prefetch_budget import RATIO
-from freetoken.experts.memory.slots import parse_policy_options
+from freetoken.experts.measure.stats import tier_summary
+from freetoken.experts.memory.slots import SlotTable, parse_policy_options
 from freetoken.sim.access import stream_from_keys
 from freetoken.sim.policies import POLICIES
 from freetoken.sim.trace import PREFILL
@@ -79,3 +80,15 @@ def test_the_budget_prefetches_a_predictable_stream():
 def test_budget_needs_prefetch(name):
     with pytest.raises(ValueError, match="budget"):
         parse_policy_options(name)
+
+
+def test_the_budget_counts_reach_the_memory_summary():
+    """/v1/memory's device cache (stats.tier_summary) carries the budget's counts."""
+    t = SlotTable(8, 4, 2, BUDGETED)
+    for ids in ([0, 1], [4, 5], [0, 1]):
+        t.serve(np.array(ids), admission=False)
+    stats = {"backend": "hybrid", "total": {}, "cache": {"slots": 2, **t.describe()}}
+    cache = tier_summary(stats)["device_cache"]
+    assert cache["policy"] == BUDGETED
+    assert cache["transfers"] == 6 and cache["prefetch_used"] == 0          # three calls, two misses each
+    assert cache["transfer_budget"] == round(RATIO * 6)
