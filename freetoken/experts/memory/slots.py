@@ -64,7 +64,7 @@ def slots_in(nbytes: int, expert_bytes: int, total: int) -> int:
 POLICIES = ("lru", "lfu", "lrfu", "arc")
 # measured (bench/policy_bounds.py, docs/benchmarks.md "Prefetch within a transfer budget"): on the
 # 7 shared traces at 11/37% capacity, <= 0.85x LRU's decode misses with <= 1.1x LRU's transfers in
-# 12 of 14 cells (lrfu+admit+layer: 2; unbudgeted +prefetch: 6, its transfers up to 1.26x). The
+# 12 of 14 cells (lrfu+admit+layer: 3; unbudgeted +prefetch: 6, its transfers up to 1.26x). The
 # disk tier's host cache takes only the base and '+layer' (its read-ahead is its own lookahead).
 DEFAULT_POLICY = "lrfu+admit+layer+prefetch+budget"
 HALF_LIFE_TOKENS = 32.0
