@@ -7,10 +7,11 @@ predictor's (experts/memory/next_layer.py, learned online from the prompt and th
 far: what the engine's `--expert-lookahead history` reads, and what `auto` reads where it
 guesses better than the router); the router's own guess needs the model (the engine's stats:
 `lookahead` in /v1/memory, `bench/disk_tier.py` prints it). Per (trace, capacity), the engine's
-cache (`SlotTable`, the default policy) replayed twice, decode cells in order:
-  without lookahead            its decode misses M
-  with lookahead               after each decode cell the guesses for the next layer not
-                               resident are read into the policy's victims (landed in time)
+cache (`SlotTable`, `--policy`, by default the default policy) replayed twice, decode cells in order:
+  without lookahead            the policy without '+prefetch' (and '+budget'): its decode misses M
+  with lookahead               the policy with '+prefetch': after each decode cell the guesses
+                               for the next layer not resident are read into the policy's victims
+                               (landed in time; with '+budget', only within its transfer budget)
   covered = guessed reads that were routed before being evicted / M
   wasted per useful = guessed reads evicted unused / guessed reads used
 
@@ -27,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from freetoken.experts.memory.slots import DEFAULT_POLICY
+from freetoken.experts.memory.slots import DEFAULT_POLICY, without_prefetch
 from freetoken.sim.capacity import parse_capacity
-from freetoken.sim.policies import POLICIES
-from freetoken.sim.replay import prefill_cells, replay
+from freetoken.sim.policies.slot_table import slot_policy
+from freetoken.sim.replay import prefill_cells
 from freetoken.sim.trace import PREFILL
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,8 +39,8 @@ from policy_bounds import load  # noqa: E402
 
 
 def lookahead_replay(stream, slots: int, policy: str) -> dict:
-    """The policy with next-layer prefetch, counting each prefetched key's fate."""
-    p = POLICIES[policy + "+prefetch"](slots, stream.num_layers, stream.num_experts)
+    """The policy (a '+prefetch' one), counting each prefetched key's fate."""
+    p = slot_policy(policy, policy)(slots, stream.num_layers, stream.num_experts)
     t = p.table
     p.prepare(stream)
     p.place(Counter())
@@ -80,21 +81,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trace", action="append", required=True, help="trace file or FLAME folder, optionally :N")
     ap.add_argument("--capacity", default="0.05,0.11,0.37")
-    ap.add_argument("--policy", default=DEFAULT_POLICY, help="the cache policy (without +prefetch)")
+    ap.add_argument("--policy", default=DEFAULT_POLICY, help="the cache policy ('+prefetch' is added if missing)")
     args = ap.parse_args(argv)
+    policy = args.policy if "+prefetch" in args.policy else without_prefetch(args.policy) + "+prefetch"
+    base = without_prefetch(policy)
     head = ["trace", "capacity", "misses without", "misses with", "next-layer misses covered",
             "wasted reads per useful read", "guessed reads"]
-    print(f"policy {args.policy}; guesses: history predictor (next_layer.py)")
+    print(f"policy {policy} (without lookahead: {base}); guesses: history predictor (next_layer.py)")
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for spec in args.trace:
         name, stream = load(spec)
         for cap in args.capacity.split(","):
             slots = parse_capacity(cap, stream.universe).slots
-            base = replay(args.policy, stream, slots)
-            la = lookahead_replay(stream, slots, args.policy)
-            cov = la["used"] / base.misses if base.misses else 0.0
+            plain = lookahead_replay(stream, slots, base)         # (no predictor: no guesses)
+            la = lookahead_replay(stream, slots, policy)
+            cov = la["used"] / plain["misses"] if plain["misses"] else 0.0
             waste = la["wasted"] / la["used"] if la["used"] else float("nan")
-            print(f"| {name} | {cap} | {base.miss_rate:.3f} | {la['misses'] / max(1, la['accesses']):.3f} | "
+            print(f"| {name} | {cap} | {plain['misses'] / max(1, plain['accesses']):.3f} | {la['misses'] / max(1, la['accesses']):.3f} | "
                   f"{cov:.0%} | {waste:.2f} | {la['prefetches']} |", flush=True)
     return 0
 

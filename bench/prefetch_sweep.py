@@ -1,7 +1,7 @@
 """Sweep the next-layer prefetch threshold of the engine's expert cache on routing traces.
 
 Every run replays the trace through the engine's own `SlotTable` (sim/policies/slot_table.py)
-with `--policy` (a "+prefetch" policy) at each threshold, beside plain `lru` and the policy
+with `--policy` (a "+prefetch" policy, "+budget" too) at each threshold, beside plain `lru` and the policy
 without prefetch. Prints, per (trace, capacity), the decode miss rate and the transfers
 (every copy into the cache: admitted misses, prefill fills and prefetches) relative to LRU's.
 
@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections import Counter
 
+from freetoken.experts.memory.slots import without_prefetch
 from freetoken.sim.access import build_stream
 from freetoken.sim.capacity import parse_capacity
 from freetoken.sim.policies.slot_table import slot_policy
@@ -58,10 +59,10 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", default="lrfu+admit+prefetch")
     ap.add_argument("--thresholds", default="0.2,0.3,0.4,0.5")
     args = ap.parse_args(argv)
-    if not args.policy.endswith("+prefetch"):
+    if "+prefetch" not in args.policy:
         print(f"prefetch_sweep: --policy {args.policy!r}: needs '+prefetch'", file=sys.stderr)
         return 2
-    base = args.policy[: -len("+prefetch")]
+    base = without_prefetch(args.policy)
     ths = [float(x) for x in args.thresholds.split(",")]
     print("| trace | capacity | lru | target | " + base + " | " + " | ".join(f"+prefetch t={x:g}" for x in ths) + " |")
     print("|---|---|---|---|---|" + "---|" * len(ths))

@@ -114,11 +114,13 @@ class EngineConfig:
     expert_cache_slots: int | None = flag(None)
     expert_cache_gib: float | None = flag(None)
     # Replacement policy of the expert cache (experts/memory/slots.py): lru | lfu | lrfu | arc, "+admit" for
-    # admission control, "+layer" for layer-aware eviction, then "+prefetch" for next-layer prefetch;
+    # admission control, "+layer" for layer-aware eviction, then "+prefetch" for next-layer prefetch,
+    # then "+budget" (prefetch within a transfer budget);
     # None = the measured default (docs/benchmarks.md).
     expert_cache_policy: str | None = flag(
         None, metavar="POLICY", help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "
-        f"(admission control), +layer (layer-aware eviction) and then +prefetch (next-layer prefetch); "
+        f"(admission control), +layer (layer-aware eviction), then +prefetch (next-layer prefetch) and then "
+        f"+budget (prefetch within 1.1x the copies made without it); "
         f"default {DEFAULT_POLICY}")
     # Three tiers (experts/disk/backend.py): "disk" keeps the expert pool in the model file behind a host
     # cache of host_cache_gib / host_cache_slots whole experts; "ram" loads the pool; "auto": disk

@@ -32,7 +32,7 @@ import numpy as np
 from freetoken.experts.measure.bandwidth import q_rates
 from freetoken.experts.memory.decision import decide
 from freetoken.experts.memory.planner import LayerPlan, MissPlanner, balanced_q
-from freetoken.experts.memory.slots import DEFAULT_POLICY, SlotTable
+from freetoken.experts.memory.slots import DEFAULT_POLICY, SlotTable, without_prefetch
 from freetoken.sim.access import AccessStream
 from freetoken.sim.hardware import Hardware
 from freetoken.sim.policies.slot_table import learn_prompt
@@ -98,6 +98,8 @@ def project(
 ) -> Projection:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    if split == "all-cpu":          # the every-expert-on-the-CPU baseline copies nothing ahead either
+        cache_policy = without_prefetch(cache_policy)
     table = SlotTable(stream.universe, stream.num_experts, slots, cache_policy)
     planner = MissPlanner(stream.universe, "cpu" if split == "all-cpu" else "offload" if split == "all-fill" else "hybrid")
     seconds = 0.0

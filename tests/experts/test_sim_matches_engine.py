@@ -5,7 +5,7 @@ from tiered_helpers import one_torch_thread  # noqa: F401
 
 from freetoken import LLM
 from freetoken.experts.measure.bandwidth import BandwidthEstimator
-from freetoken.experts.memory.transfer import SyncCopyEngine
+from freetoken.experts.memory.transfer import PacedCopyEngine, SyncCopyEngine
 from freetoken.sampling_params import SamplingParams
 from freetoken.sim.access import build_stream
 from freetoken.sim.hardware import Hardware
@@ -15,7 +15,7 @@ from freetoken.sim.readers import load_trace
 def _land_prefetches_at_once(llm, policy):
     """The simulator lands a prefetch before the next layer runs; the engine's threaded copies
     may still be in flight then (the expert runs on the CPU): copy synchronously to compare."""
-    if policy.endswith("+prefetch"):
+    if "+prefetch" in policy:
         llm.engine.model.experts.inner.cache.copy = SyncCopyEngine()
 
 
@@ -24,7 +24,7 @@ HW = Hardware("test", link_gbps=10, cpu_gbps=20, link_concurrent_gbps=10, cpu_co
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit", "arc", "lru+prefetch", "lrfu+admit+prefetch",
-                                    "lru+layer", "lrfu+admit+layer+prefetch"])
+                                    "lru+layer", "lrfu+admit+layer+prefetch", "lrfu+admit+layer+prefetch+budget"])
 def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
     path = tmp_path / "routing.jsonl"
@@ -42,7 +42,30 @@ def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     assert p.hits + p.prefill_hits == tot["hits"]
     assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
     assert p.fills + p.prefill_misses == tot["fills"]
-    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == policy.endswith("+prefetch")
+    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == ("+prefetch" in policy)
+
+
+def test_offload_waits_for_prefetches_in_flight(tiny_dir, tmp_path):
+    """`offload` with the default's prefetch on a slow threaded link (3 ms an expert): a layer
+    call waits for the copies in flight, so no expert runs on the CPU and the engine counts what
+    the simulator (prefetches landed in time) counts."""
+    policy = "lrfu+admit+layer+prefetch+budget"
+    model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
+    path = tmp_path / "routing.jsonl"
+    llm = LLM(str(model), dtype="float32", moe_backend="offload", expert_cache_slots=5,
+              expert_cache_policy=policy, record_routing=str(path), max_num_seqs=2)
+    try:
+        inner = llm.engine.model.experts.inner
+        inner.cache.copy = PacedCopyEngine(inner.pool.expert_nbytes / 0.003)
+        llm.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=0.0))
+        tot = llm.expert_stats()["total"]
+    finally:
+        llm.close()
+    stream = build_stream(load_trace(str(path)), in_order=True)
+    p = project(stream, 1, HW, 5, "all-fill", [1.0] * 2, [0.0] * 2, cache_policy=policy)
+    assert tot["cpu_experts"] == 0 and p.prefetches == tot["prefetches"] > 0
+    assert p.hits + p.prefill_hits == tot["hits"]
+    assert p.fills + p.prefill_misses == tot["fills"]
 
 
 # hybrid: B_P / B_H = 6 / (6 + 4) = 0.6 gives q* >= 1 for every m >= 1, so no background
@@ -51,7 +74,8 @@ HYBRID_HW = Hardware("test", link_gbps=6, cpu_gbps=10, link_concurrent_gbps=6, c
                      device_gbps=100)
 
 
-@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit", "lrfu+admit+prefetch", "lrfu+admit+layer+prefetch"])
+@pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit", "lrfu+admit+prefetch", "lrfu+admit+layer+prefetch",
+                                    "lrfu+admit+layer+prefetch+budget"])
 def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy):
     """The q* split with fixed bandwidths (no online estimates, no split guard) is deterministic:
     the engine and the simulator fill and run on the CPU the same experts."""
@@ -77,4 +101,4 @@ def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy)
     assert p.fills + p.cpu + p.prefill_misses == tot["misses"]
     assert p.fills + p.prefill_misses == tot["fills"]
     assert p.cpu == tot["cpu_experts"]
-    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == policy.endswith("+prefetch")
+    assert p.prefetches == tot["prefetches"] and (p.prefetches > 0) == ("+prefetch" in policy)

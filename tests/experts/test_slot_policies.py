@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from freetoken.experts.memory.slots import POLICIES, SlotTable, parse_policy, parse_policy_options
 
 ALL = [p + extra for p in POLICIES for extra in ("", "+admit", "+prefetch", "+admit+prefetch")] + \
-    [p + extra for p in ("lru", "lfu", "lrfu") for extra in ("+layer", "+admit+layer", "+admit+layer+prefetch")]
+    [p + extra for p in ("lru", "lfu", "lrfu") for extra in ("+layer", "+admit+layer", "+admit+layer+prefetch",
+                                                         "+admit+layer+prefetch+budget")]
 L, E = 3, 4
 
 layer_ids = st.lists(st.integers(0, E - 1), min_size=1, max_size=E, unique=True)
@@ -67,7 +68,7 @@ def test_victims_are_evictable_and_capacity_holds(policy, capacity, ops, resize)
 def test_policy_names_parse(policy):
     base, admit = parse_policy(policy)
     assert base in POLICIES and admit == ("+admit" in policy)
-    assert parse_policy_options(policy) == (base, admit, policy.endswith("+prefetch"))
+    assert parse_policy_options(policy) == (base, admit, "+prefetch" in policy)
 
 
 def test_unknown_policy_is_a_clear_error():

@@ -51,8 +51,11 @@ def test_tiered_equals_resident(policy, slots):
         assert tot["fills"] == 0 and tot["cpu_experts"] == tot["misses"]
     if slots >= 2 * E:
         assert tot["streamed_layers"] == L            # the prompt streamed whole layers
-    if policy == "offload" and slots > 0:
-        assert tot["cpu_experts"] == 0                # every miss filled (in waves if need be)
+    if policy == "offload" and slots > 1:
+        assert tot["cpu_experts"] == 0                # every miss filled (in waves if need be), every
+        #                                               prefetch in flight waited for (the default prefetches)
+    # (one slot: a prefetched expert the call routes is a hit that holds the only slot for the call,
+    # so the call's other misses find no victim and run on the CPU: decision.py's overflow)
     be.close()
 
 
@@ -137,7 +140,7 @@ def test_stats_are_consistent():
     tot = st["total"]
     assert len(st["per_layer"]) == L
     assert tot["hits"] == sum(p["hits"] for p in st["per_layer"])
-    assert tot["bytes_copied"] == (tot["fills"] + tot["warm_fills"]) * pool.expert_nbytes
+    assert tot["bytes_copied"] == (tot["fills"] + tot["warm_fills"] + tot["prefetches"]) * pool.expert_nbytes
     assert tot["cpu_bytes"] == tot["cpu_experts"] * pool.expert_nbytes
     assert 0.0 <= tot["hit_rate"] <= 1.0
     assert st["steps"] == {"prefill": 1, "decode": 4}

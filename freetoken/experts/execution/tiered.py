@@ -252,6 +252,8 @@ class TieredExperts(Experts):
         inv = inv.reshape(flat.shape)
         decode = self.phase != "prefill"
         policy = (self._decode_policy if decode else self._prefill_policy())
+        if (policy or self.planner.policy) == "offload" and cache.table.pending.any():
+            self._land_background()
         link_busy = cache.link_busy()
         d = decide(cache.table, self.planner, uniq, counts,
                    lambda misses, tokens, _room: self.planner.plan(misses, tokens, self.est.b_p, self.est.b_h,
@@ -354,6 +356,15 @@ class TieredExperts(Experts):
         # Prefill on demand (the cache cannot free two layers, or few tokens): the device does
         # the token-heavy work, so every miss fills unless this backend never fills.
         return self.planner.policy if self.planner.policy in ("cpu", "pageable") else "offload"
+
+    def _land_background(self) -> None:
+        """`offload` runs every expert on the device: background copies still in flight (the
+        prefetches) land before a layer call decides, so a routed one is a hit, not a CPU run, and
+        a wrong one's slot is a victim again, not a pending slot that leaves a miss nowhere to go
+        (the link is one queue: a miss's fill would wait behind them anyway). The simulator lands
+        prefetches in time the same way."""
+        self.cache.wait_all()
+        self._harvest()
 
     def _harvest(self) -> None:
         for job in self.cache.poll():

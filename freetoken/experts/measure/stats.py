@@ -92,7 +92,9 @@ class ExpertStats:
         self.q_sum = self.m_sum = 0
 
 
-POLICY_KEYS = ("policy", "layer_aware", "admission", "prefetch", "layer_ordered")   # SlotTable.describe()
+# SlotTable.describe(); the last four only with '+budget' (experts/memory/prefetch_budget.py)
+POLICY_KEYS = ("policy", "layer_aware", "admission", "prefetch", "layer_ordered", "prefetch_used", "prefetch_wasted",
+               "transfers", "transfer_budget")
 
 
 def tier_summary(stats: dict | None) -> dict:

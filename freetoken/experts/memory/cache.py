@@ -99,6 +99,11 @@ class ExpertCache:
         self._landing = still
         return landed
 
+    def wait_all(self) -> None:
+        """Wait for every background fill to land (the caller polls them)."""
+        for job, _ in self._landing:
+            job.wait()
+
     def link_busy(self) -> bool:
         return any(not job.done() for job, _ in self._landing)
 

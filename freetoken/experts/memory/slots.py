@@ -40,6 +40,10 @@ next layer's experts from this layer's routing (experts/memory/next_layer.py, le
 `prefetch_after` names the guesses that are not resident and the slots they take (the
 policy's victims); the caller copies them in the background. Every prefetch is a
 transfer (`prefetches` counts them); a guess that is wrong costs that copy and a victim.
+
+Transfer budget ("+budget", after "+prefetch"): prefetch only within `prefetch_budget.RATIO` x the
+copies the cache would have made without guessing (experts/memory/prefetch_budget.py), at the
+lower threshold that budget affords (`prefetch_budget.THRESHOLD`), likeliest guesses first.
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ import numpy as np
 
 from .arc import ArcLists
 from .next_layer import THRESHOLD, NextLayerPredictor
+from .prefetch_budget import THRESHOLD as BUDGET_THRESHOLD, TransferBudget
 
 
 def slots_in(nbytes: int, expert_bytes: int, total: int) -> int:
@@ -57,12 +62,11 @@ def slots_in(nbytes: int, expert_bytes: int, total: int) -> int:
     return max(0, min(total, nbytes // expert_bytes))
 
 POLICIES = ("lru", "lfu", "lrfu", "arc")
-# measured (bench/policy_bounds.py, docs/benchmarks.md "Default expert-cache policy"): against the
-# former default lrfu+admit on the 7 shared traces at 5/11/37% capacity, fewer decode misses in 13
-# of 21 cells, equal in 2, at most 0.005 more in 6; on the disk tier with a 5% host cache 0.53x
-# the bytes read per token. '+prefetch' misses less still but moves more than 1.1x LRU's bytes in
-# 5 of 14 cells, and on the device tier a prefetch in flight runs its expert on the CPU: an option.
-DEFAULT_POLICY = "lrfu+admit+layer"
+# measured (bench/policy_bounds.py, docs/benchmarks.md "Prefetch within a transfer budget"): on the
+# 7 shared traces at 11/37% capacity, <= 0.85x LRU's decode misses with <= 1.1x LRU's transfers in
+# 12 of 14 cells (lrfu+admit+layer: 3; unbudgeted +prefetch: 6, its transfers up to 1.26x). The
+# disk tier's host cache takes only the base and '+layer' (its read-ahead is its own lookahead).
+DEFAULT_POLICY = "lrfu+admit+layer+prefetch+budget"
 HALF_LIFE_TOKENS = 32.0
 _NEVER = np.iinfo(np.int64).max
 
@@ -74,17 +78,30 @@ def parse_policy(name: str) -> tuple[str, bool]:
     return base, admit
 
 
-EXTRAS = ("admit", "layer", "prefetch")        # in this order
+EXTRAS = ("admit", "layer", "prefetch", "budget")        # in this order
 
 
 def parse_policy_options(name: str) -> tuple[str, bool, bool]:
-    """-> (policy, admission, prefetch); '+layer' (layer-aware eviction) is `layer_aware(name)`."""
+    """-> (policy, admission, prefetch); '+layer' (layer-aware eviction) is `layer_aware(name)`,
+    '+budget' (prefetch within a transfer budget) `budgeted(name)`."""
     base, *extras = name.split("+")
     if base not in POLICIES or len(set(extras)) != len(extras) or any(e not in EXTRAS for e in extras) \
-            or extras != sorted(extras, key=EXTRAS.index) or ("layer" in extras and base == "arc"):
+            or extras != sorted(extras, key=EXTRAS.index) or ("layer" in extras and base == "arc") \
+            or ("budget" in extras and "prefetch" not in extras):
         raise ValueError(f"expert cache policy {name!r}: expected one of {', '.join(POLICIES)}, "
-                         "optionally with '+admit', then '+layer' (not with arc), then '+prefetch'")
+                         "optionally with '+admit', then '+layer' (not with arc), then '+prefetch', "
+                         "then '+budget' (only after '+prefetch')")
     return base, "admit" in extras, "prefetch" in extras
+
+
+def without_prefetch(name: str) -> str:
+    """The policy without '+prefetch' (and its '+budget'): where nothing may be copied ahead."""
+    return "+".join(x for x in name.split("+") if x not in ("prefetch", "budget"))
+
+
+def budgeted(name: str) -> bool:
+    """Whether the policy name asks for prefetch within a transfer budget ('+budget')."""
+    return "budget" in name.split("+")[1:]
 
 
 def layer_aware(name: str) -> bool:
@@ -94,9 +111,12 @@ def layer_aware(name: str) -> bool:
 
 class SlotTable:
     def __init__(self, num_flat: int, num_experts: int, slots: int, policy: str = DEFAULT_POLICY,
-                 half_life: float = HALF_LIFE_TOKENS, prefetch_threshold: float = THRESHOLD):
+                 half_life: float = HALF_LIFE_TOKENS, prefetch_threshold: float | None = None):
         self.policy, self.admission, prefetch = parse_policy_options(policy)
         self.layer_aware = layer_aware(policy)
+        self.budget = TransferBudget(num_flat) if budgeted(policy) else None
+        if prefetch_threshold is None:
+            prefetch_threshold = THRESHOLD if self.budget is None else BUDGET_THRESHOLD
         self.num_experts = num_experts
         self.num_layers = max(1, num_flat // max(1, num_experts))
         self.working_set = 0           # unique experts of the last full pass through the layers (a step)
@@ -135,6 +155,8 @@ class SlotTable:
         """Count one routed access of each id (one layer's unique ids, hits and misses)."""
         if len(flat_ids) == 0:
             return
+        if self.budget is not None:
+            self.budget.seen(flat_ids, self.slot_of[flat_ids] >= 0)
         # (several layer calls of one pass may come at once, layers ascending: the host cache's
         # hits, recorded in a batch; the pass and the token turn only at the first)
         layer, last = int(flat_ids[0]) // self.num_experts, int(flat_ids[-1]) // self.num_experts
@@ -180,7 +202,7 @@ class SlotTable:
         """The policy and its switches, for /v1/memory (the name) and /metrics (the numbers)."""
         return {"policy": self.name, "layer_aware": int(self.layer_aware), "admission": int(self.admission),
                 "prefetch": int(self.predictor is not None), "working_set": self.working_set,
-                "layer_ordered": self.layer_ordered}
+                "layer_ordered": self.layer_ordered, **(self.budget.describe() if self.budget is not None else {})}
 
     def lru_order(self) -> list[int]:
         """Resident flat ids, least recent first (for tests and resize)."""
@@ -271,6 +293,8 @@ class SlotTable:
                 self.arc.filled(x, v)
         self.slot_of[gone] = -1
         self.evictions += len(gone)
+        if self.budget is not None:
+            self.budget.copied(len(flat_ids), gone)
         self.owner[slots] = flat_ids
         self.slot_of[flat_ids] = slots
         self.touch(slots)
@@ -323,9 +347,14 @@ class SlotTable:
         self.predictor.observe(layer, local)
         want = self.predictor.predict(layer, local) + (layer + 1) * E
         want = want[self.slot_of[want] < 0]
+        if self.budget is not None:
+            want = want[:self.budget.room()]
         slots = self.candidates(len(want), want)
+        want = want[:len(slots)]
         self.prefetches += len(slots)
-        return want[:len(slots)], slots
+        if self.budget is not None:
+            self.budget.prefetched(want)
+        return want, slots
 
     def keep_most_recent(self, slots: int) -> np.ndarray:
         """Rebuild for `slots` slots keeping the most recent residents in slots 0..n-1 (least
@@ -352,6 +381,8 @@ class SlotTable:
         n = len(keep)
         self.owner[:n], self.stamp[:n] = owner, stamp
         self.slot_of[owner] = np.arange(n)
+        if self.budget is not None:
+            self.budget.keep_only(self.slot_of >= 0)
         if self.arc is not None:
             self.arc.keep(set(owner.tolist()), self.capacity)
         return keep

@@ -22,7 +22,8 @@ from freetoken.sim.policies.static_split import StaticSplit
 _ENGINE = {n: slot_policy(n, n) for n in ("lru", "lfu", "lrfu", "arc", "lfu+admit", "lrfu+admit", "arc+admit",
                                           "lru+prefetch", "lrfu+admit+prefetch", "lru+layer", "lfu+layer",
                                           "lrfu+layer", "lrfu+admit+layer", "lrfu+admit+layer+prefetch",
-                                          "lrfu+layer+prefetch")}
+                                          "lrfu+layer+prefetch", "lrfu+admit+layer+prefetch+budget",
+                                          "lrfu+layer+prefetch+budget")}
 _ENGINE["default"] = slot_policy("default", DEFAULT_POLICY)
 
 POLICIES: dict[str, type[Policy]] = {
@@ -31,6 +32,7 @@ POLICIES: dict[str, type[Policy]] = {
                         _ENGINE["lru+prefetch"], _ENGINE["lrfu+admit+prefetch"], _ENGINE["lru+layer"],
                         _ENGINE["lfu+layer"], _ENGINE["lrfu+layer"], _ENGINE["lrfu+admit+layer"],
                         _ENGINE["lrfu+admit+layer+prefetch"], _ENGINE["lrfu+layer+prefetch"],
+                        _ENGINE["lrfu+admit+layer+prefetch+budget"], _ENGINE["lrfu+layer+prefetch+budget"],
                         _ENGINE["default"], Belady, BeladyDemand, BeladyOnUse, FrequencyOracle)
 }
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from freetoken.experts.memory.next_layer import THRESHOLD
 from freetoken.experts.memory.slots import DEFAULT_POLICY, HALF_LIFE_TOKENS, SlotTable
 from freetoken.sim.policies.base import Policy
 
@@ -19,7 +18,8 @@ from freetoken.sim.policies.base import Policy
 class SlotTablePolicy(Policy):
     table_policy = DEFAULT_POLICY
     half_life = HALF_LIFE_TOKENS        # lrfu's, in tokens (bench/policy_sweep.py varies it)
-    threshold = THRESHOLD               # "+prefetch": the predictor's (bench/prefetch_sweep.py varies it)
+    threshold = None                    # "+prefetch": the predictor's, None: the table's own for the policy
+    #                                     (bench/prefetch_sweep.py varies it)
 
     def __init__(self, slots, num_layers, num_experts):
         super().__init__(slots, num_layers, num_experts)
@@ -83,6 +83,6 @@ def learn_prompt(table: SlotTable, layer: int, rows) -> None:
 
 
 def slot_policy(name: str, table_policy: str, half_life: float = HALF_LIFE_TOKENS,
-                threshold: float = THRESHOLD) -> type[SlotTablePolicy]:
+                threshold: float | None = None) -> type[SlotTablePolicy]:
     return type(f"SlotTable_{name}", (SlotTablePolicy,),
                 {"name": name, "table_policy": table_policy, "half_life": half_life, "threshold": threshold})
