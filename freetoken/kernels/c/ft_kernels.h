@@ -297,6 +297,7 @@ int ft_amx_ready(void);
 FT_HIDDEN void amx_config(void);
 #endif
 FT_HIDDEN int gemm_mode_runs(int mode, int K);
+FT_HIDDEN int gemm_chunk_tokens(int K);
 FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst);
 FT_HIDDEN void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
                          int M, float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream);
