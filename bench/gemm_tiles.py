@@ -1,6 +1,7 @@
 """Prefill GEMMs over bf16 weights per core, as shares of this core's measured peak (outside CI).
 
     PYTHONPATH=. .venv/bin/python bench/gemm_tiles.py [--rounds 3] [--shapes 512x2048x2048,4096x2048x2048] [--copy-once 0]
+        [--expert-tokens 512,2048,4096]
 
 One thread, CPU time of the calling thread (on a shared machine that approximates a dedicated
 core): the peak multiply-add rate per format (kernels/roofline.py's probes), then dense GEMMs of
@@ -35,6 +36,29 @@ def best_of(fns: dict, rounds: int) -> dict:
     return out
 
 
+def expert_layer(lib, pool, tiles, peak, ceil, tokens, rounds, g):
+    """One routed-expert layer of the medium model (64 experts top-8, 2048 x 768, bf16) at `tokens`."""
+    H, inter, E, top = 2048, 768, 64, 8
+    banks = quantize_banks(torch.randn(E, 2 * inter, H, generator=g) * 0.05, torch.randn(E, H, inter, generator=g) * 0.05,
+                           "bf16")
+    ex = CpuExpertExecutor(banks, "bf16", H, inter, pool=pool, gemm_tokens=0)
+    x = torch.randn(tokens, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:top] for _ in range(tokens)])
+    wts = torch.rand(tokens, top, generator=g)
+    flops = 2 * tokens * top * 3 * H * inter
+    fns = {}
+    for mode in ["dots", *tiles] if tokens <= 512 else tiles:
+        def run(mode=mode):
+            lib.ft_set_gemm(GEMM_MODES.get(mode, 0), 16, 0)
+            ex.run(x, ids, wts)
+        fns[mode] = run
+    r = best_of(fns, max(1, rounds - 1))
+    lib.ft_set_gemm(0, 16, 0)
+    print(f"medium expert layer, {tokens} tokens: " + ", ".join(
+        f"{k} {s * 1e3:.0f} ms = {flops / s / 1e9:.0f} GFLOP/s ({flops / s / peak[ceil.get(k, 'fp32')]:.1%} "
+        f"of {ceil.get(k, 'fp32')})" for k, s in r.items()), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -42,6 +66,7 @@ def main():
                     "4096x2048x2048", help="comma list of MxNxK dense GEMMs (tokens x rows x columns)")
     ap.add_argument("--copy-once", type=int, default=-1,
                     help="chunks of tokens from which a dense AMX GEMM copies the weights once per call (0: per chunk)")
+    ap.add_argument("--expert-tokens", default="512", help="comma list of token counts of the routed-expert layer")
     args = ap.parse_args()
     torch.set_num_threads(1)
     lib = kernels.load()
@@ -61,7 +86,7 @@ def main():
             "torch_fp32": "fp32"}
     g = torch.Generator().manual_seed(0)
     print(f"{'M x N x K':>20} " + " ".join(f"{k:>22}" for k in [*tiles, "torch_bf16", "torch_fp32"]))
-    for m, n, k in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",")):
+    for m, n, k in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",") if sh):
         x, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
         w32, y = torch.empty(n, k), torch.empty(m, n)
         fns = {t: (lambda t=t: gemm_bf16(pool, GEMM_MODES[t], w, x, out=y)) for t in tiles}
@@ -73,26 +98,8 @@ def main():
             rate = 2 * m * n * k / s
             cells.append(f"{rate / 1e9:8.0f} ({rate / peak[ceil[key]]:5.1%} {ceil[key]})")
         print(f"{f'{m} x {n} x {k}':>20} " + " ".join(f"{c:>22}" for c in cells), flush=True)
-    # one routed-expert layer of the medium model: 64 experts top-8, 2048 x 768, 512 tokens
-    H, inter, E, top = 2048, 768, 64, 8
-    banks = quantize_banks(torch.randn(E, 2 * inter, H, generator=g) * 0.05, torch.randn(E, H, inter, generator=g) * 0.05,
-                           "bf16")
-    ex = CpuExpertExecutor(banks, "bf16", H, inter, pool=pool, gemm_tokens=0)
-    x = torch.randn(512, H, generator=g)
-    ids = torch.stack([torch.randperm(E, generator=g)[:top] for _ in range(512)])
-    wts = torch.rand(512, top, generator=g)
-    flops = 2 * 512 * top * 3 * H * inter
-    fns = {}
-    for mode in ["dots", *tiles]:
-        def run(mode=mode):
-            lib.ft_set_gemm(GEMM_MODES.get(mode, 0), 16, 0)
-            ex.run(x, ids, wts)
-        fns[mode] = run
-    r = best_of(fns, max(1, args.rounds - 1))
-    lib.ft_set_gemm(0, 16, 0)
-    print("medium expert layer, 512 tokens: " + ", ".join(
-        f"{k} {s * 1e3:.0f} ms = {flops / s / 1e9:.0f} GFLOP/s ({flops / s / peak[ceil.get(k, 'fp32')]:.1%} "
-        f"of {ceil.get(k, 'fp32')})" for k, s in r.items()))
+    for t in (int(v) for v in args.expert_tokens.split(",")):
+        expert_layer(lib, pool, tiles, peak, ceil, t, args.rounds, g)
     pool.close()
 
 

@@ -288,7 +288,7 @@ def bf16_act(v: torch.Tensor) -> torch.Tensor:
     return v.float().bfloat16().double()
 
 
-def rounded_reference(banks, dense, x, ids, w, inter, rel=1e-4, eps=1e-6):
+def rounded_reference(banks, dense, x, ids, w, inter, rel=1e-4, eps=1e-6, act="swiglu_oai"):
     """float64 reference with x and the activation h rounded to bf16, and a per-element slack
     for h values so close to a bf16 rounding boundary (within rel * |h| + eps) that the kernel's
     float32 sums may round them the other way: each such tie adds w * ulp(h) * |down column|."""
@@ -301,7 +301,7 @@ def rounded_reference(banks, dense, x, ids, w, inter, rel=1e-4, eps=1e-6):
             if e < 0:
                 continue
             h = gu_all[e] @ bf16_act(x[i]) + banks["gate_up_bias"][e].double()
-            a = activate(h[:inter], h[inter:], "swiglu_oai", 1.702, 7.0)
+            a = activate(h[:inter], h[inter:], act, 1.702, 7.0)
             d = rel * a.abs() + eps
             ulp = (bf16_act(a + d) - bf16_act(a - d)).abs()          # 0 unless a tie is possible
             out[i] += float(w[i, j]) * (dn_all[e] @ bf16_act(a) + banks["down_bias"][e].double())

@@ -89,6 +89,30 @@ def test_experts_through_tiles_match_rounded_reference(isa, mode):
             ex.close()
 
 
+@pytest.mark.parametrize("isa,mode", CASES)
+def test_silu_experts_over_chunks_match_rounded_reference(isa, mode):
+    """SiLU experts (the vector activation, 16 columns at a time, and its column tails) with one
+    group of 300 tokens at hidden 2048: more than one chunk of tokens of the tiles (256 there),
+    run chunk by chunk; the float64 reference with x and h rounded to bf16."""
+    lib, code = _lib_mode(isa, mode)
+    gen = torch.Generator().manual_seed(torch.seed() % (2**31))
+    hidden, inter = 2048, 40
+    banks = make_banks("bf16", 3, hidden, inter, True, gen)
+    ex = CpuExpertExecutor(banks, "bf16", hidden, inter, activation="silu", isa=isa, num_threads=2, gemm_tokens=0)
+    dense = dense64(banks, "bf16")
+    try:
+        assert lib.ft_set_gemm(code, 1, 0) == code
+        ids, w = routes(300, 2, 3, gen)
+        ids[:, 0] = 1                                   # expert 1: a group of 300+ tokens
+        x = torch.randn(300, hidden, generator=gen)
+        y = ex.run(x, ids, w)
+        rounded, slack = rounded_reference(banks, dense, x, ids, w, inter, act="silu")
+        assert ((y.double() - rounded).abs() <= 1e-4 * rounded.abs().max() + slack).all()
+    finally:
+        lib.ft_set_gemm(0, 16, 0)
+        ex.close()
+
+
 def test_refused_modes_say_so():
     """A mode the build lacks answers -3 (the caller falls back), and the switch reports 0."""
     for isa in kernels.variants_here():

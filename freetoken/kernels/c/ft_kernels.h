@@ -181,6 +181,22 @@ FORCE_INLINE __m256i dot2_u8s8(__m256i u0, __m256i s0, __m256i u1, __m256i s1) {
 }
 #endif
 #ifdef FT_AVX512
+FORCE_INLINE __m512 exp16(__m512 x) {   /* exp(x), x <= 88 (Cephes expf: range reduction by ln2, degree-5 polynomial; ~1 ulp) */
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.33654475f));
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
 FORCE_INLINE __m512i dot512_u8s8(__m512i u, __m512i s) {   /* dot_u8s8 on 64 byte pairs */
 #ifdef FT_VNNI
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
@@ -281,6 +297,7 @@ int ft_amx_ready(void);
 FT_HIDDEN void amx_config(void);
 #endif
 FT_HIDDEN int gemm_mode_runs(int mode, int K);
+FT_HIDDEN int gemm_chunk_tokens(int K);
 FT_HIDDEN void gemm_pack(const float *const *rows, int m0, int M, int K, int c0, int c1, uint16_t *dst);
 FT_HIDDEN void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n1, int K, const uint16_t *xp,
                          int M, float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream);

@@ -35,6 +35,18 @@
 
 #define MC 256          /* tokens per chunk: their packed x (256 x K bf16) stays in L2 */
 
+#define AMX_MC 1024     /* most tokens per chunk of the AMX tiles */
+#define AMX_XB (1 << 20) /* bytes of packed x per chunk: half the L2, the rest for weights and accumulators */
+/* Blocks of 16 tokens per chunk: their packed x stays in L2 while every 32 weight rows pass over
+ * it, so the weights come from memory once per chunk (256 tokens at K = 2048, 1024 at K <= 512). */
+static int amx_chunk_blocks(int K) {
+    const int64_t b = AMX_XB / blk_bytes(K) / 2 * 2;
+    return b < 16 ? 16 : (b > AMX_MC / 16 ? AMX_MC / 16 : (int)b);
+}
+
+/* Tokens per chunk of the tiles at K (whole blocks of 16): moe.c runs a large expert group's
+ * column blocks over one such chunk at a time, so its packed x stays in L2 across them. */
+FT_HIDDEN int gemm_chunk_tokens(int K) { return 16 * amx_chunk_blocks(K); }
 
 /* ------------------------------------------------------------------ AMX availability */
 
@@ -309,15 +321,6 @@ static void amx_pack_a(const uint8_t *w, int64_t w_rs, int n, int n1, int K, int
             _mm512_storeu_si512(d + full * 1024, _mm512_maskz_loadu_epi16(m, src + 32 * full));
         }
     }
-}
-
-#define AMX_MC 1024     /* most tokens per chunk of the AMX tiles */
-#define AMX_XB (1 << 20) /* bytes of packed x per chunk: half the L2, the rest for weights and accumulators */
-/* Blocks of 16 tokens per chunk: their packed x stays in L2 while every 32 weight rows pass over
- * it, so the weights come from memory once per chunk (256 tokens at K = 2048, 1024 at K <= 512). */
-static int amx_chunk_blocks(int K) {
-    const int64_t b = AMX_XB / blk_bytes(K) / 2 * 2;
-    return b < 16 ? 16 : (b > AMX_MC / 16 ? AMX_MC / 16 : (int)b);
 }
 
 #define AKS 8           /* K steps (32 columns) per A sub-panel: 32 rows x 256 bf16 = 16 KB stays in L1
