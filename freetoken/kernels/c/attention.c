@@ -93,13 +93,13 @@ static void att_part(const att_job *A, int s, int h, int c, int vkind, const flo
     float *part = A->part + ((int64_t)(s * A->Hkv + h) * A->nch + c) * G * (D + 2);
     for (int g = 0; g < G; g++) {
         float *pg = part + (int64_t)g * (D + 2);
-        if (!acc) { pg[D] = -INFINITY; pg[D + 1] = 0.f; continue; }
-        for (int pos = 0; pos < A->Dp; pos++) {
-            const int col = att_col(vkind, G, pos);
-            if (col < D) pg[col] = acc[(int64_t)g * A->Dp + pos];
-        }
-        pg[D] = m[g];
-        pg[D + 1] = m[G + g];
+        pg[D] = acc ? m[g] : -INFINITY;
+        pg[D + 1] = acc ? m[G + g] : 0.f;
+    }
+    for (int pos = 0; acc && pos < A->Dp; pos++) {
+        const int col = att_col(vkind, G, pos);
+        if (col < D)
+            for (int g = 0; g < G; g++) part[(int64_t)g * (D + 2) + col] = acc[(int64_t)g * A->Dp + pos];
     }
 }
 
