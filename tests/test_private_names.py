@@ -75,6 +75,8 @@ WHITE_BOX = {
     ("bench/concurrent_streams.py", "runner"): "labels its rows with the bf16_dot the model's calibration chose",
     ("bench/speculative.py", "spec"): "the verify-cost curve forces drafts of each length k through the "
                                       "speculator and reads its price's prediction",
+    ("bench/verify_cost.py", "spec"): "forces random drafts of each length k through the speculator to time "
+                                      "verify steps in CPU time",
     ("bench/speculative.py", "model"): "--routing-trace routes the loaded model's MoE layers as a real model's "
                                        "trace (sim/trace_routing.py), which no serving option does",
     ("bench/spec_mtp.py", "spec"): "forces MTP drafts of each length k through the speculator, timing the "

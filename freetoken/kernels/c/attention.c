@@ -24,6 +24,9 @@
 #define ATT_BLOCK 32
 #define ATT_PF_LOC 2           /* __builtin_prefetch locality 2 = prefetcht1: the next block into L2 (1.7x from DRAM on Zen 4) */
 #define ATT_CHUNK_MIN 256      /* keys per chunk at least: below that the merge costs more than the split saves */
+#define ATT_ROWS_MAX 16        /* rows of one sequence an item serves at most (a verify of up to 15 drafts) */
+/* a row's floats of an item's scratch: scores [chunk][G], qf [G+1][Dp], acc [G][Dp], m and l [G] */
+#define ATT_ROW_WS(chunk, G, Dp) (((chunk) * (G) + (int64_t)(2 * (G) + 1) * (Dp) + 2 * (G) + 15) & ~(int64_t)15)
 
 typedef struct {
     const float *q; int S, Hq, Hkv, D, Dp;  /* Dp: D rounded up to 32 (zero-padded rows) */
@@ -33,6 +36,7 @@ typedef struct {
     float *out;
     int nch; int64_t chunk;                 /* chunks of the longest sequence, and its keys per chunk */
     int64_t want;                           /* chunks a sequence is split into at most (att_seq_chunk) */
+    const int *rows;                        /* per row: rows of its group if it leads one, else 0 */
     float *part;                            /* per item: G x (D + 2): unnormalized o, max m, sum l */
     float *tmp; int64_t tmp_stride;         /* per thread: scores, queries, accumulators, one block */
     _Atomic int next;
@@ -82,22 +86,56 @@ FORCE_INLINE void att_rows(const uint8_t *base, int64_t row_bytes, int64_t head_
     }
 }
 
-/* Item (s, h, keys [j0, j1)): writes per query head g its unnormalized output, max and sum to
- * part. Two passes over the chunk: all scores (then the softmax numerators), then the values. */
-FORCE_INLINE void att_chunk(const att_job *A, int s, int h, int64_t j0, int64_t j1, float *ws, float *part,
+/* Row s's part of item (s, h, chunk c): its G heads' unnormalized outputs in column order, max
+ * and sum; acc NULL: the row has no keys in the chunk. */
+static void att_part(const att_job *A, int s, int h, int c, int vkind, const float *acc, const float *m) {
+    const int G = A->Hq / A->Hkv, D = A->D;
+    float *part = A->part + ((int64_t)(s * A->Hkv + h) * A->nch + c) * G * (D + 2);
+    for (int g = 0; g < G; g++) {
+        float *pg = part + (int64_t)g * (D + 2);
+        pg[D] = acc ? m[g] : -INFINITY;
+        pg[D + 1] = acc ? m[G + g] : 0.f;
+    }
+    for (int pos = 0; acc && pos < A->Dp; pos++) {
+        const int col = att_col(vkind, G, pos);
+        if (col < D)
+            for (int g = 0; g < G; g++) part[(int64_t)g * (D + 2) + col] = acc[(int64_t)g * A->Dp + pos];
+    }
+}
+
+/* Rows [s0, s0 + R) of one sequence (a verify's rows: the same key slots, row r reading its
+ * first nkeys[r]) against KV head h, keys [j0, j0 + chunk) of each row's own range: writes per
+ * row and query head g its unnormalized output, max and sum to its part. Each block of keys is
+ * read (and widened) once for all the rows; every row then runs the one-row block loops on it
+ * with its own key count, in the order a decode step at its position runs them, so each row
+ * gets the bits it gets alone. Two passes: all scores (then the softmax numerators), then the
+ * values. */
+FORCE_INLINE void att_chunk(const att_job *A, int s0, int R, int h, int64_t j0, int64_t chunk, float *ws,
                             const int kvt) {
     const int G = A->Hq / A->Hkv, D = A->D, Dp = A->Dp;
     const int64_t es = kvt == XT_F32 ? 4 : 2, row_bytes = (int64_t)A->Hkv * D * es, head_off = (int64_t)h * D * es;
-    const int64_t n = j1 - j0, *slots = A->slots + (int64_t)s * A->kmax + j0;
-    float *sc = ws, *qf = sc + A->chunk * G, *acc = qf + (int64_t)(G + 1) * Dp, *buf = acc + (int64_t)G * Dp;
-    float *m = buf + (int64_t)ATT_BLOCK * Dp, *l = m + G;
+    int64_t nr[ATT_ROWS_MAX], n = 0;     /* keys of each row in this chunk, and of the longest */
+    int sl = s0;                          /* the longest row: its slots cover every row's keys */
+    for (int r = 0; r < R; r++) {
+        const int64_t e = A->nkeys[s0 + r] < j0 + chunk ? A->nkeys[s0 + r] : j0 + chunk;
+        nr[r] = e > j0 ? e - j0 : 0;
+        if (nr[r] > n) { n = nr[r]; sl = s0 + r; }
+    }
+    const int64_t *slots = A->slots + (int64_t)sl * A->kmax + j0;
+    const int64_t row_ws = ATT_ROW_WS(A->chunk, G, Dp);
+    float *buf = ws + R * row_ws;
+#define ROW_SC(r) (ws + (r) * row_ws)
+#define ROW_QF(r) (ROW_SC(r) + A->chunk * G)
+#define ROW_ACC(r) (ROW_QF(r) + (int64_t)(G + 1) * Dp)
+#define ROW_M(r) (ROW_ACC(r) + (int64_t)G * Dp)
     /* bf16 scores (ft_bf16_dot_on, a bf16 cache): q rounded to bf16 once, as llama.cpp does;
      * vdpbf16ps on the rows in place where G divides the 16 lanes, else the same products emulated */
     int qmode = kvt == XT_BF16 && ft_bf16_dot_on ? ATT_Q_ROUNDED : ATT_Q_F32;
 #ifdef FT_BF16DOT
     if (qmode == ATT_Q_ROUNDED && 16 % G == 0) qmode = ATT_Q_BF16;
 #endif
-    att_prep_q(A->q + ((int64_t)s * A->Hq + (int64_t)h * G) * D, G, D, Dp, qf, qmode);
+    for (int r = 0; r < R; r++)
+        att_prep_q(A->q + ((int64_t)(s0 + r) * A->Hq + (int64_t)h * G) * D, G, D, Dp, ROW_QF(r), qmode);
     const float *rows[ATT_BLOCK];
     for (int64_t b = 0; b < n; b += ATT_BLOCK) {
         const int64_t nb = n - b < ATT_BLOCK ? n - b : ATT_BLOCK, b2 = b + ATT_BLOCK;
@@ -107,32 +145,35 @@ FORCE_INLINE void att_chunk(const att_job *A, int s, int h, int64_t j0, int64_t 
         if (qmode == ATT_Q_BF16) {
             const uint16_t *kr[ATT_BLOCK];
             for (int64_t i = 0; i < nb; i++) kr[i] = (const uint16_t *)(A->k + slots[b + i] * row_bytes + head_off);
-            att_scores_block_bf16(kr, nb, G, D, Dp, (const uint16_t *)qf, A->scale, sc + b * G);
+            for (int r = 0; r < R; r++)
+                if (nr[r] > b)
+                    att_scores_block_bf16(kr, nr[r] - b < nb ? nr[r] - b : nb, G, D, Dp, (const uint16_t *)ROW_QF(r),
+                                          A->scale, ROW_SC(r) + b * G);
             continue;
         }
 #endif
         att_rows(A->k, row_bytes, head_off, kvt, slots + b, nb, D, Dp, buf, rows);
-        att_scores_block(rows, nb, G, D, Dp, qf, A->scale, sc + b * G);
+        for (int r = 0; r < R; r++)
+            if (nr[r] > b)
+                att_scores_block(rows, nr[r] - b < nb ? nr[r] - b : nb, G, D, Dp, ROW_QF(r), A->scale, ROW_SC(r) + b * G);
     }
-    att_softmax(sc, n, G, m, l);
-    memset(acc, 0, (size_t)G * Dp * 4);
+    for (int r = 0; r < R; r++) {
+        att_softmax(ROW_SC(r), nr[r], G, ROW_M(r), ROW_M(r) + G);
+        memset(ROW_ACC(r), 0, (size_t)G * Dp * 4);
+    }
     const int vkind = qmode == ATT_Q_F32 ? kvt : ATT_KV_BF16P;     /* the values' weights rounded alike */
     const uint8_t *vr[ATT_BLOCK];
     for (int64_t b = 0; b < n; b += ATT_BLOCK) {
         const int64_t nb = n - b < ATT_BLOCK ? n - b : ATT_BLOCK, b2 = b + ATT_BLOCK;
         if (b2 < n) att_prefetch(A->v, row_bytes, head_off, slots + b2, n - b2 < ATT_BLOCK ? n - b2 : ATT_BLOCK, D * es);
         for (int64_t i = 0; i < nb; i++) vr[i] = A->v + slots[b + i] * row_bytes + head_off;
-        att_values_block(vr, vkind, sc + b * G, nb, G, D, Dp, acc);
+        att_values_rows(vr, vkind, nb, b, nr, R, G, D, Dp, ROW_SC(0) + b * G, row_ws, ROW_ACC(0));
     }
-    for (int g = 0; g < G; g++) {
-        float *pg = part + (int64_t)g * (D + 2);
-        for (int pos = 0; pos < Dp; pos++) {
-            const int c = att_col(vkind, G, pos);
-            if (c < D) pg[c] = acc[(int64_t)g * Dp + pos];
-        }
-        pg[D] = m[g];
-        pg[D + 1] = l[g];
-    }
+    for (int r = 0; r < R; r++) att_part(A, s0 + r, h, j0 / chunk, vkind, nr[r] ? ROW_ACC(r) : NULL, ROW_M(r));
+#undef ROW_SC
+#undef ROW_QF
+#undef ROW_ACC
+#undef ROW_M
 }
 
 /* Keys per chunk of a sequence of n keys: n split `want` ways, at least ATT_CHUNK_MIN (below
@@ -143,9 +184,29 @@ static int64_t att_seq_chunk(int64_t n, int64_t want) {
     return (chunk + ATT_BLOCK - 1) / ATT_BLOCK * ATT_BLOCK;
 }
 
+/* Groups of consecutive rows that read the same keys (a verify's rows of one sequence: the same
+ * slots over each row's keys) and cut them into the same chunks: rows[s] = the group's size at
+ * its first row, 0 at the others. Returns the largest group's size. */
+static int att_groups(int S, const int64_t *slots, int64_t kmax, const int64_t *nkeys, int64_t want, int *rows) {
+    int most = 1;
+    for (int s = 0, lead = 0; s < S; s++) {
+        if (s > lead && s - lead < ATT_ROWS_MAX && att_seq_chunk(nkeys[s], want) == att_seq_chunk(nkeys[lead], want)
+            && !memcmp(slots + (int64_t)s * kmax, slots + (int64_t)lead * kmax, (size_t)(nkeys[s] > nkeys[lead] ? nkeys[s] : nkeys[lead]) * 8)) {
+            rows[s] = 0;
+            rows[lead]++;
+            most = rows[lead] > most ? rows[lead] : most;
+        } else {
+            rows[s] = 1;
+            lead = s;
+        }
+    }
+    return most;
+}
+
 static void att_fn(void *a, int tid) {
     att_job *A = a;
     const int G = A->Hq / A->Hkv, D = A->D, items = A->S * A->Hkv * A->nch;
+    (void)G;
     float *ws = A->tmp + (int64_t)tid * A->tmp_stride;
 #ifdef __x86_64__
     const unsigned csr = _mm_getcsr();
@@ -153,15 +214,10 @@ static void att_fn(void *a, int tid) {
 #endif
     for (int it; (it = atomic_fetch_add(&A->next, 1)) < items;) {
         const int c = it % A->nch, sh = it / A->nch, s = sh / A->Hkv, h = sh % A->Hkv;
-        const int64_t n = A->nkeys[s], chunk = att_seq_chunk(n, A->want), j0 = (int64_t)c * chunk;
-        const int64_t j1 = j0 + chunk < n ? j0 + chunk : n;
-        float *part = A->part + (int64_t)it * G * (D + 2);
-        if (j0 >= j1) {
-            for (int g = 0; g < G; g++) { part[(int64_t)g * (D + 2) + D] = -INFINITY; part[(int64_t)g * (D + 2) + D + 1] = 0.f; }
-            continue;
-        }
-        if (A->kvt == XT_F32) att_chunk(A, s, h, j0, j1, ws, part, XT_F32);
-        else att_chunk(A, s, h, j0, j1, ws, part, XT_BF16);
+        if (!A->rows[s]) continue;          /* its group's first row serves it */
+        const int64_t chunk = att_seq_chunk(A->nkeys[s], A->want);
+        if (A->kvt == XT_F32) att_chunk(A, s, A->rows[s], h, (int64_t)c * chunk, chunk, ws, XT_F32);
+        else att_chunk(A, s, A->rows[s], h, (int64_t)c * chunk, chunk, ws, XT_BF16);
     }
 #ifdef __x86_64__
     _mm_setcsr(csr);
@@ -199,21 +255,28 @@ int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D,
     int64_t longest = 0, kv_rows = 0;
     for (int s = 0; s < S; s++) { kv_rows += nkeys[s]; longest = nkeys[s] > longest ? nkeys[s] : longest; }
     /* one sequence alone makes ~4 items per thread; each sequence is cut by that rule whatever
-     * else is in the call (att_seq_chunk), so the longest has the most chunks */
+     * else is in the call (att_seq_chunk), so the longest has the longest chunks, but not always
+     * the most (3450 keys cut 12 ways make 288-key chunks, 3461 keys 11 of 320) */
     const int64_t pairs = (int64_t)S * Hkv, want = (4 * (int64_t)p->n + Hkv - 1) / Hkv;
     const int64_t chunk = att_seq_chunk(longest, want);
-    int64_t nch = (longest + chunk - 1) / chunk;
-    if (nch < 1) nch = 1;
+    int64_t nch = 1;
+    for (int s = 0; s < S; s++) {
+        const int64_t c = att_seq_chunk(nkeys[s], want), n = (nkeys[s] + c - 1) / c;
+        nch = n > nch ? n : nch;
+    }
     const int64_t items = pairs * nch;
     const int Dp = (D + 31) & ~31;
-    /* per thread: scores [chunk][G], qf [G+1][Dp], acc [G][Dp], one fp32 block [ATT_BLOCK][Dp], m and l [G] */
+    int *grp = malloc((size_t)S * sizeof(int));
+    if (!grp) return -2;
+    const int most = att_groups(S, slots, kmax, nkeys, want, grp);
+    /* per thread: each row of a group its ATT_ROW_WS, and one fp32 block [ATT_BLOCK][Dp] */
     const int64_t part_floats = items * G * (D + 2),
-                  tmp_stride = ((int64_t)G * chunk + (int64_t)(2 * G + 1) * Dp + (int64_t)ATT_BLOCK * Dp
-                                + 2 * G + 31) & ~(int64_t)15;
+                  tmp_stride = most * ATT_ROW_WS(chunk, G, Dp) + (int64_t)ATT_BLOCK * Dp;
     float *mem = (float *)scratch(p, (size_t)(part_floats + tmp_stride * p->n + 16) * 4);
-    if (!mem) return -2;
-    att_job A = {q, S, Hq, Hkv, D, Dp, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, (int)nch, chunk, want,
+    if (!mem) { free(grp); return -2; }
+    att_job A = {q, S, Hq, Hkv, D, Dp, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, (int)nch, chunk, want, grp,
                  mem, mem + ((part_floats + 15) & ~(int64_t)15), tmp_stride, 0, p};
     pool_run_sized(p, att_fn, &A, kv_rows * 2 * Hkv * D * (kvt == XT_F32 ? 4 : 2));
+    free(grp);
     return 0;
 }

@@ -470,3 +470,10 @@ void att_values_block(const uint8_t *const *vr, int kvt, float *p, int64_t nb, i
         }
 #endif
 }
+
+void att_values_rows(const uint8_t *const *vr, int kvt, int64_t nb, int64_t b, const int64_t *nr, int R, int G,
+                     int D, int Dp, float *p, int64_t stride, float *acc) {
+    for (int r = 0; r < R; r++)
+        if (nr[r] > b)
+            att_values_block(vr, kvt, p + r * stride, nr[r] - b < nb ? nr[r] - b : nb, G, D, Dp, acc + r * stride);
+}

@@ -316,6 +316,10 @@ FT_HIDDEN void att_softmax(float *sc, int64_t n, int G, float *m, float *l);
 #define ATT_KV_BF16P 2
 FT_HIDDEN void att_values_block(const uint8_t *const *vr, int kvt, float *p, int64_t nb, int G, int D, int Dp,
                                 float *acc);
+/* att_values_block for the R rows of a verify on one block of V rows: row r's weights and
+ * accumulators at p + r * stride and acc + r * stride, its keys nr[r] - b of the block (if any) */
+FT_HIDDEN void att_values_rows(const uint8_t *const *vr, int kvt, int64_t nb, int64_t b, const int64_t *nr, int R,
+                               int G, int D, int Dp, float *p, int64_t stride, float *acc);
 FT_HIDDEN int att_col(int kvt, int G, int pos);
 
 /* 1 where dot_tile runs fmt in tiles of 4 rows for any token count (AVX-512 float tiles). */

@@ -1,0 +1,97 @@
+"""A verify's attention: the decode kernel on 1 row vs the k + 1 rows of one sequence (a verify
+of k drafts: row i reads the sequence's first ctx + i keys), this tree's kernel beside an earlier
+revision's (`--baseline none` skips it), alternating rounds. Prints ms per layer call and what
+each extra row costs; the bf16 paged cache of `bench/decode_attention.py`, copies of it that
+outgrow the last-level cache (a step's layers read their caches from DRAM).
+
+    .venv/bin/python bench/verify_attention.py [--threads 1] [--contexts 256,800,1600] [--rows 9]
+                                              [--heads 32,4] [--baseline ebb43cc|none] [--clock process]
+
+Default shapes: the dense bench model's attention (`bench/speculative.py --model dense`: 32 query
+heads, 4 KV heads, head_dim 128), one layer."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_attention import CLOCK, build_revision  # noqa: E402
+
+from freetoken import kernels  # noqa: E402
+from freetoken.kernels.pool import CpuPool  # noqa: E402
+from freetoken.layers.attention.paged import attend_rows  # noqa: E402
+
+
+def verify_case(ctx: int, rows: int, hq: int, hkv: int, d=128, block=16, seed=0):
+    """(q, k, v, slots, lens, scale): `rows` queries of one sequence at positions ctx-1 .. ctx+rows-2."""
+    g = torch.Generator().manual_seed(ctx + 1000 * seed)
+    keys = ctx + rows - 1
+    nblocks = -(-keys // block)
+    k = torch.randn((nblocks + 1) * block, hkv, d, generator=g).bfloat16()
+    v = torch.randn((nblocks + 1) * block, hkv, d, generator=g).bfloat16()
+    order = torch.randperm(nblocks, generator=g) + 1
+    seq = (order.view(nblocks, 1) * block + torch.arange(block)).reshape(-1)[:keys]
+    slots = seq.expand(rows, keys).contiguous()
+    q = torch.randn(rows, hq, d, generator=g)
+    lens = torch.arange(ctx, ctx + rows, dtype=torch.int64)
+    return q, k, v, slots, lens, d ** -0.5
+
+
+def timed(pool, cases, reps, clock):
+    """Best time per call over `reps` passes through all `cases`."""
+    now = CLOCK[clock]
+    for a in cases:
+        attend_rows(pool, *a)
+    best = float("inf")
+    for _ in range(reps):
+        t = now()
+        for a in cases:
+            attend_rows(pool, *a)
+        best = min(best, (now() - t) / len(cases))
+    return best
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--contexts", default="256,800,1600")
+    ap.add_argument("--rows", type=int, default=9, help="rows of the verify (k + 1)")
+    ap.add_argument("--heads", default="32,4", help="query heads, KV heads")
+    ap.add_argument("--baseline", default="ebb43cc", help="git revision whose kernel runs beside this tree's, or none")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--clock", choices=CLOCK, default="process",
+                    help="process: CPU time of this process (for --threads 1 on a shared machine); wall")
+    args = ap.parse_args()
+    hq, hkv = map(int, args.heads.split(","))
+    pools = {"new": CpuPool(kernels.load(), args.threads)}
+    if args.baseline != "none":
+        pools["old"] = CpuPool(build_revision(args.baseline), args.threads)
+    print(f"kernels {kernels.load().ft_isa().decode()}, {args.threads} threads, {hq} query / {hkv} KV heads x 128, "
+          f"bf16 cache; ms per layer call, medians of {args.rounds} alternating rounds (best of {args.reps} each)"
+          + ("" if len(pools) == 1 else f"; old = {args.baseline}"))
+    print(f"{'context':>8}" + "".join(f"{n + ' 1 row':>12}{n + f' {args.rows} rows':>13}{n + ' /xrow':>11}"
+                                      for n in pools))
+    for ctx in map(int, args.contexts.split(",")):
+        nbytes = ctx * hkv * 128 * 4
+        copies = max(1, -(-(96 << 20) // nbytes))
+        one = [verify_case(ctx, 1, hq, hkv, seed=i) for i in range(copies)]
+        many = [verify_case(ctx, args.rows, hq, hkv, seed=i) for i in range(copies)]
+        times = {n: ([], []) for n in pools}
+        for r in range(args.rounds):
+            for n in list(pools)[:: 1 if r % 2 == 0 else -1]:
+                times[n][0].append(timed(pools[n], one, args.reps, args.clock))
+                times[n][1].append(timed(pools[n], many, args.reps, args.clock))
+        line = f"{ctx:8}"
+        for n in pools:
+            t1, tr = (statistics.median(t) * 1e3 for t in times[n])
+            line += f"{t1:12.3f}{tr:13.3f}{(tr - t1) / (args.rows - 1):11.3f}"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
