@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
         [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
         [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
-        [--free-from random|sessions] [--history N] [--curve-context N]
+        [--free-from random|sessions] [--history N] [--curve-context N] [--lockstep [--window 16] [--control]]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -30,6 +30,10 @@
 7. --history N: the suffix index first sees N other recorded sessions (evenly spaced among those
    not replayed; whole turns), as an agent server that served them would have; the model-free
    study of the sessions (docs/benchmarks.md) drafted from such a shared history.
+8. --lockstep: the free-running rows are read in lockstep instead (bench/spec_lockstep.py): plain
+   and auto decode each prompt step by step in turn on one engine, the median of per-window
+   ratios over --window step pairs; --control adds the same lockstep of plain against plain (the
+   method's noise floor). Use --free-tokens 256 or more; --sessions 0 skips the replay.
 Decode time is from a request's first token to its last (prefill excluded)."""
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import MEDIUM_QWEN3, SHARED_DATA, fresh_prompts, medium_checkpoint  # noqa: E402
+from spec_lockstep import lockstep, summary, window_ratios  # noqa: E402
 from vs_llamacpp import isa_line  # noqa: E402
 
 MEDIUM_VOCAB = MEDIUM_QWEN3["vocab"]
@@ -99,8 +104,8 @@ def session_turns(args, encode, vocab: int) -> tuple[list[tuple[list[int], list[
     """(last --prompt prompt ids, first --response response ids) of each picked session turn, and
     the --history other sessions' whole turns (prompt + response ids), evenly spaced among the rest."""
     from freetoken.engine.spec.replay import load_sessions
-    sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]]
-    picked = sessions[::max(1, len(sessions) // args.sessions)][:args.sessions]
+    sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]] if args.sessions else []
+    picked = sessions[::max(1, len(sessions) // max(args.sessions, 1))][:args.sessions]
     out = []
     for _, turns in picked:
         for prompt, resp in turns:
@@ -241,6 +246,39 @@ def target(args):
     return Path(args.model), args.model, qwen2_encode(), None
 
 
+def free_lockstep(llm, speculator, prompts, args, history, lengths) -> None:
+    """The free-running rows in lockstep (bench/spec_lockstep.py): auto against plain and, with
+    --control, plain against plain, per prompt and round, fresh drafters each lockstep."""
+    from freetoken import SamplingParams
+
+    def params():
+        return SamplingParams(max_tokens=args.free_tokens, temperature=0.0, ignore_eos=True)
+    pairs = [("auto", {"plain": None, "auto": speculator})]
+    if args.control:
+        pairs.append(("control", {"plain": None, "plain2": None}))
+    got = {label: [] for label, _ in pairs}
+    for r in range(args.rounds):
+        for i, prompt in enumerate(prompts):
+            for label, sides in pairs:
+                if r % 2:                              # which side is prefilled and stepped first alternates
+                    sides = dict(reversed(list(sides.items())))
+                speculator.drafters = fresh_drafters(history)
+                lengths.on = "free" if label == "auto" else None
+                steps, out = lockstep(llm.engine, sides, prompt, params, f"ls{r}{i}")
+                lengths.on = None
+                a, b = (steps[n] for n in sorted(steps, key=lambda n: n != "plain"))
+                ratios = window_ratios(a, b, args.window)
+                got[label] += ratios
+                whole = (sum(n for _, n in b) / sum(t for t, _ in b)) / (sum(n for _, n in a) / sum(t for t, _ in a))
+                same = len(set(map(tuple, out.values()))) == 1
+                print(f"  round {r} prompt {i} {label:7s} {summary(ratios)}; whole run {whole:.3f}x; "
+                      f"tokens identical {same}", flush=True)
+    llm.engine.spec = speculator
+    for label, ratios in got.items():
+        name = "auto / plain" if label == "auto" else "control: plain / plain"
+        print(f"free lockstep, {name}: {summary(ratios)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=4)
@@ -269,6 +307,11 @@ def main():
                          "that served them would have (0: each replay starts from an empty index)")
     ap.add_argument("--free-from", choices=("random", "sessions"), default="random",
                     help="free-running prompts: random ids, or the sessions' prompts (a real model's real acceptance)")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="read the free-running rows in lockstep (median of per-window ratios) instead of in rounds")
+    ap.add_argument("--window", type=int, default=16, help="--lockstep: step pairs per window ratio")
+    ap.add_argument("--control", action="store_true",
+                    help="--lockstep: also plain against plain in the same lockstep (the method's noise floor)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from freetoken import LLM, SamplingParams
@@ -301,8 +344,9 @@ def main():
           f"{args.history} other sessions ({sum(map(len, history))} tokens)")
     res = {(w, n): [] for w in ("replay", "free") for n in names}
     lengths = watch_lengths(speculator)
+    works = ([("replay", jobs)] if jobs else []) + ([] if args.lockstep else [("free", free)])
     for r in range(args.rounds):
-        for work, js in (("replay", jobs), ("free", free)):
+        for work, js in works:
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
                 llm.engine.spec = None if name == "plain" else speculator
@@ -314,8 +358,10 @@ def main():
                 lengths.on = None
                 res[(work, name)].append(toks / secs)
                 print(f"  round {r} {work:6s} {name:5s} {toks / secs:7.2f} tok/s ({toks} tokens)", flush=True)
+    if args.lockstep:
+        free_lockstep(llm, speculator, prompts, args, history, lengths)
     print("\nworkload   plain tok/s   auto tok/s   auto/plain" + ("   draft tok/s   draft/plain" if draft else ""))
-    for work in ("replay", "free"):
+    for work, _ in works:
         a, b = statistics.median(res[(work, "plain")]), statistics.median(res[(work, "auto")])
         line = f"{work:8s}   {a:11.2f}   {b:10.2f}   {b / a:9.3f}x"
         if draft is not None:
