@@ -30,9 +30,10 @@ def _side_step(engine, seq, spec) -> tuple[float, int, bool]:
     return time.perf_counter() - t0, n, done
 
 
-def lockstep(engine, sides: dict, prompt: list[int], params_of, tag: str):
+def lockstep(engine, sides: dict, prompt: list[int], params_of, tag: str, tail: bool = False):
     """sides: name -> speculator or None (plain). Each side's request is prefilled alone (untimed),
-    then the sides decode step by step in turn until the first finishes; the rest runs untimed.
+    then the sides decode step by step in turn until the first finishes; the rest runs untimed
+    (tail: timed too, the replay's turns, where the speculative side ends steps earlier).
     Returns ({name: [(seconds, tokens)] per decode step}, {name: output ids})."""
     seqs, done = {}, {}
     for name, spec in sides.items():
@@ -56,9 +57,11 @@ def lockstep(engine, sides: dict, prompt: list[int], params_of, tag: str):
             dt, n, done[name] = _side_step(engine, seqs[name], sides[name])
             steps[name].append((dt, n))
         i += 1
-    for name in sides:                     # the rest, untimed, for the identity check
+    for name in sides:                     # the rest, for the identity check
         while not done[name]:
-            _, _, done[name] = _side_step(engine, seqs[name], sides[name])
+            dt, n, done[name] = _side_step(engine, seqs[name], sides[name])
+            if tail:
+                steps[name].append((dt, n))
     engine.scheduler.running[:] = []
     return steps, {name: list(seqs[name].output_ids) for name in sides}
 
@@ -73,6 +76,11 @@ def window_ratios(a: list, b: list, window: int) -> list[float]:
         nb = sum(n for _, n in b[w:w + window])
         out.append((nb / tb) / (na / ta))
     return out
+
+
+def rate(steps: list) -> float:
+    """Tokens a second over (seconds, tokens) steps."""
+    return sum(n for _, n in steps) / sum(t for t, _ in steps)
 
 
 def summary(ratios: list[float]) -> str:

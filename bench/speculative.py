@@ -30,10 +30,11 @@
 7. --history N: the suffix index first sees N other recorded sessions (evenly spaced among those
    not replayed; whole turns), as an agent server that served them would have; the model-free
    study of the sessions (docs/benchmarks.md) drafted from such a shared history.
-8. --lockstep: the free-running rows are read in lockstep instead (bench/spec_lockstep.py): plain
-   and auto decode each prompt step by step in turn on one engine, the median of per-window
-   ratios over --window step pairs; --control adds the same lockstep of plain against plain (the
-   method's noise floor). Use --free-tokens 256 or more; --sessions 0 skips the replay.
+8. --lockstep: both workloads are read in lockstep instead (bench/spec_lockstep.py): plain and
+   auto decode each prompt (each replayed turn) step by step in turn on one engine. Free: the
+   median of per-window ratios over --window step pairs; --control adds the same lockstep of
+   plain against plain (the method's noise floor); use --free-tokens 256 or more. Replay: the
+   pooled ratio of every timed step and the median of per-turn ratios. --sessions 0 skips the replay.
 Decode time is from a request's first token to its last (prefill excluded)."""
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import MEDIUM_QWEN3, SHARED_DATA, fresh_prompts, medium_checkpoint  # noqa: E402
-from spec_lockstep import lockstep, summary, window_ratios  # noqa: E402
+from spec_lockstep import lockstep, rate, summary, window_ratios  # noqa: E402
 from vs_llamacpp import isa_line  # noqa: E402
 
 MEDIUM_VOCAB = MEDIUM_QWEN3["vocab"]
@@ -246,6 +247,38 @@ def target(args):
     return Path(args.model), args.model, qwen2_encode(), None
 
 
+def replay_lockstep(llm, speculator, turns, args, history, lengths) -> None:
+    """The replay in lockstep: each turn's forced response decoded by plain and auto step by step
+    in turn (every step timed; auto's turn ends in fewer steps), the drafters fresh each round and
+    seeing the sessions' turns in order. Per round the pooled ratio; overall the median of the
+    per-turn ratios and the pooled one."""
+    from freetoken import SamplingParams
+    per_turn, pooled = [], {"plain": [], "auto": []}
+    for r in range(args.rounds):
+        speculator.drafters = fresh_drafters(history)
+        sides = {"plain": None, "auto": speculator} if r % 2 == 0 else {"auto": speculator, "plain": None}
+        got = {"plain": [], "auto": []}
+        for i, (prompt, resp) in enumerate(turns):
+            def params(resp=resp):
+                return SamplingParams(max_tokens=len(resp), temperature=0.0, ignore_eos=True,
+                                      logits_processors=[forced(resp)])
+            lengths.on = "replay"
+            steps, out = lockstep(llm.engine, sides, prompt, params, f"rp{r}{i}", tail=True)
+            lengths.on = None
+            if len(set(map(tuple, out.values()))) != 1:
+                sys.exit(f"replay turn {i}: auto's tokens differ from plain's")
+            per_turn.append(rate(steps["auto"]) / rate(steps["plain"]))
+            for name in got:
+                got[name] += steps[name]
+        for name in got:
+            pooled[name] += got[name]
+        print(f"  round {r} replay lockstep: auto / plain {rate(got['auto']) / rate(got['plain']):.3f}x "
+              f"(plain {rate(got['plain']):.2f} tok/s)", flush=True)
+    llm.engine.spec = speculator
+    print(f"replay lockstep, auto / plain: pooled {rate(pooled['auto']) / rate(pooled['plain']):.3f}x, "
+          f"per turn {summary(per_turn).replace('windows', 'turns')}")
+
+
 def free_lockstep(llm, speculator, prompts, args, history, lengths) -> None:
     """The free-running rows in lockstep (bench/spec_lockstep.py): auto against plain and, with
     --control, plain against plain, per prompt and round, fresh drafters each lockstep."""
@@ -344,7 +377,7 @@ def main():
           f"{args.history} other sessions ({sum(map(len, history))} tokens)")
     res = {(w, n): [] for w in ("replay", "free") for n in names}
     lengths = watch_lengths(speculator)
-    works = ([("replay", jobs)] if jobs else []) + ([] if args.lockstep else [("free", free)])
+    works = [] if args.lockstep else [("replay", jobs)] * bool(jobs) + [("free", free)]
     for r in range(args.rounds):
         for work, js in works:
             order = names if r % 2 == 0 else names[::-1]
@@ -359,6 +392,8 @@ def main():
                 res[(work, name)].append(toks / secs)
                 print(f"  round {r} {work:6s} {name:5s} {toks / secs:7.2f} tok/s ({toks} tokens)", flush=True)
     if args.lockstep:
+        if turns:
+            replay_lockstep(llm, speculator, turns, args, history, lengths)
         free_lockstep(llm, speculator, prompts, args, history, lengths)
     print("\nworkload   plain tok/s   auto tok/s   auto/plain" + ("   draft tok/s   draft/plain" if draft else ""))
     for work, _ in works:
