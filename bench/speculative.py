@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
         [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
         [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
-        [--free-from random|sessions] [--history N] [--curve-context N]
+        [--free-from random|sessions] [--history N] [--curve-context N] [--lockstep [--window 16] [--control]]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -30,6 +30,11 @@
 7. --history N: the suffix index first sees N other recorded sessions (evenly spaced among those
    not replayed; whole turns), as an agent server that served them would have; the model-free
    study of the sessions (docs/benchmarks.md) drafted from such a shared history.
+8. --lockstep: both workloads are read in lockstep instead (bench/spec_lockstep.py): plain and
+   auto decode each prompt (each replayed turn) step by step in turn on one engine. Free: the
+   median of per-window ratios over --window step pairs; --control adds the same lockstep of
+   plain against plain (the method's noise floor); use --free-tokens 256 or more. Replay: the
+   pooled ratio of every timed step and the median of per-turn ratios. --sessions 0 skips the replay.
 Decode time is from a request's first token to its last (prefill excluded)."""
 from __future__ import annotations
 
@@ -44,6 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import MEDIUM_QWEN3, SHARED_DATA, fresh_prompts, medium_checkpoint  # noqa: E402
+from spec_lockstep import lockstep, rate, summary, window_ratios  # noqa: E402
 from vs_llamacpp import isa_line  # noqa: E402
 
 MEDIUM_VOCAB = MEDIUM_QWEN3["vocab"]
@@ -99,8 +105,8 @@ def session_turns(args, encode, vocab: int) -> tuple[list[tuple[list[int], list[
     """(last --prompt prompt ids, first --response response ids) of each picked session turn, and
     the --history other sessions' whole turns (prompt + response ids), evenly spaced among the rest."""
     from freetoken.engine.spec.replay import load_sessions
-    sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]]
-    picked = sessions[::max(1, len(sessions) // args.sessions)][:args.sessions]
+    sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]] if args.sessions else []
+    picked = sessions[::max(1, len(sessions) // max(args.sessions, 1))][:args.sessions]
     out = []
     for _, turns in picked:
         for prompt, resp in turns:
@@ -241,6 +247,71 @@ def target(args):
     return Path(args.model), args.model, qwen2_encode(), None
 
 
+def replay_lockstep(llm, speculator, turns, args, history, lengths) -> None:
+    """The replay in lockstep: each turn's forced response decoded by plain and auto step by step
+    in turn (every step timed; auto's turn ends in fewer steps), the drafters fresh each round and
+    seeing the sessions' turns in order. Per round the pooled ratio; overall the median of the
+    per-turn ratios and the pooled one."""
+    from freetoken import SamplingParams
+    per_turn, pooled = [], {"plain": [], "auto": []}
+    for r in range(args.rounds):
+        speculator.drafters = fresh_drafters(history)
+        sides = {"plain": None, "auto": speculator} if r % 2 == 0 else {"auto": speculator, "plain": None}
+        got = {"plain": [], "auto": []}
+        for i, (prompt, resp) in enumerate(turns):
+            def params(resp=resp):
+                return SamplingParams(max_tokens=len(resp), temperature=0.0, ignore_eos=True,
+                                      logits_processors=[forced(resp)])
+            lengths.on = "replay"
+            steps, out = lockstep(llm.engine, sides, prompt, params, f"rp{r}{i}", tail=True)
+            lengths.on = None
+            if len(set(map(tuple, out.values()))) != 1:
+                sys.exit(f"replay turn {i}: auto's tokens differ from plain's")
+            per_turn.append(rate(steps["auto"]) / rate(steps["plain"]))
+            for name in got:
+                got[name] += steps[name]
+        for name in got:
+            pooled[name] += got[name]
+        print(f"  round {r} replay lockstep: auto / plain {rate(got['auto']) / rate(got['plain']):.3f}x "
+              f"(plain {rate(got['plain']):.2f} tok/s)", flush=True)
+    llm.engine.spec = speculator
+    print(f"replay lockstep, auto / plain: pooled {rate(pooled['auto']) / rate(pooled['plain']):.3f}x, "
+          f"per turn {summary(per_turn).replace('windows', 'turns')}")
+
+
+def free_lockstep(llm, speculator, prompts, args, history, lengths) -> None:
+    """The free-running rows in lockstep (bench/spec_lockstep.py): auto against plain and, with
+    --control, plain against plain, per prompt and round, fresh drafters each lockstep."""
+    from freetoken import SamplingParams
+
+    def params():
+        return SamplingParams(max_tokens=args.free_tokens, temperature=0.0, ignore_eos=True)
+    pairs = [("auto", {"plain": None, "auto": speculator})]
+    if args.control:
+        pairs.append(("control", {"plain": None, "plain2": None}))
+    got = {label: [] for label, _ in pairs}
+    for r in range(args.rounds):
+        for i, prompt in enumerate(prompts):
+            for label, sides in pairs:
+                if r % 2:                              # which side is prefilled and stepped first alternates
+                    sides = dict(reversed(list(sides.items())))
+                speculator.drafters = fresh_drafters(history)
+                lengths.on = "free" if label == "auto" else None
+                steps, out = lockstep(llm.engine, sides, prompt, params, f"ls{r}{i}")
+                lengths.on = None
+                a, b = (steps[n] for n in sorted(steps, key=lambda n: n != "plain"))
+                ratios = window_ratios(a, b, args.window)
+                got[label] += ratios
+                whole = (sum(n for _, n in b) / sum(t for t, _ in b)) / (sum(n for _, n in a) / sum(t for t, _ in a))
+                same = len(set(map(tuple, out.values()))) == 1
+                print(f"  round {r} prompt {i} {label:7s} {summary(ratios)}; whole run {whole:.3f}x; "
+                      f"tokens identical {same}", flush=True)
+    llm.engine.spec = speculator
+    for label, ratios in got.items():
+        name = "auto / plain" if label == "auto" else "control: plain / plain"
+        print(f"free lockstep, {name}: {summary(ratios)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sessions", type=int, default=4)
@@ -269,6 +340,11 @@ def main():
                          "that served them would have (0: each replay starts from an empty index)")
     ap.add_argument("--free-from", choices=("random", "sessions"), default="random",
                     help="free-running prompts: random ids, or the sessions' prompts (a real model's real acceptance)")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="read the free-running rows in lockstep (median of per-window ratios) instead of in rounds")
+    ap.add_argument("--window", type=int, default=16, help="--lockstep: step pairs per window ratio")
+    ap.add_argument("--control", action="store_true",
+                    help="--lockstep: also plain against plain in the same lockstep (the method's noise floor)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from freetoken import LLM, SamplingParams
@@ -301,8 +377,9 @@ def main():
           f"{args.history} other sessions ({sum(map(len, history))} tokens)")
     res = {(w, n): [] for w in ("replay", "free") for n in names}
     lengths = watch_lengths(speculator)
+    works = [] if args.lockstep else [("replay", jobs)] * bool(jobs) + [("free", free)]
     for r in range(args.rounds):
-        for work, js in (("replay", jobs), ("free", free)):
+        for work, js in works:
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
                 llm.engine.spec = None if name == "plain" else speculator
@@ -314,8 +391,12 @@ def main():
                 lengths.on = None
                 res[(work, name)].append(toks / secs)
                 print(f"  round {r} {work:6s} {name:5s} {toks / secs:7.2f} tok/s ({toks} tokens)", flush=True)
+    if args.lockstep:
+        if turns:
+            replay_lockstep(llm, speculator, turns, args, history, lengths)
+        free_lockstep(llm, speculator, prompts, args, history, lengths)
     print("\nworkload   plain tok/s   auto tok/s   auto/plain" + ("   draft tok/s   draft/plain" if draft else ""))
-    for work in ("replay", "free"):
+    for work, _ in works:
         a, b = statistics.median(res[(work, "plain")]), statistics.median(res[(work, "auto")])
         line = f"{work:8s}   {a:11.2f}   {b:10.2f}   {b / a:9.3f}x"
         if draft is not None:

@@ -79,6 +79,10 @@ WHITE_BOX = {
                                       "verify steps in CPU time",
     ("bench/speculative.py", "model"): "--routing-trace routes the loaded model's MoE layers as a real model's "
                                        "trace (sim/trace_routing.py), which no serving option does",
+    ("bench/spec_lockstep.py", "scheduler"): "plain and speculative requests of one engine step in turn: the other "
+                                             "is parked outside the running list (the never-slower lockstep)",
+    ("bench/spec_lockstep.py", "spec"): "the speculator attached for the speculative side's steps only",
+    ("bench/spec_lockstep.py", "seqs"): "the parked request's sequence, to put it back in the running list",
     ("bench/spec_mtp.py", "spec"): "forces MTP drafts of each length k through the speculator, timing the "
                                    "drafter and the verify apart",
     ("bench/spec_mtp.py", "runner"): "a fresh MTP drafter over the model's nextn layer for each k",

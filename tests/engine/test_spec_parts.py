@@ -137,6 +137,31 @@ def test_price_fit_ignores_steps_another_program_preempted():
     assert exact.seconds(9, 0) == pytest.approx(a + 9 * b, rel=0.01)
 
 
+def test_price_fits_only_when_a_draft_is_priced(monkeypatch):
+    """Steps that draft nothing (random text) only record their timing: the robust fit (0.5-1 ms)
+    runs when the price is read, again only once an eighth of the window is new, and what it
+    reads then is exactly the steps' own line (a + b * positions)."""
+    a, b = 0.015, 0.0005
+    p = VerifyPrice(moe_layers=0, top_k=0, num_experts=0, expert_nbytes=0)
+    fits = []
+    fit = p._fit
+    monkeypatch.setattr(p, "_fit", lambda: (fits.append(len(p.samples)), fit()))
+    for i in range(200):
+        p.observe(1 + i % 5, 0, a + b * (1 + i % 5))
+    assert fits == [] and p.ready
+    assert p.seconds(7, 0) == pytest.approx(a + 7 * b, rel=1e-3)
+    p.seconds(3, 0)
+    assert fits == [200]
+    for i in range(24):                      # 224 samples: a refit after 28 new ones
+        p.observe(1, 0, a + b)
+    p.seconds(1, 0)
+    assert fits == [200]
+    for i in range(4):
+        p.observe(1, 0, a + b)
+    p.seconds(1, 0)
+    assert fits == [200, 228]
+
+
 def test_speculative_options_are_checked_in_one_line():
     from freetoken.config import EngineConfig
     from freetoken.errors import InvalidRequestError
@@ -147,3 +172,32 @@ def test_speculative_options_are_checked_in_one_line():
         EngineConfig(model="m", speculative="suffix", draft_model="d")
     with pytest.raises(InvalidRequestError, match="spec_max_draft"):
         EngineConfig(model="m", spec_max_draft=0)
+
+
+def test_routing_observer_counts_each_steps_distinct_experts(tiny_dir):
+    """The price learns from the distinct (layer, expert) pairs of each step: counted per layer
+    call (a set for a decode step's few ids, torch.unique for a prefill's), equal to the pairs
+    the layers were handed, for one-token steps and verifies of drafts."""
+    from freetoken import LLM, SamplingParams
+    llm = LLM(str(tiny_dir("qwen3_moe")), dtype="float32")
+    spec = llm.engine.spec
+    seen, counted = [], []
+    for m in spec.observer.layers:
+        prev = m.on_route
+
+        def on_route(layer, ids, w, prev=prev):
+            seen.append((layer, ids.clone()))
+            prev(layer, ids, w)
+        m.on_route = on_route
+    end = spec.end_forward
+
+    def end_forward():
+        pairs = {(layer, int(e)) for layer, ids in seen for e in ids.reshape(-1).tolist()}
+        counted.append((spec.observer.unique, len(pairs), spec._step_positions))
+        seen.clear()
+        end()
+    spec.end_forward = end_forward
+    spec.priced = False                      # every proposal drafted: verifies of several positions
+    llm.generate([[5, 6, 7, 8] * 6], SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True))
+    assert counted and all(u == n for u, n, _ in counted)
+    assert any(p > 1 for _, _, p in counted[1:])

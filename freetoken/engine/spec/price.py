@@ -10,7 +10,8 @@ read at B_D: the measured mix of the current tier). The expected union of expert
 positions comes from recent routing (the RoutingObserver), with the union measured on a real
 Qwen3-30B-A3B trace as the prior (FACTS: 1 / 1.61 / 2.16 / 2.96 / 4.19 / 5.72x one token's
 experts for 1 / 2 / 3 / 5 / 9 / 17 positions). a, b, c are fitted online by least squares over
-recent steps (robust to the steps another program preempted), pulled toward a prior made from
+recent steps (robust to the steps another program preempted; refitted only when a draft is
+priced), pulled toward a prior made from
 the bandwidth the experts backend measures, so the price follows the machine as it is now
 (another program on the memory bus, a colder cache).
 """
@@ -69,7 +70,7 @@ class VerifyPrice:
         self.samples: deque = deque(maxlen=window)         # (positions, experts, seconds)
         self._union_sum = np.zeros(MAX_TRACKED + 1)        # per positions: sum of union ratios
         self._union_n = np.zeros(MAX_TRACKED + 1)
-        self.theta: np.ndarray | None = None               # fitted (a, b, c)
+        self._theta: np.ndarray | None = None              # fitted (a, b, c): `theta` fits when stale
         self._since_fit = 0
 
     # --- what the engine measures --------------------------------------------------------
@@ -80,12 +81,24 @@ class VerifyPrice:
             self._union_sum[positions] += experts / (self.L * self.top_k)
             self._union_n[positions] += 1
         self._since_fit += 1
-        if self.theta is None or self._since_fit >= 8:
-            self._fit()
 
     @property
     def ready(self) -> bool:
-        return self.theta is not None and len(self.samples) >= 4
+        return len(self.samples) >= 4
+
+    @property
+    def theta(self) -> np.ndarray | None:
+        """The fitted (a, b, c), refitted when read after an eighth of the window (8 samples at
+        least) is new: a fit costs 0.5-1 ms (measured), so refitting every 8 steps cost ~1% of
+        a 17 ms step; only a step with a draft to price reads it, so steps that draft nothing do
+        not pay for it at all."""
+        if self.samples and (self._theta is None or self._since_fit >= max(8, len(self.samples) // 8)):
+            self._fit()
+        return self._theta
+
+    @theta.setter
+    def theta(self, value) -> None:
+        self._theta, self._since_fit = value, 0
 
     def union(self, n: int) -> float:
         """Expected distinct experts of n positions, one layer, in units of top_k: measured
@@ -125,10 +138,11 @@ class VerifyPrice:
         # ridge regression in units of the prior's spread (phi = theta / scale), seconds in units of t1
         X = np.column_stack([np.ones(len(s)), s[:, 0], s[:, 1]]) * scale / t1
         y = s[:, 2] / t1
-        self.theta = np.maximum(_robust_ridge(X, y, w, prior / scale) * scale, 0.0)
+        self._theta = np.maximum(_robust_ridge(X, y, w, prior / scale) * scale, 0.0)
 
     def seconds(self, positions: int, experts: float | None = None) -> float:
         """Predicted step seconds for `positions` rows (their expected union when not given)."""
-        a, b, c = self.theta if self.theta is not None else (1.0, 0.02, 0.0)
+        theta = self.theta
+        a, b, c = theta if theta is not None else (1.0, 0.02, 0.0)
         e = self.experts(positions) if experts is None else experts
         return a + b * positions + c * e

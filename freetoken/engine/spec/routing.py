@@ -45,7 +45,8 @@ class RoutingObserver:
 
     def _hook(self, prev):
         def on_route(layer, ids, w):
-            self.unique += int(torch.unique(ids).numel())
+            # a decode step's few ids: a set is ~1 us where torch.unique is ~9 us (5 layers a step)
+            self.unique += len(set(ids.reshape(-1).tolist())) if ids.numel() <= 64 else int(torch.unique(ids).numel())
             if self.rows == 0 or layer == self.layers[0].moe_layer:
                 self.rows += ids.shape[0]
             if prev is not None:

@@ -87,17 +87,24 @@ class Speculator:
             for s in decoding:
                 self._observe_tokens(s)
             return
-        base = self.price.seconds(positions)
+        # the step's price without drafts, read once a draft is to be priced (drafters that cost
+        # time to run price before drafting): a step with no proposal does not pay for the fit
+        costed = "mtp" in self.drafters or any(hasattr(d, "seconds") for d in self.drafters.values())
+        base = None
         for seq in decoding:
             ctx = self._observe_tokens(seq)
             room = min(self.K, self.max_model_len - len(seq) - 1,
                        seq.params.max_tokens - len(seq.output_ids) - 1, budget - positions, self.max_rows - positions)
             if room <= 0:
                 continue
+            if costed and base is None:
+                base = self.price.seconds(positions)
             draft = self._mtp_draft(seq, ctx, room, tokens, positions, base) if "mtp" in self.drafters else \
                 self._best_draft(seq, ctx, room, tokens, positions, base)
             if draft is None:
                 continue
+            if base is None:        # no sequence before this one drafted: positions are the step's own
+                base = self.price.seconds(positions)
             k = len(draft.tokens)
             if self.priced:
                 k, tokens, positions, base = self._price(draft, k, tokens, positions, base)
