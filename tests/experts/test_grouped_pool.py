@@ -211,7 +211,8 @@ def test_bytes_stats_count_each_experts_real_bytes(pools, policy):
     real = _real_bytes(grouped)
     assert min(real) < grouped.expert_nbytes          # some layers are narrower than a slot
     be = (CpuExperts(grouped, torch.device("cpu")) if policy == "cpu" else
-          TieredExperts(grouped, torch.device("cpu"), 3, policy, host_executor=make_host_executor(grouped, prefer_fast=False)))
+          TieredExperts(grouped, torch.device("cpu"), 3, policy, host_executor=make_host_executor(grouped, prefer_fast=False),
+                        cache_policy="lrfu+admit+layer"))     # no prefetch: every copy is a routed fill
     gen = torch.Generator().manual_seed(6)
     for step in range(4):
         tokens = 3 if step == 0 else 1
