@@ -10,7 +10,8 @@ from freetoken.experts.memory.slots import POLICIES, SlotTable, parse_policy, pa
 
 ALL = [p + extra for p in POLICIES for extra in ("", "+admit", "+prefetch", "+admit+prefetch")] + \
     [p + extra for p in ("lru", "lfu", "lrfu") for extra in ("+layer", "+admit+layer", "+admit+layer+prefetch",
-                                                         "+admit+layer+prefetch+budget")]
+                                                         "+admit+layer+prefetch+budget")] + \
+    ["lrfu+prompt", "lrfu+admit+layer+prefetch+budget+prompt"]
 L, E = 3, 4
 
 layer_ids = st.lists(st.integers(0, E - 1), min_size=1, max_size=E, unique=True)
@@ -26,6 +27,8 @@ def test_victims_are_evictable_and_capacity_holds(policy, capacity, ops, resize)
         ids = np.array(sorted(layer * E + e for e in experts), np.int64)
         slots = t.lookup(ids)
         hit = slots >= 0
+        if t.prompt_weighted and keep_locked:        # a prefill-like call: its row's shares first
+            t.learn_prompt(layer, np.array([sorted(experts)]))
         t.record(ids)
         t.touch(slots[hit])
         t.lock(slots[hit])

@@ -44,6 +44,11 @@ transfer (`prefetches` counts them); a guess that is wrong costs that copy and a
 Transfer budget ("+budget", after "+prefetch"): prefetch only within `prefetch_budget.RATIO` x the
 copies the cache would have made without guessing (experts/memory/prefetch_budget.py), at the
 lower threshold that budget affords (`prefetch_budget.THRESHOLD`), likeliest guesses first.
+
+Prompt-weighted frequency ("+prompt", last, lrfu only): a prefill layer call adds to each expert's
+count the recency-weighted share of the prompt tokens that routed it (in (0, 1]) instead of 1
+(experts/memory/prompt_weight.py; the shares come with the call's rows, `learn_prompt`, before
+its `record`), so the prompt's stale experts are the first victims of the decode misses.
 """
 from __future__ import annotations
 
@@ -54,6 +59,7 @@ import numpy as np
 from .arc import ArcLists
 from .next_layer import THRESHOLD, NextLayerPredictor
 from .prefetch_budget import THRESHOLD as BUDGET_THRESHOLD, TransferBudget
+from .prompt_weight import prompt_shares
 
 
 def slots_in(nbytes: int, expert_bytes: int, total: int) -> int:
@@ -62,11 +68,11 @@ def slots_in(nbytes: int, expert_bytes: int, total: int) -> int:
     return max(0, min(total, nbytes // expert_bytes))
 
 POLICIES = ("lru", "lfu", "lrfu", "arc")
-# measured (bench/policy_bounds.py, docs/benchmarks.md "Prefetch within a transfer budget"): on the
-# 7 shared traces at 11/37% capacity, <= 0.85x LRU's decode misses with <= 1.1x LRU's transfers in
-# 12 of 14 cells (lrfu+admit+layer: 3; unbudgeted +prefetch: 6, its transfers up to 1.26x). The
-# disk tier's host cache takes only the base and '+layer' (its read-ahead is its own lookahead).
-DEFAULT_POLICY = "lrfu+admit+layer+prefetch+budget"
+# measured (bench/policy_bounds.py, docs/benchmarks.md "Prompt-weighted frequency"): on the 7
+# shared traces at 11/37% capacity, <= 0.85x LRU's decode misses with <= 1.1x LRU's transfers in
+# 13 of 14 cells (without '+prompt': 12; lrfu+admit+layer: 3). The disk tier's host cache takes
+# only the base and '+layer' (its read-ahead is its own lookahead).
+DEFAULT_POLICY = "lrfu+admit+layer+prefetch+budget+prompt"
 HALF_LIFE_TOKENS = 32.0
 _NEVER = np.iinfo(np.int64).max
 
@@ -78,7 +84,7 @@ def parse_policy(name: str) -> tuple[str, bool]:
     return base, admit
 
 
-EXTRAS = ("admit", "layer", "prefetch", "budget")        # in this order
+EXTRAS = ("admit", "layer", "prefetch", "budget", "prompt")        # in this order
 
 
 def parse_policy_options(name: str) -> tuple[str, bool, bool]:
@@ -87,10 +93,10 @@ def parse_policy_options(name: str) -> tuple[str, bool, bool]:
     base, *extras = name.split("+")
     if base not in POLICIES or len(set(extras)) != len(extras) or any(e not in EXTRAS for e in extras) \
             or extras != sorted(extras, key=EXTRAS.index) or ("layer" in extras and base == "arc") \
-            or ("budget" in extras and "prefetch" not in extras):
+            or ("budget" in extras and "prefetch" not in extras) or ("prompt" in extras and base != "lrfu"):
         raise ValueError(f"expert cache policy {name!r}: expected one of {', '.join(POLICIES)}, "
                          "optionally with '+admit', then '+layer' (not with arc), then '+prefetch', "
-                         "then '+budget' (only after '+prefetch')")
+                         "then '+budget' (only after '+prefetch'), then '+prompt' (lrfu only)")
     return base, "admit" in extras, "prefetch" in extras
 
 
@@ -104,6 +110,11 @@ def budgeted(name: str) -> bool:
     return "budget" in name.split("+")[1:]
 
 
+def prompt_weighted(name: str) -> bool:
+    """Whether the policy name asks for prompt-weighted frequency ('+prompt')."""
+    return "prompt" in name.split("+")[1:]
+
+
 def layer_aware(name: str) -> bool:
     """Whether the policy name asks for layer-aware eviction ('+layer')."""
     return "layer" in name.split("+")[1:]
@@ -114,6 +125,8 @@ class SlotTable:
                  half_life: float = HALF_LIFE_TOKENS, prefetch_threshold: float | None = None):
         self.policy, self.admission, prefetch = parse_policy_options(policy)
         self.layer_aware = layer_aware(policy)
+        self.prompt_weighted = prompt_weighted(policy)
+        self.half_life = float(half_life)
         self.budget = TransferBudget(num_flat) if budgeted(policy) else None
         if prefetch_threshold is None:
             prefetch_threshold = THRESHOLD if self.budget is None else BUDGET_THRESHOLD
@@ -130,6 +143,7 @@ class SlotTable:
         self.slot_of = np.full(num_flat, -1, np.int64)
         self.count = np.zeros(num_flat, np.float64)    # lfu: accesses; lrfu: decayed score at `since`
         self.since = np.zeros(num_flat, np.int64)      # lrfu: the token of the last access
+        self.prompt_share = np.full(num_flat, np.nan)  # '+prompt': the next prefill record's add, per id
         self.rate = math.log(2) / half_life
         self.token, self.last_layer = 0, -1
         self.clock = 0
@@ -175,7 +189,12 @@ class SlotTable:
         if self.policy == "lfu":
             self.count[flat_ids] += 1.0
         else:
-            self.count[flat_ids] = self.count[flat_ids] * np.exp(-self.rate * (self.token - self.since[flat_ids])) + 1.0
+            add = 1.0
+            if self.prompt_weighted:        # a prefill call's ids carry their prompt share (once)
+                share = self.prompt_share[flat_ids]
+                add = np.where(np.isnan(share), 1.0, share)
+                self.prompt_share[flat_ids] = np.nan
+            self.count[flat_ids] = self.count[flat_ids] * np.exp(-self.rate * (self.token - self.since[flat_ids])) + add
             self.since[flat_ids] = self.token
 
     def touch(self, slots: np.ndarray) -> None:
@@ -201,6 +220,7 @@ class SlotTable:
     def describe(self) -> dict:
         """The policy and its switches, for /v1/memory (the name) and /metrics (the numbers)."""
         return {"policy": self.name, "layer_aware": int(self.layer_aware), "admission": int(self.admission),
+                "prompt_weighted": int(self.prompt_weighted),
                 "prefetch": int(self.predictor is not None), "working_set": self.working_set,
                 "layer_ordered": self.layer_ordered, **(self.budget.describe() if self.budget is not None else {})}
 
@@ -329,10 +349,17 @@ class SlotTable:
         return hit
 
     def learn_prompt(self, layer: int, rows: np.ndarray) -> None:
-        """"+prefetch": a prefill layer call's per-token routed ids (within the layer) teach the
-        next-layer predictor."""
+        """A prefill layer call's per-token routed ids (within the layer, prompt order), before
+        its `record`: "+prefetch": they teach the next-layer predictor; "+prompt": they give the
+        shares that record adds (any share still unrecorded is dropped: a call that never recorded)."""
         if self.predictor is not None:
             self.predictor.observe_tokens(layer, rows)
+        if self.prompt_weighted:
+            E = self.num_experts
+            self.prompt_share[:] = np.nan
+            share = prompt_shares(rows, E, self.half_life)
+            routed = np.flatnonzero(share > 0)
+            self.prompt_share[layer * E + routed] = share[routed]
 
     def prefetch_after(self, flat_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """After a decode layer call routed `flat_ids` (one layer's unique ids): learn from

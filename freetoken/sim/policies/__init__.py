@@ -23,7 +23,8 @@ _ENGINE = {n: slot_policy(n, n) for n in ("lru", "lfu", "lrfu", "arc", "lfu+admi
                                           "lru+prefetch", "lrfu+admit+prefetch", "lru+layer", "lfu+layer",
                                           "lrfu+layer", "lrfu+admit+layer", "lrfu+admit+layer+prefetch",
                                           "lrfu+layer+prefetch", "lrfu+admit+layer+prefetch+budget",
-                                          "lrfu+layer+prefetch+budget")}
+                                          "lrfu+layer+prefetch+budget", "lrfu+prompt", "lrfu+admit+prompt",
+                                          "lrfu+admit+layer+prefetch+budget+prompt")}
 _ENGINE["default"] = slot_policy("default", DEFAULT_POLICY)
 
 POLICIES: dict[str, type[Policy]] = {
@@ -33,7 +34,8 @@ POLICIES: dict[str, type[Policy]] = {
                         _ENGINE["lfu+layer"], _ENGINE["lrfu+layer"], _ENGINE["lrfu+admit+layer"],
                         _ENGINE["lrfu+admit+layer+prefetch"], _ENGINE["lrfu+layer+prefetch"],
                         _ENGINE["lrfu+admit+layer+prefetch+budget"], _ENGINE["lrfu+layer+prefetch+budget"],
-                        _ENGINE["default"], Belady, BeladyDemand, BeladyOnUse, FrequencyOracle)
+                        _ENGINE["lrfu+prompt"], _ENGINE["lrfu+admit+prompt"],
+                        _ENGINE["lrfu+admit+layer+prefetch+budget+prompt"], _ENGINE["default"], Belady, BeladyDemand, BeladyOnUse, FrequencyOracle)
 }
 
 

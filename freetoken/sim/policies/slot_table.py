@@ -77,8 +77,9 @@ class SlotTablePolicy(Policy):
 
 
 def learn_prompt(table: SlotTable, layer: int, rows) -> None:
-    """Teach the table's predictor a prefill cell's rows (skipped if ragged: a lost row)."""
-    if table.predictor is not None and rows and len({len(r) for r in rows}) == 1:
+    """Give the table a prefill cell's rows (its predictor learns, '+prompt' weighs the counts;
+    skipped if ragged: a lost row)."""
+    if (table.predictor is not None or table.prompt_weighted) and rows and len({len(r) for r in rows}) == 1:
         table.learn_prompt(layer, np.asarray(rows, np.int64))
 
 
