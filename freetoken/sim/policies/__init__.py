@@ -5,7 +5,8 @@ engine's own `SlotTable` replayed (policies/slot_table.py); the others are study
 the simulator has; ``belady`` is the offline bound (a miss may bypass the cache) and
 ``belady-no-bypass`` classic demand-paging MIN; ``belady-on-use`` the
 optimum of every policy that loads an expert only when it is routed (bypass allowed, no prefetch); ``static-oracle`` the best fixed placement
-in hindsight (the bound of frequency ranking).
+in hindsight (the bound of frequency ranking); ``default+oracle-prefetch`` the default with a perfect
+next-layer guess (the bound of every next-layer predictor at the default's copy budget).
 """
 
 from freetoken.experts.memory.slots import DEFAULT_POLICY
@@ -15,6 +16,7 @@ from freetoken.sim.policies.belady_demand import BeladyDemand
 from freetoken.sim.policies.belady_on_use import BeladyOnUse
 from freetoken.sim.policies.frequency_oracle import FrequencyOracle
 from freetoken.sim.policies.hot_placement import HotPlacement
+from freetoken.sim.policies.oracle_prefetch import OraclePrefetch
 from freetoken.sim.policies.per_layer_lru import PerLayerLRU
 from freetoken.sim.policies.slot_table import slot_policy
 from freetoken.sim.policies.static_split import StaticSplit
@@ -35,7 +37,8 @@ POLICIES: dict[str, type[Policy]] = {
                         _ENGINE["lrfu+admit+layer+prefetch"], _ENGINE["lrfu+layer+prefetch"],
                         _ENGINE["lrfu+admit+layer+prefetch+budget"], _ENGINE["lrfu+layer+prefetch+budget"],
                         _ENGINE["lrfu+prompt"], _ENGINE["lrfu+admit+prompt"],
-                        _ENGINE["lrfu+admit+layer+prefetch+budget+prompt"], _ENGINE["default"], Belady, BeladyDemand, BeladyOnUse, FrequencyOracle)
+                        _ENGINE["lrfu+admit+layer+prefetch+budget+prompt"], _ENGINE["default"], Belady, BeladyDemand,
+                        BeladyOnUse, FrequencyOracle, OraclePrefetch)
 }
 
 
