@@ -115,12 +115,13 @@ class EngineConfig:
     expert_cache_gib: float | None = flag(None)
     # Replacement policy of the expert cache (experts/memory/slots.py): lru | lfu | lrfu | arc, "+admit" for
     # admission control, "+layer" for layer-aware eviction, then "+prefetch" for next-layer prefetch,
-    # then "+budget" (prefetch within a transfer budget);
+    # then "+budget" (prefetch within a transfer budget), then "+prompt" (lrfu: prompt-weighted counts);
     # None = the measured default (docs/benchmarks.md).
     expert_cache_policy: str | None = flag(
         None, metavar="POLICY", help=f"expert cache replacement: {', '.join(CACHE_POLICIES)}, optionally +admit "
         f"(admission control), +layer (layer-aware eviction), then +prefetch (next-layer prefetch) and then "
-        f"+budget (prefetch within 1.1x the copies made without it); "
+        f"+budget (prefetch within 1.1x the copies made without it), then +prompt (lrfu: a prompt counts each "
+        f"expert by the recency-weighted share of its tokens that routed it); "
         f"default {DEFAULT_POLICY}")
     # Three tiers (experts/disk/backend.py): "disk" keeps the expert pool in the model file behind a host
     # cache of host_cache_gib / host_cache_slots whole experts; "ram" loads the pool; "auto": disk

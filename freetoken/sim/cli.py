@@ -42,7 +42,7 @@ def register(subparsers) -> argparse.ArgumentParser:
     proj.add_argument("--expert-bytes", type=float, help="bytes per expert, when the trace does not record it")
     proj.add_argument("--device-gbps", type=float, help="device memory bandwidth, when the hardware file lacks it")
     proj.add_argument("--cache", default=DEFAULT_POLICY, type=_cache_policy,
-                      help=f"the engine cache's policy: {', '.join(CACHE_POLICIES)}, optionally +admit, +layer, +prefetch, +budget (default {DEFAULT_POLICY})")
+                      help=f"the engine cache's policy: {', '.join(CACHE_POLICIES)}, optionally +admit, +layer, +prefetch, +budget, +prompt (default {DEFAULT_POLICY})")
     proj.set_defaults(func=run_project)
 
     from freetoken.sim.sessions.cli import add_parser as add_sessions
