@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from ..base import Experts
+from .handoff import Handoff
 from .integrity import ExpertFileWatch
 from .pieces import DiskLayout
 from ..measure.diskbw import prefetch_budget
@@ -108,6 +109,7 @@ class DiskExperts(Experts):
         self.prefetch_cut = 0        # predicted experts not prefetched (over the B_D budget)
         self.overlapped = 0          # expert runs computed while later reads of the call were in flight
         self.apart = 0               # layer-call rounds run as their reads landed (`_run_as_landed`)
+        self.handoffs = 0            # layer calls whose victims' slots took the next reads mid-call (handoff.py)
         self.overlap = overlap       # a call's experts in RAM run while its other reads are in flight, in any
         #                              order (`_run_as_landed`); off: only a landed prefix runs ahead
         self.expected = ExpectedExperts()    # experts told ahead (speculative drafts)
@@ -200,7 +202,8 @@ class DiskExperts(Experts):
             streamed = False
             nxt, ahead = self._read_ahead(layer, uniq, local, hidden)
         out = torch.zeros(T, self.layout.spec.hidden, dtype=torch.float32)
-        if not streamed and self._all_hits(layer, uniq, flat, x, w, out, T * K, nxt, t0):
+        handing = self._handing(nxt)
+        if not streamed and not handing and self._all_hits(layer, uniq, flat, x, w, out, T * K, nxt, t0):
             return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
         c0 = dict(self.cache.c)
         read0 = self.cache.read_s
@@ -209,21 +212,27 @@ class DiskExperts(Experts):
         stream = self._streams(T)
         while len(rest):
             n, slots, pending = self.cache.acquire_nowait(rest)
+            hand = None
             try:
                 if not stream:
                     self.cache.landed(rest[:n], pending)
                     pending = [None] * n
-                if self._apart(pending, flat.size):
-                    calls += self._run_as_landed(rest[:n], slots, pending, flat, x, w, out)
+                hand = Handoff.plan(self.cache, rest, slots, nxt) if handing and n == len(uniq) and stream \
+                    and self._pairs(flat.size) else None
+                if hand is not None or self._apart(pending, flat.size):
+                    calls += self._run_as_landed(rest[:n], slots, pending, flat, x, w, out, hand)
                     self.apart += 1
                 else:
                     for a, b in self._landed_runs(rest[:n], pending):
                         calls += self._run(rest[a:b], slots[a:b], flat, x, w, out)
             finally:
-                self.cache.release(slots)
+                self.cache.release(slots if hand is None else hand.rest())
+            if hand is not None:
+                started += hand.started
+                self.handoffs += hand.started > 0
             rest = rest[n:]
         if len(nxt):        # after the release: this layer's experts, used furthest ahead, are victims too
-            started = self.cache.prefetch(nxt)
+            started += self.cache.prefetch(nxt)
         if len(ahead):
             self.expected.started_for(layer + 1, ahead[:min(started, len(ahead))] - (layer + 1) * self.E)
         self.kernel_calls += calls
@@ -271,6 +280,13 @@ class DiskExperts(Experts):
         self._last = (layer, time.perf_counter())
         return True
 
+    def _handing(self, nxt: np.ndarray) -> bool:
+        """Whether this call may hand its slots to the next layer's reads as its experts run
+        (handoff.py): overlap on, reads ahead wanted that are not resident yet, and the step's
+        experts over the cache's capacity (then those reads take this layer's slots)."""
+        return self.overlap and len(nxt) > 0 and self.cache.over_capacity() \
+            and bool((self.cache.table.slot_of[nxt] < 0).any())
+
     def _streams(self, T: int) -> bool:
         """Whether a call may run its experts in pieces as their reads land: only where the C
         kernel runs every expert (no torch GEMM for experts with >= gemm_tokens tokens, which
@@ -283,21 +299,30 @@ class DiskExperts(Experts):
         overlap on, a read still in flight, the kernel's pair outputs, and a buffer of pairs x
         hidden floats that stays small."""
         return self.overlap and len(pending) > 1 and any(ev is not None and not ev.is_set() for ev in pending) \
-            and pairs * self.layout.spec.hidden * 4 <= _APART_BYTES and hasattr(self.host, "run_pairs") \
+            and self._pairs(pairs)
+
+    def _pairs(self, pairs: int) -> bool:
+        """Whether the kernel can run a call in pair rows added in rank order at the end
+        (`_run_as_landed`), within a small buffer."""
+        return pairs * self.layout.spec.hidden * 4 <= _APART_BYTES and hasattr(self.host, "run_pairs") \
             and self.host.ranks(pairs)
 
-    def _run_as_landed(self, ids: np.ndarray, slots: np.ndarray, pending: list, flat: np.ndarray, x, w, out) -> int:
+    def _run_as_landed(self, ids: np.ndarray, slots: np.ndarray, pending: list, flat: np.ndarray, x, w, out,
+                       hand: Handoff | None = None) -> int:
         """Kernel calls over `ids` (ascending, their `slots`), each over every expert whose
         read has landed by then, in whatever order they land: the hits run while the misses
         are still read (issue 39). Each pair's output goes to its own row of a buffer
         (`run_pairs`), and the rows are added into `out` in the order of the flat ids at the
-        end (`combine`): the sum the one-call kernel adds, bit for bit."""
+        end (`combine`): the sum the one-call kernel adds, bit for bit. With a `hand`off, its
+        victims run first among the landed and their slots go to the next layer's reads at once."""
         T, K = flat.shape
         y = torch.full((T * K, self.layout.spec.hidden), -0.0)
         todo = np.ones(len(ids), bool)
         calls = 0
         while todo.any():
             ready = todo & np.array([ev is None or ev.is_set() for ev in pending])
+            if hand is not None:
+                ready = hand.first(ready)
             if not ready.any():
                 first = int(np.argmax(todo))         # queued first: read first, most likely
                 self.cache.landed(ids[first:first + 1], pending[first:first + 1])
@@ -309,6 +334,8 @@ class DiskExperts(Experts):
                 self.overlapped += 1
             self.host.run_pairs(x, torch.from_numpy(self._slot_ids(ids[idx], slots[idx], flat)), y)
             calls += 1
+            if hand is not None:
+                hand.ran(idx)
         mine = np.where(np.isin(flat, ids), flat, -1)
         self.host.combine(torch.from_numpy(mine), torch.from_numpy(flat), w, y, out)
         return calls
@@ -425,6 +452,7 @@ class DiskExperts(Experts):
                                                         "prefetch_cut": self.prefetch_cut,
                                                         "overlapped_runs": self.overlapped,
                                                         "apart_rounds": self.apart,
+                                                        "handoffs": self.handoffs,
                                                         **(self.watch.stats() if self.watch is not None
                                                            else {"integrity": "not verified"}),
                                                         "io": self.cache.reader.describe()},
