@@ -59,6 +59,7 @@ from ..memory.slots import DEFAULT_POLICY, layer_aware, parse_policy_options
 log = logging.getLogger("freetoken.experts")
 _NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
 _APART_BYTES = 32 << 20             # the most a call's per-pair output rows take (`_apart`)
+ROUTER_SAMPLE = 8                   # "auto": the losing router guesses one layer call in this many
 
 
 class _TorchSlots:
@@ -89,6 +90,7 @@ class DiskExperts(Experts):
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
         self.score = GuessScore()                            # the guesses read ahead
         self.scores = {"router": GuessScore(), "history": GuessScore()}   # each guess, read or not
+        self._router_skip = 0        # "auto" calls since the router last guessed (`_router_due`)
         self._all_scores = (self.score, *self.scores.values())
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD, wrap=True) if prefetch else None
         self.depth = DEPTH           # layers read ahead (lookahead.py)
@@ -407,7 +409,8 @@ class DiskExperts(Experts):
         local = uniq - layer * self.E
         nxt = (layer + 1) % L
         first = nxt * self.E
-        routed = self.router.guess(layer, x) if self.router is not None and layer + 1 < L else None
+        routed = self.router.guess(layer, x) if self.router is not None and layer + 1 < L \
+            and self._router_due() else None
         if routed is not None:
             self.scores["router"].guessed_for(nxt, routed + first)
         self.predictor.observe(layer, local)        # (the chain below needs it whatever guesses layer+1)
@@ -425,6 +428,16 @@ class DiskExperts(Experts):
         if not more:
             return guess + first
         return np.concatenate([guess + first, *(g + m * self.E for m, g in more)])
+
+    def _router_due(self) -> bool:
+        """Whether this call computes the router's guess: always in "router" mode and while it has
+        guessed at least as well as the history (F1); in "auto" while the history guesses better,
+        one call in `ROUTER_SAMPLE`, enough to keep its score current without a router GEMV on
+        the decode thread every layer call (issue 39: the history wins on layer-cyclic routing)."""
+        if self.lookahead != "auto" or self.scores["router"].f1() >= self.scores["history"].f1():
+            return True
+        self._router_skip = (self._router_skip + 1) % ROUTER_SAMPLE
+        return self._router_skip == 0
 
     def lookahead_stats(self) -> dict:
         """The guesses (precision/recall vs what the next layer routed) and what reading them
