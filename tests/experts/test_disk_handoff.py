@@ -35,7 +35,9 @@ def ftw(tiny_dir, tmp_path_factory):
     return out, want
 
 
-def test_tokens_identical_with_handoffs_and_reads_landing_in_any_order(ftw):
+def test_tokens_identical_with_handoffs_and_reads_landing_in_any_order(ftw, monkeypatch):
+    import freetoken.experts.disk.backend as backend
+    monkeypatch.setattr(backend, "HANDOFF", True)       # (off by default: backend.HANDOFF)
     path, (logits, tokens) = ftw
     llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead="history")
     experts = llm.engine.model.experts

@@ -19,8 +19,9 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
   3. decode: layer l+1's likely experts are read in the background while attention runs,
      as guessed by layer l+1's router on layer l's input or by the history predictor
      (`next_layer.py`), whichever has guessed better (lookahead.py); the reads start once the
-     call has released its slots (layer-aware eviction then gives up the layer just run), and
-     stop after a whole pass without a miss;
+     call has released its slots (layer-aware eviction then gives up the layer just run; with
+     `HANDOFF`, off by default, the victims run first and their slots take the reads mid-call,
+     handoff.py), and stop after a whole pass without a miss;
      prefill with >= 2*E routed pairs: layer l+1's whole expert set is read meanwhile (the
      double buffer of `prefill.py`, when the cache holds two layers). With the disk
      bandwidth B_D known (`freetoken profile`), a decode prefetch is cut to the experts the
@@ -60,6 +61,11 @@ log = logging.getLogger("freetoken.experts")
 _NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
 _APART_BYTES = 32 << 20             # the most a call's per-pair output rows take (`_apart`)
 ROUTER_SAMPLE = 8                   # "auto": the losing router guesses one layer call in this many
+# a call hands its victims' slots to the next layer's reads mid-call (handoff.py): off, since on this
+# 2-core box it waited 3-10x less on reads at a 5% host cache but decoded slower in 6 of 7 loaded A/B
+# pairs (median 0.91x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
+# --handoff on` for the quiet A/B (docs/benchmarks.md "Host tier at a 5% cache: handing slots over")
+HANDOFF = False
 
 
 class _TorchSlots:
@@ -286,7 +292,7 @@ class DiskExperts(Experts):
         """Whether this call may hand its slots to the next layer's reads as its experts run
         (handoff.py): overlap on, reads ahead wanted that are not resident yet, and the step's
         experts over the cache's capacity (then those reads take this layer's slots)."""
-        return self.overlap and len(nxt) > 0 and self.cache.over_capacity() \
+        return HANDOFF and self.overlap and len(nxt) > 0 and self.cache.over_capacity() \
             and bool((self.cache.table.slot_of[nxt] < 0).any())
 
     def _streams(self, T: int) -> bool:

@@ -8,14 +8,17 @@ this call the policy gives up first (`HostExpertCache.victims_among`) -- run fir
 are released at once and the read-ahead starts into them while the call's other experts
 compute. Which experts are read and which slots they take are the same as before; only when.
 The outputs do not change: the call runs in pair rows added in flat-id order at the end
-(backend's `_run_as_landed`), whatever the grouping.
+(backend's `_run_as_landed`), whatever the grouping. Off by default (`backend.HANDOFF`: on this
+2-core box the reads' CPU then competes with the kernels; docs/benchmarks.md "Host tier at a 5%
+cache: handing slots over").
 """
 from __future__ import annotations
 
 import numpy as np
 
 # victims run (and released) at most this many per kernel call: each extra call costs ~0.05 ms of
-# Python and a pool hand-off; each group's reads start that much of the call earlier
+# Python and a pool hand-off; each group's reads start that much of the call earlier (not tuned:
+# 2, 4 and 8 could not be told apart under load)
 GROUP = 2
 
 
