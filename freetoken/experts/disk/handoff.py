@@ -10,7 +10,7 @@ compute. Which experts are read and which slots they take are the same as before
 The outputs do not change: the call runs in pair rows added in flat-id order at the end
 (backend's `_run_as_landed`), whatever the grouping. Off by default (`backend.HANDOFF`: on this
 2-core box the reads' CPU then competes with the kernels; docs/benchmarks.md "Host tier at a 5%
-cache: handing slots over").
+cache").
 """
 from __future__ import annotations
 
