@@ -62,8 +62,8 @@ _NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
 _APART_BYTES = 32 << 20             # the most a call's per-pair output rows take (`_apart`)
 ROUTER_SAMPLE = 8                   # "auto": the losing router guesses one layer call in this many
 # a call hands its victims' slots to the next layer's reads mid-call (handoff.py): off, since on this
-# 2-core box it waited 3-10x less on reads at a 5% host cache but decoded slower in 6 of 7 loaded A/B
-# pairs (median 0.91x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
+# 2-core box it waited ~5x less on reads at a 5% host cache but decoded slower in 9 of 10 loaded A/B
+# pairs (median 0.90x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
 # --handoff on` for the quiet A/B (docs/benchmarks.md "Host tier at a 5% cache")
 HANDOFF = False
 
