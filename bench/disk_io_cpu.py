@@ -1,7 +1,9 @@
 """Where the disk tier's CPU goes at a small host cache: per decoded token, the whole process's
 CPU and the I/O threads' CPU (the `freetoken-disk` read pool: O_DIRECT syscalls, bounce copies,
 the xxh3 of every read), read from each thread's own clock (/proc/self/task/<tid>/schedstat, ns),
-with the bytes read and the time callers blocked on reads. CPU time, unlike tok/s, stays
+with the bytes read, the time callers blocked on reads, the reads still in flight when their layer
+came (`waited`) and the layer calls that handed slots to the next layer's reads mid-call
+(`handoffs`, experts/disk/handoff.py). CPU time, unlike tok/s, stays
 readable on a shared, loaded machine. In-process, the engine that `PYTHONPATH` names, so one copy
 of this script compares two trees (run it alternately with each tree's `PYTHONPATH`):
 
@@ -52,15 +54,18 @@ def one_round(path: Path, cache_gib: float, prompt: list[int], decode: int, thre
                 steps += 1
                 if steps == 1:           # decode only: from the first token on
                     t0, c0, s0 = time.perf_counter(), time.process_time(), thread_ns()
-                    d0 = llm.expert_stats()["disk"]
+                    d0, h0 = llm.expert_stats()["disk"], llm.expert_stats()["host_cache"]
         t1, c1, s1 = time.perf_counter(), time.process_time(), thread_ns()
-        d1 = llm.expert_stats()["disk"]
+        d1, h1 = llm.expert_stats()["disk"], llm.expert_stats()["host_cache"]
     finally:
         llm.close()
     tok = max(1, n - 1)
     return {"tok_s": tok / (t1 - t0), "steps_s": (steps - 1) / (t1 - t0), "proc_ms": (c1 - c0) / tok * 1e3,
             "io_ms": (s1["io"] - s0["io"]) / tok / 1e6, "mb": (d1["bytes_read"] - d0["bytes_read"]) / tok / 1e6,
-            "blocked_ms": (d1["read_s"] - d0["read_s"]) / tok * 1e3, "tokens_per_step": tok / max(1, steps - 1)}
+            "blocked_ms": (d1["read_s"] - d0["read_s"]) / tok * 1e3, "tokens_per_step": tok / max(1, steps - 1),
+            # reads still in flight when their layer call came (host cache `waited`), and the calls that
+            # handed their slots to the next layer's reads mid-call (experts/disk/handoff.py; 0 where absent)
+            "waited": (h1["waited"] - h0["waited"]) / tok, "handoffs": (d1.get("handoffs", 0) - d0.get("handoffs", 0)) / tok}
 
 
 def main():
@@ -100,7 +105,8 @@ def main():
         print(f"round {r} (load {os.getloadavg()[0]:.1f}): " + ", ".join(f"{k} {v:.2f}" for k, v in row.items()))
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print("median: decode %.2f tok/s; per decoded token: I/O threads' CPU %.2f ms, process CPU %.1f ms, %.1f MB read, "
-          "%.2f ms blocked on reads" % (med["tok_s"], med["io_ms"], med["proc_ms"], med["mb"], med["blocked_ms"]))
+          "%.2f ms blocked on reads, %.2f reads waited for, %.2f handoffs" % (
+              med["tok_s"], med["io_ms"], med["proc_ms"], med["mb"], med["blocked_ms"], med["waited"], med["handoffs"]))
 
 
 if __name__ == "__main__":

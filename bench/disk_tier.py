@@ -25,6 +25,7 @@ Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's f
   PYTHONPATH=. python bench/disk_tier.py [--gguf FILE] [--decode 32] [--rounds 2] [--cgroup-mib M]
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --verify ab --rounds 6
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --lookahead-depth 2 --no-llamacpp
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --handoff off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
 from __future__ import annotations
@@ -56,8 +57,11 @@ FT = textwrap.dedent("""
     opts = (dict(host_cache_gib=cache_gib) if cache_gib > 0 else dict(expert_tier="disk")) if mode == "disk" else dict(expert_tier="ram")
     if policy:
         opts["expert_cache_policy"] = policy
-    if mode == "disk" and len(sys.argv) > 8:      # --lookahead / --direct-io / --io-threads / --lookahead-depth
+    if mode == "disk" and len(sys.argv) > 8:      # --lookahead / --direct-io / --io-threads / --lookahead-depth / --handoff
         opts.update(json.loads(sys.argv[8]))
+    if not opts.pop("handoff", True):       # --handoff off: no victims' slots handed over mid-call (an A/B)
+        import freetoken.experts.disk.backend as disk_backend
+        disk_backend.HANDOFF = False
     depth = opts.pop("lookahead_depth", None)
     if depth is not None:        # layers read ahead (experts/disk/lookahead.DEPTH), for an A/B of it
         import freetoken.experts.disk.backend as disk_backend
@@ -233,7 +237,8 @@ def verify_ab(args, cache_gib: float, vocab: int) -> None:
 def disk_options(args) -> dict:
     """The disk tier's lookahead / direct-I/O / queue-depth options given on the command line."""
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
-                              ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth))
+                              ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth),
+                              ("handoff", None if args.handoff is None else args.handoff == "on"))
             if v is not None}
 
 
@@ -311,6 +316,8 @@ def main():
     ap.add_argument("--io-threads", type=int, default=None, help="the disk tier's disk_io_threads (reads in flight)")
     ap.add_argument("--lookahead-depth", type=int, default=None,
                     help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
+    ap.add_argument("--handoff", default=None, choices=("on", "off"),
+                    help="a call hands its victims' slots to the next layer's reads mid-call (experts/disk/handoff.py)")
     args = ap.parse_args()
     steps = args.steps.split(",")
     sys.path.insert(0, str(HERE))

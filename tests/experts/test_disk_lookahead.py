@@ -82,6 +82,33 @@ def test_router_guess_is_the_next_layers_router_on_this_input(ftw):
         llm.close()
 
 
+@pytest.mark.parametrize("mode", ["auto", "router"])
+def test_router_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mode):
+    """In "auto", while the history predictor has guessed better (F1), the router guesses one
+    decode layer call in ROUTER_SAMPLE (its score kept current), and every call once it is
+    no worse; "router" mode guesses every call. Tokens stay the resident run's either way."""
+    from freetoken.experts.disk.backend import ROUTER_SAMPLE
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead=mode)
+    experts = llm.engine.model.experts
+    guess = experts.router.guess
+    calls = []
+    experts.router.guess = lambda layer, x: (calls.append(layer), guess(layer, x))[1]
+    try:
+        hist, router = experts.scores["history"], experts.scores["router"]
+        hist.guessed = hist.right = hist.needed = 10**6          # the history: right every time
+        router.guessed, router.right, router.needed = 10**6, 0, 10**6
+        due = [experts._router_due() for _ in range(4 * ROUTER_SAMPLE)]
+        assert sum(due) == (4 if mode == "auto" else 4 * ROUTER_SAMPLE)
+        router.right = 10**6                                     # now as good: every call
+        assert all(experts._router_due() for _ in range(ROUTER_SAMPLE))
+        router.right = 0
+        assert _outputs(llm)[1] == tokens and (calls or mode == "auto")
+    finally:
+        experts.router.guess = guess
+        llm.close()
+
+
 def test_lookahead_never_reads_an_expert_twice_into_the_same_slot(ftw):
     """Every read started (misses and lookahead reads alike) is of an expert not resident and
     not in flight, into a slot that then holds it: reading it again into that slot would be

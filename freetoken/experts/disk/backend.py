@@ -19,8 +19,9 @@ The expert pool stays in the model file (loading/disk_layout.py says where each 
   3. decode: layer l+1's likely experts are read in the background while attention runs,
      as guessed by layer l+1's router on layer l's input or by the history predictor
      (`next_layer.py`), whichever has guessed better (lookahead.py); the reads start once the
-     call has released its slots (layer-aware eviction then gives up the layer just run), and
-     stop after a whole pass without a miss;
+     call has released its slots (layer-aware eviction then gives up the layer just run; with
+     `HANDOFF`, off by default, the victims run first and their slots take the reads mid-call,
+     handoff.py), and stop after a whole pass without a miss;
      prefill with >= 2*E routed pairs: layer l+1's whole expert set is read meanwhile (the
      double buffer of `prefill.py`, when the cache holds two layers). With the disk
      bandwidth B_D known (`freetoken profile`), a decode prefetch is cut to the experts the
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from ..base import Experts
+from .handoff import Handoff
 from .integrity import ExpertFileWatch
 from .pieces import DiskLayout
 from ..measure.diskbw import prefetch_budget
@@ -58,6 +60,12 @@ from ..memory.slots import DEFAULT_POLICY, layer_aware, parse_policy_options
 log = logging.getLogger("freetoken.experts")
 _NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
 _APART_BYTES = 32 << 20             # the most a call's per-pair output rows take (`_apart`)
+ROUTER_SAMPLE = 8                   # "auto": the losing router guesses one layer call in this many
+# a call hands its victims' slots to the next layer's reads mid-call (handoff.py): off, since on this
+# 2-core box it waited ~5x less on reads at a 5% host cache but decoded slower in 9 of 10 loaded A/B
+# pairs (median 0.90x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
+# --handoff on` for the quiet A/B (docs/benchmarks.md "Host tier at a 5% cache")
+HANDOFF = False
 
 
 class _TorchSlots:
@@ -88,6 +96,7 @@ class DiskExperts(Experts):
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
         self.score = GuessScore()                            # the guesses read ahead
         self.scores = {"router": GuessScore(), "history": GuessScore()}   # each guess, read or not
+        self._router_skip = 0        # "auto" calls since the router last guessed (`_router_due`)
         self._all_scores = (self.score, *self.scores.values())
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD, wrap=True) if prefetch else None
         self.depth = DEPTH           # layers read ahead (lookahead.py)
@@ -108,6 +117,7 @@ class DiskExperts(Experts):
         self.prefetch_cut = 0        # predicted experts not prefetched (over the B_D budget)
         self.overlapped = 0          # expert runs computed while later reads of the call were in flight
         self.apart = 0               # layer-call rounds run as their reads landed (`_run_as_landed`)
+        self.handoffs = 0            # layer calls whose victims' slots took the next reads mid-call (handoff.py)
         self.overlap = overlap       # a call's experts in RAM run while its other reads are in flight, in any
         #                              order (`_run_as_landed`); off: only a landed prefix runs ahead
         self.expected = ExpectedExperts()    # experts told ahead (speculative drafts)
@@ -200,7 +210,8 @@ class DiskExperts(Experts):
             streamed = False
             nxt, ahead = self._read_ahead(layer, uniq, local, hidden)
         out = torch.zeros(T, self.layout.spec.hidden, dtype=torch.float32)
-        if not streamed and self._all_hits(layer, uniq, flat, x, w, out, T * K, nxt, t0):
+        handing = self._handing(nxt)
+        if not streamed and not handing and self._all_hits(layer, uniq, flat, x, w, out, T * K, nxt, t0):
             return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
         c0 = dict(self.cache.c)
         read0 = self.cache.read_s
@@ -209,21 +220,27 @@ class DiskExperts(Experts):
         stream = self._streams(T)
         while len(rest):
             n, slots, pending = self.cache.acquire_nowait(rest)
+            hand = None
             try:
                 if not stream:
                     self.cache.landed(rest[:n], pending)
                     pending = [None] * n
-                if self._apart(pending, flat.size):
-                    calls += self._run_as_landed(rest[:n], slots, pending, flat, x, w, out)
+                hand = Handoff.plan(self.cache, rest, slots, nxt) if handing and n == len(uniq) and stream \
+                    and self._pairs(flat.size) else None
+                if hand is not None or self._apart(pending, flat.size):
+                    calls += self._run_as_landed(rest[:n], slots, pending, flat, x, w, out, hand)
                     self.apart += 1
                 else:
                     for a, b in self._landed_runs(rest[:n], pending):
                         calls += self._run(rest[a:b], slots[a:b], flat, x, w, out)
             finally:
-                self.cache.release(slots)
+                self.cache.release(slots if hand is None else hand.rest())
+            if hand is not None:
+                started += hand.started
+                self.handoffs += hand.started > 0
             rest = rest[n:]
         if len(nxt):        # after the release: this layer's experts, used furthest ahead, are victims too
-            started = self.cache.prefetch(nxt)
+            started += self.cache.prefetch(nxt)
         if len(ahead):
             self.expected.started_for(layer + 1, ahead[:min(started, len(ahead))] - (layer + 1) * self.E)
         self.kernel_calls += calls
@@ -271,6 +288,13 @@ class DiskExperts(Experts):
         self._last = (layer, time.perf_counter())
         return True
 
+    def _handing(self, nxt: np.ndarray) -> bool:
+        """Whether this call may hand its slots to the next layer's reads as its experts run
+        (handoff.py): overlap on, reads ahead wanted that are not resident yet, and the step's
+        experts over the cache's capacity (then those reads take this layer's slots)."""
+        return HANDOFF and self.overlap and len(nxt) > 0 and self.cache.over_capacity() \
+            and bool((self.cache.table.slot_of[nxt] < 0).any())
+
     def _streams(self, T: int) -> bool:
         """Whether a call may run its experts in pieces as their reads land: only where the C
         kernel runs every expert (no torch GEMM for experts with >= gemm_tokens tokens, which
@@ -283,21 +307,30 @@ class DiskExperts(Experts):
         overlap on, a read still in flight, the kernel's pair outputs, and a buffer of pairs x
         hidden floats that stays small."""
         return self.overlap and len(pending) > 1 and any(ev is not None and not ev.is_set() for ev in pending) \
-            and pairs * self.layout.spec.hidden * 4 <= _APART_BYTES and hasattr(self.host, "run_pairs") \
+            and self._pairs(pairs)
+
+    def _pairs(self, pairs: int) -> bool:
+        """Whether the kernel can run a call in pair rows added in rank order at the end
+        (`_run_as_landed`), within a small buffer."""
+        return pairs * self.layout.spec.hidden * 4 <= _APART_BYTES and hasattr(self.host, "run_pairs") \
             and self.host.ranks(pairs)
 
-    def _run_as_landed(self, ids: np.ndarray, slots: np.ndarray, pending: list, flat: np.ndarray, x, w, out) -> int:
+    def _run_as_landed(self, ids: np.ndarray, slots: np.ndarray, pending: list, flat: np.ndarray, x, w, out,
+                       hand: Handoff | None = None) -> int:
         """Kernel calls over `ids` (ascending, their `slots`), each over every expert whose
         read has landed by then, in whatever order they land: the hits run while the misses
         are still read (issue 39). Each pair's output goes to its own row of a buffer
         (`run_pairs`), and the rows are added into `out` in the order of the flat ids at the
-        end (`combine`): the sum the one-call kernel adds, bit for bit."""
+        end (`combine`): the sum the one-call kernel adds, bit for bit. With a `hand`off, its
+        victims run first among the landed and their slots go to the next layer's reads at once."""
         T, K = flat.shape
         y = torch.full((T * K, self.layout.spec.hidden), -0.0)
         todo = np.ones(len(ids), bool)
         calls = 0
         while todo.any():
             ready = todo & np.array([ev is None or ev.is_set() for ev in pending])
+            if hand is not None:
+                ready = hand.first(ready)
             if not ready.any():
                 first = int(np.argmax(todo))         # queued first: read first, most likely
                 self.cache.landed(ids[first:first + 1], pending[first:first + 1])
@@ -309,6 +342,8 @@ class DiskExperts(Experts):
                 self.overlapped += 1
             self.host.run_pairs(x, torch.from_numpy(self._slot_ids(ids[idx], slots[idx], flat)), y)
             calls += 1
+            if hand is not None:
+                hand.ran(idx)
         mine = np.where(np.isin(flat, ids), flat, -1)
         self.host.combine(torch.from_numpy(mine), torch.from_numpy(flat), w, y, out)
         return calls
@@ -380,7 +415,8 @@ class DiskExperts(Experts):
         local = uniq - layer * self.E
         nxt = (layer + 1) % L
         first = nxt * self.E
-        routed = self.router.guess(layer, x) if self.router is not None and layer + 1 < L else None
+        routed = self.router.guess(layer, x) if self.router is not None and layer + 1 < L \
+            and self._router_due() else None
         if routed is not None:
             self.scores["router"].guessed_for(nxt, routed + first)
         self.predictor.observe(layer, local)        # (the chain below needs it whatever guesses layer+1)
@@ -398,6 +434,16 @@ class DiskExperts(Experts):
         if not more:
             return guess + first
         return np.concatenate([guess + first, *(g + m * self.E for m, g in more)])
+
+    def _router_due(self) -> bool:
+        """Whether this call computes the router's guess: always in "router" mode and while it has
+        guessed at least as well as the history (F1); in "auto" while the history guesses better,
+        one call in `ROUTER_SAMPLE`, enough to keep its score current without a router GEMV on
+        the decode thread every layer call (issue 39: the history wins on layer-cyclic routing)."""
+        if self.lookahead != "auto" or self.scores["router"].f1() >= self.scores["history"].f1():
+            return True
+        self._router_skip = (self._router_skip + 1) % ROUTER_SAMPLE
+        return self._router_skip == 0
 
     def lookahead_stats(self) -> dict:
         """The guesses (precision/recall vs what the next layer routed) and what reading them
@@ -425,6 +471,7 @@ class DiskExperts(Experts):
                                                         "prefetch_cut": self.prefetch_cut,
                                                         "overlapped_runs": self.overlapped,
                                                         "apart_rounds": self.apart,
+                                                        "handoffs": self.handoffs,
                                                         **(self.watch.stats() if self.watch is not None
                                                            else {"integrity": "not verified"}),
                                                         "io": self.cache.reader.describe()},

@@ -427,6 +427,20 @@ class HostExpertCache:
             if bad:
                 raise bad[0]
 
+    def over_capacity(self) -> bool:
+        """Whether the last decode pass routed more experts than the cache holds and the policy is
+        layer-aware: the read-ahead then takes the slots of the layer just run (handoff.py)."""
+        return self.table.layer_aware and self.table.working_set > self.table.capacity
+
+    def victims_among(self, slots: np.ndarray, k: int) -> np.ndarray:
+        """Positions in `slots` (one layer call's, locked) of the k that the policy gives up first
+        once they are free: the least score, ties to the least recently used (the order of
+        `SlotTable.candidates` within one layer)."""
+        with self._cv:
+            self._settle()
+            t = self.table
+            return np.lexsort((t.stamp[slots], t.score(t.owner[slots])))[:k]
+
     def release(self, slots: np.ndarray) -> None:
         with self._cv:
             self.table.locks[np.asarray(slots, np.int64)] -= 1     # a call's slots are unique: no np.add.at

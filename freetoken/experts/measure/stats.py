@@ -120,7 +120,7 @@ def tier_summary(stats: dict | None) -> dict:
     disk = stats.get("disk")
     if disk:
         out["disk"] = {k: disk.get(k, 0) for k in ("reads", "bytes_read", "read_s", "read_gbs", "errors", "pool_gib",
-                                                   "b_d_gbs", "prefetch_cut", "file_changes", "checksum_mismatches")}
+                                                   "b_d_gbs", "prefetch_cut", "handoffs", "file_changes", "checksum_mismatches")}
         out["disk"].update({k: disk[k] for k in ("integrity", "integrity_detail", "io") if k in disk})
     if stats.get("lookahead"):      # the disk tier's next-layer guesses (experts/disk/lookahead.py)
         out["lookahead"] = dict(stats["lookahead"])

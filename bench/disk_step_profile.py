@@ -1,0 +1,179 @@
+"""Where a disk-tier decode step's time goes at a small host cache (issue 39, 5% of the pool): per
+decoded token, in-process, wall time and CPU by thread (the decode thread, the kernel pool's
+worker, the `freetoken-disk` I/O threads; /proc/self/task/<tid>/schedstat), the expert calls'
+wall, the time blocked on reads, the reads still in flight when their layer came (`waited`), the
+lookahead's guessing and the read-ahead calls on the decode thread, and per read: its wall on an
+I/O thread, the part spent in xxh3, and how long it queued for a thread. The engine is the one
+`PYTHONPATH` names; the timers wrap its methods, so the same copy of this script profiles any
+tree of the same layout (`--handoff on` where the tree has experts/disk/handoff.py).
+
+  PYTHONPATH=. python bench/disk_step_profile.py --cache-share 0.05 --rounds 3
+  PYTHONPATH=. python bench/disk_step_profile.py --resident --rounds 3      # the same, experts resident
+
+Each round is a fresh engine on a fresh random prompt (seeded), the file's page cache dropped first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+ACC: dict[str, float] = {}
+LOCK = threading.Lock()
+
+
+def add(key: str, dt: float) -> None:
+    with LOCK:
+        ACC[key] = ACC.get(key, 0.0) + dt
+
+
+def timed(cls, name: str, key: str) -> None:
+    """cls.name's wall time summed into ACC[key] (decode thread)."""
+    fn = getattr(cls, name)
+
+    def wrap(*a, **k):
+        t = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            add(key, time.perf_counter() - t)
+    setattr(cls, name, wrap)
+
+
+def instrument() -> None:
+    """Timers on the disk tier: forward, read-ahead calls, guessing, each read (queued, run, hashed)."""
+    import freetoken.experts.disk.backend as backend
+    import freetoken.experts.disk.host_cache as hc
+    timed(backend.DiskExperts, "forward", "forward")
+    timed(backend.DiskExperts, "_predict", "predict")
+    timed(hc.HostExpertCache, "prefetch", "prefetch")
+    submit_start = hc.HostExpertCache._start
+
+    def start(self, flats, slots):
+        queued, submit = time.perf_counter(), self._io.submit
+
+        def timed_submit(fn, *a):
+            def run(*aa):
+                t = time.perf_counter()
+                add("queued", t - queued)
+                fn(*aa)
+                add("read", time.perf_counter() - t)
+                add("reads", 1)
+            return submit(run, *a)
+        self._io.submit = timed_submit
+        try:
+            return submit_start(self, flats, slots)
+        finally:
+            del self._io.submit
+    hc.HostExpertCache._start = start
+    hasher = hc.xxh3_64
+
+    class TimedHash:
+        def __init__(self):
+            self.h = hasher()
+
+        def update(self, b):
+            t = time.perf_counter()
+            self.h.update(b)
+            add("hash", time.perf_counter() - t)
+
+        def intdigest(self):
+            return self.h.intdigest()
+    hc.xxh3_64 = TimedHash
+
+
+def thread_ms() -> dict[str, float]:
+    """CPU ms so far by role: the decode (main) thread, the I/O threads, the rest (kernel pool)."""
+    names = {th.native_id: th.name for th in threading.enumerate()}
+    out = {"decode": 0.0, "io": 0.0, "pool": 0.0}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except OSError:
+            continue
+        t = int(tid)
+        role = "decode" if t == os.getpid() else "io" if names.get(t, "").startswith("freetoken-disk") else "pool"
+        out[role] += ns / 1e6
+    return out
+
+
+def one_round(path: Path, opts: dict, prompt: list[int], decode: int, threads: int) -> dict:
+    from freetoken import LLM, SamplingParams
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    llm = LLM(str(path), dtype="bfloat16", num_threads=threads, max_model_len=1024, prefix_cache=False, **opts)
+    try:
+        eng = llm.engine
+        eng.add_request("r", prompt, SamplingParams(max_tokens=decode, temperature=0.0, ignore_eos=True))
+        n = steps = 0
+        while eng.has_unfinished():
+            for out in eng.step():
+                n += len(out.new_token_ids)
+                steps += 1
+                if steps == 1:               # decode only: from the first token on
+                    ACC.clear()
+                    t0, c0, s0 = time.perf_counter(), time.process_time(), thread_ms()
+                    st0 = llm.expert_stats()
+        t1, c1, s1 = time.perf_counter(), time.process_time(), thread_ms()
+        st1 = llm.expert_stats()
+    finally:
+        llm.close()
+    return summary(max(1, n - 1), max(1, steps - 1), t1 - t0, c1 - c0, s0, s1, st0, st1)
+
+
+def summary(tok: int, steps: int, wall: float, cpu: float, s0: dict, s1: dict, st0: dict, st1: dict) -> dict:
+    st0, st1 = st0 or {}, st1 or {}
+
+    def delta(part: str, key: str) -> float:
+        return ((st1.get(part) or {}).get(key, 0) - (st0.get(part) or {}).get(key, 0)) / tok
+    reads = max(1.0, ACC.get("reads", 0.0))
+    return {"tok_s": tok / wall, "ms_a_token": wall / tok * 1e3, "tokens_a_step": tok / steps,
+            "cpu_ms": cpu / tok * 1e3, **{f"cpu_{k}_ms": (s1[k] - s0[k]) / tok for k in s1},
+            "expert_calls_ms": ACC.get("forward", 0.0) / tok * 1e3,
+            "blocked_ms": delta("disk", "read_s") * 1e3, "waited": delta("host_cache", "waited"),
+            "reads": ACC.get("reads", 0.0) / tok, "mb": delta("disk", "bytes_read") / 1e6,
+            "guessing_ms": ACC.get("predict", 0.0) / tok * 1e3, "read_ahead_ms": ACC.get("prefetch", 0.0) / tok * 1e3,
+            "read_wall_ms": ACC.get("read", 0.0) / reads * 1e3, "read_hash_ms": ACC.get("hash", 0.0) / reads * 1e3,
+            "read_queued_ms": ACC.get("queued", 0.0) / reads * 1e3, "handoffs": delta("disk", "handoffs")}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", type=Path, default=Path("/tmp/freetoken-real-size/qwen3-30b-a3b-shape-4L-q4_k_m.gguf"),
+                    help="default: bench/real_size.py's 4-layer Qwen3-30B-A3B-shaped Q4_K_M file")
+    ap.add_argument("--cache-share", type=float, default=0.05, help="host cache as a share of the expert pool")
+    ap.add_argument("--resident", action="store_true", help="the experts resident instead (the reference)")
+    ap.add_argument("--handoff", choices=("on", "off"), default=None, help="experts/disk/backend.HANDOFF")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    if not args.gguf.exists():
+        raise SystemExit(f"{args.gguf}: not found (bench/real_size.py builds it)")
+    from freetoken.loading.disk_layout import gguf_layout
+    from freetoken.weights.gguf.reader import GgufFile
+    ck = GgufFile(args.gguf)
+    opts = {"expert_tier": "ram"} if args.resident else \
+        {"host_cache_gib": gguf_layout(ck).nbytes / 2**30 * args.cache_share}
+    if not args.resident:
+        instrument()
+    if args.handoff is not None:
+        import freetoken.experts.disk.backend as backend
+        backend.HANDOFF = args.handoff == "on"
+    for r in range(args.rounds):
+        rng = random.Random(r)
+        prompt = [rng.randrange(10, ck.config["vocab_size"]) for _ in range(args.prompt_tokens)]
+        row = one_round(args.gguf, opts, prompt, args.decode, args.threads)
+        print(json.dumps({"round": r, "load": os.getloadavg()[0], **{k: round(v, 3) for k, v in row.items()}}),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""A layer call hands its victims' slots to the next layer's reads as soon as those experts have
+run (experts/disk/handoff.py): with a host cache far below a step's experts and reads delayed
+by drawn amounts (landing in any order), the prompt logits and greedy tokens stay the resident
+pool's bit for bit, calls really were handed off, and a handoff never reads more experts than
+the slots it gave up (so it cannot take the slots of layers needed sooner)."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from freetoken import LLM, SamplingParams
+from freetoken.experts.disk.handoff import GROUP, Handoff
+from freetoken.loading.convert import convert
+
+PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def _outputs(llm: LLM):
+    return llm.score(PROMPT), [c.token_ids for c in llm.generate([PROMPT, PROMPT[:5]], GREEDY)]
+
+
+@pytest.fixture(scope="module")
+def ftw(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ho") / "m.ftw"
+    convert(tiny_dir("qwen3_moe"), out, expert_format="int8", dtype="float32")
+    ref = LLM(str(out), dtype="float32")
+    want = _outputs(ref)
+    ref.close()
+    return out, want
+
+
+def test_tokens_identical_with_handoffs_and_reads_landing_in_any_order(ftw, monkeypatch):
+    import freetoken.experts.disk.backend as backend
+    monkeypatch.setattr(backend, "HANDOFF", True)       # (off by default: backend.HANDOFF)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead="history")
+    experts = llm.engine.model.experts
+    reader = experts.cache.reader
+    read = reader.read
+    gave: list[int] = []
+    plan = Handoff.plan.__func__
+
+    def counted(cls, cache, ids, slots, nxt):        # every handoff: reads started <= slots given up
+        h = plan(cls, cache, ids, slots, nxt)
+        if h is not None:
+            ran = h.ran
+
+            def checked(idx):
+                before, started = int(h.done.sum()), h.started
+                ran(idx)
+                assert h.started - started <= int(h.done.sum()) - before
+                gave.append(int(h.done.sum()) - before)
+            h.ran = checked
+        return h
+
+    @settings(max_examples=6, deadline=None)
+    @given(delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002, 0.004]), min_size=16, max_size=16))
+    def check(delays):
+        reader.read = lambda flat, *a: (time.sleep(delays[flat % 16]), read(flat, *a))[1]
+        g_logits, g_tokens = _outputs(llm)
+        assert torch.equal(g_logits, logits)
+        assert g_tokens == tokens
+        experts.cache.check()
+
+    Handoff.plan = classmethod(counted)
+    try:
+        check()
+        assert experts.stats()["disk"]["handoffs"] > 0 and max(gave) > 0
+    finally:
+        Handoff.plan = classmethod(plan)
+        reader.read = read
+        llm.close()
+
+
+def test_victims_run_first_in_small_groups():
+    class Cache:            # only what `first` reads
+        pass
+    h = Handoff(Cache(), np.arange(8), np.arange(8), np.arange(8, 16), give=np.array([1, 3, 4, 6, 7]))
+    ready = np.ones(8, bool)
+    first = h.first(ready)
+    assert first.sum() == GROUP and set(np.flatnonzero(first)) <= {1, 3, 4, 6, 7}
+    h.done[[1, 3, 4, 6, 7]] = True              # every victim released: the rest run together
+    assert np.array_equal(h.first(ready & ~h.done), ready & ~h.done)
+    none_landed = np.zeros(8, bool)
+    none_landed[[0, 2]] = True                  # no victim landed yet: what has landed runs
+    h.done[:] = False
+    assert np.array_equal(h.first(none_landed), none_landed)
