@@ -13,6 +13,8 @@ router weight, so a top-8 run compares with a top-6 trace):
   PYTHONPATH=. python bench/routing_spread.py --trace A.jsonl [--trace B.csv]
   PYTHONPATH=. python bench/routing_spread.py --gguf FILE [--decode 128] [--prompt-tokens 28]
 
+A run of fewer layers than the reference is compared with the reference's first layers (the
+synthetic file's layer l has layer l's gains whatever the layer count).
 `--gguf` decodes greedily with FreeToken (disk tier, a small host cache: the 48-layer file
 needs no 17 GiB of RAM) with `record_routing`, then compares with `--reference` (default: the
 real Qwen3-30B-A3B trace under ../shared/data/routing-traces/). Exit status 1 when a
@@ -150,6 +152,10 @@ def main() -> int:
             traces.append(Path(tmp) / f"{args.gguf.stem}.jsonl")
             record(args.gguf, args.decode, args.prompt_tokens, traces[-1])
         runs = {p.name: load(p) for p in traces}
+    # a file of fewer layers has the first layers of the 48 (their gains): compare with those
+    first = min(len(layers) for layers, _ in runs.values())
+    ref_layers, ref_experts = runs[traces[0].name]
+    runs[traces[0].name] = ({l: v for l, v in ref_layers.items() if l < first}, ref_experts)
     n = min(len(seq) for layers, _ in runs.values() for seq in layers.values())
     named = {name: spread(layers, args.top_k, n, experts) for name, (layers, experts) in runs.items()}
     ok = table(named, TOLERANCE)
