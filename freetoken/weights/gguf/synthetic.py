@@ -4,8 +4,8 @@ memory tests: the model is random, the shapes, types and file layout are a real 
 
 Quantized tensors are random bytes with fixed fp16 scales per block that make every weight
 zero-mean, at gains (`gain`) under which the routing spreads over the experts like a real
-model's (bench/routing_spread.py); the router weights are Gaussian; the tokenizer keys come from a real vocabulary GGUF
-(`ggml-vocab-qwen2.gguf`, the Qwen2/Qwen3 BPE)."""
+model's (bench/routing_spread.py); the router weights are Gaussian; the tokenizer keys come
+from a real vocabulary GGUF (`ggml-vocab-qwen2.gguf`, the Qwen2/Qwen3 BPE)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,7 +54,8 @@ def _scale_fields(ty: int, nblocks: int, blob: np.ndarray, gain: float = 1.0) ->
     weight is zero-mean with an rms near 1/sqrt(2048) (times `gain`, Q4_K). Random bytes as
     scales would give every value a positive mean (Q4_K: d*sc*q - dmin*m, q in 0..15): every
     matrix is then mostly c * ones * ones^T, each layer's output points along the ones
-    direction whatever the token, and every token routes to the same experts (docs/benchmarks.md, "Routing spread")."""
+    direction whatever the token, and every token routes to the same experts
+    (docs/benchmarks.md, "Routing spread")."""
     if ty == Q4_K:                     # d, dmin, scales[12], qs[128]
         blob[:, 0:2] = np.array([Q4_K_D * gain], dtype=np.float16).view(np.uint8)
         blob[:, 2:4] = np.array([7.5 * Q4_K_D * gain], dtype=np.float16).view(np.uint8)
