@@ -159,7 +159,8 @@ def main() -> int:
     n = min(len(seq) for layers, _ in runs.values() for seq in layers.values())
     named = {name: spread(layers, args.top_k, n, experts) for name, (layers, experts) in runs.items()}
     ok = table(named, TOLERANCE)
-    print(f"tolerance {TOLERANCE:.0%} of the reference ({traces[0].name}), each statistic: {'within' if ok else 'OUTSIDE'}")
+    verdict = "within" if ok else "OUTSIDE"
+    print(f"tolerance {TOLERANCE:.0%} of the reference ({traces[0].name}), each statistic: {verdict}")
     return 0 if ok else 1
 
 
