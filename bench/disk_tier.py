@@ -400,7 +400,8 @@ def main():
                   f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token, next-layer guesses used "
                   f"{(disk.get('host_cache') or {}).get('prefetch_hit_rate', 0):.0%} "
                   f"({(disk.get('host_cache') or {}).get('prefetch_wasted_bytes', 0) / 1e9:.2f} GB read for nothing); "
-                  f"{lookahead_line(disk)}; {split_line(res, disk)}; peak RSS resident "
+                  f"{lookahead_line(disk)}; {split_line(res, disk)}; CPU {disk.get('cpu_s_per_token', 0) * 1e3:.0f} ms "
+                  f"a decoded token (resident {res.get('cpu_s_per_token', 0) * 1e3:.0f}); peak RSS resident "
                   f"{res.get('hwm', 0) / 2**30:.2f} GiB, disk {disk.get('hwm', 0) / 2**30:.2f} GiB"
                   + "".join(f"; {k} error: {v['error']}" for k, v in (("resident", res), ("disk", disk),
                                                                        ("llama.cpp", ll)) if "error" in v))

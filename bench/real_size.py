@@ -7,6 +7,8 @@ Q4_K_M types of Qwen3-30B-A3B (weights/gguf/synthetic.py; 48 layers = 17.3 GB), 
            GGUF size, the FTW file's load peak, logits of GGUF and FTW compared bit for bit;
   speed    prefill and decode tok/s at each prompt length against llama.cpp (llama-cpp-python)
            on the same file, each engine alone, rounds alternating (bench/vs_llamacpp.py);
+  spread   the routing's spread over each layer's experts beside the real Qwen3-30B-A3B
+           trace's (bench/routing_spread.py; the weights' gains are chosen for it)
   disk     the disk tier with a host cache of half the pool against llama.cpp's mmap, both
            under one cgroup-v1 memory limit (bench/disk_tier.py).
 
@@ -14,8 +16,9 @@ Every engine runs in a process of its own (one model in memory at a time). The f
 needs ~23 GiB free while llama.cpp runs (its repacked copy plus the mapped file) and 35 GB of
 disk (GGUF + FTW); `--layers N` scales the layer count (every other shape stays real).
 
-  PYTHONPATH=. python bench/real_size.py [--layers 48] [--dir DIR] [--steps load,convert,speed,disk]
+  PYTHONPATH=. python bench/real_size.py [--layers 48] [--dir DIR] [--steps load,convert,speed,spread,disk]
                                          [--prompt 512,4096] [--decode 32] [--rounds 1] [--keep]
+  PYTHONPATH=. python bench/real_size.py --steps spread --keep     # build once, check its routing
 """
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ def gib(n: float) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
-def build(path: Path, layers: int) -> None:
+def build(path: Path, layers: int, with_ftw: bool = True) -> None:
     from freetoken.weights.gguf import synthetic as sg
     if path.exists():
         return
@@ -86,8 +89,9 @@ def build(path: Path, layers: int) -> None:
     plan = sg.tensor_plan(s, 151936)
     need = sum(_nbytes(shape, ty) for _, shape, ty in plan)
     free = shutil.disk_usage(path.parent).free
-    if free < 2.2 * need:         # the GGUF and its FTW copy
-        sys.exit(f"{path.parent}: {gib(free)} free, the GGUF and its FTW need {gib(2.1 * need)}; "
+    copies = 2.1 if with_ftw else 1.05      # the GGUF and its FTW copy
+    if free < copies * need:
+        sys.exit(f"{path.parent}: {gib(free)} free, the GGUF{' and its FTW' if with_ftw else ''} need {gib(copies * need)}; "
                  "use --dir elsewhere or fewer --layers")
     t = time.perf_counter()
     tmp = path.with_name(path.name + ".partial")
@@ -175,6 +179,14 @@ def freetoken_child(path: Path, prompt: list[list[int]], threads: int, decode: i
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def step_spread(path: Path, decode: int) -> None:
+    """The routing's spread over each layer's experts beside the real Qwen3-30B-A3B trace's
+    (bench/routing_spread.py): the disk step means something only if they agree."""
+    print(f"routing spread over {decode} decoded tokens vs the real Qwen3-30B-A3B trace (bench/routing_spread.py):", flush=True)
+    subprocess.run([sys.executable, str(HERE / "routing_spread.py"), "--gguf", str(path), "--decode", str(decode)],
+                   env={**os.environ, "PYTHONPATH": str(ROOT)}, check=False)
+
+
 def step_disk(path: Path, decode: int, rounds: int, threads: int, limit_mib: int | None) -> None:
     from freetoken.loading.disk_layout import gguf_layout
     from freetoken.weights.gguf.reader import GgufFile
@@ -193,7 +205,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=48, help="layer count (48: Qwen3-30B-A3B's)")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/freetoken-real-size"))
-    ap.add_argument("--steps", default="load,convert,speed,disk")
+    ap.add_argument("--steps", default="load,convert,speed,spread,disk")
     ap.add_argument("--prompt", default="512,4096")
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=1)
@@ -210,7 +222,7 @@ def main():
     ftw = path.with_suffix(".ftw")
     steps = args.steps.split(",")
     try:
-        build(path, args.layers)
+        build(path, args.layers, "convert" in steps)
         print(f"model {path.name}: {args.layers} layers, {gib(path.stat().st_size)}; machine: "
               f"{gib(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES'))} RAM, {os.cpu_count()} cores, "
               f"{args.threads} threads", flush=True)
@@ -219,6 +231,8 @@ def main():
             step_convert(path, ftw, loaded)
         if "speed" in steps:
             step_speed(path, [int(p) for p in args.prompt.split(",")], args.decode, args.rounds, args.threads)
+        if "spread" in steps:
+            step_spread(path, max(args.decode, 96))
         if "disk" in steps:
             step_disk(path, args.decode, max(1, args.rounds), args.threads, args.cgroup_mib)
     finally:

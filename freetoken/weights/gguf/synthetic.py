@@ -2,9 +2,10 @@
 tensor so a 17 GB file needs no more memory than its largest tensor. For benchmarks and
 memory tests: the model is random, the shapes, types and file layout are a real download's.
 
-Quantized tensors are random bytes with a small fixed fp16 scale per block (so activations
-stay finite through 48 layers); the tokenizer keys come from a real vocabulary GGUF
-(`ggml-vocab-qwen2.gguf`, the Qwen2/Qwen3 BPE)."""
+Quantized tensors are random bytes with fixed fp16 scales per block that make every weight
+zero-mean, at gains (`gain`) under which the routing spreads over the experts like a real
+model's (bench/routing_spread.py); the router weights are Gaussian; the tokenizer keys come
+from a real vocabulary GGUF (`ggml-vocab-qwen2.gguf`, the Qwen2/Qwen3 BPE)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ import numpy as np
 from .meta import read_header
 
 F32, F16, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 8, 12, 14, 30
+# block scales: a weight's rms ~ 1/sqrt(2048) (Q4_K: rms sc 36.5 x rms(q - 7.5) 4.6; Q6_K: 8 x 18.5)
+Q4_K_D, Q6_K_D = 1.3e-4, 1.5e-4
 
 
 @dataclass(frozen=True)
@@ -46,22 +49,43 @@ def _block(ty: int) -> tuple[int, int]:
     return gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(ty)]
 
 
-def _scale_fields(ty: int, nblocks: int, blob: np.ndarray) -> None:
-    """Overwrite the per-block fp16 scales of random `blob` [nblocks, block_bytes] in place."""
-    d = np.array([2e-3], dtype=np.float16).view(np.uint8)
+def _scale_fields(ty: int, nblocks: int, blob: np.ndarray, gain: float = 1.0) -> None:
+    """Overwrite the per-block scales of random `blob` [nblocks, block_bytes] in place so every
+    weight is zero-mean with an rms near 1/sqrt(2048) (times `gain`, Q4_K). Random bytes as
+    scales would give every value a positive mean (Q4_K: d*sc*q - dmin*m, q in 0..15): every
+    matrix is then mostly c * ones * ones^T, each layer's output points along the ones
+    direction whatever the token, and every token routes to the same experts
+    (docs/benchmarks.md, "Routing spread")."""
     if ty == Q4_K:                     # d, dmin, scales[12], qs[128]
-        blob[:, 0:2] = d
-        blob[:, 2:4] = np.array([1e-3], dtype=np.float16).view(np.uint8)
-    elif ty == Q6_K:                   # ql[128], qh[64], scales[16] (int8), d
-        blob[:, 192:208] = np.uint8(8)
-        blob[:, 208:210] = d
-    elif ty == Q8_0:                   # d, qs[32]
-        blob[:, 0:2] = d
+        blob[:, 0:2] = np.array([Q4_K_D * gain], dtype=np.float16).view(np.uint8)
+        blob[:, 2:4] = np.array([7.5 * Q4_K_D * gain], dtype=np.float16).view(np.uint8)
+        # the 6-bit scale and min of each sub-block equal (scale bytes 4..7 = 0..3, each of 8..11
+        # its low nibble twice: ggml's get_scale_min_k4): a value is sc * d * (q - 7.5)
+        blob[:, 8:12] = blob[:, 4:8]
+        blob[:, 12:16] = (blob[:, 12:16] & 0x0F) * np.uint8(0x11)
+    elif ty == Q6_K:                   # ql[128], qh[64], scales[16] (int8), d: q - 32 in -32..31
+        blob[:, 192:208] = np.where(blob[:, 192:208] & 1, np.uint8(8), np.uint8(256 - 8))   # +-8, random signs
+        blob[:, 208:210] = np.array([Q6_K_D], dtype=np.float16).view(np.uint8)
+    elif ty == Q8_0:                   # d, qs[32] (int8, symmetric already)
+        blob[:, 0:2] = np.array([2e-3], dtype=np.float16).view(np.uint8)
 
 
-def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], ty: int) -> np.ndarray:
+def gain(name: str) -> float:
+    """A tensor's scale over the 1/sqrt(2048) rms, chosen so the routing spreads over a layer's
+    experts the way a real model's does (bench/routing_spread.py against the Qwen3-30B-A3B
+    trace; docs/benchmarks.md, "Routing spread"): token embeddings 30x, so a position's
+    own token shows in its hidden state, and attention outputs 1.4/(l+1)^0.75, so what the
+    context shares (attention's average) neither drowns the token nor vanishes at depth."""
+    if name.startswith("token_embd."):
+        return 30.0
+    if name.endswith(".attn_output.weight"):
+        return 1.4 / (int(name.split(".")[1]) + 1) ** 0.75
+    return 1.0
+
+
+def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], ty: int, gain: float = 1.0) -> np.ndarray:
     """Bytes of a random tensor of numpy-order `shape` in ggml type `ty` (u8 [..., row_bytes]
-    for quantized types, floats otherwise)."""
+    for quantized types, floats otherwise); `gain` scales a Q4_K tensor's rms."""
     if ty == F32:
         return (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(np.float32)
     if ty in (F16, BF16):
@@ -72,7 +96,7 @@ def random_tensor(rng: np.random.Generator, shape: tuple[int, ...], ty: int) -> 
     block, size = _block(ty)
     nblocks = int(np.prod(shape)) // block
     blob = rng.integers(0, 256, (nblocks, size), dtype=np.uint8)
-    _scale_fields(ty, nblocks, blob)
+    _scale_fields(ty, nblocks, blob, gain)
     return blob.reshape(*shape[:-1], shape[-1] // block * size)
 
 
@@ -154,7 +178,7 @@ def write(path: str | Path, s: Shape = QWEN3_30B_A3B, vocab_gguf: str | Path | N
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     for name, shape, ty in plan:
-        data = random_tensor(rng, shape, ty)
+        data = random_tensor(rng, shape, ty, gain(name))
         if name.endswith("norm.weight"):
             data = np.ones(shape, dtype=np.float32)
         w.write_tensor_data(data)
