@@ -5,11 +5,13 @@
                                             [--speculative off]
 
 After a P-token prefill, times `steps` single-sequence decode steps and splits each into:
-experts (the C `ft_moe_run*` calls and their combine), attention (`ft_decode_attention`), dense GEMVs (q/k/v/o
-projections), router GEMVs and top-k, lm_head, norms + rope (C calls), and the rest (Python, the
-scheduler, sampling). `--clock process` times CPU time instead of wall time: with `--threads 1`
-a core's work per step, which a loaded machine stretches far less than the wall clock. Dense and lm_head rows give the bytes they read per step and the implied
-GB/s. The model and options of each format are those of bench/vs_llamacpp.py."""
+experts (the C `ft_moe_run*` calls and their combine), attention (`ft_decode_attention`),
+dense GEMVs (q/k/v/o projections), router GEMVs and top-k, lm_head, norms + rope (C calls), and
+the rest (Python, the scheduler, sampling). Dense and lm_head rows give the bytes they read per
+step and the implied GB/s; a roofline line each token's bytes (bench/vs_llamacpp.py's count) as
+a share of the read bandwidth. `--clock process` times CPU time instead of wall time: with
+`--threads 1` a core's work per step, which a loaded machine stretches far less than the wall
+clock. The model and options of each format are those of bench/vs_llamacpp.py."""
 from __future__ import annotations
 
 import argparse
@@ -23,10 +25,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import fresh_prompts  # noqa: E402
+from common import MEDIUM_QWEN3, fresh_prompts, medium_checkpoint  # noqa: E402
 from vs_llamacpp import FORMATS, SHAPES, decode_costs, make_gguf  # noqa: E402
 from freetoken.weights.gguf.reader import GgufFile  # noqa: E402
-from common import MEDIUM_QWEN3, medium_checkpoint  # noqa: E402
 from llamacpp_setup import ensure_llamacpp  # noqa: E402
 
 ACC: dict[str, float] = defaultdict(float)
