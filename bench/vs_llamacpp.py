@@ -3,7 +3,7 @@
     .venv/bin/python bench/vs_llamacpp.py [--threads 2] [--prompt 512,4096,16384] [--parallel 1,4]
                                           [--decode 64] [--rounds 3] [--formats bf16,q8_0,q4_k_m,gguf_q8_0,mxfp4,
                                            q2_k,q3_k_m,q4_1,q5_0,q5_1,iq4_nl,smollm2]
-                                          [--shape medium|medium48]
+                                          [--shape medium|medium48] [--speculative off] [--clock wall|process]
 
 bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
 `expert_format="int8", dense_format="int8"`, vs llama.cpp's Q8_0 GGUF);
@@ -23,6 +23,10 @@ at that context. Prints the machine's ISA line, then prefill/decode tok/s of bot
 freetoken/llama.cpp (median of the per-round ratios); for S=1 also how far their greedy tokens
 agree. llama.cpp is installed on first use (see llamacpp_setup.py).
 
+--clock process times both engines on their process's CPU time instead of the wall clock: with
+--threads 1 (no spinning workers in either engine) a core's work per token, for a machine other
+programs load. --speculative sets FreeToken's speculation (default auto, the engine's).
+
 --shape medium48 runs the Qwen3-MoE formats on the second medium shape (48 experts top-8, 16
 heads, vocabulary 3000, 6 layers; common.MEDIUM_QWEN3_48) instead of the bench's own.
 
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -69,8 +74,10 @@ NO_AMX = textwrap.dedent("""
 """)
 
 LLAMA_RUN = NO_AMX + textwrap.dedent("""
-    import json, sys, time
+    import json, os, sys, time
     import llama_cpp as L, numpy as np
+    # FT_BENCH_CLOCK=process (vs_llamacpp.py --clock process): this process's CPU time, not the wall's
+    clock = time.process_time if os.environ.get("FT_BENCH_CLOCK") == "process" else time.perf_counter
     path, threads, n_decode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     warmup, prompts = json.loads(sys.stdin.read())
     S, plen = len(prompts), max(len(p) for p in prompts)
@@ -126,13 +133,13 @@ LLAMA_RUN = NO_AMX + textwrap.dedent("""
     w, _ = prefill([warmup])
     decode(w, [len(warmup)], 1, [[]])
     L.llama_memory_clear(L.llama_get_memory(ctx), True)
-    t = time.perf_counter()
+    t = clock()
     nxt, last = prefill(prompts)
-    t_prefill = time.perf_counter() - t
+    t_prefill = clock() - t
     toks = [[] for _ in range(S)]
-    t = time.perf_counter()
+    t = clock()
     decode(nxt, [len(p) for p in prompts], n_decode, toks)
-    t_decode = time.perf_counter() - t
+    t_decode = clock() - t
     print(json.dumps({"prefill": sum(map(len, prompts)) / t_prefill, "decode": S * n_decode / t_decode,
                       "tokens": toks[0], "last_logits": last}))
 """)
@@ -192,10 +199,18 @@ def make_gguf(py: Path, converter: Path, model: Path, gtype: str) -> Path:
 WARMUP = [(7 * i) % 97 + 1 for i in range(32)]
 
 
+# the clock both engines' runs are timed on: wall time, or with --clock process each process's CPU
+# time (with --threads 1 a core's work per token, which other programs on the machine barely change;
+# with more threads it would count llama.cpp's and the pool's spinning workers)
+CLOCK = {"wall": time.perf_counter, "process": time.process_time}
+NOW = [time.perf_counter]
+
+
 def run_llamacpp(py: Path, gguf: Path, prompts: list[list[int]], threads: int, n_decode: int) -> dict:
+    env = {**os.environ, "FT_BENCH_CLOCK": "process" if NOW[0] is time.process_time else "wall"}
     r = subprocess.run([py, "-c", LLAMA_RUN, str(gguf), str(threads), str(n_decode)],
                        input=json.dumps([WARMUP, prompts]),
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"llama.cpp run failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -215,7 +230,7 @@ def run_freetoken(model_dir: Path, prompts: list[list[int]], threads: int, n_dec
     for i, p in enumerate(prompts):
         engine.add_request(str(i), p, SamplingParams(max_tokens=n_decode + 1, **g))
     toks = {str(i): [] for i in range(len(prompts))}
-    t0, t_first, counted = time.perf_counter(), None, 0
+    t0, t_first, counted = NOW[0](), None, 0
     while engine.has_unfinished():
         for o in engine.step():
             if o.num_cached_tokens:
@@ -224,9 +239,9 @@ def run_freetoken(model_dir: Path, prompts: list[list[int]], threads: int, n_dec
             if t_first is not None:
                 counted += len(o.new_token_ids)
         if t_first is None and all(toks.values()):
-            t_first = time.perf_counter()
+            t_first = NOW[0]()
             t_prefill = t_first - t0
-    t_decode = time.perf_counter() - t_first
+    t_decode = NOW[0]() - t_first
     backend = llm.expert_stats().get("backend", "?")
     # all generated tokens, the prefill's first included: llama.cpp's list starts with that one too
     return {"prefill": sum(map(len, prompts)) / t_prefill, "decode": counted / t_decode,
@@ -308,11 +323,16 @@ def main():
     ap.add_argument("--ggml-numerics", default=None, choices=("auto", "q8", "llama", "llama-exact", "float32"),
                     help="FreeToken's ggml_numerics (default: the engine's; q8 keeps the ggml experts' prefill "
                          "on the int8 dots: the before of the prefill tiles)")
+    ap.add_argument("--speculative", default=None,
+                    help="FreeToken's speculative mode (default: the engine's, auto; llama.cpp never speculates here)")
+    ap.add_argument("--clock", choices=list(CLOCK), default="wall",
+                    help="process: both engines timed on their process's CPU time (use with --threads 1 on a loaded machine)")
     args = ap.parse_args()
+    NOW[0] = CLOCK[args.clock]
     torch.set_num_threads(args.threads)
     print(isa_line(args.threads), flush=True)
     from freetoken.kernels.roofline import measure_machine
-    machine = measure_machine(args.threads)
+    machine = measure_machine(args.threads, clock=NOW[0])     # the limits on the runs' clock too
     print("roofline: " + machine.describe(), flush=True)
     py, converter = ensure_llamacpp()
     g = torch.Generator().manual_seed(0)
@@ -321,6 +341,8 @@ def main():
         build, gtype, source, ft_opts = FORMATS[fmt]
         if args.ggml_numerics:
             ft_opts = {**ft_opts, "ggml_numerics": args.ggml_numerics}
+        if args.speculative:
+            ft_opts = {**ft_opts, "speculative": args.speculative}
         if SHAPES[args.shape] and build is medium_checkpoint:
             name, shape = SHAPES[args.shape]
             model = medium_checkpoint(name=name, **shape)
@@ -365,13 +387,21 @@ def file_costs(gguf: Path) -> tuple[float, float, str]:
     return sums["dense"][0] / max(1, sums["dense"][1]), sums["experts"][0] / max(1, sums["experts"][1]), "int8"
 
 
+def decode_costs(fmt: str, cfg: dict, context: int, gguf: Path | None = None) -> list:
+    """The phases (kernels/roofline.py) of one sequence's decode step at `context` keys in `fmt`:
+    what a step reads (weights at the format's bytes, experts top-k, the KV cache in bf16)."""
+    from freetoken.kernels.roofline import model_costs
+    dense_b, expert_b, _ = FORMAT_COSTS[fmt] if fmt in FORMAT_COSTS else file_costs(gguf)
+    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    return model_costs(cfg, weight_bytes=dense_b, expert_bytes=3 * cfg["hidden_size"] * inter * expert_b, context=context)
+
+
 def shares(fmt: str, cfg: dict, plen: int, par: int, ft: dict, ll: dict, machine, gguf: Path | None = None) -> str:
     """Both engines' prefill and decode as shares of the machine's limits (kernels/roofline.py)."""
     from freetoken.kernels.roofline import decode_share, model_costs, prefill_share
-    dense_b, expert_b, peak = FORMAT_COSTS[fmt] if fmt in FORMAT_COSTS else file_costs(gguf)
-    inter = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    dense_b, _, peak = FORMAT_COSTS[fmt] if fmt in FORMAT_COSTS else file_costs(gguf)
     # decode at the end of the prompt (the bytes of one sequence's step: par 1); prefill at half of it
-    dec = model_costs(cfg, weight_bytes=dense_b, expert_bytes=3 * cfg["hidden_size"] * inter * expert_b, context=plen)
+    dec = decode_costs(fmt, cfg, plen, gguf)
     pre = model_costs(cfg, weight_bytes=dense_b, context=plen // 2)
     one = (lambda e, k: f"{decode_share(dec, machine, e[k] / par):.0%}") if par == 1 else (lambda e, k: "-")
     return (f"roofline: prefill {prefill_share(pre, machine, ft['prefill'], peak):.1%} / "

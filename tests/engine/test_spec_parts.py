@@ -157,6 +157,18 @@ def test_price_fit_predicts_verifies_on_the_steps_line():
             assert p.seconds(n, u) == pytest.approx(a + c * u, rel=0.02)
 
 
+def test_price_prior_charges_each_row_its_attention():
+    """Only plain steps seen (the price's cold start): an extra position is priced at the decode
+    attention one row took (a verify row runs the same block loops over its keys) plus 2% of the
+    step, not at the 2% alone; without a measured attention (a GPU step) at 2%."""
+    t1, att = 0.048, 0.0075            # the medium MoE at 4096 keys on one core: 48 ms, 7.5 in attention
+    for measured, extra in ((att, att + 0.02 * t1), (0.0, 0.02 * t1)):
+        p = VerifyPrice(moe_layers=0, top_k=0, num_experts=0, expert_nbytes=0)
+        for _ in range(8):
+            p.observe(1, 0, t1, measured)
+        assert p.seconds(5, 0) - p.seconds(1, 0) == pytest.approx(4 * extra, rel=0.1)
+
+
 def test_price_fits_only_when_a_draft_is_priced(monkeypatch):
     """Steps that draft nothing (random text) only record their timing: the robust fit (0.5-1 ms)
     runs when the price is read, again only once an eighth of the window is new, and what it

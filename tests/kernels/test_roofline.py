@@ -5,6 +5,7 @@ own: only each probe against another measurement of the same machine, taken alon
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -33,6 +34,21 @@ def test_read_bandwidth_within_2x_of_a_torch_copy():
         probe = max(probe, measure_machine(2, read_bytes=256 << 20, reps=2, probe_s=0.001).read_bw)
         copy = max(copy, 2 * a.nbytes / _best(lambda: b.copy_(a), 2))
     assert copy / 2 <= probe <= 2 * copy, (probe / 1e9, copy / 1e9)
+
+
+def test_probes_on_the_process_clock():
+    """clock=time.process_time (one thread on a loaded machine: the bench's --clock process): the
+    read rate within 2x of a torch copy timed on the same clock, every peak measured and positive."""
+    torch.set_num_threads(1)
+    a = torch.ones(1 << 24, dtype=torch.int64)          # 128 MiB: past the caches
+    b = torch.empty_like(a)
+    probe, copy = 0.0, 0.0
+    for _ in range(3):
+        m = measure_machine(1, read_bytes=128 << 20, reps=2, probe_s=0.001, clock=time.process_time)
+        probe = max(probe, m.read_bw)
+        copy = max(copy, 2 * a.nbytes / best_time(lambda: b.copy_(a), 2, time.process_time))
+    assert copy / 2 <= probe <= 2 * copy, (probe / 1e9, copy / 1e9)
+    assert "fp32" in m.peak and all(v > 0 for v in m.peak.values())
 
 
 def test_peaks_at_least_the_measured_gemm_rates():

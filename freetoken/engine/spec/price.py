@@ -93,15 +93,19 @@ class VerifyPrice:
         self.L, self.top_k, self.E = moe_layers, top_k, max(num_experts, 1)
         self.c0 = expert_nbytes / (expert_rate or DEFAULT_EXPERT_RATE) if moe_layers else 0.0
         self.samples: deque = deque(maxlen=window)         # (positions, experts, seconds)
+        self.row_attention: deque = deque(maxlen=window)   # the decode attention's seconds per position
         self._union_sum = np.zeros(MAX_TRACKED + 1)        # per positions: sum of union ratios
         self._union_n = np.zeros(MAX_TRACKED + 1)
         self._theta: np.ndarray | None = None              # fitted (a, b, c): `theta` fits when stale
         self._since_fit = 0
 
     # --- what the engine measures --------------------------------------------------------
-    def observe(self, positions: int, experts: int, seconds: float) -> None:
-        """One step: `positions` rows, `experts` distinct (layer, expert) pairs, `seconds` long."""
+    def observe(self, positions: int, experts: int, seconds: float, attention: float = 0.0) -> None:
+        """One step: `positions` rows, `experts` distinct (layer, expert) pairs, `seconds` long,
+        `attention` of them in the CPU decode attention kernel (0: not measured, e.g. on a GPU)."""
         self.samples.append((positions, experts, seconds))
+        if attention > 0 and positions > 0:
+            self.row_attention.append(attention / positions)
         if self.L and self.top_k and 1 <= positions <= MAX_TRACKED:
             self._union_sum[positions] += experts / (self.L * self.top_k)
             self._union_n[positions] += 1
@@ -155,7 +159,12 @@ class VerifyPrice:
         u1 = float(np.median(s[ones, 1]))
         n1 = float(s[ones, 0].min())
         c0 = min(self.c0, 0.9 * t1 / max(u1, 1.0))          # the prior never says experts cost more than a step
-        b0 = 0.02 * t1                                        # dense rows ride on the weights' one read
+        # dense rows ride on the weights' one read, but each row runs its own attention over its
+        # keys (a verify row shares the key blocks' reads, not the multiply-adds): at 4096 keys a
+        # row's attention was 15% of a plain step on the medium MoE, and its first drafts, priced
+        # at 2% a row, made the first 16 tokens 1.3x slower (docs/benchmarks.md)
+        att = float(np.median(self.row_attention)) if self.row_attention else 0.0
+        b0 = 0.02 * t1 + min(att, 0.9 * t1)
         a0 = max(t1 - c0 * u1 - b0 * n1, 0.05 * t1)
         prior = np.array([a0, b0, c0])
         scale = np.array([t1, t1, t1 / max(u1, 1.0)])      # the prior's spread per parameter

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from ...layers.attention import paged
 from ...layers.kernel_rows import GEMV_TOKENS
 from .acceptance import AcceptanceStats
 from .drafters import Draft
@@ -65,7 +66,7 @@ class Speculator:
         self.replays = probe is not None and bool(probe.parts)
         self.priced = True          # tests turn pricing off to force every draft through
         self._live: set[str] = set()
-        self._t0 = 0.0
+        self._t0 = self._att0 = 0.0
         self._step_positions = 0
         self._step_plain = True
 
@@ -178,6 +179,7 @@ class Speculator:
         self._step_plain = all(n == 1 + len(s.draft) and s.num_pending == 1 for s, n in batch)
         if self.lookahead is not None:
             self.lookahead.begin(batch)
+        self._att0 = paged.KERNEL_SECONDS[0]
         self._t0 = time.perf_counter()
 
     def end_forward(self) -> None:
@@ -187,7 +189,7 @@ class Speculator:
         if self.lookahead is not None:
             self.lookahead.end()
         if self._step_plain and self._step_positions:
-            self.price.observe(self._step_positions, self.observer.unique, dt)
+            self.price.observe(self._step_positions, self.observer.unique, dt, paged.KERNEL_SECONDS[0] - self._att0)
 
     def verified(self, draft: Draft, drafted: int, accepted: int) -> None:
         self.stats.observe(draft.drafter, draft.bucket, drafted, accepted)

@@ -12,6 +12,7 @@ chunks and decode tokens of many sequences run in one call.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +24,9 @@ from ..kernel_rows import GEMV_TOKENS
 from . import paged_flex, prefill as prefill_attention
 
 _KV_CODE = {torch.float32: 0, torch.bfloat16: 1}
+# seconds the C decode attention has run in this process: a verify row runs the block loops of a
+# decode row, so a plain step's share prices each extra row (engine/spec/price.py's prior)
+KERNEL_SECONDS = [0.0]
 
 
 @dataclass
@@ -189,11 +193,13 @@ def attend_rows(pool: CpuPool, q: torch.Tensor, keys: torch.Tensor, values: torc
     n, hq, d = q.shape
     q = q.contiguous()
     out = torch.empty_like(q)
+    t = time.perf_counter()
     with pool.lock:
         rc = pool.lib.ft_decode_attention(
             pool.handle, q.data_ptr(), n, hq, keys.shape[1], d, keys.data_ptr(), values.data_ptr(),
             _KV_CODE[keys.dtype], slots.data_ptr(), slots.shape[1], lens.data_ptr(), scale,
             sinks.data_ptr() if sinks is not None else None, out.data_ptr())
+    KERNEL_SECONDS[0] += time.perf_counter() - t
     if rc != 0:
         raise MemoryError("decode attention kernel could not allocate its scratch memory")
     return out
