@@ -343,6 +343,8 @@ def main():
     ap.add_argument("--lockstep", action="store_true",
                     help="read the free-running rows in lockstep (median of per-window ratios) instead of in rounds")
     ap.add_argument("--window", type=int, default=16, help="--lockstep: step pairs per window ratio")
+    ap.add_argument("--decode-attention", default="auto", choices=("auto", "amx", "fp32"),
+                    help="force decode attention over a bf16 cache onto AMX tiles or fp32 FMAs (auto: calibrated)")
     ap.add_argument("--control", action="store_true",
                     help="--lockstep: also plain against plain in the same lockstep (the method's noise floor)")
     args = ap.parse_args()
@@ -351,7 +353,8 @@ def main():
     from freetoken.engine.spec.ngram import NgramDrafter
     from freetoken.engine.spec.suffix import SuffixDrafter
     path, label, encode, trace = target(args)
-    opts = dict(num_threads=args.threads, max_model_len=4096, spec_max_draft=args.max_draft)
+    opts = dict(num_threads=args.threads, max_model_len=4096, spec_max_draft=args.max_draft,
+                decode_attention=args.decode_attention)
     # one engine (two would not fit the memory rule): "plain" runs with its speculator detached
     if args.host_cache_gib:
         opts.update(expert_tier="disk", host_cache_gib=args.host_cache_gib)

@@ -1,11 +1,13 @@
 """A verify's attention: the decode kernel on 1 row vs the k + 1 rows of one sequence (a verify
 of k drafts: row i reads the sequence's first ctx + i keys), this tree's kernel beside an earlier
-revision's (`--baseline none` skips it), alternating rounds. Prints ms per layer call and what
+revision's (`--baseline none` skips it), alternating rounds; this tree's kernel with its fp32 FMAs
+and on AMX tiles (`--attention`). Prints ms per layer call and what
 each extra row costs; the bf16 paged cache of `bench/decode_attention.py`, copies of it that
 outgrow the last-level cache (a step's layers read their caches from DRAM).
 
     .venv/bin/python bench/verify_attention.py [--threads 1] [--contexts 256,800,1600] [--rows 9]
                                               [--heads 32,4] [--baseline ebb43cc|none] [--clock process]
+                                              [--attention fp32|amx|both]
 
 Default shapes: the dense bench model's attention (`bench/speculative.py --model dense`: 32 query
 heads, 4 KV heads, head_dim 128), one layer."""
@@ -41,9 +43,11 @@ def verify_case(ctx: int, rows: int, hq: int, hkv: int, d=128, block=16, seed=0)
     return q, k, v, slots, lens, d ** -0.5
 
 
-def timed(pool, cases, reps, clock):
-    """Best time per call over `reps` passes through all `cases`."""
+def timed(pool, cases, reps, clock, amx=0):
+    """Best time per call over `reps` passes through all `cases` (`amx`: this tree's AMX attention)."""
     now = CLOCK[clock]
+    if hasattr(pool.lib, "ft_set_att_amx"):
+        pool.lib.ft_set_att_amx(amx)
     for a in cases:
         attend_rows(pool, *a)
     best = float("inf")
@@ -64,11 +68,17 @@ def main():
     ap.add_argument("--baseline", default="ebb43cc", help="git revision whose kernel runs beside this tree's, or none")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--attention", choices=("fp32", "amx", "both"), default="both",
+                    help="this tree's decode attention: the fp32 FMAs, the AMX tiles (where they run), or both")
     ap.add_argument("--clock", choices=CLOCK, default="process",
                     help="process: CPU time of this process (for --threads 1 on a shared machine); wall")
     args = ap.parse_args()
     hq, hkv = map(int, args.heads.split(","))
-    pools = {"new": CpuPool(kernels.load(), args.threads)}
+    new = CpuPool(kernels.load(), args.threads)
+    modes = {"fp32": ("fp32",), "amx": ("amx",), "both": ("fp32", "amx")}[args.attention]
+    if "amx" in modes and not new.lib.ft_set_att_amx(1):
+        sys.exit("the AMX attention does not run here (no AMX-BF16, or the OS refuses the tile state)")
+    pools = {n: new for n in modes}
     if args.baseline != "none":
         pools["old"] = CpuPool(build_revision(args.baseline), args.threads)
     print(f"kernels {kernels.load().ft_isa().decode()}, {args.threads} threads, {hq} query / {hkv} KV heads x 128, "
@@ -84,8 +94,8 @@ def main():
         times = {n: ([], []) for n in pools}
         for r in range(args.rounds):
             for n in list(pools)[:: 1 if r % 2 == 0 else -1]:
-                times[n][0].append(timed(pools[n], one, args.reps, args.clock))
-                times[n][1].append(timed(pools[n], many, args.reps, args.clock))
+                times[n][0].append(timed(pools[n], one, args.reps, args.clock, int(n == "amx")))
+                times[n][1].append(timed(pools[n], many, args.reps, args.clock, int(n == "amx")))
         line = f"{ctx:8}"
         for n in pools:
             t1, tr = (statistics.median(t) * 1e3 for t in times[n])

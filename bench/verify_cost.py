@@ -5,6 +5,7 @@ on a shared machine does not count). Prints per context the median step ms at k 
 ratio to it: the `--cost` curve of `bench/spec_bounds.py`.
 
     PYTHONPATH=. .venv/bin/python bench/verify_cost.py [--contexts 256,1200,1600] [--ks 0,1,2,4,8] [--steps 16]
+                                                     [--decode-attention auto|amx|fp32]
 
 The model is `bench/speculative.py --model dense` (4 layers, hidden 2048, 32 query / 4 KV heads)."""
 from __future__ import annotations
@@ -44,12 +45,14 @@ def main():
     ap.add_argument("--contexts", default="256,1200,1600")
     ap.add_argument("--ks", default="0,1,2,4,8")
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--decode-attention", default="auto", choices=("auto", "amx", "fp32"),
+                    help="force decode attention over the bf16 cache onto AMX tiles or fp32 FMAs (auto: calibrated)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from freetoken import LLM
     ks = [int(k) for k in args.ks.split(",")]
     llm = LLM(str(medium_checkpoint("qwen3", "qwen3-dense-medium", **MEDIUM_DENSE)), speculative="auto",
-              num_threads=1, max_model_len=4096, spec_max_draft=max(ks))
+              num_threads=1, max_model_len=4096, spec_max_draft=max(ks), decode_attention=args.decode_attention)
     print(isa_line(1))
     print(f"dense bench model, 1 thread, CPU ms of a step (median of {args.steps}), k random drafts forced")
     print(f"{'context':>8}" + "".join(f"{'k=' + str(k):>10}" for k in ks) + "   --cost (k = 0..max, linear between)")

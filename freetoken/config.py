@@ -35,7 +35,8 @@ def check_gib(name: str, value) -> None:
 
 # the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
 FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16", "amx", "vdpbf16ps"), "bf16_dot": ("on", "off"),
-                  "kernel_isa": ("native", "avx2", "portable"), "decode_gemv": ("amx", "dots")}
+                  "kernel_isa": ("native", "avx2", "portable"), "decode_gemv": ("amx", "dots"),
+                  "decode_attention": ("amx", "fp32")}
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,12 @@ class EngineConfig:
                            help="force a C kernel build (auto: the widest this CPU runs)")
     decode_gemv: str = flag("auto", choices=("auto", *FORCED_CHOICES["decode_gemv"]),
                             help="force the decode GEMV of bf16 weights onto AMX tiles or the dot tiles (auto: calibrated)")
+    # decode_attention: amx | fp32 (decode attention's scores and values over a bf16 KV cache on AMX
+    # tiles, queries and weights split into three exact bf16 parts, or fp32 FMAs; every decode and
+    # verify row takes the same path, so speculation stays exact).
+    decode_attention: str = flag("auto", choices=("auto", *FORCED_CHOICES["decode_attention"]),
+                                 help="force decode attention over a bf16 KV cache onto AMX tiles or fp32 FMAs "
+                                      "(auto: calibrated)")
     # How the ggml (GGUF-quantized) layers round activations: q8 = int8 per 32 with fp32 scales in
     # the decode GEMV, exact prefill; llama = llama.cpp's q8_0/q8_1 rounding (fp16 scales and block
     # sums) in both; float32 = exact everywhere (decode dequantizes rows for a GEMM: slower).

@@ -25,6 +25,7 @@ CPU_CHOICES = {
     "dot-on": {"bf16_dot": "on"}, "dot-off": {"bf16_dot": "off"},
     "isa-avx2": {"kernel_isa": "avx2"}, "isa-portable": {"kernel_isa": "portable"},
     "gemv-amx": {"decode_gemv": "amx"}, "gemv-dots": {"decode_gemv": "dots"},
+    "attn-amx": {"decode_attention": "amx"}, "attn-fp32": {"decode_attention": "fp32"},
 }
 
 
@@ -36,7 +37,7 @@ def cpu_choice(request) -> dict:
     isa = opts.get("kernel_isa")
     if isa is not None and isa not in variants_here():
         pytest.skip(f"the {isa} kernel build does not run on this CPU (here: {', '.join(variants_here())})")
-    if "amx" in (opts.get("prefill_gemm"), opts.get("decode_gemv")):
+    if "amx" in (opts.get("prefill_gemm"), opts.get("decode_gemv"), opts.get("decode_attention")):
         from freetoken.kernels import load
         from freetoken.kernels.gemm import modes_here
         if load() is None or "amx" not in modes_here(load()):

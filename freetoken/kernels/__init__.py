@@ -157,6 +157,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_ggml_rows_bf16.restype = None
     lib.ft_set_gemv_amx.argtypes = [ci]
     lib.ft_set_gemv_amx.restype = ci
+    if hasattr(lib, "ft_set_att_amx"):     # absent from revisions before it (bench/decode_attention.build_revision)
+        lib.ft_set_att_amx.argtypes = [ci]
+        lib.ft_set_att_amx.restype = ci
     lib.ft_amx_ready.argtypes = []
     lib.ft_amx_ready.restype = ci
     lib.ft_peak_macs.argtypes = [vp, ci, i64]

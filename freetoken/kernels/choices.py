@@ -321,6 +321,64 @@ def amx_gemv_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
                        lambda: measure(threads, bf16_dot), lambda t: "amx" in t and t["amx"] < t["dots"])
 
 
+def measure_att_amx(threads: int, keys: int = 1536, rows: tuple[int, ...] = (1, 9), reps: int = 3,
+                    out_of_cache: int = 64 << 20) -> dict:
+    """Seconds of decode attention over a bf16 paged cache (32 query / 4 KV heads x 128, `keys`
+    keys in random slots, copies rotated past `out_of_cache` bytes) for a plain step of one row
+    and a verify of 9 rows ("fp32-1", "fp32-9"), and on the AMX tiles ("amx-1", "amx-9", only
+    where the library runs them). Well under a second."""
+    lib = cpu_kernels()
+    pool = CpuPool(lib, threads)
+    g = torch.Generator().manual_seed(0)
+    hq, hkv, d, most = 32, 4, 128, max(rows)
+    n = keys + most
+    caches = [tuple(torch.randn(n, hkv, d, generator=g).bfloat16() for _ in range(2))
+              for _ in range(max(1, -(-out_of_cache // (4 * n * hkv * d))))]
+    slots = torch.randperm(n, generator=g).expand(most, n).contiguous()
+    lens = torch.arange(keys, keys + most)
+    q, o = torch.randn(most, hq, d, generator=g), torch.empty(most, hq, d)
+    now = {"rows": 1}
+
+    def run():
+        for kc, vc in caches:
+            lib.ft_decode_attention(pool.handle, q.data_ptr(), now["rows"], hq, hkv, d, kc.data_ptr(), vc.data_ptr(), 1,
+                                    slots.data_ptr(), n, lens.data_ptr(), d ** -0.5, None, o.data_ptr())
+
+    def switch(name):
+        mode, r = name.split("-")
+        now["rows"] = int(r)
+        lib.ft_set_att_amx(int(mode == "amx"))
+    try:
+        modes = ("fp32", "amx") if lib.ft_set_att_amx(1) else ("fp32",)
+        return best_interleaved(run, switch, tuple(f"{m}-{r}" for r in rows for m in modes), reps)
+    finally:
+        lib.ft_set_att_amx(0)
+        pool.close()
+
+
+def att_amx_faster(t: dict) -> bool:
+    """AMX attention where it runs, a verify of 9 rows is faster and a plain step of one row is
+    no slower (within 2%: decoding must not lose what verifying wins)."""
+    return "amx-1" in t and t["amx-9"] < t["fp32-9"] and t["amx-1"] <= 1.02 * t["fp32-1"]
+
+
+def att_amx_choice(weights: torch.dtype, *, kernels: bool, flags: frozenset[str], threads: int,
+                   measure: Callable[..., dict] | None = None, cache: os.PathLike | None = None,
+                   forced: str = "auto") -> tuple[bool, dict | None]:
+    """(whether decode attention over a bf16 KV cache runs its scores and values on AMX tiles, the
+    timings). `forced` (EngineConfig.decode_attention: amx | fp32) wins (model_kernels refuses
+    "amx" where AMX does not run); "auto" measures only with the kernels, a bf16 cache (bf16
+    weights) and AMX-BF16 in the flags. Either way as accurate as fp32 (the queries and weights
+    in three exact bf16 parts), not the same bits."""
+    if forced != "auto":
+        return forced == "amx" and kernels and weights == torch.bfloat16, None
+    if not kernels or weights != torch.bfloat16 or not AMX_FLAGS <= flags:
+        return False, None
+    run = measure or measure_att_amx
+    return _calibrated(cache, f"amxattn:dram-1536-r1-9:{cpu_model()}:{threads}", flags, threads,
+                       lambda: run(threads), att_amx_faster)
+
+
 @dataclass(frozen=True)
 class CpuChoices:
     isa: str                        # avx512 | avx2 | portable (the flags' view; the library reports its own)
@@ -335,6 +393,8 @@ class CpuChoices:
     expert_gemm: str | None = None  # amx | vdpbf16ps: routed bf16 experts' big groups through our tiles
     gemv_amx: bool = False          # the decode GEMV of bf16 weights on AMX tiles (kernels/c/amx_gemv.c)
     gemv_seconds: dict | None = None    # the calibration that chose gemv_amx, if one ran
+    att_amx: bool = False           # decode attention's scores and values on AMX tiles (kernels/c/attention_amx.c)
+    att_seconds: dict | None = None     # the calibration that chose att_amx, if one ran
 
     def describe(self) -> str:
         t, d = self.gemm_seconds, self.dot_seconds
@@ -359,7 +419,11 @@ class CpuChoices:
         g = self.gemv_seconds
         how = (f" (calibrated: {g['dots'] / g['amx']:.2f}x the speed of the dot tiles at 1+4+16 rows)" if g and "amx" in g
                else " (forced)" if "decode_gemv" in self.forced else "")
-        return f"; decode GEMV of bf16 weights on {'AMX tiles' if self.gemv_amx else 'dot tiles'}{how}"
+        a = self.att_seconds
+        att = (f" (calibrated: {a['fp32-1'] / a['amx-1']:.2f}x / {a['fp32-9'] / a['amx-9']:.2f}x the speed of fp32 "
+               f"at 1 / 9 rows)" if a and "amx-1" in a else " (forced)" if "decode_attention" in self.forced else "")
+        return (f"; decode GEMV of bf16 weights on {'AMX tiles' if self.gemv_amx else 'dot tiles'}{how}"
+                f"; decode attention {'on AMX tiles' if self.att_amx else 'fp32'}{att}")
 
 
 def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
@@ -367,8 +431,8 @@ def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, k
             cache: os.PathLike | None = None,
             measure_dot: Callable[[int], dict] = measure_bf16_dot, gemm: str = "auto", dot: str = "auto",
             kernel_isa: str = "auto", measure_gemv: Callable[..., dict] = measure_amx_gemv,
-            gemv: str = "auto") -> CpuChoices:
-    """The CPU choices; gemm / dot / kernel_isa / gemv are EngineConfig's forcing options ("auto": decide)."""
+            gemv: str = "auto", measure_att: Callable[..., dict] | None = None, att: str = "auto") -> CpuChoices:
+    """The CPU choices; gemm / dot / kernel_isa / gemv / att are EngineConfig's forcing options ("auto": decide)."""
     act = activation_dtype(weights, device, requested, kernels=kernels, flags=flags)
     dense, expert = "", None
     if device.type == "cpu" and weights == torch.bfloat16:
@@ -381,9 +445,12 @@ def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, k
                              measure=measure_dot, cache=cache, forced=dot) if device.type == "cpu" else (False, None))
     a, at = (amx_gemv_choice(requested, weights, kernels=kernels, flags=flags, threads=threads, bf16_dot=d,
                              measure=measure_gemv, cache=cache, forced=gemv) if device.type == "cpu" else (False, None))
+    m, mt = (att_amx_choice(weights, kernels=kernels, flags=flags, threads=threads, measure=measure_att, cache=cache,
+                            forced=att) if device.type == "cpu" else (False, None))
     forced = tuple(n for n, v in (("prefill_gemm", gemm), ("bf16_dot", dot), ("kernel_isa", kernel_isa),
-                                  ("decode_gemv", gemv)) if v != "auto")
-    return CpuChoices(isa_level(flags), act, g, t, d, dt, kernel_variant(kernel_isa), forced, dense, expert, a, at)
+                                  ("decode_gemv", gemv), ("decode_attention", att)) if v != "auto")
+    return CpuChoices(isa_level(flags), act, g, t, d, dt, kernel_variant(kernel_isa), forced, dense, expert, a, at,
+                      m, mt)
 
 
 def kernel_variant(requested: str) -> str:
@@ -394,11 +461,11 @@ def kernel_variant(requested: str) -> str:
 @functools.cache
 def machine_choices(weights: torch.dtype, device: torch.device, requested: str, kernels: bool,
                     threads: int, gemm: str = "auto", dot: str = "auto", kernel_isa: str = "auto",
-                    gemv: str = "auto") -> CpuChoices:
+                    gemv: str = "auto", att: str = "auto") -> CpuChoices:
     """`resolve` for this machine, calibration cached under the kernels' cache dir; logged once
     per distinct set of options (so one process runs the same choices for every load of a model)."""
     c = cpu_choices(weights, device, requested, kernels=kernels, flags=cpu_flags(), threads=threads,
-                cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa, gemv=gemv)
+                cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa, gemv=gemv, att=att)
     if device.type == "cpu":
         log.info("%s", c.describe())
     return c
@@ -417,10 +484,11 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
         pool = shared_pool(cfg.num_threads, isa=variant, spin_us=cfg.spin_us)
     c = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
                         pool.num_threads if pool is not None else 1, cfg.prefill_gemm, cfg.bf16_dot, cfg.kernel_isa,
-                        cfg.decode_gemv)
+                        cfg.decode_gemv, cfg.decode_attention)
     if pool is not None:
         pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
         set_gemv_amx(pool.lib, c)
+        set_att_amx(pool.lib, c)
         pool.lib.ft_set_ggml_act(act_mode(cfg.ggml_numerics))
         set_gemm_tiles(pool.lib, c)
         set_ggml_tiles(pool.lib, c, cfg.ggml_numerics, cfg.prefill_gemm)
@@ -464,3 +532,12 @@ def set_gemv_amx(lib, c: CpuChoices) -> None:
     if lib.ft_set_gemv_amx(int(c.gemv_amx)) != int(c.gemv_amx) and "decode_gemv" in c.forced:
         raise InvalidRequestError("decode_gemv: 'amx' does not run here (AMX needs the CPU's amx_bf16 and the OS's "
                                   "grant of the tile state); expected one of auto|dots")
+
+
+def set_att_amx(lib, c: CpuChoices) -> None:
+    """Switch the library's decode attention over bf16 caches to the choice (calibrated on the
+    native build: a narrower forced build goes without; AMX forced where it does not run: a clear
+    error)."""
+    if lib.ft_set_att_amx(int(c.att_amx)) != int(c.att_amx) and "decode_attention" in c.forced:
+        raise InvalidRequestError("decode_attention: 'amx' does not run here (AMX needs the CPU's amx_bf16 and the "
+                                  "OS's grant of the tile state); expected one of auto|fp32")

@@ -65,6 +65,19 @@ def test_tiny_checkpoints_verify_rows_are_decode_steps(tiny_dir, arch):
     check_forced(plain, spec, [ids_for(20, s) for s in range(3)], 400)
 
 
+@pytest.mark.parametrize("attention", ["amx", "fp32"])
+def test_verify_rows_are_decode_steps_on_either_attention(tiny_dir, attention):
+    """A bf16 KV cache under each decode attention (AMX tiles with three-part queries and weights,
+    or fp32 FMAs; forced): verify rows keep the decode steps' bits."""
+    from freetoken.kernels import load
+    if attention == "amx" and not load().ft_amx_ready():
+        pytest.skip("AMX tiles do not run here (no amx_bf16, or the OS refuses the tile state)")
+    path = str(tiny_dir("qwen3"))
+    plain = LLM(path, dtype="bfloat16", speculative="off", decode_attention=attention)
+    spec = LLM(path, dtype="bfloat16", speculative="ngram", spec_max_draft=64, decode_attention=attention)
+    check_forced(plain, spec, [ids_for(20, s) for s in range(3)], 400)
+
+
 def smollm2():
     path = installed_default()
     if path is None:

@@ -1,8 +1,10 @@
 """The automatic choices (activations dtype, prefill GEMM dtype, ISA level) with faked CPU flags
 and a faked calibration."""
+import pytest
 import torch
 
-from freetoken.kernels.choices import isa_level, cpu_choices
+from freetoken.kernels import choices
+from freetoken.kernels.choices import isa_level, cpu_choices, measure_att_amx
 
 CPU = torch.device("cpu")
 ZEN4 = frozenset("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16".split())
@@ -18,6 +20,13 @@ class Calibration:
     def __call__(self, threads):
         self.calls += 1
         return dict(self.t)
+
+
+@pytest.fixture(autouse=True)
+def att_calibrated_fp32(monkeypatch):
+    """Tests of the other choices pick on flags with AMX: their attention calibration says fp32
+    (measured here only where a test asks the library itself)."""
+    monkeypatch.setattr(choices, "measure_att_amx", lambda threads: {"fp32-1": 1.0, "fp32-9": 1.0})
 
 
 def test_isa_level():
@@ -130,7 +139,8 @@ def test_forcing_options_are_checked():
 
     from freetoken.config import EngineConfig
     from freetoken.errors import InvalidRequestError
-    for name, bad in (("prefill_gemm", "fp16"), ("bf16_dot", "yes"), ("kernel_isa", "avx512"), ("decode_gemv", "on")):
+    for name, bad in (("prefill_gemm", "fp16"), ("bf16_dot", "yes"), ("kernel_isa", "avx512"), ("decode_gemv", "on"),
+                      ("decode_attention", "bf16")):
         with pytest.raises(InvalidRequestError, match=name):
             EngineConfig(model="m", **{name: bad})
 
@@ -178,3 +188,44 @@ def test_amx_gemv_calibration_runs_the_library_here():
         return
     t = measure_amx_gemv(1, n=256, k=512, tokens=(1, 3), reps=1, out_of_cache=1 << 20)
     assert set(t) == ({"dots", "amx"} if lib.ft_amx_ready() else {"dots"}) and all(v > 0 for v in t.values())
+
+
+class AttCalibration:
+    def __init__(self, **t):
+        self.t, self.calls = t, 0
+
+    def __call__(self, threads):
+        self.calls += 1
+        return dict(self.t)
+
+
+def test_amx_attention_only_with_amx_when_a_verify_is_faster_and_a_plain_step_no_slower(tmp_path):
+    pick = lambda flags, cal, weights=torch.bfloat16, kernels=True, **kw: cpu_choices(  # noqa: E731
+        weights, CPU, "auto", kernels=kernels, flags=flags, threads=2, measure=Calibration(2, 1),
+        measure_dot=Calibration(fp32=1.0, bf16=2.0), measure_gemv=GemvCalibration(1.0), measure_att=cal, **kw)
+    fast = AttCalibration(**{"fp32-1": 1.0, "amx-1": 1.0, "fp32-9": 4.0, "amx-9": 2.0})
+    assert pick(SPR, fast).att_amx and "attention on AMX tiles (calibrated: 1.00x / 2.00x" in pick(SPR, fast).describe()
+    plain_loses = AttCalibration(**{"fp32-1": 1.0, "amx-1": 1.1, "fp32-9": 4.0, "amx-9": 2.0})
+    assert not pick(SPR, plain_loses).att_amx       # a plain decode step must not pay for the verify's gain
+    assert not pick(SPR, AttCalibration(**{"fp32-1": 1.0, "amx-1": 0.9, "fp32-9": 4.0, "amx-9": 4.5})).att_amx
+    assert not pick(SPR, AttCalibration(**{"fp32-1": 1.0, "fp32-9": 4.0})).att_amx     # the OS refused the tiles
+    never = AttCalibration(**fast.t)
+    assert not pick(ZEN4, never).att_amx and not pick(SPR, never, weights=torch.float32).att_amx
+    assert not pick(SPR, never, kernels=False).att_amx and never.calls == 0
+    forced = pick(ZEN4, never, att="amx")
+    assert forced.att_amx and forced.forced == ("decode_attention",) and "(forced)" in forced.describe()
+    assert not pick(SPR, fast, att="fp32").att_amx and never.calls == 0
+    cached = AttCalibration(**fast.t)
+    for _ in range(2):
+        assert pick(SPR, cached, cache=tmp_path).att_amx
+    assert cached.calls == 1
+
+
+def test_amx_attention_calibration_runs_the_library_here():
+    from freetoken.kernels import cpu_kernels
+    lib = cpu_kernels()
+    if lib is None:
+        return
+    t = measure_att_amx(1, keys=300, reps=1, out_of_cache=1 << 20)
+    modes = ("fp32", "amx") if lib.ft_amx_ready() else ("fp32",)
+    assert set(t) == {f"{m}-{r}" for m in modes for r in (1, 9)} and all(v > 0 for v in t.values())

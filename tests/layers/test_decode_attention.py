@@ -139,6 +139,41 @@ def test_wide_score_range_flushes_nothing_that_counts(isa):
     pool.close()
 
 
+AMX = kernels.load().ft_set_att_amx(1) == 1      # the AMX attention runs here (switched per test)
+kernels.load().ft_set_att_amx(0)
+
+
+@pytest.mark.skipif(not AMX, reason="AMX tiles do not run here (no amx_bf16, or the OS refuses the tile state)")
+@pytest.mark.parametrize("hq,hkv,d,lens,scale_q", [
+    (32, 4, 128, [300, 1] + list(range(1100, 1105)) + [5000, 257], 1.0),    # batch invariance past split-K
+    (16, 1, 80, [1, 33, 70, 300, 17], 1.0), (20, 1, 40, [1, 33, 70, 300, 17], 1.0),
+    (14, 2, 96, [1, 33, 70, 300, 17], 1.0), (3, 1, 8, [1, 33, 70, 300, 17], 1.0),
+    (8, 1, 64, [400, 1000], 40.0),              # test_wide_score_range_flushes_nothing_that_counts's case
+])
+def test_amx_attention_matches_reference_and_rows_alone(hq, hkv, d, lens, scale_q):
+    """ft_set_att_amx(1) over a bf16 cache: float64 attention within the fp32 path's tolerance
+    (with sinks too), and every row of a batch == that row alone, bit for bit (a plain decode step
+    and a verify row of the same position take the same path)."""
+    lib = kernels.load()
+    pool = CpuPool(lib, 3, small_job_bytes=0)
+    gen = torch.Generator().manual_seed(5 if scale_q != 1 else hq * 1000 + d)
+    q, k, v, cache, meta = _decode_step(lens, hq, hkv, d, torch.bfloat16, gen, pool)
+    q = q * scale_q
+    assert lib.ft_set_att_amx(1) == 1
+    try:
+        out = paged_attention(q, k, v, cache, meta, d ** -0.5)
+        torch.testing.assert_close(out.double(), _reference(q, cache, meta, d ** -0.5), atol=2e-6, rtol=2e-5)
+        for i in range(len(lens)):
+            one = paged_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], cache, _row(meta, i), d ** -0.5)
+            assert torch.equal(one[0], out[i]), (i, lens[i])
+        sinks = torch.randn(hq, generator=gen) * 3
+        out = paged_attention_sinks(q, k, v, cache, meta, d ** -0.5, sinks)
+        torch.testing.assert_close(out.double(), _reference(q, cache, meta, d ** -0.5, sinks), atol=2e-6, rtol=2e-5)
+    finally:
+        lib.ft_set_att_amx(0)
+        pool.close()
+
+
 def test_decode_kernel_with_sinks_matches_reference():
     gen = torch.Generator().manual_seed(7)
     q, k, v, cache, meta = _decode_step([3, 64, 1], 8, 2, 32, torch.float32, gen)

@@ -13,6 +13,9 @@ from freetoken.layers.attention.paged import attend_rows
 
 ISAS = kernels.variants_here()
 POOLS = {}
+# decode attention over a bf16 cache: fp32 FMAs, and AMX tiles where they run (kernels/c/attention_amx.c)
+MODES = ["fp32"] + (["amx"] if kernels.load().ft_set_att_amx(1) else [])
+kernels.load().ft_set_att_amx(0)
 
 
 def _pool(isa: str, threads: int) -> CpuPool:
@@ -52,7 +55,7 @@ def _reference(q, k, v, slots, lens, scale):
     return torch.stack(outs)
 
 
-def _check(isa, threads, n0, rows, others, shape, dtype, seed, bf16_dot=False):
+def _check(isa, threads, n0, rows, others, shape, dtype, seed, bf16_dot=False, mode="fp32"):
     hq, hkv, d = shape
     pool = _pool(isa, threads)
     gen = torch.Generator().manual_seed(seed)
@@ -60,6 +63,7 @@ def _check(isa, threads, n0, rows, others, shape, dtype, seed, bf16_dot=False):
     scale = d ** -0.5
     if bf16_dot:
         assert pool.lib.ft_set_bf16_dot(1) in (1, 2)
+    assert pool.lib.ft_set_att_amx(int(mode == "amx")) == int(mode == "amx" and isa == "native")
     try:
         out = attend_rows(pool, q, k, v, slots, lens, scale)
         for i in range(len(lens)):
@@ -67,21 +71,22 @@ def _check(isa, threads, n0, rows, others, shape, dtype, seed, bf16_dot=False):
             assert torch.equal(alone[0], out[i]), (i, lens[i].item())
     finally:
         pool.lib.ft_set_bf16_dot(0)
+        pool.lib.ft_set_att_amx(0)
     if not bf16_dot:
         torch.testing.assert_close(out.double(), _reference(q, k, v, slots, lens, scale), atol=2e-6, rtol=2e-5)
 
 
-@settings(max_examples=20, deadline=None)
-@given(isa=st.sampled_from(ISAS), threads=st.integers(1, 3),
+@settings(max_examples=24, deadline=None)
+@given(isa=st.sampled_from(ISAS), mode=st.sampled_from(MODES), threads=st.integers(1, 3),
        n0=st.one_of(st.integers(1, 40), st.integers(240, 270), st.integers(500, 1300)),
        rows=st.integers(1, 18), others=st.lists(st.integers(1, 600), max_size=3),
        shape=st.sampled_from([(32, 4, 128), (8, 2, 64), (6, 1, 20), (20, 1, 40), (4, 4, 36)]),
        dtype=st.sampled_from([torch.float32, torch.bfloat16]), seed=st.integers(0, 1 << 20))
-def test_verify_rows_get_their_bits_alone(isa, threads, n0, rows, others, shape, dtype, seed):
+def test_verify_rows_get_their_bits_alone(isa, mode, threads, n0, rows, others, shape, dtype, seed):
     """Key counts crossing a chunk (256 keys at 2 threads: the last rows get one more chunk than
     the first), more rows than one item serves (16), group sizes that do and do not divide the
-    vector width, any thread count."""
-    _check(isa, threads, n0, rows, others, shape, dtype, seed)
+    vector width, any thread count; fp32 FMAs and AMX tiles (on the native build's bf16 cache)."""
+    _check(isa, threads, n0, rows, others, shape, dtype, seed, mode=mode if isa == "native" else "fp32")
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -89,6 +94,19 @@ def test_verify_rows_whose_chunks_differ(isa):
     """At 3 threads and one KV head a sequence is cut 12 ways in whole blocks: 3450..3461 keys
     cross from 288-key to 320-key chunks inside one verify (two groups, each row its own bits)."""
     _check(isa, 3, 3450, 12, [700], (8, 1, 64), torch.bfloat16, 1)
+
+
+@pytest.mark.skipif("amx" not in MODES, reason="AMX tiles do not run here (no amx_bf16, or the OS refuses the tile state)")
+@pytest.mark.parametrize("threads,n0,rows,others,shape", [
+    (3, 3450, 12, [700], (8, 1, 64)),           # two groups of chunks within one verify
+    (1, 1600, 16, [9, 1], (32, 4, 128)),        # the dense bench model's shape, a full item of 16 rows
+    (2, 1, 18, [], (20, 1, 40)),                # 20 heads a row: tiles holding parts of two rows
+    (2, 700, 9, [300, 40], (3, 1, 8)),          # head_dim 8: one zero-padded 32-column chunk
+])
+def test_verify_rows_on_amx_tiles(threads, n0, rows, others, shape):
+    """The AMX path: each row == itself alone bit for bit, and float64 attention within the fp32
+    path's tolerance (queries and weights in three exact bf16 parts)."""
+    _check("native", threads, n0, rows, others, shape, torch.bfloat16, 3, mode="amx")
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -35,6 +35,7 @@ typedef struct {
     float scale; const float *sinks;
     float *out;
     int nch; int64_t chunk;                 /* chunks of the longest sequence, and its keys per chunk */
+    int amx;                                /* scores and values on AMX tiles (attention_amx.c) */
     int64_t want;                           /* chunks a sequence is split into at most (att_seq_chunk) */
     const int *rows;                        /* per row: rows of its group if it leads one, else 0 */
     float *part;                            /* per item: G x (D + 2): unnormalized o, max m, sum l */
@@ -176,6 +177,27 @@ FORCE_INLINE void att_chunk(const att_job *A, int s0, int R, int h, int64_t j0, 
 #undef ROW_M
 }
 
+#ifdef FT_AMX
+/* att_chunk on AMX tiles (bf16 caches): the same rows, keys and chunks, attention_amx.c's item. */
+static void att_chunk_amx(const att_job *A, int s0, int R, int h, int64_t j0, int64_t chunk, float *ws) {
+    const int G = A->Hq / A->Hkv, D = A->D;
+    const int64_t row_bytes = (int64_t)A->Hkv * D * 2, head_off = (int64_t)h * D * 2;
+    int64_t nr[ATT_ROWS_MAX], n = 0;
+    int sl = s0;
+    for (int r = 0; r < R; r++) {
+        const int64_t e = A->nkeys[s0 + r] < j0 + chunk ? A->nkeys[s0 + r] : j0 + chunk;
+        nr[r] = e > j0 ? e - j0 : 0;
+        if (nr[r] > n) { n = nr[r]; sl = s0 + r; }
+    }
+    float ml[2 * R * G];
+    const float *o = att_amx_item(A->q + ((int64_t)s0 * A->Hq + (int64_t)h * G) * D, (int64_t)A->Hq * D, R, G, D,
+                                  A->Dp, A->k, A->v, row_bytes, head_off, A->slots + (int64_t)sl * A->kmax + j0, nr, n,
+                                  A->chunk, A->scale, ws, ml);
+    for (int r = 0; r < R; r++)
+        att_part(A, s0 + r, h, (int)(j0 / chunk), XT_F32, nr[r] ? o + (int64_t)r * G * A->Dp : NULL, ml + 2 * r * G);
+}
+#endif
+
 /* Keys per chunk of a sequence of n keys: n split `want` ways, at least ATT_CHUNK_MIN (below
  * that the merge costs more than the split saves), whole blocks. */
 static int64_t att_seq_chunk(int64_t n, int64_t want) {
@@ -212,13 +234,22 @@ static void att_fn(void *a, int tid) {
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040);               /* FTZ | DAZ, see the top of this file */
 #endif
+#ifdef FT_AMX
+    if (A->amx) amx_config();
+#endif
     for (int it; (it = atomic_fetch_add(&A->next, 1)) < items;) {
         const int c = it % A->nch, sh = it / A->nch, s = sh / A->Hkv, h = sh % A->Hkv;
         if (!A->rows[s]) continue;          /* its group's first row serves it */
         const int64_t chunk = att_seq_chunk(A->nkeys[s], A->want);
+#ifdef FT_AMX
+        if (A->amx) { att_chunk_amx(A, s, A->rows[s], h, (int64_t)c * chunk, chunk, ws); continue; }
+#endif
         if (A->kvt == XT_F32) att_chunk(A, s, A->rows[s], h, (int64_t)c * chunk, chunk, ws, XT_F32);
         else att_chunk(A, s, A->rows[s], h, (int64_t)c * chunk, chunk, ws, XT_BF16);
     }
+#ifdef FT_AMX
+    if (A->amx) _tile_release();
+#endif
 #ifdef __x86_64__
     _mm_setcsr(csr);
 #endif
@@ -270,11 +301,18 @@ int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D,
     if (!grp) return -2;
     const int most = att_groups(S, slots, kmax, nkeys, want, grp);
     /* per thread: each row of a group its ATT_ROW_WS, and one fp32 block [ATT_BLOCK][Dp] */
-    const int64_t part_floats = items * G * (D + 2),
-                  tmp_stride = most * ATT_ROW_WS(chunk, G, Dp) + (int64_t)ATT_BLOCK * Dp;
+    const int amx = kvt == XT_BF16 && ft_att_amx;
+    int64_t tmp_stride = most * ATT_ROW_WS(chunk, G, Dp) + (int64_t)ATT_BLOCK * Dp;
+#ifdef FT_AMX
+    if (amx) {
+        const int64_t t = (att_amx_ws_bytes(most, G, Dp, chunk) / 4 + 15) & ~(int64_t)15;
+        tmp_stride = t > tmp_stride ? t : tmp_stride;
+    }
+#endif
+    const int64_t part_floats = items * G * (D + 2);
     float *mem = (float *)scratch(p, (size_t)(part_floats + tmp_stride * p->n + 16) * 4);
     if (!mem) { free(grp); return -2; }
-    att_job A = {q, S, Hq, Hkv, D, Dp, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, (int)nch, chunk, want, grp,
+    att_job A = {q, S, Hq, Hkv, D, Dp, k, v, kvt, slots, kmax, nkeys, scale, sinks, out, (int)nch, chunk, amx, want, grp,
                  mem, mem + ((part_floats + 15) & ~(int64_t)15), tmp_stride, 0, p};
     pool_run_sized(p, att_fn, &A, kv_rows * 2 * Hkv * D * (kvt == XT_F32 ? 4 : 2));
     free(grp);

@@ -321,6 +321,14 @@ FT_HIDDEN void att_values_block(const uint8_t *const *vr, int kvt, float *p, int
 FT_HIDDEN void att_values_rows(const uint8_t *const *vr, int kvt, int64_t nb, int64_t b, const int64_t *nr, int R,
                                int G, int D, int Dp, float *p, int64_t stride, float *acc);
 FT_HIDDEN int att_col(int kvt, int G, int pos);
+/* attention_amx.c: one item's scores and values on AMX tiles (bf16 caches, when ft_att_amx) */
+FT_HIDDEN extern int ft_att_amx;
+#ifdef FT_AMX
+FT_HIDDEN int64_t att_amx_ws_bytes(int R, int G, int Dp, int64_t chunk);
+FT_HIDDEN float *att_amx_item(const float *q, int64_t q_rs, int R, int G, int D, int Dp, const uint8_t *k,
+                              const uint8_t *v, int64_t row_bytes, int64_t head_off, const int64_t *slots,
+                              const int64_t *nr, int64_t n, int64_t chunk, float scale, void *ws, float *ml);
+#endif
 
 /* 1 where dot_tile runs fmt in tiles of 4 rows for any token count (AVX-512 float tiles). */
 FT_HIDDEN int wide_tiles(int fmt);
