@@ -106,7 +106,8 @@ def session_turns(args, encode, vocab: int) -> tuple[list[tuple[list[int], list[
     the --history other sessions' whole turns (prompt + response ids), evenly spaced among the rest."""
     from freetoken.engine.spec.replay import load_sessions
     sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]] if args.sessions else []
-    picked = sessions[::max(1, len(sessions) // max(args.sessions, 1))][:args.sessions]
+    # --offset j: the j-th session after each pick instead (sessions held out from tuning)
+    picked = sessions[getattr(args, "offset", 0)::max(1, len(sessions) // max(args.sessions, 1))][:args.sessions]
     out = []
     for _, turns in picked:
         for prompt, resp in turns:
