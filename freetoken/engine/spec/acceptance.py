@@ -105,4 +105,6 @@ class Speedup:
 
     @property
     def value(self) -> float:
-        return self.tokens / self.plain
+        """At least plain's speed, which not drafting always reaches: drafts that failed lately
+        must not make a drafted second look cheaper."""
+        return max(1.0, self.tokens / self.plain)
