@@ -120,7 +120,7 @@ class Speculator:
             if self.priced:
                 tokens += self.stats.expected_accepted(draft.drafter, draft.bucket, k)[k]
                 base += self._extra(draft, k, positions)
-                positions += k
+            positions += k            # the step's rows so far (the room and the price of those after)
             seq.draft = list(draft.tokens[:k])
             seq.draft_source = draft
         if self.priced and decoding:      # the run's speed: this step's plain tokens and predicted time
