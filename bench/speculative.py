@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
         [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
         [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
-        [--free-from random|sessions] [--history N] [--curve-context N] [--lockstep [--window 16] [--control]]
+        [--free-from random|sessions] [--history N] [--offset J] [--curve-context N] [--lockstep [--window 16] [--control]]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -106,7 +106,8 @@ def session_turns(args, encode, vocab: int) -> tuple[list[tuple[list[int], list[
     the --history other sessions' whole turns (prompt + response ids), evenly spaced among the rest."""
     from freetoken.engine.spec.replay import load_sessions
     sessions = [s for s in load_sessions(SESSIONS, max_turns=args.turns) if s[1]] if args.sessions else []
-    picked = sessions[::max(1, len(sessions) // max(args.sessions, 1))][:args.sessions]
+    # --offset j: the j-th session after each pick instead (sessions held out from tuning)
+    picked = sessions[args.offset::max(1, len(sessions) // max(args.sessions, 1))][:args.sessions]
     out = []
     for _, turns in picked:
         for prompt, resp in turns:
@@ -335,6 +336,8 @@ def main():
     ap.add_argument("--trace-layers", type=int, default=4, help="MoE layers of the trace-shaped medium MoE")
     ap.add_argument("--curve-context", type=int, default=256, metavar="N",
                     help="the verify cost curve after a prompt of N tokens (the replay's steps run at 800-1600)")
+    ap.add_argument("--offset", type=int, default=0, metavar="J",
+                    help="replay the J-th session after each pick instead: sessions held out from tuning")
     ap.add_argument("--history", type=int, default=0, metavar="N",
                     help="the suffix index first sees N other recorded sessions (whole turns), as a server "
                          "that served them would have (0: each replay starts from an empty index)")

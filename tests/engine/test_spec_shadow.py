@@ -78,5 +78,5 @@ def test_a_price_that_drafts_nothing_still_learns_and_output_is_plain(tiny_dir):
     assert generate(llm, prompts, GREEDY) == plain
     assert spec.stats.summary() == {}                # nothing was drafted ...
     prior = AcceptanceStats(spec.K).rates("none", 0)
-    learned = [spec.stats.rates(d, b) != prior for d in ("suffix", "ngram") for b in range(NUM_BUCKETS)]
+    learned = [spec.stats.rates(d, b) != prior for d in ("suffix", "ngram") for b in range(3 * NUM_BUCKETS)]  # alone, disagreeing, agreeing
     assert any(learned)                              # ... yet the proposals were scored

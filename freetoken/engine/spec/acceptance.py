@@ -11,6 +11,8 @@ PRIOR_FIRST = 0.4       # P(first drafted token accepted) before any evidence
 PRIOR_NEXT = 0.75       # P(next accepted | the ones before were): accepted runs are long or short
 PRIOR_WEIGHT = 2.0      # pseudo-trials of the prior
 DECAY = 0.999           # per observed draft: about the last thousand drafts count
+SPEED_DECAY = 0.995     # per step: about the last 200 steps set the run's speed
+SPEED_PRIOR = 20.0      # steps at plain speed before any evidence
 
 
 class AcceptanceStats:
@@ -82,3 +84,27 @@ class AcceptanceStats:
                     "mean_accepted_length": self.accepted.get(d, 0) / n if n else 0.0}
                 for d, n in self.drafts.items()}
 
+
+
+class Speedup:
+    """The run's recent speed over plain decoding: tokens emitted per token plain steps would
+    have emitted in the same (predicted) time. The price of a draft's seconds (decide.py)."""
+
+    def __init__(self):
+        self.tokens = self.plain = SPEED_PRIOR
+
+    def step(self, plain_tokens: float, units: float) -> None:
+        """A step that plain decoding would have made emit `plain_tokens`, predicted to take
+        `units` of its plain tokens' time (plain_tokens x seconds / the step's plain seconds)."""
+        self.tokens = self.tokens * SPEED_DECAY + plain_tokens
+        self.plain = self.plain * SPEED_DECAY + units
+
+    def accepted(self, n: int) -> None:
+        """Drafted tokens a verify of the last step accepted: tokens emitted beyond plain's."""
+        self.tokens += n
+
+    @property
+    def value(self) -> float:
+        """At least plain's speed, which not drafting always reaches: drafts that failed lately
+        must not make a drafted second look cheaper."""
+        return max(1.0, self.tokens / self.plain)

@@ -35,3 +35,16 @@ def match_bucket(match_len: int, count: int) -> int:
 
 
 NUM_BUCKETS = 12
+
+
+def with_agreement(drafts: list[Draft]) -> list[Draft]:
+    """The proposals with their buckets refined by the other drafters': proposed alone, beside a
+    proposal with another first token, or all agreeing on the first token. On the trace MoE's
+    replay prompt lookup's first token is right 85% of the time where the suffix index agrees,
+    21% alone and 6% where it disagrees; the suffix index's 85% / 87% / 72%: the match bucket
+    alone cannot tell these apart."""
+    if len(drafts) < 2:
+        return drafts
+    agree = len({d.tokens[0] for d in drafts}) == 1
+    shift = NUM_BUCKETS * (2 if agree else 1)
+    return [Draft(d.tokens, d.drafter, d.bucket + shift) for d in drafts]

@@ -1,20 +1,22 @@
 """The engine's speculation: before each step, a draft for each decoding sequence, its length
-k chosen to maximise expected tokens per second; after the step, the statistics and the
-price learn from what happened.
+k chosen to maximise the run's expected tokens per second; after the step, the statistics and
+the price learn from what happened.
 
-k for a sequence: the drafter's proposal gives up to K tokens and a confidence bucket; the
-acceptance statistics give E[accepted | k] for that drafter and bucket; the price gives the
-step's seconds with those k more positions (their share of the union of experts included).
-Sequences are taken one by one, each adding its k to the step's positions, and k = 0 wins
-unless a draft raises the step's expected tokens per second by more than MARGIN."""
+k for a sequence: each drafter's proposal gives up to K tokens and a confidence bucket (refined
+by whether the drafters agree); the acceptance statistics give E[accepted | k] for that drafter
+and bucket; the price gives the step's extra seconds with those k more positions (their share of
+the union of experts included). Sequences are taken one by one, each adding its k to the step's
+positions; the proposal and k with the most E[accepted] - R x extra seconds win, R the run's
+recent speed times MARGIN (decide.py), and k = 0 unless a draft scores above 0."""
 from __future__ import annotations
 
 import time
 
 from ...layers.attention import paged
 from ...layers.kernel_rows import GEMV_TOKENS
-from .acceptance import AcceptanceStats
-from .drafters import Draft
+from .acceptance import AcceptanceStats, Speedup
+from .decide import MARGIN, best_length, choose, likeliest
+from .drafters import Draft, with_agreement
 from .mtp import MTPDrafter
 from .lookahead import ExpertLookahead
 from .ngram import NgramDrafter
@@ -22,9 +24,6 @@ from .price import VerifyPrice
 from .routing import RoutingObserver
 from .shadow import ShadowScores
 from .suffix import SuffixDrafter
-
-
-MARGIN = 1.02           # a draft must promise 2% more tokens per second than not drafting
 
 
 class Speculator:
@@ -50,6 +49,7 @@ class Speculator:
         cpu = str(getattr(model, "device", "cpu")).startswith("cpu")
         self.max_rows = GEMV_TOKENS if cpu else 1 << 30
         self.stats = AcceptanceStats(max_draft)
+        self.speed = Speedup()                      # the run's speed over plain: a drafted second's price
         self.shadow = ShadowScores(self.stats)      # drafts the price turned down, scored as tokens come
         self.observer = RoutingObserver(model)
         la = ExpertLookahead(model) if lookahead else None
@@ -91,30 +91,41 @@ class Speculator:
         # the step's price without drafts, read once a draft is to be priced (drafters that cost
         # time to run price before drafting): a step with no proposal does not pay for the fit
         costed = "mtp" in self.drafters or any(hasattr(d, "seconds") for d in self.drafters.values())
-        base = None
+        base = base0 = lam = None
         for seq in decoding:
             ctx = self._observe_tokens(seq)
             room = min(self.K, self.max_model_len - len(seq) - 1,
                        seq.params.max_tokens - len(seq.output_ids) - 1, budget - positions, self.max_rows - positions)
             if room <= 0:
                 continue
-            if costed and base is None:
-                base = self.price.seconds(positions)
-            draft = self._mtp_draft(seq, ctx, room, tokens, positions, base) if "mtp" in self.drafters else \
-                self._best_draft(seq, ctx, room, tokens, positions, base)
-            if draft is None:
+            if base is None and costed:
+                base = base0 = self.price.seconds(positions)
+                lam = MARGIN * self.speed.value * len(decoding) / base0
+            if "mtp" in self.drafters:
+                drafts = self._mtp_draft(seq, ctx, room, tokens, positions, base, lam)
+            else:
+                drafts = self._proposals(seq, ctx, room, tokens, positions, base, lam)
+            if not drafts:
                 continue
             if base is None:        # no sequence before this one drafted: positions are the step's own
-                base = self.price.seconds(positions)
-            k = len(draft.tokens)
+                base = base0 = self.price.seconds(positions)
+                lam = MARGIN * self.speed.value * len(decoding) / base0
             if self.priced:
-                k, tokens, positions, base = self._price(draft, k, tokens, positions, base)
+                draft, k = choose(drafts, self.stats, lambda d, j: self._extra(d, j, positions), lam)
+            else:
+                draft = likeliest(drafts, self.stats)
+                k = len(draft.tokens)
             if not k:     # learn what it would have given (scoring the losing drafters' too was found to mislead)
-                self.shadow.keep(seq.request_id, draft, len(ctx))
-            if k:
-                seq.draft = list(draft.tokens[:k])
-                seq.draft_source = draft
-                positions += 0 if self.priced else k
+                self.shadow.keep(seq.request_id, likeliest(drafts, self.stats), len(ctx))
+                continue
+            if self.priced:
+                tokens += self.stats.expected_accepted(draft.drafter, draft.bucket, k)[k]
+                base += self._extra(draft, k, positions)
+            positions += k            # the step's rows so far (the room and the price of those after)
+            seq.draft = list(draft.tokens[:k])
+            seq.draft_source = draft
+        if self.priced and decoding:      # the run's speed: this step's plain tokens and predicted time
+            self.speed.step(len(decoding), len(decoding) * (base / base0 if base0 else 1.0))
 
     def _observe_tokens(self, seq) -> list[int]:
         ctx = seq.all_ids
@@ -123,51 +134,56 @@ class Speculator:
         self.shadow.settle(seq.request_id, ctx)
         return ctx
 
-    def _best_draft(self, seq, ctx, room, tokens, positions, base) -> Draft | None:
-        """The proposal with the most expected accepted tokens among the drafters. A drafter
-        that costs time to run (`seconds(k)`: a draft model) is priced first and asked only
-        for the k that pays."""
-        best, best_e = None, -1.0
+    def _proposals(self, seq, ctx, room, tokens, positions, base, lam) -> list[Draft]:
+        """Every drafter's proposal, the lookups' buckets refined by their agreement. A drafter
+        that costs time to run (`seconds(k)`: a draft model) is priced first and asked only for
+        the k that pays, and only when it promises more than the lookups' proposals."""
+        lookups, costly, best_e = [], [], -1.0
         for d in self.drafters.values():
             k = room
             if self.priced and hasattr(d, "seconds"):
                 behind = d.behind(seq.request_id, len(ctx))
                 k = self._price(Draft((0,) * room, d.name, 0), room, tokens, positions, base,
-                                lambda k: d.seconds(k, behind))[0]
+                                lambda k: d.seconds(k, behind), lam)[0]
                 if not k or self.stats.expected_accepted(d.name, 0, k)[-1] <= best_e:
                     continue          # not worth its time, or a lookup's draft promises as much
             dr = d.propose(ctx, k, key=seq.request_id)
             if dr is None:
                 continue
-            e = self.stats.expected_accepted(dr.drafter, dr.bucket, len(dr.tokens))[-1]
-            if e > best_e:
-                best, best_e = dr, e
-        return best
+            (costly if hasattr(d, "seconds") else lookups).append(dr)
+            best_e = max(best_e, self.stats.expected_accepted(dr.drafter, dr.bucket, len(dr.tokens))[-1])
+        return with_agreement(lookups) + costly
 
-    def _mtp_draft(self, seq, ctx, room, tokens, positions, base) -> Draft | None:
+    def _mtp_draft(self, seq, ctx, room, tokens, positions, base, lam) -> list[Draft]:
         """The MTP layer drafts as many tokens as the price (its own measured seconds included)
         says pay, so no draft is made to be thrown away."""
         if self.priced:
-            room = self._price(Draft((), "mtp", 0), room, tokens, positions, base, self.mtp.cost)[0]
-        return self.mtp.propose(ctx, room, key=seq.request_id) if room else None
+            room = self._price(Draft((), "mtp", 0), room, tokens, positions, base, self.mtp.cost, lam)[0]
+        dr = self.mtp.propose(ctx, room, key=seq.request_id) if room else None
+        return [dr] if dr is not None else []
 
-    def _price(self, draft: Draft, k_max: int, tokens: float, positions: int, base: float, cost=None):
-        """The k in 0..k_max with the most expected tokens per second for the step so far;
-        `cost(k)`: seconds to draft k tokens, where drafting is still to be done (a draft model,
-        the MTP layer); a draft already made is priced without it (its time is spent)."""
+    def _extra(self, draft: Draft, k: int, positions: int, cost=None) -> float:
+        """Seconds the step takes more with k more positions for `draft`; `cost(k)`: seconds to
+        draft k tokens, where drafting is still to be done (a draft model, the MTP layer)."""
+        base = self.price.seconds(positions)
+        t = self.price.seconds(positions + k) - base + (cost(k) if cost is not None else 0.0)
+        if self.replays:      # the rerun of 1 + accepted positions, unless all were accepted
+            exp = self.stats.expected_accepted(draft.drafter, draft.bucket, k)[k]
+            rerun = self.price.seconds(positions + exp + 1) - base
+            t += (1 - self.stats.all_accepted(draft.drafter, draft.bucket, k)) * rerun
+        return t
+
+    def _price(self, draft: Draft, k_max: int, tokens: float, positions: int, base: float, cost=None, lam=None):
+        """(k, tokens, positions, seconds) of the step with the k in 0..k_max worth most for
+        `draft` (decide.py); lam: what a second of the step is worth in tokens (default: the
+        run's speed for a step of `tokens` plain tokens taking `base` seconds). A draft already
+        made is priced without `cost` (its time is spent)."""
+        lam = MARGIN * self.speed.value * tokens / base if lam is None else lam
         exp = self.stats.expected_accepted(draft.drafter, draft.bucket, k_max)
-        best_k, best_rate = 0, tokens / base * MARGIN
-        best_t = base
-        for k in range(1, k_max + 1):
-            t = self.price.seconds(positions + k) + (cost(k) if cost is not None else 0.0)
-            if self.replays:      # the rerun of 1 + accepted positions, unless all were accepted
-                rerun = self.price.seconds(positions + exp[k] + 1) - self.price.seconds(positions)
-                t += (1 - self.stats.all_accepted(draft.drafter, draft.bucket, k)) * rerun
-            rate = (tokens + exp[k]) / t
-            if rate > best_rate:
-                best_k, best_rate, best_t = k, rate, t
-        if best_k:
-            return best_k, tokens + exp[best_k], positions + best_k, best_t
+        extra = [0.0] + [self._extra(draft, k, positions, cost) for k in range(1, k_max + 1)]
+        k = best_length(exp, extra, lam)[0]
+        if k:
+            return k, tokens + exp[k], positions + k, base + extra[k]
         return 0, tokens, positions, base
 
     # --- around the forward -----------------------------------------------------------------
@@ -193,6 +209,7 @@ class Speculator:
 
     def verified(self, draft: Draft, drafted: int, accepted: int) -> None:
         self.stats.observe(draft.drafter, draft.bucket, drafted, accepted)
+        self.speed.accepted(accepted)
 
     def summary(self) -> dict:
         out = {"mode": self.mode, "max_draft": self.K, "drafters": self.stats.summary()}
