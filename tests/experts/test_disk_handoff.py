@@ -13,26 +13,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from freetoken import LLM, SamplingParams
+from freetoken import LLM
 from freetoken.experts.disk.handoff import GROUP, Handoff
-from freetoken.loading.convert import convert
-
-PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]
-GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-
-
-def _outputs(llm: LLM):
-    return llm.score(PROMPT), [c.token_ids for c in llm.generate([PROMPT, PROMPT[:5]], GREEDY)]
+from tiered_helpers import disk_outputs, resident_ftw
 
 
 @pytest.fixture(scope="module")
 def ftw(tiny_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("ho") / "m.ftw"
-    convert(tiny_dir("qwen3_moe"), out, expert_format="int8", dtype="float32")
-    ref = LLM(str(out), dtype="float32")
-    want = _outputs(ref)
-    ref.close()
-    return out, want
+    return resident_ftw(tiny_dir, tmp_path_factory.mktemp("ho"))
 
 
 def test_tokens_identical_with_handoffs_and_reads_landing_in_any_order(ftw, monkeypatch):
@@ -63,7 +51,7 @@ def test_tokens_identical_with_handoffs_and_reads_landing_in_any_order(ftw, monk
     @given(delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002, 0.004]), min_size=16, max_size=16))
     def check(delays):
         reader.read = lambda flat, *a: (time.sleep(delays[flat % 16]), read(flat, *a))[1]
-        g_logits, g_tokens = _outputs(llm)
+        g_logits, g_tokens = disk_outputs(llm)
         assert torch.equal(g_logits, logits)
         assert g_tokens == tokens
         experts.cache.check()

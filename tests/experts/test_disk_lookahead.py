@@ -10,26 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from freetoken import LLM, SamplingParams
+from freetoken import LLM
 from freetoken.experts.disk.lookahead import model_routes
-from freetoken.loading.convert import convert
-
-PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]
-GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
-
-
-def _outputs(llm: LLM):
-    return llm.score(PROMPT), [c.token_ids for c in llm.generate([PROMPT, PROMPT[:5]], GREEDY)]
+from tiered_helpers import DISK_GREEDY, DISK_PROMPT, disk_outputs, resident_ftw
 
 
 @pytest.fixture(scope="module")
 def ftw(tiny_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("la") / "m.ftw"
-    convert(tiny_dir("qwen3_moe"), out, expert_format="int8", dtype="float32")
-    ref = LLM(str(out), dtype="float32")
-    want = _outputs(ref)
-    ref.close()
-    return out, want
+    return resident_ftw(tiny_dir, tmp_path_factory.mktemp("la"))
 
 
 OPTS = [dict(expert_lookahead="router", disk_direct_io="on", disk_io_threads=1),
@@ -46,7 +34,7 @@ def test_tokens_identical_whatever_lookahead_direct_io_queue_depth(ftw, opts, sl
     path, (logits, tokens) = ftw
     llm = LLM(str(path), dtype="float32", host_cache_slots=slots, prefix_cache=False, **opts)
     try:
-        g_logits, g_tokens = _outputs(llm)
+        g_logits, g_tokens = disk_outputs(llm)
         assert torch.equal(g_logits, logits)
         assert g_tokens == tokens
         st = llm.expert_stats()
@@ -103,7 +91,7 @@ def test_router_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mod
         router.right = 10**6                                     # now as good: every call
         assert all(experts._router_due() for _ in range(ROUTER_SAMPLE))
         router.right = 0
-        assert _outputs(llm)[1] == tokens and (calls or mode == "auto")
+        assert disk_outputs(llm)[1] == tokens and (calls or mode == "auto")
     finally:
         experts.router.guess = guess
         llm.close()
@@ -128,7 +116,7 @@ def test_lookahead_never_reads_an_expert_twice_into_the_same_slot(ftw):
 
     cache._start = checked
     try:
-        assert _outputs(llm)[1] == tokens
+        assert disk_outputs(llm)[1] == tokens
         cache.drain()       # the last layer reads the next token's first experts ahead: let them land
         st = llm.expert_stats()
         assert st["lookahead"]["prefetched"] > 0 and seen
@@ -145,7 +133,7 @@ def test_stats_in_memory_summary(ftw):
     path, _ = ftw
     llm = LLM(str(path), dtype="float32", host_cache_slots=6, prefix_cache=False)
     try:
-        _outputs(llm)
+        disk_outputs(llm)
         st = llm.expert_stats()
         summ = tier_summary(st)
         assert summ["lookahead"]["source"] in ("router", "history") and "wasted_per_useful" in summ["lookahead"]
@@ -180,7 +168,7 @@ def test_tokens_identical_whatever_read_ahead_depth(ftw, depth, monkeypatch):
     llm = LLM(str(path), dtype="float32", host_cache_slots=5, prefix_cache=False, expert_lookahead="history")
     try:
         assert llm.engine.model.experts.depth == depth
-        g_logits, g_tokens = _outputs(llm)
+        g_logits, g_tokens = disk_outputs(llm)
         assert torch.equal(g_logits, logits) and g_tokens == tokens
         assert llm.expert_stats()["lookahead"]["prefetched"] > 0
     finally:
@@ -204,7 +192,7 @@ def test_last_layer_reads_the_next_tokens_first_experts_ahead(ftw):
 
     cache.prefetch = spy
     try:
-        assert [c.token_ids for c in llm.generate([PROMPT], GREEDY)] == tokens[:1]
+        assert [c.token_ids for c in llm.generate([DISK_PROMPT], DISK_GREEDY)] == tokens[:1]
         assert experts.predictor.pairs[-1].any()
         assert any((ids < experts.E).any() for ids in seen)
     finally:
@@ -220,13 +208,13 @@ def test_a_cache_that_holds_the_pool_keeps_slots_in_expert_order(ftw):
     llm = LLM(str(path), dtype="float32", host_cache_slots=10**9, prefix_cache=False)
     ex = llm.engine.model.experts
     try:
-        assert _outputs(llm)[1] == tokens
+        assert disk_outputs(llm)[1] == tokens
         ex.cache.drain()
         t = ex.cache.table
         res = np.flatnonzero(t.slot_of >= 0)
         assert len(res) and (t.slot_of[res] == res).all()
         k0, c0 = ex.kernel_calls, llm.expert_stats()["total"]["calls"]
-        g_logits, g_tokens = _outputs(llm)                   # the same routing again: every call hits
+        g_logits, g_tokens = disk_outputs(llm)                   # the same routing again: every call hits
         assert torch.equal(g_logits, logits) and g_tokens == tokens
         assert ex.kernel_calls - k0 == llm.expert_stats()["total"]["calls"] - c0
     finally:

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import torch
 
+from freetoken import LLM, SamplingParams
+
 from freetoken.experts.memory.pool import ExpertPool, ExpertSpec
 from freetoken.experts.execution.resident import ResidentExperts
+from freetoken.loading.convert import convert
 
 
 def make_pool(layers=3, experts=8, hidden=16, inter=8, bias=False, activation="silu", seed=0,
@@ -50,3 +53,24 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# the disk tier's end-to-end tests (test_disk_lookahead.py, test_disk_handoff.py): one tiny MoE
+# checkpoint as an int8 FTW and what the resident pool gives for it
+DISK_PROMPT = [5, 17, 3, 99, 42, 7, 250, 11, 64, 8, 300]
+DISK_GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def disk_outputs(llm: LLM):
+    """The prompt's logits and greedy tokens of the prompt and its first 5 tokens."""
+    return llm.score(DISK_PROMPT), [c.token_ids for c in llm.generate([DISK_PROMPT, DISK_PROMPT[:5]], DISK_GREEDY)]
+
+
+def resident_ftw(tiny_dir, folder):
+    """(path, resident outputs) of the tiny qwen3_moe converted into `folder`."""
+    out = folder / "m.ftw"
+    convert(tiny_dir("qwen3_moe"), out, expert_format="int8", dtype="float32")
+    ref = LLM(str(out), dtype="float32")
+    want = disk_outputs(ref)
+    ref.close()
+    return out, want

@@ -372,7 +372,11 @@ class SlotTable:
         layer = int(flat_ids[0]) // E
         local = np.asarray(flat_ids, np.int64) - layer * E
         self.predictor.observe(layer, local)
-        want = self.predictor.predict(layer, local) + (layer + 1) * E
+        return self.claim_prefetch(self.predictor.predict(layer, local) + (layer + 1) * E)
+
+    def claim_prefetch(self, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, slots): of the guessed flat ids `want`, those not resident that the transfer
+        budget allows and slots can be found for, with their candidate slots."""
         want = want[self.slot_of[want] < 0]
         if self.budget is not None:
             want = want[:self.budget.room()]

@@ -73,29 +73,6 @@ FORCE_INLINE void split3v(__m512 v, uint16_t *d0, uint16_t *d1, uint16_t *d2) {
 
 FORCE_INLINE __mmask16 lanes(int64_t n) { return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
 
-/* Rows of 16 32-bit pairs r[0..15] -> their transpose at dst (row i: pair i of the 16 rows). */
-FORCE_INLINE void t16x16(__m512i *r, uint16_t *dst) {
-    __m512i t[16];
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int b = 0; b < 16; b += 4) {
-        r[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
-        r[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
-        r[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
-        r[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        const __m512i p0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), p1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
-        const __m512i p2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), p3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
-        _mm512_storeu_si512(dst + (0 + c) * 32, _mm512_shuffle_i32x4(p0, p2, 0x88));
-        _mm512_storeu_si512(dst + (4 + c) * 32, _mm512_shuffle_i32x4(p0, p2, 0xDD));
-        _mm512_storeu_si512(dst + (8 + c) * 32, _mm512_shuffle_i32x4(p1, p3, 0x88));
-        _mm512_storeu_si512(dst + (12 + c) * 32, _mm512_shuffle_i32x4(p1, p3, 0xDD));
-    }
-}
-
 FORCE_INLINE __mmask32 cols_mask(int D, int c) { return D - c >= 32 ? ~(__mmask32)0 : (__mmask32)((1u << (D - c)) - 1); }
 
 /* The nb (<= 32) K rows of a block -> B tiles kb [2 halves][Dp/32][16 pairs][16 keys x 2]. */

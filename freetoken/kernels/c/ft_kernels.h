@@ -197,6 +197,29 @@ FORCE_INLINE __m512 exp16(__m512 x) {   /* exp(x), x <= 88 (Cephes expf: range r
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
 }
+/* Rows of 16 32-bit pairs r[0..15] -> their transpose at dst (row i: pair i of the 16 rows). */
+FORCE_INLINE void t16x16(__m512i *r, uint16_t *dst) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+    }
+    for (int b = 0; b < 16; b += 4) {
+        r[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
+        r[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
+        r[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
+        r[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i p0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), p1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
+        const __m512i p2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), p3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
+        _mm512_storeu_si512(dst + (0 + c) * 32, _mm512_shuffle_i32x4(p0, p2, 0x88));
+        _mm512_storeu_si512(dst + (4 + c) * 32, _mm512_shuffle_i32x4(p0, p2, 0xDD));
+        _mm512_storeu_si512(dst + (8 + c) * 32, _mm512_shuffle_i32x4(p1, p3, 0x88));
+        _mm512_storeu_si512(dst + (12 + c) * 32, _mm512_shuffle_i32x4(p1, p3, 0xDD));
+    }
+}
+
 FORCE_INLINE __m512i dot512_u8s8(__m512i u, __m512i s) {   /* dot_u8s8 on 64 byte pairs */
 #ifdef FT_VNNI
     return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);

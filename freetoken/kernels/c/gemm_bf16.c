@@ -115,27 +115,10 @@ int ft_gemm_modes(void) {
  * token's 16 pairs are one vector, so the block is a 16 x 16 transpose of 32-bit pairs (two
  * unpack stages within 128-bit lanes, then a 4 x 4 transpose of the lanes). */
 static void pack_t16(const float *const *rows, int k, uint16_t *dst) {
-    __m512i r[16], t[16];
+    __m512i r[16];
     for (int i = 0; i < 16; i++)
         r[i] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(rows[i] + k + 16), _mm512_loadu_ps(rows[i] + k));
-    for (int i = 0; i < 16; i += 2) {
-        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-    }
-    for (int b = 0; b < 16; b += 4) {   /* r[b + c], lane L: pair 4L + c of tokens b..b+3 */
-        r[b] = _mm512_unpacklo_epi64(t[b], t[b + 2]);
-        r[b + 1] = _mm512_unpackhi_epi64(t[b], t[b + 2]);
-        r[b + 2] = _mm512_unpacklo_epi64(t[b + 1], t[b + 3]);
-        r[b + 3] = _mm512_unpackhi_epi64(t[b + 1], t[b + 3]);
-    }
-    for (int c = 0; c < 4; c++) {
-        const __m512i p0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), p1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xEE);
-        const __m512i p2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44), p3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xEE);
-        _mm512_storeu_si512(dst + (0 + c) * 32, _mm512_shuffle_i32x4(p0, p2, 0x88));
-        _mm512_storeu_si512(dst + (4 + c) * 32, _mm512_shuffle_i32x4(p0, p2, 0xDD));
-        _mm512_storeu_si512(dst + (8 + c) * 32, _mm512_shuffle_i32x4(p1, p3, 0x88));
-        _mm512_storeu_si512(dst + (12 + c) * 32, _mm512_shuffle_i32x4(p1, p3, 0xDD));
-    }
+    t16x16(r, dst);
 }
 #endif
 

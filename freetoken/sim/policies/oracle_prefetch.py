@@ -30,15 +30,7 @@ class OraclePrefetch(slot_policy("default+oracle-prefetch", DEFAULT_POLICY)):
         t, E = self.table, self.num_experts
         nxt, self._i = self._next[self._i], self._i + 1
         layer = cell[0] // E if cell else -2
-        want = np.asarray([k for k in nxt if k // E == layer + 1], np.int64)
-        want = want[t.slot_of[want] < 0]
-        if t.budget is not None:
-            want = want[:t.budget.room()]
-        slots = t.candidates(len(want), want)
-        want = want[:len(slots)]
-        t.prefetches += len(slots)
-        if t.budget is not None:
-            t.budget.prefetched(want)
+        want, slots = t.claim_prefetch(np.asarray([k for k in nxt if k // E == layer + 1], np.int64))
         if len(want):
             t.assign(want, slots)
             t.ready(slots)
