@@ -93,8 +93,8 @@ class ExpertStats:
 
 
 # SlotTable.describe(); the last four only with '+budget' (experts/memory/prefetch_budget.py)
-POLICY_KEYS = ("policy", "layer_aware", "admission", "prompt_weighted", "prefetch", "layer_ordered", "prefetch_used",
-               "prefetch_wasted", "transfers", "transfer_budget")
+POLICY_KEYS = ("policy", "layer_aware", "admission", "prompt_weighted", "prefetch", "path_hops", "layer_ordered",
+               "prefetch_used", "prefetch_wasted", "transfers", "transfer_budget")
 
 
 def tier_summary(stats: dict | None) -> dict:

@@ -49,6 +49,10 @@ Prompt-weighted frequency ("+prompt", last, lrfu only): a prefill layer call add
 count the recency-weighted share of the prompt tokens that routed it (in (0, 1]) instead of 1
 (experts/memory/prompt_weight.py; the shares come with the call's rows, `learn_prompt`, before
 its `record`), so the prompt's stale experts are the first victims of the decode misses.
+
+Path prefetch ("+path", last, after "+prefetch"): the next-layer guess reads the token's path, the
+experts it routed at the last `PATH_HOPS` layers, not only the layer just run (experts/memory/
+next_layer.py, `hops`): with few experts a token (gpt-oss: top-2 of 128) one layer says little.
 """
 from __future__ import annotations
 
@@ -57,7 +61,7 @@ import math
 import numpy as np
 
 from .arc import ArcLists
-from .next_layer import THRESHOLD, NextLayerPredictor
+from .next_layer import PATH_HOPS, THRESHOLD, NextLayerPredictor
 from .prefetch_budget import THRESHOLD as BUDGET_THRESHOLD, TransferBudget
 from .prompt_weight import prompt_shares
 
@@ -68,11 +72,11 @@ def slots_in(nbytes: int, expert_bytes: int, total: int) -> int:
     return max(0, min(total, nbytes // expert_bytes))
 
 POLICIES = ("lru", "lfu", "lrfu", "arc")
-# measured (bench/policy_bounds.py, docs/benchmarks.md "Prompt-weighted frequency"): on the 7
-# shared traces at 11/37% capacity, <= 0.85x LRU's decode misses with <= 1.1x LRU's transfers in
-# 13 of 14 cells (without '+prompt': 12; lrfu+admit+layer: 3). The disk tier's host cache takes
-# only the base and '+layer' (its read-ahead is its own lookahead).
-DEFAULT_POLICY = "lrfu+admit+layer+prefetch+budget+prompt"
+# measured (bench/policy_bounds.py, docs/benchmarks.md "Path prefetch"): on the 7 shared traces at
+# 11/37% capacity, <= 0.85x LRU's decode misses with <= 1.1x LRU's transfers in 14 of 14 cells
+# (without '+path': 13; without '+prompt' too: 12; lrfu+admit+layer: 3). The disk tier's host cache
+# takes only the base and '+layer' (its read-ahead is its own lookahead).
+DEFAULT_POLICY = "lrfu+admit+layer+prefetch+budget+prompt+path"
 HALF_LIFE_TOKENS = 32.0
 _NEVER = np.iinfo(np.int64).max
 
@@ -84,7 +88,7 @@ def parse_policy(name: str) -> tuple[str, bool]:
     return base, admit
 
 
-EXTRAS = ("admit", "layer", "prefetch", "budget", "prompt")        # in this order
+EXTRAS = ("admit", "layer", "prefetch", "budget", "prompt", "path")        # in this order
 
 
 def parse_policy_options(name: str) -> tuple[str, bool, bool]:
@@ -93,16 +97,18 @@ def parse_policy_options(name: str) -> tuple[str, bool, bool]:
     base, *extras = name.split("+")
     if base not in POLICIES or len(set(extras)) != len(extras) or any(e not in EXTRAS for e in extras) \
             or extras != sorted(extras, key=EXTRAS.index) or ("layer" in extras and base == "arc") \
-            or ("budget" in extras and "prefetch" not in extras) or ("prompt" in extras and base != "lrfu"):
+            or ("budget" in extras and "prefetch" not in extras) or ("prompt" in extras and base != "lrfu") \
+            or ("path" in extras and "prefetch" not in extras):
         raise ValueError(f"expert cache policy {name!r}: expected one of {', '.join(POLICIES)}, "
                          "optionally with '+admit', then '+layer' (not with arc), then '+prefetch', "
-                         "then '+budget' (only after '+prefetch'), then '+prompt' (lrfu only)")
+                         "then '+budget' (only after '+prefetch'), then '+prompt' (lrfu only), "
+                         "then '+path' (only after '+prefetch')")
     return base, "admit" in extras, "prefetch" in extras
 
 
 def without_prefetch(name: str) -> str:
-    """The policy without '+prefetch' (and its '+budget'): where nothing may be copied ahead."""
-    return "+".join(x for x in name.split("+") if x not in ("prefetch", "budget"))
+    """The policy without '+prefetch' (and its '+budget', '+path'): where nothing may be copied ahead."""
+    return "+".join(x for x in name.split("+") if x not in ("prefetch", "budget", "path"))
 
 
 def budgeted(name: str) -> bool:
@@ -113,6 +119,11 @@ def budgeted(name: str) -> bool:
 def prompt_weighted(name: str) -> bool:
     """Whether the policy name asks for prompt-weighted frequency ('+prompt')."""
     return "prompt" in name.split("+")[1:]
+
+
+def path_hops(name: str) -> int:
+    """The layers the next-layer guess reads: `PATH_HOPS` with '+path', else 1."""
+    return PATH_HOPS if "path" in name.split("+")[1:] else 1
 
 
 def layer_aware(name: str) -> bool:
@@ -137,8 +148,8 @@ class SlotTable:
         self._cur_layer = -1           # the layer being accessed now (every policy tracks it)
         self.layer_ordered = 0         # victim choices made in next-use order (the step did not fit)
         self.name = policy
-        self.predictor = (NextLayerPredictor(num_flat // num_experts, num_experts, prefetch_threshold)
-                          if prefetch else None)
+        self.predictor = (NextLayerPredictor(num_flat // num_experts, num_experts, prefetch_threshold,
+                                             hops=min(path_hops(policy), self.num_layers)) if prefetch else None)
         self.prefetches = 0
         self.slot_of = np.full(num_flat, -1, np.int64)
         self.count = np.zeros(num_flat, np.float64)    # lfu: accesses; lrfu: decayed score at `since`
@@ -222,6 +233,7 @@ class SlotTable:
         return {"policy": self.name, "layer_aware": int(self.layer_aware), "admission": int(self.admission),
                 "prompt_weighted": int(self.prompt_weighted),
                 "prefetch": int(self.predictor is not None), "working_set": self.working_set,
+                "path_hops": self.predictor.hops if self.predictor is not None else 0,
                 "layer_ordered": self.layer_ordered, **(self.budget.describe() if self.budget is not None else {})}
 
     def lru_order(self) -> list[int]:

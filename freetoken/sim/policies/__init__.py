@@ -26,7 +26,8 @@ _ENGINE = {n: slot_policy(n, n) for n in ("lru", "lfu", "lrfu", "arc", "lfu+admi
                                           "lrfu+layer", "lrfu+admit+layer", "lrfu+admit+layer+prefetch",
                                           "lrfu+layer+prefetch", "lrfu+admit+layer+prefetch+budget",
                                           "lrfu+layer+prefetch+budget", "lrfu+prompt", "lrfu+admit+prompt",
-                                          "lrfu+admit+layer+prompt", "lrfu+admit+layer+prefetch+budget+prompt")}
+                                          "lrfu+admit+layer+prompt", "lrfu+admit+layer+prefetch+budget+prompt",
+                                          "lrfu+admit+layer+prefetch+budget+prompt+path")}
 _ENGINE["default"] = slot_policy("default", DEFAULT_POLICY)
 
 POLICIES: dict[str, type[Policy]] = {
@@ -37,7 +38,8 @@ POLICIES: dict[str, type[Policy]] = {
                         _ENGINE["lrfu+admit+layer+prefetch"], _ENGINE["lrfu+layer+prefetch"],
                         _ENGINE["lrfu+admit+layer+prefetch+budget"], _ENGINE["lrfu+layer+prefetch+budget"],
                         _ENGINE["lrfu+prompt"], _ENGINE["lrfu+admit+prompt"], _ENGINE["lrfu+admit+layer+prompt"],
-                        _ENGINE["lrfu+admit+layer+prefetch+budget+prompt"], _ENGINE["default"], Belady, BeladyDemand,
+                        _ENGINE["lrfu+admit+layer+prefetch+budget+prompt"],
+                        _ENGINE["lrfu+admit+layer+prefetch+budget+prompt+path"], _ENGINE["default"], Belady, BeladyDemand,
                         BeladyOnUse, FrequencyOracle, OraclePrefetch)
 }
 
