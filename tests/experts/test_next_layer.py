@@ -78,3 +78,83 @@ def test_prompt_rows_count_token_by_token(ops):
                         pairs[layer - 1, a, b] += 1
         prev = (layer, rows)
     assert np.array_equal(pred.pairs, pairs) and np.array_equal(pred.seen, seen)
+
+
+def path_reference(history, layer, experts, hops):
+    """'+path': the mean over h = 1..hops of the hop-h estimate, P(b at layer+1 | the experts the
+    current run of consecutive calls routed h-1 calls before this one), each counted from every
+    run in the history (a run: calls of consecutive layers; a call h back in the same run)."""
+    runs, run = [], []
+    for call in history:
+        run = run + [call] if run and call[0] == run[-1][0] + 1 else [call]
+        runs.append(run)
+    if layer + 1 >= L:
+        return [0.0] * E
+    terms = []
+    for h in range(1, hops + 1):
+        if h > 1 and len(runs[-1]) < h:
+            break
+        src_layer, src = (layer, experts) if h == 1 else runs[-1][-h]
+        pairs, seen = {}, {}
+        for r in runs:            # each call once, at the end of its own run
+            if len(r) > h and r[-1 - h][0] == src_layer:
+                for a in r[-1 - h][1]:
+                    seen[a] = seen.get(a, 0) + 1
+                    for b in r[-1][1]:
+                        pairs[a, b] = pairs.get((a, b), 0) + 1
+        terms.append([sum(pairs.get((a, b), 0) / max(seen.get(a, 0), 1) for a in src) / len(src) for b in range(E)])
+    return np.mean(terms, axis=0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=calls, hops=st.integers(1, L))
+def test_path_predictions_match_counts_from_the_history(ops, hops):
+    pred = NextLayerPredictor(L, E, 0.5, hops=hops)
+    history = []
+    for layer, experts in ops:
+        ids = np.array(sorted(experts), np.int64)
+        pred.observe(layer, ids)
+        history.append((layer, sorted(experts)))
+        assert np.allclose(pred.probabilities(layer, ids), path_reference(history, layer, sorted(experts), hops))
+
+
+def test_the_path_guesses_what_the_layer_before_decides():
+    """Layer 2's expert follows layer 0's, layer 1 routes the same expert for every token: one hop
+    sees a coin toss (0.5 each), the path of two layers the answer (0.75 against 0.25)."""
+    one, path = NextLayerPredictor(3, 4, 0.6), NextLayerPredictor(3, 4, 0.6, hops=2)
+    for token in ((0, 3, 1), (2, 3, 2)) * 3:
+        for pred in (one, path):
+            for layer, e in enumerate(token):
+                pred.observe(layer, np.array([e]))
+    for pred in (one, path):
+        pred.observe(0, np.array([0]))
+        pred.observe(1, np.array([3]))
+    assert one.predict(1, np.array([3])).tolist() == []
+    assert path.predict(1, np.array([3])).tolist() == [1]
+    assert np.allclose(path.probabilities(1, np.array([3]))[[1, 2]], [0.75, 0.25])
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=token_calls, hops=st.integers(2, L))
+def test_prompt_rows_count_every_hop_token_by_token(ops, hops):
+    """observe_tokens pairs row i with row i of the call h back on a run of consecutive layers."""
+    pred = NextLayerPredictor(L, E, 0.5, hops=hops)
+    far, far_seen = np.zeros((hops - 1, L, E, E)), np.zeros((hops - 1, L, E))
+    run = []
+    for layer, rows in ops:
+        pred.observe_tokens(layer, np.array(rows))
+        run = run + [(layer, rows)] if run and layer == run[-1][0] + 1 else [(layer, rows)]
+        for h in range(2, min(hops, len(run) - 1) + 1):
+            m, prev = run[-1 - h]
+            if len(prev) == len(rows):
+                for a_row, b_row in zip(prev, rows):
+                    for a in a_row:
+                        far_seen[h - 2, m, a] += 1
+                        for b in b_row:
+                            far[h - 2, m, a, b] += 1
+    assert np.array_equal(pred.far, far) and np.array_equal(pred.far_seen, far_seen)
+
+
+def test_hops_out_of_range_are_a_clear_error():
+    with pytest.raises(ValueError, match="path hops"):
+        NextLayerPredictor(2, 2, 0.5, hops=3)

@@ -25,7 +25,8 @@ HW = Hardware("test", link_gbps=10, cpu_gbps=20, link_concurrent_gbps=10, cpu_co
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lrfu+admit", "arc", "lru+prefetch", "lrfu+admit+prefetch",
                                     "lru+layer", "lrfu+admit+layer+prefetch", "lrfu+admit+layer+prefetch+budget",
-                                    "lrfu+prompt", "lrfu+admit+layer+prefetch+budget+prompt"])
+                                    "lrfu+prompt", "lrfu+admit+layer+prefetch+budget+prompt",
+                                    "lrfu+admit+layer+prefetch+budget+prompt+path"])
 def test_engine_and_sim_count_the_same_misses(tiny_dir, tmp_path, policy):
     model = tiny_dir("qwen3_moe", layers=2, experts=8, top_k=2)
     path = tmp_path / "routing.jsonl"
@@ -76,7 +77,8 @@ HYBRID_HW = Hardware("test", link_gbps=6, cpu_gbps=10, link_concurrent_gbps=6, c
 
 
 @pytest.mark.parametrize("policy", ["lru", "lrfu+admit", "arc+admit", "lrfu+admit+prefetch", "lrfu+admit+layer+prefetch",
-                                    "lrfu+admit+layer+prefetch+budget", "lrfu+admit+layer+prefetch+budget+prompt"])
+                                    "lrfu+admit+layer+prefetch+budget", "lrfu+admit+layer+prefetch+budget+prompt",
+                                    "lrfu+admit+layer+prefetch+budget+prompt+path"])
 def test_hybrid_engine_and_sim_split_the_same_misses(tiny_dir, tmp_path, policy):
     """The q* split with fixed bandwidths (no online estimates, no split guard) is deterministic:
     the engine and the simulator fill and run on the CPU the same experts."""

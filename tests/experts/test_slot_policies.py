@@ -11,7 +11,7 @@ from freetoken.experts.memory.slots import POLICIES, SlotTable, parse_policy, pa
 ALL = [p + extra for p in POLICIES for extra in ("", "+admit", "+prefetch", "+admit+prefetch")] + \
     [p + extra for p in ("lru", "lfu", "lrfu") for extra in ("+layer", "+admit+layer", "+admit+layer+prefetch",
                                                          "+admit+layer+prefetch+budget")] + \
-    ["lrfu+prompt", "lrfu+admit+layer+prefetch+budget+prompt"]
+    ["lrfu+prompt", "lrfu+admit+layer+prefetch+budget+prompt", "lrfu+admit+layer+prefetch+budget+prompt+path"]
 L, E = 3, 4
 
 layer_ids = st.lists(st.integers(0, E - 1), min_size=1, max_size=E, unique=True)
@@ -78,6 +78,6 @@ def test_unknown_policy_is_a_clear_error():
     with pytest.raises(ValueError, match="lru, lfu, lrfu, arc"):
         parse_policy("clock")
     for bad in ("lru+prefetch+admit", "lru+admit+admit", "lru+", "lrfu+prefetch+prefetch", "lru+prefetch+layer",
-                "arc+layer"):
+                "arc+layer", "lrfu+path", "lrfu+admit+prompt+path", "lrfu+prefetch+path+budget"):
         with pytest.raises(ValueError, match="'\\+admit', then '\\+layer' \\(not with arc\\), then '\\+prefetch'"):
             parse_policy(bad)

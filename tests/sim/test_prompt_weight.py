@@ -139,5 +139,6 @@ def test_the_default_reports_prompt_weighting():
     t = SlotTable(8, 4, 2)
     stats = {"backend": "hybrid", "total": {}, "cache": {"slots": 2, **t.describe()}}
     cache = tier_summary(stats)["device_cache"]
-    assert cache["policy"] == DEFAULT_POLICY and cache["prompt_weighted"] == 1
+    assert cache["policy"] == DEFAULT_POLICY and cache["prompt_weighted"] == 1 and cache["path_hops"] == 2
     assert flatten(stats)[("cache_prompt_weighted", None)] == 1.0
+    assert flatten(stats)[("cache_path_hops", None)] == 2.0        # '+path' on 2 layers: 2 hops, not 4
