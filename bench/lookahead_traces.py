@@ -8,7 +8,7 @@ far: what the engine's `--expert-lookahead history` reads, and what `auto` reads
 guesses better than the router); the router's own guess needs the model (the engine's stats:
 `lookahead` in /v1/memory, `bench/disk_tier.py` prints it). Per (trace, capacity), the engine's
 cache (`SlotTable`, `--policy`, by default the default policy) replayed twice, decode cells in order:
-  without lookahead            the policy without '+prefetch' (and '+budget'): its decode misses M
+  without lookahead            the policy without '+prefetch' (and '+budget', '+path'): its decode misses M
   with lookahead               the policy with '+prefetch': after each decode cell the guesses
                                for the next layer not resident are read into the policy's victims
                                (landed in time; with '+budget', only within its transfer budget)
