@@ -73,25 +73,32 @@ def _best(fn, reps: int, clock=time.perf_counter) -> float:
     return best
 
 
-def _peaks(lib, pool: CpuPool, probe_s: float, bursts: int) -> tuple[dict, dict]:
+def _burst_iters(lib, pool: CpuPool, kind: int, burst_s: float, secs) -> int:
+    """Rounds of `kind`'s instruction for a burst of about burst_s, from a short first one."""
+    iters, n = 256, pool.num_threads
+    while True:
+        lib.ft_peak_bursts(pool.handle, kind, iters, 1, secs)
+        if min(secs[:n]) > burst_s / 2 or iters > 1 << 34:
+            return iters
+        iters *= 4 if min(secs[:n]) < burst_s / 8 else 2
+
+
+def _peaks(lib, pool: CpuPool, probe_s: float, bursts: int, passes: int = 2) -> tuple[dict, dict]:
     """Per format: (the threads' best bursts summed, their median bursts summed), in FLOP/s;
-    each burst about probe_s / bursts of one thread's CPU time."""
+    each burst about probe_s / bursts of one thread's CPU time, `passes` passes over the formats
+    (a slow spell of the host's AMX unit lasts longer than one format's bursts)."""
     n = pool.num_threads
     secs = (ctypes.c_double * (n * bursts))()
-    peak, median = {}, {}
-    for name, kind in PEAK_KINDS.items():
-        if lib.ft_peak_bursts(pool.handle, kind, 1, 1, secs) < 0:
-            continue
-        iters = 256
-        while True:             # a burst long enough to time, from a short first one
-            macs = lib.ft_peak_bursts(pool.handle, kind, iters, 1, secs)
-            if min(secs[:n]) > probe_s / bursts / 2 or iters > 1 << 34:
-                break
-            iters *= 4 if min(secs[:n]) < probe_s / bursts / 8 else 2
-        macs = lib.ft_peak_bursts(pool.handle, kind, iters, bursts, secs)
-        rates = [[2 * macs / max(s, 1e-9) for s in secs[t * bursts:(t + 1) * bursts]] for t in range(n)]
-        peak[name] = sum(max(r) for r in rates)
-        median[name] = sum(statistics.median(r) for r in rates)
+    kinds = {name: k for name, k in PEAK_KINDS.items() if lib.ft_peak_bursts(pool.handle, k, 1, 1, secs) >= 0}
+    iters = {name: _burst_iters(lib, pool, k, probe_s / bursts, secs) for name, k in kinds.items()}
+    rates = {name: [[] for _ in range(n)] for name in kinds}
+    for _ in range(passes):
+        for name, k in kinds.items():
+            macs = lib.ft_peak_bursts(pool.handle, k, iters[name], bursts, secs)
+            for t in range(n):
+                rates[name][t] += [2 * macs / max(s, 1e-9) for s in secs[t * bursts:(t + 1) * bursts]]
+    peak = {name: sum(max(r) for r in per) for name, per in rates.items()}
+    median = {name: sum(statistics.median(r) for r in per) for name, per in rates.items()}
     return peak, median
 
 

@@ -133,7 +133,8 @@ def test_peaks_within_the_instructions_rate_per_cycle(variant):
     assert 0.2e9 < m.hz < 8e9, m.describe()
     for kind, rate in m.peak.items():
         assert 0 < m.median[kind] <= rate, m.describe()
-        assert m.per_cycle(kind) <= 1.1 * CYCLE_FLOPS[kind], m.describe()
+        # 15%: the clock is measured after the bursts, and a turbo step may fall between
+        assert m.per_cycle(kind) <= 1.15 * CYCLE_FLOPS[kind], m.describe()
 
 
 def test_prefill_counts_the_lm_head_once_per_prompt():

@@ -200,7 +200,7 @@ static void hz_fn(void *a, int tid) {
 #if defined(__x86_64__)
     uint64_t x = 3, m = 0x9E3779B97F4A7C15ull;
     double best = 0;
-    for (int rep = 0; rep < 4; rep++) {
+    for (int rep = 0; rep < 8; rep++) {
         double t = thread_s();
         for (int64_t i = 0; i < J->n; i++)     /* 8 dependent imuls: 24 cycles a round */
             __asm__ volatile("imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0\n\t"
@@ -215,7 +215,7 @@ static void hz_fn(void *a, int tid) {
 #endif
 }
 
-/* Each pool thread's clock (Hz, the best of 4 chains of n rounds of 8 dependent imuls; 0 where
+/* Each pool thread's clock (Hz, the best of 8 chains of n rounds of 8 dependent imuls; 0 where
  * this build has no such chain) into hz[tid]. */
 void ft_core_hz(void *vp, int64_t n, double *hz) {
     hz_job J = {n, hz};
