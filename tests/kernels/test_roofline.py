@@ -5,6 +5,7 @@ own: only each probe against another measurement of the same machine, taken alon
 from __future__ import annotations
 
 import json
+import platform
 import time
 
 import pytest
@@ -130,7 +131,8 @@ def test_peaks_within_the_instructions_rate_per_cycle(variant):
         pytest.skip(f"the {variant} build does not run here")
     m = measure_machine(1, read_bytes=16 << 20, reps=1, probe_s=0.005, lib=kernels.load(variant))
     assert "fp32" in m.peak and (variant != "portable" or set(m.peak) == {"fp32"}), m.describe()
-    assert 0.2e9 < m.hz < 8e9, m.describe()
+    if platform.machine().lower() in ("x86_64", "amd64"):       # the imul chain is x86-64 asm
+        assert 0.2e9 < m.hz < 8e9, m.describe()
     for kind, rate in m.peak.items():
         assert 0 < m.median[kind] <= rate, m.describe()
         # 15%: the clock is measured after the bursts, and a turbo step may fall between
