@@ -404,8 +404,8 @@ def shares(fmt: str, cfg: dict, plen: int, par: int, ft: dict, ll: dict, machine
     dec = decode_costs(fmt, cfg, plen, gguf)
     pre = model_costs(cfg, weight_bytes=dense_b, context=plen // 2)
     one = (lambda e, k: f"{decode_share(dec, machine, e[k] / par):.0%}") if par == 1 else (lambda e, k: "-")
-    return (f"roofline: prefill {prefill_share(pre, machine, ft['prefill'], peak):.1%} / "
-            f"{prefill_share(pre, machine, ll['prefill'], peak):.1%} of the {peak} peak ({machine.ceiling(peak)[0]}), "
+    return (f"roofline: prefill {prefill_share(pre, machine, ft['prefill'], peak, plen):.1%} / "
+            f"{prefill_share(pre, machine, ll['prefill'], peak, plen):.1%} of the {peak} peak ({machine.ceiling(peak)[0]}), "
             f"decode {one(ft, 'decode')} / {one(ll, 'decode')} of the read bandwidth (freetoken / llama.cpp)")
 
 

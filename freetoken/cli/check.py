@@ -175,7 +175,7 @@ def main(args) -> int:
         machine, phases, fmt = roof
         if cold["ttft_s"] > 0:
             tps = len(prompt) / cold["ttft_s"]
-            print(f"== roofline share: prefill {tps:.1f} tok/s = {prefill_share(phases, machine, tps, fmt):.1%} of "
+            print(f"== roofline share: prefill {tps:.1f} tok/s = {prefill_share(phases, machine, tps, fmt, len(prompt)):.1%} of "
                   f"the {fmt} peak ({machine.ceiling(fmt)[0]})")
         if warm["decode_tok_s"] > 0:
             print(f"== roofline share: decode {warm['decode_tok_s']:.1f} tok/s = "

@@ -164,6 +164,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_amx_ready.restype = ci
     lib.ft_peak_macs.argtypes = [vp, ci, i64]
     lib.ft_peak_macs.restype = i64
+    lib.ft_peak_bursts.argtypes = [vp, ci, i64, ci, vp]
+    lib.ft_peak_bursts.restype = i64
+    lib.ft_core_hz.argtypes = [vp, i64, vp]
+    lib.ft_core_hz.restype = None
     return lib
 
 

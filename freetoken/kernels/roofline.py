@@ -2,8 +2,14 @@
 
 `measure_machine()` runs small C probes on the kernel pool's threads: the read bandwidth
 (ft_read_bytes over a buffer far larger than the caches) and the peak multiply-add rate per
-number format (ft_peak_macs: fp32 FMA, AVX512-BF16 vdpbf16ps, VNNI vpdpbusd, AMX tdpbf16ps /
-tdpbssd where the OS grants the tiles), each the best of a few short runs.
+number format (ft_peak_bursts: fp32 FMA, AVX512-BF16 vdpbf16ps, VNNI vpdpbusd, AMX tdpbf16ps /
+tdpbssd where the OS grants the tiles). A peak is the sum over the threads of each one's best
+burst after a warm-up, timed on that thread's own CPU clock: on a shared machine the wall clock
+of a two-thread probe counts the other processes' time (one window read 2.3 TFLOP/s of AMX bf16,
+one core's worth, another 8.1), and a virtual machine's AMX unit runs some bursts at ~0.4x
+(a neighbour on the host: measured on thread CPU time at the same clock), so the best burst is
+the machine's peak and the median says how often it gets it. Each thread's clock (ft_core_hz)
+turns a rate into FLOP per cycle, checked against the instruction's own (CYCLE_FLOPS).
 
 `model_costs()` counts, per phase of one layer stack, the bytes a decode step reads and the
 multiply-adds a token costs (weights from the config, experts at their bytes in the pool, KV in
@@ -12,6 +18,8 @@ bf16). A decode step cannot beat bytes / bandwidth, a prefill token FLOPs / peak
 it runs there (`freetoken check --roofline`, bench/vs_llamacpp.py)."""
 from __future__ import annotations
 
+import ctypes
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +31,9 @@ from .pool import CpuPool
 PEAK_KINDS = {"fp32": 0, "bf16": 1, "int8": 2, "amx_bf16": 3, "amx_int8": 4}
 # the instructions a weight format's prefill GEMM can use (its best one is the ceiling)
 FORMAT_PEAKS = {"bf16": ("amx_bf16", "bf16", "fp32"), "int8": ("amx_int8", "int8", "fp32"), "fp32": ("fp32",)}
+# the most FLOP (2 per multiply-add) one core can issue per cycle: two 512-bit FMA ports; one
+# 16x16x32 TDPBF16PS (16x16x64 TDPBSSD) per 16 cycles; vdpbf16ps / vpdpbusd on two ports
+CYCLE_FLOPS = {"fp32": 64, "bf16": 128, "int8": 256, "amx_bf16": 1024, "amx_int8": 2048}
 
 
 @dataclass
@@ -30,6 +41,12 @@ class Machine:
     threads: int
     read_bw: float                              # bytes/s, all threads
     peak: dict[str, float] = field(default_factory=dict)   # FLOP/s (2 per multiply-add) per PEAK_KINDS
+    median: dict[str, float] = field(default_factory=dict)  # the same from each thread's median burst
+    hz: float = 0.0                             # the threads' mean clock (0: not measured here)
+
+    def per_cycle(self, kind: str) -> float:
+        """FLOP per cycle per thread of `kind`'s peak (0 where the clock is unknown)."""
+        return self.peak[kind] / self.threads / self.hz if self.hz else 0.0
 
     def ceiling(self, fmt: str) -> tuple[str, float]:
         """(instruction, FLOP/s): the fastest one a `fmt` GEMM can use here."""
@@ -38,8 +55,12 @@ class Machine:
         return best, self.peak[best]
 
     def describe(self) -> str:
-        peaks = ", ".join(f"{k} {v / 1e9:.0f}" for k, v in self.peak.items())
-        return f"read {self.read_bw / 1e9:.1f} GB/s; peak GFLOP/s {peaks} ({self.threads} threads)"
+        peaks = ", ".join(f"{k} {v / 1e9:.0f} (median {self.median.get(k, v) / 1e9:.0f}"
+                          + (f", {self.per_cycle(k):.0f}/{CYCLE_FLOPS[k]} FLOP/cycle" if self.hz else "") + ")"
+                          for k, v in self.peak.items())
+        clock = f" at {self.hz / 1e9:.2f} GHz" if self.hz else ""
+        return (f"read {self.read_bw / 1e9:.1f} GB/s; peak GFLOP/s {peaks}; "
+                f"best burst per thread on its CPU clock, {self.threads} threads{clock}")
 
 
 def _best(fn, reps: int, clock=time.perf_counter) -> float:
@@ -52,12 +73,44 @@ def _best(fn, reps: int, clock=time.perf_counter) -> float:
     return best
 
 
+def _burst_iters(lib, pool: CpuPool, kind: int, burst_s: float, secs) -> int:
+    """Rounds of `kind`'s instruction for a burst of about burst_s, from a short first one."""
+    iters, n = 256, pool.num_threads
+    while True:
+        lib.ft_peak_bursts(pool.handle, kind, iters, 1, secs)
+        if min(secs[:n]) > burst_s / 2 or iters > 1 << 34:
+            return iters
+        iters *= 4 if min(secs[:n]) < burst_s / 8 else 2
+
+
+def _peaks(lib, pool: CpuPool, probe_s: float, bursts: int, passes: int = 2) -> tuple[dict, dict]:
+    """Per format: (the threads' best bursts summed, their median bursts summed), in FLOP/s;
+    each burst about probe_s / bursts of one thread's CPU time, `passes` passes over the formats
+    (a slow spell of the host's AMX unit lasts longer than one format's bursts)."""
+    n = pool.num_threads
+    secs = (ctypes.c_double * (n * bursts))()
+    kinds = {name: k for name, k in PEAK_KINDS.items() if lib.ft_peak_bursts(pool.handle, k, 1, 1, secs) >= 0}
+    iters = {name: _burst_iters(lib, pool, k, probe_s / bursts, secs) for name, k in kinds.items()}
+    rates = {name: [[] for _ in range(n)] for name in kinds}
+    for _ in range(passes):
+        for name, k in kinds.items():
+            macs = lib.ft_peak_bursts(pool.handle, k, iters[name], bursts, secs)
+            for t in range(n):
+                rates[name][t] += [2 * macs / max(s, 1e-9) for s in secs[t * bursts:(t + 1) * bursts]]
+    peak = {name: sum(max(r) for r in per) for name, per in rates.items()}
+    median = {name: sum(statistics.median(r) for r in per) for name, per in rates.items()}
+    return peak, median
+
+
 def measure_machine(threads: int | None = None, read_bytes: int = 256 << 20, reps: int = 3,
-                    probe_s: float = 0.05, clock=time.perf_counter) -> Machine:
+                    probe_s: float = 0.05, clock=time.perf_counter, bursts: int = 9, lib=None) -> Machine:
     """The read bandwidth and the peak rate of every format this CPU runs (about a second).
-    clock: time.process_time times the probes on this process's CPU time, for one thread on a
-    machine other programs load (the wall clock counts the time they held the core)."""
-    lib = cpu_kernels()
+    clock: time.process_time times the read probe on this process's CPU time, for one thread on
+    a machine other programs load (the wall clock counts the time they held the core); the peak
+    probes always run on each thread's own CPU clock, `bursts` bursts of ~probe_s / bursts each.
+    A peak assumes each pool thread has a core of its own (threads <= cores). lib: a kernel
+    build (kernels.load(variant)); the native one by default."""
+    lib = lib or cpu_kernels()
     if lib is None:
         raise RuntimeError("the roofline probes need the C kernels (no C compiler found)")
     pool = CpuPool(lib, threads, spin_us=200)
@@ -65,21 +118,10 @@ def measure_machine(threads: int | None = None, read_bytes: int = 256 << 20, rep
         buf = torch.ones(read_bytes // 8, dtype=torch.int64)
         bw = buf.nbytes / _best(lambda: lib.ft_read_bytes(pool.handle, buf.data_ptr(), buf.nbytes), reps, clock)
         del buf
-        peak = {}
-        for name, kind in PEAK_KINDS.items():
-            if lib.ft_peak_macs(pool.handle, kind, 1) < 0:
-                continue
-            iters = 1000
-            while True:         # long enough to time (probe_s), from a short first run
-                t = time.perf_counter()
-                lib.ft_peak_macs(pool.handle, kind, iters)
-                dt = time.perf_counter() - t
-                if dt > probe_s / 4 or iters > 1 << 34:
-                    break
-                iters *= 4
-            macs = lib.ft_peak_macs(pool.handle, kind, iters)
-            peak[name] = 2 * macs / _best(lambda: lib.ft_peak_macs(pool.handle, kind, iters), reps, clock)
-        return Machine(pool.num_threads, bw, peak)
+        peak, median = _peaks(lib, pool, probe_s, bursts)
+        hz = (ctypes.c_double * pool.num_threads)()
+        lib.ft_core_hz(pool.handle, 100_000, hz)
+        return Machine(pool.num_threads, bw, peak, median, statistics.fmean(hz))
     finally:
         pool.close()
 
@@ -127,9 +169,15 @@ def decode_share(phases: list[Phase], machine: Machine, tok_s: float) -> float:
     return sum(p.bytes for p in phases) * tok_s / machine.read_bw
 
 
-def prefill_share(phases: list[Phase], machine: Machine, tok_s: float, fmt: str = "bf16") -> float:
+def prefill_flops(phases: list[Phase], prompt: int = 0) -> float:
+    """FLOPs per prompt token: a prefill of `prompt` tokens runs the lm_head on its last one only
+    (both engines), so that phase counts 1 / prompt per token (0: every token, as a decode step)."""
+    return sum(p.flops / prompt if prompt and p.name == "lm_head" else p.flops for p in phases)
+
+
+def prefill_share(phases: list[Phase], machine: Machine, tok_s: float, fmt: str = "bf16", prompt: int = 0) -> float:
     """FLOPs per token / the format's peak over the measured time per token."""
-    return sum(p.flops for p in phases) * tok_s / machine.ceiling(fmt)[1]
+    return prefill_flops(phases, prompt) * tok_s / machine.ceiling(fmt)[1]
 
 
 def report(phases: list[Phase], machine: Machine, fmt: str = "bf16") -> str:

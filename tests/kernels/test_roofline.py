@@ -5,6 +5,7 @@ own: only each probe against another measurement of the same machine, taken alon
 from __future__ import annotations
 
 import json
+import platform
 import time
 
 import pytest
@@ -117,3 +118,30 @@ def test_shares_and_report():
     assert m.ceiling("bf16") == ("amx_bf16", 1000e9) and m.ceiling("fp32") == ("fp32", 100e9)
     text = report(phases, m)
     assert "decode <= 5.0 tok/s" in text and "prefill <= 500 tok/s (bf16 on amx_bf16)" in text
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "portable"])
+def test_peaks_within_the_instructions_rate_per_cycle(variant):
+    """Each build's peaks against the instruction count: FLOP per cycle per thread (the clock from
+    a chain of dependent imuls) at most the instruction's own rate (CYCLE_FLOPS: a TDPBF16PS is
+    1024 FLOP a cycle), the median burst at most the best; fp32 in every build, the others only
+    where the build has the instruction (portable: fp32 alone)."""
+    from freetoken.kernels.roofline import CYCLE_FLOPS
+    if variant not in kernels.variants_here():
+        pytest.skip(f"the {variant} build does not run here")
+    m = measure_machine(1, read_bytes=16 << 20, reps=1, probe_s=0.005, lib=kernels.load(variant))
+    assert "fp32" in m.peak and (variant != "portable" or set(m.peak) == {"fp32"}), m.describe()
+    if platform.machine().lower() in ("x86_64", "amd64"):       # the imul chain is x86-64 asm
+        assert 0.2e9 < m.hz < 8e9, m.describe()
+    for kind, rate in m.peak.items():
+        assert 0 < m.median[kind] <= rate, m.describe()
+        # 15%: the clock is measured after the bursts, and a turbo step may fall between
+        assert m.per_cycle(kind) <= 1.15 * CYCLE_FLOPS[kind], m.describe()
+
+
+def test_prefill_counts_the_lm_head_once_per_prompt():
+    from freetoken.kernels.roofline import Machine, Phase, prefill_flops
+    phases = [Phase("experts", 0, 100.0), Phase("lm_head", 0, 40.0)]
+    assert prefill_flops(phases) == 140.0 and prefill_flops(phases, prompt=4) == 110.0
+    m = Machine(1, read_bw=1.0, peak={"amx_bf16": 1100.0})
+    assert prefill_share(phases, m, tok_s=10, prompt=4) == pytest.approx(1.0)

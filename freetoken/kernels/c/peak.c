@@ -6,7 +6,12 @@
  *   FT_PEAK_BF16:      AVX512-BF16 vdpbf16ps (2 bf16 products per fp32 lane)
  *   FT_PEAK_INT8:      VNNI vpdpbusd (4 u8 x s8 products per int32 lane; zmm AVX512-VNNI)
  *   FT_PEAK_AMX_BF16:  AMX tdpbf16ps, 16x16x32 per tile op (where the OS grants the tiles)
- *   FT_PEAK_AMX_INT8:  AMX tdpbssd, 16x16x64 per tile op */
+ *   FT_PEAK_AMX_INT8:  AMX tdpbssd, 16x16x64 per tile op
+ * ft_peak_bursts times each thread's bursts on that thread's own CPU clock after a warm-up burst
+ * (the AMX unit powers up and the clock settles first; another process holding the core is not
+ * counted), and ft_core_hz measures each thread's clock by a chain of dependent imuls (3 cycles
+ * each on every x86-64 since Nehalem / Zen): the probe's FLOP per cycle checks it against the
+ * instruction's own rate (a TDPBF16PS is 1024 FLOP per cycle per core). */
 #include "ft_kernels.h"
 
 #if defined(FT_AVX512) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__) && defined(__linux__)
@@ -16,7 +21,7 @@
 enum { FT_PEAK_FP32 = 0, FT_PEAK_BF16 = 1, FT_PEAK_INT8 = 2, FT_PEAK_AMX_BF16 = 3, FT_PEAK_AMX_INT8 = 4 };
 int ft_amx_ready(void);   /* gemm_bf16.c (exported) */
 
-typedef struct { int kind; int64_t iters; double *sink; int64_t *macs; ft_pool *p; } peak_job;
+typedef struct { int kind; int64_t iters; double *sink; int64_t *macs; ft_pool *p; int bursts; double *secs; } peak_job;
 
 #define CHAINS 16   /* > 2 ports x 4-6 cycles of latency (vdpbf16ps' too); 16 + 2 zmm registers */
 
@@ -114,15 +119,41 @@ static int64_t run_amx(int kind, int64_t iters, double *sink) {
 #endif
 }
 
+static int64_t run_kind(int kind, int64_t iters, double *s) {
+    switch (kind) {
+    case FT_PEAK_FP32: return run_fp32(iters, s);
+    case FT_PEAK_BF16: return run_bf16(iters, s);
+    case FT_PEAK_INT8: return run_int8(iters, s);
+    default: return run_amx(kind, iters, s);
+    }
+}
+
 static void peak_fn(void *a, int tid) {
     peak_job *J = a;
     double s = 0;
-    int64_t n;
-    switch (J->kind) {
-    case FT_PEAK_FP32: n = run_fp32(J->iters, &s); break;
-    case FT_PEAK_BF16: n = run_bf16(J->iters, &s); break;
-    case FT_PEAK_INT8: n = run_int8(J->iters, &s); break;
-    default: n = run_amx(J->kind, J->iters, &s); break;
+    J->macs[tid] = run_kind(J->kind, J->iters, &s);
+    J->sink[tid] = s;
+}
+
+/* this thread's CPU seconds (the wall clock where the OS has no per-thread clock) */
+static double thread_s(void) {
+    struct timespec t;
+#ifdef CLOCK_THREAD_CPUTIME_ID
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+#else
+    clock_gettime(CLOCK_MONOTONIC, &t);
+#endif
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void burst_fn(void *a, int tid) {
+    peak_job *J = a;
+    double s = 0;
+    int64_t n = run_kind(J->kind, J->iters, &s);       /* warm-up, untimed */
+    for (int b = 0; b < J->bursts && n >= 0; b++) {
+        double t = thread_s();
+        run_kind(J->kind, J->iters, &s);
+        J->secs[(int64_t)tid * J->bursts + b] = thread_s() - t;
     }
     J->sink[tid] = s;
     J->macs[tid] = n;
@@ -144,4 +175,49 @@ int64_t ft_peak_macs(void *vp, int kind, int64_t iters) {
     volatile double keep = sink[0];
     (void)keep;
     return total;
+}
+
+/* Each pool thread: one warm-up burst of `iters` rounds, then `bursts` bursts, each timed on the
+ * thread's own CPU clock into secs[tid * bursts + b]. Returns one thread's multiply-adds per
+ * burst, or -1 where the format has no instruction here. */
+int64_t ft_peak_bursts(void *vp, int kind, int64_t iters, int bursts, double *secs) {
+    ft_pool *p = vp;
+    double sink[256] = {0};
+    int64_t macs[256] = {0};
+    peak_job J = {kind, iters, sink, macs, p, bursts, secs};
+    pool_run(p, burst_fn, &J);
+    for (int i = 0; i < p->n && i < 256; i++)
+        if (macs[i] < 0) return -1;
+    volatile double keep = sink[0];
+    (void)keep;
+    return macs[0];
+}
+
+typedef struct { int64_t n; double *hz; } hz_job;
+
+static void hz_fn(void *a, int tid) {
+    hz_job *J = a;
+#if defined(__x86_64__)
+    uint64_t x = 3, m = 0x9E3779B97F4A7C15ull;
+    double best = 0;
+    for (int rep = 0; rep < 8; rep++) {
+        double t = thread_s();
+        for (int64_t i = 0; i < J->n; i++)     /* 8 dependent imuls: 24 cycles a round */
+            __asm__ volatile("imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0\n\t"
+                             "imul %1, %0\n\timul %1, %0\n\timul %1, %0\n\timul %1, %0" : "+r"(x) : "r"(m));
+        double dt = thread_s() - t;
+        if (dt > 0 && 24.0 * (double)J->n / dt > best) best = 24.0 * (double)J->n / dt;
+    }
+    (void)x;
+    J->hz[tid] = best;
+#else
+    J->hz[tid] = 0;     /* no cycle-exact chain in this build */
+#endif
+}
+
+/* Each pool thread's clock (Hz, the best of 8 chains of n rounds of 8 dependent imuls; 0 where
+ * this build has no such chain) into hz[tid]. */
+void ft_core_hz(void *vp, int64_t n, double *hz) {
+    hz_job J = {n, hz};
+    pool_run((ft_pool *)vp, hz_fn, &J);
 }
