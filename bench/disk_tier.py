@@ -92,7 +92,10 @@ FT = textwrap.dedent("""
     n_dec = max(1, len(times) - 1)
     split = {"kernel_calls_per_layer_call": delta(lambda s: s.get("kernel_calls", 0)) / max(1, delta(lambda s: s["total"]["calls"])),
              "expert_ms_per_token": delta(lambda s: s["total"]["wall_s"]) / n_dec * 1e3,
-             "blocked_ms_per_token": delta(lambda s: (s.get("disk") or {}).get("read_s", 0.0)) / n_dec * 1e3}
+             "blocked_ms_per_token": delta(lambda s: (s.get("disk") or {}).get("read_s", 0.0)) / n_dec * 1e3,
+             # decode's own read-ahead (the run's totals include the prefill's second-buffer reads)
+             "decode_guesses": {k: delta(lambda s: (s.get("host_cache") or {}).get(k, 0))
+                                for k in ("prefetches", "prefetch_used", "cancelled", "budget_cut", "misses")}}
     print(json.dumps({"prefill": len(prompt) / (times[0] - t0), "decode": (len(times) - 1) / (times[-1] - times[0]),
                       "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk"),
                       "lookahead": st.get("lookahead"), "decode_bytes_per_token": per_tok, "split": split,
@@ -106,7 +109,10 @@ def split_line(res: dict, disk: dict) -> str:
     r, d = res.get("split") or {}, disk.get("split") or {}
     if not d:
         return "expert split n/a"
-    return (f"expert calls {d['expert_ms_per_token']:.1f} ms a token ({d['blocked_ms_per_token']:.1f} blocked on reads; "
+    g = d.get("decode_guesses") or {}
+    guesses = (f"decode read-ahead {g['prefetches']} started, {g['prefetch_used']} used, {g['cancelled']} cancelled, "
+               f"{g['budget_cut']} cut by the budget, {g['misses']} misses; " if g else "")
+    return (guesses + f"expert calls {d['expert_ms_per_token']:.1f} ms a token ({d['blocked_ms_per_token']:.1f} blocked on reads; "
             f"resident {r.get('expert_ms_per_token', float('nan')):.1f}), "
             f"{d['kernel_calls_per_layer_call']:.2f} kernel calls a layer call")
 
