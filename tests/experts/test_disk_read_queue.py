@@ -90,7 +90,8 @@ def test_read_ahead_stays_within_the_read_budget(tmp_path):
         n, slots = cache.acquire(np.arange(4))                  # 4 misses: room for int(1.5 * 4) - 4 = 2
         cache.release(slots)
         assert cache.prefetch(np.arange(E, E + 3)) == 2         # the likeliest two (first in the list)
-        assert cache.prefetch(np.arange(E, E + 3), budgeted=False) == 1   # a sure read: no budget
+        assert cache.prefetch(np.arange(E, E + 3), budgeted=False) == 1   # a sure read: no budget,
+        assert cache.table.budget.transfers == 4 + 2            # and not charged to it either
         cache.drain()
         _holds(cache, want, np.arange(E, E + 3), cache.table.slot_of[E:E + 3])
         cache.check()

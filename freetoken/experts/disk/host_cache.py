@@ -485,8 +485,10 @@ class HostExpertCache:
                 return 0
             self._start(want, slots, GUESS if budgeted else DEMAND)
             t.unlock(slots)          # a prefetch holds no user lock: pending keeps it safe
-            if t.budget is not None:
+            if t.budget is not None and budgeted:
                 t.budget.prefetched(want)
+            elif t.budget is not None:       # a sure read (a prefill's second buffer) is no guess: the
+                t.budget.transfers -= len(want)     # budget neither charges it nor counts its use
             self._prefetched[slots] = True
             self._any_prefetched = True
             self.c["prefetches"] += len(want)
