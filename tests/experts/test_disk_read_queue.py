@@ -7,10 +7,19 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
+import torch
 
+from freetoken import LLM
 from freetoken.experts.disk.host_cache import HostExpertCache
 from freetoken.experts.disk.read_queue import DEMAND, GUESS, ReadQueue
 from test_host_cache import E, _holds, _layout
+from tiered_helpers import disk_outputs, resident_ftw
+
+
+@pytest.fixture(scope="module")
+def ftw(tiny_dir, tmp_path_factory):
+    return resident_ftw(tiny_dir, tmp_path_factory.mktemp("rq"))
 
 
 def _blocked_queue():
@@ -97,3 +106,24 @@ def test_read_ahead_stays_within_the_read_budget(tmp_path):
         cache.check()
     finally:
         cache.close()
+
+
+def test_tokens_identical_under_a_read_budget_that_holds(ftw, monkeypatch):
+    """The engine with the read budget on (backend.READ_BUDGET; off by default): the resident
+    pool's logits and tokens, guesses cut, and every read so far within the ratio x the reads
+    without guessing."""
+    import freetoken.experts.disk.backend as backend
+    monkeypatch.setattr(backend, "READ_BUDGET", 1.1)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead="router")
+    try:
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+        cache = llm.engine.model.experts.cache
+        cache.drain()
+        cache.check()
+        b = cache.table.budget
+        assert llm.expert_stats()["lookahead"]["budget_cut"] > 0
+        assert 0 < b.transfers <= b.ratio * (b.misses + b.used)
+    finally:
+        llm.close()

@@ -66,11 +66,14 @@ ROUTER_SAMPLE = 8                   # "auto": the losing router guesses one laye
 # pairs (median 0.90x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
 # --handoff on` for the quiet A/B (docs/benchmarks.md "Host tier at a 5% cache")
 HANDOFF = False
-# the decode read-ahead reads only while every read so far stays within this many times the reads the
-# host cache would have made without guessing (prefetch_budget.py, the device tier's '+budget'; issue
-# 39: on spread routing half the router's guesses were wrong and their reads competed with the
-# needed ones); None: unbounded (`bench/disk_tier.py --read-budget`)
-READ_BUDGET: float | None = 1.1
+# a ratio r: the decode read-ahead reads only while every read so far stays within r x the reads the
+# host cache would have made without guessing (prefetch_budget.py, the device tier's '+budget'); None:
+# unbounded. Off: under load (docs/benchmarks.md "Stop 46: the disk tier's reads in priority
+# order") 1.1 read 0.77x / 0.94x the bytes a token on the spread 4-layer / 48-layer files but turned
+# guesses into demand misses (48 layers: 704 against 377 in 31 tokens, 26 against 15-20 ms a token
+# blocked on reads); demand-first reads and dropping unread wrong guesses stay on either way.
+# `bench/disk_tier.py --read-budget 1.1` for the quiet A/B
+READ_BUDGET: float | None = None
 
 
 class _TorchSlots:
