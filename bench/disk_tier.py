@@ -26,6 +26,7 @@ Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's f
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --verify ab --rounds 6
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --lookahead-depth 2 --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --handoff off --no-llamacpp
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --read-budget off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
 from __future__ import annotations
@@ -57,11 +58,13 @@ FT = textwrap.dedent("""
     opts = (dict(host_cache_gib=cache_gib) if cache_gib > 0 else dict(expert_tier="disk")) if mode == "disk" else dict(expert_tier="ram")
     if policy:
         opts["expert_cache_policy"] = policy
-    if mode == "disk" and len(sys.argv) > 8:      # --lookahead / --direct-io / --io-threads / --lookahead-depth / --handoff
+    if mode == "disk" and len(sys.argv) > 8:      # --lookahead / ... / --handoff / --read-budget
         opts.update(json.loads(sys.argv[8]))
-    if not opts.pop("handoff", True):       # --handoff off: no victims' slots handed over mid-call (an A/B)
-        import freetoken.experts.disk.backend as disk_backend
-        disk_backend.HANDOFF = False
+    import freetoken.experts.disk.backend as disk_backend
+    if "handoff" in opts:        # --handoff on/off: victims' slots handed over mid-call or not (an A/B)
+        disk_backend.HANDOFF = opts.pop("handoff")
+    if "read_budget" in opts:    # --read-budget: the decode read-ahead's budget (off: none), an A/B
+        disk_backend.READ_BUDGET = opts.pop("read_budget")
     depth = opts.pop("lookahead_depth", None)
     if depth is not None:        # layers read ahead (experts/disk/lookahead.DEPTH), for an A/B of it
         import freetoken.experts.disk.backend as disk_backend
@@ -89,7 +92,10 @@ FT = textwrap.dedent("""
     n_dec = max(1, len(times) - 1)
     split = {"kernel_calls_per_layer_call": delta(lambda s: s.get("kernel_calls", 0)) / max(1, delta(lambda s: s["total"]["calls"])),
              "expert_ms_per_token": delta(lambda s: s["total"]["wall_s"]) / n_dec * 1e3,
-             "blocked_ms_per_token": delta(lambda s: (s.get("disk") or {}).get("read_s", 0.0)) / n_dec * 1e3}
+             "blocked_ms_per_token": delta(lambda s: (s.get("disk") or {}).get("read_s", 0.0)) / n_dec * 1e3,
+             # decode's own read-ahead (the run's totals include the prefill's second-buffer reads)
+             "decode_guesses": {k: delta(lambda s: (s.get("host_cache") or {}).get(k, 0))
+                                for k in ("prefetches", "prefetch_used", "cancelled", "budget_cut", "misses")}}
     print(json.dumps({"prefill": len(prompt) / (times[0] - t0), "decode": (len(times) - 1) / (times[-1] - times[0]),
                       "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk"),
                       "lookahead": st.get("lookahead"), "decode_bytes_per_token": per_tok, "split": split,
@@ -103,7 +109,10 @@ def split_line(res: dict, disk: dict) -> str:
     r, d = res.get("split") or {}, disk.get("split") or {}
     if not d:
         return "expert split n/a"
-    return (f"expert calls {d['expert_ms_per_token']:.1f} ms a token ({d['blocked_ms_per_token']:.1f} blocked on reads; "
+    g = d.get("decode_guesses") or {}
+    guesses = (f"decode read-ahead {g['prefetches']} started, {g['prefetch_used']} used, {g['cancelled']} cancelled, "
+               f"{g['budget_cut']} cut by the budget, {g['misses']} misses; " if g else "")
+    return (guesses + f"expert calls {d['expert_ms_per_token']:.1f} ms a token ({d['blocked_ms_per_token']:.1f} blocked on reads; "
             f"resident {r.get('expert_ms_per_token', float('nan')):.1f}), "
             f"{d['kernel_calls_per_layer_call']:.2f} kernel calls a layer call")
 
@@ -239,7 +248,8 @@ def disk_options(args) -> dict:
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
                               ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth),
                               ("handoff", None if args.handoff is None else args.handoff == "on"))
-            if v is not None}
+            if v is not None} | ({} if args.read_budget is None else
+                                 {"read_budget": None if args.read_budget == "off" else float(args.read_budget)})
 
 
 def lookahead_line(disk: dict) -> str:
@@ -250,7 +260,8 @@ def lookahead_line(disk: dict) -> str:
         return "lookahead n/a"
     return (f"lookahead {la.get('mode', '?')} (guessing: {la['source']}): {la['misses_covered']:.0%} of next-layer misses covered, "
             f"{la['wasted_per_useful']:.2f} wasted reads per useful read, guesses right {la['precision']:.0%}, "
-            f"next layer's experts guessed {la['recall']:.0%}; reads {io.get('mode', '?')}")
+            f"next layer's experts guessed {la['recall']:.0%}; {la.get('cancelled', 0)} wrong guesses cancelled "
+            f"before reading, {la.get('budget_cut', 0)} cut by the read budget; reads {io.get('mode', '?')}")
 
 
 def tok_s(res: dict) -> str:
@@ -318,7 +329,15 @@ def main():
                     help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
     ap.add_argument("--handoff", default=None, choices=("on", "off"),
                     help="a call hands its victims' slots to the next layer's reads mid-call (experts/disk/handoff.py)")
+    ap.add_argument("--read-budget", default=None,
+                    help="the decode read-ahead's read budget (a ratio >= 1, or off; experts/disk/backend.READ_BUDGET)")
     args = ap.parse_args()
+    if args.read_budget not in (None, "off"):
+        try:
+            if float(args.read_budget) < 1:
+                raise ValueError
+        except ValueError:
+            ap.error(f"--read-budget: a ratio >= 1 or off, got {args.read_budget!r}")
     steps = args.steps.split(",")
     sys.path.insert(0, str(HERE))
     if args.synthetic_layers:

@@ -42,7 +42,7 @@ def test_tokens_identical_whatever_lookahead_direct_io_queue_depth(ftw, opts, sl
         assert la["source"] == opts["expert_lookahead"] or (opts["expert_lookahead"] == "auto"
                                                             and la["source"] in ("router", "history"))
         assert io["mode"] == ("buffered" if opts["disk_direct_io"] == "off" else "direct")
-        assert llm.engine.model.experts.cache._io._max_workers == opts["disk_io_threads"]
+        assert llm.engine.model.experts.cache._io.threads == opts["disk_io_threads"]
         if opts["expert_lookahead"] != "off":
             assert la["guessed"] > 0 and la["needed"] > 0 and 0 <= la["right"] <= min(la["guessed"], la["needed"])
     finally:
@@ -107,12 +107,12 @@ def test_lookahead_never_reads_an_expert_twice_into_the_same_slot(ftw):
     start = cache._start
     seen = []
 
-    def checked(flats, slots):
+    def checked(flats, slots, *priority):
         t = cache.table
         assert (t.slot_of[flats] < 0).all(), "an expert already resident or in flight was read again"
         assert len(set(slots.tolist())) == len(slots) and len(set(flats.tolist())) == len(flats)
         seen.append((flats.copy(), slots.copy()))
-        return start(flats, slots)
+        return start(flats, slots, *priority)
 
     cache._start = checked
     try:
@@ -120,7 +120,8 @@ def test_lookahead_never_reads_an_expert_twice_into_the_same_slot(ftw):
         cache.drain()       # the last layer reads the next token's first experts ahead: let them land
         st = llm.expert_stats()
         assert st["lookahead"]["prefetched"] > 0 and seen
-        assert st["host_cache"]["reads"] == sum(len(f) for f, _ in seen)
+        # every read started landed, but the wrong guesses cancelled before they began (read_queue.py)
+        assert st["host_cache"]["reads"] == sum(len(f) for f, _ in seen) - st["host_cache"]["cancelled"]
     finally:
         cache._start = start
         llm.close()
@@ -185,10 +186,10 @@ def test_last_layer_reads_the_next_tokens_first_experts_ahead(ftw):
     cache, seen = experts.cache, []
     prefetch = cache.prefetch
 
-    def spy(ids):
+    def spy(ids, *a, **k):
         if experts.phase == "decode":
             seen.append(np.asarray(ids).copy())
-        return prefetch(ids)
+        return prefetch(ids, *a, **k)
 
     cache.prefetch = spy
     try:

@@ -146,7 +146,7 @@ def test_profiled_b_d_bounds_the_prefetch_tokens_unchanged(tiny_dir, tmp_path):
                                         device="cpu", fmt="any"))
     llm = LLM(str(out), dtype="float32", host_cache_slots=8, prefix_cache=False, bandwidth_profile=str(prof))
     assert llm.engine.model.experts.b_d == 1e3
-    assert llm.engine.model.experts.cache._io._max_workers == 3        # the profile's best queue depth
+    assert llm.engine.model.experts.cache._io.threads == 3        # the profile's best queue depth
     for _ in range(3):                   # the predictor learns from the first tokens
         assert llm.generate([PROMPT], GREEDY)[0].token_ids == want
     disk = llm.expert_stats()["disk"]

@@ -66,6 +66,14 @@ ROUTER_SAMPLE = 8                   # "auto": the losing router guesses one laye
 # pairs (median 0.90x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
 # --handoff on` for the quiet A/B (docs/benchmarks.md "Host tier at a 5% cache")
 HANDOFF = False
+# a ratio r: the decode read-ahead reads only while every read so far stays within r x the reads the
+# host cache would have made without guessing (prefetch_budget.py, the device tier's '+budget'); None:
+# unbounded. Off: under load (docs/benchmarks.md "Stop 46: the disk tier's reads in priority
+# order") 1.1 read 0.77x / 0.94x the bytes a token on the spread 4-layer / 48-layer files but turned
+# guesses into demand misses (48 layers: 704 against 377 in 31 tokens, 26 against 15-20 ms a token
+# blocked on reads); demand-first reads and dropping unread wrong guesses stay on either way.
+# `bench/disk_tier.py --read-budget 1.1` for the quiet A/B
+READ_BUDGET: float | None = None
 
 
 class _TorchSlots:
@@ -90,7 +98,8 @@ class DiskExperts(Experts):
         # every read checked against the expert's checksum, the file's identity watched (experts/disk/integrity.py)
         self.watch = ExpertFileWatch.open(layout) if verify else None
         table_policy = base + ("+layer" if layer_aware(policy or DEFAULT_POLICY) else "")
-        self.cache = HostExpertCache(layout, slots, table_policy, io_threads, drop_cache, self.watch, direct_io)
+        self.cache = HostExpertCache(layout, slots, table_policy, io_threads, drop_cache, self.watch, direct_io,
+                                     READ_BUDGET)
         prefetch = prefetch and lookahead != "off"
         self.lookahead = lookahead if prefetch else "off"
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
@@ -200,6 +209,7 @@ class DiskExperts(Experts):
         uniq = np.sort(flat[0]) if T == 1 else np.unique(flat)    # one token: a sort is cheaper
         if T == 1 and len(set(uniq.tolist())) < K:              # (a set: ~3x cheaper than comparing)
             uniq = np.unique(uniq)
+        self.cache.cancel_guesses(layer, uniq)         # wrong guesses for this layer not read yet: dropped
         if self.phase == "prefill" and T * K >= 2 * self.E and self.cache.capacity >= 2 * self.E \
                 and layer + 1 < self.layout.num_layers:
             if self.predictor is not None:
@@ -240,7 +250,7 @@ class DiskExperts(Experts):
                 self.handoffs += hand.started > 0
             rest = rest[n:]
         if len(nxt):        # after the release: this layer's experts, used furthest ahead, are victims too
-            started += self.cache.prefetch(nxt)
+            started += self.cache.prefetch(nxt, budgeted=not streamed)    # (a prefill's second buffer: no guess)
         if len(ahead):
             self.expected.started_for(layer + 1, ahead[:min(started, len(ahead))] - (layer + 1) * self.E)
         self.kernel_calls += calls
@@ -457,6 +467,7 @@ class DiskExperts(Experts):
                 **{f"{k}_f1": sc.f1() for k, sc in self.scores.items()},
                 "prefetched": hc["prefetches"], "prefetch_used": used,
                 "misses_covered": used / (used + hc["misses"]) if used + hc["misses"] else 0.0,
+                "cancelled": hc["cancelled"], "budget_cut": hc["budget_cut"],
                 "wasted_per_useful": wasted / (used * S) if used else 0.0}
 
     def stats(self) -> dict:

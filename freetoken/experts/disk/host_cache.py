@@ -25,7 +25,6 @@ import ctypes
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -34,7 +33,10 @@ from .hash_nogil import xxh3_64
 from .pieces import DiskLayout
 from .direct import Bounce, address, dio_align, open_direct, read_direct, read_exact, read_span
 from .host_rows import HostRows, frame_of
+from .read_queue import DEMAND, GUESS, ReadQueue
+from ..memory.prefetch_budget import TransferBudget
 from ..memory.slots import DEFAULT_POLICY, SlotTable
+
 
 
 class ExpertReadError(RuntimeError):
@@ -196,11 +198,16 @@ class HostExpertCache:
     """`slots` whole experts in host memory over the file described by `layout`."""
 
     def __init__(self, layout: DiskLayout, slots: int, policy: str = DEFAULT_POLICY, threads: int = 4,
-                 drop_cache: bool = True, watch=None, direct_io: str = "auto"):
+                 drop_cache: bool = True, watch=None, direct_io: str = "auto",
+                 read_budget: float | None = None):
         if slots < 1:
             raise ValueError(f"host expert cache: at least 1 slot, got {slots}")
         self.layout = layout
-        self.table = SlotTable(layout.num_layers * layout.num_experts, layout.num_experts, int(slots), policy)
+        n_flat = layout.num_layers * layout.num_experts
+        self.table = SlotTable(n_flat, layout.num_experts, int(slots), policy)
+        # read-ahead within `read_budget` x the reads without guessing (backend.READ_BUDGET); None: unbounded
+        if read_budget is not None:         # counted by the table (`record`, `assign`) as in the device tier
+            self.table.budget = TransferBudget(n_flat, read_budget)
         self.reader = ExpertReader(layout, drop_cache, watch, direct_io)
         align = max((a for a, fd in zip(self.reader.aligns, self.reader.dfds) if fd is not None), default=1)
         self._rows = {name: HostRows(slots, b.row_shape, b.dtype, *frame_of(b, align))   # fresh pages: nothing
@@ -223,9 +230,9 @@ class HostExpertCache:
         #                            then any call's slots ascend with its ids
         self._hit_log: list[np.ndarray] = []               # hit calls' unique ids, not yet in the policy
         self._log_layer = -1
-        self._io = ThreadPoolExecutor(max(1, threads), thread_name_prefix="freetoken-disk")
+        self._io = ReadQueue(threads, self._read_into)     # demand reads first, guesses cancellable
         self.c = dict(hits=0, misses=0, waited=0, reads=0, bytes_read=0, prefetches=0, prefetch_used=0,
-                      read_errors=0)
+                      read_errors=0, cancelled=0, budget_cut=0)
         self.read_s = 0.0            # wall time callers waited for reads
 
     capacity = property(lambda self: self.table.capacity)
@@ -281,7 +288,7 @@ class HostExpertCache:
                 return flats.copy()
         return None if whole_pool_only else t.candidates(len(flats), flats)
 
-    def _start(self, flats: np.ndarray, slots: np.ndarray) -> list[threading.Event]:
+    def _start(self, flats: np.ndarray, slots: np.ndarray, priority: int = DEMAND) -> list[threading.Event]:
         """Assign flats into victim slots (locked, pending) and queue their reads (under the lock)."""
         self._settle()              # (the policy sees the logged hits before these reads, as they came)
         old = self.table.owner[slots]
@@ -294,7 +301,7 @@ class HostExpertCache:
             self._failed.pop(f, None)
             ev = self._landed[s] = threading.Event()
             events.append(ev)
-            self._io.submit(self._read_into, f, s)
+            self._io.put(f, s, priority)
         return events
 
     # ---- callers ------------------------------------------------------------------------
@@ -393,6 +400,7 @@ class HostExpertCache:
             for i in np.flatnonzero(hit).tolist():
                 if t.pending[slots[i]]:
                     pending[i] = self._landed[int(slots[i])]
+                    self._io.promote(int(slots[i]))       # a guess still queued, needed now
             landed = hit.copy()
             landed[hit] = ~t.pending[slots[hit]]
             self.c["hits"] += int(landed.sum())
@@ -447,10 +455,12 @@ class HostExpertCache:
             if self._waiters:               # a caller waits for a slot to free (rare: a full cache)
                 self._cv.notify_all()
 
-    def prefetch(self, flat_ids: np.ndarray) -> int:
-        """Start background reads of those of `flat_ids` (soonest needed first) not resident,
-        into victims the policy gives up without waiting (never a locked slot); returns how many
-        were started; never into the slot of an expert needed as soon (`SlotTable.read_ahead_victims`)."""
+    def prefetch(self, flat_ids: np.ndarray, budgeted: bool = True) -> int:
+        """Start background reads of those of `flat_ids` (soonest needed first, likeliest first) not
+        resident, into victims the policy gives up without waiting (never a locked slot); returns how
+        many were started; never into the slot of an expert needed as soon (`SlotTable.read_ahead_victims`).
+        `budgeted` (guesses): only as many as the read budget has room for (`READ_BUDGET`), the
+        likeliest first; they are queued behind every demand read and may be cancelled (`cancel_guesses`)."""
         with self._cv:
             t = self.table
             want = np.asarray(flat_ids, np.int64)
@@ -458,6 +468,13 @@ class HostExpertCache:
             if not len(want):
                 return 0
             self._settle()
+            if budgeted and t.budget is not None:
+                room = t.budget.room()
+                if len(want) > room:
+                    self.c["budget_cut"] += len(want) - room
+                    want = want[:room]
+                    if not len(want):
+                        return 0
             slots = self._victims(want, whole_pool_only=True)
             if slots is None:
                 want, slots = t.read_ahead_victims(want)
@@ -466,12 +483,40 @@ class HostExpertCache:
                 want, slots = want[o], slots[o]
             if not len(want):
                 return 0
-            self._start(want, slots)
+            self._start(want, slots, GUESS if budgeted else DEMAND)
             t.unlock(slots)          # a prefetch holds no user lock: pending keeps it safe
+            if t.budget is not None and budgeted:
+                t.budget.prefetched(want)
+            elif t.budget is not None:       # a sure read (a prefill's second buffer) is no guess: the
+                t.budget.transfers -= len(want)     # budget neither charges it nor counts its use
             self._prefetched[slots] = True
             self._any_prefetched = True
             self.c["prefetches"] += len(want)
             return len(want)
+
+    def cancel_guesses(self, layer: int, uniq: np.ndarray) -> int:
+        """A call of `layer` routed `uniq` (its unique flat ids): the guesses for that layer still
+        queued that it did not route will never be used before the layer comes round again, so
+        their reads are dropped before they start and their slots emptied (the bytes read for
+        nothing on spread routing, issue 39). Returns how many."""
+        if not self._io.guesses:
+            return 0
+        E, n = self.layout.num_experts, 0
+        with self._cv:
+            t = self.table
+            for flat, slot in self._io.queued_guesses():
+                if flat // E != layer or t.locks[slot] or (uniq == flat).any() or not self._io.cancel(slot):
+                    continue
+                self._drop(slot)
+                self._prefetched[slot] = False
+                if t.budget is not None:
+                    t.budget.uncopied(flat)
+                self._landed.pop(slot).set()
+                n += 1
+            self.c["cancelled"] += n
+            if n:
+                self._cv.notify_all()
+        return n
 
     def drain(self) -> None:
         """Wait for every read in flight (between steps, before a resize or close)."""
@@ -541,8 +586,10 @@ class HostExpertCache:
         looked = c["hits"] + c["waited"] + c["misses"]
         S = self.layout.expert_nbytes
         # next-layer guesses: the share used before eviction, and the bytes read for nothing
-        desc["prefetch_hit_rate"] = c["prefetch_used"] / c["prefetches"] if c["prefetches"] else 0.0
-        desc["prefetch_wasted_bytes"] = max(0, c["prefetches"] - c["prefetch_used"] - unused_now) * S
+        started = c["prefetches"] - c["cancelled"]          # (a cancelled guess read nothing)
+        desc["prefetch_hit_rate"] = c["prefetch_used"] / started if started > 0 else 0.0
+        desc["prefetch_wasted_bytes"] = max(0, c["prefetches"] - c["prefetch_used"] - unused_now - c["cancelled"]) * S
+        desc.pop("prefetch_used", None)             # (the budget's count of the table; the cache's own is c's)
         return {**c, **desc, "hit_rate": (c["hits"] + c["waited"]) / looked if looked else 0.0,
                 "slots": self.capacity, "resident": self.resident, "evictions": self.evictions,
                 "gib": self.capacity * S / 2**30, "read_s": self.read_s,
@@ -564,5 +611,5 @@ class HostExpertCache:
 
     def close(self) -> None:
         self.drain()
-        self._io.shutdown(wait=True)
+        self._io.shutdown()
         self.reader.close()

@@ -48,6 +48,11 @@ class TransferBudget:
         self.wasted += int(self.guessed[evicted].sum())
         self.guessed[evicted] = False
 
+    def uncopied(self, flat: int) -> None:
+        """A prefetch cancelled before it copied anything (the disk tier's queued guesses)."""
+        self.transfers -= 1
+        self.guessed[flat] = False
+
     def prefetched(self, flat_ids: np.ndarray) -> None:
         self.guessed[flat_ids] = True
 

@@ -1,0 +1,129 @@
+"""The host cache's reads in priority order (experts/disk/read_queue.py): demand reads start before
+every queued guess, a guess needed now is promoted, a cancelled guess never reads; the host cache
+drops the guesses a layer call did not route before they read a byte, keeps every other expert's
+bytes right, and reads ahead only within its read budget."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from freetoken import LLM
+from freetoken.experts.disk.host_cache import HostExpertCache
+from freetoken.experts.disk.read_queue import DEMAND, GUESS, ReadQueue
+from test_host_cache import E, _holds, _layout
+from tiered_helpers import disk_outputs, resident_ftw
+
+
+@pytest.fixture(scope="module")
+def ftw(tiny_dir, tmp_path_factory):
+    return resident_ftw(tiny_dir, tmp_path_factory.mktemp("rq"))
+
+
+def _blocked_queue():
+    """A one-thread queue whose first read ("first") waits for the returned event: everything
+    queued after it waits in the queue, in its order."""
+    done, gate, started = [], threading.Event(), threading.Event()
+
+    def read(flat, slot):
+        if flat == "first":
+            started.set()
+            gate.wait(10)
+        done.append(flat)
+
+    q = ReadQueue(1, read)
+    q.put("first", 0, GUESS)
+    assert started.wait(10)
+    return q, done, gate
+
+
+def test_demand_reads_go_before_guesses_and_promoted_guesses_before_the_rest():
+    q, done, gate = _blocked_queue()
+    q.put("g1", 1, GUESS)
+    q.put("g2", 2, GUESS)
+    q.put("d1", 3, DEMAND)
+    q.promote(2)                    # g2 needed now: behind d1, ahead of g1
+    q.put("d2", 4, DEMAND)
+    assert q.guesses == 1
+    gate.set()
+    q.shutdown()
+    assert done == ["first", "d1", "g2", "d2", "g1"]
+
+
+def test_a_cancelled_read_never_runs_and_a_started_one_cannot_be_cancelled():
+    q, done, gate = _blocked_queue()
+    q.put("g1", 1, GUESS)
+    q.put("g2", 2, GUESS)
+    assert q.queued_guesses() == [("g1", 1), ("g2", 2)]
+    assert q.cancel(1) and not q.cancel(1)
+    assert not q.cancel(0)          # "first" is running
+    gate.set()
+    q.shutdown()
+    assert done == ["first", "g2"] and q.guesses == 0
+
+
+def test_guesses_a_call_did_not_route_are_dropped_before_reading(tmp_path):
+    lay, want = _layout(tmp_path / "f.bin")
+    cache = HostExpertCache(lay, 8, "lru", threads=1)
+    gate, read = threading.Event(), cache.reader.read
+    cache.reader.read = lambda flat, *a: (gate.wait(10), read(flat, *a))[1]
+    try:
+        guesses = np.arange(E, E + 4)                   # layer 1's experts 0..3 guessed
+        assert cache.prefetch(guesses) == 4
+        routed = np.array([E + 2, E + 5])               # layer 1 routed 2 (guessed) and 5
+        dropped = cache.cancel_guesses(1, routed)
+        assert dropped >= 2                             # 0 may have started; 1 and 3 were queued
+        gate.set()
+        n, slots = cache.acquire(routed)
+        _holds(cache, want, routed[:n], slots)
+        cache.release(slots)
+        cache.drain()
+        cache.check()
+        st = cache.stats()
+        assert st["cancelled"] == dropped and st["reads"] == 4 - dropped + 1
+        assert (cache.table.slot_of[[E + 1, E + 3]] < 0).all()      # never read, not resident
+        assert st["prefetch_used"] == 1                             # the right guess (E + 2)
+    finally:
+        gate.set()
+        cache.close()
+
+
+def test_read_ahead_stays_within_the_read_budget(tmp_path):
+    lay, want = _layout(tmp_path / "f.bin")
+    cache = HostExpertCache(lay, 12, "lru", threads=2, read_budget=1.5)
+    try:
+        assert cache.prefetch(np.arange(E, E + 3)) == 0         # nothing read yet: no room to guess
+        assert cache.stats()["budget_cut"] == 3
+        n, slots = cache.acquire(np.arange(4))                  # 4 misses: room for int(1.5 * 4) - 4 = 2
+        cache.release(slots)
+        assert cache.prefetch(np.arange(E, E + 3)) == 2         # the likeliest two (first in the list)
+        assert cache.prefetch(np.arange(E, E + 3), budgeted=False) == 1   # a sure read: no budget,
+        assert cache.table.budget.transfers == 4 + 2            # and not charged to it either
+        cache.drain()
+        _holds(cache, want, np.arange(E, E + 3), cache.table.slot_of[E:E + 3])
+        cache.check()
+    finally:
+        cache.close()
+
+
+def test_tokens_identical_under_a_read_budget_that_holds(ftw, monkeypatch):
+    """The engine with the read budget on (backend.READ_BUDGET; off by default): the resident
+    pool's logits and tokens, guesses cut, and every read so far within the ratio x the reads
+    without guessing."""
+    import freetoken.experts.disk.backend as backend
+    monkeypatch.setattr(backend, "READ_BUDGET", 1.1)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead="router")
+    try:
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+        cache = llm.engine.model.experts.cache
+        cache.drain()
+        cache.check()
+        b = cache.table.budget
+        assert llm.expert_stats()["lookahead"]["budget_cut"] > 0
+        assert 0 < b.transfers <= b.ratio * (b.misses + b.used)
+    finally:
+        llm.close()
