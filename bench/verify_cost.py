@@ -5,7 +5,10 @@ on a shared machine does not count). Prints per context the median step ms at k 
 ratio to it: the `--cost` curve of `bench/spec_bounds.py`.
 
     PYTHONPATH=. .venv/bin/python bench/verify_cost.py [--contexts 256,1200,1600] [--ks 0,1,2,4,8] [--steps 16]
-                                                     [--decode-attention auto|amx|fp32]
+                                                     [--decode-attention auto|amx|fp32] [--interleave]
+
+--interleave: one request per context, its steps taking each k in turn (k = 0, 1, 2, ... then
+again), so a shared machine's load falls on every k alike; without it each k is its own request.
 
 The model is `bench/speculative.py --model dense` (4 layers, hidden 2048, 32 query / 4 KV heads)."""
 from __future__ import annotations
@@ -40,6 +43,31 @@ def step_times(llm, k: int, context: int, steps: int) -> list[float]:
     return out[1:]
 
 
+def interleaved_times(llm, ks: list[int], context: int, steps: int) -> dict[int, list[float]]:
+    """CPU seconds of each k's steps, one request whose steps cycle through ks (about the same
+    keys for every k: each step adds one token, its rejected drafts' rows are not read again)."""
+    from freetoken import SamplingParams
+    engine, spec = llm.engine, llm.engine.spec
+    spec.priced = False
+    prompt = fresh_prompts(1, context, seed=77, vocab=(100, engine.vocab_size - 1))[0]
+    rid = f"cost-cycle-{context}"        # room for every step (a random draft is right 1 in 8192)
+    engine.add_request(rid, prompt, SamplingParams(max_tokens=2 * steps * (sum(ks) + len(ks)) + 2,
+                                                   temperature=0.0, ignore_eos=True))
+    spec.drafters = {}
+    engine.step()                   # the prefill
+    out = {k: [] for k in ks}
+    for _ in range(steps):
+        for k in ks:
+            spec.drafters = {"fixed": FixedDrafter(k, engine.vocab_size)} if k else {}
+            t = time.thread_time()
+            engine.step()
+            out[k].append(time.thread_time() - t)
+    engine.abort_request(rid)
+    while engine.has_unfinished():
+        engine.step()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--contexts", default="256,1200,1600")
@@ -47,6 +75,7 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--decode-attention", default="auto", choices=("auto", "amx", "fp32"),
                     help="force decode attention over the bf16 cache onto AMX tiles or fp32 FMAs (auto: calibrated)")
+    ap.add_argument("--interleave", action="store_true", help="each request's steps cycle through the ks")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from freetoken import LLM
@@ -57,7 +86,9 @@ def main():
     print(f"dense bench model, 1 thread, CPU ms of a step (median of {args.steps}), k random drafts forced")
     print(f"{'context':>8}" + "".join(f"{'k=' + str(k):>10}" for k in ks) + "   --cost (k = 0..max, linear between)")
     for ctx in map(int, args.contexts.split(",")):
-        ms = {k: statistics.median(step_times(llm, k, ctx, args.steps)) * 1e3 for k in ks}
+        times = (interleaved_times(llm, ks, ctx, args.steps) if args.interleave else
+                 {k: step_times(llm, k, ctx, args.steps) for k in ks})
+        ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
         ratio = {k: ms[k] / ms[ks[0]] for k in ks}
         cost = [ratio[ks[0]]]
         for k in range(ks[0] + 1, max(ks) + 1):        # linear between the measured k

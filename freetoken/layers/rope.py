@@ -120,28 +120,33 @@ class Rotary:
 
 def norm_rope_qk(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, rot: int, q_norm, k_norm,
                  cos: torch.Tensor, sin: torch.Tensor):
-    """One token's q and k, the leading columns of its fused projection row qkv [1, (heads + 2 *
-    kv_heads) * head_dim] (fp32, CPU, contiguous): the optional per-head RMSNorm (q_norm/k_norm:
-    `norm.RMSNorm` or None) then the rotation of both in one buffer; the same C calls as
-    `rms_norm` and `Rotary.apply` make, 2-3 instead of ~10 calls and views a layer. Returns
-    (q [1, heads, head_dim], k [1, kv_heads, head_dim]), or None where this path does not apply."""
+    """A few tokens' q and k, the leading columns of their fused projection rows qkv [n, (heads +
+    2 * kv_heads) * head_dim] (fp32, CPU, contiguous; n = 1 a decode step, n = k + 1 a verify):
+    the optional per-head RMSNorm (q_norm/k_norm: `norm.RMSNorm` or None) then the rotation of
+    both in one buffer; the same C calls per head as `rms_norm` and `Rotary.apply` make (so the
+    same bits), 2n + 1 instead of ~10 calls and views a layer. Returns (q [n, heads, head_dim],
+    k [n, kv_heads, head_dim]), or None where this path does not apply."""
     lib = cpu_kernels()
-    if (lib is None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.shape[0] != 1
+    if (lib is None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.dim() != 2
             or not qkv.is_contiguous() or cos.dtype != torch.float32 or not cos.is_contiguous()
             or not sin.is_contiguous()):
         return None
-    h, src = heads + kv_heads, qkv.data_ptr()
+    n, h, src = qkv.shape[0], heads + kv_heads, qkv.data_ptr()
     if q_norm is not None:
         if not (_plain_norm(q_norm) and _plain_norm(k_norm)):
             return None
-        normed = torch.empty(h * head_dim, dtype=torch.float32)
-        q_bytes = heads * head_dim * 4
-        lib.ft_rms_norm(src, q_norm.weight.data_ptr(), heads, head_dim, q_norm.eps, normed.data_ptr())
-        lib.ft_rms_norm(src + q_bytes, k_norm.weight.data_ptr(), kv_heads, head_dim, k_norm.eps,
-                        normed.data_ptr() + q_bytes)
+        normed = torch.empty(n, h * head_dim, dtype=torch.float32)
+        q_bytes, row_bytes, dst = heads * head_dim * 4, qkv.stride(0) * 4, normed.data_ptr()
+        for r in range(n):
+            at, to = src + r * row_bytes, dst + r * h * head_dim * 4
+            lib.ft_rms_norm(at, q_norm.weight.data_ptr(), heads, head_dim, q_norm.eps, to)
+            lib.ft_rms_norm(at + q_bytes, k_norm.weight.data_ptr(), kv_heads, head_dim, k_norm.eps, to + q_bytes)
+        src = dst
+    elif n > 1:       # the rotation reads q and k as one [n, h, head_dim] buffer: without the v columns
+        normed = qkv[:, :h * head_dim].contiguous()
         src = normed.data_ptr()
-    out = torch.empty(1, h, head_dim, dtype=torch.float32)
-    lib.ft_rope(src, cos.data_ptr(), sin.data_ptr(), 1, h, head_dim, rot, out.data_ptr())
+    out = torch.empty(n, h, head_dim, dtype=torch.float32)
+    lib.ft_rope(src, cos.data_ptr(), sin.data_ptr(), n, h, head_dim, rot, out.data_ptr())
     return out[:, :heads], out[:, heads:]
 
 

@@ -120,6 +120,21 @@ def test_greedy_identity_on_models_with_a_state(tiny_dir, arch):
         check_idle(llm)
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "qwen3_next"])
+def test_one_sequence_alone_verifying(tiny_dir, arch):
+    """A sequence verifying alone takes the runner's few-op verify path (its own metadata, the
+    lm_head once over its rows): greedy output is plain's with drafts right, wrong and half right,
+    a recurrent state restored after a rejection included."""
+    prompts = [ids_for(20, 42)]
+    ref, llm = plain_and_spec(tiny_dir(arch), prompts)
+    for mode in ("right", "wrong", "half"):
+        d = ForcedDrafter(prompts, ref, mode)
+        force(llm, d)
+        assert generate(llm, prompts, GREEDY) == ref, mode
+        assert d.calls > 0
+        check_idle(llm)
+
+
 def test_mixed_batch_drafting_and_plain_sampled_sequences(tiny_dir):
     """Drafts for two of four sequences; the others (one seeded sampling) are untouched."""
     prompts = [ids_for(18, 10 + s) for s in range(4)]

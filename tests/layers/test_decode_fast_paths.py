@@ -1,5 +1,5 @@
 """The decode step's short cuts (issue 38: the step's fixed cost) give what the general paths
-give: one token's q/k norms + rope in one buffer (rope.norm_rope_qk) against float64 reference
+give: a few tokens' q/k norms + rope in one buffer (rope.norm_rope_qk) against float64 reference
 math and the per-tensor calls; a GGUF embedding's rows by the C dequantizer against the gguf
 package's dequantization, in every kernel variant this CPU runs."""
 from __future__ import annotations
@@ -37,35 +37,39 @@ def rope64(x: torch.Tensor, pos: int, rot: int, theta: float) -> torch.Tensor:
 
 @pytest.mark.parametrize("head_dim,partial", [(64, 1.0), (32, 0.5)])
 @pytest.mark.parametrize("normed", [True, False])
-def test_norm_rope_qk_is_the_reference(head_dim, partial, normed):
-    gen = torch.Generator().manual_seed(head_dim + normed)
+@pytest.mark.parametrize("n", [1, 3])          # a decode step's token, a verify's 1 + 2 drafted
+def test_norm_rope_qk_is_the_reference(head_dim, partial, normed, n):
+    gen = torch.Generator().manual_seed(head_dim + normed + 10 * n)
     heads, kv_heads, pos, theta = 4, 2, 37, 10000.0
     cfg = {"rope_theta": theta, "partial_rotary_factor": partial, "max_position_embeddings": 128}
     rotary = Rotary(cfg, head_dim, 128, torch.float32, "cpu")
-    cos, sin = rotary.tables(torch.tensor([pos]))
-    qkv = torch.randn(1, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    cos, sin = rotary.tables(torch.arange(pos, pos + n))
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * head_dim, generator=gen)
     norms = (RMSNorm(torch.rand(head_dim, generator=gen) + 0.5, 1e-6),
              RMSNorm(torch.rand(head_dim, generator=gen) + 0.5, 1e-6)) if normed else (None, None)
     q, k = norm_rope_qk(qkv, heads, kv_heads, head_dim, rotary.dim, *norms, cos, sin)
-    q_in = qkv[:, :heads * head_dim].reshape(1, heads, head_dim)
-    k_in = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].reshape(1, kv_heads, head_dim)
-    if normed:
-        q_in, k_in = rms64(q_in, norms[0].weight, 1e-6), rms64(k_in, norms[1].weight, 1e-6)
-    torch.testing.assert_close(q.double(), rope64(q_in, pos, rotary.dim, theta), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(k.double(), rope64(k_in, pos, rotary.dim, theta), rtol=1e-5, atol=1e-5)
-    # the very values of the per-tensor path it replaces (the same C calls)
-    q_ref = qkv[:, :heads * head_dim].reshape(1, heads, head_dim)
-    k_ref = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].reshape(1, kv_heads, head_dim)
+    for t in range(n):
+        q_in = qkv[t:t + 1, :heads * head_dim].reshape(1, heads, head_dim)
+        k_in = qkv[t:t + 1, heads * head_dim:(heads + kv_heads) * head_dim].reshape(1, kv_heads, head_dim)
+        if normed:
+            q_in, k_in = rms64(q_in, norms[0].weight, 1e-6), rms64(k_in, norms[1].weight, 1e-6)
+        torch.testing.assert_close(q[t:t + 1].double(), rope64(q_in, pos + t, rotary.dim, theta), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(k[t:t + 1].double(), rope64(k_in, pos + t, rotary.dim, theta), rtol=1e-5, atol=1e-5)
+    # the very values of the per-tensor path it replaces (the same C calls), and of one token alone
+    q_ref = qkv[:, :heads * head_dim].reshape(n, heads, head_dim)
+    k_ref = qkv[:, heads * head_dim:(heads + kv_heads) * head_dim].reshape(n, kv_heads, head_dim)
     if normed:
         q_ref, k_ref = norms[0](q_ref), norms[1](k_ref)
     assert torch.equal(q, rotary.apply(q_ref, cos, sin)) and torch.equal(k, rotary.apply(k_ref, cos, sin))
+    q1, k1 = norm_rope_qk(qkv[-1:].clone(), heads, kv_heads, head_dim, rotary.dim, *norms, cos[-1:], sin[-1:])
+    assert torch.equal(q[-1:], q1) and torch.equal(k[-1:], k1)
 
 
 def test_norm_rope_qk_declines_what_it_does_not_cover():
     rotary = Rotary({"rope_theta": 10000.0}, 16, 8, torch.float32, "cpu")
     cos, sin = rotary.tables(torch.tensor([1]))
     qkv = torch.randn(2, 4 * 16)
-    assert norm_rope_qk(qkv, 2, 1, 16, 16, None, None, cos, sin) is None            # two tokens
+    assert norm_rope_qk(torch.randn(4 * 16, 2).t(), 2, 1, 16, 16, None, None, cos, sin) is None   # not contiguous
     assert norm_rope_qk(qkv[:1].double(), 2, 1, 16, 16, None, None, cos, sin) is None   # not fp32
 
     class Gemma(RMSNorm):           # other norm math: the general path

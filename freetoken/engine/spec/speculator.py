@@ -107,7 +107,7 @@ class Speculator:
                 drafts = self._proposals(seq, ctx, room, tokens, positions, base, lam)
             if not drafts:
                 continue
-            if base is None:        # no sequence before this one drafted: positions are the step's own
+            if base is None and self.priced:   # no sequence before this one drafted: the step's own positions
                 base = base0 = self.price.seconds(positions)
                 lam = MARGIN * self.speed.value * len(decoding) / base0
             if self.priced:
