@@ -250,9 +250,9 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
 #ifdef FT_AVX512
     __m512 acc2[NTMAX];
     for (int t = 0; t < NT; t++) acc2[t] = _mm512_setzero_ps();
-    /* Q4_K: a pair's codes straight from the 32 bytes they share (low nibbles | high nibbles), so
-     * one token takes the 512-bit loop too, with no insert per pair (its lanes sum the blocks in
-     * the 256-bit loop's order: the same result, bit for bit) */
+    /* Q4_K: one token's pair codes straight from the 32 bytes they share (low nibbles | high
+     * nibbles), so one token takes the 512-bit loop too, with no insert per pair (its lanes sum
+     * the blocks in the 256-bit loop's order: the same result, bit for bit; 2-4 tokens as before) */
     const int w512 = NT >= 2 || type == GT_Q4_K;
     const __m512i q4sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
 #endif
@@ -285,7 +285,7 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
         if (w512) {
 #pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
-            __m512i w2 = type == GT_Q4_K
+            __m512i w2 = type == GT_Q4_K && NT == 1
                 ? _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * k))),
                                                      q4sh), _mm512_set1_epi8(0x0f))
                 : _mm512_inserti64x4(_mm512_castsi256_si512(wv[k]), wv[k + 1], 1);
