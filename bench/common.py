@@ -95,6 +95,22 @@ def fresh_prompts(n: int, length: int, seed: int = 0, vocab: tuple[int, int] = (
     return out
 
 
+def last_level_cache_bytes() -> int:
+    """This CPU's largest cache (Linux sysfs; 0 where it says nothing)."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        t = f.read_text().strip()
+        sizes.append(int(t[:-1]) * {"K": 1 << 10, "M": 1 << 20}[t[-1]] if t[-1] in "KM" else int(t))
+    return max(sizes, default=0)
+
+
+def experts_past_cache(hidden: int, inter: int, bytes_per_weight: float = 0.5, least: int = 32) -> int:
+    """Experts a decode bench's bank needs to be twice the last-level cache at `bytes_per_weight`
+    (0.5: the 4-bit formats; the wider ones are larger still): a bank the cache holds measures the
+    cache, not memory (32 Q4_K experts of 2048 x 768 are 90 MB; this machine's L3 holds 300 MiB)."""
+    return max(least, -(-2 * last_level_cache_bytes() // int(3 * hidden * inter * bytes_per_weight)))
+
+
 def median(xs) -> float:
     xs = sorted(xs)
     return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2

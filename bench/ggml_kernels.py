@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from common import experts_past_cache
 from cpu_experts import build_banks
 
 from freetoken.experts.execution.cpu import CpuExpertExecutor
@@ -101,7 +102,8 @@ def main() -> None:
     ap.add_argument("--formats", default="int8,mxfp4", help="our formats to run beside them")
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--inter", type=int, default=768)
-    ap.add_argument("--experts", type=int, default=32, help="experts in the bank (bank >> L3)")
+    ap.add_argument("--experts", type=int, default=None,
+                    help="experts in the bank (default: twice the last-level cache at 4 bits a weight; --prefill: 32)")
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--tokens", default="1")
     ap.add_argument("--seconds", type=float, default=1.0)
@@ -114,6 +116,8 @@ def main() -> None:
     ap.add_argument("--baseline", default=None, metavar="GIT_REV",
                     help="also run the native kernels as built from this git revision (isa 'baseline'): before/after")
     a = ap.parse_args()
+    if a.experts is None:
+        a.experts = 32 if a.prefill else experts_past_cache(a.hidden, a.inter)
     if a.prefill and a.gguf:
         prefill_gguf(a)
         return

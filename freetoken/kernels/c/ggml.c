@@ -250,6 +250,11 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
 #ifdef FT_AVX512
     __m512 acc2[NTMAX];
     for (int t = 0; t < NT; t++) acc2[t] = _mm512_setzero_ps();
+    /* Q4_K: one token's pair codes straight from the 32 bytes they share (low nibbles | high
+     * nibbles), so one token takes the 512-bit loop too, with no insert per pair (its lanes sum
+     * the blocks in the 256-bit loop's order: the same result, bit for bit; 2-4 tokens as before) */
+    const int w512 = NT >= 2 || type == GT_Q4_K;
+    const __m512i q4sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
 #endif
     for (int g8 = 0; g8 < n / 256; g8++) {
         const uint8_t *blk = w + (int64_t)bs * g8;
@@ -274,12 +279,16 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
             }
         }
 #ifdef FT_AVX512
-        /* 2-4 tokens: two blocks per 512-bit dot, half the dot/convert/fma instructions of the
-         * loop below (measured 10-35% faster there; for one token the 256-bit loop is as fast) */
-        if (NT >= 2) {
+        /* 2-4 tokens (and Q4_K's one): two blocks per 512-bit dot, half the dot/convert/fma
+         * instructions of the loop below (measured 10-35% faster there; for one token of the
+         * other types, whose pairs need an insert, the 256-bit loop is as fast) */
+        if (w512) {
 #pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
-            __m512i w2 = _mm512_inserti64x4(_mm512_castsi256_si512(wv[k]), wv[k + 1], 1);
+            __m512i w2 = type == GT_Q4_K && NT == 1
+                ? _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * k))),
+                                                     q4sh), _mm512_set1_epi8(0x0f))
+                : _mm512_inserti64x4(_mm512_castsi256_si512(wv[k]), wv[k + 1], 1);
             __m512i u = sg ? _mm512_abs_epi8(w2) : w2;
             const int j = k & 3;   /* per 16: the pair's 4 scales of 16 (lanes 2j .. 2j + 3 of D) */
             const __m512i sel = k6 ? _mm512_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1,
@@ -311,7 +320,7 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
         }
     }
 #ifdef FT_AVX512
-    for (int t = 0; t < NT && NT >= 2; t++)
+    for (int t = 0; t < NT && w512; t++)
         acc[t][0] = _mm256_add_ps(_mm512_castps512_ps256(acc2[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc2[t]), 1)));
 #endif
     for (int t = 0; t < NT; t++) res[t] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[t][0], acc[t][1]), corr[t]));
