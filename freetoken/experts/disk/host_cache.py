@@ -38,7 +38,6 @@ from ..memory.prefetch_budget import TransferBudget
 from ..memory.slots import DEFAULT_POLICY, SlotTable
 
 
-
 class ExpertReadError(RuntimeError):
     """An expert's bytes could not be read from the model file (shrunk, damaged, I/O)."""
 
