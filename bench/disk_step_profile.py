@@ -51,25 +51,24 @@ def instrument() -> None:
     timed(backend.DiskExperts, "forward", "forward")
     timed(backend.DiskExperts, "_predict", "predict")
     timed(hc.HostExpertCache, "prefetch", "prefetch")
-    submit_start = hc.HostExpertCache._start
+    import freetoken.experts.disk.read_queue as rq
+    put, read_into, queued_at = rq.ReadQueue.put_many, hc.HostExpertCache._read_into, {}
 
-    def start(self, flats, slots):
-        queued, submit = time.perf_counter(), self._io.submit
+    def timed_put(self, reads):
+        reads, now = list(reads), time.perf_counter()
+        queued_at.update((slot, now) for _, slot, _ in reads)
+        return put(self, reads)
 
-        def timed_submit(fn, *a):
-            def run(*aa):
-                t = time.perf_counter()
-                add("queued", t - queued)
-                fn(*aa)
-                add("read", time.perf_counter() - t)
-                add("reads", 1)
-            return submit(run, *a)
-        self._io.submit = timed_submit
+    def timed_read(self, flat, slot):
+        t = time.perf_counter()
+        add("queued", t - queued_at.pop(slot, t))
         try:
-            return submit_start(self, flats, slots)
+            return read_into(self, flat, slot)
         finally:
-            del self._io.submit
-    hc.HostExpertCache._start = start
+            add("read", time.perf_counter() - t)
+            add("reads", 1)
+    rq.ReadQueue.put_many = timed_put
+    hc.HostExpertCache._read_into = timed_read
     hasher = hc.xxh3_64
 
     class TimedHash:

@@ -127,3 +127,41 @@ def test_tokens_identical_under_a_read_budget_that_holds(ftw, monkeypatch):
         assert 0 < b.transfers <= b.ratio * (b.misses + b.used)
     finally:
         llm.close()
+
+
+def test_a_call_waits_for_whichever_read_lands_first(tmp_path):
+    """`wait_any`: with the first-queued read held back, the wait ends when a later one lands
+    (its bytes right), not when the held one does; a queue's reads put at once all run."""
+    lay, want = _layout(tmp_path / "f.bin")
+    cache = HostExpertCache(lay, 8, "lru", threads=2)
+    gate, read = threading.Event(), cache.reader.read
+    cache.reader.read = lambda flat, *a: (flat != 0 or gate.wait(10), read(flat, *a))[1]
+    try:
+        ids = np.array([0, 1])
+        n, slots, pending = cache.acquire_nowait(ids)
+        assert n == 2 and all(ev is not None for ev in pending)
+        cache.wait_any(pending)
+        assert pending[1].is_set() and not pending[0].is_set()
+        _holds(cache, want, ids[1:], slots[1:])
+        gate.set()
+        cache.landed(ids, pending)
+        _holds(cache, want, ids, slots)
+        cache.release(slots)
+        cache.check()
+    finally:
+        gate.set()
+        cache.close()
+
+
+def test_a_reader_outlives_a_read_that_raises():
+    done = []
+
+    def read(flat, slot):
+        if flat == "bad":
+            raise OSError("EIO")
+        done.append(flat)
+
+    q = ReadQueue(1, read)
+    q.put_many([("bad", 0, DEMAND), ("good", 1, DEMAND)])
+    q.shutdown()
+    assert done == ["good"]

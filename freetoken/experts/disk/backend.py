@@ -341,9 +341,8 @@ class DiskExperts(Experts):
             ready = todo & np.array([ev is None or ev.is_set() for ev in pending])
             if hand is not None:
                 ready = hand.first(ready)
-            if not ready.any():
-                first = int(np.argmax(todo))         # queued first: read first, most likely
-                self.cache.landed(ids[first:first + 1], pending[first:first + 1])
+            if not ready.any():                      # whichever read lands first runs first
+                self.cache.wait_any([pending[i] for i in np.flatnonzero(todo)])
                 continue
             idx = np.flatnonzero(ready)
             self.cache.landed(ids[idx], [pending[i] for i in idx])       # raises if one of them failed

@@ -295,12 +295,12 @@ class HostExpertCache:
         if self.identity and (flats != slots).any():
             self.identity = False
         self.table.assign(flats, slots)
-        events = []
-        for f, s in zip(flats.tolist(), slots.tolist()):
+        events, fs, ss = [], flats.tolist(), slots.tolist()
+        for f, s in zip(fs, ss):
             self._failed.pop(f, None)
             ev = self._landed[s] = threading.Event()
             events.append(ev)
-            self._io.put(f, s, priority)
+        self._io.put_many((f, s, priority) for f, s in zip(fs, ss))
         return events
 
     # ---- callers ------------------------------------------------------------------------
@@ -433,6 +433,18 @@ class HostExpertCache:
                        if ev is not None and f in self._failed and self.table.slot_of[f] < 0]
             if bad:
                 raise bad[0]
+
+    def wait_any(self, pending: list) -> None:
+        """Wait until one of the reads in `pending` (Events from `acquire_nowait`; None: landed)
+        is over, whichever lands first (a layer call then runs it while the others read; waiting
+        for one read in particular left the kernels idle while others had landed)."""
+        if any(ev is None or ev.is_set() for ev in pending):
+            return
+        t0 = time.perf_counter()
+        with self._cv:                      # a read's event is set under this lock, then notified
+            while not any(ev.is_set() for ev in pending):
+                self._cv.wait(0.05)
+        self.read_s += time.perf_counter() - t0
 
     def over_capacity(self) -> bool:
         """Whether the last decode pass routed more experts than the cache holds and the policy is
