@@ -52,12 +52,13 @@ def instrument() -> None:
     timed(backend.DiskExperts, "_predict", "predict")
     timed(hc.HostExpertCache, "prefetch", "prefetch")
     import freetoken.experts.disk.read_queue as rq
-    put, read_into, queued_at = rq.ReadQueue.put_many, hc.HostExpertCache._read_into, {}
+    many = hasattr(rq.ReadQueue, "put_many")       # (before it, one `put` a read)
+    put, read_into, queued_at = getattr(rq.ReadQueue, "put_many" if many else "put"), hc.HostExpertCache._read_into, {}
 
-    def timed_put(self, reads):
-        reads, now = list(reads), time.perf_counter()
+    def timed_put(self, *a):
+        reads, now = list(a[0]) if many else [a], time.perf_counter()
         queued_at.update((slot, now) for _, slot, _ in reads)
-        return put(self, reads)
+        return put(self, reads) if many else put(self, *a)
 
     def timed_read(self, flat, slot):
         t = time.perf_counter()
@@ -67,7 +68,7 @@ def instrument() -> None:
         finally:
             add("read", time.perf_counter() - t)
             add("reads", 1)
-    rq.ReadQueue.put_many = timed_put
+    setattr(rq.ReadQueue, "put_many" if many else "put", timed_put)
     hc.HostExpertCache._read_into = timed_read
     hasher = hc.xxh3_64
 

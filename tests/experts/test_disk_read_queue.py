@@ -165,3 +165,34 @@ def test_a_reader_outlives_a_read_that_raises():
     q.put_many([("bad", 0, DEMAND), ("good", 1, DEMAND)])
     q.shutdown()
     assert done == ["good"]
+
+
+def test_a_demand_read_starts_while_every_reader_reads_a_guess():
+    """`reserve`: with the one general reader held by a guess, a demand read (put, or a queued
+    guess promoted) runs on the reserved reader at once; a further guess waits for the general one."""
+    done, gate, started, ran = [], threading.Event(), threading.Event(), threading.Event()
+
+    def read(flat, slot):
+        if flat == "g0":
+            started.set()
+            gate.wait(10)
+        done.append(flat)
+        if flat == "g1":
+            ran.set()
+
+    q = ReadQueue(1, read, reserve=True)
+    try:
+        q.put("g0", 0, GUESS)
+        assert started.wait(10)
+        q.put_many([("g1", 1, GUESS), ("d1", 2, DEMAND)])
+        for _ in range(1000):
+            if "d1" in done:
+                break
+            threading.Event().wait(0.01)
+        assert done == ["d1"]               # g0 still held, g1 queued behind it
+        q.promote(1)                        # g1 needed now: the reserved reader takes it
+        assert ran.wait(10) and done == ["d1", "g1"]
+    finally:
+        gate.set()
+        q.shutdown()
+    assert done == ["d1", "g1", "g0"]

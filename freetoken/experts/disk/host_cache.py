@@ -4,8 +4,9 @@ N slots of whole experts (a row of every bank, as `ExpertPool` would hold it), k
 (layer, expert) through the same `SlotTable` as the device cache (residency, policy,
 victims, locks, pending flags). A miss takes a victim slot and its bytes are read from the
 file straight into the slot's rows (`os.preadv`, one call per contiguous piece; the GIL is
-released while the disk works, so the reads of several experts are in flight at once on a
-small thread pool, `io_threads` in flight: the queue depth `freetoken profile` measures best).
+released while the disk works, so the reads of several experts are in flight at once on the
+read queue's readers, `io_threads` in flight: the queue depth `freetoken profile` measures best,
+and one more for a layer call's own reads, read_queue.py).
 Where the filesystem allows, reads are O_DIRECT (direct.py: no page-cache copy; an unaligned
 GGUF piece is read as its aligned span into a per-thread bounce buffer); otherwise buffered,
 and after each read the file's pages are dropped from the page cache (`posix_fadvise(DONTNEED)`):
@@ -229,7 +230,8 @@ class HostExpertCache:
         #                            then any call's slots ascend with its ids
         self._hit_log: list[np.ndarray] = []               # hit calls' unique ids, not yet in the policy
         self._log_layer = -1
-        self._io = ReadQueue(threads, self._read_into)     # demand reads first, guesses cancellable
+        self._io = ReadQueue(threads, self._read_into, reserve=True)   # demand reads first (and a reader of
+        #                                                  their own), guesses cancellable
         self.c = dict(hits=0, misses=0, waited=0, reads=0, bytes_read=0, prefetches=0, prefetch_used=0,
                       read_errors=0, cancelled=0, budget_cut=0)
         self.read_s = 0.0            # wall time callers waited for reads

@@ -9,7 +9,7 @@ not need is dropped before it reads a byte (`HostExpertCache.cancel_guesses`).
 
 `threads` reader threads of its own wait on one condition: a layer call's reads are queued under
 one lock and wake only as many readers as reads (`put_many`), and each reader takes whichever
-queued read ranks first. (A thread pool's task a read cost the decode thread a future, a queue
+queued read ranks first; with `reserve` (the host cache's) one more reader takes demand reads only. (A thread pool's task a read cost the decode thread a future, a queue
 put and a wake-up per read, ~0.2 ms each on the loaded 2-core box, issue 39.)"""
 from __future__ import annotations
 
@@ -25,17 +25,24 @@ DEMAND, GUESS = 0, 1        # priorities: a layer call waits for its demand read
 
 
 class ReadQueue:
-    def __init__(self, threads: int, read: Callable[[int, int], None]):
+    def __init__(self, threads: int, read: Callable[[int, int], None], reserve: bool = False):
         self._read = read                       # read(flat, slot), on a reader thread
-        self.threads = max(1, threads)          # reads in flight at most
+        self.threads = max(1, threads)          # reads in flight at most (guesses included)
         self._heap: list[list] = []             # [priority, order, flat, slot, live]
         self._queued: dict[int, list] = {}      # slot -> its live entry, until a reader starts it
         self._order = itertools.count()
-        self._lock = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._any = threading.Condition(self._lock)       # the readers of any read wait here,
+        self._demand = threading.Condition(self._lock)    # the reserved reader (demand reads only) here
         self._stop = False
         self.guesses = 0                        # live guesses queued (callers skip the look when 0)
-        self._readers = [threading.Thread(target=self._serve, name=f"freetoken-disk_{i}", daemon=True)
-                         for i in range(self.threads)]
+        # `reserve`: one more reader that takes demand reads only, so a layer call's own reads
+        # start at once even while `threads` guesses are being read (a read cannot be stopped
+        # once started: on spread routing the misses waited for wrong guesses to finish)
+        roles = [(f"freetoken-disk_{i}", False) for i in range(self.threads)] + \
+            ([("freetoken-disk_demand", True)] if reserve else [])
+        self._readers = [threading.Thread(target=self._serve, args=(only,), name=name, daemon=True)
+                         for name, only in roles]
         for t in self._readers:
             t.start()
 
@@ -45,11 +52,14 @@ class ReadQueue:
     def put_many(self, reads) -> None:
         """Queue (flat, slot, priority) reads at once: one lock, one wake-up a read."""
         with self._lock:
-            n = 0
+            n = demand = 0
             for flat, slot, priority in reads:
                 self._push(flat, slot, priority)
                 n += 1
-            self._lock.notify(n)
+                demand += priority == DEMAND
+            self._any.notify(n)
+            if demand:
+                self._demand.notify()
 
     def _push(self, flat: int, slot: int, priority: int) -> None:
         e = [priority, next(self._order), flat, slot, True]
@@ -73,6 +83,7 @@ class ReadQueue:
             if e is not None and e[0] != DEMAND:
                 self._take(slot)
                 self._push(e[2], slot, DEMAND)
+                self._demand.notify()
 
     def cancel(self, slot: int) -> bool:
         """Drop the queued read of `slot` before it starts; False when it has started (it lands)."""
@@ -84,24 +95,27 @@ class ReadQueue:
         with self._lock:
             return [(e[2], s) for s, e in self._queued.items() if e[0] == GUESS]
 
-    def _pop(self) -> list | None:
-        """The queued read that ranks first, taken out of the queue (under the lock); None: none."""
-        while self._heap:
-            e = heapq.heappop(self._heap)
-            if e[4]:
-                self._take(e[3])
-                return e
-        return None
+    def _pop(self, demand_only: bool = False) -> list | None:
+        """The queued read that ranks first (`demand_only`: if a demand read), taken out of the
+        queue (under the lock); None: none."""
+        while self._heap and not self._heap[0][4]:      # cancelled or promoted entries
+            heapq.heappop(self._heap)
+        if not self._heap or (demand_only and self._heap[0][0] != DEMAND):
+            return None
+        e = heapq.heappop(self._heap)
+        self._take(e[3])
+        return e
 
-    def _serve(self) -> None:
+    def _serve(self, demand_only: bool) -> None:
+        wake = self._demand if demand_only else self._any
         while True:
             with self._lock:
-                e = self._pop()
+                e = self._pop(demand_only)
                 while e is None:
                     if self._stop:
                         return
-                    self._lock.wait()
-                    e = self._pop()
+                    wake.wait()
+                    e = self._pop(demand_only)
             try:
                 self._read(e[2], e[3])
             except Exception:               # noqa: BLE001 -- a reader outlives one bad read
@@ -111,6 +125,7 @@ class ReadQueue:
         """Every queued read runs, then the readers stop."""
         with self._lock:
             self._stop = True
-            self._lock.notify_all()
+            self._any.notify_all()
+            self._demand.notify_all()
         for t in self._readers:
             t.join()
