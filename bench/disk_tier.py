@@ -83,6 +83,7 @@ FT = textwrap.dedent("""
                 st0 = llm.expert_stats()
                 read0 = (st0.get("disk") or {}).get("bytes_read", 0)
                 cpu0 = time.process_time()     # every thread's CPU: hashing included, the neighbours' not
+                n0 = len(toks)
                 times[0] = time.perf_counter()
     st = llm.expert_stats()
     rss = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmHWM"))) * 1024
@@ -99,13 +100,25 @@ FT = textwrap.dedent("""
     print(json.dumps({"prefill": len(prompt) / (times[0] - t0), "decode": (len(times) - 1) / (times[-1] - times[0]),
                       "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk"),
                       "lookahead": st.get("lookahead"), "decode_bytes_per_token": per_tok, "split": split,
-                      "cpu_s_per_token": (time.process_time() - cpu0) / max(1, len(times) - 1)}))
+                      "cpu_s_per_token": (time.process_time() - cpu0) / max(1, len(times) - 1),
+                      # "decode" and the per-token figures count engine steps (an output each); with
+                      # speculation a step decodes this many tokens (compare trees at the same)
+                      "tokens_a_step": (len(toks) - n0) / max(1, len(times) - 1)}))
 """)
 
 
+def _rest_ms(run: dict) -> float:
+    """A decoded token's wall time outside the expert calls (attention, dense GEMVs, output
+    head, sampling), ms: what the disk tier does not touch, so what tells the machine's window
+    apart from the tier (the same tree alone read 17.5 and 23.2 tok/s in two windows of stop 46)."""
+    d = run.get("split") or {}
+    return 1e3 / run["decode"] - d["expert_ms_per_token"] if run.get("decode") and d else float("nan")
+
+
 def split_line(res: dict, disk: dict) -> str:
-    """Where a decoded token's expert time went: the layer calls' wall time (blocked on reads
-    included) and the kernel calls a layer call took, resident against the disk tier."""
+    """Where a decoded token's time went: the layer calls' wall time (blocked on reads
+    included), the kernel calls a layer call took and the rest of the step, resident against
+    the disk tier."""
     r, d = res.get("split") or {}, disk.get("split") or {}
     if not d:
         return "expert split n/a"
@@ -114,7 +127,8 @@ def split_line(res: dict, disk: dict) -> str:
                f"{g['budget_cut']} cut by the budget, {g['misses']} misses; " if g else "")
     return (guesses + f"expert calls {d['expert_ms_per_token']:.1f} ms a token ({d['blocked_ms_per_token']:.1f} blocked on reads; "
             f"resident {r.get('expert_ms_per_token', float('nan')):.1f}), "
-            f"{d['kernel_calls_per_layer_call']:.2f} kernel calls a layer call")
+            f"{d['kernel_calls_per_layer_call']:.2f} kernel calls a layer call, the rest of the step "
+            f"{_rest_ms(disk):.1f} ms a token (resident {_rest_ms(res):.1f})")
 
 
 # start to first token, disk tier; the clock starts after `import freetoken`
@@ -420,7 +434,9 @@ def main():
                   f"{(disk.get('host_cache') or {}).get('prefetch_hit_rate', 0):.0%} "
                   f"({(disk.get('host_cache') or {}).get('prefetch_wasted_bytes', 0) / 1e9:.2f} GB read for nothing); "
                   f"{lookahead_line(disk)}; {split_line(res, disk)}; CPU {disk.get('cpu_s_per_token', 0) * 1e3:.0f} ms "
-                  f"a decoded token (resident {res.get('cpu_s_per_token', 0) * 1e3:.0f}); peak RSS resident "
+                  f"a decoded token (resident {res.get('cpu_s_per_token', 0) * 1e3:.0f}); "
+                  f"{disk.get('tokens_a_step', float('nan')):.2f} tokens a step (resident "
+                  f"{res.get('tokens_a_step', float('nan')):.2f}); peak RSS resident "
                   f"{res.get('hwm', 0) / 2**30:.2f} GiB, disk {disk.get('hwm', 0) / 2**30:.2f} GiB"
                   + "".join(f"; {k} error: {v['error']}" for k, v in (("resident", res), ("disk", disk),
                                                                        ("llama.cpp", ll)) if "error" in v))
