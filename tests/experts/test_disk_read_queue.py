@@ -196,3 +196,25 @@ def test_a_demand_read_starts_while_every_reader_reads_a_guess():
         gate.set()
         q.shutdown()
     assert done == ["d1", "g1", "g0"]
+
+
+def test_a_queue_dropped_without_shutdown_is_collected_and_its_readers_stop():
+    """The readers hold the queue (and the cache its reads belong to) only while they read: a
+    cache dropped unclosed frees its slots' memory, as with a thread pool's workers."""
+    import gc
+    import weakref
+    done = []
+    q = ReadQueue(2, lambda flat, slot: done.append(flat), reserve=True)
+    q.put_many([("a", 0, DEMAND), ("b", 1, GUESS)])
+    readers, gone = list(q._readers), weakref.ref(q)
+    for _ in range(1000):
+        if len(done) == 2:
+            break
+        threading.Event().wait(0.01)
+    del q
+    gc.collect()
+    assert gone() is None
+    for t in readers:
+        t.join(10)
+        assert not t.is_alive()
+    assert sorted(done) == ["a", "b"]

@@ -17,11 +17,13 @@ import heapq
 import itertools
 import logging
 import threading
+import weakref
 from typing import Callable
 
 log = logging.getLogger("freetoken.experts")
 
 DEMAND, GUESS = 0, 1        # priorities: a layer call waits for its demand reads; guesses may be wrong
+_STOP = object()            # `ReadQueue.take`: the reader stops
 
 
 class ReadQueue:
@@ -41,10 +43,14 @@ class ReadQueue:
         # once started: on spread routing the misses waited for wrong guesses to finish)
         roles = [(f"freetoken-disk_{i}", False) for i in range(self.threads)] + \
             ([("freetoken-disk_demand", True)] if reserve else [])
-        self._readers = [threading.Thread(target=self._serve, args=(only,), name=name, daemon=True)
+        # a reader holds the queue (and the cache its `read` belongs to) only while it takes or
+        # runs a read: a queue dropped without `shutdown` is collected and its readers stop
+        me = weakref.ref(self)
+        self._readers = [threading.Thread(target=_serve, args=(me, only), name=name, daemon=True)
                          for name, only in roles]
         for t in self._readers:
             t.start()
+        weakref.finalize(self, _wake_all, self._any, self._demand)
 
     def put(self, flat: int, slot: int, priority: int) -> None:
         self.put_many(((flat, slot, priority),))
@@ -106,20 +112,17 @@ class ReadQueue:
         self._take(e[3])
         return e
 
-    def _serve(self, demand_only: bool) -> None:
-        wake = self._demand if demand_only else self._any
-        while True:
-            with self._lock:
-                e = self._pop(demand_only)
-                while e is None:
-                    if self._stop:
-                        return
-                    wake.wait()
-                    e = self._pop(demand_only)
-            try:
-                self._read(e[2], e[3])
-            except Exception:               # noqa: BLE001 -- a reader outlives one bad read
-                log.exception("disk tier: reading expert %s into slot %s failed", e[2], e[3])
+    def condition(self, demand_only: bool) -> threading.Condition:
+        """What a reader (`demand_only`: the reserved one) waits on for a read."""
+        return self._demand if demand_only else self._any
+
+    def take(self, demand_only: bool):
+        """For a reader, under `condition`'s lock: (read, flat, slot) of the next read, taken out
+        of the queue; None: none queued (wait); `_STOP`: shut down and nothing left to read."""
+        e = self._pop(demand_only)
+        if e is not None:
+            return self._read, e[2], e[3]
+        return _STOP if self._stop else None
 
     def shutdown(self) -> None:
         """Every queued read runs, then the readers stop."""
@@ -129,3 +132,40 @@ class ReadQueue:
             self._demand.notify_all()
         for t in self._readers:
             t.join()
+
+
+def _wake_all(*conditions: threading.Condition) -> None:
+    for c in conditions:
+        with c:
+            c.notify_all()
+
+
+def _serve(ref: "weakref.ref[ReadQueue]", demand_only: bool) -> None:
+    """A reader: takes the first-ranked read (`demand_only`: only a demand read) and runs it;
+    waits between reads holding no reference to the queue; stops at `shutdown` once the queue
+    is empty, or when the queue is gone."""
+    q = ref()
+    if q is None:
+        return
+    wake = q.condition(demand_only)
+    del q
+    while True:
+        with wake:
+            while True:
+                q = ref()
+                if q is None:
+                    return
+                got = q.take(demand_only)
+                del q
+                if got is _STOP:
+                    return
+                if got is not None:
+                    break
+                wake.wait()
+        read, flat, slot = got
+        del got
+        try:
+            read(flat, slot)
+        except Exception:               # noqa: BLE001 -- a reader outlives one bad read
+            log.exception("disk tier: reading expert %s into slot %s failed", flat, slot)
+        del read
