@@ -4,7 +4,8 @@
         [--expert-tokens 512,2048,4096]
 
 One thread, CPU time of the calling thread (on a shared machine that approximates a dedicated
-core): the peak multiply-add rate per format (kernels/roofline.py's probes), then dense GEMMs of
+core): the peak multiply-add rate per format (kernels/roofline.py's probes), the AMX tile loop's
+own rate with its packed x in L1, L2 and L3 (the ceiling of the GEMMs' structure), then dense GEMMs of
 the medium model's shapes through our tiles (AMX, vdpbf16ps where they run), torch's bf16 GEMM
 (oneDNN) and dequantize + torch fp32, and one routed-expert layer of the medium model at 512
 tokens through the tiles vs the dot products. Rounds alternate the paths; best of each."""
@@ -20,7 +21,7 @@ from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import quantize_banks
 from freetoken.kernels.gemm import GEMM_MODES, gemm_bf16, modes_here
 from freetoken.kernels.pool import CpuPool
-from freetoken.kernels.roofline import PEAK_KINDS
+from freetoken.kernels.roofline import PEAK_KINDS, tile_ceilings
 
 CLK = time.thread_time
 
@@ -81,6 +82,10 @@ def main():
         t = min(best_of({0: lambda: lib.ft_peak_macs(pool.handle, kind, it)}, args.rounds).values())
         peak[name] = 2 * lib.ft_peak_macs(pool.handle, kind, it) / t
     print("peak GFLOP/s per core: " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in peak.items()))
+    ceilings = tile_ceilings(lib, rounds=args.rounds + 2)
+    if ceilings:    # the tiles' own loop (A's sub-panel in L1) by where the packed x sits: what the GEMMs below can reach
+        print("AMX tile loop GFLOP/s per core, best / median (share of the amx_bf16 peak): " + ", ".join(
+            f"{k} {b / 1e9:.0f} / {m / 1e9:.0f} ({b / peak['amx_bf16']:.0%})" for k, (b, m) in ceilings.items()), flush=True)
     tiles = [m for m in modes_here(lib) if m != "plain"]
     ceil = {"amx": "amx_bf16", "vdpbf16ps": "bf16", "torch_bf16": "amx_bf16" if "amx_bf16" in peak else "bf16",
             "torch_fp32": "fp32"}

@@ -94,9 +94,15 @@ def diagnose(plan, start_s: float, source_is_ftw: bool, model_gib: float, cold: 
 
 def roofline_section(args, cfg=None):
     """Print the machine's roofline (and the model's costs against it); returns (machine, phases, fmt)."""
-    from ..kernels.roofline import measure_machine, model_costs, report
+    from ..kernels.roofline import measure_machine, model_costs, report, tile_ceilings
     machine = measure_machine(getattr(cfg, "num_threads", None))
     print("== roofline: " + machine.describe(), flush=True)
+    one = machine.peak.get("amx_bf16", 0.0) / max(machine.threads, 1)
+    tiles = tile_ceilings()
+    if tiles and one:   # the prefill GEMMs' own loop: how much of the peak their structure can reach here
+        print("== roofline: AMX prefill tile loop, one thread (best / median GFLOP/s, best's share of one "
+              "thread's peak): " + ", ".join(f"{k} {b / 1e9:.0f} / {m / 1e9:.0f} ({b / one:.0%})"
+                                              for k, (b, m) in tiles.items()), flush=True)
     if cfg is None:
         return machine, None, None
     from ..memory.model_size import read_model_shape

@@ -162,6 +162,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ft_set_att_amx.restype = ci
     lib.ft_amx_ready.argtypes = []
     lib.ft_amx_ready.restype = ci
+    lib.ft_amx_tile_probe.argtypes = [ci, i64, vp]
+    lib.ft_amx_tile_probe.restype = i64
     lib.ft_peak_macs.argtypes = [vp, ci, i64]
     lib.ft_peak_macs.restype = i64
     lib.ft_peak_bursts.argtypes = [vp, ci, i64, ci, vp]

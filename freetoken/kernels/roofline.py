@@ -102,6 +102,34 @@ def _peaks(lib, pool: CpuPool, probe_s: float, bursts: int, passes: int = 2) -> 
     return peak, median
 
 
+# where the prefill tiles' packed x sits in ft_amx_tile_probe (A, the weights' sub-panel, in L1)
+TILE_PLACES = {"x in L1": 0, "x in L2": 1, "x in L3/memory": 2}
+
+
+def tile_ceilings(lib=None, rounds: int = 5, passes: int = 64) -> dict[str, tuple[float, float]]:
+    """The AMX GEMM's own tile loop (c/gemm_bf16.c, 2 x 2 tiles, per-pair accumulators between
+    sub-panels) on the calling thread with its packed x in L1, L2 and L3/memory: (best, median)
+    FLOP/s over `rounds` alternating rounds on this thread's CPU clock (the host's AMX slow spells
+    last seconds: alternating keeps each placement's best from one window); {} where the tiles do
+    not run. Raises if a pass's accumulators are not the exact sum they must hold. lib: a kernel
+    build (kernels.load(variant)); the native one by default."""
+    lib = lib or cpu_kernels()
+    check = ctypes.c_float()
+    if lib is None:
+        return {}
+    if lib.ft_amx_tile_probe(0, 1, ctypes.byref(check)) < 0:
+        return {}
+    rates: dict[str, list[float]] = {name: [] for name in TILE_PLACES}
+    for _ in range(rounds):
+        for name, place in TILE_PLACES.items():
+            t = time.thread_time()
+            macs = lib.ft_amx_tile_probe(place, passes, ctypes.byref(check))
+            rates[name].append(2 * macs / max(time.thread_time() - t, 1e-9))
+            if check.value != 2048.0:
+                raise RuntimeError(f"the tile probe summed {check.value}, not 2048 ({name})")
+    return {name: (max(r), statistics.median(r)) for name, r in rates.items()}
+
+
 def measure_machine(threads: int | None = None, read_bytes: int = 256 << 20, reps: int = 3,
                     probe_s: float = 0.05, clock=time.perf_counter, bursts: int = 9, lib=None) -> Machine:
     """The read bandwidth and the peak rate of every format this CPU runs (about a second).

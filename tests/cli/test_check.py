@@ -41,3 +41,8 @@ def test_check_roofline_reports_limits_and_shares(tiny_dir, capsys):
     assert cli_main(["check", "--roofline"]) == 0
     out = capsys.readouterr().out
     assert "== roofline: read" in out and "== memory plan" not in out
+    from freetoken import kernels
+    from freetoken.kernels.gemm import modes_here
+    lib = kernels.load()
+    if lib is not None and "amx" in modes_here(lib):     # the prefill tiles' own loop, where they run
+        assert "== roofline: AMX prefill tile loop, one thread" in out and "x in L2" in out, out

@@ -145,3 +145,32 @@ def test_prefill_counts_the_lm_head_once_per_prompt():
     assert prefill_flops(phases) == 140.0 and prefill_flops(phases, prompt=4) == 110.0
     m = Machine(1, read_bw=1.0, peak={"amx_bf16": 1100.0})
     assert prefill_share(phases, m, tok_s=10, prompt=4) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("variant", ["native", "avx2", "portable"])
+def test_tile_ceilings_sum_exactly_under_the_instructions_rate(variant):
+    """The AMX GEMM's own tile loop with its packed x in L1, L2 and L3 (ft_amx_tile_probe): every
+    pass's accumulators hold the exact sum of its 2048 products of bf16 1.0 (tile_ceilings raises
+    otherwise), each median at most its best, and no placement above the tile instruction's rate
+    per cycle (1024 FLOP, the clock from the imul chain); builds without AMX tiles report none."""
+    import ctypes
+
+    from freetoken.kernels.roofline import CYCLE_FLOPS, tile_ceilings
+    if variant not in kernels.variants_here():
+        pytest.skip(f"the {variant} build does not run here")
+    lib = kernels.load(variant)
+    got = tile_ceilings(lib, rounds=2, passes=1)
+    if "amx" not in modes_here(lib):
+        assert got == {}
+        return
+    pool = CpuPool(lib, 1)
+    try:
+        hz = (ctypes.c_double * 1)()
+        lib.ft_core_hz(pool.handle, 100_000, hz)
+    finally:
+        pool.close()
+    assert set(got) == {"x in L1", "x in L2", "x in L3/memory"}
+    for name, (best, median) in got.items():
+        assert 0 < median <= best, (name, got)
+        if platform.machine().lower() in ("x86_64", "amd64"):
+            assert best / hz[0] <= 1.15 * CYCLE_FLOPS["amx_bf16"], (name, best / 1e9, hz[0] / 1e9)

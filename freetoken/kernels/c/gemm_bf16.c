@@ -351,6 +351,61 @@ FORCE_INLINE void amx_block(const uint16_t *a, const uint16_t *b0, const uint16_
     _tile_stored(0, cb, 64); _tile_stored(1, cb + 256, 64); _tile_stored(2, cb + 512, 64); _tile_stored(3, cb + 768, 64);
 }
 
+/* What the tile loop itself reaches with its operands at each cache level, on the calling thread
+ * (the ceiling of amx_rows' structure on this machine; bench/gemm_tiles.py prints it beside the
+ * peak): a chunk of 256 tokens x 2048 columns walked as amx_rows walks it, sub-panels of AKS steps,
+ * every pair of token blocks through amx_block with its accumulators in a per-pair buffer between
+ * sub-panels, A the 32-row sub-panel in L1 (never copied here). place 0: the same pair of x blocks
+ * every time (x in L1: the tile unit's own rate with this loop), 1: the chunk's 1 MB of packed x
+ * (x from L2, as in the GEMM), 2: a different 1 MB chunk of a 64 MB buffer each pass (x from L3 or
+ * memory). A and x hold bf16 1.0, so every accumulator ends at 2048 (*check: 2048, else the first
+ * accumulator that is not). Returns
+ * the multiply-adds done, -1 where the tiles do not run. */
+#define PROBE_BLKS 16                 /* blocks of 16 tokens per chunk */
+#define PROBE_K 2048
+#define PROBE_CHUNKS 64
+static uint16_t *probe_x;
+static pthread_once_t probe_once = PTHREAD_ONCE_INIT;
+static void probe_init(void) {
+    const size_t n = (size_t)PROBE_CHUNKS * PROBE_BLKS * 16 * PROBE_K;
+    probe_x = aligned_alloc(64, n * 2);
+    if (probe_x)
+        for (size_t i = 0; i < n; i++) probe_x[i] = 0x3f80;
+}
+
+#endif
+
+int64_t ft_amx_tile_probe(int place, int64_t passes, float *check) {
+#ifdef FT_AMX
+    if (!ft_amx_ready() || place < 0 || place > 2) return -1;
+    pthread_once(&probe_once, probe_init);
+    if (!probe_x) return -1;
+    static __thread uint16_t a[AKS * 1024] __attribute__((aligned(64)));
+    static __thread float cb[PROBE_BLKS / 2][1024] __attribute__((aligned(64)));
+    for (int i = 0; i < AKS * 1024; i++) a[i] = 0x3f80;
+    const int64_t bb = blk_bytes(PROBE_K) / 2, kk = PROBE_K / 32, chunk = PROBE_BLKS * bb;
+    amx_config();
+    for (int64_t it = 0; it < passes; it++) {
+        const uint16_t *x = probe_x + (place == 2 ? (it % PROBE_CHUNKS) * chunk : 0);
+        for (int64_t s0 = 0; s0 < kk; s0 += AKS)
+            for (int j = 0; j < PROBE_BLKS / 2; j++) {
+                const uint16_t *b0 = place == 0 ? x : x + 2 * j * bb + 512 * s0;
+                amx_block(a, b0, b0 + (place == 0 ? 512 * AKS : bb), AKS, cb[j], s0 == 0, 2, 2);
+            }
+    }
+    _tile_release();
+    float got = 2048.f;     /* every accumulator of every pair, else the first that is not 2048 */
+    for (int j = 0; j < PROBE_BLKS / 2 && got == 2048.f; j++)
+        for (int i = 0; i < 1024 && got == 2048.f; i++) got = cb[j][i];
+    if (check) *check = got;
+    return passes * 32 * 16 * PROBE_BLKS * (int64_t)PROBE_K;
+#else
+    (void)place; (void)passes; (void)check;
+    return -1;
+#endif
+}
+
+#ifdef FT_AMX
 #define AMX_AHEAD_PAIRS 4   /* pairs of token blocks from which the next sub-panel is copied during the
                              * tiles (64 tokens: 0.9x copied in between into the same half, still in L1) */
 
