@@ -133,6 +133,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_rms_norm.restype = None
     lib.ft_rope.argtypes = [vp, vp, vp, i64, ci, ci, ci, vp]
     lib.ft_rope.restype = None
+    lib.ft_kv_write.argtypes = [vp, i64, vp, i64, i64, i64, vp, i64, vp, vp, ci]
+    lib.ft_kv_write.restype = ci
     lib.ft_q4_1_exact.argtypes = [vp, vp, vp, ci, vp, vp, vp, ci, ci, ci, vp, i64]
     lib.ft_q4_1_exact.restype = None
     lib.ft_dot16_exact.argtypes = [vp, i64, vp, i64, ci, ci, ci, vp, i64, ci]

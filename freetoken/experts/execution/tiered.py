@@ -386,6 +386,7 @@ class CpuExperts(Experts):
         self.pool, self.E, self.device = pool, pool.num_experts, torch.device(device)
         self.host = host_executor or make_host_executor(pool)
         self.stats_ = ExpertStats(pool.num_layers, "cpu", num_experts=pool.num_experts)
+        self._expert_bytes = [int(b) for b in pool.layer_expert_nbytes]
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.stats_.step(phase)
@@ -405,9 +406,7 @@ class CpuExperts(Experts):
                                                               minlength=self.E))
         n = len(ran)
         self.stats_.add_experts("cpu_experts", ran)
-        dt = time.perf_counter() - t0
-        self.stats_.add(layer, calls=1, routed=ids.numel(), misses=n, cpu_experts=n,
-                        cpu_bytes=n * int(self.pool.layer_expert_nbytes[layer]), cpu_s=dt, wall_s=dt)
+        self.stats_.add_cpu_call(layer, ids.numel(), n, self._expert_bytes[layer], time.perf_counter() - t0)
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
     def stats(self) -> dict:

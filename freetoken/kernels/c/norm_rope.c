@@ -36,3 +36,29 @@ void ft_rope(const float *x, const float *cos, const float *sin, int64_t T, int 
         }
     }
 }
+
+/* ------------------------------------------------------------------ KV cache rows
+ * kc[slots[t]] = k row t and vc[slots[t]] = v row t (vc NULL: K only), `row` fp32 values each at
+ * row strides ks / vs, stored as the cache's fp32 or bf16 (rounded to nearest even, torch's
+ * .to(bfloat16)); in the calling thread: a decode step's rows are a few KB, and one call replaces
+ * the two conversions and two index copies of a layer. Returns -1 (nothing written) when a slot
+ * is outside [0, num_slots). */
+int ft_kv_write(const float *k, int64_t ks, const float *v, int64_t vs, int64_t n, int64_t row,
+                const int64_t *slots, int64_t num_slots, void *kc, void *vc, int bf16) {
+    for (int64_t t = 0; t < n; t++)
+        if (slots[t] < 0 || slots[t] >= num_slots) return -1;
+    for (int64_t t = 0; t < n; t++) {
+        for (int which = 0; which < 2; which++) {
+            const float *src = which ? v + t * vs : k + t * ks;
+            void *dst = which ? vc : kc;
+            if (!dst) continue;
+            if (bf16) {
+                uint16_t *d = (uint16_t *)dst + slots[t] * row;
+                for (int64_t i = 0; i < row; i++) d[i] = f32_to_bf16(src[i]);
+            } else {
+                memcpy((float *)dst + slots[t] * row, src, (size_t)row * sizeof(float));
+            }
+        }
+    }
+    return 0;
+}
