@@ -117,6 +117,11 @@ def test_cpu_executor_per_layer_bit_identical(pools, isa):
         for m in range(L):
             x, ids, w = routing(gen, tokens)
             assert torch.equal(got.run(x, ids + m * E, w), want.run(x, ids + m * E, w)), (tokens, m)
+            x, ids, w = routing(gen, tokens)           # a decode call of one layer (run_layer), a pair skipped
+            ids[-1, -1] = -1
+            out, ran = got.run_layer(m, x, ids, w)
+            assert torch.equal(out, want.run(x, torch.where(ids >= 0, ids + m * E, -1), w)), (tokens, m)
+            assert ran == sorted(set((ids + m * E).reshape(-1).tolist()))
     x = torch.randn(3, H, generator=gen)       # one call over experts of several groups: up to the sum order
     ids = torch.tensor([[0, 5], [9, 17], [13, 2]])
     w = torch.rand(3, 2, generator=gen)
