@@ -7,7 +7,8 @@
 After a P-token prefill, times `steps` single-sequence decode steps and splits each into:
 experts (the C `ft_moe_run*` calls and their combine), attention (`ft_decode_attention`),
 dense GEMVs (q/k/v/o projections), router GEMVs and top-k, lm_head, norms + rope (C calls), and
-the rest (Python, the scheduler, sampling). Dense and lm_head rows give the bytes they read per
+the rest (Python, the scheduler, sampling; also as the median and 10th percentile step, which
+a loaded machine stretches less than the mean). Dense and lm_head rows give the bytes they read per
 step and the implied GB/s; a roofline line each token's bytes (bench/vs_llamacpp.py's count) as
 a share of the read bandwidth. `--clock process` times CPU time instead of wall time: with
 `--threads 1` a core's work per step, which a loaded machine stretches far less than the wall
@@ -35,6 +36,7 @@ BYTES: dict[str, int] = defaultdict(int)
 ON = [False]
 NOW = [time.perf_counter]     # --clock process: time.process_time (CPU time, for --threads 1 on a shared machine)
 WRAPPED: set = set()
+OTHER = [0.0, 0.0]    # per step, the time outside the timed calls: median, 10th percentile
 
 
 def timed_c(lib, name: str, phase: str) -> None:
@@ -82,8 +84,10 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
         for name, phase in (("ft_moe_run", "experts"), ("ft_moe_run_ranked", "experts"),
                             ("ft_moe_run_pairs", "experts"), ("ft_moe_combine", "experts"),
                             ("ft_route_topk", "router"), ("ft_decode_attention", "attention"),
-                            ("ft_rms_norm", "norm+rope"), ("ft_rope", "norm+rope")):
-            if (id(lib), name) not in WRAPPED:
+                            ("ft_rms_norm", "norm+rope"), ("ft_rope", "norm+rope"),
+                            ("ft_add_rms_norm", "norm+rope"), ("ft_norm_rope_qk", "norm+rope"),
+                            ("ft_kv_write", "attention")):
+            if (id(lib), name) not in WRAPPED and hasattr(lib, name):    # (an older tree's build lacks the fused calls)
                 WRAPPED.add((id(lib), name))
                 timed_c(lib, name, phase)
     g = dict(temperature=0.0, ignore_eos=True)
@@ -95,12 +99,14 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
     started: set[str] = set()
     while len(started) < len(prompts):              # the prefills (and each first token)
         started.update(o.request_id for o in engine.step() if o.new_token_ids or o.finished)
-    step_times, tokens = [], 0
+    step_times, others, tokens = [], [], 0
     ON[0] = True
     while engine.has_unfinished():
+        timed = sum(ACC.values())
         t = NOW[0]()
         outs = engine.step()
         step_times.append(NOW[0]() - t)
+        others.append(step_times[-1] - (sum(ACC.values()) - timed))    # this step's time outside the timed calls
         tokens += sum(len(o.new_token_ids) for o in outs)
     ON[0] = False
     llm.close()
@@ -108,6 +114,8 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
     phases = {k: v / n for k, v in ACC.items()}
     total = sum(step_times) / n
     phases["other (python, scheduler, top-k, sampling)"] = total - sum(phases.values())
+    others.sort()      # a loaded machine stretches some steps: the median and the 10th percentile step
+    OTHER[:] = [statistics.median(others), others[len(others) // 10]]
     return phases, total, statistics.median(step_times), {k: v // n for k, v in BYTES.items()}, tokens / n
 
 
@@ -166,6 +174,7 @@ def main():
               f"({per_step / total:.1f} tok/s aggregate)")
         if args.parallel == 1:
             print("  " + roofline_line(fmt, model, args.prompt, total / per_step, read_bw))
+        print(f"  other per step: median {OTHER[0] * 1e3:.2f} ms, 10th percentile {OTHER[1] * 1e3:.2f} ms")
         for k, v in sorted(phases.items(), key=lambda kv: -kv[1]):
             bw = f"   {nbytes[k] / 1e6:7.1f} MB  {nbytes[k] / v / 1e9:5.1f} GB/s" if nbytes.get(k) and v > 0 else ""
             print(f"  {k:45}{v * 1e3:8.2f} ms {v / total:6.1%}{bw}")

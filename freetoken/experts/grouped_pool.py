@@ -47,6 +47,10 @@ class GroupedPool:
         self.local_of = (self._local[:, None] * E + experts[None, :]).reshape(-1)
         self._group_t = torch.from_numpy(self.group_of)
         self._local_t = torch.from_numpy(self.local_of)
+        # per layer as Python ints: its group, and the shift from a global flat id to the group's
+        # (a decode call's ids are one layer's: one add, no numpy round trip)
+        self._layer_group = self._group.tolist()
+        self._layer_shift = ((self._local - np.arange(L)) * E).tolist()
         self._pins = pinning.PinnedBanks()
 
     @property
@@ -61,7 +65,9 @@ class GroupedPool:
 
     def split_ids(self, flat_ids: torch.Tensor) -> list[tuple[int, torch.Tensor]]:
         ids = flat_ids if flat_ids.dtype == torch.int64 else flat_ids.long()
-        if ids.device.type == "cpu":          # numpy: a decode call's few ids cost microseconds
+        if ids.device.type == "cpu" and ids.numel() <= 64 and (one := self._one_layer(ids)) is not None:
+            return [one]
+        if ids.device.type == "cpu":          # numpy: a call's many ids cost microseconds
             a = ids.numpy()
             valid = a >= 0
             safe = np.maximum(a, 0)
@@ -75,6 +81,20 @@ class GroupedPool:
         g = self._group_t.to(ids.device)[safe]
         local = self._local_t.to(ids.device)[safe]
         return [(gi, torch.where(valid & (g == gi), local, -1)) for gi in torch.unique(g[valid]).tolist()]
+
+    def _one_layer(self, ids: torch.Tensor) -> tuple[int, torch.Tensor] | None:
+        """(group, group flat ids; < 0 kept -1) when the valid ids of `ids` are all one layer's
+        (a decode or verify call); else None. Python ints: ~10 numpy calls fewer per layer."""
+        flat = ids.reshape(-1).tolist()
+        valid = [i for i in flat if i >= 0]
+        if not valid:
+            return None
+        E = self.num_experts
+        layer = min(valid) // E
+        if max(valid) // E != layer or layer >= self.num_layers:
+            return None
+        local = ids + self._layer_shift[layer]
+        return self._layer_group[layer], local if len(valid) == len(flat) else torch.where(ids >= 0, local, -1)
 
     @functools.cached_property
     def expert_nbytes(self) -> int:

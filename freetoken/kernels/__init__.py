@@ -133,6 +133,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_rms_norm.restype = None
     lib.ft_rope.argtypes = [vp, vp, vp, i64, ci, ci, ci, vp]
     lib.ft_rope.restype = None
+    lib.ft_kv_write.argtypes = [vp, i64, vp, i64, i64, i64, vp, i64, vp, vp, ci]
+    lib.ft_kv_write.restype = ci
+    lib.ft_add_rms_norm.argtypes = [vp, vp, vp, i64, ci, ctypes.c_float, vp, vp]
+    lib.ft_add_rms_norm.restype = None
+    lib.ft_norm_rope_qk.argtypes = [vp, i64, i64, ci, ci, ci, ci, vp, ctypes.c_float, vp, ctypes.c_float, vp, vp, vp]
+    lib.ft_norm_rope_qk.restype = ci
     lib.ft_q4_1_exact.argtypes = [vp, vp, vp, ci, vp, vp, vp, ci, ci, ci, vp, i64]
     lib.ft_q4_1_exact.restype = None
     lib.ft_dot16_exact.argtypes = [vp, i64, vp, i64, ci, ci, ci, vp, i64, ci]

@@ -123,30 +123,23 @@ def norm_rope_qk(qkv: torch.Tensor, heads: int, kv_heads: int, head_dim: int, ro
     """A few tokens' q and k, the leading columns of their fused projection rows qkv [n, (heads +
     2 * kv_heads) * head_dim] (fp32, CPU, contiguous; n = 1 a decode step, n = k + 1 a verify):
     the optional per-head RMSNorm (q_norm/k_norm: `norm.RMSNorm` or None) then the rotation of
-    both in one buffer; the same C calls per head as `rms_norm` and `Rotary.apply` make (so the
-    same bits), 2n + 1 instead of ~10 calls and views a layer. Returns (q [n, heads, head_dim],
+    both in one buffer; one C call running the C code of `rms_norm` and `Rotary.apply` per row
+    (so the same bits), instead of ~10 calls and views a layer. Returns (q [n, heads, head_dim],
     k [n, kv_heads, head_dim]), or None where this path does not apply."""
     lib = cpu_kernels()
     if (lib is None or qkv.dtype != torch.float32 or qkv.device.type != "cpu" or qkv.dim() != 2
             or not qkv.is_contiguous() or cos.dtype != torch.float32 or not cos.is_contiguous()
             or not sin.is_contiguous()):
         return None
-    n, h, src = qkv.shape[0], heads + kv_heads, qkv.data_ptr()
-    if q_norm is not None:
-        if not (_plain_norm(q_norm) and _plain_norm(k_norm)):
-            return None
-        normed = torch.empty(n, h * head_dim, dtype=torch.float32)
-        q_bytes, row_bytes, dst = heads * head_dim * 4, qkv.stride(0) * 4, normed.data_ptr()
-        for r in range(n):
-            at, to = src + r * row_bytes, dst + r * h * head_dim * 4
-            lib.ft_rms_norm(at, q_norm.weight.data_ptr(), heads, head_dim, q_norm.eps, to)
-            lib.ft_rms_norm(at + q_bytes, k_norm.weight.data_ptr(), kv_heads, head_dim, k_norm.eps, to + q_bytes)
-        src = dst
-    elif n > 1:       # the rotation reads q and k as one [n, h, head_dim] buffer: without the v columns
-        normed = qkv[:, :h * head_dim].contiguous()
-        src = normed.data_ptr()
+    if q_norm is not None and not (_plain_norm(q_norm) and _plain_norm(k_norm)):
+        return None
+    n, h = qkv.shape[0], heads + kv_heads
     out = torch.empty(n, h, head_dim, dtype=torch.float32)
-    lib.ft_rope(src, cos.data_ptr(), sin.data_ptr(), n, h, head_dim, rot, out.data_ptr())
+    qw, kw = (None, None) if q_norm is None else (q_norm.weight.data_ptr(), k_norm.weight.data_ptr())
+    if lib.ft_norm_rope_qk(qkv.data_ptr(), qkv.stride(0), n, heads, kv_heads, head_dim, rot, qw,
+                           q_norm.eps if q_norm is not None else 0.0, kw, k_norm.eps if k_norm is not None else 0.0,
+                           cos.data_ptr(), sin.data_ptr(), out.data_ptr()):
+        raise MemoryError("norm + rope kernel could not allocate its scratch row")
     return out[:, :heads], out[:, heads:]
 
 

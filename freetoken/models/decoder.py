@@ -17,7 +17,8 @@ from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
 from ..layers.moe import SparseMoE
-from ..layers.norm import RMSNorm
+from ..layers.kernel_rows import GEMV_TOKENS
+from ..layers.norm import RMSNorm, add_rms_norm
 from ..layers.rope import Rotary, norm_rope_qk
 from ..weights import modelopt
 from ..weights.checkpoint import Checkpoint
@@ -119,8 +120,13 @@ class DecoderLayer:
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
 
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext):
-        h = x + self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
-        return h + self.mlp(self.post_norm(h))
+        a = self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
+        if x.shape[0] <= GEMV_TOKENS and (fused := add_rms_norm(x, a, self.post_norm)) is not None:
+            h, normed = fused          # a decode step's residual add and norm in one C call
+        else:
+            h = x + a
+            normed = self.post_norm(h)
+        return h + self.mlp(normed)
 
 
 def model_basics(model, ck: Checkpoint, cfg: BuildContext, max_len: int, eps_default: float):

@@ -80,10 +80,21 @@ def test_pool_holds_each_layer_in_its_own_width(pools):
                 assert torch.equal(row, padded.banks[k][m * E + e][..., :row.shape[-1]]), (m, e, k)
 
 
-def test_split_ids_maps_every_flat_id_to_its_group(pools):
+def one_layer_ids(gen, layer: int) -> torch.Tensor:
+    """A decode call's ids: one layer's experts (flat ids), one pair skipped (-1)."""
+    ids = torch.randint(0, E, (2, 3), generator=gen) + layer * E
+    ids[1, 2] = -1
+    return ids
+
+
+@pytest.mark.parametrize("case", ["mixed", "one layer", "one layer, all valid"])
+def test_split_ids_maps_every_flat_id_to_its_group(pools, case):
+    """Many layers' ids (the numpy split) and one layer's (the decode call's Python split)."""
     grouped, _ = pools
     gen = torch.Generator().manual_seed(1)
-    ids = torch.randint(-1, L * E, (7, 3), generator=gen)
+    ids = torch.randint(-1, L * E, (7, 3), generator=gen) if case == "mixed" else one_layer_ids(gen, 3)
+    if case == "one layer, all valid":
+        ids[1, 2] = 3 * E + 1
     seen = torch.zeros_like(ids, dtype=torch.bool)
     for group, local in grouped.split_ids(ids):
         mine = local >= 0
@@ -106,6 +117,11 @@ def test_cpu_executor_per_layer_bit_identical(pools, isa):
         for m in range(L):
             x, ids, w = routing(gen, tokens)
             assert torch.equal(got.run(x, ids + m * E, w), want.run(x, ids + m * E, w)), (tokens, m)
+            x, ids, w = routing(gen, tokens)           # a decode call of one layer (run_layer), a pair skipped
+            ids[-1, -1] = -1
+            out, ran = got.run_layer(m, x, ids, w)
+            assert torch.equal(out, want.run(x, torch.where(ids >= 0, ids + m * E, -1), w)), (tokens, m)
+            assert ran == sorted(set((ids + m * E).reshape(-1).tolist()))
     x = torch.randn(3, H, generator=gen)       # one call over experts of several groups: up to the sum order
     ids = torch.tensor([[0, 5], [9, 17], [13, 2]])
     w = torch.rand(3, 2, generator=gen)

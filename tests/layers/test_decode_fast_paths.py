@@ -1,6 +1,7 @@
 """The decode step's short cuts (issue 38: the step's fixed cost) give what the general paths
-give: a few tokens' q/k norms + rope in one buffer (rope.norm_rope_qk) against float64 reference
-math and the per-tensor calls; a GGUF embedding's rows by the C dequantizer against the gguf
+give: a few tokens' q/k norms + rope in one buffer (rope.norm_rope_qk) and the residual add +
+norm in one call (norm.add_rms_norm) against float64 reference math and the per-tensor calls;
+the KV rows stored by one C call against torch's conversion and index copy; a GGUF embedding's rows by the C dequantizer against the gguf
 package's dequantization, in every kernel variant this CPU runs."""
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from freetoken import kernels
 from freetoken.kernels.pool import CpuPool
 from freetoken.layers.ggml_linear import KERNEL_TYPES, GgmlEmbedding, GgmlWeight
-from freetoken.layers.norm import RMSNorm
+from freetoken.layers.attention.paged import KVCache, write_rows_c
+from freetoken.layers.norm import RMSNorm, add_rms_norm
 from freetoken.layers.rope import Rotary, norm_rope_qk
 from freetoken.quant import ggml_quants as gq
 from freetoken.quant.ggml_iquants import TYPES as I_QUANTS
@@ -101,3 +103,34 @@ def test_embedding_decode_rows_are_gguf_dequantize(isa, t):
             emb(torch.tensor([40]))
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_add_rms_norm_is_the_add_then_the_norm(n):
+    gen = torch.Generator().manual_seed(n)
+    x, a = torch.randn(n, 96, generator=gen) * 4, torch.randn(n, 96, generator=gen)
+    norm = RMSNorm(torch.rand(96, generator=gen) + 0.5, 1e-6)
+    h, out = add_rms_norm(x, a, norm)
+    torch.testing.assert_close(out.double(), rms64(x.double() + a.double(), norm.weight, 1e-6), rtol=1e-5, atol=1e-5)
+    assert torch.equal(h, x + a) and torch.equal(out, norm(x + a))      # the bits of the two ops it replaces
+    assert add_rms_norm(x.double(), a.double(), norm) is None            # not fp32: the caller's two ops
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n", [1, 3])
+def test_kv_rows_by_one_call_are_index_copy(dtype, n):
+    """K/V rows (views into wider rows, as a decode step's rope output and qkv) stored by the C
+    call hold the bits torch's `.to(dtype)` + `index_copy_` store, at extremes too."""
+    gen = torch.Generator().manual_seed(n)
+    rows = torch.randn(n, 12, 16, generator=gen) * torch.logspace(-40, 38, 16)
+    rows[0, 4, :5] = torch.tensor([float("inf"), -float("inf"), -0.0, 3.3895e38, 1.0 + 2 ** -8])
+    k, v = rows[:, 4:8], rows[:, 8:]
+    slots = torch.tensor([5, 17, 63][:n])
+    c_path, ref = KVCache(64, 4, 16, dtype, "cpu"), KVCache(64, 4, 16, dtype, "cpu")
+    assert write_rows_c(c_path, slots, k, v)
+    ref.k.index_copy_(0, slots, k.to(dtype))
+    ref.v.index_copy_(0, slots, v.to(dtype))
+    assert torch.equal(c_path.k, ref.k) and torch.equal(c_path.v, ref.v)
+    with pytest.raises(IndexError, match="outside the cache"):
+        c_path.write(torch.tensor([64]), k[:1], v[:1])
+    assert not write_rows_c(c_path, slots, k.double(), v.double())      # not fp32: index_copy_ does it

@@ -45,6 +45,22 @@ class GroupedExecutor:
             self.last_experts += getattr(ex, "last_experts", 0)
         return out
 
+    def run_layer(self, layer: int, x, expert_ids, weights):
+        """`run` of one layer's few routed pairs (expert_ids [T, K]: that layer's expert numbers,
+        < 0 skip) -> (float32 [T, H], the sorted flat ids `layer * E + id` of the pairs, as
+        Python ints): the group's ids by one add, no flat-id tensors and no split."""
+        E = self.pool.num_experts
+        flat = expert_ids.reshape(-1).tolist()
+        group, local_layer = self.pool.layer_group(layer)
+        local = expert_ids.long() + local_layer * E
+        if min(flat) < 0:
+            local = torch.where(expert_ids >= 0, local, -1)
+        out = torch.zeros(x.shape[0], self.pool.spec.hidden, dtype=torch.float32, device=x.device)
+        ex = self.executors[group]
+        ex.run(x, local, weights, out=out)
+        self.last_experts = getattr(ex, "last_experts", 0)
+        return out, sorted({layer * E + i for i in flat})
+
     def close(self) -> None:
         for ex in self.executors:
             getattr(ex, "close", lambda: None)()

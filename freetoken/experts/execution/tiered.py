@@ -386,6 +386,7 @@ class CpuExperts(Experts):
         self.pool, self.E, self.device = pool, pool.num_experts, torch.device(device)
         self.host = host_executor or make_host_executor(pool)
         self.stats_ = ExpertStats(pool.num_layers, "cpu", num_experts=pool.num_experts)
+        self._expert_bytes = [int(b) for b in pool.layer_expert_nbytes]
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.stats_.step(phase)
@@ -393,21 +394,23 @@ class CpuExperts(Experts):
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
         on_host = self.device.type == "cpu"      # the pure-CPU engine: skip the no-op transfers
-        ids = (topk_ids if on_host else topk_ids.to("cpu")).long() + layer * self.E
-        out = self.host.run(hidden if on_host else hidden.to("cpu"), ids,
-                            topk_weights if on_host else topk_weights.to("cpu"))
-        # the distinct experts run, by id (the heat map): a decode step's few ids as a Python
-        # set (~1 us), a prefill's many by a bincount (cheaper than a sort)
-        if ids.numel() <= 64:
-            ran = sorted(set(ids.reshape(-1).tolist()))
+        routed = topk_ids.numel()
+        if on_host and 0 < routed <= 64 and hasattr(self.host, "run_layer"):
+            out, ran = self.host.run_layer(layer, hidden, topk_ids, topk_weights)   # a decode call: no flat-id tensors
         else:
-            ran = layer * self.E + np.flatnonzero(np.bincount(ids.reshape(-1).numpy() - layer * self.E,
-                                                              minlength=self.E))
+            ids = (topk_ids if on_host else topk_ids.to("cpu")).long() + layer * self.E
+            out = self.host.run(hidden if on_host else hidden.to("cpu"), ids,
+                                topk_weights if on_host else topk_weights.to("cpu"))
+            # the distinct experts run, by id (the heat map): a decode step's few ids as a Python
+            # set (~1 us), a prefill's many by a bincount (cheaper than a sort)
+            if routed <= 64:
+                ran = sorted(set(ids.reshape(-1).tolist()))
+            else:
+                ran = layer * self.E + np.flatnonzero(np.bincount(ids.reshape(-1).numpy() - layer * self.E,
+                                                                  minlength=self.E))
         n = len(ran)
         self.stats_.add_experts("cpu_experts", ran)
-        dt = time.perf_counter() - t0
-        self.stats_.add(layer, calls=1, routed=ids.numel(), misses=n, cpu_experts=n,
-                        cpu_bytes=n * int(self.pool.layer_expert_nbytes[layer]), cpu_s=dt, wall_s=dt)
+        self.stats_.add_cpu_call(layer, routed, n, self._expert_bytes[layer], time.perf_counter() - t0)
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
     def stats(self) -> dict:

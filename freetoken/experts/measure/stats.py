@@ -23,6 +23,7 @@ class ExpertStats:
         self.c = {k: np.zeros(num_layers, np.int64) for k in COUNTS}
         self.E = num_experts
         self.pe = {k: np.zeros((num_layers, num_experts), np.int64) for k in PER_EXPERT} if num_experts else {}
+        self._pe_flat = {k: v.reshape(-1) for k, v in self.pe.items()}     # views: the same counters
         self.t = {k: np.zeros(num_layers, np.float64) for k in TIMES}
         self.q_sum = 0
         self.m_sum = 0
@@ -48,9 +49,27 @@ class ExpertStats:
         t["cpu_s"][layer] += dt
         t["wall_s"][layer] += dt
 
+    def add_cpu_call(self, layer: int, routed: int, n: int, expert_bytes: int, dt: float) -> None:
+        """`add` of a layer call whose `n` distinct experts all ran on the CPU (the cpu backend's
+        decode): the same counters, without add's per-keyword look-ups."""
+        c, t = self.c, self.t
+        c["calls"][layer] += 1
+        c["routed"][layer] += routed
+        c["misses"][layer] += n
+        c["cpu_experts"][layer] += n
+        c["cpu_bytes"][layer] += n * expert_bytes
+        t["cpu_s"][layer] += dt
+        t["wall_s"][layer] += dt
+
     def add_experts(self, key: str, flat_ids) -> None:
         """One count for each expert of `flat_ids` (layer * E + expert, each at most once)."""
-        if self.pe and len(flat_ids):
+        if not self.pe or not len(flat_ids):
+            return
+        if isinstance(flat_ids, list) and len(flat_ids) <= 64:     # a decode call's few: no array round trip
+            flat = self._pe_flat[key]
+            for i in flat_ids:
+                flat[i] += 1
+        else:
             self.pe[key].reshape(-1)[np.asarray(flat_ids, np.int64)] += 1     # distinct: no np.add.at (~10x slower)
 
     def add_expert_counts(self, key: str, counts: np.ndarray) -> None:

@@ -5,7 +5,7 @@
  * host pool banks and dequantizing inside the dot products (fp32 accumulation). Further down,
  * on the same dot tiles and thread pool: the dense GEMV (ft_linear_run), row dequantization for
  * prefill GEMMs (ft_dequant_rows), decode attention over the paged KV cache
- * (ft_decode_attention), and two per-op helpers run on the calling thread (ft_rms_norm, ft_rope).
+ * (ft_decode_attention), and per-op helpers run on the calling thread (ft_rms_norm, ft_rope, ft_kv_write).
  *
  * One file per concept (dots.c, ggml.c, ggml_dense.c, pool.c, moe.c, dense.c, dequant.c, attention.c
  * and its block loops attention_blocks.c, bf16dot.c, norm_rope.c),

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ...kernels import cpu_kernels
 from ...kernels.pool import CpuPool
 from ..zeros import zeros
 from ..kernel_rows import GEMV_TOKENS
@@ -98,6 +99,8 @@ class KVCache:
         self.v = zeros((num_slots, kv_heads, head_dim), dtype, device) if values else None
 
     def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        if slots.numel() <= GEMV_TOKENS and write_rows_c(self, slots, k, v):
+            return
         self.k.index_copy_(0, slots, k if k.dtype == self.k.dtype else k.to(self.k.dtype))
         if self.v is not None:
             self.v.index_copy_(0, slots, v if v.dtype == self.v.dtype else v.to(self.v.dtype))
@@ -105,6 +108,26 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return self.k.nbytes + (self.v.nbytes if self.v is not None else 0)
+
+
+def write_rows_c(cache: KVCache, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None) -> bool:
+    """A decode/verify step's few fp32 K/V rows into a CPU cache (fp32 or bf16) by one C call,
+    the values `index_copy_` of `.to(cache dtype)` stores (bf16 rounded to nearest even), in
+    place of ~4 torch ops a layer. False (nothing written) where the C path does not apply."""
+    kc, vc = cache.k, cache.v
+    if ((v is None) != (vc is None) or kc.device.type != "cpu" or kc.dtype not in _KV_CODE
+            or (lib := cpu_kernels()) is None or slots.dtype != torch.int64 or not slots.is_contiguous()):
+        return False
+    row = kc.shape[1] * kc.shape[2]
+    for src in (k, v) if v is not None else (k,):
+        if (src.dtype != torch.float32 or src.dim() != 3 or src.shape[1:] != kc.shape[1:]
+                or src.stride(2) != 1 or (src.shape[1] > 1 and src.stride(1) != kc.shape[2]) or src.shape[0] != slots.numel()):
+            return False
+    if lib.ft_kv_write(k.data_ptr(), k.stride(0), v.data_ptr() if v is not None else None,
+                       v.stride(0) if v is not None else 0, k.shape[0], row, slots.data_ptr(), kc.shape[0],
+                       kc.data_ptr(), vc.data_ptr() if vc is not None else None, _KV_CODE[kc.dtype]):
+        raise IndexError(f"a KV slot is outside the cache's {kc.shape[0]} rows")
+    return True
 
 
 def kv_values_per_token(kv_layers: list[tuple]) -> int:
