@@ -220,3 +220,48 @@ def test_a_cache_that_holds_the_pool_keeps_slots_in_expert_order(ftw):
         assert ex.kernel_calls - k0 == llm.expert_stats()["total"]["calls"] - c0
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("read", ["routed", "layer"])
+def test_a_prompt_reads_what_the_next_layers_router_picks_for_it(ftw, read, monkeypatch):
+    """A prompt chunk reads of layer l+1, while layer l runs, the experts layer l+1's own router
+    picks for any of its tokens on layer l's MoE input (`PREFILL_READ` "routed"; checked against
+    the model's routers called directly), or the whole of layer l+1 ("layer"); the prompt's
+    logits and greedy tokens are the resident pool's bit for bit either way."""
+    import freetoken.experts.disk.backend as backend
+    monkeypatch.setattr(backend, "PREFILL_READ", read)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=16, prefix_cache=False, expert_lookahead="router")
+    try:
+        experts = llm.engine.model.experts
+        E, routes, reads = experts.E, model_routes(llm.engine.model), []
+        forward, prefetch = experts.forward, experts.cache.prefetch
+
+        def spy_forward(layer, x, ids, w):
+            if experts.phase == "prefill":
+                reads.append((layer, x.clone(), None))
+            return forward(layer, x, ids, w)
+
+        def spy_prefetch(flats, budgeted=True):
+            if experts.phase == "prefill" and reads:
+                reads[-1] = (*reads[-1][:2], np.asarray(flats).copy())
+            return prefetch(flats, budgeted)
+        monkeypatch.setattr(experts, "forward", spy_forward)
+        monkeypatch.setattr(experts.cache, "prefetch", spy_prefetch)
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+        checked = 0
+        for layer, x, flats in reads:
+            if layer + 1 >= experts.layout.num_layers:
+                assert flats is None
+                continue
+            ids, _ = routes[layer + 1](x)
+            want = sorted(set(ids.flatten().tolist())) if read == "routed" else list(range(E))
+            assert sorted((flats - (layer + 1) * E).tolist()) == want
+            checked += 1
+        assert checked >= 2            # (the scored prompt's and the generated prompts' first layer)
+        la = llm.expert_stats()["lookahead"]
+        assert (la["prefill_guessed"] > 0) == (read == "routed")
+        assert 0 <= la["prefill_right"] <= min(la["prefill_guessed"], la["prefill_needed"])
+    finally:
+        llm.close()

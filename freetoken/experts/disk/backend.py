@@ -74,6 +74,11 @@ HANDOFF = False
 # blocked on reads); demand-first reads and dropping unread wrong guesses stay on either way.
 # `bench/disk_tier.py --read-budget 1.1` for the quiet A/B
 READ_BUDGET: float | None = None
+# what a prompt chunk reads of layer l+1 while layer l runs: "routed", the experts layer l+1's router
+# picks for the chunk's tokens on layer l's input (the whole layer where there is no router to
+# borrow); "layer", the whole layer l+1 (the second buffer, as before issue 39's stop 47).
+# `bench/disk_tier.py --prefill-read layer` for the A/B
+PREFILL_READ = "routed"
 
 
 class _TorchSlots:
@@ -105,6 +110,7 @@ class DiskExperts(Experts):
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
         self.score = GuessScore()                            # the guesses read ahead
         self.scores = {"router": GuessScore(), "history": GuessScore()}   # each guess, read or not
+        self.prefill_score = GuessScore()                    # a prompt chunk's reads of the next layer
         self._router_skip = 0        # "auto" calls since the router last guessed (`_router_due`)
         self._all_scores = (self.score, *self.scores.values())
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD, wrap=True) if prefetch else None
@@ -189,6 +195,29 @@ class DiskExperts(Experts):
                 nxt = nxt[:budget]
         return nxt, ahead
 
+    def _prefill_ahead(self, layer: int, x, pairs: int) -> np.ndarray | None:
+        """A prompt chunk's read of layer+1 while layer runs (None: none, the call reads as decode
+        does): with a router to borrow (`PREFILL_READ` "routed"), the experts layer+1's router
+        picks for any of the chunk's tokens on this layer's input, the chunk's union of the
+        router lookahead: a prompt on spread routing does not route a whole layer (stop 46: ~9.8 GB
+        of a 48-layer run's 22.8 GB were whole-layer reads never used); where the cache holds
+        this layer's and the guess's experts. Otherwise the whole of layer+1 (the second buffer)
+        where the chunk routes >= 2*E pairs and the cache holds two layers."""
+        E, L = self.E, self.layout.num_layers
+        if layer + 1 >= L:
+            return None
+        if PREFILL_READ == "routed" and self.router is not None:
+            guess = self.router.chunk(layer, x)
+            if guess is not None:
+                if len(guess) and self.cache.capacity >= min(pairs, E) + len(guess):
+                    flats = guess + (layer + 1) * E
+                    self.prefill_score.guessed_for(layer + 1, flats)
+                    return flats
+                return None
+        if pairs >= 2 * E and self.cache.capacity >= 2 * E:
+            return np.arange((layer + 1) * E, (layer + 2) * E)      # the second buffer
+        return None
+
     def _idle(self) -> bool:
         """A decode call has nothing to guess, score or read ahead: the lookahead asleep (or
         off), no guess waiting for this layer, no speculative hint (the common call at hits)."""
@@ -210,12 +239,13 @@ class DiskExperts(Experts):
         if T == 1 and len(set(uniq.tolist())) < K:              # (a set: ~3x cheaper than comparing)
             uniq = np.unique(uniq)
         self.cache.cancel_guesses(layer, uniq)         # wrong guesses for this layer not read yet: dropped
-        if self.phase == "prefill" and T * K >= 2 * self.E and self.cache.capacity >= 2 * self.E \
-                and layer + 1 < self.layout.num_layers:
+        if self.phase == "prefill":
+            self.prefill_score.routed(layer, uniq)
+        nxt = self._prefill_ahead(layer, hidden, T * K) if self.phase == "prefill" else None
+        if nxt is not None:
             if self.predictor is not None:
                 self.predictor.observe_tokens(layer, local)
-            nxt, ahead = np.arange((layer + 1) * self.E, (layer + 2) * self.E), _NONE   # the second buffer
-            streamed = True
+            ahead, streamed = _NONE, True
         else:
             streamed = False
             nxt, ahead = self._read_ahead(layer, uniq, local, hidden)
@@ -468,7 +498,8 @@ class DiskExperts(Experts):
                 "prefetched": hc["prefetches"], "prefetch_used": used,
                 "misses_covered": used / (used + hc["misses"]) if used + hc["misses"] else 0.0,
                 "cancelled": hc["cancelled"], "budget_cut": hc["budget_cut"],
-                "wasted_per_useful": wasted / (used * S) if used else 0.0}
+                "wasted_per_useful": wasted / (used * S) if used else 0.0,
+                **{f"prefill_{k}": v for k, v in self.prefill_score.stats("router").items() if k != "source"}}
 
     def stats(self) -> dict:
         hc = self.cache.stats()

@@ -60,6 +60,16 @@ class RouterLookahead:
         _, first = np.unique(order, return_index=True)
         return order[np.sort(first)]
 
+    def chunk(self, layer: int, x: torch.Tensor) -> np.ndarray | None:
+        """The experts (within layer+1, ascending) its router picks for any token of a prompt
+        chunk `x`: what the chunk's reads of layer+1 are (backend.PREFILL_READ); None: no router."""
+        route = self.routes.get(layer + 1)
+        if route is None:
+            return None
+        with torch.no_grad():
+            ids, _ = route(x)
+        return np.unique(ids.to("cpu", torch.int64).numpy())
+
 
 def chain(predictor, layer: int, guess: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
     """[(layer+d, its guessed ids), d = 2..depth]: the history predictor applied to its own guess
