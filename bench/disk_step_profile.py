@@ -3,7 +3,7 @@ decoded token, in-process, wall time and CPU by thread (the decode thread, the k
 worker, the `freetoken-disk` I/O threads; /proc/self/task/<tid>/schedstat), the expert calls'
 wall, the time blocked on reads, the reads still in flight when their layer came (`waited`), the
 lookahead's guessing and the read-ahead calls on the decode thread, and per read: its wall on an
-I/O thread, the part spent in xxh3, and how long it queued for a thread. The engine is the one
+I/O thread and the part spent in xxh3. The engine is the one
 `PYTHONPATH` names; the timers wrap its methods, so the same copy of this script profiles any
 tree of the same layout (`--handoff on` where the tree has experts/disk/handoff.py).
 
@@ -45,31 +45,22 @@ def timed(cls, name: str, key: str) -> None:
 
 
 def instrument() -> None:
-    """Timers on the disk tier: forward, read-ahead calls, guessing, each read (queued, run, hashed)."""
+    """Timers on the disk tier: forward, read-ahead calls, guessing, each read (run, hashed)."""
     import freetoken.experts.disk.backend as backend
     import freetoken.experts.disk.host_cache as hc
     timed(backend.DiskExperts, "forward", "forward")
     timed(backend.DiskExperts, "_predict", "predict")
     timed(hc.HostExpertCache, "prefetch", "prefetch")
-    submit_start = hc.HostExpertCache._start
+    read_into = hc.HostExpertCache._read_into
 
-    def start(self, flats, slots):
-        queued, submit = time.perf_counter(), self._io.submit
-
-        def timed_submit(fn, *a):
-            def run(*aa):
-                t = time.perf_counter()
-                add("queued", t - queued)
-                fn(*aa)
-                add("read", time.perf_counter() - t)
-                add("reads", 1)
-            return submit(run, *a)
-        self._io.submit = timed_submit
+    def timed_read(self, *a):        # each read on its I/O thread (read_queue.py runs `_read_into`)
+        t = time.perf_counter()
         try:
-            return submit_start(self, flats, slots)
+            return read_into(self, *a)
         finally:
-            del self._io.submit
-    hc.HostExpertCache._start = start
+            add("read", time.perf_counter() - t)
+            add("reads", 1)
+    hc.HostExpertCache._read_into = timed_read
     hasher = hc.xxh3_64
 
     class TimedHash:
@@ -140,7 +131,7 @@ def summary(tok: int, steps: int, wall: float, cpu: float, s0: dict, s1: dict, s
             "reads": ACC.get("reads", 0.0) / tok, "mb": delta("disk", "bytes_read") / 1e6,
             "guessing_ms": ACC.get("predict", 0.0) / tok * 1e3, "read_ahead_ms": ACC.get("prefetch", 0.0) / tok * 1e3,
             "read_wall_ms": ACC.get("read", 0.0) / reads * 1e3, "read_hash_ms": ACC.get("hash", 0.0) / reads * 1e3,
-            "read_queued_ms": ACC.get("queued", 0.0) / reads * 1e3, "handoffs": delta("disk", "handoffs")}
+            "handoffs": delta("disk", "handoffs")}
 
 
 def main():

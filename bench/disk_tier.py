@@ -65,6 +65,8 @@ FT = textwrap.dedent("""
         disk_backend.HANDOFF = opts.pop("handoff")
     if "read_budget" in opts:    # --read-budget: the decode read-ahead's budget (off: none), an A/B
         disk_backend.READ_BUDGET = opts.pop("read_budget")
+    if "read_ahead_first" in opts:   # --read-ahead-at: a call's read-ahead before or after its compute, an A/B
+        disk_backend.READ_AHEAD_FIRST = opts.pop("read_ahead_first")
     if "prefill_read" in opts:   # --prefill-read: a prompt's reads of the next layer (routed / whole), an A/B
         disk_backend.PREFILL_READ = opts.pop("prefill_read")
     depth = opts.pop("lookahead_depth", None)
@@ -250,7 +252,8 @@ def disk_options(args) -> dict:
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
                               ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth),
                               ("handoff", None if args.handoff is None else args.handoff == "on"),
-                              ("prefill_read", args.prefill_read))
+                              ("prefill_read", args.prefill_read),
+                              ("read_ahead_first", None if args.read_ahead_at is None else args.read_ahead_at == "start"))
             if v is not None} | ({} if args.read_budget is None else
                                  {"read_budget": None if args.read_budget == "off" else float(args.read_budget)})
 
@@ -337,6 +340,9 @@ def main():
     ap.add_argument("--prefill-read", default=None, choices=("routed", "layer"),
                     help="what a prompt reads of the next layer: the router's guess for its tokens, or the "
                          "whole layer (experts/disk/backend.PREFILL_READ; default: the engine's)")
+    ap.add_argument("--read-ahead-at", default=None, choices=("start", "end"),
+                    help="a layer call starts its read-ahead once it holds its experts, or after it has run "
+                         "(experts/disk/backend.READ_AHEAD_FIRST; default: the engine's)")
     ap.add_argument("--read-budget", default=None,
                     help="the decode read-ahead's read budget (a ratio >= 1, or off; experts/disk/backend.READ_BUDGET)")
     args = ap.parse_args()

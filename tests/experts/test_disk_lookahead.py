@@ -265,3 +265,23 @@ def test_a_prompt_reads_what_the_next_layers_router_picks_for_it(ftw, read, monk
         assert 0 <= la["prefill_right"] <= min(la["prefill_guessed"], la["prefill_needed"])
     finally:
         llm.close()
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("slots", [4, 9])
+def test_tokens_identical_whenever_a_call_starts_its_read_ahead(ftw, first, slots, monkeypatch):
+    """A layer call starts reading the next layer's guesses as soon as it holds its own experts
+    (`READ_AHEAD_FIRST`), or after it has run: the reads land while it computes either way, the
+    numbers are the resident pool's, and the guesses are read and scored."""
+    import freetoken.experts.disk.backend as backend
+    monkeypatch.setattr(backend, "READ_AHEAD_FIRST", first)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=slots, prefix_cache=False, expert_lookahead="router",
+              disk_io_threads=2)
+    try:
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+        la = llm.expert_stats()["lookahead"]
+        assert la["guessed"] > 0 and la["prefetched"] > 0
+    finally:
+        llm.close()

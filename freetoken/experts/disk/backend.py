@@ -79,6 +79,13 @@ READ_BUDGET: float | None = None
 # borrow); "layer", the whole layer l+1 (the second buffer, as before issue 39's stop 47).
 # `bench/disk_tier.py --prefill-read layer` for the A/B
 PREFILL_READ = "routed"
+# when a layer call starts its read-ahead of the next layer(s): True, as soon as it holds all its own
+# experts (its misses queued first: they still read first), so the reads overlap this call's
+# compute too, not only the next layer's attention (the layer just run gives up its slots as
+# before: this call's are locked); a call whose experts do not all fit at once (a small cache)
+# still reads ahead after it has released them, as does False (before issue 39's stop 47).
+# `bench/disk_tier.py --read-ahead-at end` for the A/B
+READ_AHEAD_FIRST = True
 
 
 class _TorchSlots:
@@ -262,6 +269,8 @@ class DiskExperts(Experts):
             n, slots, pending = self.cache.acquire_nowait(rest)
             hand = None
             try:
+                if len(nxt) and READ_AHEAD_FIRST and n == len(uniq) and not handing:
+                    started += self.cache.prefetch(nxt, budgeted=not streamed)     # (see READ_AHEAD_FIRST)
                 if not stream:
                     self.cache.landed(rest[:n], pending)
                     pending = [None] * n
@@ -279,7 +288,8 @@ class DiskExperts(Experts):
                 started += hand.started
                 self.handoffs += hand.started > 0
             rest = rest[n:]
-        if len(nxt):        # after the release: this layer's experts, used furthest ahead, are victims too
+        if len(nxt) > started:      # after the release: this layer's experts, used furthest ahead, are
+            #                         victims too (what found no victim while they were locked)
             started += self.cache.prefetch(nxt, budgeted=not streamed)    # (a prefill's second buffer: no guess)
         if len(ahead):
             self.expected.started_for(layer + 1, ahead[:min(started, len(ahead))] - (layer + 1) * self.E)
@@ -311,6 +321,7 @@ class DiskExperts(Experts):
         if got is None:
             return False
         slots, ordered = got
+        started = self.cache.prefetch(nxt) if len(nxt) and READ_AHEAD_FIRST else 0   # read ahead as the general path
         try:
             if ordered:         # the one kernel call of the resident pool, on the slots
                 self.host.run(x, torch.from_numpy(slots), w, out=out)
@@ -319,7 +330,8 @@ class DiskExperts(Experts):
                 calls = self._run(uniq, self.cache.ready_of[uniq], flat, x, w, out)
         finally:
             self.cache.release(slots)
-        started = self.cache.prefetch(nxt) if len(nxt) else 0     # read ahead (lookahead) as the general path
+        if len(nxt) > started:      # (what found no victim while this call's slots were locked)
+            started += self.cache.prefetch(nxt)
         self.kernel_calls += calls
         if self.phase == "decode":      # a hit that a read-ahead brought keeps the lookahead awake
             self._quiet = 0 if self.cache.c["prefetch_used"] != used else self._quiet + 1
