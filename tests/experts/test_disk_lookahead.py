@@ -65,17 +65,20 @@ def test_router_guess_is_the_next_layers_router_on_this_input(ftw):
             assert sorted(got.tolist()) == sorted(set(ids.flatten().tolist()))
             firsts = set(ids[:, 0].tolist())       # tokens may share a first choice: it leads once
             assert set(got[:len(firsts)].tolist()) == firsts                 # every token's first choice leads
+            one = experts.router.guess(layer, x[:1])                      # one token (decode): its ranks in order
+            assert one.tolist() == routes[layer + 1](x[:1])[0][0].tolist()
         assert experts.router.guess(experts.layout.num_layers - 1, x) is None
     finally:
         llm.close()
 
 
 @pytest.mark.parametrize("mode", ["auto", "router"])
-def test_router_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mode):
+def test_each_guesser_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mode):
     """In "auto", while the history predictor has guessed better (F1), the router guesses one
-    decode layer call in ROUTER_SAMPLE (its score kept current), and every call once it is
-    no worse; "router" mode guesses every call. Tokens stay the resident run's either way."""
-    from freetoken.experts.disk.backend import ROUTER_SAMPLE
+    decode layer call in GUESS_SAMPLE (its score kept current), and every call once it is
+    no worse; the history predictor the same way round while the router leads; "router" mode
+    guesses every call. Tokens stay the resident run's either way."""
+    from freetoken.experts.disk.backend import GUESS_SAMPLE
     path, (logits, tokens) = ftw
     llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead=mode)
     experts = llm.engine.model.experts
@@ -86,10 +89,14 @@ def test_router_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mod
         hist, router = experts.scores["history"], experts.scores["router"]
         hist.guessed = hist.right = hist.needed = 10**6          # the history: right every time
         router.guessed, router.right, router.needed = 10**6, 0, 10**6
-        due = [experts._router_due() for _ in range(4 * ROUTER_SAMPLE)]
-        assert sum(due) == (4 if mode == "auto" else 4 * ROUTER_SAMPLE)
+        due = [experts._due("router") for _ in range(4 * GUESS_SAMPLE)]
+        assert sum(due) == (4 if mode == "auto" else 4 * GUESS_SAMPLE)
+        assert all(experts._due("history") for _ in range(GUESS_SAMPLE))     # the leader: every call
         router.right = 10**6                                     # now as good: every call
-        assert all(experts._router_due() for _ in range(ROUTER_SAMPLE))
+        assert all(experts._due("router") for _ in range(GUESS_SAMPLE))
+        hist.right = 0                                           # the router leads: the history sampled
+        if mode == "auto":
+            assert sum(experts._due("history") for _ in range(4 * GUESS_SAMPLE)) == 4
         router.right = 0
         assert disk_outputs(llm)[1] == tokens and (calls or mode == "auto")
     finally:

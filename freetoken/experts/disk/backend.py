@@ -60,7 +60,10 @@ from ..memory.slots import DEFAULT_POLICY, layer_aware, parse_policy_options
 log = logging.getLogger("freetoken.experts")
 _NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
 _APART_BYTES = 32 << 20             # the most a call's per-pair output rows take (`_apart`)
-ROUTER_SAMPLE = 8                   # "auto": the losing router guesses one layer call in this many
+# "auto": the guesser (router or history) that has guessed worse so far guesses one decode layer call
+# in this many, enough to keep its score current; the leader guesses every call (issue 39: both every
+# call cost the decode thread ~1 ms a call under load, stop 47's profile)
+GUESS_SAMPLE = 8
 # a call hands its victims' slots to the next layer's reads mid-call (handoff.py): off, since on this
 # 2-core box it waited ~5x less on reads at a 5% host cache but decoded slower in 9 of 10 loaded A/B
 # pairs (median 0.90x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
@@ -118,7 +121,7 @@ class DiskExperts(Experts):
         self.score = GuessScore()                            # the guesses read ahead
         self.scores = {"router": GuessScore(), "history": GuessScore()}   # each guess, read or not
         self.prefill_score = GuessScore()                    # a prompt chunk's reads of the next layer
-        self._router_skip = 0        # "auto" calls since the router last guessed (`_router_due`)
+        self._skip = {"router": 0, "history": 0}     # "auto" calls since each last guessed (`_due`)
         self._all_scores = (self.score, *self.scores.values())
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD, wrap=True) if prefetch else None
         self.depth = DEPTH           # layers read ahead (lookahead.py)
@@ -456,8 +459,8 @@ class DiskExperts(Experts):
     def _predict(self, layer: int, uniq: np.ndarray, x) -> np.ndarray:
         """The experts to read ahead (flat ids, soonest needed first, likeliest first within a
         layer): layer+1's by its router's guess (lookahead.py) or the history predictor's
-        (next_layer.py; "auto" makes both and reads what the one that has guessed better so far,
-        F1 against what the next layers routed, says), then the history predictor chained from
+        (next_layer.py; "auto" reads what the one that has guessed better so far, F1 against what
+        the next layers routed, says; the other guesses one call in `GUESS_SAMPLE`, `_due`), then the history predictor chained from
         that guess for the layers after it (lookahead.DEPTH). The layers are a cycle: the last
         layer guesses the next token's first (history only: its input is not known yet)."""
         L = self.layout.num_layers
@@ -468,12 +471,12 @@ class DiskExperts(Experts):
         nxt = (layer + 1) % L
         first = nxt * self.E
         routed = self.router.guess(layer, x) if self.router is not None and layer + 1 < L \
-            and self._router_due() else None
+            and self._due("router") else None
         if routed is not None:
             self.scores["router"].guessed_for(nxt, routed + first)
-        self.predictor.observe(layer, local)        # (the chain below needs it whatever guesses layer+1)
+        self.predictor.observe(layer, local)        # (learns every call, whoever guesses)
         guess = routed
-        if routed is None or self.lookahead == "auto":
+        if routed is None or (self.lookahead == "auto" and self._due("history")):
             hist = self.predictor.predict(layer, local)
             self.scores["history"].guessed_for(nxt, hist + first)
             if routed is None or self.scores["history"].f1() >= self.scores["router"].f1():
@@ -487,15 +490,18 @@ class DiskExperts(Experts):
             return guess + first
         return np.concatenate([guess + first, *(g + m * self.E for m, g in more)])
 
-    def _router_due(self) -> bool:
-        """Whether this call computes the router's guess: always in "router" mode and while it has
-        guessed at least as well as the history (F1); in "auto" while the history guesses better,
-        one call in `ROUTER_SAMPLE`, enough to keep its score current without a router GEMV on
-        the decode thread every layer call (issue 39: the history wins on layer-cyclic routing)."""
-        if self.lookahead != "auto" or self.scores["router"].f1() >= self.scores["history"].f1():
+    def _due(self, name: str) -> bool:
+        """Whether this call computes `name`'s guess ("router" or "history"): always in "router"
+        mode (the history only where the router has no guess); in "auto" every call while it has
+        guessed at least as well as the other (F1), one call in `GUESS_SAMPLE` while it has guessed
+        worse: its score kept current without both guessers on the decode thread every layer call
+        (issue 39: the decode thread's CPU a token)."""
+        other = "history" if name == "router" else "router"
+        if self.lookahead != "auto" or self.scores[name].f1() > self.scores[other].f1() \
+                or (name == "router" and self.scores[name].f1() == self.scores[other].f1()):
             return True
-        self._router_skip = (self._router_skip + 1) % ROUTER_SAMPLE
-        return self._router_skip == 0
+        self._skip[name] = (self._skip[name] + 1) % GUESS_SAMPLE
+        return self._skip[name] == 0
 
     def lookahead_stats(self) -> dict:
         """The guesses (precision/recall vs what the next layer routed) and what reading them

@@ -56,6 +56,8 @@ class RouterLookahead:
             return None
         with torch.no_grad():
             ids, _ = route(x)
+        if ids.shape[0] == 1 and ids.device.type == "cpu" and ids.dtype == torch.int64:
+            return ids.numpy()[0]       # one token (decode): its top-k, distinct and best first already
         order = ids.to("cpu", torch.int64).numpy().T.ravel()        # rank-major over the tokens
         _, first = np.unique(order, return_index=True)
         return order[np.sort(first)]
