@@ -67,6 +67,10 @@ def test_router_guess_is_the_next_layers_router_on_this_input(ftw):
             assert set(got[:len(firsts)].tolist()) == firsts                 # every token's first choice leads
             one = experts.router.guess(layer, x[:1])                      # one token (decode): its ranks in order
             assert one.tolist() == routes[layer + 1](x[:1])[0][0].tolist()
+            moe = routes[layer + 1].__self__                              # (on the decode thread alone)
+            assert moe.kernel_top_ids() and one is not experts.router.guess(layer, x[:1])
+            logits = x[:1].double() @ moe.router.dequantized().double().T  # float64: the top-k's set
+            assert set(one.tolist()) == set(torch.topk(logits[0], len(one)).indices.tolist())
         assert experts.router.guess(experts.layout.num_layers - 1, x) is None
     finally:
         llm.close()
