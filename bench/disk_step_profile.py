@@ -3,7 +3,7 @@ decoded token, in-process, wall time and CPU by thread (the decode thread, the k
 worker, the `freetoken-disk` I/O threads; /proc/self/task/<tid>/schedstat), the expert calls'
 wall, the time blocked on reads, the reads still in flight when their layer came (`waited`), the
 lookahead's guessing and the read-ahead calls on the decode thread, and per read: its wall on an
-I/O thread, the part spent in xxh3, and how long it queued for a thread. The engine is the one
+I/O thread and the part spent in xxh3. The engine is the one
 `PYTHONPATH` names; the timers wrap its methods, so the same copy of this script profiles any
 tree of the same layout (`--handoff on` where the tree has experts/disk/handoff.py).
 
@@ -45,11 +45,15 @@ def timed(cls, name: str, key: str) -> None:
 
 
 def instrument() -> None:
-    """Timers on the disk tier: forward, read-ahead calls, guessing, each read (queued, run, hashed)."""
+    """Timers on the disk tier: forward, read-ahead calls, guessing, each read (run, hashed)."""
     import freetoken.experts.disk.backend as backend
     import freetoken.experts.disk.host_cache as hc
     timed(backend.DiskExperts, "forward", "forward")
     timed(backend.DiskExperts, "_predict", "predict")
+    import freetoken.experts.disk.lookahead as lookahead
+    import freetoken.experts.memory.next_layer as next_layer
+    timed(lookahead.RouterLookahead, "guess", "router_guess")           # the router GEMV + top-k
+    timed(next_layer.NextLayerPredictor, "predict", "history_guess")    # the history predictor's guess
     timed(hc.HostExpertCache, "prefetch", "prefetch")
     import freetoken.experts.disk.read_queue as rq
     many = hasattr(rq.ReadQueue, "put_many")       # (before it, one `put` a read)
@@ -133,14 +137,19 @@ def summary(tok: int, steps: int, wall: float, cpu: float, s0: dict, s1: dict, s
     def delta(part: str, key: str) -> float:
         return ((st1.get(part) or {}).get(key, 0) - (st0.get(part) or {}).get(key, 0)) / tok
     reads = max(1.0, ACC.get("reads", 0.0))
+    la = st1.get("lookahead") or {}         # the run's guess scores (whole run, prompt included)
     return {"tok_s": tok / wall, "ms_a_token": wall / tok * 1e3, "tokens_a_step": tok / steps,
             "cpu_ms": cpu / tok * 1e3, **{f"cpu_{k}_ms": (s1[k] - s0[k]) / tok for k in s1},
             "expert_calls_ms": ACC.get("forward", 0.0) / tok * 1e3,
             "blocked_ms": delta("disk", "read_s") * 1e3, "waited": delta("host_cache", "waited"),
             "reads": ACC.get("reads", 0.0) / tok, "mb": delta("disk", "bytes_read") / 1e6,
-            "guessing_ms": ACC.get("predict", 0.0) / tok * 1e3, "read_ahead_ms": ACC.get("prefetch", 0.0) / tok * 1e3,
+            "guessing_ms": ACC.get("predict", 0.0) / tok * 1e3,
+            "router_guess_ms": ACC.get("router_guess", 0.0) / tok * 1e3,
+            "history_guess_ms": ACC.get("history_guess", 0.0) / tok * 1e3, "read_ahead_ms": ACC.get("prefetch", 0.0) / tok * 1e3,
             "read_wall_ms": ACC.get("read", 0.0) / reads * 1e3, "read_hash_ms": ACC.get("hash", 0.0) / reads * 1e3,
-            "read_queued_ms": ACC.get("queued", 0.0) / reads * 1e3, "handoffs": delta("disk", "handoffs")}
+            "handoffs": delta("disk", "handoffs"),
+            **{f"la_{k}": la.get(k, 0.0) for k in ("precision", "recall", "router_f1", "history_f1")
+               if isinstance(la.get(k), (int, float))}}
 
 
 def main():

@@ -65,6 +65,10 @@ FT = textwrap.dedent("""
         disk_backend.HANDOFF = opts.pop("handoff")
     if "read_budget" in opts:    # --read-budget: the decode read-ahead's budget (off: none), an A/B
         disk_backend.READ_BUDGET = opts.pop("read_budget")
+    if "read_ahead_first" in opts:   # --read-ahead-at: a call's read-ahead before or after its compute, an A/B
+        disk_backend.READ_AHEAD_FIRST = opts.pop("read_ahead_first")
+    if "prefill_read" in opts:   # --prefill-read: a prompt's reads of the next layer (routed / whole), an A/B
+        disk_backend.PREFILL_READ = opts.pop("prefill_read")
     depth = opts.pop("lookahead_depth", None)
     if depth is not None:        # layers read ahead (experts/disk/lookahead.DEPTH), for an A/B of it
         import freetoken.experts.disk.backend as disk_backend
@@ -261,7 +265,9 @@ def disk_options(args) -> dict:
     """The disk tier's lookahead / direct-I/O / queue-depth options given on the command line."""
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
                               ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth),
-                              ("handoff", None if args.handoff is None else args.handoff == "on"))
+                              ("handoff", None if args.handoff is None else args.handoff == "on"),
+                              ("prefill_read", args.prefill_read),
+                              ("read_ahead_first", None if args.read_ahead_at is None else args.read_ahead_at == "start"))
             if v is not None} | ({} if args.read_budget is None else
                                  {"read_budget": None if args.read_budget == "off" else float(args.read_budget)})
 
@@ -275,7 +281,9 @@ def lookahead_line(disk: dict) -> str:
     return (f"lookahead {la.get('mode', '?')} (guessing: {la['source']}): {la['misses_covered']:.0%} of next-layer misses covered, "
             f"{la['wasted_per_useful']:.2f} wasted reads per useful read, guesses right {la['precision']:.0%}, "
             f"next layer's experts guessed {la['recall']:.0%}; {la.get('cancelled', 0)} wrong guesses cancelled "
-            f"before reading, {la.get('budget_cut', 0)} cut by the read budget; reads {io.get('mode', '?')}")
+            f"before reading, {la.get('budget_cut', 0)} cut by the read budget; prompt's next-layer reads: "
+            f"{la.get('prefill_guessed', 0)} guessed, {la.get('prefill_precision', 0):.0%} right, "
+            f"{la.get('prefill_recall', 0):.0%} of what it routed; reads {io.get('mode', '?')}")
 
 
 def tok_s(res: dict) -> str:
@@ -343,6 +351,12 @@ def main():
                     help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
     ap.add_argument("--handoff", default=None, choices=("on", "off"),
                     help="a call hands its victims' slots to the next layer's reads mid-call (experts/disk/handoff.py)")
+    ap.add_argument("--prefill-read", default=None, choices=("routed", "layer"),
+                    help="what a prompt reads of the next layer: the router's guess for its tokens, or the "
+                         "whole layer (experts/disk/backend.PREFILL_READ; default: the engine's)")
+    ap.add_argument("--read-ahead-at", default=None, choices=("start", "end"),
+                    help="a layer call starts its read-ahead once it holds its experts, or after it has run "
+                         "(experts/disk/backend.READ_AHEAD_FIRST; default: the engine's)")
     ap.add_argument("--read-budget", default=None,
                     help="the decode read-ahead's read budget (a ratio >= 1, or off; experts/disk/backend.READ_BUDGET)")
     args = ap.parse_args()
@@ -430,7 +444,8 @@ def main():
                   f"{(disk.get('host_cache') or {}).get('hit_rate', 0):.1%} of "
                   f"{(disk.get('host_cache') or {}).get('gib', 0):.2f} GiB, "
                   f"{(disk.get('disk') or {}).get('bytes_read', 0) / 1e9:.2f} GB read, "
-                  f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token, next-layer guesses used "
+                  f"{disk.get('decode_bytes_per_token', 0) / 1e6:.1f} MB per decoded token, prefill "
+                  f"{disk.get('prefill', 0):.1f} tok/s, next-layer guesses used "
                   f"{(disk.get('host_cache') or {}).get('prefetch_hit_rate', 0):.0%} "
                   f"({(disk.get('host_cache') or {}).get('prefetch_wasted_bytes', 0) / 1e9:.2f} GB read for nothing); "
                   f"{lookahead_line(disk)}; {split_line(res, disk)}; CPU {disk.get('cpu_s_per_token', 0) * 1e3:.0f} ms "

@@ -95,9 +95,16 @@ class Linear:
 
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
         x, y = gemv_operands(x, self.out_features)
-        with self.pool.lock:
-            rc = self.pool.lib.ft_linear_run(
-                self.pool.handle, *self._weight_args(), x.data_ptr(), 0 if x.dtype == torch.float32 else 1,
+        return self.gemv_on(self.pool, x, y)
+
+    def gemv_on(self, pool: CpuPool, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """This layer's decode GEMV of `x` (contiguous fp32 or bf16 rows) into `y` (fp32 [M, out])
+        on `pool`: its own, or a caller's one-thread pool for a GEMV that should not wake the
+        shared pool's workers (the disk tier's router guess, experts/disk/lookahead.py). Kernel
+        path only (`pool` set)."""
+        with pool.lock:
+            rc = pool.lib.ft_linear_run(
+                pool.handle, *self._weight_args(), x.data_ptr(), 0 if x.dtype == torch.float32 else 1,
                 x.shape[0], self.bias.data_ptr() if self.bias is not None else None, y.data_ptr())
         if rc != 0:
             raise MemoryError("dense GEMV kernel could not allocate its scratch memory")

@@ -47,6 +47,22 @@ class SparseMoE:
             w = w / w.sum(dim=-1, keepdim=True)
         return ids, w.to(x.dtype)
 
+    def kernel_top_ids(self) -> bool:
+        """Whether `top_ids_on` picks what `route` picks: this class's softmax top-k router
+        (not a subclass's own rule) on the C kernels' GEMV."""
+        return type(self).route is SparseMoE.route and getattr(self.router, "pool", None) is not None \
+            and hasattr(self.router, "gemv_on") and cpu_kernels() is not None
+
+    def top_ids_on(self, pool, x: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> None:
+        """`route`'s ids for the rows of `x` (contiguous fp32, M <= GEMV_TOKENS), best first, into
+        `ids` (int64 [M, top_k]); `logits` (fp32 [M, E]) and `w` (fp32 [M, top_k]) the caller's
+        scratch. The GEMV and the top-k run on `pool` alone (a caller's one-thread pool: the disk
+        tier's router guess, with nothing allocated a call). Only where `kernel_top_ids()`."""
+        self.router.gemv_on(pool, x, logits)
+        n, e = logits.shape
+        cpu_kernels().ft_route_topk(logits.data_ptr(), n, e, self.top_k, int(self.norm), int(self.softmax_after_topk),
+                                    ids.data_ptr(), w.data_ptr())
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         ids, w = self.route(x)
         if self.forced_routes is not None:

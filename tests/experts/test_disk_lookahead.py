@@ -65,17 +65,24 @@ def test_router_guess_is_the_next_layers_router_on_this_input(ftw):
             assert sorted(got.tolist()) == sorted(set(ids.flatten().tolist()))
             firsts = set(ids[:, 0].tolist())       # tokens may share a first choice: it leads once
             assert set(got[:len(firsts)].tolist()) == firsts                 # every token's first choice leads
+            one = experts.router.guess(layer, x[:1])                      # one token (decode): its ranks in order
+            assert one.tolist() == routes[layer + 1](x[:1])[0][0].tolist()
+            moe = routes[layer + 1].__self__                              # (on the decode thread alone)
+            assert moe.kernel_top_ids() and one is not experts.router.guess(layer, x[:1])
+            logits = x[:1].double() @ moe.router.dequantized().double().T  # float64: the top-k's set
+            assert set(one.tolist()) == set(torch.topk(logits[0], len(one)).indices.tolist())
         assert experts.router.guess(experts.layout.num_layers - 1, x) is None
     finally:
         llm.close()
 
 
 @pytest.mark.parametrize("mode", ["auto", "router"])
-def test_router_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mode):
+def test_each_guesser_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mode):
     """In "auto", while the history predictor has guessed better (F1), the router guesses one
-    decode layer call in ROUTER_SAMPLE (its score kept current), and every call once it is
-    no worse; "router" mode guesses every call. Tokens stay the resident run's either way."""
-    from freetoken.experts.disk.backend import ROUTER_SAMPLE
+    decode layer call in GUESS_SAMPLE (its score kept current), and every call once it is
+    no worse; the history predictor the same way round while the router leads; "router" mode
+    guesses every call. Tokens stay the resident run's either way."""
+    from freetoken.experts.disk.backend import GUESS_SAMPLE
     path, (logits, tokens) = ftw
     llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead=mode)
     experts = llm.engine.model.experts
@@ -86,10 +93,14 @@ def test_router_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mod
         hist, router = experts.scores["history"], experts.scores["router"]
         hist.guessed = hist.right = hist.needed = 10**6          # the history: right every time
         router.guessed, router.right, router.needed = 10**6, 0, 10**6
-        due = [experts._router_due() for _ in range(4 * ROUTER_SAMPLE)]
-        assert sum(due) == (4 if mode == "auto" else 4 * ROUTER_SAMPLE)
+        due = [experts._due("router") for _ in range(4 * GUESS_SAMPLE)]
+        assert sum(due) == (4 if mode == "auto" else 4 * GUESS_SAMPLE)
+        assert all(experts._due("history") for _ in range(GUESS_SAMPLE))     # the leader: every call
         router.right = 10**6                                     # now as good: every call
-        assert all(experts._router_due() for _ in range(ROUTER_SAMPLE))
+        assert all(experts._due("router") for _ in range(GUESS_SAMPLE))
+        hist.right = 0                                           # the router leads: the history sampled
+        if mode == "auto":
+            assert sum(experts._due("history") for _ in range(4 * GUESS_SAMPLE)) == 4
         router.right = 0
         assert disk_outputs(llm)[1] == tokens and (calls or mode == "auto")
     finally:
@@ -218,5 +229,70 @@ def test_a_cache_that_holds_the_pool_keeps_slots_in_expert_order(ftw):
         g_logits, g_tokens = disk_outputs(llm)                   # the same routing again: every call hits
         assert torch.equal(g_logits, logits) and g_tokens == tokens
         assert ex.kernel_calls - k0 == llm.expert_stats()["total"]["calls"] - c0
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("read", ["routed", "layer"])
+def test_a_prompt_reads_what_the_next_layers_router_picks_for_it(ftw, read, monkeypatch):
+    """A prompt chunk reads of layer l+1, while layer l runs, the experts layer l+1's own router
+    picks for any of its tokens on layer l's MoE input (`PREFILL_READ` "routed"; checked against
+    the model's routers called directly), or the whole of layer l+1 ("layer"); the prompt's
+    logits and greedy tokens are the resident pool's bit for bit either way."""
+    import freetoken.experts.disk.backend as backend
+    monkeypatch.setattr(backend, "PREFILL_READ", read)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=16, prefix_cache=False, expert_lookahead="router")
+    try:
+        experts = llm.engine.model.experts
+        E, routes, reads = experts.E, model_routes(llm.engine.model), []
+        forward, prefetch = experts.forward, experts.cache.prefetch
+
+        def spy_forward(layer, x, ids, w):
+            if experts.phase == "prefill":
+                reads.append((layer, x.clone(), None))
+            return forward(layer, x, ids, w)
+
+        def spy_prefetch(flats, budgeted=True):
+            if experts.phase == "prefill" and reads:
+                reads[-1] = (*reads[-1][:2], np.asarray(flats).copy())
+            return prefetch(flats, budgeted)
+        monkeypatch.setattr(experts, "forward", spy_forward)
+        monkeypatch.setattr(experts.cache, "prefetch", spy_prefetch)
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+        checked = 0
+        for layer, x, flats in reads:
+            if layer + 1 >= experts.layout.num_layers:
+                assert flats is None
+                continue
+            ids, _ = routes[layer + 1](x)
+            want = sorted(set(ids.flatten().tolist())) if read == "routed" else list(range(E))
+            assert sorted((flats - (layer + 1) * E).tolist()) == want
+            checked += 1
+        assert checked >= 2            # (the scored prompt's and the generated prompts' first layer)
+        la = llm.expert_stats()["lookahead"]
+        assert (la["prefill_guessed"] > 0) == (read == "routed")
+        assert 0 <= la["prefill_right"] <= min(la["prefill_guessed"], la["prefill_needed"])
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("first", [True, False])
+@pytest.mark.parametrize("slots", [4, 9])
+def test_tokens_identical_whenever_a_call_starts_its_read_ahead(ftw, first, slots, monkeypatch):
+    """A layer call starts reading the next layer's guesses as soon as it holds its own experts
+    (`READ_AHEAD_FIRST`), or after it has run: the reads land while it computes either way, the
+    numbers are the resident pool's, and the guesses are read and scored."""
+    import freetoken.experts.disk.backend as backend
+    monkeypatch.setattr(backend, "READ_AHEAD_FIRST", first)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=slots, prefix_cache=False, expert_lookahead="router",
+              disk_io_threads=2)
+    try:
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+        la = llm.expert_stats()["lookahead"]
+        assert la["guessed"] > 0 and la["prefetched"] > 0
     finally:
         llm.close()

@@ -60,7 +60,10 @@ from ..memory.slots import DEFAULT_POLICY, layer_aware, parse_policy_options
 log = logging.getLogger("freetoken.experts")
 _NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
 _APART_BYTES = 32 << 20             # the most a call's per-pair output rows take (`_apart`)
-ROUTER_SAMPLE = 8                   # "auto": the losing router guesses one layer call in this many
+# "auto": the guesser (router or history) that has guessed worse so far guesses one decode layer call
+# in this many, enough to keep its score current; the leader guesses every call (issue 39: both every
+# call cost the decode thread ~1 ms a call under load, stop 47's profile)
+GUESS_SAMPLE = 8
 # a call hands its victims' slots to the next layer's reads mid-call (handoff.py): off, since on this
 # 2-core box it waited ~5x less on reads at a 5% host cache but decoded slower in 9 of 10 loaded A/B
 # pairs (median 0.90x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
@@ -74,6 +77,18 @@ HANDOFF = False
 # blocked on reads); demand-first reads and dropping unread wrong guesses stay on either way.
 # `bench/disk_tier.py --read-budget 1.1` for the quiet A/B
 READ_BUDGET: float | None = None
+# what a prompt chunk reads of layer l+1 while layer l runs: "routed", the experts layer l+1's router
+# picks for the chunk's tokens on layer l's input (the whole layer where there is no router to
+# borrow); "layer", the whole layer l+1 (the second buffer, as before issue 39's stop 47).
+# `bench/disk_tier.py --prefill-read layer` for the A/B
+PREFILL_READ = "routed"
+# when a layer call starts its read-ahead of the next layer(s): True, as soon as it holds all its own
+# experts (its misses queued first: they still read first), so the reads overlap this call's
+# compute too, not only the next layer's attention (the layer just run gives up its slots as
+# before: this call's are locked); a call whose experts do not all fit at once (a small cache)
+# still reads ahead after it has released them, as does False (before issue 39's stop 47).
+# `bench/disk_tier.py --read-ahead-at end` for the A/B
+READ_AHEAD_FIRST = True
 
 
 class _TorchSlots:
@@ -105,7 +120,8 @@ class DiskExperts(Experts):
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
         self.score = GuessScore()                            # the guesses read ahead
         self.scores = {"router": GuessScore(), "history": GuessScore()}   # each guess, read or not
-        self._router_skip = 0        # "auto" calls since the router last guessed (`_router_due`)
+        self.prefill_score = GuessScore()                    # a prompt chunk's reads of the next layer
+        self._skip = {"router": 0, "history": 0}     # "auto" calls since each last guessed (`_due`)
         self._all_scores = (self.score, *self.scores.values())
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD, wrap=True) if prefetch else None
         self.depth = DEPTH           # layers read ahead (lookahead.py)
@@ -189,6 +205,29 @@ class DiskExperts(Experts):
                 nxt = nxt[:budget]
         return nxt, ahead
 
+    def _prefill_ahead(self, layer: int, x, pairs: int) -> np.ndarray | None:
+        """A prompt chunk's read of layer+1 while layer runs (None: none, the call reads as decode
+        does): with a router to borrow (`PREFILL_READ` "routed"), the experts layer+1's router
+        picks for any of the chunk's tokens on this layer's input, the chunk's union of the
+        router lookahead: a prompt on spread routing does not route a whole layer (stop 46: ~9.8 GB
+        of a 48-layer run's 22.8 GB were whole-layer reads never used); where the cache holds
+        this layer's and the guess's experts. Otherwise the whole of layer+1 (the second buffer)
+        where the chunk routes >= 2*E pairs and the cache holds two layers."""
+        E, L = self.E, self.layout.num_layers
+        if layer + 1 >= L:
+            return None
+        if PREFILL_READ == "routed" and self.router is not None:
+            guess = self.router.chunk(layer, x)
+            if guess is not None:
+                if len(guess) and self.cache.capacity >= min(pairs, E) + len(guess):
+                    flats = guess + (layer + 1) * E
+                    self.prefill_score.guessed_for(layer + 1, flats)
+                    return flats
+                return None
+        if pairs >= 2 * E and self.cache.capacity >= 2 * E:
+            return np.arange((layer + 1) * E, (layer + 2) * E)      # the second buffer
+        return None
+
     def _idle(self) -> bool:
         """A decode call has nothing to guess, score or read ahead: the lookahead asleep (or
         off), no guess waiting for this layer, no speculative hint (the common call at hits)."""
@@ -210,12 +249,13 @@ class DiskExperts(Experts):
         if T == 1 and len(set(uniq.tolist())) < K:              # (a set: ~3x cheaper than comparing)
             uniq = np.unique(uniq)
         self.cache.cancel_guesses(layer, uniq)         # wrong guesses for this layer not read yet: dropped
-        if self.phase == "prefill" and T * K >= 2 * self.E and self.cache.capacity >= 2 * self.E \
-                and layer + 1 < self.layout.num_layers:
+        if self.phase == "prefill":
+            self.prefill_score.routed(layer, uniq)
+        nxt = self._prefill_ahead(layer, hidden, T * K) if self.phase == "prefill" else None
+        if nxt is not None:
             if self.predictor is not None:
                 self.predictor.observe_tokens(layer, local)
-            nxt, ahead = np.arange((layer + 1) * self.E, (layer + 2) * self.E), _NONE   # the second buffer
-            streamed = True
+            ahead, streamed = _NONE, True
         else:
             streamed = False
             nxt, ahead = self._read_ahead(layer, uniq, local, hidden)
@@ -232,6 +272,8 @@ class DiskExperts(Experts):
             n, slots, pending = self.cache.acquire_nowait(rest)
             hand = None
             try:
+                if len(nxt) and READ_AHEAD_FIRST and n == len(uniq) and not handing:
+                    started += self.cache.prefetch(nxt, budgeted=not streamed)     # (see READ_AHEAD_FIRST)
                 if not stream:
                     self.cache.landed(rest[:n], pending)
                     pending = [None] * n
@@ -249,7 +291,8 @@ class DiskExperts(Experts):
                 started += hand.started
                 self.handoffs += hand.started > 0
             rest = rest[n:]
-        if len(nxt):        # after the release: this layer's experts, used furthest ahead, are victims too
+        if len(nxt) > started:      # after the release: this layer's experts, used furthest ahead, are
+            #                         victims too (what found no victim while they were locked)
             started += self.cache.prefetch(nxt, budgeted=not streamed)    # (a prefill's second buffer: no guess)
         if len(ahead):
             self.expected.started_for(layer + 1, ahead[:min(started, len(ahead))] - (layer + 1) * self.E)
@@ -281,6 +324,7 @@ class DiskExperts(Experts):
         if got is None:
             return False
         slots, ordered = got
+        started = self.cache.prefetch(nxt) if len(nxt) and READ_AHEAD_FIRST else 0   # read ahead as the general path
         try:
             if ordered:         # the one kernel call of the resident pool, on the slots
                 self.host.run(x, torch.from_numpy(slots), w, out=out)
@@ -289,7 +333,8 @@ class DiskExperts(Experts):
                 calls = self._run(uniq, self.cache.ready_of[uniq], flat, x, w, out)
         finally:
             self.cache.release(slots)
-        started = self.cache.prefetch(nxt) if len(nxt) else 0     # read ahead (lookahead) as the general path
+        if len(nxt) > started:      # (what found no victim while this call's slots were locked)
+            started += self.cache.prefetch(nxt)
         self.kernel_calls += calls
         if self.phase == "decode":      # a hit that a read-ahead brought keeps the lookahead awake
             self._quiet = 0 if self.cache.c["prefetch_used"] != used else self._quiet + 1
@@ -413,8 +458,8 @@ class DiskExperts(Experts):
     def _predict(self, layer: int, uniq: np.ndarray, x) -> np.ndarray:
         """The experts to read ahead (flat ids, soonest needed first, likeliest first within a
         layer): layer+1's by its router's guess (lookahead.py) or the history predictor's
-        (next_layer.py; "auto" makes both and reads what the one that has guessed better so far,
-        F1 against what the next layers routed, says), then the history predictor chained from
+        (next_layer.py; "auto" reads what the one that has guessed better so far, F1 against what
+        the next layers routed, says; the other guesses one call in `GUESS_SAMPLE`, `_due`), then the history predictor chained from
         that guess for the layers after it (lookahead.DEPTH). The layers are a cycle: the last
         layer guesses the next token's first (history only: its input is not known yet)."""
         L = self.layout.num_layers
@@ -425,12 +470,12 @@ class DiskExperts(Experts):
         nxt = (layer + 1) % L
         first = nxt * self.E
         routed = self.router.guess(layer, x) if self.router is not None and layer + 1 < L \
-            and self._router_due() else None
+            and self._due("router") else None
         if routed is not None:
             self.scores["router"].guessed_for(nxt, routed + first)
-        self.predictor.observe(layer, local)        # (the chain below needs it whatever guesses layer+1)
+        self.predictor.observe(layer, local)        # (learns every call, whoever guesses)
         guess = routed
-        if routed is None or self.lookahead == "auto":
+        if routed is None or (self.lookahead == "auto" and self._due("history")):
             hist = self.predictor.predict(layer, local)
             self.scores["history"].guessed_for(nxt, hist + first)
             if routed is None or self.scores["history"].f1() >= self.scores["router"].f1():
@@ -444,15 +489,18 @@ class DiskExperts(Experts):
             return guess + first
         return np.concatenate([guess + first, *(g + m * self.E for m, g in more)])
 
-    def _router_due(self) -> bool:
-        """Whether this call computes the router's guess: always in "router" mode and while it has
-        guessed at least as well as the history (F1); in "auto" while the history guesses better,
-        one call in `ROUTER_SAMPLE`, enough to keep its score current without a router GEMV on
-        the decode thread every layer call (issue 39: the history wins on layer-cyclic routing)."""
-        if self.lookahead != "auto" or self.scores["router"].f1() >= self.scores["history"].f1():
+    def _due(self, name: str) -> bool:
+        """Whether this call computes `name`'s guess ("router" or "history"): always in "router"
+        mode (the history only where the router has no guess); in "auto" every call while it has
+        guessed at least as well as the other (F1), one call in `GUESS_SAMPLE` while it has guessed
+        worse: its score kept current without both guessers on the decode thread every layer call
+        (issue 39: the decode thread's CPU a token)."""
+        other = "history" if name == "router" else "router"
+        if self.lookahead != "auto" or self.scores[name].f1() > self.scores[other].f1() \
+                or (name == "router" and self.scores[name].f1() == self.scores[other].f1()):
             return True
-        self._router_skip = (self._router_skip + 1) % ROUTER_SAMPLE
-        return self._router_skip == 0
+        self._skip[name] = (self._skip[name] + 1) % GUESS_SAMPLE
+        return self._skip[name] == 0
 
     def lookahead_stats(self) -> dict:
         """The guesses (precision/recall vs what the next layer routed) and what reading them
@@ -467,7 +515,8 @@ class DiskExperts(Experts):
                 "prefetched": hc["prefetches"], "prefetch_used": used,
                 "misses_covered": used / (used + hc["misses"]) if used + hc["misses"] else 0.0,
                 "cancelled": hc["cancelled"], "budget_cut": hc["budget_cut"],
-                "wasted_per_useful": wasted / (used * S) if used else 0.0}
+                "wasted_per_useful": wasted / (used * S) if used else 0.0,
+                **{f"prefill_{k}": v for k, v in self.prefill_score.stats("router").items() if k != "source"}}
 
     def stats(self) -> dict:
         hc = self.cache.stats()

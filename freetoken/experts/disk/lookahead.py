@@ -19,6 +19,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ...kernels.pool import CpuPool
+
 LOOKAHEAD_CHOICES = ("auto", "router", "history", "off")
 # layers read ahead of the one running: layer l+1's guess (router or history), then the history
 # predictor chained from it for l+2, ... (the layers a cycle: the last layer guesses the next
@@ -43,10 +45,15 @@ def model_routes(model) -> dict[int, Callable]:
 
 
 class RouterLookahead:
-    """Layer l+1's router applied to layer l's MoE input."""
+    """Layer l+1's router applied to layer l's MoE input. A one-token guess on a router with the
+    C kernels' GEMV (layers/moe.py `top_ids_on`) runs on the decode thread alone, into buffers
+    kept per layer: the shared pool's GEMV cost the decode thread ~95 us of CPU a call (~145 us
+    all threads, waiting on a worker), this ~30 us (stop 48, docs/benchmarks.md)."""
 
     def __init__(self, routes: dict[int, Callable]):
         self.routes = routes
+        self._alone = None          # the one-thread pool of the one-token guesses (made on first use)
+        self._scratch: dict[int, tuple] = {}    # layer+1 -> (router, x, logits, ids, w, ids as numpy)
 
     def guess(self, layer: int, x: torch.Tensor) -> np.ndarray | None:
         """Expert ids (within layer+1) its router picks for `x`, best rank first (every
@@ -54,11 +61,48 @@ class RouterLookahead:
         route = self.routes.get(layer + 1)
         if route is None:
             return None
+        if x.shape[0] == 1 and x.device.type == "cpu" and x.dtype == torch.float32:
+            one = self._one_token(layer + 1, route, x)
+            if one is not None:
+                return one
         with torch.no_grad():
             ids, _ = route(x)
+        if ids.shape[0] == 1:
+            return ids.to("cpu", torch.int64).numpy()[0]    # one token: its top-k, distinct and best first
         order = ids.to("cpu", torch.int64).numpy().T.ravel()        # rank-major over the tokens
         _, first = np.unique(order, return_index=True)
         return order[np.sort(first)]
+
+    def _one_token(self, nxt: int, route: Callable, x: torch.Tensor) -> np.ndarray | None:
+        """The one-token guess on the decode thread alone (None: this router has no such path)."""
+        sc = self._scratch.get(nxt)
+        if sc is None:
+            sc = self._scratch[nxt] = self._buffers(route, x.shape[1])
+        moe, xs, logits, ids, w, out = sc
+        if moe is None:
+            return None
+        moe.top_ids_on(self._alone, x if x.is_contiguous() else xs.copy_(x), logits, ids, w)
+        return out.copy()           # (the buffer is the next guess's)
+
+    def _buffers(self, route: Callable, hidden: int) -> tuple:
+        moe = getattr(route, "__self__", None)
+        if moe is None or not callable(getattr(moe, "kernel_top_ids", None)) or not moe.kernel_top_ids():
+            return (None,) * 6
+        if self._alone is None:
+            self._alone = CpuPool(moe.router.pool.lib, 1, pin=False)
+        ids = torch.empty(1, moe.top_k, dtype=torch.int64)
+        return (moe, torch.empty(1, hidden), torch.empty(1, moe.router.out_features), ids,
+                torch.empty(1, moe.top_k), ids.numpy()[0])
+
+    def chunk(self, layer: int, x: torch.Tensor) -> np.ndarray | None:
+        """The experts (within layer+1, ascending) its router picks for any token of a prompt
+        chunk `x`: what the chunk's reads of layer+1 are (backend.PREFILL_READ); None: no router."""
+        route = self.routes.get(layer + 1)
+        if route is None:
+            return None
+        with torch.no_grad():
+            ids, _ = route(x)
+        return np.unique(ids.to("cpu", torch.int64).numpy())
 
 
 def chain(predictor, layer: int, guess: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:
