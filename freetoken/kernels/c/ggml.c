@@ -8,7 +8,8 @@
  * with weight scale x activation scale; the offsets of the unsigned codes (Q4_0's 8, Q5_0's 16,
  * MXFP4's 12, Q4_1/Q5_1's and the k-quants' mins, Q3_K's 4, Q6_K's 32, the ternary types' 1) are
  * removed once per 32 (per 16 for Q2_K, Q3_K, Q6_K, whose scales are per 16) with the
- * activation block sums from prep. Types and layouts: quant/ggml_quants.py. */
+ * activation block sums from prep. Types and layouts: quant/ggml_quants.py. Under ft_ggml_k256 the
+ * k-quant rows read per-256 activations instead (krow: llama.cpp's Q8_K arithmetic, ggml_act.c). */
 #include "ft_kernels.h"
 
 /* per-type properties the kernels branch on (compile-time constants inside grow) */
