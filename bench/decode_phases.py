@@ -148,6 +148,9 @@ def main():
     ap.add_argument("--vocab", type=int, default=None, help="lm_head is the Linear this wide (default: the shape's)")
     ap.add_argument("--shape", default="medium", choices=list(SHAPES), help="the Qwen3-MoE formats' model (as bench/vs_llamacpp.py)")
     ap.add_argument("--speculative", default=None, help="the engine's speculative mode (default: the engine's, auto)")
+    ap.add_argument("--ggml-numerics", default=None,
+                    help="the GGUF formats' ggml_numerics (default: the engine's, auto; q8 / q8k force the k-quant "
+                         "rows' decode activations per 32 / per 256)")
     ap.add_argument("--clock", choices=("wall", "process"), default="wall",
                     help="process: this process's CPU time (with --threads 1, a core's work whatever the load)")
     args = ap.parse_args()
@@ -163,6 +166,8 @@ def main():
     for fmt in args.formats.split(","):
         build, gtype, source, opts = FORMATS[fmt]
         opts = {**opts, "speculative": args.speculative} if args.speculative else opts
+        if args.ggml_numerics and source == "gguf":
+            opts = {**opts, "ggml_numerics": args.ggml_numerics}
         model = medium_checkpoint(name=SHAPES[args.shape][0], **shape) if SHAPES[args.shape] and build is medium_checkpoint else build()
         if source == "gguf":            # only the GGUF formats need llama.cpp (its converter, its quantizer)
             model = make_gguf(*ensure_llamacpp(), model, gtype)

@@ -5,6 +5,7 @@ machine).
     .venv/bin/python bench/ggml_kernels.py                          # decode (1 token), all types
     .venv/bin/python bench/ggml_kernels.py --tokens 1,4 --per-core --isa native,avx2
     .venv/bin/python bench/ggml_kernels.py --types Q4_K,Q6_K --formats int8 --seconds 1
+    .venv/bin/python bench/ggml_kernels.py --types Q4_K,Q6_K --formats "" --per-core --isa native,native+k256,native,native+k256
     .venv/bin/python bench/ggml_kernels.py --types Q4_K,IQ2_XXS,IQ2_XS,IQ2_S,IQ3_XXS,IQ3_S,IQ1_S,IQ1_M
     .venv/bin/python bench/ggml_kernels.py --prefill --per-core --types Q2_K,Q3_K,IQ2_XXS --tokens 64,128,512
 
@@ -108,7 +109,9 @@ def main() -> None:
     ap.add_argument("--tokens", default="1")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--isa", default="native", help="comma list: native, avx2, portable")
+    ap.add_argument("--isa", default="native",
+                    help="comma list: native, avx2, portable; a +k256 suffix runs the k-quant rows on per-256 "
+                         "activations (kernels/c/ggml_act.c), e.g. native,native+k256,native,native+k256")
     ap.add_argument("--per-core", action="store_true", help="one thread, timed by the thread's CPU clock")
     ap.add_argument("--prefill", action="store_true", help="prefill of one layer: dots vs tiles (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="--prefill: alternating rounds (best of)")
@@ -141,15 +144,19 @@ def main() -> None:
     for fmt, t in cases:
         banks = build_banks(fmt, a.experts, a.hidden, a.inter) if t is None else ggml_banks(t, a.experts, a.hidden, a.inter)
         name = fmt if t is None else gq.NAMES[t]
-        for isa in a.isa.split(","):
+        for entry in a.isa.split(","):
+            isa, k256 = entry.removesuffix("+k256"), entry.endswith("+k256")
             ex = CpuExpertExecutor(banks, fmt, a.hidden, a.inter, num_threads=a.threads, isa=isa, gemm_tokens=0)
+            if isa != "baseline":   # the per-256 activations of the k-quant rows, on or off (off: the default)
+                ex.lib.ft_set_ggml_k256(int(k256))
             per_w = expert_nbytes(ex) / (3 * a.hidden * a.inter)
             for tok in [int(v) for v in a.tokens.split(",")]:
                 bh = measure_expert_bandwidth(ex, tokens=tok, top_k=a.top_k, seconds=a.seconds, clock=clock)
                 if fmt == "int8":
                     ref[(isa, tok)] = bh
                 rel = f"{bh / ref[(isa, tok)]:8.2f}" if (isa, tok) in ref else f"{'-':>8s}"
-                print(f"{name:8s} {tok:3d} {ex.isa:11s} {per_w:8.3f} {bh / 1e9:9.1f} {bh / rb:6.2f} "
+                shown = ex.isa + ("+k256" if k256 else "")
+                print(f"{name:8s} {tok:3d} {shown:11s} {per_w:8.3f} {bh / 1e9:9.1f} {bh / rb:6.2f} "
                       f"{bh / per_w / 1e9:10.2f} {rel}", flush=True)
             ex.close()
         del banks

@@ -320,7 +320,7 @@ def main():
                     help="the Qwen3-MoE formats' model: the bench's own medium shape or the second one")
     ap.add_argument("--agree-max-prompt", type=int, default=4096,
                     help="check the engines' agreement only up to this prompt length (it costs one more prefill)")
-    ap.add_argument("--ggml-numerics", default=None, choices=("auto", "q8", "llama", "llama-exact", "float32"),
+    ap.add_argument("--ggml-numerics", default=None, choices=("auto", "q8", "q8k", "llama", "llama-exact", "float32"),
                     help="FreeToken's ggml_numerics (default: the engine's; q8 keeps the ggml experts' prefill "
                          "on the int8 dots: the before of the prefill tiles)")
     ap.add_argument("--speculative", default=None,

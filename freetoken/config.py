@@ -93,8 +93,9 @@ class EngineConfig:
     # auto: q8, with the routed experts' prefill through the bf16 tiles (kernels/c/ggml_tiles.c,
     # docs/gguf.md) where the experts' tiles are calibrated or forced. See quant/ggml_act.py.
     # llama-exact: llama.cpp's CPU arithmetic bit for bit on dense Llama-style models in float32
-    # (models/llama_numerics.py; slow, for agreeing with llama.cpp).
-    ggml_numerics: str = flag("auto", choices=("auto", "q8", "llama", "llama-exact", "float32"),
+    # (models/llama_numerics.py; slow, for agreeing with llama.cpp). q8k: q8 with the k-quant rows'
+    # decode activations per 256 (llama.cpp's Q8_K; kernels/ggml_k256.py), which auto calibrates.
+    ggml_numerics: str = flag("auto", choices=("auto", "q8", "q8k", "llama", "llama-exact", "float32"),
                               help="activation rounding of GGUF-quantized layers (auto: q8)")
     max_model_len: int | None = flag(None, help=lambda: "context window (default: the checkpoint's, at most "
                                      f"{defaults.MAX_MODEL_LEN})")

@@ -90,3 +90,11 @@ class CountHostSyncs(TorchDispatchMode):
                     (dst is not None and torch.device(dst).type == "cpu" and src.device.type != "cpu"):
                 self.ops.append("d2h")
         return func(*args, **(kwargs or {}))
+
+
+def q8k_act(v: torch.Tensor) -> torch.Tensor:
+    """The k-quant dots' per-256 activation rounding (kernels/c/ggml_act.c's ggml_prep256, as
+    llama.cpp's Q8_K): int8 q = round(x / d), d = amax / 127 in fp32, half to even; q * d in float64."""
+    b = v.float().unflatten(-1, (-1, 256))
+    d = b.abs().amax(-1, keepdim=True) / 127.0
+    return (torch.round(b * torch.where(d > 0, 1.0 / d, torch.zeros_like(d))) * d).flatten(-2).double()

@@ -106,6 +106,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_set_bf16_dot.restype = ctypes.c_int
     lib.ft_set_ggml_act.argtypes = [ctypes.c_int]
     lib.ft_set_ggml_act.restype = ctypes.c_int
+    lib.ft_set_ggml_k256.argtypes = [ctypes.c_int]
+    lib.ft_set_ggml_k256.restype = ctypes.c_int
     lib.ft_pool_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), i64, i64]
     lib.ft_pool_create.restype = vp
     lib.ft_pool_destroy.argtypes = [vp]

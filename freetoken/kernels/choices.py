@@ -51,6 +51,7 @@ from ..progress import progress
 from ..quant.ggml_act import act_mode
 from . import cache_dir, cpu_kernels, variants_here
 from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
+from .ggml_k256 import measure_k256
 from .pool import CpuPool, shared_pool
 
 log = logging.getLogger(__name__)
@@ -490,9 +491,30 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
         set_gemv_amx(pool.lib, c)
         set_att_amx(pool.lib, c)
         pool.lib.ft_set_ggml_act(act_mode(cfg.ggml_numerics))
+        pool.lib.ft_set_ggml_k256(int(ggml_k256_choice(cfg.ggml_numerics, variant, pool.num_threads)))
         set_gemm_tiles(pool.lib, c)
         set_ggml_tiles(pool.lib, c, cfg.ggml_numerics, cfg.prefill_gemm)
     return pool, c
+
+
+K256_MARGIN = 0.97      # the per-256 rounding changes the numerics: only for a clear win, not a noisy tie
+
+
+def ggml_k256_choice(numerics: str, isa: str, threads: int, measure: Callable[..., dict] = measure_k256,
+                     cache: os.PathLike | None = None) -> bool:
+    """Whether the k-quant rows of decode-sized calls read per-256 activations (kernels/ggml_k256.py):
+    forced by ggml_numerics "q8k", never under "q8" / "llama" / "llama-exact" / "float32" (their
+    rounding is promised), calibrated under "auto" (Q4_K + Q6_K GEMVs from DRAM, both ways) on
+    this kernel build, cached per CPU model and thread count like the other choices; on where it
+    measured at least 3% faster."""
+    if numerics != "auto":
+        return numerics == "q8k"
+    flags = cpu_flags()
+    on, t = _calibrated(cache if cache is not None else cache_dir(), f"ggmlk256:q4k-q6k-dram-m1-4:{cpu_model()}:{isa}",
+                        flags, threads, lambda: measure(threads, isa), lambda t: t["q8k"] < K256_MARGIN * t["q8"])
+    log.debug("k-quant decode activations per %s (calibrated: per 256 at %.2fx the speed of per 32)",
+              256 if on else 32, t["q8"] / t["q8k"])
+    return on
 
 
 def set_ggml_tiles(lib, c: CpuChoices, numerics: str, forced: str = "auto") -> int:

@@ -17,7 +17,8 @@ ACT_MODES = {"q8": 0, "llama": 1, "float32": 2}    # kernels/c/ggml_act.c's swit
 
 def act_mode(numerics: str) -> int:
     """The C switch for a ggml_numerics choice ("llama-exact": its layers without an exact sum
-    keep llama.cpp's rounding; "auto": q8)."""
+    keep llama.cpp's rounding; "auto" and "q8k": q8, the k-quant rows' per-256 decode activations
+    being a switch of their own, kernels/ggml_k256.py)."""
     return ACT_MODES.get("llama" if numerics == "llama-exact" else numerics, ACT_MODES["q8"])
 _MIN_TYPES = {gq.Q4_1: 20, gq.Q5_1: 24}      # block bytes; the fp16 min m at byte 2
 

@@ -3,6 +3,7 @@ and a faked calibration."""
 import pytest
 import torch
 
+from freetoken import kernels
 from freetoken.kernels import choices
 from freetoken.kernels.choices import isa_level, cpu_choices, measure_att_amx
 
@@ -229,3 +230,24 @@ def test_amx_attention_calibration_runs_the_library_here():
     t = measure_att_amx(1, keys=300, reps=1, out_of_cache=1 << 20)
     modes = ("fp32", "amx") if lib.ft_amx_ready() else ("fp32",)
     assert set(t) == {f"{m}-{r}" for m in modes for r in (1, 9)} and all(v > 0 for v in t.values())
+
+
+def test_ggml_k256_forced_by_numerics_calibrated_under_auto(tmp_path):
+    """ggml_numerics "q8k" forces the per-256 activations of the k-quant rows, the other explicit
+    numerics keep theirs without measuring; "auto" follows the (cached) calibration."""
+    def never(*a):
+        raise AssertionError("measured")
+    for numerics, on in (("q8k", True), ("q8", False), ("llama", False), ("llama-exact", False), ("float32", False)):
+        assert choices.ggml_k256_choice(numerics, "native", 2, measure=never, cache=tmp_path) is on
+    for faster, on in (("q8k", True), ("q8", False)):
+        times = {"q8": 2.0, "q8k": 2.0, faster: 1.0}
+        assert choices.ggml_k256_choice("auto", "native", 2, measure=lambda *a: times, cache=tmp_path / faster) is on
+        assert choices.ggml_k256_choice("auto", "native", 2, measure=never, cache=tmp_path / faster) is on   # cached
+
+
+@pytest.mark.parametrize("isa", kernels.variants_here())
+def test_ggml_k256_calibration_runs_the_library_here(isa):
+    from freetoken.kernels.ggml_k256 import measure_k256
+    t = measure_k256(1, isa, hidden=512, inter=256, reps=1, out_of_cache=1 << 20)
+    assert set(t) == {"q8", "q8k"} and all(v > 0 for v in t.values())
+    assert kernels.load(isa).ft_set_ggml_k256(-1) == 0          # the switch left as it was

@@ -120,6 +120,25 @@ def test_prefill_tiles_equal_the_gemv_rows(tiny_dir, to_gguf, tmp_path):
     assert (a - b).abs().max().item() <= 1e-4 * max(1.0, b.abs().max().item())
 
 
+def test_ggml_numerics_q8k_rounds_the_k_quant_rows_per_256(tiny_dir, to_gguf, tmp_path):
+    """ggml_numerics="q8k" (the per-256 choice forced; "auto" calibrates it): a Q4_K_M model's
+    GEMV logits stay close to the dequantized model's and differ from q8's per-32 ones."""
+    from freetoken.kernels import cpu_kernels
+    d = tiny_dir("qwen3_moe", hidden=256, experts=4, **K_QUANT_SHAPES["qwen3_moe"])
+    g = rewrite(to_gguf(d, "f32"), tmp_path / "q4km.gguf", q4_k_m)
+    ids = ids_for(20, seed=5)
+    ref = LLM(str(g), dtype="float32", dense_format="float").score(ids)
+    try:
+        q8k = LLM(str(g), dtype="float32", ggml_numerics="q8k").score(ids)
+        assert cpu_kernels().ft_set_ggml_k256(-1) == 1
+        q8 = LLM(str(g), dtype="float32", ggml_numerics="q8").score(ids)
+        assert cpu_kernels().ft_set_ggml_k256(-1) == 0
+    finally:
+        cpu_kernels().ft_set_ggml_k256(0)
+    scale = max(1.0, ref.abs().max().item())
+    assert (q8k - ref).abs().max().item() <= 5e-2 * scale and not torch.equal(q8k, q8)
+
+
 def test_ggml_numerics_float32_keeps_decode_exact(tiny_dir, to_gguf):
     """ggml_numerics="float32": a prompt within the GEMV limit runs exact activations too (logits
     of the dequantized model to float rounding), where the default q8 rounds them per 32."""

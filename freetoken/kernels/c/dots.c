@@ -27,7 +27,11 @@ void init_tables(void) {
 
 /* Prepare elements [j0, j1) of the natural-order fp32 vector src into dst (block aligned). */
 void prep_range(int fmt, const float *src, uint8_t *dst, int n, int j0, int j1) {
-    if (fmt == FMT_GGML) { ggml_prep(src, dst, n, j0, j1); return; }
+    if (fmt == FMT_GGML) {   /* a whole vector: the per-256 part too (moe.c's split h: after its barrier) */
+        ggml_prep(src, dst, n, j0, j1);
+        if (ft_ggml_k256 && j0 == 0 && j1 == n && n % 256 == 0) ggml_prep256(src, dst, n);
+        return;
+    }
     if (fmt == FMT_INT8 || fmt == FMT_MXFP4 || fmt == FMT_NVFP4) {
         int8_t *q = (int8_t *)dst;
         float *d = (float *)(dst + n);

@@ -294,6 +294,11 @@ FORCE_INLINE void codes_bf16(__m256i c, float s0, float s1, float o0, float o1, 
 /* ggml_act.c: llama.cpp's fp16 activation scales and block sums in ggml_prep when on */
 FT_HIDDEN extern int ft_ggml_act_llama;
 FT_HIDDEN float ggml_round_f16(float f);
+/* ggml_act.c: per-256 activations (llama.cpp's Q8_K layout) for the k-quant rows when ft_ggml_k256:
+ * at byte K256_AT(n) of a ggml prep, int8 q[n] | float d[n / 256] | int16 sums per 16 [n / 16] */
+FT_HIDDEN extern int ft_ggml_k256;
+#define K256_AT(n) ((int64_t)(n) / 4 * 7)
+FT_HIDDEN void ggml_prep256(const float *src, uint8_t *dst, int n);
 /* ggml_dense.c: one row of a ggml type -> fp32, as gguf.quants.dequantize */
 FT_HIDDEN void ggml_dequant_row(int type, const uint8_t *w, int K, float *out);
 /* bf16 weights with bf16-rounded activations (bf16dot.c): on when ft_bf16_dot_on. */

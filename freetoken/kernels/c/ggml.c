@@ -8,7 +8,8 @@
  * with weight scale x activation scale; the offsets of the unsigned codes (Q4_0's 8, Q5_0's 16,
  * MXFP4's 12, Q4_1/Q5_1's and the k-quants' mins, Q3_K's 4, Q6_K's 32, the ternary types' 1) are
  * removed once per 32 (per 16 for Q2_K, Q3_K, Q6_K, whose scales are per 16) with the
- * activation block sums from prep. Types and layouts: quant/ggml_quants.py. */
+ * activation block sums from prep. Types and layouts: quant/ggml_quants.py. Under ft_ggml_k256 the
+ * k-quant rows read per-256 activations instead (krow: llama.cpp's Q8_K arithmetic, ggml_act.c). */
 #include "ft_kernels.h"
 
 /* per-type properties the kernels branch on (compile-time constants inside grow) */
@@ -49,6 +50,14 @@ typedef struct { const int8_t *q; const float *d, *s32, *s16, *sm; } xview;
 static inline xview xv(const uint8_t *p, int n) {
     const float *d = (const float *)(p + n);
     xview v = {(const int8_t *)p, d, d + n / 32, d + n / 16, d + n / 16 + n / 16};
+    return v;
+}
+
+typedef struct { const int8_t *q; const float *d; const int16_t *bs; } kview;   /* ggml_prep256's part */
+static inline kview kv(const uint8_t *p, int n) {
+    const int8_t *q = (const int8_t *)(p + K256_AT(n));
+    const float *d = (const float *)(q + n);
+    kview v = {q, d, (const int16_t *)(d + n / 256)};
     return v;
 }
 
@@ -255,6 +264,16 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
      * the blocks in the 256-bit loop's order: the same result, bit for bit; 2-4 tokens as before) */
     const int w512 = NT >= 2 || type == GT_Q4_K;
     const __m512i q4sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    /* Q4_K under vpdpbusd (int32 sums: no int16 pairs to saturate): an odd block's codes left in
+     * the high nibble (16 q, a mask instead of a shift per pair) and its scale taken / 16, exact
+     * (a power of two): the same products, bit for bit */
+#ifdef FT_VNNI
+    const int q4x16 = type == GT_Q4_K;
+#else
+    const int q4x16 = 0;
+#endif
+    const __m512i q4hi = _mm512_inserti64x4(_mm512_set1_epi8(0x0f), _mm256_set1_epi8((char)0xf0), 1);
+    const __m256 odd16 = _mm256_setr_ps(1.f, 0.0625f, 1.f, 0.0625f, 1.f, 0.0625f, 1.f, 0.0625f);
 #endif
     for (int g8 = 0; g8 < n / 256; g8++) {
         const uint8_t *blk = w + (int64_t)bs * g8;
@@ -274,6 +293,9 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
                 corr[t] = _mm256_fmadd_ps(os[1], _mm256_loadu_ps(X[t].s16 + 2 * b0 + 8), corr[t]);
             } else {
                 D[t][0] = _mm256_mul_ps(ws[0], dx);
+#ifdef FT_AVX512
+                if (q4x16) D[t][0] = _mm256_mul_ps(D[t][0], odd16);
+#endif
                 if (!sg)
                     corr[t] = _mm256_fmadd_ps(os[0], _mm256_loadu_ps((G_MIN(type) ? X[t].sm : X[t].s32) + b0), corr[t]);
             }
@@ -285,9 +307,10 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
         if (w512) {
 #pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {
-            __m512i w2 = type == GT_Q4_K && NT == 1
-                ? _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * k))),
-                                                     q4sh), _mm512_set1_epi8(0x0f))
+            const __m512i qb = type == GT_Q4_K ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * k)))
+                                                : _mm512_setzero_si512();
+            __m512i w2 = q4x16 ? _mm512_and_si512(qb, q4hi)
+                : type == GT_Q4_K && NT == 1 ? _mm512_and_si512(_mm512_srlv_epi16(qb, q4sh), _mm512_set1_epi8(0x0f))
                 : _mm512_inserti64x4(_mm512_castsi256_si512(wv[k]), wv[k + 1], 1);
             __m512i u = sg ? _mm512_abs_epi8(w2) : w2;
             const int j = k & 3;   /* per 16: the pair's 4 scales of 16 (lanes 2j .. 2j + 3 of D) */
@@ -337,6 +360,116 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
             res[t] += dw * (hsum8(_mm256_cvtepi32_ps(p)) * X[t].d[b]) - oc * (G_MIN(type) ? X[t].sm : X[t].s32)[b];
         }
     }
+}
+
+/* Per-256 activations (ggml_act.c's ggml_prep256, llama.cpp's Q8_K): a k-quant super-block's
+ * integer sub-scales per 16 weights (sc; per-32 types twice) and offset coefficients per 16 (oc),
+ * and their fp16 factors d, dm: the row's dot is, per super-block, dx (d sum_g sc_g P_g - dm
+ * sum_g oc_g S_g), P_g the integer dot of group g's codes with x, S_g the sum of x over it. */
+FORCE_INLINE void kscales(const int type, const uint8_t *blk, __m256i *sc, __m256i *oc, float *d, float *dm) {
+    if (type == GT_Q4_K || type == GT_Q5_K) {   /* x = d sc q - dmin m, 6-bit sc and m per 32 */
+        uint32_t a, b, c;
+        memcpy(&a, blk + 4, 4); memcpy(&b, blk + 8, 4); memcpy(&c, blk + 12, 4);
+        const uint64_t s = (a & 0x3f3f3f3fu) | (uint64_t)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
+        const uint64_t m = (b & 0x3f3f3f3fu) | (uint64_t)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
+        const __m128i s8 = _mm_cvtsi64_si128((int64_t)s), m8 = _mm_cvtsi64_si128((int64_t)m);
+        *sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
+        *oc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        *d = _cvtsh_ss(*(const uint16_t *)blk);
+        *dm = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+    } else if (type == GT_Q6_K) {               /* x = d sc (q - 32), int8 sc per 16 */
+        *sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        *oc = _mm256_slli_epi16(*sc, 5);
+        *d = *dm = _cvtsh_ss(*(const uint16_t *)(blk + 208));
+    } else if (type == GT_Q3_K) {               /* x = d (sc - 32) (q - 4), q with its high bit */
+        uint32_t l0, l1, hh;
+        memcpy(&l0, blk + 96, 4); memcpy(&l1, blk + 100, 4); memcpy(&hh, blk + 104, 4);
+        const uint32_t n4 = 0x0f0f0f0fu, n2 = 0x03030303u;
+        const __m128i s = _mm_sub_epi8(_mm_setr_epi32((int)((l0 & n4) | (hh & n2) << 4),
+                                                      (int)((l1 & n4) | ((hh >> 2) & n2) << 4),
+                                                      (int)(((l0 >> 4) & n4) | ((hh >> 4) & n2) << 4),
+                                                      (int)(((l1 >> 4) & n4) | ((hh >> 6) & n2) << 4)),
+                                       _mm_set1_epi8(32));
+        *sc = _mm256_cvtepi8_epi16(s);
+        *oc = _mm256_slli_epi16(*sc, 2);
+        *d = *dm = _cvtsh_ss(*(const uint16_t *)(blk + 108));
+    } else {                                    /* Q2_K: x = d (s & 15) q - dmin (s >> 4), per 16 */
+        const __m128i s = _mm_loadu_si128((const __m128i *)blk), n4 = _mm_set1_epi8(0x0f);
+        *sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, n4));
+        *oc = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), n4));
+        *d = _cvtsh_ss(*(const uint16_t *)(blk + 80));
+        *dm = _cvtsh_ss(*(const uint16_t *)(blk + 82));
+    }
+}
+
+/* acc + (the int16 pair sums of codes u x activations s) x int16 scales c, in int32 lanes */
+FORCE_INLINE __m256i kdot(__m256i acc, __m256i u, __m256i s, __m256i c) {
+#ifdef FT_VNNI
+    return _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), c);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), c));
+#endif
+}
+
+/* res[t] = <k-quant row w, x_t> on the per-256 activations: per super-block the codes' integer
+ * dots times the integer sub-scales summed in int32 lanes (maddubs never saturates: codes <= 63,
+ * |x| <= 127), the offsets from the int16 sums, one convert + fma per term. The AVX-512 loop takes
+ * two sub-blocks per instruction and folds its halves in integer: the same lanes, bit for bit. */
+FORCE_INLINE void krow(const int type, const uint8_t *w, int n, const kview *X, float *res, const int NT) {
+    const int bs = ggml_bytes256(type);
+    __m256 acc[NTMAX];
+    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    for (int g8 = 0; g8 < n / 256; g8++) {
+        const uint8_t *blk = w + (int64_t)bs * g8;
+        for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
+        __m256i wv[8], sc, oc, isum[NTMAX];
+        __m256 ws[2], os[2];
+        float d, dm;
+        decode8(type, blk, wv, ws, os);   /* (its float scales unused: dropped by the compiler) */
+        kscales(type, blk, &sc, &oc, &d, &dm);
+#ifdef FT_AVX512
+        __m512i i2[NTMAX];
+        for (int t = 0; t < NT; t++) i2[t] = _mm512_setzero_si512();
+        const __m512i sc2 = _mm512_zextsi256_si512(sc), q4sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        const __m512i quarter = _mm512_setr_epi64(0, 0, 0x0001000100010001LL, 0x0001000100010001LL, 0x0002000200020002LL,
+                                                  0x0002000200020002LL, 0x0003000300030003LL, 0x0003000300030003LL);
+#pragma GCC unroll 4
+        for (int k = 0; k < 8; k += 2) {   /* sub-blocks k, k + 1: groups 2k .. 2k + 3, 8 int16 lanes each */
+            const __m512i w2 = type == GT_Q4_K   /* Q4_K: both from the 32 bytes they share, no insert */
+                ? _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * k))),
+                                                     q4sh), _mm512_set1_epi8(0x0f))
+                : _mm512_inserti64x4(_mm512_castsi256_si512(wv[k]), wv[k + 1], 1);
+            const __m512i c = _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16((short)(2 * k))), sc2);
+            for (int t = 0; t < NT; t++) {
+                const __m512i p = _mm512_maddubs_epi16(w2, _mm512_loadu_si512((const void *)(X[t].q + 256 * g8 + 32 * k)));
+#ifdef FT_VNNI
+                i2[t] = _mm512_dpwssd_epi32(i2[t], p, c);
+#else
+                i2[t] = _mm512_add_epi32(i2[t], _mm512_madd_epi16(p, c));
+#endif
+            }
+        }
+        for (int t = 0; t < NT; t++) isum[t] = _mm256_add_epi32(_mm512_castsi512_si256(i2[t]), _mm512_extracti64x4_epi64(i2[t], 1));
+#else
+        for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
+        const __m256i s_lo = _mm256_permute2x128_si256(sc, sc, 0x00), s_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {   /* groups 2k, 2k + 1: bytes a, a + 2 of their 128-bit half */
+            const int a = (4 * k) & 15;
+            const __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)((a + 3) << 8 | (a + 2))), _mm_set1_epi16((short)((a + 1) << 8 | a)));
+            const __m256i c = _mm256_shuffle_epi8(k < 4 ? s_lo : s_hi, sel);
+            for (int t = 0; t < NT; t++)
+                isum[t] = kdot(isum[t], wv[k], _mm256_loadu_si256((const __m256i *)(X[t].q + 256 * g8 + 32 * k)), c);
+        }
+#endif
+        for (int t = 0; t < NT; t++) {
+            const float dx = X[t].d[g8];
+            const __m256i o = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(X[t].bs + 16 * g8)), oc);
+            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * dx), acc[t]);
+            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(o), _mm256_set1_ps(dm * dx), acc[t]);
+        }
+    }
+    for (int t = 0; t < NT; t++) res[t] = hsum8(acc[t]);
 }
 
 /* One row -> bf16 (the prefill tiles' panel): decode8's codes, scales and offsets, each
@@ -410,6 +543,20 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
     }
     for (int t = 0; t < NT; t++) res[t] = acc[t];
 }
+
+/* the per-256 activations' dot (see the AVX2 krow): each super-block dequantized, fp32 sums */
+FORCE_INLINE void krow(const int type, const uint8_t *w, int n, const kview *X, float *res, const int NT) {
+    float acc[NTMAX] = {0}, wf[256];
+    for (int g8 = 0; g8 < n / 256; g8++) {
+        ggml_dequant_row(type, w + (int64_t)ggml_bytes256(type) * g8, 256, wf);
+        for (int t = 0; t < NT; t++) {
+            float p = 0.f;
+            for (int i = 0; i < 256; i++) p += wf[i] * (float)X[t].q[256 * g8 + i];
+            acc[t] += p * X[t].d[g8];
+        }
+    }
+    for (int t = 0; t < NT; t++) res[t] = acc[t];
+}
 #endif
 
 #define GROW_NT(type)                                                              \
@@ -441,6 +588,22 @@ static void ggml_row(int type, const uint8_t *w, int n, const xview *X, int nt, 
     }
 }
 
+/* the k-quant rows on the per-256 activations (ft_ggml_k256); 0 for the other types */
+static int ggml_krow(int type, const uint8_t *w, int n, const uint8_t *const *xp, int nt, float *res) {
+    kview X[NTMAX];
+    for (int t = 0; t < nt; t++) X[t] = kv(xp[t], n);
+#define KROW_NT(type) switch (nt) { case 1: krow(type, w, n, X, res, 1); break; case 2: krow(type, w, n, X, res, 2); break; \
+                                    case 3: krow(type, w, n, X, res, 3); break; default: krow(type, w, n, X, res, 4); }
+    switch (type) {
+    case GT_Q2_K: KROW_NT(GT_Q2_K) return 1;
+    case GT_Q3_K: KROW_NT(GT_Q3_K) return 1;
+    case GT_Q4_K: KROW_NT(GT_Q4_K) return 1;
+    case GT_Q5_K: KROW_NT(GT_Q5_K) return 1;
+    case GT_Q6_K: KROW_NT(GT_Q6_K) return 1;
+    default: return 0;
+    }
+}
+
 /* res[r][t] = <row wr[r] of type *(int32 *)sr[r], prepared x_t> (a tile may mix the gate and up
  * halves, which can differ in type). */
 void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
@@ -450,6 +613,7 @@ void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, in
     for (int r = 0; r < R; r++) {
         int32_t type; memcpy(&type, sr[r], 4);
         if (ggml_iq_row(type, wr[r], n, xp, nt, res[r])) continue;   /* the i-quants: ggml_iq.c */
+        if (ft_ggml_k256 && n % 256 == 0 && ggml_krow(type, wr[r], n, xp, nt, res[r])) continue;
         ggml_row(type, wr[r], n, X, nt, res[r]);
     }
 }

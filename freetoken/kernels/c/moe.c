@@ -192,6 +192,14 @@ static void moe_run_fn(void *a, int tid) {
         }
     }
     pool_barrier(p);
+    /* 1b. h's per-256 activations (ggml_act.c) need whole vectors: phase 1 split them by columns */
+    if (fmt == FMT_GGML && ft_ggml_k256 && I % 256 == 0 && nth > 1) {
+        int k = 0;
+        for (int g = 0; g < J->G; g++)
+            for (int s = J->g_start[g]; J->g_blk[g] < 0 && s < J->g_start[g] + J->g_n[g]; s++, k++)
+                if (k % nth == tid) ggml_prep256(J->hn + (int64_t)s * I, J->hq + (int64_t)s * hs, I);
+        pool_barrier(p);
+    }
 
     /* 2. down over this thread's output rows, all experts */
     int r0, r1;
