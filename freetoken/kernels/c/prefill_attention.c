@@ -10,7 +10,8 @@
  *    head u % G), so one K/V tile serves a whole group, and 32 rows span only 32 / G tokens: the
  *    causal diagonal cuts few keys;
  *  - key blocks past a row block's last query are never touched (causal skip);
- *  - an item is (KV head, block of 32 rows), handed out heaviest first by an atomic counter.
+ *  - an item is (KV head, block of 32 rows), handed out head by head, heaviest first, by an atomic
+ *    counter.
  *
  * Numerics as torch's bf16 flash kernel: bf16 q/k/v, scores exact products summed in fp32, the
  * softmax in fp32 (exp2 by a degree-5 polynomial, ~2e-7 relative), the numerators rounded to bf16
@@ -29,7 +30,7 @@ int ft_set_prefill_att_amx(int on) {
 
 #ifdef FT_AMX
 #define PA_ROWS 32      /* A rows of an item: two tiles of 16 */
-#define PA_KB 64        /* keys per softmax step: 2 x 2 C tiles of scores, then P x V over 2 pair steps */
+#define PA_KB 128        /* keys per softmax step: 2 x 2 C tiles of scores, then P x V over 2 pair steps */
 
 typedef struct {
     const uint16_t *q; int64_t q_hs, q_ts;
@@ -99,26 +100,28 @@ FORCE_INLINE __m512 pa_exp2(__m512 x) {
     return _mm512_scalef_ps(y, n);
 }
 
-/* Scores of the item's 32 rows (qa [32][D]) against keys [k0, k0 + PA_KB) of kp: s [32][PA_KB]. */
-static void pa_scores(const uint16_t *qa, const uint16_t *kp, int D, int64_t k0, int nkb, float *s) {
-    for (int kt = 0; kt < nkb; kt += 32) {
-        const uint16_t *kb = kp + (k0 + kt) * D;        /* a 32-key block: 2 halves x D/32 tiles */
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        for (int c = 0; c < D / 32; c++) {
-            _tile_loadd(4, qa + 32 * c, D * 2);
-            _tile_loadd(5, qa + 16 * D + 32 * c, D * 2);
-            _tile_loadd(6, kb + (int64_t)c * 512, 64);
-            _tile_loadd(7, kb + (int64_t)(D / 32 + c) * 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, s + kt, PA_KB * 4);
-        _tile_stored(1, s + kt + 16, PA_KB * 4);
-        _tile_stored(2, s + 16 * PA_KB + kt, PA_KB * 4);
-        _tile_stored(3, s + 16 * PA_KB + kt + 16, PA_KB * 4);
+/* Scores of the item's 32 rows (qa [32][D]) against the 32 keys from k0 of kp: s [32][32] (row stride PA_KB). */
+FORCE_INLINE void pa_scores32(const uint16_t *qa, const uint16_t *kp, int D, int64_t k0, float *s) {
+    const uint16_t *kb = kp + k0 * D;                   /* a 32-key block: 2 halves x D/32 tiles */
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int c = 0; c < D / 32; c++) {
+        _tile_loadd(4, qa + 32 * c, D * 2);
+        _tile_loadd(5, qa + 16 * D + 32 * c, D * 2);
+        _tile_loadd(6, kb + (int64_t)c * 512, 64);
+        _tile_loadd(7, kb + (int64_t)(D / 32 + c) * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
     }
+    _tile_stored(0, s, PA_KB * 4);
+    _tile_stored(1, s + 16, PA_KB * 4);
+    _tile_stored(2, s + 16 * PA_KB, PA_KB * 4);
+    _tile_stored(3, s + 16 * PA_KB + 16, PA_KB * 4);
+}
+
+FORCE_INLINE int pa_block_keys(int64_t k0, int64_t pend) {     /* keys of the block at k0, rounded up to 32 */
+    return pend - k0 >= PA_KB ? PA_KB : (int)((pend - k0 + 31) & ~31);
 }
 
 /* o [32][D] += pa [32][PA_KB] x V rows [k0, k0 + nkb) of vp (nkb a multiple of 32). */
@@ -179,12 +182,13 @@ static void pa_softmax_row(float *s, int vis, int nkb, float scale2, float *m, f
     *l += _mm512_reduce_add_ps(sum);
 }
 
-/* Item it: KV head h, row block rb (rows 32 rb .. of the folded [nq x G] query rows), heaviest first. */
+/* Item it: KV head h, row block rb (rows 32 rb .. of the folded [nq x G] query rows); the items
+ * of a head in a row (its re-laid K and V stay in L2), the heaviest first. */
 static void pa_item(pa_job *J, int it, uint8_t *ws) {
-    const int D = J->D, G = J->G, h = it % J->Hkv, rb = J->rblocks - 1 - it / J->Hkv;
+    const int D = J->D, G = J->G, h = it / J->rblocks, rb = J->rblocks - 1 - it % J->rblocks;
     const int64_t R = (int64_t)J->nq * G, u0 = (int64_t)rb * PA_ROWS;
     uint16_t *qa = (uint16_t *)ws, *pa = qa + PA_ROWS * D;
-    float *s = (float *)(pa + PA_ROWS * PA_KB), *o = s + PA_ROWS * PA_KB, *m = o + PA_ROWS * D, *l = m + PA_ROWS;
+    float *s = (float *)(pa + PA_ROWS * PA_KB), *o = s + 2 * PA_ROWS * PA_KB, *m = o + PA_ROWS * D, *l = m + PA_ROWS;
     for (int r = 0; r < PA_ROWS; r++) {
         const int64_t u = u0 + r;
         m[r] = -INFINITY; l[r] = 0.f;
@@ -194,13 +198,17 @@ static void pa_item(pa_job *J, int it, uint8_t *ws) {
     memset(o, 0, (size_t)PA_ROWS * D * 4);
     const int64_t last = u0 + PA_ROWS - 1 < R ? u0 + PA_ROWS - 1 : R - 1, pend = J->past + last / G + 1;
     const uint16_t *kp = J->kp + (int64_t)h * J->nkp * D, *vp = J->vp + (int64_t)h * J->nkp * D;
-    for (int64_t k0 = 0; k0 < pend; k0 += PA_KB) {
-        const int nkb = pend - k0 >= PA_KB ? PA_KB : (int)((pend - k0 + 31) & ~31);
-        pa_scores(qa, kp, D, k0, nkb, s);
-        for (int r = 0; r < PA_ROWS; r++) {
+    /* the scores of the next block are computed while this block's softmax runs (tiles and
+     * AVX-512 are separate units: a group of tile products every few rows), into the other buffer */
+    for (int kt = 0; kt < pa_block_keys(0, pend); kt += 32) pa_scores32(qa, kp, D, kt, s + kt);
+    for (int64_t k0 = 0, b = 0; k0 < pend; k0 += PA_KB, b ^= 1) {
+        const int nkb = pa_block_keys(k0, pend), ng = k0 + PA_KB < pend ? pa_block_keys(k0 + PA_KB, pend) / 32 : 0;
+        float *sc = s + b * PA_ROWS * PA_KB, *sn = s + (b ^ 1) * PA_ROWS * PA_KB;
+        for (int r = 0, g = 0; r < PA_ROWS; r++) {
+            for (; g < ng && g * PA_ROWS <= r * ng; g++) pa_scores32(qa, kp, D, k0 + PA_KB + 32 * g, sn + 32 * g);
             const int64_t u = u0 + r, vis = u < R ? J->past + u / G + 1 - k0 : 0;
             if (vis <= 0) { memset(pa + r * PA_KB, 0, PA_KB * 2); continue; }
-            pa_softmax_row(s + r * PA_KB, vis < nkb ? (int)vis : nkb, nkb, J->scale2, m + r, l + r, o + r * D, D,
+            pa_softmax_row(sc + r * PA_KB, vis < nkb ? (int)vis : nkb, nkb, J->scale2, m + r, l + r, o + r * D, D,
                            pa + r * PA_KB);
         }
         pa_values(pa, vp, D, k0, nkb, o);
@@ -233,7 +241,7 @@ int ft_prefill_attention(void *vp, const uint16_t *q, int64_t q_hs, int64_t q_ts
     if (!ft_prefill_att_amx || D % 32 || D > 256 || Hkv < 1 || Hq % Hkv || nq < 1 || nk < nq) return 1;
     const int G = Hq / Hkv;
     const int64_t nkp = (nk + PA_KB - 1) / PA_KB * PA_KB, pack = (int64_t)Hkv * nkp * D * 2;
-    const int64_t ws_stride = ((int64_t)PA_ROWS * (D * 2 + PA_KB * 2 + PA_KB * 4 + D * 4 + 8) + 63) & ~(int64_t)63;
+    const int64_t ws_stride = ((int64_t)PA_ROWS * (D * 2 + PA_KB * 2 + 2 * PA_KB * 4 + D * 4 + 8) + 63) & ~(int64_t)63;
     uint8_t *mem = scratch(p, (size_t)(2 * pack + ws_stride * p->n + 64));
     if (!mem) return -2;
     pa_job J = {q, q_hs, q_ts, k, k_hs, k_ts, v, v_hs, v_ts, out, o_hs, o_ts, nq, Hq, Hkv, D, G, nk, nkp, nk - nq,
