@@ -389,7 +389,7 @@ def measure_prefill_att(threads: int, tokens: int = 1024, reps: int = 3) -> dict
     hq, hkv, d = 32, 4, 128
     q, k, v = (torch.randn(1, h, tokens, d, generator=g).bfloat16() for h in (hq, hkv, hkv))
     out, now = torch.empty(1, hq, tokens, d), {}
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")   # as layers/attention/prefill.py
 
     def run():
         if now["name"] == "torch":
