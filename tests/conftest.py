@@ -26,6 +26,7 @@ CPU_CHOICES = {
     "isa-avx2": {"kernel_isa": "avx2"}, "isa-portable": {"kernel_isa": "portable"},
     "gemv-amx": {"decode_gemv": "amx"}, "gemv-dots": {"decode_gemv": "dots"},
     "attn-amx": {"decode_attention": "amx"}, "attn-fp32": {"decode_attention": "fp32"},
+    "pattn-amx": {"prefill_attention": "amx"}, "pattn-torch": {"prefill_attention": "torch"},
 }
 
 
@@ -37,7 +38,8 @@ def cpu_choice(request) -> dict:
     isa = opts.get("kernel_isa")
     if isa is not None and isa not in variants_here():
         pytest.skip(f"the {isa} kernel build does not run on this CPU (here: {', '.join(variants_here())})")
-    if "amx" in (opts.get("prefill_gemm"), opts.get("decode_gemv"), opts.get("decode_attention")):
+    if "amx" in (opts.get("prefill_gemm"), opts.get("decode_gemv"), opts.get("decode_attention"),
+                 opts.get("prefill_attention")):
         from freetoken.kernels import load
         from freetoken.kernels.gemm import modes_here
         if load() is None or "amx" not in modes_here(load()):

@@ -380,6 +380,50 @@ def att_amx_choice(weights: torch.dtype, *, kernels: bool, flags: frozenset[str]
                        lambda: run(threads), att_amx_faster)
 
 
+def measure_prefill_att(threads: int, tokens: int = 1024, reps: int = 3) -> dict:
+    """Seconds of one causal bf16 prompt's attention (32 query / 4 KV heads x 128, `tokens`
+    tokens) through torch's CPU flash kernel ("torch", the heads repeated for it as
+    layers/attention/prefill.py does) and the AMX tiles ("amx", only where the library runs them)."""
+    lib = cpu_kernels()
+    pool = CpuPool(lib, threads)
+    g = torch.Generator().manual_seed(0)
+    hq, hkv, d = 32, 4, 128
+    q, k, v = (torch.randn(1, h, tokens, d, generator=g).bfloat16() for h in (hq, hkv, hkv))
+    out, now = torch.empty(1, hq, tokens, d), {}
+    flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")   # as layers/attention/prefill.py
+
+    def run():
+        if now["name"] == "torch":
+            flash(q, k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1), 0.0, True, scale=d ** -0.5)
+            return
+        lib.ft_prefill_attention(pool.handle, q.data_ptr(), q.stride(1), q.stride(2), tokens, hq, hkv, d, k.data_ptr(),
+                                 k.stride(1), k.stride(2), v.data_ptr(), v.stride(1), v.stride(2), tokens, d ** -0.5,
+                                 out.data_ptr(), out.stride(1), out.stride(2))
+    try:
+        names = ("torch", "amx") if lib.ft_set_prefill_att_amx(1) else ("torch",)
+        return best_interleaved(run, lambda name: now.update(name=name), names, reps)
+    finally:
+        lib.ft_set_prefill_att_amx(0)
+        pool.close()
+
+
+def prefill_att_choice(weights: torch.dtype, *, kernels: bool, flags: frozenset[str], threads: int,
+                       measure: Callable[..., dict] | None = None, cache: os.PathLike | None = None,
+                       forced: str = "auto") -> tuple[bool, dict | None]:
+    """(whether causal bf16 prefill attention runs on the AMX tiles, kernels/c/prefill_attention.c,
+    the timings). `forced` (EngineConfig.prefill_attention: amx | torch) wins (model_kernels
+    refuses "amx" where AMX does not run); "auto" measures only with the kernels, bf16 weights
+    (the prefill attention multiplies in bf16 where the prefill GEMM does) and AMX-BF16 in the
+    flags, and takes the tiles where they are faster than torch's flash kernel."""
+    if forced != "auto":
+        return forced == "amx" and kernels, None
+    if not kernels or weights != torch.bfloat16 or not AMX_FLAGS <= flags:
+        return False, None
+    run = measure or measure_prefill_att
+    return _calibrated(cache, f"prefattn:1024-32-4:{cpu_model()}:{threads}", flags, threads,
+                       lambda: run(threads), lambda t: "amx" in t and t["amx"] < t["torch"])
+
+
 @dataclass(frozen=True)
 class CpuChoices:
     isa: str                        # avx512 | avx2 | portable (the flags' view; the library reports its own)
@@ -396,6 +440,8 @@ class CpuChoices:
     gemv_seconds: dict | None = None    # the calibration that chose gemv_amx, if one ran
     att_amx: bool = False           # decode attention's scores and values on AMX tiles (kernels/c/attention_amx.c)
     att_seconds: dict | None = None     # the calibration that chose att_amx, if one ran
+    prefill_att_amx: bool = False   # causal bf16 prefill attention on AMX tiles (kernels/c/prefill_attention.c)
+    prefill_att_seconds: dict | None = None     # the calibration that chose prefill_att_amx, if one ran
 
     def describe(self) -> str:
         t, d = self.gemm_seconds, self.dot_seconds
@@ -423,8 +469,12 @@ class CpuChoices:
         a = self.att_seconds
         att = (f" (calibrated: {a['fp32-1'] / a['amx-1']:.2f}x / {a['fp32-9'] / a['amx-9']:.2f}x the speed of fp32 "
                f"at 1 / 9 rows)" if a and "amx-1" in a else " (forced)" if "decode_attention" in self.forced else "")
+        p = self.prefill_att_seconds
+        pre = (f" (calibrated: {p['torch'] / p['amx']:.2f}x the speed of torch's)" if p and "amx" in p
+               else " (forced)" if "prefill_attention" in self.forced else "")
         return (f"; decode GEMV of bf16 weights on {'AMX tiles' if self.gemv_amx else 'dot tiles'}{how}"
-                f"; decode attention {'on AMX tiles' if self.att_amx else 'fp32'}{att}")
+                f"; decode attention {'on AMX tiles' if self.att_amx else 'fp32'}{att}"
+                f"; prefill attention {'on AMX tiles' if self.prefill_att_amx else 'torch flash'}{pre}")
 
 
 def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
@@ -432,8 +482,9 @@ def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, k
             cache: os.PathLike | None = None,
             measure_dot: Callable[[int], dict] = measure_bf16_dot, gemm: str = "auto", dot: str = "auto",
             kernel_isa: str = "auto", measure_gemv: Callable[..., dict] = measure_amx_gemv,
-            gemv: str = "auto", measure_att: Callable[..., dict] | None = None, att: str = "auto") -> CpuChoices:
-    """The CPU choices; gemm / dot / kernel_isa / gemv / att are EngineConfig's forcing options ("auto": decide)."""
+            gemv: str = "auto", measure_att: Callable[..., dict] | None = None, att: str = "auto",
+            measure_patt: Callable[..., dict] | None = None, patt: str = "auto") -> CpuChoices:
+    """The CPU choices; gemm / dot / kernel_isa / gemv / att / patt are EngineConfig's forcing options ("auto": decide)."""
     act = activation_dtype(weights, device, requested, kernels=kernels, flags=flags)
     dense, expert = "", None
     if device.type == "cpu" and weights == torch.bfloat16:
@@ -448,10 +499,13 @@ def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, k
                              measure=measure_gemv, cache=cache, forced=gemv) if device.type == "cpu" else (False, None))
     m, mt = (att_amx_choice(weights, kernels=kernels, flags=flags, threads=threads, measure=measure_att, cache=cache,
                             forced=att) if device.type == "cpu" else (False, None))
+    p, pt = (prefill_att_choice(weights, kernels=kernels, flags=flags, threads=threads, measure=measure_patt,
+                                cache=cache, forced=patt) if device.type == "cpu" else (False, None))
     forced = tuple(n for n, v in (("prefill_gemm", gemm), ("bf16_dot", dot), ("kernel_isa", kernel_isa),
-                                  ("decode_gemv", gemv), ("decode_attention", att)) if v != "auto")
+                                  ("decode_gemv", gemv), ("decode_attention", att), ("prefill_attention", patt))
+                   if v != "auto")
     return CpuChoices(isa_level(flags), act, g, t, d, dt, kernel_variant(kernel_isa), forced, dense, expert, a, at,
-                      m, mt)
+                      m, mt, p, pt)
 
 
 def kernel_variant(requested: str) -> str:
@@ -462,11 +516,11 @@ def kernel_variant(requested: str) -> str:
 @functools.cache
 def machine_choices(weights: torch.dtype, device: torch.device, requested: str, kernels: bool,
                     threads: int, gemm: str = "auto", dot: str = "auto", kernel_isa: str = "auto",
-                    gemv: str = "auto", att: str = "auto") -> CpuChoices:
+                    gemv: str = "auto", att: str = "auto", patt: str = "auto") -> CpuChoices:
     """`resolve` for this machine, calibration cached under the kernels' cache dir; logged once
     per distinct set of options (so one process runs the same choices for every load of a model)."""
     c = cpu_choices(weights, device, requested, kernels=kernels, flags=cpu_flags(), threads=threads,
-                cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa, gemv=gemv, att=att)
+                cache=cache_dir(), gemm=gemm, dot=dot, kernel_isa=kernel_isa, gemv=gemv, att=att, patt=patt)
     if device.type == "cpu":
         log.info("%s", c.describe())
     return c
@@ -485,11 +539,12 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
         pool = shared_pool(cfg.num_threads, isa=variant, spin_us=cfg.spin_us)
     c = machine_choices(cfg.torch_dtype, device, cfg.compute_dtype, pool is not None,
                         pool.num_threads if pool is not None else 1, cfg.prefill_gemm, cfg.bf16_dot, cfg.kernel_isa,
-                        cfg.decode_gemv, cfg.decode_attention)
+                        cfg.decode_gemv, cfg.decode_attention, cfg.prefill_attention)
     if pool is not None:
         pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
         set_gemv_amx(pool.lib, c)
         set_att_amx(pool.lib, c)
+        set_prefill_att(pool.lib, c)
         pool.lib.ft_set_ggml_act(act_mode(cfg.ggml_numerics))
         pool.lib.ft_set_ggml_k256(int(ggml_k256_choice(cfg.ggml_numerics, variant, pool.num_threads)))
         set_gemm_tiles(pool.lib, c)
@@ -563,3 +618,11 @@ def set_att_amx(lib, c: CpuChoices) -> None:
     if lib.ft_set_att_amx(int(c.att_amx)) != int(c.att_amx) and "decode_attention" in c.forced:
         raise InvalidRequestError("decode_attention: 'amx' does not run here (AMX needs the CPU's amx_bf16 and the "
                                   "OS's grant of the tile state); expected one of auto|fp32")
+
+
+def set_prefill_att(lib, c: CpuChoices) -> None:
+    """Switch the library's causal bf16 prefill attention to the choice (calibrated on the native
+    build: a narrower forced build goes without; AMX forced where it does not run: a clear error)."""
+    if lib.ft_set_prefill_att_amx(int(c.prefill_att_amx)) != int(c.prefill_att_amx) and "prefill_attention" in c.forced:
+        raise InvalidRequestError("prefill_attention: 'amx' does not run here (AMX needs the CPU's amx_bf16 and the "
+                                  "OS's grant of the tile state); expected one of auto|torch")

@@ -31,6 +31,7 @@ class BuildContext:
     bf16_dot = property(lambda self: self.cfg.bf16_dot)
     decode_gemv = property(lambda self: self.cfg.decode_gemv)
     decode_attention = property(lambda self: self.cfg.decode_attention)
+    prefill_attention = property(lambda self: self.cfg.prefill_attention)
     kernel_isa = property(lambda self: self.cfg.kernel_isa)
     ggml_numerics = property(lambda self: self.cfg.ggml_numerics)
 

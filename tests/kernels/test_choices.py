@@ -5,7 +5,7 @@ import torch
 
 from freetoken import kernels
 from freetoken.kernels import choices
-from freetoken.kernels.choices import isa_level, cpu_choices, measure_att_amx
+from freetoken.kernels.choices import isa_level, cpu_choices, measure_att_amx, measure_prefill_att
 
 CPU = torch.device("cpu")
 ZEN4 = frozenset("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16".split())
@@ -25,9 +25,10 @@ class Calibration:
 
 @pytest.fixture(autouse=True)
 def att_calibrated_fp32(monkeypatch):
-    """Tests of the other choices pick on flags with AMX: their attention calibration says fp32
-    (measured here only where a test asks the library itself)."""
+    """Tests of the other choices pick on flags with AMX: their attention calibrations say fp32 and
+    torch (measured here only where a test asks the library itself)."""
     monkeypatch.setattr(choices, "measure_att_amx", lambda threads: {"fp32-1": 1.0, "fp32-9": 1.0})
+    monkeypatch.setattr(choices, "measure_prefill_att", lambda threads: {"torch": 1.0})
 
 
 def test_isa_level():
@@ -141,7 +142,7 @@ def test_forcing_options_are_checked():
     from freetoken.config import EngineConfig
     from freetoken.errors import InvalidRequestError
     for name, bad in (("prefill_gemm", "fp16"), ("bf16_dot", "yes"), ("kernel_isa", "avx512"), ("decode_gemv", "on"),
-                      ("decode_attention", "bf16")):
+                      ("decode_attention", "bf16"), ("prefill_attention", "on")):
         with pytest.raises(InvalidRequestError, match=name):
             EngineConfig(model="m", **{name: bad})
 
@@ -251,3 +252,33 @@ def test_ggml_k256_calibration_runs_the_library_here(isa):
     t = measure_k256(1, isa, hidden=512, inter=256, reps=1, out_of_cache=1 << 20)
     assert set(t) == {"q8", "q8k"} and all(v > 0 for v in t.values())
     assert kernels.load(isa).ft_set_ggml_k256(-1) == 0          # the switch left as it was
+
+
+def test_prefill_attention_on_tiles_only_with_amx_where_faster_than_torch(tmp_path):
+    pick = lambda flags, cal, weights=torch.bfloat16, kernels=True, **kw: cpu_choices(  # noqa: E731
+        weights, CPU, "auto", kernels=kernels, flags=flags, threads=2, measure=Calibration(2, 1),
+        measure_dot=Calibration(fp32=1.0, bf16=2.0), measure_gemv=GemvCalibration(1.0),
+        measure_att=AttCalibration(**{"fp32-1": 1.0, "fp32-9": 4.0}), measure_patt=cal, **kw)
+    fast = AttCalibration(torch=2.0, amx=1.0)
+    assert pick(SPR, fast).prefill_att_amx and "prefill attention on AMX tiles (calibrated: 2.00x" in pick(SPR, fast).describe()
+    assert not pick(SPR, AttCalibration(torch=1.0, amx=1.5)).prefill_att_amx
+    assert not pick(SPR, AttCalibration(torch=1.0)).prefill_att_amx       # the OS refused the tiles
+    never = AttCalibration(**fast.t)
+    assert not pick(ZEN4, never).prefill_att_amx and not pick(SPR, never, weights=torch.float32).prefill_att_amx
+    assert not pick(SPR, never, kernels=False).prefill_att_amx and never.calls == 0
+    forced = pick(ZEN4, never, patt="amx")
+    assert forced.prefill_att_amx and forced.forced == ("prefill_attention",) and "(forced)" in forced.describe()
+    assert not pick(SPR, fast, patt="torch").prefill_att_amx and never.calls == 0
+    cached = AttCalibration(**fast.t)
+    for _ in range(2):
+        assert pick(SPR, cached, cache=tmp_path).prefill_att_amx
+    assert cached.calls == 1
+
+
+def test_prefill_attention_calibration_runs_the_library_here():
+    from freetoken.kernels import cpu_kernels
+    lib = cpu_kernels()
+    if lib is None:
+        return
+    t = measure_prefill_att(1, tokens=96, reps=1)
+    assert set(t) == ({"torch", "amx"} if lib.ft_amx_ready() else {"torch"}) and all(v > 0 for v in t.values())

@@ -255,7 +255,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KV
         queries, keys, values = gather(q, k, v, cache, meta, convert=False)
         q_lens = (meta.query_positions >= 0).sum(1).tolist()
         out = prefill_attention.causal_batch(queries, keys, values, q_lens, meta.context_lens.tolist(), scale,
-                                             prefill_dtype or q.dtype)
+                                             prefill_dtype or q.dtype, meta.kernel_pool)
         return scatter(out, meta)
     queries, keys, values = gather(q, k, v, cache, meta)
     return scatter(masked_sdpa(queries, keys, values, meta, scale, window), meta)

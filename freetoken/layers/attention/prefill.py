@@ -9,7 +9,11 @@ boolean mask alone is 32 MB per layer for a 2048-token chunk at 16k context, and
 takes a slower path than without. Each sequence of a batch is done on its own.
 
 dtype: the dtype the flash kernel multiplies in; bf16 where native bf16 GEMM was measured faster
-(kernels/choices.py) reads a bf16 KV cache as it is instead of converting it to fp32."""
+(kernels/choices.py) reads a bf16 KV cache as it is instead of converting it to fp32.
+
+In bf16, with the C kernels' pool and the library's prefill attention switched on (calibrated,
+kernels/choices.py), a chunk runs kernels/c/prefill_attention.c instead: the same two pieces in
+one pass on AMX tiles, the keys read where the gather left them (no contiguous copy), fp32 out."""
 from __future__ import annotations
 
 import torch
@@ -20,6 +24,32 @@ _flash = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", 
 
 def available() -> bool:
     return _flash is not None
+
+
+def amx_chunk(pool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              out: torch.Tensor | None = None) -> torch.Tensor | None:
+    """causal_chunk on AMX tiles: q [1, Hq, Q, D], k/v [1, Hkv, K, D] bf16 (any head/token strides)
+    -> fp32 [1, Hq, Q, D] (into `out` where given: fp32, any head/token strides), or None where the
+    library does not run it (switched off, no AMX, a head dim not a multiple of 32 up to 256)."""
+    if q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16 or v.dtype != torch.bfloat16:
+        return None
+    _, hq, nq, d = q.shape
+    target = out
+    if out is None or out.dtype != torch.float32 or out.stride(-1) != 1:
+        out = torch.empty(1, hq, nq, d)
+    if any(t.stride(-1) != 1 for t in (q, k, v)):
+        return None
+    with pool.lock:
+        rc = pool.lib.ft_prefill_attention(pool.handle, q.data_ptr(), q.stride(1), q.stride(2), nq, hq, k.shape[1], d,
+                                           k.data_ptr(), k.stride(1), k.stride(2), v.data_ptr(), v.stride(1),
+                                           v.stride(2), k.shape[2], scale, out.data_ptr(), out.stride(1), out.stride(2))
+    if rc < 0:
+        raise MemoryError("prefill attention kernel could not allocate its scratch memory")
+    if rc != 0:
+        return None
+    if target is not None and target is not out:
+        target.copy_(out)
+    return out
 
 
 def _attend(q, k, v, scale, causal):
@@ -48,19 +78,21 @@ def causal_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
 
 
 def causal_batch(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, q_lens: list[int],
-                 k_lens: list[int], scale: float, dtype: torch.dtype) -> torch.Tensor:
+                 k_lens: list[int], scale: float, dtype: torch.dtype, pool=None) -> torch.Tensor:
     """queries [B, Hq, Qmax, D], keys/values [B, Hkv, Kmax, D] padded per sequence; sequence i has
     q_lens[i] queries at the last positions of its k_lens[i] keys. Returns [B, Hq, Qmax, D] in
-    queries' dtype (padded query rows zero)."""
+    queries' dtype (padded query rows zero). pool: the C kernels' pool (amx_chunk), or None."""
     out = queries.new_zeros(queries.shape)
     for i, (nq, nk) in enumerate(zip(q_lens, k_lens)):
         if nq == 0:
             continue
-        q = queries[i:i + 1, :, :nq].to(dtype).contiguous()
+        q = queries[i:i + 1, :, :nq].to(dtype)
         k, v = keys[i:i + 1, :, :nk].to(dtype), values[i:i + 1, :, :nk].to(dtype)
+        if pool is not None and nq > 1 and amx_chunk(pool, q, k, v, scale, out[i:i + 1, :, :nq]) is not None:
+            continue
         if nq == 1:       # one decode token: every key is visible
-            o = F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
+            o = F.scaled_dot_product_attention(q.contiguous(), k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
         else:
-            o = causal_chunk(q, k.contiguous(), v.contiguous(), scale)
+            o = causal_chunk(q.contiguous(), k.contiguous(), v.contiguous(), scale)
         out[i, :, :nq] = o[0].to(out.dtype)
     return out
