@@ -174,6 +174,12 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ft_prefill_attention.argtypes = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64,
                                              ctypes.c_float, vp, i64, i64]
         lib.ft_prefill_attention.restype = ci
+    return _bind_probes(lib)
+
+
+def _bind_probes(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The machine probes' signatures (kernels/roofline.py: AMX, peak rates, clock)."""
+    vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ft_amx_ready.argtypes = []
     lib.ft_amx_ready.restype = ci
     lib.ft_amx_tile_probe.argtypes = [ci, i64, vp]
