@@ -116,7 +116,9 @@ class VerifyPrice:
         self._union_sum = np.zeros(MAX_TRACKED + 1)        # per positions: sum of union ratios
         self._union_n = np.zeros(MAX_TRACKED + 1)
         self._theta: np.ndarray | None = None              # fitted (a, b, c): `theta` fits when stale
+        self._coef = (1.0, 0.02, 0.0)                       # the same as floats (`seconds` reads them)
         self._since_fit = 0
+        self._unions: dict[int, float] = {}                 # union(n) since the last union sample
 
     # --- what the engine measures --------------------------------------------------------
     def observe(self, positions: int, experts: int, seconds: float, attention: float = 0.0) -> None:
@@ -128,6 +130,7 @@ class VerifyPrice:
         if self.L and self.top_k and 1 <= positions <= MAX_TRACKED:
             self._union_sum[positions] += experts / (self.L * self.top_k)
             self._union_n[positions] += 1
+            self._unions.clear()
         self._since_fit += 1
 
     @property
@@ -140,13 +143,17 @@ class VerifyPrice:
         least) is new: a fit costs 1-2 ms (measured; two passes), so refitting every 8 steps cost ~2% of
         a 17 ms step; only a step with a draft to price reads it, so steps that draft nothing do
         not pay for it at all."""
+        self._refresh()
+        return self._theta
+
+    def _refresh(self) -> None:
         if self.samples and (self._theta is None or self._since_fit >= max(8, len(self.samples) // 8)):
             self._fit()
-        return self._theta
 
     @theta.setter
     def theta(self, value) -> None:
         self._theta, self._since_fit = value, 0
+        self._coef = tuple(float(x) for x in value) if value is not None else (1.0, 0.02, 0.0)
 
     def union(self, n: int) -> float:
         """Expected distinct experts of n positions, one layer, in units of top_k: measured
@@ -165,7 +172,12 @@ class VerifyPrice:
         return min(1 + (_prior_union(n) - 1) * ratio, self.E / max(self.top_k, 1), float(n))
 
     def experts(self, n: int) -> float:
-        return self.L * self.top_k * self.union(n)
+        if not self.L:
+            return 0.0
+        u = self._unions.get(n)
+        if u is None:
+            u = self._unions[n] = self.union(n)
+        return self.L * self.top_k * u
 
     # --- the model ---------------------------------------------------------------------
     def _fit(self) -> None:
@@ -203,11 +215,14 @@ class VerifyPrice:
             phi = _robust_ridge(X, y / level, w, prior / scale)
         # seconds at today's level: the newest two blocks' measured over fitted
         now = float(np.median((y / np.maximum(X @ phi, 1e-9))[-2 * LEVEL_BLOCK:]))
-        self._theta = phi * scale * now
+        self.theta = phi * scale * now
 
     def seconds(self, positions: int, experts: float | None = None) -> float:
-        """Predicted step seconds for `positions` rows (their expected union when not given)."""
-        theta = self.theta
-        a, b, c = theta if theta is not None else (1.0, 0.02, 0.0)
+        """Predicted step seconds for `positions` rows (their expected union when not given).
+        Read 2 x k times a proposal while drafting (decide.py): from floats and a cached union
+        (numpy scalars, and the union's search recomputed each time, made it ~10 us a read, a
+        third of the speculator's ~0.4 ms on a step that drafts)."""
+        self._refresh()
+        a, b, c = self._coef
         e = self.experts(positions) if experts is None else experts
         return a + b * positions + c * e
