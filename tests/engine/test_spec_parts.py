@@ -169,6 +169,25 @@ def test_price_prior_charges_each_row_its_attention():
         assert p.seconds(5, 0) - p.seconds(1, 0) == pytest.approx(4 * extra, rel=0.1)
 
 
+def test_price_reads_a_position_from_steps_beside_each_other_under_drifting_load():
+    """Another program's load scales every step alike for a while (here 1x and 4x in turn, in
+    phases of 40 steps, with 2% one-sided delays), and verifies fall more often in the loaded
+    phases: a fit over the whole window read a position at ~12x its share of a step (the 5x
+    swings in the dense replay under load: 9-19% a position where steps side by side said ~2%);
+    per block of steps, the shape is the steps' own and the level today's."""
+    rng = np.random.default_rng(3)
+    a, b = 0.025, 0.0006
+    p = VerifyPrice(moe_layers=0, top_k=0, num_experts=0, expert_nbytes=0)
+    for phase in range(7):
+        load = (1.0, 4.0)[phase % 2]
+        for _ in range(40):
+            n = int(rng.integers(2, 10)) if rng.random() < (0.7 if load > 1 else 0.2) else 1
+            p.observe(n, 0, load * (a + b * n) * (1 + 0.02 * abs(rng.standard_normal())))
+    a_fit, b_fit, _ = p.theta
+    assert b_fit / a_fit == pytest.approx(b / a, rel=0.15)
+    assert p.seconds(1, 0) == pytest.approx(a + b, rel=0.05)        # the last phase ran unloaded
+
+
 def test_price_fits_only_when_a_draft_is_priced(monkeypatch):
     """Steps that draft nothing (random text) only record their timing: the robust fit (0.5-1 ms)
     runs when the price is read, again only once an eighth of the window is new, and what it
@@ -181,7 +200,7 @@ def test_price_fits_only_when_a_draft_is_priced(monkeypatch):
     for i in range(200):
         p.observe(1 + i % 5, 0, a + b * (1 + i % 5))
     assert fits == [] and p.ready
-    assert p.seconds(7, 0) == pytest.approx(a + 7 * b, rel=1e-3)
+    assert p.seconds(7, 0) == pytest.approx(a + 7 * b, rel=5e-3)    # the load levels: ~0.2% off
     p.seconds(3, 0)
     assert fits == [200]
     for i in range(24):                      # 224 samples: a refit after 28 new ones

@@ -10,8 +10,8 @@ read at B_D: the measured mix of the current tier). The expected union of expert
 positions comes from recent routing (the RoutingObserver), with the union measured on a real
 Qwen3-30B-A3B trace as the prior (FACTS: 1 / 1.61 / 2.16 / 2.96 / 4.19 / 5.72x one token's
 experts for 1 / 2 / 3 / 5 / 9 / 17 positions). a, b, c are fitted online by least squares over
-recent steps (robust to the steps another program preempted; refitted only when a draft is
-priced), pulled toward a prior made from
+recent steps (robust to the steps another program preempted, each block of steps at its own
+load level; refitted only when a draft is priced), pulled toward a prior made from
 the bandwidth the experts backend measures, so the price follows the machine as it is now
 (another program on the memory bus, a colder cache).
 """
@@ -87,6 +87,25 @@ def _robust_ridge(X: np.ndarray, y: np.ndarray, w: float, phi0: np.ndarray, roun
     return phi
 
 
+LEVEL_BLOCK = 16       # consecutive steps sharing one load level (the median of their measured / predicted)
+LEVEL_PASSES = 2
+
+
+def _levels(ratio: np.ndarray) -> np.ndarray:
+    """Each step's load level: the median of measured / predicted seconds over its block of
+    LEVEL_BLOCK consecutive steps (blocks end at the newest step). Another program's load scales
+    every step alike for a while, so the price's shape (what a position and an expert add to a
+    step) is read from steps beside each other, not from steps minutes apart that ran on another
+    share of the cores."""
+    head = len(ratio) % LEVEL_BLOCK
+    out = np.empty(len(ratio))
+    if head:
+        out[:head] = np.median(ratio[:head])
+    if len(ratio) > head:
+        out[head:] = np.repeat(np.median(ratio[head:].reshape(-1, LEVEL_BLOCK), axis=1), LEVEL_BLOCK)
+    return out
+
+
 class VerifyPrice:
     def __init__(self, moe_layers: int, top_k: int, num_experts: int, expert_nbytes: int,
                  expert_rate: float | None = None, window: int = 256):
@@ -97,7 +116,9 @@ class VerifyPrice:
         self._union_sum = np.zeros(MAX_TRACKED + 1)        # per positions: sum of union ratios
         self._union_n = np.zeros(MAX_TRACKED + 1)
         self._theta: np.ndarray | None = None              # fitted (a, b, c): `theta` fits when stale
+        self._coef = (1.0, 0.02, 0.0)                       # the same as floats (`seconds` reads them)
         self._since_fit = 0
+        self._unions: dict[int, float] = {}                 # union(n) since the last union sample
 
     # --- what the engine measures --------------------------------------------------------
     def observe(self, positions: int, experts: int, seconds: float, attention: float = 0.0) -> None:
@@ -109,6 +130,7 @@ class VerifyPrice:
         if self.L and self.top_k and 1 <= positions <= MAX_TRACKED:
             self._union_sum[positions] += experts / (self.L * self.top_k)
             self._union_n[positions] += 1
+            self._unions.clear()
         self._since_fit += 1
 
     @property
@@ -118,16 +140,20 @@ class VerifyPrice:
     @property
     def theta(self) -> np.ndarray | None:
         """The fitted (a, b, c), refitted when read after an eighth of the window (8 samples at
-        least) is new: a fit costs 0.5-1 ms (measured), so refitting every 8 steps cost ~1% of
+        least) is new: a fit costs 1-2 ms (measured; two passes), so refitting every 8 steps cost ~2% of
         a 17 ms step; only a step with a draft to price reads it, so steps that draft nothing do
         not pay for it at all."""
+        self._refresh()
+        return self._theta
+
+    def _refresh(self) -> None:
         if self.samples and (self._theta is None or self._since_fit >= max(8, len(self.samples) // 8)):
             self._fit()
-        return self._theta
 
     @theta.setter
     def theta(self, value) -> None:
         self._theta, self._since_fit = value, 0
+        self._coef = tuple(float(x) for x in value) if value is not None else (1.0, 0.02, 0.0)
 
     def union(self, n: int) -> float:
         """Expected distinct experts of n positions, one layer, in units of top_k: measured
@@ -146,7 +172,12 @@ class VerifyPrice:
         return min(1 + (_prior_union(n) - 1) * ratio, self.E / max(self.top_k, 1), float(n))
 
     def experts(self, n: int) -> float:
-        return self.L * self.top_k * self.union(n)
+        if not self.L:
+            return 0.0
+        u = self._unions.get(n)
+        if u is None:
+            u = self._unions[n] = self.union(n)
+        return self.L * self.top_k * u
 
     # --- the model ---------------------------------------------------------------------
     def _fit(self) -> None:
@@ -172,11 +203,26 @@ class VerifyPrice:
         # ridge regression in units of the prior's spread (phi = theta / scale), seconds in units of t1
         X = np.column_stack([np.ones(len(s)), s[:, 0], s[:, 1]]) * scale / t1
         y = s[:, 2] / t1
-        self._theta = _robust_ridge(X, y, w, prior / scale) * scale
+        # each step's seconds divided by its block's load level, the level read with the prior's
+        # shape, then again with the fitted one: under other programs' load the plain step's time
+        # moved 5x within a window, the verifies landed unevenly in it, and one fit over the whole
+        # window read 9-19% of a step a position where steps side by side said ~2% (the dense
+        # replay, docs/benchmarks.md). Both passes robust: a block that straddles a change of load
+        # is an outlier in either level, and a least-squares first pass carried it into the second
+        phi = prior / scale
+        for _ in range(LEVEL_PASSES):
+            level = _levels(y / np.maximum(X @ phi, 1e-9))
+            phi = _robust_ridge(X, y / level, w, prior / scale)
+        # seconds at today's level: the newest two blocks' measured over fitted
+        now = float(np.median((y / np.maximum(X @ phi, 1e-9))[-2 * LEVEL_BLOCK:]))
+        self.theta = phi * scale * now
 
     def seconds(self, positions: int, experts: float | None = None) -> float:
-        """Predicted step seconds for `positions` rows (their expected union when not given)."""
-        theta = self.theta
-        a, b, c = theta if theta is not None else (1.0, 0.02, 0.0)
+        """Predicted step seconds for `positions` rows (their expected union when not given).
+        Read 2 x k times a proposal while drafting (decide.py): from floats and a cached union
+        (numpy scalars, and the union's search recomputed each time, made it ~10 us a read, a
+        third of the speculator's ~0.4 ms on a step that drafts)."""
+        self._refresh()
+        a, b, c = self._coef
         e = self.experts(positions) if experts is None else experts
         return a + b * positions + c * e
