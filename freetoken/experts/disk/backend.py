@@ -86,7 +86,8 @@ PREFILL_READ = "routed"
 # experts (its misses queued first: they still read first), so the reads overlap this call's
 # compute too, not only the next layer's attention (the layer just run gives up its slots as
 # before: this call's are locked); a call whose experts do not all fit at once (a small cache)
-# still reads ahead after it has released them, as does False (before issue 39's stop 47).
+# still reads ahead after it has released them, as does False (before issue 39's stop 47), and so
+# does every call while a decode pass routes more experts than the cache holds (`_early`).
 # `bench/disk_tier.py --read-ahead-at end` for the A/B
 READ_AHEAD_FIRST = True
 
@@ -272,7 +273,7 @@ class DiskExperts(Experts):
             n, slots, pending = self.cache.acquire_nowait(rest)
             hand = None
             try:
-                if len(nxt) and READ_AHEAD_FIRST and n == len(uniq) and not handing:
+                if len(nxt) and n == len(uniq) and not handing and self._early():
                     started += self.cache.prefetch(nxt, budgeted=not streamed)     # (see READ_AHEAD_FIRST)
                 if not stream:
                     self.cache.landed(rest[:n], pending)
@@ -312,6 +313,12 @@ class DiskExperts(Experts):
         self._last = (layer, time.perf_counter())
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
+    def _early(self) -> bool:
+        """Whether this call reads ahead before it computes (READ_AHEAD_FIRST): not while a decode
+        pass routes more experts than the cache holds, where an early guess takes the slot of an
+        expert this pass still needs (at a 5% cache: 1.5x the bytes, docs/benchmarks.md stop 47)."""
+        return READ_AHEAD_FIRST and not self.cache.over_capacity()
+
     def _all_hits(self, layer: int, uniq: np.ndarray, flat: np.ndarray, x, w, out, routed: int, nxt: np.ndarray,
                   t0: float) -> bool:
         """The call at full hits, with as little bookkeeping as a resident call has (issue 39
@@ -324,7 +331,7 @@ class DiskExperts(Experts):
         if got is None:
             return False
         slots, ordered = got
-        started = self.cache.prefetch(nxt) if len(nxt) and READ_AHEAD_FIRST else 0   # read ahead as the general path
+        started = self.cache.prefetch(nxt) if len(nxt) and self._early() else 0   # read ahead as the general path
         try:
             if ordered:         # the one kernel call of the resident pool, on the slots
                 self.host.run(x, torch.from_numpy(slots), w, out=out)
