@@ -80,8 +80,9 @@ def test_router_guess_is_the_next_layers_router_on_this_input(ftw):
 def test_each_guesser_guesses_every_call_only_while_it_is_not_the_worse_guess(ftw, mode):
     """In "auto", while the history predictor has guessed better (F1), the router guesses one
     decode layer call in GUESS_SAMPLE (its score kept current), and every call once it is
-    no worse; the history predictor the same way round while the router leads; "router" mode
-    guesses every call. Tokens stay the resident run's either way."""
+    no worse; `_due` answers the same way round for the history while the router leads (the
+    engine asks it for the router only: the history guesses every call); "router" mode guesses
+    every call. Tokens stay the resident run's either way."""
     from freetoken.experts.disk.backend import GUESS_SAMPLE
     path, (logits, tokens) = ftw
     llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead=mode)

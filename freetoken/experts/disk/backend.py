@@ -60,9 +60,9 @@ from ..memory.slots import DEFAULT_POLICY, layer_aware, parse_policy_options
 log = logging.getLogger("freetoken.experts")
 _NONE = np.empty(0, np.int64)       # no experts (shared: never written to)
 _APART_BYTES = 32 << 20             # the most a call's per-pair output rows take (`_apart`)
-# "auto": the guesser (router or history) that has guessed worse so far guesses one decode layer call
-# in this many, enough to keep its score current; the leader guesses every call (issue 39: both every
-# call cost the decode thread ~1 ms a call under load, stop 47's profile)
+# "auto": the router, while it has guessed worse so far than the history, guesses one decode layer
+# call in this many, enough to keep its score current (its GEMV is the guess that costs); the history
+# guesses every call (~15 us): sampled too, it read 1.13x the bytes at a 5% host cache (stop 47)
 GUESS_SAMPLE = 8
 # a call hands its victims' slots to the next layer's reads mid-call (handoff.py): off, since on this
 # 2-core box it waited ~5x less on reads at a 5% host cache but decoded slower in 9 of 10 loaded A/B
@@ -466,7 +466,8 @@ class DiskExperts(Experts):
         """The experts to read ahead (flat ids, soonest needed first, likeliest first within a
         layer): layer+1's by its router's guess (lookahead.py) or the history predictor's
         (next_layer.py; "auto" reads what the one that has guessed better so far, F1 against what
-        the next layers routed, says; the other guesses one call in `GUESS_SAMPLE`, `_due`), then the history predictor chained from
+        the next layers routed, says; the router, while it guesses worse, one call in `GUESS_SAMPLE`,
+        `_due`), then the history predictor chained from
         that guess for the layers after it (lookahead.DEPTH). The layers are a cycle: the last
         layer guesses the next token's first (history only: its input is not known yet)."""
         L = self.layout.num_layers
@@ -482,7 +483,7 @@ class DiskExperts(Experts):
             self.scores["router"].guessed_for(nxt, routed + first)
         self.predictor.observe(layer, local)        # (learns every call, whoever guesses)
         guess = routed
-        if routed is None or (self.lookahead == "auto" and self._due("history")):
+        if routed is None or self.lookahead == "auto":     # (the history every call: sampled, it read 1.13x the bytes at a 5% cache)
             hist = self.predictor.predict(layer, local)
             self.scores["history"].guessed_for(nxt, hist + first)
             if routed is None or self.scores["history"].f1() >= self.scores["router"].f1():
