@@ -98,3 +98,32 @@ def q8k_act(v: torch.Tensor) -> torch.Tensor:
     b = v.float().unflatten(-1, (-1, 256))
     d = b.abs().amax(-1, keepdim=True) / 127.0
     return (torch.round(b * torch.where(d > 0, 1.0 / d, torch.zeros_like(d))) * d).flatten(-2).double()
+
+
+def paged_mixed_step(g: torch.Generator, hkv: int, d: int, dtype: torch.dtype,
+                     seqs: list[tuple[int, int]]) -> tuple:
+    """A paged attention step of prefill chunks and decode tokens: `seqs` lists (tokens already
+    cached, new tokens) per sequence, over a random KVCache of `dtype` with scattered slots.
+    Returns (cache, metadata, new tokens in all)."""
+    import torch.nn.functional as F
+    from freetoken.layers.attention.paged import AttentionMetadata, KVCache
+    cache = KVCache(4096, hkv, d, dtype, "cpu")
+    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
+    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
+    perm = torch.randperm(4000, generator=g) + 16
+    kmax, qmax = max(a + n for a, n in seqs), max(n for _, n in seqs)
+    key_slots, slot_map, qidx, qpos, start, off = [], [], [], [], 0, 0
+    for a, n in seqs:
+        s = perm[start:start + a + n]
+        start += a + n
+        key_slots.append(F.pad(s, (0, kmax - len(s))))
+        slot_map.append(s[a:])
+        qidx.append(F.pad(torch.arange(off, off + n), (0, qmax - n), value=sum(n for _, n in seqs)))
+        qpos.append(F.pad(torch.arange(a, a + n), (0, qmax - n), value=-1))
+        off += n
+    ctx = torch.tensor([a + n for a, n in seqs])
+    key_pos = torch.where(torch.arange(kmax) < ctx[:, None], torch.arange(kmax), 1 << 40)
+    meta = AttentionMetadata(slot_mapping=torch.cat(slot_map), key_slots=torch.stack(key_slots),
+                             key_positions=key_pos, query_index=torch.stack(qidx), query_positions=torch.stack(qpos),
+                             num_tokens=off, context_lens=ctx)
+    return cache, meta, off

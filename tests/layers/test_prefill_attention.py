@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from freetoken.layers.attention import prefill as prefill_attention
-from freetoken.layers.attention.paged import AttentionMetadata, KVCache, paged_attention
+from freetoken.layers.attention.paged import paged_attention
+from tests.helpers import paged_mixed_step
 
 pytestmark = pytest.mark.skipif(not prefill_attention.available(), reason="torch without CPU flash attention")
 
@@ -43,26 +44,7 @@ def test_paged_attention_mixed_batch_matches_the_mask_path():
     blockwise path equals the masked SDPA path of the same metadata (padded queries aside)."""
     g = torch.Generator().manual_seed(3)
     hq, hkv, d = 8, 2, 32
-    cache = KVCache(4096, hkv, d, torch.float32, "cpu")
-    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
-    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
-    seqs = [(0, 50), (700, 130), (999, 1)]                 # (tokens already cached, new tokens)
-    perm = torch.randperm(4000, generator=g) + 16
-    kmax, qmax = max(a + n for a, n in seqs), max(n for _, n in seqs)
-    key_slots, slot_map, qidx, qpos, start, off = [], [], [], [], 0, 0
-    for a, n in seqs:
-        s = perm[start:start + a + n]
-        start += a + n
-        key_slots.append(F.pad(s, (0, kmax - len(s))))
-        slot_map.append(s[a:])
-        qidx.append(F.pad(torch.arange(off, off + n), (0, qmax - n), value=sum(n for _, n in seqs)))
-        qpos.append(F.pad(torch.arange(a, a + n), (0, qmax - n), value=-1))
-        off += n
-    ctx = torch.tensor([a + n for a, n in seqs])
-    key_pos = torch.where(torch.arange(kmax) < ctx[:, None], torch.arange(kmax), 1 << 40)
-    meta = AttentionMetadata(slot_mapping=torch.cat(slot_map), key_slots=torch.stack(key_slots),
-                             key_positions=key_pos, query_index=torch.stack(qidx), query_positions=torch.stack(qpos),
-                             num_tokens=off, context_lens=ctx)
+    cache, meta, off = paged_mixed_step(g, hkv, d, torch.float32, [(0, 50), (700, 130), (999, 1)])
     q = torch.randn(off, hq, d, generator=g)
     k, v = torch.randn(off, hkv, d, generator=g), torch.randn(off, hkv, d, generator=g)
     out = paged_attention(q, k, v, cache, meta, d ** -0.5)

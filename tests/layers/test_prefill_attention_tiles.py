@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from freetoken.kernels import load
 from freetoken.kernels.pool import CpuPool
 from freetoken.layers.attention import prefill
-from freetoken.layers.attention.paged import AttentionMetadata, KVCache, paged_attention
+from freetoken.layers.attention.paged import paged_attention
+from tests.helpers import paged_mixed_step
 
 
 @pytest.fixture(scope="module")
@@ -71,37 +72,13 @@ def test_what_the_tiles_do_not_run_falls_back(pool):
     assert prefill.amx_chunk(pool, q.float(), q[:, :2].float(), q[:, :2].float(), 0.1) is None
 
 
-def mixed_step(g, hq, hkv, d, seqs):
-    """A step of prefill chunks (some continuing a cached prefix) and a decode token over a bf16 cache."""
-    cache = KVCache(4096, hkv, d, torch.bfloat16, "cpu")
-    cache.k.copy_(torch.randn(cache.k.shape, generator=g))
-    cache.v.copy_(torch.randn(cache.v.shape, generator=g))
-    perm = torch.randperm(4000, generator=g) + 16
-    kmax, qmax = max(a + n for a, n in seqs), max(n for _, n in seqs)
-    key_slots, slot_map, qidx, qpos, start, off = [], [], [], [], 0, 0
-    for a, n in seqs:
-        s = perm[start:start + a + n]
-        start += a + n
-        key_slots.append(F.pad(s, (0, kmax - len(s))))
-        slot_map.append(s[a:])
-        qidx.append(F.pad(torch.arange(off, off + n), (0, qmax - n), value=sum(n for _, n in seqs)))
-        qpos.append(F.pad(torch.arange(a, a + n), (0, qmax - n), value=-1))
-        off += n
-    ctx = torch.tensor([a + n for a, n in seqs])
-    key_pos = torch.where(torch.arange(kmax) < ctx[:, None], torch.arange(kmax), 1 << 40)
-    meta = AttentionMetadata(slot_mapping=torch.cat(slot_map), key_slots=torch.stack(key_slots),
-                             key_positions=key_pos, query_index=torch.stack(qidx), query_positions=torch.stack(qpos),
-                             num_tokens=off, context_lens=ctx)
-    return cache, meta, off
-
-
 @pytest.mark.parametrize("on", [True, False])
 def test_paged_prefill_with_the_tiles_on_and_off(pool, on):
     """Both choices through paged_attention (chunks over a cached prefix, a fresh prompt, a decode
     token) against float64 masked attention over the cache's bf16 keys."""
     g = torch.Generator().manual_seed(11)
     hq, hkv, d = 8, 2, 64
-    cache, meta, n = mixed_step(g, hq, hkv, d, [(0, 50), (700, 130), (999, 1)])
+    cache, meta, n = paged_mixed_step(g, hkv, d, torch.bfloat16, [(0, 50), (700, 130), (999, 1)])
     meta.kernel_pool = pool
     q = torch.randn(n, hq, d, generator=g)
     k, v = torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g)
