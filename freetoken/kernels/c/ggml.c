@@ -63,6 +63,18 @@ static inline kview kv(const uint8_t *p, int n) {
 
 #ifdef FT_AVX2
 
+/* Q3_K's 16 6-bit scales of a super-block (4 low bits at 96..103, 2 high bits at 104..107) as
+ * signed bytes sc - 32: shared by the per-32 and the per-256 (krow) paths */
+static inline __m128i q3k_scales(const uint8_t *blk) {
+    uint32_t l0, l1, hh;
+    memcpy(&l0, blk + 96, 4); memcpy(&l1, blk + 100, 4); memcpy(&hh, blk + 104, 4);
+    const uint32_t n4 = 0x0f0f0f0fu, n2 = 0x03030303u;
+    return _mm_sub_epi8(_mm_setr_epi32((int)((l0 & n4) | (hh & n2) << 4), (int)((l1 & n4) | ((hh >> 2) & n2) << 4),
+                                       (int)(((l0 >> 4) & n4) | ((hh >> 4) & n2) << 4),
+                                       (int)(((l1 >> 4) & n4) | ((hh >> 6) & n2) << 4)),
+                        _mm_set1_epi8(32));
+}
+
 /* 8 blocks of 32 weights at a time (one k-quant super-block, or 8 legacy blocks): the weight
  * scales ws[8] and offset coefficients os[8] (of the block sums) become vectors, so per token the
  * float work is one mul (D = ws * dx) and one fma (offsets) per 8 blocks, and per block one
@@ -201,14 +213,7 @@ FORCE_INLINE void decode8(const int type, const uint8_t *blk, __m256i *wv, __m25
             os[0] = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sh)));
             os[1] = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sh, 8))));
         } else if (type == GT_Q3_K) {   /* x = d (sc - 32) (q + 4 hbit - 4), 6-bit sc per 16 */
-            uint32_t l0, l1, hh;
-            memcpy(&l0, blk + 96, 4); memcpy(&l1, blk + 100, 4); memcpy(&hh, blk + 104, 4);
-            const uint32_t n4 = 0x0f0f0f0fu, n2 = 0x03030303u;
-            const __m128i s = _mm_sub_epi8(_mm_setr_epi32((int)((l0 & n4) | (hh & n2) << 4),
-                                                          (int)((l1 & n4) | ((hh >> 2) & n2) << 4),
-                                                          (int)(((l0 >> 4) & n4) | ((hh >> 4) & n2) << 4),
-                                                          (int)(((l1 >> 4) & n4) | ((hh >> 6) & n2) << 4)),
-                                           _mm_set1_epi8(32));
+            const __m128i s = q3k_scales(blk);
             const __m256 d = _mm256_set1_ps(_cvtsh_ss(*(const uint16_t *)(blk + 108)));
             ws[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s)));
             ws[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s, 8))));
@@ -382,14 +387,7 @@ FORCE_INLINE void kscales(const int type, const uint8_t *blk, __m256i *sc, __m25
         *oc = _mm256_slli_epi16(*sc, 5);
         *d = *dm = _cvtsh_ss(*(const uint16_t *)(blk + 208));
     } else if (type == GT_Q3_K) {               /* x = d (sc - 32) (q - 4), q with its high bit */
-        uint32_t l0, l1, hh;
-        memcpy(&l0, blk + 96, 4); memcpy(&l1, blk + 100, 4); memcpy(&hh, blk + 104, 4);
-        const uint32_t n4 = 0x0f0f0f0fu, n2 = 0x03030303u;
-        const __m128i s = _mm_sub_epi8(_mm_setr_epi32((int)((l0 & n4) | (hh & n2) << 4),
-                                                      (int)((l1 & n4) | ((hh >> 2) & n2) << 4),
-                                                      (int)(((l0 >> 4) & n4) | ((hh >> 4) & n2) << 4),
-                                                      (int)(((l1 >> 4) & n4) | ((hh >> 6) & n2) << 4)),
-                                       _mm_set1_epi8(32));
+        const __m128i s = q3k_scales(blk);
         *sc = _mm256_cvtepi8_epi16(s);
         *oc = _mm256_slli_epi16(*sc, 2);
         *d = *dm = _cvtsh_ss(*(const uint16_t *)(blk + 108));
