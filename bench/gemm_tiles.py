@@ -89,6 +89,7 @@ def main():
     tiles = [m for m in modes_here(lib) if m != "plain"]
     ceil = {"amx": "amx_bf16", "vdpbf16ps": "bf16", "torch_bf16": "amx_bf16" if "amx_bf16" in peak else "bf16",
             "torch_fp32": "fp32"}
+    ceil = {k: v if v in peak else "fp32" for k, v in ceil.items()}   # an AVX2 CPU has only the fp32 FMA peak
     g = torch.Generator().manual_seed(0)
     print(f"{'M x N x K':>20} " + " ".join(f"{k:>22}" for k in [*tiles, "torch_bf16", "torch_fp32"]))
     for m, n, k in (tuple(int(v) for v in sh.split("x")) for sh in args.shapes.split(",") if sh):
