@@ -4,7 +4,10 @@
  * multiply-adds executed (-1: the format has no instruction in this build or on this CPU).
  *   FT_PEAK_FP32:      fp32 FMA (zmm with AVX-512, ymm with AVX2, scalar-vectorised C otherwise)
  *   FT_PEAK_BF16:      AVX512-BF16 vdpbf16ps (2 bf16 products per fp32 lane)
- *   FT_PEAK_INT8:      VNNI vpdpbusd (4 u8 x s8 products per int32 lane; zmm AVX512-VNNI)
+ *   FT_PEAK_INT8:      VNNI vpdpbusd (4 u8 x s8 products per int32 lane; zmm AVX512-VNNI); on an
+ *                      AVX2 build the pre-VNNI sequence the int8 dots use (vpmaddubsw, vpmaddwd by
+ *                      ones, vpaddd: 32 u8 x s8 products per ymm), so an AVX2 CPU's int8 formats
+ *                      are not read against the fp32 FMA peak, which that sequence exceeds
  *   FT_PEAK_AMX_BF16:  AMX tdpbf16ps, 16x16x32 per tile op (where the OS grants the tiles)
  *   FT_PEAK_AMX_INT8:  AMX tdpbssd, 16x16x64 per tile op
  * ft_peak_bursts times each thread's bursts on that thread's own CPU clock after a warm-up burst
@@ -77,6 +80,20 @@ static int64_t run_int8(int64_t iters, double *sink) {
     for (int i = 1; i < CHAINS; i++) a[0] = _mm512_add_epi32(a[0], a[i]);
     *sink += (double)_mm512_reduce_add_epi32(a[0]);
     return iters * CHAINS * 64;
+#elif defined(FT_AVX2) && !defined(FT_AVX512)
+    /* 4 chains: each is one vpaddd deep per round; the asm keeps the products in the loop */
+    __m256i a[4], u[4], s = _mm256_set1_epi8(1), one = _mm256_set1_epi16(1);
+    for (int i = 0; i < 4; i++) { a[i] = _mm256_set1_epi32(i); u[i] = _mm256_set1_epi8((char)(i + 1)); }
+    for (int64_t it = 0; it < iters; it++)
+        for (int i = 0; i < 4; i++) {
+            __asm__ volatile("" : "+x"(u[i]));
+            a[i] = _mm256_add_epi32(a[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u[i], s), one));
+        }
+    for (int i = 1; i < 4; i++) a[0] = _mm256_add_epi32(a[0], a[i]);
+    int32_t t[8];
+    _mm256_storeu_si256((__m256i *)t, a[0]);
+    *sink += (double)t[0];
+    return iters * 4 * 32;
 #else
     (void)iters; (void)sink;
     return -1;
