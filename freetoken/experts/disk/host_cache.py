@@ -12,7 +12,8 @@ GGUF piece is read as its aligned span into a per-thread bounce buffer); otherwi
 and after each read the file's pages are dropped from the page cache (`posix_fadvise(DONTNEED)`):
 the slot is the copy in RAM, the page cache would be a second.
 With a file watch (experts/disk/integrity.py) each expert's bytes are hashed (xxh3) as they land and a
-mismatch with its checksum is an `ExpertReadError`, like a short read.
+mismatch with its checksum is an `ExpertReadError`, like a short read; a re-read of an expert that
+already matched in the same file version is not hashed again (`ExpertFileWatch.known`).
 
 Thread safety: every table change happens under one condition lock; the reads run outside
 it. A slot being read is `pending` and locked by its reader: nobody reads its rows or evicts
@@ -94,7 +95,7 @@ class ExpertReader:
         (the slot's frame, the row's lead in it; host_rows.py) -- a piece whose aligned span the
         frame holds is read straight into it, and hashed there (no bounce copy)."""
         total = 0
-        h = xxh3_64() if self.watch is not None else None
+        h = xxh3_64() if self.watch is not None and not self.watch.known(flat, self.fds) else None
         for name, bank in self.layout.banks.items():
             row, fr = None, frames.get(name) if frames else None
             for pc in bank.pieces:
@@ -124,7 +125,7 @@ class ExpertReader:
                 elif not direct:
                     self._place(bank, pc, buf, dst[name])
                 total += pc.nbytes
-        if h is not None:
+        if h is not None:          # (None with a watch: an expert already matched in this file version)
             bad = self.watch.check(flat, h.intdigest())
             if bad:
                 raise ExpertReadError(bad)
