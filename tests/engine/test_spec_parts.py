@@ -188,6 +188,23 @@ def test_price_reads_a_position_from_steps_beside_each_other_under_drifting_load
     assert p.seconds(1, 0) == pytest.approx(a + b, rel=0.05)        # the last phase ran unloaded
 
 
+def test_price_learns_a_steep_row_from_its_first_verifies():
+    """A machine whose extra rows cost far more than the prior says (the AVX2 Zen 1: ~35% of a
+    plain step a row, the prior ~10%): four verifies of 9 rows among 200 plain steps (3%
+    one-sided delays) set the price within 10% of the truth; judged from the prior's line each
+    verify was many sigmas off and weighed nothing (the row stayed at ~0.10 of a step)."""
+    rng = np.random.default_rng(1)
+    t1, row = 0.05, 0.35
+    p = VerifyPrice(moe_layers=0, top_k=0, num_experts=0, expert_nbytes=0)
+    for _ in range(200):
+        p.observe(1, 0, t1 * (1 + 0.03 * abs(rng.standard_normal())), 0.004)
+    for _ in range(4):
+        p.observe(9, 0, t1 * (1 + 8 * row) * (1 + 0.03 * abs(rng.standard_normal())), 0.036)
+        for _ in range(5):
+            p.observe(1, 0, t1 * (1 + 0.03 * abs(rng.standard_normal())), 0.004)
+    assert (p.seconds(9, 0) / p.seconds(1, 0) - 1) / 8 == pytest.approx(row, rel=0.1)
+
+
 def test_price_fits_only_when_a_draft_is_priced(monkeypatch):
     """Steps that draft nothing (random text) only record their timing: the robust fit (0.5-1 ms)
     runs when the price is read, again only once an eighth of the window is new, and what it

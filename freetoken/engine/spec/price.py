@@ -70,14 +70,37 @@ def _nonnegative_ridge(X: np.ndarray, y: np.ndarray, wts: np.ndarray, w: float, 
     return best
 
 
-def _robust_ridge(X: np.ndarray, y: np.ndarray, w: float, phi0: np.ndarray, rounds: int = 6) -> np.ndarray:
+GROUP_MIN = 3          # steps of one size group before its own median centres its residuals
+
+
+def _size_groups(positions: np.ndarray) -> list[np.ndarray]:
+    """Indices of the steps per size group (1, 2, 3-4, 5-8, 9-16, ... positions) that has
+    GROUP_MIN steps or more."""
+    g = np.frexp(np.maximum(positions - 1, 0))[1]      # 0 for 1 position, then 1, 2, 2, 3, 3, 3, 3, 4, ...
+    out = []
+    for v in np.unique(g):
+        idx = np.flatnonzero(g == v)
+        if len(idx) >= GROUP_MIN:
+            out.append(idx)
+    return out
+
+
+def _robust_ridge(X: np.ndarray, y: np.ndarray, w: float, phi0: np.ndarray, rounds: int = 6,
+                  groups: list[np.ndarray] | None = None) -> np.ndarray:
     """Ridge regression toward phi0, robustly reweighted (Huber, then Tukey): a step another
     program preempted runs milliseconds long, and the longer steps (the verifies) are preempted
-    more often, so plain least squares charged each extra position part of the load's delays."""
+    more often, so plain least squares charged each extra position part of the load's delays.
+    `groups` (steps of similar size): each group's residuals are judged from its own median, so a
+    delay is a step slow beside steps of its size; judged from the line, the first verifies of a
+    machine whose rows cost 10x the prior's were each many sigmas off it and weighed nothing (on
+    the AVX2 Zen 1 a row costs ~35% of a step against the prior's ~10%: up to 4 verifies of 9
+    rows, or 8 of 2, left the price at the prior's; docs/benchmarks.md)."""
     wts = np.ones(len(y))
     for i in range(rounds):
         phi = _nonnegative_ridge(X, y, wts, w, phi0)
         r = y - X @ phi
+        for idx in groups or ():
+            r[idx] -= np.median(r[idx])
         # y is in units of the cheapest step: 0.1% of it is the least spread believed
         sigma = max(1.4826 * float(np.median(np.abs(r - np.median(r)))), 1e-3)
         u = np.abs(r) / (sigma * (HUBER_K if i < rounds // 2 else TUKEY_C))
@@ -210,9 +233,10 @@ class VerifyPrice:
         # replay, docs/benchmarks.md). Both passes robust: a block that straddles a change of load
         # is an outlier in either level, and a least-squares first pass carried it into the second
         phi = prior / scale
+        groups = _size_groups(s[:, 0])
         for _ in range(LEVEL_PASSES):
             level = _levels(y / np.maximum(X @ phi, 1e-9))
-            phi = _robust_ridge(X, y / level, w, prior / scale)
+            phi = _robust_ridge(X, y / level, w, prior / scale, groups=groups)
         # seconds at today's level: the newest two blocks' measured over fitted
         now = float(np.median((y / np.maximum(X @ phi, 1e-9))[-2 * LEVEL_BLOCK:]))
         self.theta = phi * scale * now
