@@ -67,7 +67,8 @@ GUESS_SAMPLE = 8
 # a call hands its victims' slots to the next layer's reads mid-call (handoff.py): off, since on this
 # 2-core box it waited ~5x less on reads at a 5% host cache but decoded slower in 9 of 10 loaded A/B
 # pairs (median 0.90x; the reads' hashing then competes with the kernels): `bench/disk_tier.py
-# --handoff on` for the quiet A/B (docs/benchmarks.md "Host tier at a 5% cache")
+# --handoff on` for the quiet A/B (docs/benchmarks.md "Host tier at a 5% cache"); on a loaded 2-core
+# Zen 1 it also cost CPU: 248 against 217 ms a step (medians of 6), 0.87x the steps/s (stop 48, "disk5b")
 HANDOFF = False
 # a ratio r: the decode read-ahead reads only while every read so far stays within r x the reads the
 # host cache would have made without guessing (prefetch_budget.py, the device tier's '+budget'); None:
