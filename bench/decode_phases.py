@@ -5,7 +5,8 @@
                                             [--speculative off]
 
 After a P-token prefill, times `steps` single-sequence decode steps and splits each into:
-experts (the C `ft_moe_run*` calls and their combine), attention (`ft_decode_attention`),
+experts (the C `ft_moe_run*` calls and their combine; `ft_moe_decode`, a decode step's top-k and
+experts in one call), attention (`ft_decode_attention`),
 dense GEMVs (q/k/v/o projections), router GEMVs and top-k, lm_head, norms + rope (C calls), and
 the rest (Python, the scheduler, sampling; also as the median and 10th percentile step, which
 a loaded machine stretches less than the mean). Dense and lm_head rows give the bytes they read per
@@ -83,6 +84,7 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
     for lib in {id(x): x for x in (cpu_kernels(), *(p.lib for p in _pools()))}.values():
         for name, phase in (("ft_moe_run", "experts"), ("ft_moe_run_ranked", "experts"),
                             ("ft_moe_run_pairs", "experts"), ("ft_moe_combine", "experts"),
+                            ("ft_moe_decode", "experts"),     # (with the decode step's top-k, ~1 us)
                             ("ft_route_topk", "router"), ("ft_decode_attention", "attention"),
                             ("ft_rms_norm", "norm+rope"), ("ft_rope", "norm+rope"),
                             ("ft_add_rms_norm", "norm+rope"), ("ft_norm_rope_qk", "norm+rope"),

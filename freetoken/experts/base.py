@@ -78,3 +78,9 @@ class ExpertsSeat:
     def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:
         return self.backend.forward(layer, hidden, topk_ids, topk_weights)
+
+    def forward_logits(self, layer: int, hidden: torch.Tensor, logits: torch.Tensor, top_k: int, norm: bool,
+                       after: bool, routes=None) -> torch.Tensor | None:
+        """The backend's routing + experts in one call where it has one (CpuExperts), else None."""
+        fn = getattr(self.backend, "forward_logits", None)
+        return None if fn is None else fn(layer, hidden, logits, top_k, norm, after, routes)

@@ -28,7 +28,9 @@ class SparseMoE:
         self.forced_routes = None
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.router(x)
+        return self._route_logits(x, self.router(x))
+
+    def _route_logits(self, x: torch.Tensor, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         lib = cpu_kernels() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
         if lib is not None and logits.shape[0] <= GEMV_TOKENS:   # decode/verify-sized: one C call, no torch dispatch
             logits = logits.contiguous()
@@ -64,18 +66,49 @@ class SparseMoE:
                                     ids.data_ptr(), w.data_ptr())
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        ids, w = self.route(x)
-        if self.forced_routes is not None:
-            ids = self.forced_routes(self.moe_layer, ids)
-        if self.on_route is not None:
-            self.on_route(self.moe_layer, ids, w)
-        out = self.experts.forward(self.moe_layer, x, ids, w)
+        out = self._fused(x)
+        if out is None:
+            ids, w = self.route(x)
+            if self.forced_routes is not None:
+                ids = self.forced_routes(self.moe_layer, ids)
+            if self.on_route is not None:
+                self.on_route(self.moe_layer, ids, w)
+            out = self.experts.forward(self.moe_layer, x, ids, w)
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
                 s = row_gate(x, self.shared_gate) * s
             out = out + s
         return out
+
+
+    def _fused(self, x: torch.Tensor) -> torch.Tensor | None:
+        """A decode step's top-k and experts after the router GEMV in one C call, where the
+        routing is this class's own rule, no routes are forced and the backend has the call
+        (`CpuExperts.forward_logits`); else None. A routing hook (observers: the speculative
+        routing counters) gets fresh ids and weights after the call."""
+        if (not FUSED[0] or self.forced_routes is not None or x.device.type != "cpu"
+                or x.dtype != torch.float32       # (the five-call path rounds the weights to x's dtype)
+                or x.shape[0] > GEMV_TOKENS or type(self).route is not SparseMoE.route
+                or not hasattr(self.experts, "forward_logits") or cpu_kernels() is None):
+            return None
+        logits = self.router(x)
+        routes = None if self.on_route is None else (torch.empty(x.shape[0], self.top_k, dtype=torch.int64),
+                                                     torch.empty(x.shape[0], self.top_k, dtype=torch.float32))
+        out = self.experts.forward_logits(self.moe_layer, x, logits, self.top_k, self.norm, self.softmax_after_topk,
+                                          routes)
+        if out is None:       # (the router ran: route its logits the usual way, once)
+            routes = self._route_logits(x, logits)
+            if self.on_route is not None:
+                self.on_route(self.moe_layer, *routes)
+            return self.experts.forward(self.moe_layer, x, *routes)
+        if self.on_route is not None:
+            self.on_route(self.moe_layer, *routes)
+        return out
+
+
+# the fused decode call on (tests switch it off to compare with the five-call path)
+FUSED = [True]
 
 
 def row_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

@@ -166,6 +166,29 @@ class CpuExpertExecutor:
         self.last_experts += rc
         return out
 
+    def decode(self, x: torch.Tensor, logits: torch.Tensor, top_k: int, norm: bool, after: bool, offset: int,
+               ids: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """A decode step's routing and experts in one C call (`ft_moe_decode`): the top-k of
+        `logits` (fp32 [T, E], as `SparseMoE.route`'s kernel path) into `ids` / `w` (contiguous
+        int64 / fp32, T * top_k each), ids + `offset` (this executor's flat ids) into `flat`,
+        then `run` of them into a new float32 [T, H]. C kernel only, T * top_k <= 64."""
+        T, E = logits.shape
+        if x.dtype not in (torch.float32, torch.bfloat16):
+            x = x.float()
+        x = x.contiguous()
+        out = torch.empty(T, self.H, dtype=torch.float32)
+        with self._pool.lock:
+            rc = self.lib.ft_moe_decode(self._pool.handle, ctypes.byref(self._desc), logits.data_ptr(), E, top_k,
+                                        int(norm), int(after), offset, x.data_ptr(),
+                                        0 if x.dtype == torch.float32 else 1, T, ids.data_ptr(), flat.data_ptr(),
+                                        w.data_ptr(), out.data_ptr())
+        if rc == -1:
+            raise IndexError("expert id out of range of the banks")
+        if rc < 0:
+            raise MemoryError("CPU expert kernel could not allocate its scratch memory")
+        self.last_experts = rc
+        return out
+
     def run_pairs(self, x: torch.Tensor, expert_ids: torch.Tensor, y: torch.Tensor) -> None:
         """Each routed pair's output apart: y [T*K, H] float32, row t*K+k = expert ids[t,k] on
         x[t] (unweighted, bias included; rows of ids < 0 untouched). The caller fills y with

@@ -61,6 +61,11 @@ class GroupedExecutor:
         self.last_experts = getattr(ex, "last_experts", 0)
         return out, sorted({layer * E + i for i in flat})
 
+    def layer_executor(self, layer: int) -> tuple:
+        """(the executor of `layer`'s group, the offset of its ids there)."""
+        group, local_layer = self.pool.layer_group(layer)
+        return self.executors[group], local_layer * self.pool.num_experts
+
     def close(self) -> None:
         for ex in self.executors:
             getattr(ex, "close", lambda: None)()

@@ -387,6 +387,7 @@ class CpuExperts(Experts):
         self.host = host_executor or make_host_executor(pool)
         self.stats_ = ExpertStats(pool.num_layers, "cpu", num_experts=pool.num_experts)
         self._expert_bytes = [int(b) for b in pool.layer_expert_nbytes]
+        self._route_buf: dict[int, tuple[torch.Tensor, ...]] = {}
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.stats_.step(phase)
@@ -412,6 +413,31 @@ class CpuExperts(Experts):
         self.stats_.add_experts("cpu_experts", ran)
         self.stats_.add_cpu_call(layer, routed, n, self._expert_bytes[layer], time.perf_counter() - t0)
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
+
+    def forward_logits(self, layer, hidden, logits, top_k: int, norm: bool, after: bool, routes=None):
+        """`forward` of the top-k of router `logits` (SparseMoE's softmax top-k rule) in one C
+        call (`CpuExpertExecutor.decode`) for a decode step on the pure-CPU engine; None where
+        that path does not apply (the caller routes and calls `forward`). `routes`: (ids int64,
+        weights fp32), contiguous [T, top_k], to receive the routing (else scratch is used)."""
+        T = hidden.shape[0]
+        if self.device.type != "cpu" or not 0 < T * top_k <= 64 or logits.dtype != torch.float32:
+            return None
+        t0 = time.perf_counter()
+        ex, offset = self.host.layer_executor(layer) if hasattr(self.host, "layer_executor") else (self.host, layer * self.E)
+        if getattr(ex, "lib", None) is None or not hasattr(ex, "decode"):
+            return None
+        buf = self._route_buf.get(T * top_k)
+        if buf is None:    # ids, flat ids and weights scratch, one per size (no allocation a step)
+            buf = self._route_buf[T * top_k] = (torch.empty(T * top_k, dtype=torch.int64),
+                                                torch.empty(T * top_k, dtype=torch.int64),
+                                                torch.empty(T * top_k, dtype=torch.float32))
+        ids, flat, w = buf if routes is None else (routes[0], buf[1], routes[1])
+        out = ex.decode(hidden, logits.contiguous(), top_k, norm, after, offset, ids, flat, w)
+        base = layer * self.E
+        ran = sorted({base + i for i in ids.view(-1).tolist()})
+        self.stats_.add_experts("cpu_experts", ran)
+        self.stats_.add_cpu_call(layer, T * top_k, len(ran), self._expert_bytes[layer], time.perf_counter() - t0)
+        return out if out.dtype == hidden.dtype else out.to(hidden.dtype)
 
     def stats(self) -> dict:
         return self.stats_.as_dict()

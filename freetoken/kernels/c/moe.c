@@ -320,6 +320,23 @@ void ft_moe_combine(int64_t T, int64_t K, int64_t H, const float *y, const int64
     }
 }
 
+void ft_route_topk(const float *logits, int64_t T, int E, int k, int norm, int after, int64_t *ids, float *w);
+
+/* A decode step's MoE block after its router GEMV in one call: ft_route_topk of the logits
+ * [T, E] into ids / w ([T, k]: the layer's expert numbers, best first), flat = ids + offset (the
+ * layer's first expert in this executor's banks), out [T, H] set to zero, then ft_moe_run of
+ * the flat ids: the bits of the five-call path (route, ids + offset, zeros, run) it replaces,
+ * where each torch op between the kernels cost ~20-40 us of CPU on a decode step (cProfile,
+ * medium48, Zen 1). Returns what ft_moe_run returns. */
+int ft_moe_decode(void *vp, const ft_desc *d, const float *logits, int E, int k, int norm, int after,
+                  int64_t offset, const void *x, int xt, int64_t T, int64_t *ids, int64_t *flat, float *w,
+                  float *out) {
+    ft_route_topk(logits, T, E, k, norm, after, ids, w);
+    for (int64_t i = 0; i < T * k; i++) flat[i] = ids[i] + offset;
+    memset(out, 0, sizeof(float) * (size_t)(T * d->H));
+    return moe_run(vp, d, x, xt, T, k, flat, NULL, w, out, 0);
+}
+
 static int moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T, int64_t K,
                    const int64_t *ids, const int64_t *rank, const float *w, float *out, int pairs) {
     ft_pool *p = vp;

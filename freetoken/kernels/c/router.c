@@ -4,7 +4,8 @@
  * topk, sum, div, to), each ~5-10 us of dispatch on a decode step's few rows. */
 #include "ft_kernels.h"
 
-void ft_route_topk(const float *logits, int64_t T, int E, int k, int norm, int after, int64_t *ids, float *w) {
+/* noipa: ft_moe_decode (moe.c) runs this very body, no copy that could round differently */
+__attribute__((noipa)) void ft_route_topk(const float *logits, int64_t T, int E, int k, int norm, int after, int64_t *ids, float *w) {
     for (int64_t t = 0; t < T; t++) {
         const float *l = logits + t * E;
         int64_t *id = ids + t * k;
