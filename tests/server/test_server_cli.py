@@ -21,6 +21,11 @@ def served(tmp_path_factory, tiny_model_dir):
     demo = cache / "freetoken" / demo_model_dir().name
     demo.parent.mkdir(parents=True)
     demo.symlink_to(tiny_model_dir, target_is_directory=True)
+    # and this process's compiled kernels and calibrations: built afresh under the new cache they
+    # took minutes on a loaded 2-core Zen 1 (CI, stop 48), past the ready deadline below
+    from freetoken.kernels import cache_dir
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    (cache / "freetoken" / "kernels").symlink_to(cache_dir(), target_is_directory=True)
     env = dict(os.environ, XDG_CACHE_HOME=str(cache), PYTHONUNBUFFERED="1")
     key_file = cache / "key"
     key_file.write_text("sekret\n")
