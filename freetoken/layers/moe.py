@@ -68,12 +68,7 @@ class SparseMoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self._fused(x)
         if out is None:
-            ids, w = self.route(x)
-            if self.forced_routes is not None:
-                ids = self.forced_routes(self.moe_layer, ids)
-            if self.on_route is not None:
-                self.on_route(self.moe_layer, ids, w)
-            out = self.experts.forward(self.moe_layer, x, ids, w)
+            out = self._experts_on(x, *self.route(x))
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
@@ -81,6 +76,13 @@ class SparseMoE:
             out = out + s
         return out
 
+    def _experts_on(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The experts on routes picked by the router (or forced), the routing hook told first."""
+        if self.forced_routes is not None:
+            ids = self.forced_routes(self.moe_layer, ids)
+        if self.on_route is not None:
+            self.on_route(self.moe_layer, ids, w)
+        return self.experts.forward(self.moe_layer, x, ids, w)
 
     def _fused(self, x: torch.Tensor) -> torch.Tensor | None:
         """A decode step's top-k and experts after the router GEMV in one C call, where the
@@ -98,10 +100,7 @@ class SparseMoE:
         out = self.experts.forward_logits(self.moe_layer, x, logits, self.top_k, self.norm, self.softmax_after_topk,
                                           routes)
         if out is None:       # (the router ran: route its logits the usual way, once)
-            routes = self._route_logits(x, logits)
-            if self.on_route is not None:
-                self.on_route(self.moe_layer, *routes)
-            return self.experts.forward(self.moe_layer, x, *routes)
+            return self._experts_on(x, *self._route_logits(x, logits))
         if self.on_route is not None:
             self.on_route(self.moe_layer, *routes)
         return out
