@@ -47,6 +47,25 @@ def cpu_choice(request) -> dict:
     return opts
 
 
+@pytest.fixture(autouse=True)
+def kernel_switches_restored():
+    """The kernels' process-wide switches, the torch executors' records of them and torch's thread
+    count put back after every test. An engine applies its calibrated (so timing-dependent) kernel
+    choices to the whole process: a test that built one used to change what later tests' raw
+    kernel calls computed (on Zen 4, the bf16 dots left on failed 30 decode-attention cases; the
+    per-256 k-quant switch, the grouped-pool and i-quant kernel tests)."""
+    from freetoken import kernels
+    from freetoken.experts.execution import numerics
+    from freetoken.kernels.gemm import set_tiles_rounding, tiles_rounding_min
+    saved, dot, tiles, threads = kernels.switches(), numerics.bf16_dot(), tiles_rounding_min(), torch.get_num_threads()
+    yield
+    kernels.set_switches(saved)
+    numerics.set_bf16_dot(None, dot)
+    set_tiles_rounding(tiles)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one; `pytest -m cuda` runs them)")
 

@@ -28,6 +28,7 @@ VARIANTS = {
 }
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-math-errno"]
 _loaded: dict[str, ctypes.CDLL | None] = {}
+_switches_at_load: dict[str, list[int]] = {}       # each library's switches as built (set_switches)
 
 
 class Desc(ctypes.Structure):
@@ -108,6 +109,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_set_ggml_act.restype = ctypes.c_int
     lib.ft_set_ggml_k256.argtypes = [ctypes.c_int]
     lib.ft_set_ggml_k256.restype = ctypes.c_int
+    lib.ft_switches.argtypes = [vp, vp]
+    lib.ft_switches.restype = ctypes.c_int
     lib.ft_pool_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), i64, i64]
     lib.ft_pool_create.restype = vp
     lib.ft_pool_destroy.argtypes = [vp]
@@ -205,6 +208,27 @@ def variants_here() -> list[str]:
     return out + ["portable"]
 
 
+def switches() -> dict[str, list[int]]:
+    """Every loaded library's process-wide switches (c/switches.c: what an engine's kernel
+    choices set), by variant: `set_switches` puts them back."""
+    return {variant: _switches_of(lib) for variant, lib in _loaded.items() if lib is not None}
+
+
+def set_switches(saved: dict[str, list[int]]) -> None:
+    """`switches()`'s values back into every loaded library; one loaded since gets the values it
+    was loaded with."""
+    for variant, lib in _loaded.items():
+        if lib is not None:
+            vals = saved.get(variant, _switches_at_load[variant])
+            lib.ft_switches(None, (ctypes.c_int * len(vals))(*vals))
+
+
+def _switches_of(lib: ctypes.CDLL) -> list[int]:
+    vals = (ctypes.c_int * lib.ft_switches(None, None))()
+    lib.ft_switches(vals, None)
+    return list(vals)
+
+
 def cpu_kernels() -> ctypes.CDLL | None:
     """The native library (built on first call), or None: for the small per-op helpers."""
     return _loaded["native"] if "native" in _loaded else load("native")
@@ -228,4 +252,6 @@ def load(variant: str = "native") -> ctypes.CDLL | None:
             except (RuntimeError, OSError) as e:
                 log.warning("building CPU expert kernels with %s failed: %s", flags, e)
     _loaded[variant] = lib
+    if lib is not None:
+        _switches_at_load[variant] = _switches_of(lib)
     return lib

@@ -622,7 +622,7 @@ int ft_gemm_bf16(void *vp, int mode, const void *w, int64_t w_rs, int N, int K, 
  * `ft_gemm_mode`'s tiles, the dense layers' prefill (layers/linear.py, ft_get_gemm(1)) through
  * `ft_gemm_dense`'s (0: never). Returns the experts' mode in effect (0 where `mode` does not run here). */
 int ft_gemm_mode, ft_gemm_min = 16;
-static int ft_gemm_dense;
+int ft_gemm_dense;
 int ft_get_gemm(int dense) { return dense ? ft_gemm_dense : ft_gemm_mode; }
 int ft_set_gemm(int mode, int min_tokens, int dense_mode) {
     ft_gemm_mode = mode && gemm_mode_runs(mode, 32) ? mode : 0;

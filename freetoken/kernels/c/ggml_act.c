@@ -11,13 +11,13 @@
 #include "ft_kernels.h"
 
 int ft_ggml_act_llama;
-static int act_mode;
+int ft_ggml_act_mode;      /* 0 q8, 1 llama, 2 float32 (switches.c reads it too) */
 
 /* mode 0, 1 or 2 sets the switch, -1 only reads it; returns the mode in effect */
 int ft_set_ggml_act(int mode) {
-    if (mode >= 0 && mode <= 2) act_mode = mode;
-    ft_ggml_act_llama = act_mode == 1;
-    return act_mode;
+    if (mode >= 0 && mode <= 2) ft_ggml_act_mode = mode;
+    ft_ggml_act_llama = ft_ggml_act_mode == 1;
+    return ft_ggml_act_mode;
 }
 
 /* f rounded to the nearest fp16 value (ties to even, subnormals included, overflow to inf),
