@@ -435,5 +435,6 @@ class LLMEngine:
         return stats
 
     def close(self) -> None:
+        self.runner.idle()              # closed mid-decode: torch gets the caller's threads back
         if self.model.experts is not None:
             self.model.experts.close()

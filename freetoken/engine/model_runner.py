@@ -158,18 +158,23 @@ class ModelRunner:
         tiny, so torch gets one thread while decode steps follow each other; with more, its
         OpenMP workers wake (and spin) on the pool's cores and both stall (measured on 2 cores:
         30.0 -> 21.4 ms per decode step). Switching back per step is not enough: the OpenMP
-        workers spin on after every multi-threaded op. Prefill steps and `idle()` restore the
-        caller's setting."""
+        workers spin on after every multi-threaded op. Prefill steps run torch on the pool's
+        thread count (the engine's num_threads), not on whatever the process was left at: an
+        engine dropped mid-decode leaves torch at one thread, and torch's float32 GEMMs sum in
+        another order on another count, so a prompt's logits depended on what ran before (the
+        resident experts' GEMMs flipped an int8 rounding of the kernels' activations: 19 of 40
+        positions off by up to 4.2e-4 of the scale). `idle()` gives the caller's setting back."""
         if self.kernel_pool is None:
             return
-        if phase == "decode" and self._saved_threads is None:
-            self._saved_threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-        elif phase != "decode":
-            self.idle()
+        want = 1 if phase == "decode" else self.kernel_pool.num_threads
+        now = torch.get_num_threads()
+        if now != want:
+            if self._saved_threads is None:
+                self._saved_threads = now
+            torch.set_num_threads(want)
 
     def idle(self) -> None:
-        """Nothing is decoding: torch gets its threads back."""
+        """Nothing is running: torch gets the caller's threads back."""
         if self._saved_threads is not None:
             torch.set_num_threads(self._saved_threads)
             self._saved_threads = None

@@ -52,11 +52,24 @@ def model(tiny_dir):
     return str(tiny_dir("qwen3_moe", num_experts=8, num_experts_per_tok=2))
 
 
+_made = []      # the engines `make` built, closed after each test (`close_engines`)
+
+
+@pytest.fixture(autouse=True)
+def close_engines():
+    """Close every engine a test made: one left mid-decode held torch at one thread for every
+    test after this file (the next engine's prefill then summed in another order)."""
+    yield
+    while _made:
+        _made.pop().close()
+
+
 def make(model, **kw):
     opts = dict(dtype="float32", moe_backend="offload", expert_cache_slots=8, kv_block_size=8,
                 max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64)
     opts.update(kw)
-    return LLM(model, **opts).engine
+    _made.append(LLM(model, **opts).engine)
+    return _made[-1]
 
 
 @pytest.mark.parametrize("params", [SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True),
