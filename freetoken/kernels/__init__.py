@@ -141,6 +141,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_add_rms_norm.restype = None
     lib.ft_norm_rope_qk.argtypes = [vp, i64, i64, ci, ci, ci, ci, vp, ctypes.c_float, vp, ctypes.c_float, vp, vp, vp]
     lib.ft_norm_rope_qk.restype = ci
+    lib.ft_attn_half.argtypes = [vp, vp, vp, vp, vp, vp, i64, vp, vp, ci, vp, i64, vp, vp, vp, vp]
+    lib.ft_attn_half.restype = ci
     lib.ft_q4_1_exact.argtypes = [vp, vp, vp, ci, vp, vp, vp, ci, ci, ci, vp, i64]
     lib.ft_q4_1_exact.restype = None
     lib.ft_dot16_exact.argtypes = [vp, i64, vp, i64, ci, ci, ci, vp, i64, ci]
