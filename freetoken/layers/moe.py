@@ -65,10 +65,12 @@ class SparseMoE:
         cpu_kernels().ft_route_topk(logits.data_ptr(), n, e, self.top_k, int(self.norm), int(self.softmax_after_topk),
                                     ids.data_ptr(), w.data_ptr())
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._fused(x)
+    def __call__(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor:
+        """logits: the router's GEMV of x where a caller ran it already (a decode row's one-call
+        attention half, layers/attention/decode_half.py; the bits `self.router(x)` gives)."""
+        out = self._fused(x, logits)
         if out is None:
-            out = self._experts_on(x, *self.route(x))
+            out = self._experts_on(x, *(self.route(x) if logits is None else self._route_logits(x, logits)))
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
@@ -84,7 +86,7 @@ class SparseMoE:
             self.on_route(self.moe_layer, ids, w)
         return self.experts.forward(self.moe_layer, x, ids, w)
 
-    def _fused(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _fused(self, x: torch.Tensor, logits: torch.Tensor | None = None) -> torch.Tensor | None:
         """A decode step's top-k and experts after the router GEMV in one C call, where the
         routing is this class's own rule, no routes are forced and the backend has the call
         (`CpuExperts.forward_logits`); else None. A routing hook (observers: the speculative
@@ -94,7 +96,7 @@ class SparseMoE:
                 or x.shape[0] > GEMV_TOKENS or type(self).route is not SparseMoE.route
                 or not hasattr(self.experts, "forward_logits") or cpu_kernels() is None):
             return None
-        logits = self.router(x)
+        logits = self.router(x) if logits is None else logits
         routes = None if self.on_route is None else (torch.empty(x.shape[0], self.top_k, dtype=torch.int64),
                                                      torch.empty(x.shape[0], self.top_k, dtype=torch.float32))
         out = self.experts.forward_logits(self.moe_layer, x, logits, self.top_k, self.norm, self.softmax_after_topk,

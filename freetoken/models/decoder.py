@@ -124,7 +124,8 @@ class DecoderLayer:
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext):
         if x.shape[0] == 1 and ATTN_HALF[0] and (half := self._half()) is not None \
                 and (hn := half(x, cos, sin, ctx.kv[idx], ctx.attn)) is not None:
-            return hn[0] + self.mlp(hn[1])     # a one-row decode step: the attention half in one C call
+            # a one-row decode step: the attention half (and a SparseMoE's router GEMV) in one C call
+            return hn[0] + (self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2]))
         a = self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
         if x.shape[0] <= GEMV_TOKENS and (fused := add_rms_norm(x, a, self.post_norm)) is not None:
             h, normed = fused          # a decode step's residual add and norm in one C call
@@ -135,9 +136,11 @@ class DecoderLayer:
 
     def _half(self) -> AttnHalf | None:
         """This layer's `AttnHalf`, built on first use (the plain `Attention` only: a subclass's
-        other math never takes it), rebuilt if its weights were replaced."""
+        other math never takes it; a plain `SparseMoE`'s router GEMV joins the call), rebuilt if
+        its weights were replaced."""
         if self.half is False or (self.half is not None and self.half.stale()):
-            self.half = (AttnHalf.build(self.attn, self.input_norm, self.post_norm)
+            router = self.mlp.router if type(self.mlp) is SparseMoE else None    # (its own routing rule only)
+            self.half = (AttnHalf.build(self.attn, self.input_norm, self.post_norm, router)
                          if type(self.attn) is Attention else None)
         return self.half
 

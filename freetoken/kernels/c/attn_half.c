@@ -4,7 +4,8 @@
 /* ------------------------------------------------------------------ a decode row's attention half
  * ft_attn_half: one decode row through a decoder layer's attention half, input RMSNorm -> qkv
  * GEMV -> q/k norms + rope -> K/V into the cache -> decode attention -> o GEMV -> residual add
- * and post-attention RMSNorm, in one call. Each stage calls the very function the separate calls
+ * and post-attention RMSNorm (-> the MoE router's GEMV of the normed row, where given), in one
+ * call. Each stage calls the very function the separate calls
  * run (ft_rms_norm, ft_linear_run or ft_ggml_linear_run, ft_norm_rope_qk, ft_kv_write,
  * ft_decode_attention, ft_add_rms_norm; other files, so no inlined copy rounds another way), in
  * the same order on the same operands: the bits of the seven calls. What it saves is the Python
@@ -38,14 +39,14 @@ typedef struct {
 } ft_dense_ref;
 
 /* One layer's weights, sizes and scratch rows (xn [hidden], qkv [qkv.N], qk [(heads + kv_heads)
- * * D], att [heads * D], o [hidden]); eps and scale as doubles, narrowed to float as ctypes
- * narrows the separate calls' arguments. */
+ * * D], att [heads * D], o [hidden]; logits [router.N], router.N = 0: no router); eps and scale
+ * as doubles, narrowed to float as ctypes narrows the separate calls' arguments. */
 typedef struct {
-    ft_dense_ref qkv, o;
+    ft_dense_ref qkv, o, router;
     const float *in_w, *post_w, *qw, *kw;
     double in_eps, post_eps, q_eps, k_eps, scale;
     int64_t hidden, heads, kv_heads, D, rot;
-    float *xn, *qkv_out, *qk, *att, *o_out;
+    float *xn, *qkv_out, *qk, *att, *o_out, *logits;
 } ft_attn_layer;
 
 static int dense_run(void *pool, const ft_dense_ref *L, const float *x, float *y) {
@@ -57,7 +58,7 @@ static int dense_run(void *pool, const ft_dense_ref *L, const float *x, float *y
 }
 
 /* x [hidden] -> h = x + o(attention) and normed = post_norm(h), both [hidden]; the row's K/V go
- * to cache slot *slot. att_seconds += the decode attention's wall time (spec/price.py's prior).
+ * to cache slot *slot; with a router, its logits of normed into L->logits. att_seconds += the decode attention's wall time (spec/price.py's prior).
  * Returns 0; -1 a KV slot outside [0, num_slots) (nothing written); -2 a kernel could not
  * allocate its scratch; -3 a ggml layer's type was refused. */
 int ft_attn_half(void *pool, const ft_attn_layer *L, const float *x, const float *cos, const float *sin,
@@ -84,5 +85,5 @@ int ft_attn_half(void *pool, const ft_attn_layer *L, const float *x, const float
     rc = dense_run(pool, &L->o, L->att, L->o_out);
     if (rc) return rc;
     ft_add_rms_norm(x, L->o_out, L->post_w, 1, (int)L->hidden, (float)L->post_eps, h, normed);
-    return 0;
+    return L->router.N ? dense_run(pool, &L->router, normed, L->logits) : 0;
 }

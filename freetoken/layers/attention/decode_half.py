@@ -29,10 +29,10 @@ class _Dense(ctypes.Structure):       # attn_half.c's ft_dense_ref
 
 
 class _Layer(ctypes.Structure):       # attn_half.c's ft_attn_layer
-    _fields_ = [("qkv", _Dense), ("o", _Dense), ("in_w", _vp), ("post_w", _vp), ("qw", _vp), ("kw", _vp),
+    _fields_ = [("qkv", _Dense), ("o", _Dense), ("router", _Dense), ("in_w", _vp), ("post_w", _vp), ("qw", _vp), ("kw", _vp),
                 ("in_eps", _f64), ("post_eps", _f64), ("q_eps", _f64), ("k_eps", _f64), ("scale", _f64),
                 ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("D", _i64), ("rot", _i64),
-                ("xn", _vp), ("qkv_out", _vp), ("qk", _vp), ("att", _vp), ("o_out", _vp)]
+                ("xn", _vp), ("qkv_out", _vp), ("qk", _vp), ("att", _vp), ("o_out", _vp), ("logits", _vp)]
 
 
 def _plain(norm) -> bool:
@@ -42,36 +42,42 @@ def _plain(norm) -> bool:
 class AttnHalf:
     """One layer's `ft_attn_half`: its weights' pointers and its scratch rows, set up once.
     `attn` is a models/decoder.Attention (the caller checks the class: a subclass's other math
-    never comes here)."""
+    never comes here); `router`, the MoE block's router (a `Linear`) whose logits of the normed
+    row the call also computes, or None."""
 
-    def __init__(self, attn, input_norm: RMSNorm, post_norm: RMSNorm, lib, pool):
-        self.attn, self.lib, self.pool = attn, lib, pool
+    def __init__(self, attn, input_norm: RMSNorm, post_norm: RMSNorm, router, lib, pool):
+        self.attn, self.lib, self.pool, self.router = attn, lib, pool, router
         self.ggml = isinstance(attn.qkv, GgmlLinear) or isinstance(attn.o, GgmlLinear)
-        self.weights = (getattr(attn.qkv, "weight", None), getattr(attn.o, "weight", None))
+        self.weights = self._weights()
         hidden, heads, kvh, d = input_norm.weight.numel(), attn.heads, attn.kv_heads, attn.head_dim
         f32 = dict(dtype=torch.float32)
         # scratch rows and outputs, reused every step (nothing outside the layer keeps them)
         self.bufs = [torch.empty(1, n, **f32) for n in (hidden, attn.qkv.out_features, (heads + kvh) * d, heads * d,
                                                         hidden)]
         self.h, self.normed = torch.empty(1, hidden, **f32), torch.empty(1, hidden, **f32)
+        self.logits = torch.empty(1, router.out_features, **f32) if router is not None else None
         qw = kw = None
         if attn.q_norm is not None:
             qw, kw = attn.q_norm.weight.data_ptr(), attn.k_norm.weight.data_ptr()
         self.layer = _Layer(_Dense(*attn.qkv.decode_ref()), _Dense(*attn.o.decode_ref()),
+                            _Dense(*router.decode_ref()) if router is not None else _Dense(),
                             input_norm.weight.data_ptr(), post_norm.weight.data_ptr(), qw, kw,
                             input_norm.eps, post_norm.eps, attn.q_norm.eps if qw else 0.0,
                             attn.k_norm.eps if kw else 0.0, attn.scale, hidden, heads, kvh, d, attn.rotary.dim,
-                            *[b.data_ptr() for b in self.bufs])
+                            *[b.data_ptr() for b in self.bufs], self.logits.data_ptr() if router is not None else None)
         self.norms = (input_norm, post_norm)     # (their weights stay alive while the pointers are used)
         self.ref = ctypes.byref(self.layer)
         self.seconds = ctypes.c_double(0.0)
 
     @classmethod
-    def build(cls, attn, input_norm, post_norm) -> AttnHalf | None:
+    def build(cls, attn, input_norm, post_norm, router=None) -> AttnHalf | None:
         """The one-call path of this layer, or None where it does not apply: the kernels' GEMVs
-        for qkv and o on one pool of the native library, plain fp32 norms, no clip, per-head or
-        no q/k norms."""
+        for qkv and o (and the router) on one pool of the native library, plain fp32 norms, no
+        clip, per-head or no q/k norms. A router the call cannot take is left to its caller."""
         lib, pool = cpu_kernels(), getattr(attn.qkv, "pool", None)
+        if router is not None and (getattr(router, "pool", None) is not pool or not hasattr(router, "decode_ref")
+                                   or router.decode_ref() is None):
+            router = None
         if (lib is None or not hasattr(lib, "ft_attn_half") or pool is None or pool.lib is not lib
                 or getattr(attn.o, "pool", None) is not pool or not hasattr(attn.qkv, "decode_ref")
                 or not hasattr(attn.o, "decode_ref") or attn.clip is not None or attn.qk_norm not in (None, "head")
@@ -80,16 +86,18 @@ class AttnHalf:
                 or (attn.qk_norm == "head" and not (_plain(attn.q_norm) and _plain(attn.k_norm)))
                 or attn.qkv.decode_ref() is None or attn.o.decode_ref() is None):
             return None
-        return cls(attn, input_norm, post_norm, lib, pool)
+        return cls(attn, input_norm, post_norm, router, lib, pool)
+
+    def _weights(self) -> tuple:
+        return tuple(getattr(m, "weight", None) for m in (self.attn.qkv, self.attn.o, self.router))
 
     def stale(self) -> bool:
         """The layer's weights were replaced since the pointers were taken."""
-        return (getattr(self.attn.qkv, "weight", None) is not self.weights[0]
-                or getattr(self.attn.o, "weight", None) is not self.weights[1])
+        return any(a is not b for a, b in zip(self._weights(), self.weights))
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, meta):
-        """(h = x + attention, post_norm(h)) of one decode row x [1, hidden] (fp32, contiguous),
-        both this layer's reused rows; None where the step is not a one-row C decode step (the
+        """(h = x + attention, post_norm(h), the router's logits of it or None) of one decode row
+        x [1, hidden] (fp32, contiguous), this layer's reused rows; None where the step is not a one-row C decode step (the
         caller runs the separate calls)."""
         kc, vc = cache.k, cache.v
         window = self.attn.window
@@ -118,4 +126,4 @@ class AttnHalf:
             raise ValueError("ggml GEMV kernel refused the layer")
         if rc != 0:
             raise MemoryError("a decode kernel could not allocate its scratch memory")
-        return self.h, self.normed
+        return self.h, self.normed, self.logits
