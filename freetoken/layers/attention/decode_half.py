@@ -68,6 +68,7 @@ class AttnHalf:
         self.norms = (input_norm, post_norm)     # (their weights stay alive while the pointers are used)
         self.ref = ctypes.byref(self.layer)
         self.seconds = ctypes.c_double(0.0)
+        self.seconds_ref = ctypes.byref(self.seconds)
 
     @classmethod
     def build(cls, attn, input_norm, post_norm, router=None) -> AttnHalf | None:
@@ -88,37 +89,37 @@ class AttnHalf:
             return None
         return cls(attn, input_norm, post_norm, router, lib, pool)
 
+    def stale(self) -> bool:
+        """The layer's weights were replaced since the pointers were taken."""
+        w = self.weights
+        return (getattr(self.attn.qkv, "weight", None) is not w[0] or getattr(self.attn.o, "weight", None) is not w[1]
+                or getattr(self.router, "weight", None) is not w[2])
+
     def _weights(self) -> tuple:
         return tuple(getattr(m, "weight", None) for m in (self.attn.qkv, self.attn.o, self.router))
 
-    def stale(self) -> bool:
-        """The layer's weights were replaced since the pointers were taken."""
-        return any(a is not b for a, b in zip(self._weights(), self.weights))
-
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, meta):
         """(h = x + attention, post_norm(h), the router's logits of it or None) of one decode row
-        x [1, hidden] (fp32, contiguous), this layer's reused rows; None where the step is not a one-row C decode step (the
-        caller runs the separate calls)."""
+        x [1, hidden] (fp32, contiguous), this layer's reused rows; None where the step is not a
+        one-row C decode step (the caller runs the separate calls)."""
+        step = meta.row_args
+        if step is None or step[0] is not cos:     # the first layer of a step works them out
+            step = meta.row_args = step_args(x, cos, sin, meta)
         kc, vc = cache.k, cache.v
         window = self.attn.window
-        if (x.shape != self.h.shape or x.dtype is not torch.float32 or not x.is_contiguous() or vc is None
-                or cos.dtype is not torch.float32 or not cos.is_contiguous() or not sin.is_contiguous()
-                or meta.kernel_pool is not self.pool or meta.num_tokens != 1 or meta.use_paged(x)
-                or not meta.decode_kernel(x, kc.dtype, window)
+        if (step[1] is not self.pool or x.shape != self.h.shape or x.dtype is not torch.float32
+                or not x.is_contiguous() or vc is None or kc.dtype not in KV_CODE
+                or (window is not None and step[6] > window)          # (decode_kernel's window rule)
                 or kc.shape[1] != self.attn.kv_heads or kc.shape[2] != self.attn.head_dim
                 or not kc.is_contiguous() or not vc.is_contiguous()
                 or (self.ggml and self.lib.ft_set_ggml_act(-1) == ACT_MODES["float32"])):
             return None
-        slots, keys, lens = meta.slot_mapping, meta.key_slots, meta.context_lens
-        if (slots.dtype is not torch.int64 or keys.dtype is not torch.int64 or lens.dtype is not torch.int64
-                or not (slots.is_contiguous() and keys.is_contiguous() and lens.is_contiguous())):
-            return None
+        _, _, cos_p, sin_p, slots_p, keys_p, kmax, lens_p = step
         self.seconds.value = 0.0
         with self.pool.lock:
-            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-                                       slots.data_ptr(), kc.shape[0], kc.data_ptr(), vc.data_ptr(), KV_CODE[kc.dtype],
-                                       keys.data_ptr(), keys.shape[1], lens.data_ptr(), self.h.data_ptr(),
-                                       self.normed.data_ptr(), ctypes.byref(self.seconds))
+            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), cos_p, sin_p, slots_p, kc.shape[0],
+                                       kc.data_ptr(), vc.data_ptr(), KV_CODE[kc.dtype], keys_p, kmax, lens_p,
+                                       self.h.data_ptr(), self.normed.data_ptr(), self.seconds_ref)
         KERNEL_SECONDS[0] += self.seconds.value
         if rc == -1:
             raise IndexError(f"a KV slot is outside the cache's {kc.shape[0]} rows")
@@ -127,3 +128,18 @@ class AttnHalf:
         if rc != 0:
             raise MemoryError("a decode kernel could not allocate its scratch memory")
         return self.h, self.normed, self.logits
+
+
+def step_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta) -> tuple:
+    """What every layer of a step shares: (cos, the kernels' pool where the step is a one-row C
+    decode step else None, then the pointers of cos, sin, the row's slot, the key slots, their
+    count, the context length)."""
+    slots, keys, lens = meta.slot_mapping, meta.key_slots, meta.context_lens
+    ok = (meta.num_tokens == 1 and cos.dtype is torch.float32 and cos.is_contiguous() and sin.is_contiguous()
+          and not meta.use_paged(x) and meta.decode_kernel(x, torch.float32, None)
+          and slots.dtype is torch.int64 and keys.dtype is torch.int64 and lens.dtype is torch.int64
+          and slots.is_contiguous() and keys.is_contiguous() and lens.is_contiguous())
+    if not ok:
+        return cos, None, 0, 0, 0, 0, 0, 0
+    return (cos, meta.kernel_pool, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), keys.data_ptr(), keys.shape[1],
+            lens.data_ptr())
