@@ -151,6 +151,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_route_topk.restype = None
     lib.ft_moe_decode.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp]
     lib.ft_moe_decode.restype = ci
+    lib.ft_moe_decode_add.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp,
+                                      vp, vp]
+    lib.ft_moe_decode_add.restype = ci
     lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]
     lib.ft_gemm_bf16.restype = ci
     lib.ft_gemm_stream.argtypes = [i64]

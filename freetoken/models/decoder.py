@@ -124,8 +124,9 @@ class DecoderLayer:
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext):
         if x.shape[0] == 1 and ATTN_HALF[0] and (half := self._half()) is not None \
                 and (hn := half(x, cos, sin, ctx.kv[idx], ctx.attn)) is not None:
-            # a one-row decode step: the attention half (and a SparseMoE's router GEMV) in one C call
-            return hn[0] + (self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2]))
+            # a one-row decode step: the attention half (and a SparseMoE's router GEMV) in one C call,
+            # then a SparseMoE's experts and the residual add in another
+            return hn[0] + self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2], hn[0])
         a = self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
         if x.shape[0] <= GEMV_TOKENS and (fused := add_rms_norm(x, a, self.post_norm)) is not None:
             h, normed = fused          # a decode step's residual add and norm in one C call

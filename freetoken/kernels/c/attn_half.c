@@ -87,3 +87,21 @@ int ft_attn_half(void *pool, const ft_attn_layer *L, const float *x, const float
     ft_add_rms_norm(x, L->o_out, L->post_w, 1, (int)L->hidden, (float)L->post_eps, h, normed);
     return L->router.N ? dense_run(pool, &L->router, normed, L->logits) : 0;
 }
+
+/* ------------------------------------------------------------------ a decode row's MoE block + residual
+ * ft_moe_decode_add: ft_moe_decode (moe.c: top-k of the router logits, the experts into out), then
+ * sum = residual + out, the decoder layer's residual add (one fp32 add an element, the bits of
+ * torch's `h + out`): the block's output without a torch op (an add and a fresh tensor, ~20-50
+ * us of CPU each on a medium model's step, their code cold after the kernels). */
+int ft_moe_decode(void *vp, const ft_desc *d, const float *logits, int E, int k, int norm, int after,
+                  int64_t offset, const void *x, int xt, int64_t T, int64_t *ids, int64_t *flat, float *w,
+                  float *out);
+
+int ft_moe_decode_add(void *vp, const ft_desc *d, const float *logits, int E, int k, int norm, int after,
+                      int64_t offset, const void *x, int xt, int64_t T, int64_t *ids, int64_t *flat, float *w,
+                      float *out, const float *residual, float *sum) {
+    const int rc = ft_moe_decode(vp, d, logits, E, k, norm, after, offset, x, xt, T, ids, flat, w, out);
+    if (rc < 0) return rc;
+    for (int64_t i = 0; i < T * d->H; i++) sum[i] = residual[i] + out[i];
+    return rc;
+}
