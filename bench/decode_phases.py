@@ -86,6 +86,7 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
         for name, phase in (("ft_moe_run", "experts"), ("ft_moe_run_ranked", "experts"),
                             ("ft_moe_run_pairs", "experts"), ("ft_moe_combine", "experts"),
                             ("ft_moe_decode", "experts"),     # (with the decode step's top-k, ~1 us)
+                            ("ft_moe_decode_add", "experts"),     # (and the residual add of one row, ~1 us)
                             ("ft_route_topk", "router"), ("ft_decode_attention", "attention"),
                             ("ft_rms_norm", "norm+rope"), ("ft_rope", "norm+rope"),
                             ("ft_add_rms_norm", "norm+rope"), ("ft_norm_rope_qk", "norm+rope"),

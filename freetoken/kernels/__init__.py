@@ -141,8 +141,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_add_rms_norm.restype = None
     lib.ft_norm_rope_qk.argtypes = [vp, i64, i64, ci, ci, ci, ci, vp, ctypes.c_float, vp, ctypes.c_float, vp, vp, vp]
     lib.ft_norm_rope_qk.restype = ci
-    lib.ft_attn_half.argtypes = [vp, vp, vp, vp, vp, vp, i64, vp, vp, ci, vp, i64, vp, vp, vp, vp]
-    lib.ft_attn_half.restype = ci
     lib.ft_q4_1_exact.argtypes = [vp, vp, vp, ci, vp, vp, vp, ci, ci, ci, vp, i64]
     lib.ft_q4_1_exact.restype = None
     lib.ft_dot16_exact.argtypes = [vp, i64, vp, i64, ci, ci, ci, vp, i64, ci]
@@ -151,9 +149,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_route_topk.restype = None
     lib.ft_moe_decode.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp]
     lib.ft_moe_decode.restype = ci
-    lib.ft_moe_decode_add.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp,
-                                      vp, vp]
-    lib.ft_moe_decode_add.restype = ci
     lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]
     lib.ft_gemm_bf16.restype = ci
     lib.ft_gemm_stream.argtypes = [i64]
@@ -181,7 +176,18 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ft_prefill_attention.argtypes = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64,
                                              ctypes.c_float, vp, i64, i64]
         lib.ft_prefill_attention.restype = ci
-    return _bind_probes(lib)
+    return _bind_probes(_bind_layer_calls(lib))
+
+
+def _bind_layer_calls(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """A decode row's layer-sized calls (attn_half.c: the attention half, the MoE block + residual)."""
+    vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ft_attn_half.argtypes = [vp, vp, vp, vp, vp, vp, i64, vp, vp, ci, vp, i64, vp, vp, vp, vp]
+    lib.ft_attn_half.restype = ci
+    lib.ft_moe_decode_add.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp,
+                                      vp, vp]
+    lib.ft_moe_decode_add.restype = ci
+    return lib
 
 
 def _bind_probes(lib: ctypes.CDLL) -> ctypes.CDLL:
