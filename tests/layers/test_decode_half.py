@@ -49,8 +49,18 @@ OPTIONS = ({"dtype": "bfloat16"}, {"dtype": "float32"}, {"dtype": "bfloat16", "d
 @pytest.mark.parametrize("opts", OPTIONS, ids=["bf16", "fp32", "int8"])
 @pytest.mark.parametrize("arch,taken", ARCHS)
 def test_one_call_half_is_the_separate_calls(tmp_path, arch, taken, opts):
+    _same_bits(tmp_path, arch, taken, {"moe_backend": "cpu", **opts})
+
+
+def test_one_call_half_on_the_torch_experts(tmp_path):
+    """The resident backend (torch experts, no fused experts call): the MoE block's residual
+    add stays in torch after the one-call attention half."""
+    _same_bits(tmp_path, "qwen3_moe", True, {"moe_backend": "resident", "dtype": "bfloat16"})
+
+
+def _same_bits(tmp_path, arch: str, taken: bool, opts: dict):
     path = make_tiny(arch, tmp_path / arch, layers=2, hidden=64, experts=8, top_k=2, vocab=512)
-    llm = LLM(str(path), moe_backend="cpu", num_threads=2, prefix_cache=False, speculative="off", **opts)
+    llm = LLM(str(path), num_threads=2, prefix_cache=False, speculative="off", **opts)
     try:
         ran = []
         call = AttnHalf.__call__
