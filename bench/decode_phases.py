@@ -7,7 +7,8 @@
 After a P-token prefill, times `steps` single-sequence decode steps and splits each into:
 experts (the C `ft_moe_run*` calls and their combine; `ft_moe_decode`, a decode step's top-k and
 experts in one call), attention (`ft_decode_attention`),
-dense GEMVs (q/k/v/o projections), router GEMVs and top-k, lm_head, norms + rope (C calls), and
+dense GEMVs (q/k/v/o projections; a one-row step's `ft_attn_half` is a phase of its own: its norms,
+qkv, o and router GEMVs and attention in one call), router GEMVs and top-k, lm_head, norms + rope (C calls), and
 the rest (Python, the scheduler, sampling; also as the median and 10th percentile step, which
 a loaded machine stretches less than the mean). Dense and lm_head rows give the bytes they read per
 step and the implied GB/s; a roofline line each token's bytes (bench/vs_llamacpp.py's count) as
@@ -85,10 +86,13 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
         for name, phase in (("ft_moe_run", "experts"), ("ft_moe_run_ranked", "experts"),
                             ("ft_moe_run_pairs", "experts"), ("ft_moe_combine", "experts"),
                             ("ft_moe_decode", "experts"),     # (with the decode step's top-k, ~1 us)
+                            ("ft_moe_decode_add", "experts"),     # (and the residual add of one row, ~1 us)
                             ("ft_route_topk", "router"), ("ft_decode_attention", "attention"),
                             ("ft_rms_norm", "norm+rope"), ("ft_rope", "norm+rope"),
                             ("ft_add_rms_norm", "norm+rope"), ("ft_norm_rope_qk", "norm+rope"),
-                            ("ft_kv_write", "attention")):
+                            ("ft_kv_write", "attention"),
+                            # a one-row step's attention half in one call: its norms, qkv/o GEMVs and attention
+                            ("ft_attn_half", "attention half (norms, qkv/o/router GEMVs, attention)")):
             if (id(lib), name) not in WRAPPED and hasattr(lib, name):    # (an older tree's build lacks the fused calls)
                 WRAPPED.add((id(lib), name))
                 timed_c(lib, name, phase)

@@ -80,7 +80,11 @@ class ExpertsSeat:
         return self.backend.forward(layer, hidden, topk_ids, topk_weights)
 
     def forward_logits(self, layer: int, hidden: torch.Tensor, logits: torch.Tensor, top_k: int, norm: bool,
-                       after: bool, routes=None) -> torch.Tensor | None:
-        """The backend's routing + experts in one call where it has one (CpuExperts), else None."""
+                       after: bool, routes=None, residual=None) -> torch.Tensor | None:
+        """The backend's routing + experts in one call where it has one (CpuExperts), else None;
+        with `residual`, residual + the experts' output."""
         fn = getattr(self.backend, "forward_logits", None)
-        return None if fn is None else fn(layer, hidden, logits, top_k, norm, after, routes)
+        if fn is None:
+            return None
+        return fn(layer, hidden, logits, top_k, norm, after, routes) if residual is None else \
+            fn(layer, hidden, logits, top_k, norm, after, routes, residual)

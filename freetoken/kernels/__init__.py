@@ -179,7 +179,18 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ft_prefill_attention.argtypes = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64,
                                              ctypes.c_float, vp, i64, i64]
         lib.ft_prefill_attention.restype = ci
-    return _bind_probes(lib)
+    return _bind_probes(_bind_layer_calls(lib))
+
+
+def _bind_layer_calls(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """A decode row's layer-sized calls (attn_half.c: the attention half, the MoE block + residual)."""
+    vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.ft_attn_half.argtypes = [vp, vp, vp, vp, vp, vp, i64, vp, vp, ci, vp, i64, vp, vp, vp, vp]
+    lib.ft_attn_half.restype = ci
+    lib.ft_moe_decode_add.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp,
+                                      vp, vp]
+    lib.ft_moe_decode_add.restype = ci
+    return lib
 
 
 def _bind_probes(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -91,6 +91,14 @@ class GgmlLinear:
             return self._gemv(x)
         return rows_apply(x, self.in_features, self.out_features, self._gemm if exact else self._gemv, self._gemm)
 
+    def decode_ref(self) -> tuple | None:
+        """`Linear.decode_ref`'s fields for this layer (kind 1: its segments, ft_ggml_linear_run's
+        operands); None where a decode row does not take the GEMV (float32 activations: `exact`)."""
+        if self.pool.lib.ft_set_ggml_act(-1) == ACT_MODES["float32"]:
+            return None
+        return (1, 0, None, 0, None, 0, self._segs_ptr.value, len(self.parts), self.out_features, self.in_features,
+                self.bias.data_ptr() if self.bias is not None else None)
+
     def _gemv(self, x: torch.Tensor) -> torch.Tensor:
         x, y = gemv_operands(x, self.out_features)
         with self.pool.lock:

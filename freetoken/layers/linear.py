@@ -110,6 +110,15 @@ class Linear:
             raise MemoryError("dense GEMV kernel could not allocate its scratch memory")
         return y
 
+    def decode_ref(self) -> tuple | None:
+        """(kind 0, format code, weights, row bytes, scales, scale row bytes, segments, segment
+        count, N, K, bias) as a C caller of this layer's decode GEMV takes them (kernels/c/attn_half.c's
+        `ft_dense_ref`); None off the kernel path."""
+        if self.pool is None:
+            return None
+        code, w, w_rs, s, s_rs, n, k = self._weight_args()
+        return (0, code, w, w_rs, s, s_rs, None, 0, n, k, self.bias.data_ptr() if self.bias is not None else None)
+
     def dequantized(self, out: torch.Tensor | None = None) -> torch.Tensor:
         """The weight as fp32 [N, K] (into `out` when given)."""
         if self.pool is None:

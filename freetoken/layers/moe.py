@@ -65,16 +65,24 @@ class SparseMoE:
         cpu_kernels().ft_route_topk(logits.data_ptr(), n, e, self.top_k, int(self.norm), int(self.softmax_after_topk),
                                     ids.data_ptr(), w.data_ptr())
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = self._fused(x)
+    def __call__(self, x: torch.Tensor, logits: torch.Tensor | None = None,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+        """logits: the router's GEMV of x where a caller ran it already (a decode row's one-call
+        attention half, layers/attention/decode_half.py; the bits `self.router(x)` gives).
+        residual: the layer's residual stream h; then h + the block's output (without a shared
+        expert, summed in the experts' C call where the fused path runs: the bits of `h + out`)."""
+        fold = residual is not None and self.shared is None
+        out = self._fused(x, logits, residual if fold else None)
+        if out is not None and fold:
+            return out
         if out is None:
-            out = self._experts_on(x, *self.route(x))
+            out = self._experts_on(x, *(self.route(x) if logits is None else self._route_logits(x, logits)))
         if self.shared is not None:
             s = self.shared(x)
             if self.shared_gate is not None:
                 s = row_gate(x, self.shared_gate) * s
             out = out + s
-        return out
+        return out if residual is None else residual + out
 
     def _experts_on(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """The experts on routes picked by the router (or forced), the routing hook told first."""
@@ -84,23 +92,25 @@ class SparseMoE:
             self.on_route(self.moe_layer, ids, w)
         return self.experts.forward(self.moe_layer, x, ids, w)
 
-    def _fused(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _fused(self, x: torch.Tensor, logits: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None) -> torch.Tensor | None:
         """A decode step's top-k and experts after the router GEMV in one C call, where the
         routing is this class's own rule, no routes are forced and the backend has the call
-        (`CpuExperts.forward_logits`); else None. A routing hook (observers: the speculative
-        routing counters) gets fresh ids and weights after the call."""
+        (`CpuExperts.forward_logits`), plus `residual` where given; else None. A routing hook
+        (observers: the speculative routing counters) gets fresh ids and weights after the call."""
         if (not FUSED[0] or self.forced_routes is not None or x.device.type != "cpu"
                 or x.dtype != torch.float32       # (the five-call path rounds the weights to x's dtype)
                 or x.shape[0] > GEMV_TOKENS or type(self).route is not SparseMoE.route
                 or not hasattr(self.experts, "forward_logits") or cpu_kernels() is None):
             return None
-        logits = self.router(x)
+        logits = self.router(x) if logits is None else logits
         routes = None if self.on_route is None else (torch.empty(x.shape[0], self.top_k, dtype=torch.int64),
                                                      torch.empty(x.shape[0], self.top_k, dtype=torch.float32))
-        out = self.experts.forward_logits(self.moe_layer, x, logits, self.top_k, self.norm, self.softmax_after_topk,
-                                          routes)
+        args = (self.moe_layer, x, logits, self.top_k, self.norm, self.softmax_after_topk, routes)
+        out = self.experts.forward_logits(*args) if residual is None else self.experts.forward_logits(*args, residual)
         if out is None:       # (the router ran: route its logits the usual way, once)
-            return self._experts_on(x, *self._route_logits(x, logits))
+            out = self._experts_on(x, *self._route_logits(x, logits))
+            return out if residual is None else residual + out
         if self.on_route is not None:
             self.on_route(self.moe_layer, *routes)
         return out

@@ -13,6 +13,7 @@ from ..experts.execution.numerics import set_bf16_dot
 from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
 from ..layers.attention.paged import kv_values_per_token, paged_attention
+from ..layers.attention.decode_half import FUSED as ATTN_HALF, AttnHalf
 from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
@@ -118,8 +119,14 @@ class Attention:
 class DecoderLayer:
     def __init__(self, attn, mlp, input_norm: RMSNorm, post_norm: RMSNorm):
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
+        self.half = False       # the one-call attention half (layers/attention/decode_half.py): unset, None or built
 
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext):
+        if x.shape[0] == 1 and ATTN_HALF[0] and (half := self._half()) is not None \
+                and (hn := half(x, cos, sin, ctx.kv[idx], ctx.attn)) is not None:
+            # a one-row decode step: the attention half (and a SparseMoE's router GEMV) in one C call,
+            # then a SparseMoE's experts and the residual add in another
+            return hn[0] + self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2], hn[0])
         a = self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
         if x.shape[0] <= GEMV_TOKENS and (fused := add_rms_norm(x, a, self.post_norm)) is not None:
             h, normed = fused          # a decode step's residual add and norm in one C call
@@ -127,6 +134,16 @@ class DecoderLayer:
             h = x + a
             normed = self.post_norm(h)
         return h + self.mlp(normed)
+
+    def _half(self) -> AttnHalf | None:
+        """This layer's `AttnHalf`, built on first use (the plain `Attention` only: a subclass's
+        other math never takes it; a plain `SparseMoE`'s router GEMV joins the call), rebuilt if
+        its weights were replaced."""
+        if self.half is False or (self.half is not None and self.half.stale()):
+            router = self.mlp.router if type(self.mlp) is SparseMoE else None    # (its own routing rule only)
+            self.half = (AttnHalf.build(self.attn, self.input_norm, self.post_norm, router)
+                         if type(self.attn) is Attention else None)
+        return self.half
 
 
 def model_basics(model, ck: Checkpoint, cfg: BuildContext, max_len: int, eps_default: float):

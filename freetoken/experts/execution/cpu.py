@@ -58,6 +58,8 @@ class CpuExpertExecutor:
             raise ValueError(f"{self.fmt} experts need hidden and intermediate to be multiples of {block}")
         self._bias = {k: banks[k].float().contiguous() for k in ("gate_up_bias", "down_bias") if k in banks}
         self._desc = self._make_desc()   # validates the banks before any thread starts
+        self._desc_ref = ctypes.byref(self._desc)     # (a byref a decode call: ~1 us)
+        self._sums: dict[int, torch.Tensor] = {}       # decode(residual=...)'s experts' sums, per row count
         self.lib = None if isa == "torch" else kernels.load(isa)
         self.num_threads, self._own_pool = 1, pool is None
         self._pool, self._deq = None, None
@@ -167,21 +169,35 @@ class CpuExpertExecutor:
         return out
 
     def decode(self, x: torch.Tensor, logits: torch.Tensor, top_k: int, norm: bool, after: bool, offset: int,
-               ids: torch.Tensor, flat: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+               ids: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None
+               ) -> torch.Tensor:
         """A decode step's routing and experts in one C call (`ft_moe_decode`): the top-k of
         `logits` (fp32 [T, E], as `SparseMoE.route`'s kernel path) into `ids` / `w` (contiguous
         int64 / fp32, T * top_k each), ids + `offset` (this executor's flat ids) into `flat`,
-        then `run` of them into a new float32 [T, H]. C kernel only, T * top_k <= 64."""
+        then `run` of them into a new float32 [T, H]; with `residual` (contiguous fp32 [T, H])
+        `residual + run` instead (`ft_moe_decode_add`: the experts' sum in a reused scratch).
+        C kernel only, T * top_k <= 64."""
         T, E = logits.shape
         if x.dtype not in (torch.float32, torch.bfloat16):
             x = x.float()
         x = x.contiguous()
         out = torch.empty(T, self.H, dtype=torch.float32)
-        with self._pool.lock:
-            rc = self.lib.ft_moe_decode(self._pool.handle, ctypes.byref(self._desc), logits.data_ptr(), E, top_k,
-                                        int(norm), int(after), offset, x.data_ptr(),
-                                        0 if x.dtype == torch.float32 else 1, T, ids.data_ptr(), flat.data_ptr(),
-                                        w.data_ptr(), out.data_ptr())
+        if residual is not None:
+            scratch = self._sums.get(T)
+            if scratch is None:
+                scratch = self._sums[T] = torch.empty(T, self.H, dtype=torch.float32)
+            with self._pool.lock:
+                rc = self.lib.ft_moe_decode_add(self._pool.handle, self._desc_ref, logits.data_ptr(), E, top_k,
+                                                int(norm), int(after), offset, x.data_ptr(),
+                                                0 if x.dtype == torch.float32 else 1, T, ids.data_ptr(),
+                                                flat.data_ptr(), w.data_ptr(), scratch.data_ptr(),
+                                                residual.data_ptr(), out.data_ptr())
+        else:
+            with self._pool.lock:
+                rc = self.lib.ft_moe_decode(self._pool.handle, self._desc_ref, logits.data_ptr(), E, top_k,
+                                            int(norm), int(after), offset, x.data_ptr(),
+                                            0 if x.dtype == torch.float32 else 1, T, ids.data_ptr(), flat.data_ptr(),
+                                            w.data_ptr(), out.data_ptr())
         if rc == -1:
             raise IndexError("expert id out of range of the banks")
         if rc < 0:

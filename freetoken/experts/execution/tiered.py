@@ -414,11 +414,12 @@ class CpuExperts(Experts):
         self.stats_.add_cpu_call(layer, routed, n, self._expert_bytes[layer], time.perf_counter() - t0)
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
-    def forward_logits(self, layer, hidden, logits, top_k: int, norm: bool, after: bool, routes=None):
+    def forward_logits(self, layer, hidden, logits, top_k: int, norm: bool, after: bool, routes=None, residual=None):
         """`forward` of the top-k of router `logits` (SparseMoE's softmax top-k rule) in one C
         call (`CpuExpertExecutor.decode`) for a decode step on the pure-CPU engine; None where
         that path does not apply (the caller routes and calls `forward`). `routes`: (ids int64,
-        weights fp32), contiguous [T, top_k], to receive the routing (else scratch is used)."""
+        weights fp32), contiguous [T, top_k], to receive the routing (else scratch is used).
+        `residual` (contiguous fp32 [T, H], hidden fp32): `residual + forward` in the same call."""
         T = hidden.shape[0]
         if self.device.type != "cpu" or not 0 < T * top_k <= 64 or logits.dtype != torch.float32:
             return None
@@ -432,9 +433,11 @@ class CpuExperts(Experts):
                                                 torch.empty(T * top_k, dtype=torch.int64),
                                                 torch.empty(T * top_k, dtype=torch.float32))
         ids, flat, w = buf if routes is None else (routes[0], buf[1], routes[1])
-        out = ex.decode(hidden, logits.contiguous(), top_k, norm, after, offset, ids, flat, w)
+        if residual is not None and hidden.dtype is not torch.float32:
+            return None
+        out = ex.decode(hidden, logits.contiguous(), top_k, norm, after, offset, ids, flat, w, residual)
         base = layer * self.E
-        ran = sorted({base + i for i in ids.view(-1).tolist()})
+        ran = sorted({base + i for i in (ids if ids.dim() == 1 else ids.view(-1)).tolist()})   # (a view: ~20 us cold)
         self.stats_.add_experts("cpu_experts", ran)
         self.stats_.add_cpu_call(layer, T * top_k, len(ran), self._expert_bytes[layer], time.perf_counter() - t0)
         return out if out.dtype == hidden.dtype else out.to(hidden.dtype)

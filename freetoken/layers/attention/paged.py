@@ -46,6 +46,7 @@ class AttentionMetadata:
     padded_keys: bool = False
     masks: dict = field(default_factory=dict)
     verify: tuple | None = None                # verify_rows' answer, worked out by the first layer
+    row_args: tuple | None = None              # a one-row step's C arguments (decode_half.step_args), by the first layer
 
     def use_paged(self, q: torch.Tensor) -> bool:
         """True when attention reads the paged cache in place (paged_flex.py) instead of

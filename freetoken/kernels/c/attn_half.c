@@ -1,0 +1,107 @@
+#include <time.h>
+#include "ft_kernels.h"
+
+/* ------------------------------------------------------------------ a decode row's attention half
+ * ft_attn_half: one decode row through a decoder layer's attention half, input RMSNorm -> qkv
+ * GEMV -> q/k norms + rope -> K/V into the cache -> decode attention -> o GEMV -> residual add
+ * and post-attention RMSNorm (-> the MoE router's GEMV of the normed row, where given), in one
+ * call. Each stage calls the very function the separate calls
+ * run (ft_rms_norm, ft_linear_run or ft_ggml_linear_run, ft_norm_rope_qk, ft_kv_write,
+ * ft_decode_attention, ft_add_rms_norm; other files, so no inlined copy rounds another way), in
+ * the same order on the same operands: the bits of the seven calls. What it saves is the Python
+ * between them (checks, fresh tensors, ~40 small calls a layer). */
+
+void ft_rms_norm(const float *x, const float *w, int64_t rows, int n, float eps, float *out);
+int ft_linear_run(void *vp, int fmt, const void *w, int64_t w_rs, const void *s, int64_t s_rs,
+                  int N, int K, const void *x, int xt, int64_t M, const float *bias, float *y);
+int ft_ggml_linear_run(void *vp, const ft_gseg *seg, int nseg, int K, const void *x, int xt, int64_t M,
+                       const float *bias, float *y, int64_t ldy);
+int ft_norm_rope_qk(const float *qkv, int64_t rs, int64_t T, int heads, int kv_heads, int D, int rot,
+                    const float *qw, float q_eps, const float *kw, float k_eps, const float *cos, const float *sin,
+                    float *out);
+int ft_kv_write(const float *k, int64_t ks, const float *v, int64_t vs, int64_t n, int64_t row,
+                const int64_t *slots, int64_t num_slots, void *kc, void *vc, int bf16);
+int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D, const void *k, const void *v,
+                        int kvt, const int64_t *slots, int64_t kmax, const int64_t *nkeys, float scale,
+                        const float *sinks, float *out);
+void ft_add_rms_norm(const float *x, const float *a, const float *w, int64_t rows, int n, float eps, float *h,
+                     float *out);
+
+/* A dense layer as its decode GEMV takes it: kind 0 ft_linear_run's (fmt, w, w_rs, s, s_rs),
+ * kind 1 ft_ggml_linear_run's segments; N outputs, K inputs, bias or NULL. (All 8-byte fields:
+ * the Python mirror, layers/attention/decode_half.py, lays them out the same.) */
+typedef struct {
+    int64_t kind, fmt;
+    const void *w; int64_t w_rs; const void *s; int64_t s_rs;
+    const ft_gseg *segs; int64_t nseg;
+    int64_t N, K;
+    const float *bias;
+} ft_dense_ref;
+
+/* One layer's weights, sizes and scratch rows (xn [hidden], qkv [qkv.N], qk [(heads + kv_heads)
+ * * D], att [heads * D], o [hidden]; logits [router.N], router.N = 0: no router); eps and scale
+ * as doubles, narrowed to float as ctypes narrows the separate calls' arguments. */
+typedef struct {
+    ft_dense_ref qkv, o, router;
+    const float *in_w, *post_w, *qw, *kw;
+    double in_eps, post_eps, q_eps, k_eps, scale;
+    int64_t hidden, heads, kv_heads, D, rot;
+    float *xn, *qkv_out, *qk, *att, *o_out, *logits;
+} ft_attn_layer;
+
+static int dense_run(void *pool, const ft_dense_ref *L, const float *x, float *y) {
+    if (L->kind == 0)
+        return ft_linear_run(pool, (int)L->fmt, L->w, L->w_rs, L->s, L->s_rs, (int)L->N, (int)L->K, x, 0, 1, L->bias, y)
+               ? -2 : 0;
+    int rc = ft_ggml_linear_run(pool, L->segs, (int)L->nseg, (int)L->K, x, 0, 1, L->bias, y, L->N);
+    return rc == -2 ? -2 : rc != 0 ? -3 : 0;
+}
+
+/* x [hidden] -> h = x + o(attention) and normed = post_norm(h), both [hidden]; the row's K/V go
+ * to cache slot *slot; with a router, its logits of normed into L->logits. att_seconds += the decode attention's wall time (spec/price.py's prior).
+ * Returns 0; -1 a KV slot outside [0, num_slots) (nothing written); -2 a kernel could not
+ * allocate its scratch; -3 a ggml layer's type was refused. */
+int ft_attn_half(void *pool, const ft_attn_layer *L, const float *x, const float *cos, const float *sin,
+                 const int64_t *slot, int64_t num_slots, void *kc, void *vc, int kvt,
+                 const int64_t *key_slots, int64_t kmax, const int64_t *nkeys, float *h, float *normed,
+                 double *att_seconds) {
+    const int H = (int)L->heads, G = (int)L->kv_heads, D = (int)L->D;
+    ft_rms_norm(x, L->in_w, 1, (int)L->hidden, (float)L->in_eps, L->xn);
+    int rc = dense_run(pool, &L->qkv, L->xn, L->qkv_out);
+    if (rc) return rc;
+    if (ft_norm_rope_qk(L->qkv_out, L->qkv.N, 1, H, G, D, (int)L->rot, L->qw, (float)L->q_eps, L->kw,
+                        (float)L->k_eps, cos, sin, L->qk))
+        return -2;
+    if (ft_kv_write(L->qk + (int64_t)H * D, (int64_t)(H + G) * D, L->qkv_out + (int64_t)(H + G) * D, L->qkv.N,
+                    1, (int64_t)G * D, slot, num_slots, kc, vc, kvt))
+        return -1;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    rc = ft_decode_attention(pool, L->qk, 1, H, G, D, kc, vc, kvt, key_slots, kmax, nkeys, (float)L->scale, NULL,
+                             L->att);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *att_seconds += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (rc) return -2;
+    rc = dense_run(pool, &L->o, L->att, L->o_out);
+    if (rc) return rc;
+    ft_add_rms_norm(x, L->o_out, L->post_w, 1, (int)L->hidden, (float)L->post_eps, h, normed);
+    return L->router.N ? dense_run(pool, &L->router, normed, L->logits) : 0;
+}
+
+/* ------------------------------------------------------------------ a decode row's MoE block + residual
+ * ft_moe_decode_add: ft_moe_decode (moe.c: top-k of the router logits, the experts into out), then
+ * sum = residual + out, the decoder layer's residual add (one fp32 add an element, the bits of
+ * torch's `h + out`): the block's output without a torch op (an add and a fresh tensor, ~20-50
+ * us of CPU each on a medium model's step, their code cold after the kernels). */
+int ft_moe_decode(void *vp, const ft_desc *d, const float *logits, int E, int k, int norm, int after,
+                  int64_t offset, const void *x, int xt, int64_t T, int64_t *ids, int64_t *flat, float *w,
+                  float *out);
+
+int ft_moe_decode_add(void *vp, const ft_desc *d, const float *logits, int E, int k, int norm, int after,
+                      int64_t offset, const void *x, int xt, int64_t T, int64_t *ids, int64_t *flat, float *w,
+                      float *out, const float *residual, float *sum) {
+    const int rc = ft_moe_decode(vp, d, logits, E, k, norm, after, offset, x, xt, T, ids, flat, w, out);
+    if (rc < 0) return rc;
+    for (int64_t i = 0; i < T * d->H; i++) sum[i] = residual[i] + out[i];
+    return rc;
+}

@@ -1,0 +1,145 @@
+"""A decode row's attention half of a decoder layer in one C call (`ft_attn_half`,
+kernels/c/attn_half.c): input RMSNorm, the qkv GEMV, q/k norms + rope, the K/V write, the decode
+attention, the o GEMV, the residual add and the post-attention RMSNorm. The separate path takes
+~40 Python-level calls a layer between those kernels (checks, fresh tensors, views), each ~5-20
+us once the kernels have streamed megabytes through the caches; this one takes one, on scratch
+rows allocated once per layer. Same kernels in the same order on the same operands: the same
+bits (tests/layers/test_decode_half.py compares both paths)."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ...kernels import cpu_kernels
+from ...quant.ggml_act import ACT_MODES
+from .paged import _KV_CODE as KV_CODE, KERNEL_SECONDS
+from ..ggml_linear import GgmlLinear
+from ..norm import RMSNorm
+
+# the one-call path on (tests switch it off to compare with the separate calls)
+FUSED = [True]
+
+_vp, _i64, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+
+
+class _Dense(ctypes.Structure):       # attn_half.c's ft_dense_ref
+    _fields_ = [("kind", _i64), ("fmt", _i64), ("w", _vp), ("w_rs", _i64), ("s", _vp), ("s_rs", _i64),
+                ("segs", _vp), ("nseg", _i64), ("N", _i64), ("K", _i64), ("bias", _vp)]
+
+
+class _Layer(ctypes.Structure):       # attn_half.c's ft_attn_layer
+    _fields_ = [("qkv", _Dense), ("o", _Dense), ("router", _Dense), ("in_w", _vp), ("post_w", _vp), ("qw", _vp), ("kw", _vp),
+                ("in_eps", _f64), ("post_eps", _f64), ("q_eps", _f64), ("k_eps", _f64), ("scale", _f64),
+                ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("D", _i64), ("rot", _i64),
+                ("xn", _vp), ("qkv_out", _vp), ("qk", _vp), ("att", _vp), ("o_out", _vp), ("logits", _vp)]
+
+
+def _plain(norm) -> bool:
+    return type(norm) is RMSNorm and norm.weight.dtype == torch.float32 and norm.weight.is_contiguous()
+
+
+class AttnHalf:
+    """One layer's `ft_attn_half`: its weights' pointers and its scratch rows, set up once.
+    `attn` is a models/decoder.Attention (the caller checks the class: a subclass's other math
+    never comes here); `router`, the MoE block's router (a `Linear`) whose logits of the normed
+    row the call also computes, or None."""
+
+    def __init__(self, attn, input_norm: RMSNorm, post_norm: RMSNorm, router, lib, pool):
+        self.attn, self.lib, self.pool, self.router = attn, lib, pool, router
+        self.ggml = isinstance(attn.qkv, GgmlLinear) or isinstance(attn.o, GgmlLinear)
+        self.weights = self._weights()
+        hidden, heads, kvh, d = input_norm.weight.numel(), attn.heads, attn.kv_heads, attn.head_dim
+        f32 = dict(dtype=torch.float32)
+        # scratch rows and outputs, reused every step (nothing outside the layer keeps them)
+        self.bufs = [torch.empty(1, n, **f32) for n in (hidden, attn.qkv.out_features, (heads + kvh) * d, heads * d,
+                                                        hidden)]
+        self.h, self.normed = torch.empty(1, hidden, **f32), torch.empty(1, hidden, **f32)
+        self.logits = torch.empty(1, router.out_features, **f32) if router is not None else None
+        qw = kw = None
+        if attn.q_norm is not None:
+            qw, kw = attn.q_norm.weight.data_ptr(), attn.k_norm.weight.data_ptr()
+        self.layer = _Layer(_Dense(*attn.qkv.decode_ref()), _Dense(*attn.o.decode_ref()),
+                            _Dense(*router.decode_ref()) if router is not None else _Dense(),
+                            input_norm.weight.data_ptr(), post_norm.weight.data_ptr(), qw, kw,
+                            input_norm.eps, post_norm.eps, attn.q_norm.eps if qw else 0.0,
+                            attn.k_norm.eps if kw else 0.0, attn.scale, hidden, heads, kvh, d, attn.rotary.dim,
+                            *[b.data_ptr() for b in self.bufs], self.logits.data_ptr() if router is not None else None)
+        self.norms = (input_norm, post_norm)     # (their weights stay alive while the pointers are used)
+        self.ref = ctypes.byref(self.layer)
+        self.seconds = ctypes.c_double(0.0)
+        self.seconds_ref = ctypes.byref(self.seconds)
+
+    @classmethod
+    def build(cls, attn, input_norm, post_norm, router=None) -> AttnHalf | None:
+        """The one-call path of this layer, or None where it does not apply: the kernels' GEMVs
+        for qkv and o (and the router) on one pool of the native library, plain fp32 norms, no
+        clip, per-head or no q/k norms. A router the call cannot take is left to its caller."""
+        lib, pool = cpu_kernels(), getattr(attn.qkv, "pool", None)
+        if router is not None and (getattr(router, "pool", None) is not pool or not hasattr(router, "decode_ref")
+                                   or router.decode_ref() is None):
+            router = None
+        if (lib is None or not hasattr(lib, "ft_attn_half") or pool is None or pool.lib is not lib
+                or getattr(attn.o, "pool", None) is not pool or not hasattr(attn.qkv, "decode_ref")
+                or not hasattr(attn.o, "decode_ref") or attn.clip is not None or attn.qk_norm not in (None, "head")
+                or not (_plain(input_norm) and _plain(post_norm))
+                or input_norm.weight.shape != post_norm.weight.shape
+                or (attn.qk_norm == "head" and not (_plain(attn.q_norm) and _plain(attn.k_norm)))
+                or attn.qkv.decode_ref() is None or attn.o.decode_ref() is None):
+            return None
+        return cls(attn, input_norm, post_norm, router, lib, pool)
+
+    def stale(self) -> bool:
+        """The layer's weights were replaced since the pointers were taken."""
+        w = self.weights
+        return (getattr(self.attn.qkv, "weight", None) is not w[0] or getattr(self.attn.o, "weight", None) is not w[1]
+                or getattr(self.router, "weight", None) is not w[2])
+
+    def _weights(self) -> tuple:
+        return tuple(getattr(m, "weight", None) for m in (self.attn.qkv, self.attn.o, self.router))
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, meta):
+        """(h = x + attention, post_norm(h), the router's logits of it or None) of one decode row
+        x [1, hidden] (fp32, contiguous), this layer's reused rows; None where the step is not a
+        one-row C decode step (the caller runs the separate calls)."""
+        step = meta.row_args
+        if step is None or step[0] is not cos:     # the first layer of a step works them out
+            step = meta.row_args = step_args(x, cos, sin, meta)
+        kc, vc = cache.k, cache.v
+        window = self.attn.window
+        if (step[1] is not self.pool or x.shape != self.h.shape or x.dtype is not torch.float32
+                or not x.is_contiguous() or vc is None or kc.dtype not in KV_CODE
+                or (window is not None and step[6] > window)          # (decode_kernel's window rule)
+                or kc.shape[1] != self.attn.kv_heads or kc.shape[2] != self.attn.head_dim
+                or not kc.is_contiguous() or not vc.is_contiguous()
+                or (self.ggml and self.lib.ft_set_ggml_act(-1) == ACT_MODES["float32"])):
+            return None
+        _, _, cos_p, sin_p, slots_p, keys_p, kmax, lens_p = step
+        self.seconds.value = 0.0
+        with self.pool.lock:
+            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), cos_p, sin_p, slots_p, kc.shape[0],
+                                       kc.data_ptr(), vc.data_ptr(), KV_CODE[kc.dtype], keys_p, kmax, lens_p,
+                                       self.h.data_ptr(), self.normed.data_ptr(), self.seconds_ref)
+        KERNEL_SECONDS[0] += self.seconds.value
+        if rc == -1:
+            raise IndexError(f"a KV slot is outside the cache's {kc.shape[0]} rows")
+        if rc == -3:
+            raise ValueError("ggml GEMV kernel refused the layer")
+        if rc != 0:
+            raise MemoryError("a decode kernel could not allocate its scratch memory")
+        return self.h, self.normed, self.logits
+
+
+def step_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta) -> tuple:
+    """What every layer of a step shares: (cos, the kernels' pool where the step is a one-row C
+    decode step else None, then the pointers of cos, sin, the row's slot, the key slots, their
+    count, the context length)."""
+    slots, keys, lens = meta.slot_mapping, meta.key_slots, meta.context_lens
+    ok = (meta.num_tokens == 1 and cos.dtype is torch.float32 and cos.is_contiguous() and sin.is_contiguous()
+          and not meta.use_paged(x) and meta.decode_kernel(x, torch.float32, None)
+          and slots.dtype is torch.int64 and keys.dtype is torch.int64 and lens.dtype is torch.int64
+          and slots.is_contiguous() and keys.is_contiguous() and lens.is_contiguous())
+    if not ok:
+        return cos, None, 0, 0, 0, 0, 0, 0
+    return (cos, meta.kernel_pool, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), keys.data_ptr(), keys.shape[1],
+            lens.data_ptr())

@@ -1,0 +1,141 @@
+"""A one-row decode step's attention half in one C call (`ft_attn_half`, layers/attention/decode_half.py):
+the bits of the separate calls it replaces (input norm, qkv GEMV, q/k norms + rope, KV write,
+decode attention, o GEMV, residual add + post-attention norm), greedy tokens and every logits row,
+on the model families whose layers take it and on those that must not (their own attention
+math); and float64 torch attention math within fp32 tolerance."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from freetoken import LLM, SamplingParams
+from freetoken.experts.execution.numerics import set_bf16_dot
+from freetoken.kernels import cpu_kernels
+from freetoken.layers.attention import decode_half as half_mod
+from freetoken.layers.attention.decode_half import AttnHalf
+from freetoken.tiny import make_tiny
+
+# (arch, whether its layers take the one call): qwen3_moe per-head q/k norms, llama none,
+# qwen2_moe qkv biases, mixtral GQA; olmoe normalizes the whole projection (not taken)
+@pytest.fixture(autouse=True)
+def _bf16_dot_off():
+    """An engine sets the C library's process-wide bf16-dot switch to its calibrated choice;
+    the kernel tests that follow in this process expect it off (its default)."""
+    yield
+    set_bf16_dot(cpu_kernels(), False)
+
+
+ARCHS = (("qwen3_moe", True), ("llama", True), ("qwen2_moe", True), ("mixtral", True), ("olmoe", False))
+
+
+def _decode(llm: LLM, prompts: list[list[int]], tokens: int):
+    """(token ids of each prompt, every logits row the steps computed), greedy."""
+    model = llm.engine.model
+    rows, orig = [], model.compute_logits
+    model.compute_logits = lambda h: rows.append(orig(h).clone()) or rows[-1]
+    try:
+        out = llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True))
+    finally:
+        model.compute_logits = orig
+    return [o.token_ids for o in out], rows
+
+
+# bf16 weights and KV cache (fp32 activations), fp32 throughout, int8 dense weights (Q8_0-sized)
+OPTIONS = ({"dtype": "bfloat16"}, {"dtype": "float32"}, {"dtype": "bfloat16", "dense_format": "int8"})
+
+
+@pytest.mark.parametrize("opts", OPTIONS, ids=["bf16", "fp32", "int8"])
+@pytest.mark.parametrize("arch,taken", ARCHS)
+def test_one_call_half_is_the_separate_calls(tmp_path, arch, taken, opts):
+    _same_bits(tmp_path, arch, taken, {"moe_backend": "cpu", **opts})
+
+
+def test_one_call_half_on_the_torch_experts(tmp_path):
+    """The resident backend (torch experts, no fused experts call): the MoE block's residual
+    add stays in torch after the one-call attention half."""
+    _same_bits(tmp_path, "qwen3_moe", True, {"moe_backend": "resident", "dtype": "bfloat16"})
+
+
+def _same_bits(tmp_path, arch: str, taken: bool, opts: dict):
+    path = make_tiny(arch, tmp_path / arch, layers=2, hidden=64, experts=8, top_k=2, vocab=512)
+    llm = LLM(str(path), num_threads=2, prefix_cache=False, speculative="off", **opts)
+    try:
+        ran = []
+        call = AttnHalf.__call__
+        AttnHalf.__call__ = lambda self, *a: (lambda r: ran.append(r is not None) or r)(call(self, *a))
+        try:
+            for prompts in ([[5, 6, 7, 8, 9]], [[5, 6, 7, 8, 9], [11, 12]]):   # one row a step, then two
+                fused = _decode(llm, prompts, 12)
+                half_mod.FUSED[0] = False
+                try:
+                    ref = _decode(llm, prompts, 12)
+                finally:
+                    half_mod.FUSED[0] = True
+                assert fused[0] == ref[0]
+                assert len(fused[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(fused[1], ref[1]))
+        finally:
+            AttnHalf.__call__ = call
+        assert any(ran) == taken, arch
+    finally:
+        llm.close()
+
+
+def _rms(x, w, eps):
+    return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
+
+
+def test_one_call_half_matches_float64_torch(tmp_path):
+    """h and post_norm(h) of a decode row at position p against float64 torch: norms, the fused
+    qkv weight, per-head q/k norms, NeoX rope, softmax attention over the p earlier keys written
+    by the prefill plus the row's own, o."""
+    path = make_tiny("qwen3_moe", tmp_path / "m", layers=1, hidden=64, experts=8, top_k=2)
+    llm = LLM(str(path), dtype="float32", moe_backend="cpu", num_threads=2, prefix_cache=False, speculative="off")
+    try:
+        model = llm.engine.model
+        layer = model.layers[0]
+        seen = []
+        orig = AttnHalf.__call__
+
+        def spy(self, x, cos, sin, cache, meta):
+            r = orig(self, x, cos, sin, cache, meta)
+            if r is not None:
+                seen.append((x.clone(), int(meta.context_lens[0]), meta.key_slots[0].clone(), cache.k.clone(),
+                             cache.v.clone(), r[0].clone(), r[1].clone()))
+            return r
+        AttnHalf.__call__ = spy
+        try:
+            llm.generate([[3, 4, 5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        finally:
+            AttnHalf.__call__ = orig
+        assert seen, "the one-call half never ran"
+        a = layer.attn
+        hq, hk, d = a.heads, a.kv_heads, a.head_dim
+        w_qkv = a.qkv.dequantized().double()
+        w_o = a.o.dequantized().double()
+        for x, n, slots, kc, vc, h, normed in seen:
+            x64 = x.double()
+            xn = _rms(x64, layer.input_norm.weight.double(), layer.input_norm.eps)
+            qkv = xn @ w_qkv.T
+            q = qkv[0, :hq * d].view(hq, d)
+            q = _rms(q, a.q_norm.weight.double(), a.q_norm.eps)
+            pos = n - 1
+            inv = 1.0 / (model.hf.get("rope_theta", 10000.0) ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+            ang = torch.cat([pos * inv, pos * inv])
+            rot = lambda t: t * ang.cos() + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * ang.sin()  # noqa: E731
+            q = rot(q)
+            keys = kc[slots[:n]].double()           # the cache as the call left it (the row's own K/V included)
+            vals = vc[slots[:n]].double()
+            g = hq // hk
+            att = torch.stack([torch.softmax(keys[:, i // g] @ q[i] / math.sqrt(d), 0) @ vals[:, i // g]
+                               for i in range(hq)])
+            h64 = x64 + att.reshape(1, -1) @ w_o.T
+            assert torch.allclose(h.double(), h64, atol=1e-4, rtol=1e-4)
+            n64 = _rms(h64, layer.post_norm.weight.double(), layer.post_norm.eps)
+            assert torch.allclose(normed.double(), n64, atol=1e-4, rtol=1e-4)
+            # the row's own K as stored: its k norm and rope of the GEMV's k columns
+            k = _rms(qkv[0, hq * d:(hq + hk) * d].view(hk, d), a.k_norm.weight.double(), a.k_norm.eps)
+            assert torch.allclose(kc[slots[n - 1]].double(), rot(k), atol=1e-5, rtol=1e-4)
+    finally:
+        llm.close()

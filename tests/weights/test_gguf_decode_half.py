@@ -1,0 +1,57 @@
+"""A GGUF's packed attention weights (`GgmlLinear`, the ggml GEMV) in the one-call attention
+half (`ft_attn_half`, layers/attention/decode_half.py): greedy tokens and every logits row as the separate
+calls give them, on a Q8_0 file llama.cpp's converter made."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from freetoken import LLM, SamplingParams
+from freetoken.experts.execution.numerics import set_bf16_dot
+from freetoken.kernels import cpu_kernels
+from freetoken.layers.attention import decode_half as half_mod
+from freetoken.layers.attention.decode_half import AttnHalf
+from freetoken.layers.ggml_linear import GgmlLinear
+
+
+@pytest.fixture(autouse=True)
+def _bf16_dot_off():
+    """An engine sets the C library's process-wide bf16-dot switch to its calibrated choice;
+    the kernel tests that follow in this process expect it off (its default)."""
+    yield
+    set_bf16_dot(cpu_kernels(), False)
+
+
+def _decode(llm: LLM, prompt: list[int]):
+    model = llm.engine.model
+    rows, orig = [], model.compute_logits
+    model.compute_logits = lambda h: rows.append(orig(h).clone()) or rows[-1]
+    try:
+        out = llm.generate([prompt], SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    finally:
+        model.compute_logits = orig
+    return out[0].token_ids, rows
+
+
+def test_ggml_attention_half_is_the_separate_calls(tiny_dir, to_gguf):
+    llm = LLM(str(to_gguf(tiny_dir("qwen3_moe"), "q8_0")), moe_backend="cpu", num_threads=2, prefix_cache=False,
+              speculative="off")
+    try:
+        layer = llm.engine.model.layers[0]
+        assert isinstance(layer.attn.qkv, GgmlLinear)
+        ran, call = [], AttnHalf.__call__
+        AttnHalf.__call__ = lambda self, *a: (lambda r: ran.append(r is not None) or r)(call(self, *a))
+        try:
+            fused = _decode(llm, [5, 6, 7, 8, 9])
+        finally:
+            AttnHalf.__call__ = call
+        assert any(ran), "the one-call half never ran"
+        half_mod.FUSED[0] = False
+        try:
+            ref = _decode(llm, [5, 6, 7, 8, 9])
+        finally:
+            half_mod.FUSED[0] = True
+        assert fused[0] == ref[0]
+        assert len(fused[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(fused[1], ref[1]))
+    finally:
+        llm.close()
