@@ -629,8 +629,8 @@ static void ggml_krows(int type, const uint8_t *const *wr, int R, int n, const u
 #define KROWS(type)                                                                               \
     if (nt == 1) {                                                                                \
         int r = 0;                                                                                \
-        for (; r + 4 <= R; r += 4) krow(type, wr + r, 4, n, X, res + r, 1);                       \
-        if (r + 2 <= R) { krow(type, wr + r, 2, n, X, res + r, 1); r += 2; }                      \
+        for (; type == GT_Q4_K && r + 4 <= R; r += 4) krow(type, wr + r, 4, n, X, res + r, 1);    \
+        for (; r + 2 <= R; r += 2) krow(type, wr + r, 2, n, X, res + r, 1);                       \
         if (r < R) krow(type, wr + r, 1, n, X, res + r, 1);                                       \
     } else {                                                                                      \
         for (int r = 0; r < R; r++) switch (nt) {                                                 \
