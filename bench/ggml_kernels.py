@@ -18,6 +18,11 @@ decoded once per 4 tokens) and through the prefill tiles over a bf16 panel decod
 ("tiles", kernels/c/ggml_tiles.c), alternating rounds; ms per layer, tiles/dots speedup, and the
 share of this machine's peak multiply-add rate (int8 vpdpbusd for the dots, the tiles' bf16).
 The call and per-expert thresholds are set to 1 here, so small --tokens show where the tiles win.
+--gemv: the dense decode GEMV instead (kernels/c/dense.c over ggml.c's rows, as layers/ggml_linear.py
+runs it): one token, rows of each --types at widths --hidden and --inter (a q/k/v/o or a down
+projection's rows), 96 MB of copies streamed so they come from DRAM; GB/s and G weights/s per
+--isa entry, best of 3 passes, median of --rounds alternating rounds (--per-core: one thread, its
+CPU time), with the ratio to the first entry.
 --prefill --gguf FILE: end to end instead, the prefill of one --tokens prompt of that GGUF MoE (the
 engine's own thresholds) with the tiles and with the dots, alternating (--per-core: one thread,
 its CPU time).
@@ -114,6 +119,7 @@ def main() -> None:
                          "activations (kernels/c/ggml_act.c), e.g. native,native+k256,native,native+k256")
     ap.add_argument("--per-core", action="store_true", help="one thread, timed by the thread's CPU clock")
     ap.add_argument("--prefill", action="store_true", help="prefill of one layer: dots vs tiles (see above)")
+    ap.add_argument("--gemv", action="store_true", help="the dense decode GEMV of rows from DRAM (see above)")
     ap.add_argument("--rounds", type=int, default=3, help="--prefill: alternating rounds (best of)")
     ap.add_argument("--gguf", default=None, help="--prefill: a GGUF MoE's whole prefill instead of one layer")
     ap.add_argument("--baseline", default=None, metavar="GIT_REV",
@@ -129,7 +135,10 @@ def main() -> None:
         return
     if a.baseline:
         build_baseline(a.baseline)
-        a.isa += ",baseline"
+        a.isa += "" if "baseline" in a.isa else ",baseline"
+    if a.gemv:
+        gemv_main(a)
+        return
     clock = "thread" if a.per_core else "wall"
     if a.per_core:
         a.threads = 1
@@ -147,7 +156,7 @@ def main() -> None:
         for entry in a.isa.split(","):
             isa, k256 = entry.removesuffix("+k256"), entry.endswith("+k256")
             ex = CpuExpertExecutor(banks, fmt, a.hidden, a.inter, num_threads=a.threads, isa=isa, gemm_tokens=0)
-            if isa != "baseline":   # the per-256 activations of the k-quant rows, on or off (off: the default)
+            if isa != "baseline" or k256:   # the per-256 activations of the k-quant rows, on or off (off: the default)
                 ex.lib.ft_set_ggml_k256(int(k256))
             per_w = expert_nbytes(ex) / (3 * a.hidden * a.inter)
             for tok in [int(v) for v in a.tokens.split(",")]:
@@ -160,6 +169,57 @@ def main() -> None:
                       f"{bh / per_w / 1e9:10.2f} {rel}", flush=True)
             ex.close()
         del banks
+
+
+def gemv_main(a) -> None:
+    """--gemv: one-token GEMVs over rows of each type and width, the --isa entries alternating."""
+    import ctypes
+    import statistics
+    import time
+
+    from freetoken import kernels
+    from freetoken.kernels.ggml_k256 import _Seg, _tame
+    from freetoken.kernels.pool import CpuPool
+    threads = 1 if a.per_core else a.threads
+    now = time.thread_time if a.per_core else time.perf_counter
+    entries = a.isa.split(",")
+    libs = {}
+    for isa in dict.fromkeys(e.removesuffix("+k256") for e in entries):
+        lib = kernels.load(isa)
+        libs[isa] = (lib, CpuPool(lib, threads, spin_us=200, small_job_bytes=0))
+    print(f"one-token GEMV of rows from DRAM, {threads or 'all'} thread(s), clock {'thread' if a.per_core else 'wall'}; "
+          f"median of {a.rounds} alternating rounds")
+    by_name = {v: k for k, v in gq.NAMES.items()}
+    g = torch.Generator().manual_seed(0)
+    for name in a.types.split(","):
+        t = by_name[name]
+        for K in (a.hidden, a.inter):
+            rows = 4096
+            mats = [_tame(gq.random_rows(t, rows, K, g), t) for _ in range((96 << 20) // (rows * gq.row_bytes(t, K)) + 1)]
+            segs = [_Seg(w.data_ptr(), w.stride(0), t, rows) for w in mats]
+            nbytes = len(mats) * rows * gq.row_bytes(t, K)
+            x, y = torch.randn(1, K, generator=g), torch.empty(1, rows)
+            rates: dict[str, list[float]] = {e: [] for e in entries}
+            for _ in range(a.rounds):
+                for e in entries:
+                    lib, pool = libs[e.removesuffix("+k256")]
+                    if hasattr(lib, "ft_set_ggml_k256"):
+                        lib.ft_set_ggml_k256(int(e.endswith("+k256")))
+                    best = float("inf")
+                    for _ in range(3):
+                        t0 = now()
+                        for s in segs:
+                            lib.ft_ggml_linear_run(pool.handle, ctypes.byref(s), 1, K, x.data_ptr(), 0, 1, None,
+                                                   y.data_ptr(), rows)
+                        best = min(best, now() - t0)
+                    rates[e].append(nbytes / best)
+            first = statistics.median(rates[entries[0]])
+            for e in dict.fromkeys(entries):
+                med = statistics.median(rates[e])
+                print(f"{name:6s} K {K:5d} {e:18s} {med / 1e9:6.1f} GB/s {med / 1e9 / (gq.row_bytes(t, K) / K):7.2f} "
+                      f"Gweights/s {med / first:6.2f}x", flush=True)
+    for lib, pool in libs.values():
+        pool.close()
 
 
 def timing_banks(t: int, n: int, hidden: int, inter: int, seed: int = 0) -> dict[str, torch.Tensor]:

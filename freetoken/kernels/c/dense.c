@@ -41,6 +41,32 @@ static inline int64_t row_at(const ft_gemv_rows *W, int r, const uint8_t **w, co
     return g->rs;
 }
 
+/* The first row (a multiple of 16, at most N) where `bytes` of the segments' rows are behind. */
+static int row_after(const ft_gemv_rows *W, int N, int64_t bytes) {
+    int base = 0;
+    for (int i = 0; i < W->nseg; i++) {
+        const ft_gseg *g = W->seg + i;
+        if (bytes < (int64_t)g->rows * g->rs) {
+            const int r = (base + (int)((bytes + g->rs - 1) / g->rs) + 8) / 16 * 16;
+            return r < N ? r : N;
+        }
+        bytes -= (int64_t)g->rows * g->rs;
+        base += g->rows;
+    }
+    return N;
+}
+
+/* Thread tid's rows [lo, hi): units of 16 rows, segments split by the bytes they read, so a fused
+ * q|k|v whose parts differ in width (Q4_K_M's Q6_K attn_v rows: 1.46x its Q4_K rows) keeps both
+ * threads' streams the same length. */
+static void split_rows(const ft_gemv_rows *W, int N, int nth, int tid, int *lo, int *hi) {
+    if (!W->seg || W->nseg == 1) { split(N, 16, nth, tid, lo, hi); return; }
+    int64_t total = 0;
+    for (int i = 0; i < W->nseg; i++) total += (int64_t)W->seg[i].rows * W->seg[i].rs;
+    *lo = tid == 0 ? 0 : row_after(W, N, total * tid / nth);
+    *hi = tid == nth - 1 ? N : row_after(W, N, total * (tid + 1) / nth);
+}
+
 static void gemv_fn(void *a, int tid) {
     gemv_job *L = a;
     const int fmt = L->W.fmt, N = L->N, K = L->K, nth = L->p->active;
@@ -57,7 +83,7 @@ static void gemv_fn(void *a, int tid) {
     }
     pool_barrier(L->p);
     int r0, r1;
-    split(N, 16, nth, tid, &r0, &r1);
+    split_rows(&L->W, N, nth, tid, &r0, &r1);
     for (int rb = r0; rb < r1; rb += RB)
     for (int64_t c = 0; c < L->M; c += NTMAX) {
         const int nt = L->M - c < NTMAX ? (int)(L->M - c) : NTMAX;
@@ -74,7 +100,7 @@ static void gemv_fn(void *a, int tid) {
                 const int64_t s = row_at(&L->W, r + q, &wr[q], &sr[q]);
                 if (q == 0) rs = s;
             }
-            tl_pf = (int64_t)m * rs;
+            tl_pf = pf_distance((int64_t)m * rs, rs);
             dot_tile(fmt, wr, sr, m, K, xp, nt, res);
             for (int q = 0; q < m; q++)
                 for (int t = 0; t < nt; t++)

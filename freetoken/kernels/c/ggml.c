@@ -409,65 +409,96 @@ FORCE_INLINE __m256i kdot(__m256i acc, __m256i u, __m256i s, __m256i c) {
 #endif
 }
 
-/* res[t] = <k-quant row w, x_t> on the per-256 activations: per super-block the codes' integer
- * dots times the integer sub-scales summed in int32 lanes (maddubs never saturates: codes <= 63,
- * |x| <= 127), the offsets from the int16 sums, one convert + fma per term. The AVX-512 loop takes
- * two sub-blocks per instruction and folds its halves in integer: the same lanes, bit for bit. */
-FORCE_INLINE void krow(const int type, const uint8_t *w, int n, const kview *X, float *res, const int NT) {
+/* res[r][t] = <k-quant row wr[r], x_t> on the per-256 activations: per super-block the codes'
+ * integer dots times the integer sub-scales summed in int32 lanes (maddubs never saturates:
+ * codes <= 63, |x| <= 127), the offsets from the int16 sums, one convert + fma per term. The
+ * AVX-512 loop takes two sub-blocks per instruction and folds its halves in integer: the same
+ * lanes, bit for bit. R rows of one type (R a compile-time count) go through each super-block
+ * together: one row's result does not depend on R (each row's lanes and float steps are the
+ * same), but the rows' latency chains overlap and one token's activations are loaded once. */
+FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, int n, const kview *X,
+                       float (*res)[NTMAX], const int NT) {
     const int bs = ggml_bytes256(type);
-    __m256 acc[NTMAX];
-    for (int t = 0; t < NT; t++) acc[t] = _mm256_setzero_ps();
+    __m256 acc[4][NTMAX];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     for (int g8 = 0; g8 < n / 256; g8++) {
-        const uint8_t *blk = w + (int64_t)bs * g8;
-        for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
-        __m256i wv[8], sc, oc, isum[NTMAX];
-        __m256 ws[2], os[2];
-        float d, dm;
-        decode8(type, blk, wv, ws, os);   /* (its float scales unused: dropped by the compiler) */
-        kscales(type, blk, &sc, &oc, &d, &dm);
+        __m256i isum[4][NTMAX], sc[4], oc[4];
+        float d[4], dm[4];
 #ifdef FT_AVX512
-        __m512i i2[NTMAX];
-        for (int t = 0; t < NT; t++) i2[t] = _mm512_setzero_si512();
-        const __m512i sc2 = _mm512_zextsi256_si512(sc), q4sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        __m512i i2[4][NTMAX];
+        const __m512i q4sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
         const __m512i quarter = _mm512_setr_epi64(0, 0, 0x0001000100010001LL, 0x0001000100010001LL, 0x0002000200020002LL,
                                                   0x0002000200020002LL, 0x0003000300030003LL, 0x0003000300030003LL);
+        __m256i wv[4][8];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = wr[r] + (int64_t)bs * g8;
+            for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
+            __m256 ws[2], os[2];
+            if (type != GT_Q4_K) decode8(type, blk, wv[r], ws, os);   /* (its float scales unused: dropped) */
+            kscales(type, blk, &sc[r], &oc[r], &d[r], &dm[r]);
+            for (int t = 0; t < NT; t++) i2[r][t] = _mm512_setzero_si512();
+        }
 #pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {   /* sub-blocks k, k + 1: groups 2k .. 2k + 3, 8 int16 lanes each */
-            const __m512i w2 = type == GT_Q4_K   /* Q4_K: both from the 32 bytes they share, no insert */
-                ? _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * k))),
-                                                     q4sh), _mm512_set1_epi8(0x0f))
-                : _mm512_inserti64x4(_mm512_castsi256_si512(wv[k]), wv[k + 1], 1);
-            const __m512i c = _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16((short)(2 * k))), sc2);
-            for (int t = 0; t < NT; t++) {
-                const __m512i p = _mm512_maddubs_epi16(w2, _mm512_loadu_si512((const void *)(X[t].q + 256 * g8 + 32 * k)));
+            __m512i xq[NTMAX];
+            for (int t = 0; t < NT; t++) xq[t] = _mm512_loadu_si512((const void *)(X[t].q + 256 * g8 + 32 * k));
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) {
+                const uint8_t *blk = wr[r] + (int64_t)bs * g8;
+                const __m512i w2 = type == GT_Q4_K   /* Q4_K: both from the 32 bytes they share, no insert */
+                    ? _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * k))),
+                                                         q4sh), _mm512_set1_epi8(0x0f))
+                    : _mm512_inserti64x4(_mm512_castsi256_si512(wv[r][k]), wv[r][k + 1], 1);
+                const __m512i c = _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16((short)(2 * k))),
+                                                           _mm512_zextsi256_si512(sc[r]));
+                for (int t = 0; t < NT; t++) {
+                    const __m512i p = _mm512_maddubs_epi16(w2, xq[t]);
 #ifdef FT_VNNI
-                i2[t] = _mm512_dpwssd_epi32(i2[t], p, c);
+                    i2[r][t] = _mm512_dpwssd_epi32(i2[r][t], p, c);
 #else
-                i2[t] = _mm512_add_epi32(i2[t], _mm512_madd_epi16(p, c));
+                    i2[r][t] = _mm512_add_epi32(i2[r][t], _mm512_madd_epi16(p, c));
 #endif
+                }
             }
         }
-        for (int t = 0; t < NT; t++) isum[t] = _mm256_add_epi32(_mm512_castsi512_si256(i2[t]), _mm512_extracti64x4_epi64(i2[t], 1));
-#else
-        for (int t = 0; t < NT; t++) isum[t] = _mm256_setzero_si256();
-        const __m256i s_lo = _mm256_permute2x128_si256(sc, sc, 0x00), s_hi = _mm256_permute2x128_si256(sc, sc, 0x11);
-#pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {   /* groups 2k, 2k + 1: bytes a, a + 2 of their 128-bit half */
-            const int a = (4 * k) & 15;
-            const __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)((a + 3) << 8 | (a + 2))), _mm_set1_epi16((short)((a + 1) << 8 | a)));
-            const __m256i c = _mm256_shuffle_epi8(k < 4 ? s_lo : s_hi, sel);
+        for (int r = 0; r < R; r++)
             for (int t = 0; t < NT; t++)
-                isum[t] = kdot(isum[t], wv[k], _mm256_loadu_si256((const __m256i *)(X[t].q + 256 * g8 + 32 * k)), c);
+                isum[r][t] = _mm256_add_epi32(_mm512_castsi512_si256(i2[r][t]), _mm512_extracti64x4_epi64(i2[r][t], 1));
+#else
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = wr[r] + (int64_t)bs * g8;
+            for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
+            __m256i wv[8];
+            __m256 ws[2], os[2];
+            decode8(type, blk, wv, ws, os);   /* (its float scales unused: dropped by the compiler) */
+            kscales(type, blk, &sc[r], &oc[r], &d[r], &dm[r]);
+            for (int t = 0; t < NT; t++) isum[r][t] = _mm256_setzero_si256();
+            const __m256i s_lo = _mm256_permute2x128_si256(sc[r], sc[r], 0x00), s_hi = _mm256_permute2x128_si256(sc[r], sc[r], 0x11);
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {   /* groups 2k, 2k + 1: bytes a, a + 2 of their 128-bit half */
+                const int a = (4 * k) & 15;
+                const __m256i sel = _mm256_set_m128i(_mm_set1_epi16((short)((a + 3) << 8 | (a + 2))), _mm_set1_epi16((short)((a + 1) << 8 | a)));
+                const __m256i c = _mm256_shuffle_epi8(k < 4 ? s_lo : s_hi, sel);
+                for (int t = 0; t < NT; t++)
+                    isum[r][t] = kdot(isum[r][t], wv[k], _mm256_loadu_si256((const __m256i *)(X[t].q + 256 * g8 + 32 * k)), c);
+            }
         }
 #endif
         for (int t = 0; t < NT; t++) {
             const float dx = X[t].d[g8];
-            const __m256i o = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(X[t].bs + 16 * g8)), oc);
-            acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[t]), _mm256_set1_ps(d * dx), acc[t]);
-            acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(o), _mm256_set1_ps(dm * dx), acc[t]);
+            const __m256i bsx = _mm256_loadu_si256((const __m256i *)(X[t].bs + 16 * g8));
+            for (int r = 0; r < R; r++) {
+                const __m256i o = _mm256_madd_epi16(bsx, oc[r]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(d[r] * dx), acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(o), _mm256_set1_ps(dm[r] * dx), acc[r][t]);
+            }
         }
     }
-    for (int t = 0; t < NT; t++) res[t] = hsum8(acc[t]);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) res[r][t] = hsum8(acc[r][t]);
 }
 
 /* One row -> bf16 (the prefill tiles' panel): decode8's codes, scales and offsets, each
@@ -543,17 +574,20 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
 }
 
 /* the per-256 activations' dot (see the AVX2 krow): each super-block dequantized, fp32 sums */
-FORCE_INLINE void krow(const int type, const uint8_t *w, int n, const kview *X, float *res, const int NT) {
-    float acc[NTMAX] = {0}, wf[256];
-    for (int g8 = 0; g8 < n / 256; g8++) {
-        ggml_dequant_row(type, w + (int64_t)ggml_bytes256(type) * g8, 256, wf);
-        for (int t = 0; t < NT; t++) {
-            float p = 0.f;
-            for (int i = 0; i < 256; i++) p += wf[i] * (float)X[t].q[256 * g8 + i];
-            acc[t] += p * X[t].d[g8];
+FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, int n, const kview *X,
+                       float (*res)[NTMAX], const int NT) {
+    for (int r = 0; r < R; r++) {
+        float acc[NTMAX] = {0}, wf[256];
+        for (int g8 = 0; g8 < n / 256; g8++) {
+            ggml_dequant_row(type, wr[r] + (int64_t)ggml_bytes256(type) * g8, 256, wf);
+            for (int t = 0; t < NT; t++) {
+                float p = 0.f;
+                for (int i = 0; i < 256; i++) p += wf[i] * (float)X[t].q[256 * g8 + i];
+                acc[t] += p * X[t].d[g8];
+            }
         }
+        for (int t = 0; t < NT; t++) res[r][t] = acc[t];
     }
-    for (int t = 0; t < NT; t++) res[t] = acc[t];
 }
 #endif
 
@@ -586,20 +620,36 @@ static void ggml_row(int type, const uint8_t *w, int n, const xview *X, int nt, 
     }
 }
 
-/* the k-quant rows on the per-256 activations (ft_ggml_k256); 0 for the other types */
-static int ggml_krow(int type, const uint8_t *w, int n, const uint8_t *const *xp, int nt, float *res) {
+/* rows wr[0..R) of the k-quant `type` on the per-256 activations (ft_ggml_k256): one token's
+ * rows four (or two) at a time through krow, several tokens' one at a time */
+static void ggml_krows(int type, const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
+                       float (*res)[NTMAX]) {
     kview X[NTMAX];
     for (int t = 0; t < nt; t++) X[t] = kv(xp[t], n);
-#define KROW_NT(type) switch (nt) { case 1: krow(type, w, n, X, res, 1); break; case 2: krow(type, w, n, X, res, 2); break; \
-                                    case 3: krow(type, w, n, X, res, 3); break; default: krow(type, w, n, X, res, 4); }
-    switch (type) {
-    case GT_Q2_K: KROW_NT(GT_Q2_K) return 1;
-    case GT_Q3_K: KROW_NT(GT_Q3_K) return 1;
-    case GT_Q4_K: KROW_NT(GT_Q4_K) return 1;
-    case GT_Q5_K: KROW_NT(GT_Q5_K) return 1;
-    case GT_Q6_K: KROW_NT(GT_Q6_K) return 1;
-    default: return 0;
+#define KROWS(type)                                                                               \
+    if (nt == 1) {                                                                                \
+        int r = 0;                                                                                \
+        for (; type == GT_Q4_K && r + 4 <= R; r += 4) krow(type, wr + r, 4, n, X, res + r, 1);    \
+        for (; r + 2 <= R; r += 2) krow(type, wr + r, 2, n, X, res + r, 1);                       \
+        if (r < R) krow(type, wr + r, 1, n, X, res + r, 1);                                       \
+    } else {                                                                                      \
+        for (int r = 0; r < R; r++) switch (nt) {                                                 \
+            case 2: krow(type, wr + r, 1, n, X, res + r, 2); break;                               \
+            case 3: krow(type, wr + r, 1, n, X, res + r, 3); break;                               \
+            default: krow(type, wr + r, 1, n, X, res + r, 4); }                                   \
     }
+    switch (type) {
+    case GT_Q2_K: KROWS(GT_Q2_K) break;
+    case GT_Q3_K: KROWS(GT_Q3_K) break;
+    case GT_Q4_K: KROWS(GT_Q4_K) break;
+    case GT_Q5_K: KROWS(GT_Q5_K) break;
+    default: KROWS(GT_Q6_K) break;
+    }
+#undef KROWS
+}
+
+static inline int is_kquant(int type) {
+    return type == GT_Q2_K || type == GT_Q3_K || type == GT_Q4_K || type == GT_Q5_K || type == GT_Q6_K;
 }
 
 /* res[r][t] = <row wr[r] of type *(int32 *)sr[r], prepared x_t> (a tile may mix the gate and up
@@ -608,10 +658,17 @@ void ggml_dot_tile(const uint8_t *const *wr, const uint8_t *const *sr, int R, in
                    const uint8_t *const *xp, int nt, float (*res)[NTMAX]) {
     xview X[NTMAX];
     for (int t = 0; t < nt; t++) X[t] = xv(xp[t], n);
-    for (int r = 0; r < R; r++) {
+    for (int r = 0; r < R; ) {
         int32_t type; memcpy(&type, sr[r], 4);
-        if (ggml_iq_row(type, wr[r], n, xp, nt, res[r])) continue;   /* the i-quants: ggml_iq.c */
-        if (ft_ggml_k256 && n % 256 == 0 && ggml_krow(type, wr[r], n, xp, nt, res[r])) continue;
-        ggml_row(type, wr[r], n, X, nt, res[r]);
+        if (ft_ggml_k256 && n % 256 == 0 && is_kquant(type)) {   /* the run of rows of this type together */
+            int e = r + 1;
+            for (int32_t te; e < R && (memcpy(&te, sr[e], 4), te == type); e++) {}
+            ggml_krows(type, wr + r, e - r, n, xp, nt, res + r);
+            r = e;
+            continue;
+        }
+        if (!ggml_iq_row(type, wr[r], n, xp, nt, res[r]))   /* the i-quants: ggml_iq.c */
+            ggml_row(type, wr[r], n, X, nt, res[r]);
+        r++;
     }
 }

@@ -165,7 +165,7 @@ static void moe_run_fn(void *a, int tid) {
                         wr[m + q] = ub + (int64_t)(j + q) * urs;
                         sr[m + q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, I + j + q);
                     }
-                    tl_pf = (int64_t)m * d->gu_w_rs;     /* (the up rows' next tile: near enough) */
+                    tl_pf = pf_distance((int64_t)m * d->gu_w_rs, d->gu_w_rs);     /* (the up rows' next tile: near enough) */
                     dot_tile(fmt, wr, sr, 2 * m, H, xp, nt, res);
                     for (int q = 0; q < m; q++)
                         for (int t = 0; t < nt; t++) {
@@ -238,7 +238,7 @@ static void moe_run_fn(void *a, int tid) {
                     wr[q] = wb + (int64_t)(r + q) * d->dn_w_rs;
                     sr[q] = scale_row(fmt, d->dn_s, d->dn_s_es, d->dn_s_rs, e, r + q);
                 }
-                tl_pf = (int64_t)m * d->dn_w_rs;
+                tl_pf = pf_distance((int64_t)m * d->dn_w_rs, d->dn_w_rs);
                 dot_tile(fmt, wr, sr, m, I, hp, nt, y);
                 for (int q = 0; q < m; q++)
                     for (int t = 0; t < nt; t++) {
