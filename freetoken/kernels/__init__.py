@@ -8,6 +8,7 @@ fall back to torch."""
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -65,10 +66,18 @@ def sources() -> list[Path]:
     return sorted(SOURCE_DIR.glob("*.c"))
 
 
+@functools.lru_cache(maxsize=1)
+def sources_digest() -> str:
+    """sha256 of the kernels' C sources (names and bytes): the build cache's key, and the
+    calibrations' (kernels/choices.py), so a changed kernel is built and timed afresh."""
+    return hashlib.sha256(b"".join(p.name.encode() + p.read_bytes()
+                                   for p in sorted(SOURCE_DIR.glob("*.[ch]")))).hexdigest()
+
+
 def _build(cc: str, flags: list[str]) -> Path:
-    src = b"".join(p.name.encode() + p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.[ch]")))
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(src + ver.encode() + " ".join(flags).encode() + cpu_signature().encode()).hexdigest()[:16]
+    key = hashlib.sha256(sources_digest().encode() + ver.encode() + " ".join(flags).encode()
+                         + cpu_signature().encode()).hexdigest()[:16]
     out = cache_dir() / f"cpu_kernels-{key}.so"
     if out.exists():
         return out

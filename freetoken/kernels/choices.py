@@ -49,7 +49,7 @@ from ..errors import InvalidRequestError
 from ..platform import NATIVE_BF16, cpu_flags, cpu_model
 from ..progress import progress
 from ..quant.ggml_act import act_mode
-from . import cache_dir, cpu_kernels, variants_here
+from . import cache_dir, cpu_kernels, sources_digest, variants_here
 from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .ggml_k256 import measure_k256
 from .pool import CpuPool, shared_pool
@@ -141,11 +141,12 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
 
 def _cached(cache: os.PathLike | None, what: str, flags: frozenset[str], threads: int,
             measure: Callable[[], dict]) -> dict:
-    """measure(), cached in `cache` per calibration, CPU flags, torch version and thread count."""
+    """measure(), cached in `cache` per calibration, CPU flags, torch version, thread count and
+    kernel sources (a changed kernel can flip a choice)."""
     path = None
     if cache is not None:
         key = hashlib.sha256(what.encode() + " ".join(sorted(flags)).encode() + torch.__version__.encode()
-                             + str(threads).encode()).hexdigest()[:16]
+                             + str(threads).encode() + sources_digest().encode()).hexdigest()[:16]
         path = os.path.join(cache, f"{what.split(':')[0]}-choice-{key}.json")
         try:
             with open(path) as f:
