@@ -36,7 +36,7 @@ def check_gib(name: str, value) -> None:
 # the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
 FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16", "amx", "vdpbf16ps"), "bf16_dot": ("on", "off"),
                   "kernel_isa": ("native", "avx2", "portable"), "decode_gemv": ("amx", "dots"),
-                  "decode_attention": ("amx", "fp32"), "prefill_attention": ("amx", "torch")}
+                  "decode_attention": ("amx", "fp32"), "prefill_attention": ("amx", "vdpbf16ps", "torch")}
 
 
 @dataclass(frozen=True)
@@ -87,10 +87,10 @@ class EngineConfig:
     decode_attention: str = flag("auto", choices=("auto", *FORCED_CHOICES["decode_attention"]),
                                  help="force decode attention over a bf16 KV cache onto AMX tiles or fp32 FMAs "
                                       "(auto: calibrated)")
-    # prefill_attention: amx | torch (causal prefill attention in bf16 on AMX tiles,
-    # kernels/c/prefill_attention.c, or torch's CPU flash kernel; the same bf16 numerics).
+    # prefill_attention: amx | vdpbf16ps | torch (causal prefill attention in bf16 on AMX tiles or
+    # with vdpbf16ps, kernels/c/prefill_attention.c, or torch's CPU flash kernel; the same bf16 numerics).
     prefill_attention: str = flag("auto", choices=("auto", *FORCED_CHOICES["prefill_attention"]),
-                                  help="force bf16 prefill attention onto AMX tiles or torch's flash kernel "
+                                  help="force bf16 prefill attention onto AMX tiles, vdpbf16ps tiles or torch's flash kernel "
                                        "(auto: calibrated)")
     # How the ggml (GGUF-quantized) layers round activations: q8 = int8 per 32 with fp32 scales in
     # the decode GEMV, exact prefill; llama = llama.cpp's q8_0/q8_1 rounding (fp16 scales and block

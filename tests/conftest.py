@@ -26,7 +26,8 @@ CPU_CHOICES = {
     "isa-avx2": {"kernel_isa": "avx2"}, "isa-portable": {"kernel_isa": "portable"},
     "gemv-amx": {"decode_gemv": "amx"}, "gemv-dots": {"decode_gemv": "dots"},
     "attn-amx": {"decode_attention": "amx"}, "attn-fp32": {"decode_attention": "fp32"},
-    "pattn-amx": {"prefill_attention": "amx"}, "pattn-torch": {"prefill_attention": "torch"},
+    "pattn-amx": {"prefill_attention": "amx"}, "pattn-vdpbf16ps": {"prefill_attention": "vdpbf16ps"},
+    "pattn-torch": {"prefill_attention": "torch"},
 }
 
 
@@ -44,6 +45,11 @@ def cpu_choice(request) -> dict:
         from freetoken.kernels.gemm import modes_here
         if load() is None or "amx" not in modes_here(load()):
             pytest.skip("AMX tiles do not run here (no amx_bf16, or the OS refuses the tile state)")
+    if opts.get("prefill_attention") == "vdpbf16ps":
+        from freetoken.kernels import load
+        from freetoken.kernels.gemm import modes_here
+        if load() is None or "vdpbf16ps" not in modes_here(load()):
+            pytest.skip("vdpbf16ps does not run here (no avx512_bf16 in this kernel build)")
     return opts
 
 

@@ -182,9 +182,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "ft_set_att_amx"):     # absent from revisions before it (bench/decode_attention.build_revision)
         lib.ft_set_att_amx.argtypes = [ci]
         lib.ft_set_att_amx.restype = ci
-    if hasattr(lib, "ft_prefill_attention"):     # absent from revisions before it (bench trees)
-        lib.ft_set_prefill_att_amx.argtypes = [ci]
-        lib.ft_set_prefill_att_amx.restype = ci
+    if hasattr(lib, "ft_set_prefill_att"):     # absent from revisions before it (bench trees)
+        lib.ft_set_prefill_att.argtypes = [ci]
+        lib.ft_set_prefill_att.restype = ci
+    if hasattr(lib, "ft_prefill_attention"):
         lib.ft_prefill_attention.argtypes = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64,
                                              ctypes.c_float, vp, i64, i64]
         lib.ft_prefill_attention.restype = ci

@@ -381,10 +381,14 @@ def att_amx_choice(weights: torch.dtype, *, kernels: bool, flags: frozenset[str]
                        lambda: run(threads), att_amx_faster)
 
 
+PREFILL_ATT_MODES = {"torch": 0, "amx": 1, "vdpbf16ps": 2}   # ft_set_prefill_att's codes
+
+
 def measure_prefill_att(threads: int, tokens: int = 1024, reps: int = 3) -> dict:
     """Seconds of one causal bf16 prompt's attention (32 query / 4 KV heads x 128, `tokens`
     tokens) through torch's CPU flash kernel ("torch", the heads repeated for it as
-    layers/attention/prefill.py does) and the AMX tiles ("amx", only where the library runs them)."""
+    layers/attention/prefill.py does), the library's kernel on AMX tiles ("amx") and with
+    vdpbf16ps ("vdpbf16ps"), each only where the library runs it."""
     lib = cpu_kernels()
     pool = CpuPool(lib, threads)
     g = torch.Generator().manual_seed(0)
@@ -401,28 +405,29 @@ def measure_prefill_att(threads: int, tokens: int = 1024, reps: int = 3) -> dict
                                  k.stride(1), k.stride(2), v.data_ptr(), v.stride(1), v.stride(2), tokens, d ** -0.5,
                                  out.data_ptr(), out.stride(1), out.stride(2))
     try:
-        names = ("torch", "amx") if lib.ft_set_prefill_att_amx(1) else ("torch",)
-        return best_interleaved(run, lambda name: now.update(name=name), names, reps)
+        names = ("torch",) + tuple(m for m in ("amx", "vdpbf16ps") if lib.ft_set_prefill_att(PREFILL_ATT_MODES[m]))
+        return best_interleaved(run, lambda name: (now.update(name=name),
+                                                   lib.ft_set_prefill_att(PREFILL_ATT_MODES[name])), names, reps)
     finally:
-        lib.ft_set_prefill_att_amx(0)
+        lib.ft_set_prefill_att(0)
         pool.close()
 
 
 def prefill_att_choice(weights: torch.dtype, *, kernels: bool, flags: frozenset[str], threads: int,
                        measure: Callable[..., dict] | None = None, cache: os.PathLike | None = None,
-                       forced: str = "auto") -> tuple[bool, dict | None]:
-    """(whether causal bf16 prefill attention runs on the AMX tiles, kernels/c/prefill_attention.c,
-    the timings). `forced` (EngineConfig.prefill_attention: amx | torch) wins (model_kernels
-    refuses "amx" where AMX does not run); "auto" measures only with the kernels, bf16 weights
-    (the prefill attention multiplies in bf16 where the prefill GEMM does) and AMX-BF16 in the
-    flags, and takes the tiles where they are faster than torch's flash kernel."""
+                       forced: str = "auto") -> tuple[str, dict | None]:
+    """(where causal bf16 prefill attention runs: "amx" | "vdpbf16ps" (kernels/c/prefill_attention.c
+    on AMX tiles or with vdpbf16ps) | "torch" (its flash kernel), the timings). `forced`
+    (EngineConfig.prefill_attention) wins (model_kernels refuses a kernel that does not run here);
+    "auto" measures only with the kernels, bf16 weights (the prefill attention multiplies in bf16
+    where the prefill GEMM does) and AMX-BF16 or AVX512-BF16 in the flags, and takes the fastest."""
     if forced != "auto":
-        return forced == "amx" and kernels, None
-    if not kernels or weights != torch.bfloat16 or not AMX_FLAGS <= flags:
-        return False, None
+        return (forced if kernels else "torch"), None
+    if not kernels or weights != torch.bfloat16 or not (AMX_FLAGS <= flags or BF16_DOT <= flags):
+        return "torch", None
     run = measure or measure_prefill_att
-    return _calibrated(cache, f"prefattn:1024-32-4:{cpu_model()}:{threads}", flags, threads,
-                       lambda: run(threads), lambda t: "amx" in t and t["amx"] < t["torch"])
+    return _calibrated(cache, f"prefattn2:1024-32-4:{cpu_model()}:{threads}", flags, threads,
+                       lambda: run(threads), lambda t: min(t, key=t.get))
 
 
 @dataclass(frozen=True)
@@ -441,8 +446,8 @@ class CpuChoices:
     gemv_seconds: dict | None = None    # the calibration that chose gemv_amx, if one ran
     att_amx: bool = False           # decode attention's scores and values on AMX tiles (kernels/c/attention_amx.c)
     att_seconds: dict | None = None     # the calibration that chose att_amx, if one ran
-    prefill_att_amx: bool = False   # causal bf16 prefill attention on AMX tiles (kernels/c/prefill_attention.c)
-    prefill_att_seconds: dict | None = None     # the calibration that chose prefill_att_amx, if one ran
+    prefill_att: str = "torch"      # causal bf16 prefill attention: torch | amx | vdpbf16ps (kernels/c/prefill_attention.c)
+    prefill_att_seconds: dict | None = None     # the calibration that chose prefill_att, if one ran
 
     def describe(self) -> str:
         t, d = self.gemm_seconds, self.dot_seconds
@@ -471,11 +476,15 @@ class CpuChoices:
         att = (f" (calibrated: {a['fp32-1'] / a['amx-1']:.2f}x / {a['fp32-9'] / a['amx-9']:.2f}x the speed of fp32 "
                f"at 1 / 9 rows)" if a and "amx-1" in a else " (forced)" if "decode_attention" in self.forced else "")
         p = self.prefill_att_seconds
-        pre = (f" (calibrated: {p['torch'] / p['amx']:.2f}x the speed of torch's)" if p and "amx" in p
+        k = self.prefill_att
+        pre = (f" (calibrated: {p['torch'] / p[k]:.2f}x the speed of torch's)" if p and k != "torch" and k in p
                else " (forced)" if "prefill_attention" in self.forced else "")
         return (f"; decode GEMV of bf16 weights on {'AMX tiles' if self.gemv_amx else 'dot tiles'}{how}"
                 f"; decode attention {'on AMX tiles' if self.att_amx else 'fp32'}{att}"
-                f"; prefill attention {'on AMX tiles' if self.prefill_att_amx else 'torch flash'}{pre}")
+                f"; prefill attention {PREFILL_ATT_SHOWN[self.prefill_att]}{pre}")
+
+
+PREFILL_ATT_SHOWN = {"torch": "torch flash", "amx": "on AMX tiles", "vdpbf16ps": "vdpbf16ps tiles"}
 
 
 def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, kernels: bool,
@@ -501,7 +510,7 @@ def cpu_choices(weights: torch.dtype, device: torch.device, requested: str, *, k
     m, mt = (att_amx_choice(weights, kernels=kernels, flags=flags, threads=threads, measure=measure_att, cache=cache,
                             forced=att) if device.type == "cpu" else (False, None))
     p, pt = (prefill_att_choice(weights, kernels=kernels, flags=flags, threads=threads, measure=measure_patt,
-                                cache=cache, forced=patt) if device.type == "cpu" else (False, None))
+                                cache=cache, forced=patt) if device.type == "cpu" else ("torch", None))
     forced = tuple(n for n, v in (("prefill_gemm", gemm), ("bf16_dot", dot), ("kernel_isa", kernel_isa),
                                   ("decode_gemv", gemv), ("decode_attention", att), ("prefill_attention", patt))
                    if v != "auto")
@@ -623,7 +632,9 @@ def set_att_amx(lib, c: CpuChoices) -> None:
 
 def set_prefill_att(lib, c: CpuChoices) -> None:
     """Switch the library's causal bf16 prefill attention to the choice (calibrated on the native
-    build: a narrower forced build goes without; AMX forced where it does not run: a clear error)."""
-    if lib.ft_set_prefill_att_amx(int(c.prefill_att_amx)) != int(c.prefill_att_amx) and "prefill_attention" in c.forced:
-        raise InvalidRequestError("prefill_attention: 'amx' does not run here (AMX needs the CPU's amx_bf16 and the "
-                                  "OS's grant of the tile state); expected one of auto|torch")
+    build: a narrower forced build goes without; a kernel forced where it does not run: a clear error)."""
+    mode = PREFILL_ATT_MODES[c.prefill_att]
+    if lib.ft_set_prefill_att(mode) != mode and "prefill_attention" in c.forced:
+        raise InvalidRequestError(f"prefill_attention: {c.prefill_att!r} does not run here (AMX needs the CPU's "
+                                  "amx_bf16 and the OS's grant of the tile state, vdpbf16ps AVX512-BF16); "
+                                  "expected auto, torch or the kernel this CPU runs")

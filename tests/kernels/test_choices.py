@@ -254,24 +254,29 @@ def test_ggml_k256_calibration_runs_the_library_here(isa):
     assert kernels.load(isa).ft_set_ggml_k256(-1) == 0          # the switch left as it was
 
 
-def test_prefill_attention_on_tiles_only_with_amx_where_faster_than_torch(tmp_path):
+def test_prefill_attention_on_the_fastest_of_torch_and_the_tiles_this_cpu_runs(tmp_path):
     pick = lambda flags, cal, weights=torch.bfloat16, kernels=True, **kw: cpu_choices(  # noqa: E731
         weights, CPU, "auto", kernels=kernels, flags=flags, threads=2, measure=Calibration(2, 1),
         measure_dot=Calibration(fp32=1.0, bf16=2.0), measure_gemv=GemvCalibration(1.0),
         measure_att=AttCalibration(**{"fp32-1": 1.0, "fp32-9": 4.0}), measure_patt=cal, **kw)
-    fast = AttCalibration(torch=2.0, amx=1.0)
-    assert pick(SPR, fast).prefill_att_amx and "prefill attention on AMX tiles (calibrated: 2.00x" in pick(SPR, fast).describe()
-    assert not pick(SPR, AttCalibration(torch=1.0, amx=1.5)).prefill_att_amx
-    assert not pick(SPR, AttCalibration(torch=1.0)).prefill_att_amx       # the OS refused the tiles
+    fast = AttCalibration(torch=2.0, amx=1.0, vdpbf16ps=1.6)
+    assert pick(SPR, fast).prefill_att == "amx"
+    assert "prefill attention on AMX tiles (calibrated: 2.00x" in pick(SPR, fast).describe()
+    assert pick(SPR, AttCalibration(torch=1.0, amx=1.5, vdpbf16ps=1.2)).prefill_att == "torch"
+    assert pick(SPR, AttCalibration(torch=1.0)).prefill_att == "torch"     # neither kernel runs (no library bf16)
+    zen = AttCalibration(torch=2.0, vdpbf16ps=0.8)      # no AMX: torch against vdpbf16ps
+    assert pick(ZEN4, zen).prefill_att == "vdpbf16ps"
+    assert "prefill attention vdpbf16ps tiles (calibrated: 2.50x" in pick(ZEN4, zen).describe()
     never = AttCalibration(**fast.t)
-    assert not pick(ZEN4, never).prefill_att_amx and not pick(SPR, never, weights=torch.float32).prefill_att_amx
-    assert not pick(SPR, never, kernels=False).prefill_att_amx and never.calls == 0
-    forced = pick(ZEN4, never, patt="amx")
-    assert forced.prefill_att_amx and forced.forced == ("prefill_attention",) and "(forced)" in forced.describe()
-    assert not pick(SPR, fast, patt="torch").prefill_att_amx and never.calls == 0
+    assert pick(AVX2, never).prefill_att == "torch" and pick(SPR, never, weights=torch.float32).prefill_att == "torch"
+    assert pick(SPR, never, kernels=False).prefill_att == "torch" and never.calls == 0
+    for mode in ("amx", "vdpbf16ps"):
+        forced = pick(AVX2, never, patt=mode)
+        assert forced.prefill_att == mode and forced.forced == ("prefill_attention",) and "(forced)" in forced.describe()
+    assert pick(SPR, fast, patt="torch").prefill_att == "torch" and never.calls == 0
     cached = AttCalibration(**fast.t)
     for _ in range(2):
-        assert pick(SPR, cached, cache=tmp_path).prefill_att_amx
+        assert pick(SPR, cached, cache=tmp_path).prefill_att == "amx"
     assert cached.calls == 1
 
 
@@ -281,4 +286,6 @@ def test_prefill_attention_calibration_runs_the_library_here():
     if lib is None:
         return
     t = measure_prefill_att(1, tokens=96, reps=1)
-    assert set(t) == ({"torch", "amx"} if lib.ft_amx_ready() else {"torch"}) and all(v > 0 for v in t.values())
+    runs = {m for m, code in (("amx", 1), ("vdpbf16ps", 2)) if lib.ft_set_prefill_att(code)}
+    lib.ft_set_prefill_att(0)
+    assert set(t) == {"torch"} | runs and all(v > 0 for v in t.values())

@@ -1,5 +1,5 @@
-"""Causal prefill attention on AMX tiles (kernels/c/prefill_attention.c) against float64 attention
-with the explicit causal mask, over the same bf16 inputs: prompts and chunks continuing a cached
+"""Causal prefill attention on AMX tiles and with vdpbf16ps (kernels/c/prefill_attention.c, each
+mode this CPU runs) against float64 attention with the explicit causal mask, over the same bf16 inputs: prompts and chunks continuing a cached
 prefix, odd lengths, GQA ratios, head dims 64/128, keys strided as the paged gather leaves them;
 and through `paged_attention` with the tiles switched on and off.
 
@@ -18,14 +18,20 @@ from freetoken.layers.attention.paged import paged_attention
 from tests.helpers import paged_mixed_step
 
 
-@pytest.fixture(scope="module")
-def pool():
+MODES = {"amx": 1, "vdpbf16ps": 2}     # ft_set_prefill_att's codes
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def pool(request):
     lib = load("native")
-    if lib is None or not lib.ft_set_prefill_att_amx(1):
-        pytest.skip("AMX tiles do not run here (no amx_bf16, or the OS refuses the tile state)")
+    mode = MODES[request.param]
+    if lib is None or lib.ft_set_prefill_att(mode) != mode:
+        pytest.skip(f"{request.param} does not run here (AMX: amx_bf16 and the OS's grant of the tile state; "
+                    "vdpbf16ps: avx512_bf16)")
     p = CpuPool(lib, 2)
+    p.mode = mode
     yield p
-    lib.ft_set_prefill_att_amx(0)
+    lib.ft_set_prefill_att(0)
     p.close()
 
 
@@ -43,11 +49,11 @@ def bound(v):
 
 @pytest.mark.parametrize("hq,hkv,d,nq,nk", [(1, 1, 64, 1, 1), (8, 2, 64, 37, 37), (4, 4, 128, 2, 2),
                                             (32, 4, 128, 97, 97), (16, 4, 128, 300, 300), (6, 3, 64, 45, 1000),
-                                            (8, 1, 128, 129, 645), (4, 2, 64, 700, 701)])
+                                            (8, 1, 128, 129, 645), (4, 2, 64, 700, 701), (2, 1, 64, 1100, 1100)])
 def test_tiles_match_float64_causal_attention(pool, hq, hkv, d, nq, nk):
     g = torch.Generator().manual_seed(7 * nk + nq)
     q, k, v = (torch.randn(1, h, n, d, generator=g).bfloat16() for h, n in ((hq, nq), (hkv, nk), (hkv, nk)))
-    out = prefill.amx_chunk(pool, q, k, v, d ** -0.5)
+    out = prefill.tiles_chunk(pool, q, k, v, d ** -0.5)
     assert out is not None and out.dtype == torch.float32
     assert (out.double() - reference(q, k, v, d ** -0.5)).abs().max() <= bound(v)
 
@@ -61,15 +67,15 @@ def test_keys_strided_as_the_gather_leaves_them_and_a_wide_score_range(pool):
     q = (4 * torch.randn(nq, hq, d, generator=g)).bfloat16().transpose(0, 1)[None]
     k, v = rows_k.transpose(0, 1)[None], rows_v.transpose(0, 1)[None]
     out = torch.zeros(1, hq, nq + 5, d)
-    assert prefill.amx_chunk(pool, q, k, v, 0.5, out[:, :, :nq]) is not None
+    assert prefill.tiles_chunk(pool, q, k, v, 0.5, out[:, :, :nq]) is not None
     assert (out[:, :, :nq].double() - reference(q, k, v, 0.5)).abs().max() <= bound(v)
     assert not out[:, :, nq:].any()
 
 
 def test_what_the_tiles_do_not_run_falls_back(pool):
     q = torch.randn(1, 4, 5, 40).bfloat16()              # head dim 40: not a multiple of 32
-    assert prefill.amx_chunk(pool, q, q[:, :2], q[:, :2], 0.1) is None
-    assert prefill.amx_chunk(pool, q.float(), q[:, :2].float(), q[:, :2].float(), 0.1) is None
+    assert prefill.tiles_chunk(pool, q, q[:, :2], q[:, :2], 0.1) is None
+    assert prefill.tiles_chunk(pool, q.float(), q[:, :2].float(), q[:, :2].float(), 0.1) is None
 
 
 @pytest.mark.parametrize("on", [True, False])
@@ -82,11 +88,11 @@ def test_paged_prefill_with_the_tiles_on_and_off(pool, on):
     meta.kernel_pool = pool
     q = torch.randn(n, hq, d, generator=g)
     k, v = torch.randn(n, hkv, d, generator=g), torch.randn(n, hkv, d, generator=g)
-    pool.lib.ft_set_prefill_att_amx(int(on))
+    pool.lib.ft_set_prefill_att(pool.mode if on else 0)
     try:
         out = paged_attention(q, k, v, cache, meta, d ** -0.5, prefill_dtype=torch.bfloat16)
     finally:
-        pool.lib.ft_set_prefill_att_amx(1)
+        pool.lib.ft_set_prefill_att(pool.mode)
     for i, (qi, pos) in enumerate(zip(meta.query_index, meta.query_positions)):
         nq, nk = int((pos >= 0).sum()), int(meta.context_lens[i])
         keys = cache.k[meta.key_slots[i, :nk]].transpose(0, 1)[None]

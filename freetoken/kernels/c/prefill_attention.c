@@ -1,5 +1,6 @@
 /* Causal prefill attention on AMX bf16 tiles, flash-style: Q x K^T and P x V as TDPBF16PS tile
- * products, the online softmax (fp32 running max and sum) in AVX-512 between them.
+ * products, the online softmax (fp32 running max and sum) in AVX-512 between them. Without AMX
+ * (AVX512-BF16, e.g. Zen 4/5) the same walk with each tile product as vdpbf16ps (pv_*).
  *
  * Why: torch's CPU flash attention in bf16 ran at 7-8% of the AMX peak, 23-37% of a 4096-token
  * prefill (docs/benchmarks.md, "where a 4096-token prefill goes"). Here:
@@ -19,16 +20,29 @@
  * (a chunk continuing a cached prefix sees the prefix whole and itself causally). */
 #include "ft_kernels.h"
 
-int ft_prefill_att_amx;
+enum { PA_OFF = 0, PA_AMX = 1, PA_VDP = 2 };
+int ft_prefill_att_mode;     /* PA_*; switches.c reads it too */
 
-/* Switch causal prefill attention to the AMX tiles (kernels/choices.py's choice); returns 1 when on
- * (0 where this build or the OS does not run AMX). */
-int ft_set_prefill_att_amx(int on) {
-    ft_prefill_att_amx = on && ft_amx_ready();
-    return ft_prefill_att_amx;
-}
-
+/* Switch causal prefill attention to the library's kernel (kernels/choices.py's choice): 1 the AMX
+ * tiles, 2 the same walk with its tile products as vdpbf16ps (AVX512-BF16, e.g. Zen 4/5 without
+ * AMX), 0 off (torch's kernel). Returns the mode in effect (0 where this build or the OS does not
+ * run it). */
+int ft_set_prefill_att(int mode) {
+    int ok = 0;
 #ifdef FT_AMX
+    ok |= mode == PA_AMX && ft_amx_ready();
+#endif
+#ifdef FT_BF16DOT
+    ok |= mode == PA_VDP;
+#endif
+    ft_prefill_att_mode = ok ? mode : PA_OFF;
+    return ft_prefill_att_mode;
+}
+#if defined(FT_AMX) || defined(FT_BF16DOT)
+#define PA_KERNEL 1
+#endif
+
+#ifdef PA_KERNEL
 #define PA_ROWS 32      /* A rows of an item: two tiles of 16 */
 #define PA_KB 128        /* keys per softmax step: 2 x 2 C tiles of scores, then P x V over 2 pair steps */
 
@@ -100,6 +114,7 @@ FORCE_INLINE __m512 pa_exp2(__m512 x) {
     return _mm512_scalef_ps(y, n);
 }
 
+#ifdef FT_AMX
 /* Scores of the item's 32 rows (qa [32][D]) against the 32 keys from k0 of kp: s [32][32] (row stride PA_KB). */
 FORCE_INLINE void pa_scores32(const uint16_t *qa, const uint16_t *kp, int D, int64_t k0, float *s) {
     const uint16_t *kb = kp + k0 * D;                   /* a 32-key block: 2 halves x D/32 tiles */
@@ -120,9 +135,13 @@ FORCE_INLINE void pa_scores32(const uint16_t *qa, const uint16_t *kp, int D, int
     _tile_stored(3, s + 16 * PA_KB + 16, PA_KB * 4);
 }
 
+#endif
+
 FORCE_INLINE int pa_block_keys(int64_t k0, int64_t pend) {     /* keys of the block at k0, rounded up to 32 */
     return pend - k0 >= PA_KB ? PA_KB : (int)((pend - k0 + 31) & ~31);
 }
+
+#ifdef FT_AMX
 
 /* o [32][D] += pa [32][PA_KB] x V rows [k0, k0 + nkb) of vp (nkb a multiple of 32). */
 static void pa_values(const uint16_t *pa, const uint16_t *vp, int D, int64_t k0, int nkb, float *o) {
@@ -147,6 +166,89 @@ static void pa_values(const uint16_t *pa, const uint16_t *vp, int D, int64_t k0,
         _tile_stored(2, o + 16 * D + 16 * j, D * 4);
         _tile_stored(3, o + 16 * D + 16 * j + 16, D * 4);
     }
+}
+#endif
+
+#ifdef FT_BF16DOT
+/* The tile products above as vdpbf16ps (the B layouts are the vectors it multiplies: 16 columns
+ * x a bf16 pair each), a row's pair broadcast, 8 rows x 32 columns of accumulators in registers
+ * over the whole reduction (Zen 4 issues a 512-bit vdpbf16ps a cycle; 16 independent
+ * accumulators cover its latency, and 10 loads per 16 products stay under the 2 load ports). */
+static void pv_scores32(const uint16_t *qa, const uint16_t *kp, int D, int64_t k0, float *s) {
+    const uint16_t *kb = kp + k0 * D;
+    for (int r0 = 0; r0 < PA_ROWS; r0 += 8) {
+        __m512 acc[8][2];
+        for (int r = 0; r < 8; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+        for (int c = 0; c < D / 32; c++) {
+            const uint16_t *b0 = kb + (int64_t)c * 512, *b1 = kb + (int64_t)(D / 32 + c) * 512;
+            const uint16_t *qc = qa + r0 * D + 32 * c;
+            for (int p = 0; p < 16; p++) {
+                const __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * p), x1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * p);
+                for (int r = 0; r < 8; r++) {
+                    int32_t pr;
+                    memcpy(&pr, qc + r * D + 2 * p, 4);
+                    const __m512bh a = (__m512bh)_mm512_set1_epi32(pr);
+                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, x0);
+                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, x1);
+                }
+            }
+        }
+        for (int r = 0; r < 8; r++) {
+            _mm512_storeu_ps(s + (r0 + r) * PA_KB, acc[r][0]);
+            _mm512_storeu_ps(s + (r0 + r) * PA_KB + 16, acc[r][1]);
+        }
+    }
+}
+
+static void pv_values(const uint16_t *pa, const uint16_t *vp, int D, int64_t k0, int nkb, float *o) {
+    for (int r0 = 0; r0 < PA_ROWS; r0 += 8)
+        for (int j = 0; j < D / 16; j += 2) {
+            __m512 acc[8][2];
+            for (int r = 0; r < 8; r++) {
+                acc[r][0] = _mm512_loadu_ps(o + (r0 + r) * D + 16 * j);
+                acc[r][1] = _mm512_loadu_ps(o + (r0 + r) * D + 16 * j + 16);
+            }
+            for (int kt = 0; kt < nkb; kt += 32) {
+                const uint16_t *vb = vp + (k0 + kt) * D + (int64_t)j * 512, *pr = pa + r0 * PA_KB + kt;
+                for (int p = 0; p < 16; p++) {
+                    const __m512bh x0 = (__m512bh)_mm512_loadu_si512(vb + 32 * p);
+                    const __m512bh x1 = (__m512bh)_mm512_loadu_si512(vb + 512 + 32 * p);
+                    for (int r = 0; r < 8; r++) {
+                        int32_t w;
+                        memcpy(&w, pr + r * PA_KB + 2 * p, 4);
+                        const __m512bh a = (__m512bh)_mm512_set1_epi32(w);
+                        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, x0);
+                        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, x1);
+                    }
+                }
+            }
+            for (int r = 0; r < 8; r++) {
+                _mm512_storeu_ps(o + (r0 + r) * D + 16 * j, acc[r][0]);
+                _mm512_storeu_ps(o + (r0 + r) * D + 16 * j + 16, acc[r][1]);
+            }
+        }
+}
+#endif
+
+/* One mode's scores / values (the mode a compile-time constant in each specialization of pa_item). */
+FORCE_INLINE void pa_scores(int amx, const uint16_t *qa, const uint16_t *kp, int D, int64_t k0, float *s) {
+#ifdef FT_AMX
+    if (amx) { pa_scores32(qa, kp, D, k0, s); return; }
+#endif
+#ifdef FT_BF16DOT
+    pv_scores32(qa, kp, D, k0, s);
+#endif
+    (void)amx; (void)qa; (void)kp; (void)D; (void)k0; (void)s;
+}
+
+FORCE_INLINE void pa_vals(int amx, const uint16_t *pa, const uint16_t *vp, int D, int64_t k0, int nkb, float *o) {
+#ifdef FT_AMX
+    if (amx) { pa_values(pa, vp, D, k0, nkb, o); return; }
+#endif
+#ifdef FT_BF16DOT
+    pv_values(pa, vp, D, k0, nkb, o);
+#endif
+    (void)amx; (void)pa; (void)vp; (void)D; (void)k0; (void)nkb; (void)o;
 }
 
 /* The online softmax of one row over its `vis` (>= 1) visible scores of the block (s, base-2 units after
@@ -184,7 +286,7 @@ static void pa_softmax_row(float *s, int vis, int nkb, float scale2, float *m, f
 
 /* Item it: KV head h, row block rb (rows 32 rb .. of the folded [nq x G] query rows); the items
  * of a head in a row (its re-laid K and V stay in L2), the heaviest first. */
-static void pa_item(pa_job *J, int it, uint8_t *ws) {
+FORCE_INLINE void pa_item(pa_job *J, int it, uint8_t *ws, const int amx) {
     const int D = J->D, G = J->G, h = it / J->rblocks, rb = J->rblocks - 1 - it % J->rblocks;
     const int64_t R = (int64_t)J->nq * G, u0 = (int64_t)rb * PA_ROWS;
     uint16_t *qa = (uint16_t *)ws, *pa = qa + PA_ROWS * D;
@@ -200,18 +302,18 @@ static void pa_item(pa_job *J, int it, uint8_t *ws) {
     const uint16_t *kp = J->kp + (int64_t)h * J->nkp * D, *vp = J->vp + (int64_t)h * J->nkp * D;
     /* the scores of the next block are computed while this block's softmax runs (tiles and
      * AVX-512 are separate units: a group of tile products every few rows), into the other buffer */
-    for (int kt = 0; kt < pa_block_keys(0, pend); kt += 32) pa_scores32(qa, kp, D, kt, s + kt);
+    for (int kt = 0; kt < pa_block_keys(0, pend); kt += 32) pa_scores(amx, qa, kp, D, kt, s + kt);
     for (int64_t k0 = 0, b = 0; k0 < pend; k0 += PA_KB, b ^= 1) {
         const int nkb = pa_block_keys(k0, pend), ng = k0 + PA_KB < pend ? pa_block_keys(k0 + PA_KB, pend) / 32 : 0;
         float *sc = s + b * PA_ROWS * PA_KB, *sn = s + (b ^ 1) * PA_ROWS * PA_KB;
         for (int r = 0, g = 0; r < PA_ROWS; r++) {
-            for (; g < ng && g * PA_ROWS <= r * ng; g++) pa_scores32(qa, kp, D, k0 + PA_KB + 32 * g, sn + 32 * g);
+            for (; g < ng && g * PA_ROWS <= r * ng; g++) pa_scores(amx, qa, kp, D, k0 + PA_KB + 32 * g, sn + 32 * g);
             const int64_t u = u0 + r, vis = u < R ? J->past + u / G + 1 - k0 : 0;
             if (vis <= 0) { memset(pa + r * PA_KB, 0, PA_KB * 2); continue; }
             pa_softmax_row(sc + r * PA_KB, vis < nkb ? (int)vis : nkb, nkb, J->scale2, m + r, l + r, o + r * D, D,
                            pa + r * PA_KB);
         }
-        pa_values(pa, vp, D, k0, nkb, o);
+        pa_vals(amx, pa, vp, D, k0, nkb, o);
     }
     for (int r = 0; r < PA_ROWS && u0 + r < R; r++) {
         const int64_t u = u0 + r;
@@ -221,24 +323,33 @@ static void pa_item(pa_job *J, int it, uint8_t *ws) {
     }
 }
 
+#ifdef FT_AMX
 static void pa_fn(void *a, int tid) {
     pa_job *J = a;
     amx_config();
-    for (int it; (it = atomic_fetch_add(&J->next, 1)) < J->items;) pa_item(J, it, J->ws + tid * J->ws_stride);
+    for (int it; (it = atomic_fetch_add(&J->next, 1)) < J->items;) pa_item(J, it, J->ws + tid * J->ws_stride, 1);
     _tile_release();
 }
 #endif
 
+#ifdef FT_BF16DOT
+static void pv_fn(void *a, int tid) {
+    pa_job *J = a;
+    for (int it; (it = atomic_fetch_add(&J->next, 1)) < J->items;) pa_item(J, it, J->ws + tid * J->ws_stride, 0);
+}
+#endif
+#endif
+
 /* Causal attention of nq queries at the last nq of nk positions: q [Hq][nq][D], k/v [Hkv][nk][D]
  * bf16 at the given head / token strides (elements), out fp32 [Hq][nq][D] likewise. 0 when done;
- * 1 when not run here (switched off, no AMX, D not a multiple of 32 up to 256, Hq not a multiple
+ * 1 when not run here (switched off, D not a multiple of 32 up to 256, Hq not a multiple
  * of Hkv): the caller runs torch's kernel; -2 when the scratch cannot be allocated. */
 int ft_prefill_attention(void *vp, const uint16_t *q, int64_t q_hs, int64_t q_ts, int nq, int Hq, int Hkv, int D,
                          const uint16_t *k, int64_t k_hs, int64_t k_ts, const uint16_t *v, int64_t v_hs, int64_t v_ts,
                          int64_t nk, float scale, float *out, int64_t o_hs, int64_t o_ts) {
-#ifdef FT_AMX
+#ifdef PA_KERNEL
     ft_pool *p = vp;
-    if (!ft_prefill_att_amx || D % 32 || D > 256 || Hkv < 1 || Hq % Hkv || nq < 1 || nk < nq) return 1;
+    if (!ft_prefill_att_mode || D % 32 || D > 256 || Hkv < 1 || Hq % Hkv || nq < 1 || nk < nq) return 1;
     const int G = Hq / Hkv;
     const int64_t nkp = (nk + PA_KB - 1) / PA_KB * PA_KB, pack = (int64_t)Hkv * nkp * D * 2;
     const int64_t ws_stride = ((int64_t)PA_ROWS * (D * 2 + PA_KB * 2 + 2 * PA_KB * 4 + D * 4 + 8) + 63) & ~(int64_t)63;
@@ -250,7 +361,12 @@ int ft_prefill_attention(void *vp, const uint16_t *q, int64_t q_hs, int64_t q_ts
     J.rblocks = (int)((nq * (int64_t)G + PA_ROWS - 1) / PA_ROWS);
     J.items = J.rblocks * Hkv;
     pool_run(p, pa_pack_fn, &J);           /* a prompt's attention is never too small for the pool */
-    pool_run(p, pa_fn, &J);
+#ifdef FT_AMX
+    if (ft_prefill_att_mode == PA_AMX) { pool_run(p, pa_fn, &J); return 0; }
+#endif
+#ifdef FT_BF16DOT
+    pool_run(p, pv_fn, &J);
+#endif
     return 0;
 #else
     (void)vp; (void)q; (void)q_hs; (void)q_ts; (void)nq; (void)Hq; (void)Hkv; (void)D; (void)k; (void)k_hs;

@@ -5,10 +5,10 @@
  * of a test's engine never change what a later test's kernels compute. */
 #include "ft_kernels.h"
 
-extern int ft_bf16_dot_on, ft_gemv_amx, ft_att_amx, ft_prefill_att_amx, ft_gemm_mode, ft_gemm_min, ft_gemm_dense,
+extern int ft_bf16_dot_on, ft_gemv_amx, ft_att_amx, ft_prefill_att_mode, ft_gemm_mode, ft_gemm_min, ft_gemm_dense,
     ft_ggml_act_mode, ft_ggml_k256, ft_ggml_tiles, ft_ggml_group_min;
 
-static int *const SWITCHES[] = {&ft_bf16_dot_on, &ft_gemv_amx, &ft_att_amx, &ft_prefill_att_amx, &ft_gemm_mode,
+static int *const SWITCHES[] = {&ft_bf16_dot_on, &ft_gemv_amx, &ft_att_amx, &ft_prefill_att_mode, &ft_gemm_mode,
                                 &ft_gemm_min, &ft_gemm_dense, &ft_ggml_act_mode, &ft_ggml_act_llama, &ft_ggml_k256,
                                 &ft_ggml_tiles, &ft_ggml_group_min};
 #define N_SWITCHES ((int)(sizeof SWITCHES / sizeof SWITCHES[0]))

@@ -26,7 +26,7 @@ def available() -> bool:
     return _flash is not None
 
 
-def amx_chunk(pool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+def tiles_chunk(pool, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
               out: torch.Tensor | None = None) -> torch.Tensor | None:
     """causal_chunk on AMX tiles: q [1, Hq, Q, D], k/v [1, Hkv, K, D] bf16 (any head/token strides)
     -> fp32 [1, Hq, Q, D] (into `out` where given: fp32, any head/token strides), or None where the
@@ -81,14 +81,14 @@ def causal_batch(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
                  k_lens: list[int], scale: float, dtype: torch.dtype, pool=None) -> torch.Tensor:
     """queries [B, Hq, Qmax, D], keys/values [B, Hkv, Kmax, D] padded per sequence; sequence i has
     q_lens[i] queries at the last positions of its k_lens[i] keys. Returns [B, Hq, Qmax, D] in
-    queries' dtype (padded query rows zero). pool: the C kernels' pool (amx_chunk), or None."""
+    queries' dtype (padded query rows zero). pool: the C kernels' pool (tiles_chunk), or None."""
     out = queries.new_zeros(queries.shape)
     for i, (nq, nk) in enumerate(zip(q_lens, k_lens)):
         if nq == 0:
             continue
         q = queries[i:i + 1, :, :nq].to(dtype)
         k, v = keys[i:i + 1, :, :nk].to(dtype), values[i:i + 1, :, :nk].to(dtype)
-        if pool is not None and nq > 1 and amx_chunk(pool, q, k, v, scale, out[i:i + 1, :, :nq]) is not None:
+        if pool is not None and nq > 1 and tiles_chunk(pool, q, k, v, scale, out[i:i + 1, :, :nq]) is not None:
             continue
         if nq == 1:       # one decode token: every key is visible
             o = F.scaled_dot_product_attention(q.contiguous(), k, v, scale=scale, enable_gqa=k.shape[1] != q.shape[1])
