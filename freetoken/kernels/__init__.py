@@ -118,8 +118,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_set_ggml_act.restype = ctypes.c_int
     lib.ft_set_ggml_k256.argtypes = [ctypes.c_int]
     lib.ft_set_ggml_k256.restype = ctypes.c_int
-    lib.ft_switches.argtypes = [vp, vp]
-    lib.ft_switches.restype = ctypes.c_int
     lib.ft_pool_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), i64, i64]
     lib.ft_pool_create.restype = vp
     lib.ft_pool_destroy.argtypes = [vp]
@@ -189,7 +187,15 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ft_prefill_attention.argtypes = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64,
                                              ctypes.c_float, vp, i64, i64]
         lib.ft_prefill_attention.restype = ci
-    return _bind_probes(_bind_layer_calls(lib))
+    return _bind_switches(_bind_probes(_bind_layer_calls(lib)))
+
+
+def _bind_switches(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The switches' one array (c/switches.c), where the library has it (bench trees' older builds)."""
+    if hasattr(lib, "ft_switches"):
+        lib.ft_switches.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.ft_switches.restype = ctypes.c_int
+    return lib
 
 
 def _bind_layer_calls(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -232,14 +238,14 @@ def variants_here() -> list[str]:
 def switches() -> dict[str, list[int]]:
     """Every loaded library's process-wide switches (c/switches.c: what an engine's kernel
     choices set), by variant: `set_switches` puts them back."""
-    return {variant: _switches_of(lib) for variant, lib in _loaded.items() if lib is not None}
+    return {variant: _switches_of(lib) for variant, lib in _loaded.items() if variant in _switches_at_load}
 
 
 def set_switches(saved: dict[str, list[int]]) -> None:
     """`switches()`'s values back into every loaded library; one loaded since gets the values it
     was loaded with."""
     for variant, lib in _loaded.items():
-        if lib is not None:
+        if variant in _switches_at_load:
             vals = saved.get(variant, _switches_at_load[variant])
             lib.ft_switches(None, (ctypes.c_int * len(vals))(*vals))
 
@@ -273,6 +279,6 @@ def load(variant: str = "native") -> ctypes.CDLL | None:
             except (RuntimeError, OSError) as e:
                 log.warning("building CPU expert kernels with %s failed: %s", flags, e)
     _loaded[variant] = lib
-    if lib is not None:
+    if lib is not None and hasattr(lib, "ft_switches"):
         _switches_at_load[variant] = _switches_of(lib)
     return lib
