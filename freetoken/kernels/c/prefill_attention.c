@@ -170,6 +170,18 @@ static void pa_values(const uint16_t *pa, const uint16_t *vp, int D, int64_t k0,
 #endif
 
 #ifdef FT_BF16DOT
+/* acc[r] += pair p of row r of `a` (rows `stride` apart), broadcast, x (x0, x1), for 8 rows: one pair
+ * step of the scores' and the values' products alike. */
+FORCE_INLINE void dp_rows8(__m512 acc[8][2], const uint16_t *a, int64_t stride, int p, __m512bh x0, __m512bh x1) {
+    for (int r = 0; r < 8; r++) {
+        int32_t pair;
+        memcpy(&pair, a + r * stride + 2 * p, 4);
+        const __m512bh b = (__m512bh)_mm512_set1_epi32(pair);
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], b, x0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], b, x1);
+    }
+}
+
 /* The tile products above as vdpbf16ps (the B layouts are the vectors it multiplies: 16 columns
  * x a bf16 pair each), a row's pair broadcast, 8 rows x 32 columns of accumulators in registers
  * over the whole reduction (Zen 4 issues a 512-bit vdpbf16ps a cycle; 16 independent
@@ -184,13 +196,7 @@ static void pv_scores32(const uint16_t *qa, const uint16_t *kp, int D, int64_t k
             const uint16_t *qc = qa + r0 * D + 32 * c;
             for (int p = 0; p < 16; p++) {
                 const __m512bh x0 = (__m512bh)_mm512_loadu_si512(b0 + 32 * p), x1 = (__m512bh)_mm512_loadu_si512(b1 + 32 * p);
-                for (int r = 0; r < 8; r++) {
-                    int32_t pr;
-                    memcpy(&pr, qc + r * D + 2 * p, 4);
-                    const __m512bh a = (__m512bh)_mm512_set1_epi32(pr);
-                    acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, x0);
-                    acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, x1);
-                }
+                dp_rows8(acc, qc, D, p, x0, x1);
             }
         }
         for (int r = 0; r < 8; r++) {
@@ -213,13 +219,7 @@ static void pv_values(const uint16_t *pa, const uint16_t *vp, int D, int64_t k0,
                 for (int p = 0; p < 16; p++) {
                     const __m512bh x0 = (__m512bh)_mm512_loadu_si512(vb + 32 * p);
                     const __m512bh x1 = (__m512bh)_mm512_loadu_si512(vb + 512 + 32 * p);
-                    for (int r = 0; r < 8; r++) {
-                        int32_t w;
-                        memcpy(&w, pr + r * PA_KB + 2 * p, 4);
-                        const __m512bh a = (__m512bh)_mm512_set1_epi32(w);
-                        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], a, x0);
-                        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], a, x1);
-                    }
+                    dp_rows8(acc, pr, PA_KB, p, x0, x1);
                 }
             }
             for (int r = 0; r < 8; r++) {
