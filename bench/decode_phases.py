@@ -6,7 +6,8 @@
 
 After a P-token prefill, times `steps` single-sequence decode steps and splits each into:
 experts (the C `ft_moe_run*` calls and their combine; `ft_moe_decode`, a decode step's top-k and
-experts in one call), attention (`ft_decode_attention`),
+experts in one call; `ft_moe_row`, that plus the residual add on a decode row's reused rows), attention
+(`ft_decode_attention`),
 dense GEMVs (q/k/v/o projections; a one-row step's `ft_attn_half` is a phase of its own: its norms,
 qkv, o and router GEMVs and attention in one call), router GEMVs and top-k, lm_head, norms + rope (C calls), and
 the rest (Python, the scheduler, sampling; also as the median and 10th percentile step, which
@@ -87,6 +88,7 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
                             ("ft_moe_run_pairs", "experts"), ("ft_moe_combine", "experts"),
                             ("ft_moe_decode", "experts"),     # (with the decode step's top-k, ~1 us)
                             ("ft_moe_decode_add", "experts"),     # (and the residual add of one row, ~1 us)
+                            ("ft_moe_row", "experts"),     # (the same, counting its experts: a decode row's own call)
                             ("ft_route_topk", "router"), ("ft_decode_attention", "attention"),
                             ("ft_rms_norm", "norm+rope"), ("ft_rope", "norm+rope"),
                             ("ft_add_rms_norm", "norm+rope"), ("ft_norm_rope_qk", "norm+rope"),

@@ -88,3 +88,8 @@ class ExpertsSeat:
             return None
         return fn(layer, hidden, logits, top_k, norm, after, routes) if residual is None else \
             fn(layer, hidden, logits, top_k, norm, after, routes, residual)
+
+    def decode_row(self, *args):
+        """The backend's one-row decode call on reused rows where it has one (CpuExperts.decode_row), else None."""
+        fn = getattr(self.backend, "decode_row", None)
+        return None if fn is None else fn(*args)

@@ -199,13 +199,16 @@ def _bind_switches(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def _bind_layer_calls(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """A decode row's layer-sized calls (attn_half.c: the attention half, the MoE block + residual)."""
+    """A decode row's layer-sized calls (attn_half.c: the attention half, the MoE block + residual,
+    and that block counting its experts)."""
     vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ft_attn_half.argtypes = [vp, vp, vp, vp, vp, vp, i64, vp, vp, ci, vp, i64, vp, vp, vp, vp]
     lib.ft_attn_half.restype = ci
     lib.ft_moe_decode_add.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp,
                                       vp, vp]
     lib.ft_moe_decode_add.restype = ci
+    lib.ft_moe_row.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, vp, vp, vp, vp, vp, vp, vp]
+    lib.ft_moe_row.restype = ci
     return lib
 
 

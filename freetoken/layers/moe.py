@@ -84,6 +84,25 @@ class SparseMoE:
             out = out + s
         return out if residual is None else residual + out
 
+    def decode_row(self, x: torch.Tensor, logits: torch.Tensor, residual: torch.Tensor, fresh: bool):
+        """This block's decode of one row as `self(x, logits, residual)` gives it, as a call on the
+        caller's reused rows (`x`, `logits`, `residual`: a decode row's attention half, which
+        ran the router's GEMV) with everything resolved now (experts/execution/decode_row.py's
+        `MoERow`), or None where that path never applies (a shared expert, another routing
+        rule, a backend without it). Per call the caller still checks `row_live`. `fresh`: the
+        output outlives the step (a new row each call)."""
+        if self.shared is not None or type(self).route is not SparseMoE.route or cpu_kernels() is None \
+                or not hasattr(self.experts, "decode_row"):
+            return None
+        return self.experts.decode_row(self.moe_layer, self.top_k, self.norm, self.softmax_after_topk, x, logits,
+                                       residual, fresh)
+
+    def row_live(self, row) -> bool:
+        """Whether `row` (from `decode_row`) takes this step: the fused calls on, no routing hook
+        or forced routes, and the backend it was made by still seated."""
+        return FUSED[0] and ROWS[0] and self.on_route is None and self.forced_routes is None \
+            and getattr(self.experts, "backend", self.experts) is row.backend
+
     def _experts_on(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """The experts on routes picked by the router (or forced), the routing hook told first."""
         if self.forced_routes is not None:
@@ -118,6 +137,9 @@ class SparseMoE:
 
 # the fused decode call on (tests switch it off to compare with the five-call path)
 FUSED = [True]
+# a decode row's MoE call on the attention half's rows (`decode_row`) on (tests switch it off to
+# compare with the same call made through `__call__`)
+ROWS = [True]
 
 
 def row_gate(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

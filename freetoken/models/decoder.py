@@ -120,12 +120,17 @@ class DecoderLayer:
     def __init__(self, attn, mlp, input_norm: RMSNorm, post_norm: RMSNorm):
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
         self.half = False       # the one-call attention half (layers/attention/decode_half.py): unset, None or built
+        # only the step's next layer reads this layer's output (the model marks all but its last;
+        # the last one's outlives the step: an MTP drafter keeps it), so a decode row may reuse it
+        self.interior = False
 
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext):
         if x.shape[0] == 1 and ATTN_HALF[0] and (half := self._half()) is not None \
                 and (hn := half(x, cos, sin, ctx.kv[idx], ctx.attn)) is not None:
             # a one-row decode step: the attention half (and a SparseMoE's router GEMV) in one C call,
-            # then a SparseMoE's experts and the residual add in another
+            # then a SparseMoE's experts and the residual add in another (on rows set up once: its `moe`)
+            if half.moe is not None and self.mlp.row_live(half.moe):
+                return half.moe()
             return hn[0] + self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2], hn[0])
         a = self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
         if x.shape[0] <= GEMV_TOKENS and (fused := add_rms_norm(x, a, self.post_norm)) is not None:
@@ -137,12 +142,15 @@ class DecoderLayer:
 
     def _half(self) -> AttnHalf | None:
         """This layer's `AttnHalf`, built on first use (the plain `Attention` only: a subclass's
-        other math never takes it; a plain `SparseMoE`'s router GEMV joins the call), rebuilt if
-        its weights were replaced."""
+        other math never takes it; a plain `SparseMoE`'s router GEMV joins the call, and its
+        experts' call is set up on the half's rows), rebuilt if its weights were replaced."""
         if self.half is False or (self.half is not None and self.half.stale()):
             router = self.mlp.router if type(self.mlp) is SparseMoE else None    # (its own routing rule only)
-            self.half = (AttnHalf.build(self.attn, self.input_norm, self.post_norm, router)
-                         if type(self.attn) is Attention else None)
+            half = (AttnHalf.build(self.attn, self.input_norm, self.post_norm, router)
+                    if type(self.attn) is Attention else None)
+            if half is not None and half.logits is not None:
+                half.moe = self.mlp.decode_row(half.normed, half.logits, half.h, not self.interior)
+            self.half = half
         return self.half
 
 
@@ -185,6 +193,9 @@ class MoECausalLM:
         self.moe_layers = [i for i in range(self.num_layers) if self.is_moe_layer(i)]
         self.experts = self._load_experts(ck) if self.moe_layers else None
         self.layers = [self._load_layer(ck, i) for i in range(self.num_layers)]
+        for layer in self.layers[:-1]:
+            if isinstance(layer, DecoderLayer):
+                layer.interior = True
 
     # --- architecture hooks -------------------------------------------------------------
     def _w(self, ck, name, shape):

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
+from freetoken.experts.execution.decode_row import MoERow
 from freetoken.experts.execution.numerics import set_bf16_dot
 from freetoken.kernels import cpu_kernels
 from freetoken.layers.attention import decode_half as half_mod
 from freetoken.layers.attention.decode_half import AttnHalf
+from freetoken.layers import moe as moe_mod
 from freetoken.layers.ggml_linear import GgmlLinear
 
 
@@ -53,5 +55,29 @@ def test_ggml_attention_half_is_the_separate_calls(tiny_dir, to_gguf):
             half_mod.FUSED[0] = True
         assert fused[0] == ref[0]
         assert len(fused[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(fused[1], ref[1]))
+    finally:
+        llm.close()
+
+
+def test_ggml_moe_row_is_the_block_call(tiny_dir, to_gguf):
+    """The GGUF's packed experts (ggml banks) in a decode row's MoE call on reused rows
+    (experts/execution/decode_row.py): the bits of the same call through the MoE block."""
+    llm = LLM(str(to_gguf(tiny_dir("qwen3_moe"), "q8_0")), moe_backend="cpu", num_threads=2, prefix_cache=False,
+              speculative="off")
+    try:
+        calls, orig = [], MoERow.__call__
+        MoERow.__call__ = lambda self: calls.append(self.layer) or orig(self)
+        try:
+            rows = _decode(llm, [5, 6, 7, 8, 9])
+        finally:
+            MoERow.__call__ = orig
+        assert calls, "the MoE row never ran"
+        moe_mod.ROWS[0] = False
+        try:
+            ref = _decode(llm, [5, 6, 7, 8, 9])
+        finally:
+            moe_mod.ROWS[0] = True
+        assert rows[0] == ref[0]
+        assert len(rows[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(rows[1], ref[1]))
     finally:
         llm.close()

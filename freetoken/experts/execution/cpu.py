@@ -205,6 +205,22 @@ class CpuExpertExecutor:
         self.last_experts = rc
         return out
 
+    def decode_row_args(self, logits: torch.Tensor, top_k: int, norm: bool, after: bool, offset: int, x: torch.Tensor,
+                        ids: torch.Tensor, flat: torch.Tensor, w: torch.Tensor, residual: torch.Tensor,
+                        out: torch.Tensor) -> tuple:
+        """(library, pool lock, arguments but the last) of `decode(x, logits, ..., residual)`'s
+        call for one row as `ft_moe_row` takes them (the last: the per-expert counters), into
+        `out` (fp32 [1, H]) instead of a new tensor: a caller whose operands never move makes the
+        call itself every step (experts/execution/decode_row.py). C kernel only; x, logits,
+        residual fp32 contiguous, ids / flat / w `top_k` long."""
+        scratch = self._sums.get(1)
+        if scratch is None:
+            scratch = self._sums[1] = torch.empty(1, self.H, dtype=torch.float32)
+        return self.lib, self._pool.lock, (
+            self._pool.handle, self._desc_ref, logits.data_ptr(), logits.shape[1], top_k, int(norm), int(after),
+            offset, x.data_ptr(), 0, ids.data_ptr(), flat.data_ptr(), w.data_ptr(), scratch.data_ptr(),
+            residual.data_ptr(), out.data_ptr())
+
     def run_pairs(self, x: torch.Tensor, expert_ids: torch.Tensor, y: torch.Tensor) -> None:
         """Each routed pair's output apart: y [T*K, H] float32, row t*K+k = expert ids[t,k] on
         x[t] (unweighted, bias included; rows of ids < 0 untouched). The caller fills y with

@@ -34,6 +34,7 @@ from ..memory.cache import ExpertCache
 from ..memory.decision import decide
 from ..memory.expected import ExpectedExperts
 from .device_path import DeviceDecisions, applies
+from .decode_row import MoERow, RowCounts
 from .host_exec import make_host_executor
 from ..memory.planner import MissPlanner, SplitGuard
 from ..memory.pool import ExpertPool
@@ -388,9 +389,25 @@ class CpuExperts(Experts):
         self.stats_ = ExpertStats(pool.num_layers, "cpu", num_experts=pool.num_experts)
         self._expert_bytes = [int(b) for b in pool.layer_expert_nbytes]
         self._route_buf: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._row_counts = RowCounts(self.stats_, self._expert_bytes)     # (decode_row's calls: taken when read)
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.stats_.step(phase)
+
+    def decode_row(self, layer: int, top_k: int, norm: bool, after: bool, x: torch.Tensor, logits: torch.Tensor,
+                   residual: torch.Tensor, fresh: bool) -> MoERow | None:
+        """`forward_logits(layer, x, logits, ..., residual=residual)` of one row as a `MoERow`
+        on the caller's reused rows (x, logits, residual: contiguous fp32 [1, H], [1, E], [1, H]),
+        its executor, offset and scratch resolved now; None where `forward_logits` would not take
+        the one C call (a device engine, the torch executor)."""
+        if self.device.type != "cpu" or not 0 < top_k <= 64:
+            return None
+        ex, offset = self.host.layer_executor(layer) if hasattr(self.host, "layer_executor") else (self.host, layer * self.E)
+        if getattr(ex, "lib", None) is None or not hasattr(ex, "decode_row_args"):
+            return None
+        per_expert = self.stats_.pe["cpu_experts"][layer] if self.stats_.pe else None
+        return MoERow(self, layer, ex, offset, top_k, norm, after, x, logits, residual, fresh, self._row_counts,
+                      per_expert)
 
     def forward(self, layer, hidden, topk_ids, topk_weights):
         t0 = time.perf_counter()
@@ -443,6 +460,7 @@ class CpuExperts(Experts):
         return out if out.dtype == hidden.dtype else out.to(hidden.dtype)
 
     def stats(self) -> dict:
+        self._row_counts.flush()
         return self.stats_.as_dict()
 
     def close(self) -> None:

@@ -49,11 +49,12 @@ class ExpertStats:
         t["cpu_s"][layer] += dt
         t["wall_s"][layer] += dt
 
-    def add_cpu_call(self, layer: int, routed: int, n: int, expert_bytes: int, dt: float) -> None:
+    def add_cpu_call(self, layer: int, routed: int, n: int, expert_bytes: int, dt: float, calls: int = 1) -> None:
         """`add` of a layer call whose `n` distinct experts all ran on the CPU (the cpu backend's
-        decode): the same counters, without add's per-keyword look-ups."""
+        decode): the same counters, without add's per-keyword look-ups (`calls` such calls
+        summed: experts/execution/decode_row.py's, taken when the counters are read)."""
         c, t = self.c, self.t
-        c["calls"][layer] += 1
+        c["calls"][layer] += calls
         c["routed"][layer] += routed
         c["misses"][layer] += n
         c["cpu_experts"][layer] += n

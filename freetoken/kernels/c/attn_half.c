@@ -105,3 +105,22 @@ int ft_moe_decode_add(void *vp, const ft_desc *d, const float *logits, int E, in
     for (int64_t i = 0; i < T * d->H; i++) sum[i] = residual[i] + out[i];
     return rc;
 }
+
+/* ------------------------------------------------------------------ a decode row's MoE block, counted
+ * ft_moe_row: ft_moe_decode_add of one row (T = 1), then one count per distinct expert it ran in
+ * counts[id] (the layer's per-expert counters, int64 [E]; NULL: none), so a decode step reads no
+ * ids back into Python for the expert-memory counters (experts/execution/decode_row.py). Returns
+ * as ft_moe_decode_add: the distinct experts run, < 0 on an error (nothing counted). */
+int ft_moe_row(void *vp, const ft_desc *d, const float *logits, int E, int k, int norm, int after, int64_t offset,
+               const void *x, int xt, int64_t *ids, int64_t *flat, float *w, float *out, const float *residual,
+               float *sum, int64_t *counts) {
+    const int rc = ft_moe_decode_add(vp, d, logits, E, k, norm, after, offset, x, xt, 1, ids, flat, w, out,
+                                     residual, sum);
+    if (rc < 0 || !counts) return rc;
+    for (int i = 0; i < k; i++) {
+        int seen = ids[i] < 0 || ids[i] >= E;
+        for (int j = 0; j < i && !seen; j++) seen = ids[j] == ids[i];
+        if (!seen) counts[ids[i]]++;
+    }
+    return rc;
+}

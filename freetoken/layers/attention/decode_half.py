@@ -8,6 +8,7 @@ bits (tests/layers/test_decode_half.py compares both paths)."""
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
@@ -19,6 +20,7 @@ from ..norm import RMSNorm
 
 # the one-call path on (tests switch it off to compare with the separate calls)
 FUSED = [True]
+_UNCHECKED = (object, object)     # (callables that return no cache's k or v: the first cache seen is checked)
 
 _vp, _i64, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 
@@ -69,6 +71,8 @@ class AttnHalf:
         self.ref = ctypes.byref(self.layer)
         self.seconds = ctypes.c_double(0.0)
         self.seconds_ref = ctypes.byref(self.seconds)
+        self.kv = _UNCHECKED        # the KV cache's (k, v) once checked, then its C arguments (`_cache_ok`)
+        self.moe = None             # the MoE block's decode row on these rows, where its caller made one
 
     @classmethod
     def build(cls, attn, input_norm, post_norm, router=None) -> AttnHalf | None:
@@ -101,24 +105,21 @@ class AttnHalf:
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, meta):
         """(h = x + attention, post_norm(h), the router's logits of it or None) of one decode row
         x [1, hidden] (fp32, contiguous), this layer's reused rows; None where the step is not a
-        one-row C decode step (the caller runs the separate calls)."""
+        one-row C decode step (the caller runs the separate calls). What a step's layers share
+        is checked by its first (`step_args`), this layer's cache once a cache (`_cache_ok`)."""
         step = meta.row_args
         if step is None or step[0] is not cos:     # the first layer of a step works them out
-            step = meta.row_args = step_args(x, cos, sin, meta)
-        kc, vc = cache.k, cache.v
-        window = self.attn.window
-        if (step[1] is not self.pool or x.shape != self.h.shape or x.dtype is not torch.float32
-                or not x.is_contiguous() or vc is None or kc.dtype not in KV_CODE
-                or (window is not None and step[6] > window)          # (decode_kernel's window rule)
-                or kc.shape[1] != self.attn.kv_heads or kc.shape[2] != self.attn.head_dim
-                or not kc.is_contiguous() or not vc.is_contiguous()
-                or (self.ggml and self.lib.ft_set_ggml_act(-1) == ACT_MODES["float32"])):
+            step = meta.row_args = step_args(x, cos, sin, meta, self.lib)
+        kc = cache.k
+        if (step[1] is not self.pool or (kc is not self.kv[0]() or cache.v is not self.kv[1]()) and not self._cache_ok(cache)
+                or (self.attn.window is not None and step[6] > self.attn.window)     # (decode_kernel's window rule)
+                or (self.ggml and step[8]) or x.dtype is not torch.float32 or x.shape != self.h.shape
+                or not x.is_contiguous()):
             return None
-        _, _, cos_p, sin_p, slots_p, keys_p, kmax, lens_p = step
         self.seconds.value = 0.0
         with self.pool.lock:
-            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), cos_p, sin_p, slots_p, kc.shape[0],
-                                       kc.data_ptr(), vc.data_ptr(), KV_CODE[kc.dtype], keys_p, kmax, lens_p,
+            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), step[2], step[3], step[4],
+                                       self.kv[2], self.kv[3], self.kv[4], self.kv[5], step[5], step[6], step[7],
                                        self.h.data_ptr(), self.normed.data_ptr(), self.seconds_ref)
         KERNEL_SECONDS[0] += self.seconds.value
         if rc == -1:
@@ -129,17 +130,28 @@ class AttnHalf:
             raise MemoryError("a decode kernel could not allocate its scratch memory")
         return self.h, self.normed, self.logits
 
+    def _cache_ok(self, cache) -> bool:
+        """Whether this layer's KV cache tensors can take the call (kept, by weak references
+        that do not hold a resized cache's old memory, with their C arguments)."""
+        kc, vc = cache.k, cache.v
+        ok = (vc is not None and kc.dtype in KV_CODE and kc.shape[1] == self.attn.kv_heads
+              and kc.shape[2] == self.attn.head_dim and kc.is_contiguous() and vc.is_contiguous())
+        self.kv = ((weakref.ref(kc), weakref.ref(vc), kc.shape[0], kc.data_ptr(), vc.data_ptr(), KV_CODE[kc.dtype])
+                   if ok else _UNCHECKED)
+        return ok
 
-def step_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta) -> tuple:
+
+def step_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, lib) -> tuple:
     """What every layer of a step shares: (cos, the kernels' pool where the step is a one-row C
     decode step else None, then the pointers of cos, sin, the row's slot, the key slots, their
-    count, the context length)."""
+    count, the context length, and whether the ggml rows' decode activations are fp32 (their
+    layers do not take the call: `ft_ggml_linear_run` would quantize them otherwise)."""
     slots, keys, lens = meta.slot_mapping, meta.key_slots, meta.context_lens
     ok = (meta.num_tokens == 1 and cos.dtype is torch.float32 and cos.is_contiguous() and sin.is_contiguous()
           and not meta.use_paged(x) and meta.decode_kernel(x, torch.float32, None)
           and slots.dtype is torch.int64 and keys.dtype is torch.int64 and lens.dtype is torch.int64
           and slots.is_contiguous() and keys.is_contiguous() and lens.is_contiguous())
     if not ok:
-        return cos, None, 0, 0, 0, 0, 0, 0
+        return cos, None, 0, 0, 0, 0, 0, 0, True
     return (cos, meta.kernel_pool, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), keys.data_ptr(), keys.shape[1],
-            lens.data_ptr())
+            lens.data_ptr(), lib.ft_set_ggml_act(-1) == ACT_MODES["float32"])
