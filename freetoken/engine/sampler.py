@@ -1,6 +1,7 @@
 """Sampling: penalties, temperature, top-k, top-p, min-p, per-request seeded generators."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..errors import NumericalError
@@ -89,7 +90,16 @@ def plain_greedy(seqs: list[Sequence]) -> bool:
 
 def greedy_tokens(logits: torch.Tensor) -> list[int]:
     """The argmax of each row [B, V] (NaN never wins). torch's argmax returns a NaN's index where
-    a row has one, so one pass over the logits decides; only such rows take the NaN masking."""
+    a row has one, so one pass over the logits decides; only such rows take the NaN masking.
+    CPU float32 rows go through numpy's argmax (the first maximum too, a NaN's index where there
+    is one): three numpy calls instead of five torch ops, ~0.1 ms of a decode step on a medium
+    model (issue 38)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2 and not logits.requires_grad:
+        a = logits.numpy()
+        best = a.argmax(axis=-1)
+        if not np.isnan(a[np.arange(len(best)), best]).any():
+            return best.tolist()
+        return _finite_rows(logits).argmax(dim=-1).tolist()
     best = logits.argmax(dim=-1)
     if torch.isnan(logits.gather(-1, best.unsqueeze(-1))).any():
         best = _finite_rows(logits).argmax(dim=-1)

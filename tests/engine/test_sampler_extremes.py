@@ -54,3 +54,25 @@ def test_partial_nan_is_ignored_and_all_nan_raises():
 def test_out_of_range_rejected_at_construction(field, value):
     with pytest.raises(InvalidRequestError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_greedy_rows_take_the_first_maximum_and_skip_nan():
+    """Greedy rows (the CPU float32 rows' numpy argmax, sampler.greedy_tokens) against a plain
+    Python scan: the first of tied maxima, infinities, NaN never chosen, a strided view."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.randint(-3, 4, (6, 40), generator=g).float()     # many ties
+    rows[1, 5] = rows[1, 30] = float("inf")
+    rows[2] = float("-inf")
+    rows[2, 17] = rows[2, 20] = -1.0
+    rows[3, [0, 9]] = float("nan")
+    rows[4, rows[4].argmax()] = float("nan")
+    wide = torch.zeros(6, 80)
+    wide[:, ::2] = rows
+
+    def first_max(row):
+        vals = [v for v in row.tolist() if not math.isnan(v)]
+        return row.tolist().index(max(vals))
+    want = [first_max(r) for r in rows]
+    seqs = [_seq(temperature=0.0) for _ in range(6)]
+    assert sample(rows.clone(), seqs) == want
+    assert sample(wide[:, ::2], seqs) == want
