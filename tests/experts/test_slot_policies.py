@@ -100,7 +100,9 @@ def test_few_victims_are_the_head_of_the_full_victim_order(policy, capacity, see
     busy = rng.choice(capacity, size=int(rng.integers(0, capacity // 3 + 1)), replace=False)
     t.lock(busy[: len(busy) // 2])
     t.pending[busy[len(busy) // 2:]] = True
-    ordered = t.layer_aware and max(t.working_set, t._pass_count) > t.capacity
+    before = t.layer_ordered
+    t.candidates(1)
+    ordered = t.layer_ordered > before       # the victims go in next-use order now
     free = [s for s in range(capacity) if t.locks[s] == 0 and not t.pending[s]]
 
     def key(s):
