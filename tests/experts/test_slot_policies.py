@@ -81,3 +81,37 @@ def test_unknown_policy_is_a_clear_error():
                 "arc+layer", "lrfu+path", "lrfu+admit+prompt+path", "lrfu+prefetch+path+budget"):
         with pytest.raises(ValueError, match="'\\+admit', then '\\+layer' \\(not with arc\\), then '\\+prefetch'"):
             parse_policy(bad)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "lrfu", "lru+layer", "lfu+layer", "lrfu+layer", "lrfu+prompt"])
+@settings(max_examples=40, deadline=None)
+@given(capacity=st.integers(9, 80), seed=st.integers(0, 2**31 - 1), calls=st.integers(0, 120))
+def test_few_victims_are_the_head_of_the_full_victim_order(policy, capacity, seed, calls):
+    """`candidates` for a few victims of a large table (it sorts only the likely ones) gives the
+    head of the whole table's victim order, here by Python's sort of every free slot's keys:
+    empty slots by index, then furthest next use (layer-aware, when the pass does not fit), the
+    policy's score, least recent."""
+    rng = np.random.default_rng(seed)
+    Lr, Er = 6, 16
+    t = SlotTable(Lr * Er, Er, capacity, policy)
+    for c in range(calls):
+        layer = c % Lr
+        t.serve(np.sort(rng.choice(Er, size=int(rng.integers(1, 6)), replace=False)) + layer * Er)
+    busy = rng.choice(capacity, size=int(rng.integers(0, capacity // 3 + 1)), replace=False)
+    t.lock(busy[: len(busy) // 2])
+    t.pending[busy[len(busy) // 2:]] = True
+    before = t.layer_ordered
+    t.candidates(1)
+    ordered = t.layer_ordered > before       # the victims go in next-use order now
+    free = [s for s in range(capacity) if t.locks[s] == 0 and not t.pending[s]]
+
+    def key(s):
+        o = int(t.owner[s])
+        if o < 0:
+            return (0, 0, 0.0, s)
+        nu = -int(t.next_use(np.array([o]))[0]) if ordered else 0
+        return (1, nu, float(t.score(np.array([o]))[0]), int(t.stamp[s]))
+    want = sorted(free, key=key)
+    for k in (1, 2, 3, capacity // 8 - 1, capacity // 8, capacity):
+        if k >= 1:
+            assert t.candidates(k).tolist() == want[:k], (k, ordered)

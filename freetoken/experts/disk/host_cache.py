@@ -64,6 +64,17 @@ def _copy(dst: memoryview, src: memoryview) -> None:
         dst[:] = src
 
 
+class _SlotRows:
+    """`ExpertReader.read`'s destination rows of one slot, each bank's row made only when a
+    piece is not read into its frame (most reads never ask: no torch indexing a read)."""
+
+    def __init__(self, banks: dict[str, torch.Tensor], slot: int):
+        self.banks, self.slot = banks, slot
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.banks[name][self.slot]
+
+
 class ExpertReader:
     """Reads one expert's rows of every disk bank into given destination rows."""
 
@@ -73,6 +84,7 @@ class ExpertReader:
         self.fds: list[int] = []
         self.dfds: list[int | None] = []     # O_DIRECT fds (direct.py), None where refused or off
         self.bounce = Bounce()
+        self.row_nbytes = {name: b.row_nbytes for name, b in layout.banks.items()}   # (a property that sums)
         self.open()
 
     def open(self) -> None:
@@ -90,10 +102,11 @@ class ExpertReader:
         n = sum(fd is not None for fd in self.dfds)
         return {"direct_io": self.direct_io, "direct_files": n, "mode": "direct" if n else "buffered"}
 
-    def read(self, flat: int, dst: dict[str, torch.Tensor], frames: dict | None = None) -> int:
-        """Fills dst[bank] (one expert's row of each disk bank); returns bytes read. frames[bank]:
-        (the slot's frame, the row's lead in it; host_rows.py) -- a piece whose aligned span the
-        frame holds is read straight into it, and hashed there (no bounce copy)."""
+    def read(self, flat: int, dst, frames: dict | None = None) -> int:
+        """Fills dst[bank] (one expert's row of each disk bank; a dict or `_SlotRows`); returns
+        bytes read. frames[bank]: (the slot's frame, the row's lead in it; host_rows.py) -- a
+        piece whose aligned span the frame holds is read straight into it, and hashed there (no
+        bounce copy)."""
         total = 0
         h = xxh3_64() if self.watch is not None and not self.watch.known(flat, self.fds) else None
         for name, bank in self.layout.banks.items():
@@ -121,7 +134,7 @@ class ExpertReader:
                     if buf is not dst_view and not _same(buf, dst_view):   # came through the bounce buffer
                         _copy(dst_view, buf)
                 elif not direct and in_frame:        # narrower ggml rows, packed at the row's start
-                    self._spread(fr[0][fr[1]:fr[1] + bank.row_nbytes], pc)
+                    self._spread(fr[0][fr[1]:fr[1] + self.row_nbytes[name]], pc)
                 elif not direct:
                     self._place(bank, pc, buf, dst[name])
                 total += pc.nbytes
@@ -216,6 +229,7 @@ class HostExpertCache:
         self.banks: dict[str, torch.Tensor] = {name: r.bank for name, r in self._rows.items()}
         for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
             self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
+        self._small_views()
         self._cv = threading.Condition()
         self._waiters = 0                                   # callers in acquire's wait for a free slot
         self._landed: dict[int, threading.Event] = {}      # slot -> set when its read is over
@@ -241,15 +255,21 @@ class HostExpertCache:
     resident = property(lambda self: self.table.resident)
     evictions = property(lambda self: self.table.evictions)
 
+    def _small_views(self) -> None:
+        """numpy views of the tiny resident banks (ggml type ids) and their sources: a read
+        sets its slot's row with one numpy assignment (torch's indexing and copy_ took ~30 us
+        of an I/O thread's CPU a read, issue 39)."""
+        self._small = [(self.banks[k].numpy(), t.numpy()) for k, t in self.layout.resident.items()]
+
     # ---- reading ----------------------------------------------------------------------
     def _read_into(self, flat: int, slot: int) -> None:
         """Runs on an I/O thread: the slot's rows from the file; then the slot is readable."""
         err = None
         try:
-            n = self.reader.read(flat, {k: self.banks[k][slot] for k in self.layout.banks},
+            n = self.reader.read(flat, _SlotRows(self.banks, slot),
                                  {k: (r.frame(slot), r.lead) for k, r in self._rows.items()})
-            for k, t in self.layout.resident.items():
-                self.banks[k][slot].copy_(t[flat])
+            for dst, src in self._small:
+                dst[slot] = src[flat]
         except BaseException as e:  # noqa: BLE001 -- handed to every waiter
             err = e if isinstance(e, ExpertReadError) else ExpertReadError(
                 f"{self.layout.paths[0]}: reading expert {flat % self.layout.num_experts} of MoE layer "
@@ -580,6 +600,7 @@ class HostExpertCache:
                 new = t[:1].expand(slots, *t.shape[1:]).clone()
                 new[:len(keep)] = self.banks[name][idx]
                 self.banks[name] = new
+            self._small_views()
             was = self._prefetched
             self._prefetched = np.zeros(slots, bool)
             self._prefetched[:len(keep)] = was[keep]
