@@ -76,10 +76,12 @@ def build_baseline(rev: str) -> None:
     kernels.SOURCE_DIR, kernels.VARIANTS["baseline"] = src, kernels.VARIANTS["native"]
     # entry points added after `rev` are left unbound in its library (this bench calls only the dots)
     kernels._bind = lambda lib: bind(_Lenient(lib))
+    kernels.sources_digest.cache_clear()    # the build key is the digest of SOURCE_DIR's files (cached)
     try:
         kernels.load("baseline")
     finally:
         kernels.SOURCE_DIR, kernels._bind = here, bind
+        kernels.sources_digest.cache_clear()    # else this tree's "native" would reuse rev's library
 
 
 class _Lenient:

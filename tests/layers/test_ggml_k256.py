@@ -61,17 +61,20 @@ def test_rows_on_per_256_activations(isa, t):
 @pytest.mark.skipif("avx2" not in ISAS, reason="no AVX-512 here: one x86 path only")
 @pytest.mark.parametrize("t", K_QUANTS, ids=gq.type_name)
 def test_avx512_sums_equal_the_avx2_ones(t):
-    """The AVX-512 loop folds its two halves in integer: the same lanes, bit for bit."""
+    """The AVX-512 loop folds its two halves in integer: the same lanes, bit for bit. One token's
+    rows go four at a time (Q4_K; Q6_K with its pairs decoded in 512-bit registers), AVX2's Q6_K
+    two at a time: 17-19 rows end in runs of 1-3, 2048-wide rows take eight super-blocks."""
     gen = torch.Generator().manual_seed(7 + t)
-    w, x = rows(t, 19, 768, gen), torch.randn(5, 768, generator=gen)
-    ys = []
-    for isa in ("native", "avx2"):
-        lib = kernels.load(isa)
-        pool = CpuPool(lib, 1, small_job_bytes=0)
-        try:
-            switched(lib, 1)
-            ys.append(GgmlLinear([w], None, pool)(x))
-        finally:
-            lib.ft_set_ggml_k256(0)
-            pool.close()
-    assert torch.equal(ys[0], ys[1])
+    for n_rows, K, M in ((19, 768, 5), (19, 768, 1), (18, 768, 1), (17, 2048, 1), (18, 2048, 3)):
+        w, x = rows(t, n_rows, K, gen), torch.randn(M, K, generator=gen)
+        ys = []
+        for isa in ("native", "avx2"):
+            lib = kernels.load(isa)
+            pool = CpuPool(lib, 1, small_job_bytes=0)
+            try:
+                switched(lib, 1)
+                ys.append(GgmlLinear([w], None, pool)(x))
+            finally:
+                lib.ft_set_ggml_k256(0)
+                pool.close()
+        assert torch.equal(ys[0], ys[1]), (n_rows, K, M)

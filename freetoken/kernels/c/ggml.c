@@ -409,6 +409,26 @@ FORCE_INLINE __m256i kdot(__m256i acc, __m256i u, __m256i s, __m256i c) {
 #endif
 }
 
+#ifdef FT_AVX512
+/* Q6_K's codes of sub-blocks k, k + 1 (k even: groups 4h + s, 4h + s + 1, h = k / 4, s = k % 4) as
+ * one 512-bit vector straight from the super-block: the low (s = 0) or high (s = 2) nibbles of the
+ * 64 bytes ql[64 h ..] (sub-block k from the first 32, k + 1 from the next), each with its two high
+ * bits, bits 2s, 2s + 1 (first half) and 2s + 2, 2s + 3 (second half) of the 32 bytes qh[32 h ..],
+ * moved to bits 4, 5 by a per-half 16-bit shift (the bits a shift carries over from the
+ * neighbouring byte are masked off). The codes decode8 gives, without its eight 256-bit vectors
+ * per row kept live (two rows of them spilled) nor an insert per pair. */
+FORCE_INLINE __m512i q6k_pair(const uint8_t *blk, const int k) {
+    const int h = k >> 2, s = k & 3;
+    const __m512i l = _mm512_loadu_si512((const void *)(blk + 64 * h));
+    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+    const __m512i nib = _mm512_and_si512(s ? _mm512_srli_epi16(l, 4) : l, _mm512_set1_epi8(0x0f));
+    const __m512i two = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i hb = s ? _mm512_srlv_epi16(qh, two)                                  /* bits 4, 5 | 6, 7 */
+                         : _mm512_sllv_epi16(qh, _mm512_sub_epi16(_mm512_set1_epi16(4), two)); /* 0, 1 | 2, 3 */
+    return _mm512_ternarylogic_epi32(nib, hb, _mm512_set1_epi8(0x30), 0xF8);           /* nib | (hb & 0x30) */
+}
+#endif
+
 /* res[r][t] = <k-quant row wr[r], x_t> on the per-256 activations: per super-block the codes'
  * integer dots times the integer sub-scales summed in int32 lanes (maddubs never saturates:
  * codes <= 63, |x| <= 127), the offsets from the int16 sums, one convert + fma per term. The
@@ -436,7 +456,7 @@ FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, in
             const uint8_t *blk = wr[r] + (int64_t)bs * g8;
             for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
             __m256 ws[2], os[2];
-            if (type != GT_Q4_K) decode8(type, blk, wv[r], ws, os);   /* (its float scales unused: dropped) */
+            if (type != GT_Q4_K && type != GT_Q6_K) decode8(type, blk, wv[r], ws, os);   /* (its float scales unused: dropped) */
             kscales(type, blk, &sc[r], &oc[r], &d[r], &dm[r]);
             for (int t = 0; t < NT; t++) i2[r][t] = _mm512_setzero_si512();
         }
@@ -450,6 +470,7 @@ FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, in
                 const __m512i w2 = type == GT_Q4_K   /* Q4_K: both from the 32 bytes they share, no insert */
                     ? _mm512_and_si512(_mm512_srlv_epi16(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16 + 16 * k))),
                                                          q4sh), _mm512_set1_epi8(0x0f))
+                    : type == GT_Q6_K ? q6k_pair(blk, k)
                     : _mm512_inserti64x4(_mm512_castsi256_si512(wv[r][k]), wv[r][k + 1], 1);
                 const __m512i c = _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16((short)(2 * k))),
                                                            _mm512_zextsi256_si512(sc[r]));
@@ -620,6 +641,14 @@ static void ggml_row(int type, const uint8_t *w, int n, const xview *X, int nt, 
     }
 }
 
+/* The k-quants whose one-token rows go four at a time through krow (the rest two at a time: four
+ * rows of their decoded codes spill): Q4_K, and Q6_K where AVX-512 decodes its pairs in place. */
+#ifdef FT_AVX512
+#define KROW4(t) ((t) == GT_Q4_K || (t) == GT_Q6_K)
+#else
+#define KROW4(t) ((t) == GT_Q4_K)
+#endif
+
 /* rows wr[0..R) of the k-quant `type` on the per-256 activations (ft_ggml_k256): one token's
  * rows four (or two) at a time through krow, several tokens' one at a time */
 static void ggml_krows(int type, const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
@@ -629,7 +658,7 @@ static void ggml_krows(int type, const uint8_t *const *wr, int R, int n, const u
 #define KROWS(type)                                                                               \
     if (nt == 1) {                                                                                \
         int r = 0;                                                                                \
-        for (; type == GT_Q4_K && r + 4 <= R; r += 4) krow(type, wr + r, 4, n, X, res + r, 1);    \
+        for (; KROW4(type) && r + 4 <= R; r += 4) krow(type, wr + r, 4, n, X, res + r, 1);      \
         for (; r + 2 <= R; r += 2) krow(type, wr + r, 2, n, X, res + r, 1);                       \
         if (r < R) krow(type, wr + r, 1, n, X, res + r, 1);                                       \
     } else {                                                                                      \
