@@ -10,13 +10,17 @@ call streams its weight from DRAM, not from the last-level cache) and rows M of 
 on one thread (the thread's CPU time: a core's own rate) and on --threads (wall time), the
 alternating rounds' best, and the weight GB/s of each and amx's speed over dots fp32.
 
---step: the verify cost curve of the GEMVs alone, on one thread's CPU time (steady under a
-shared machine's load): every dense GEMV of a decode step of bench/speculative.py's medium dense
-Qwen3 (4 layers of qkv 5120x2048, o 2048x4096, gate+up 12288x2048, down 2048x6144, and the
-8192x2048 lm_head; 486 MB, past the LLC) at k + 1 rows, as a multiple of the 1-row step."""
+--step K,K,...: the verify cost curve of the GEMVs alone, on one thread's CPU time (steady under a
+shared machine's load; --step-threads N: N threads, wall time): every dense GEMV of a decode step
+of bench/speculative.py's medium dense Qwen3 (4 layers of qkv 5120x2048, o 2048x4096, gate+up
+12288x2048, down 2048x6144, and the 8192x2048 lm_head; 486 MB, past the LLC) at k + 1 rows, as a
+multiple of the 1-row step; --baseline REV: that revision's dot tiles alternating with this tree's.
+
+    PYTHONPATH=. .venv/bin/python bench/amx_gemv.py --step 0,1,4,8,15 [--step-threads 2] [--baseline e0585fc]"""
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,6 +30,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from freetoken.kernels import load  # noqa: E402
 from freetoken.kernels.pool import CpuPool  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from decode_attention import build_revision  # noqa: E402
 
 MODES = {"dots fp32": (0, 0), "dots bf16": (1, 0), "amx": (0, 1)}   # (bf16_dot, gemv_amx)
 
@@ -83,34 +90,37 @@ def table(lib, pools, shape, rows, rounds, rotate_mib):
 DENSE_STEP = [(5120, 2048), (2048, 4096), (12288, 2048), (2048, 6144)] * 4 + [(8192, 2048)]
 
 
-def step_curve(lib, pool, drafts, rounds):
-    """CPU seconds of one decode step's GEMVs of the medium dense model at k + 1 rows, per mode."""
+def step_curve(runs, drafts, rounds, clock):
+    """Seconds of one decode step's GEMVs of the medium dense model at k + 1 rows, per run
+    (label, lib, pool, mode), the runs alternating in each round (their order reversed every other
+    round); medians of the rounds."""
     ws = [torch.randn(n, k).bfloat16() for n, k in DENSE_STEP]
-    modes = modes_here(lib)
+    labels = [r[0] for r in runs]
     print(f"\nverify cost of the medium dense Qwen3's GEMVs ({sum(w.nbytes for w in ws) / 2**20:.0f} MiB bf16), "
-          f"one thread's CPU ms per step, best of {rounds} alternating rounds; cost / the mode's own 1-row step")
-    print(f"{'k':>3} " + " ".join(f"{m:>22}" for m in modes) + f" {'amx/dots fp32':>14}")
+          f"ms per step ({'one thread' if clock is time.thread_time else 'wall'}), medians of {rounds} alternating "
+          f"rounds; cost / the run's own 1-row step")
+    print(f"{'k':>3} " + " ".join(f"{m:>24}" for m in labels))
     plain = {}
     for d in drafts:
         xs = {k: torch.randn(d + 1, k) for k in {k for _, k in DENSE_STEP}}
         ys = {n: torch.empty(d + 1, n) for n in {n for n, _ in DENSE_STEP}}
-        best = {}
-        for _ in range(rounds):
-            for mode in modes:
+        times = {m: [] for m in labels}
+        for r in range(rounds):
+            for label, lib, pool, mode in runs[:: 1 if r % 2 == 0 else -1]:
                 lib.ft_set_bf16_dot(MODES[mode][0])
                 lib.ft_set_gemv_amx(MODES[mode][1])
-                t = time.thread_time()
+                t = clock()
                 for w in ws:
                     n, k = w.shape
                     lib.ft_linear_run(pool.handle, 1, w.data_ptr(), 2 * k, None, 0, n, k, xs[k].data_ptr(), 0, d + 1,
                                       None, ys[n].data_ptr())
-                best[mode] = min(best.get(mode, 1e9), time.thread_time() - t)
-        lib.ft_set_bf16_dot(0)
-        lib.ft_set_gemv_amx(0)
+                times[label].append(clock() - t)
+                lib.ft_set_bf16_dot(0)
+                lib.ft_set_gemv_amx(0)
+        best = {m: statistics.median(t) for m, t in times.items()}
         plain = plain or dict(best)
-        cells = " ".join(f"{best[m] * 1e3:10.2f} ({best[m] / plain[m]:5.2f}x)   " for m in modes)
-        ratio = f"{best['dots fp32'] / best['amx']:13.2f}x" if "amx" in best else ""
-        print(f"{d:>3} {cells} {ratio}")
+        print(f"{d:>3} " + " ".join(f"{best[m] * 1e3:12.2f} ({best[m] / plain[m]:5.2f}x)   " for m in labels),
+              flush=True)
 
 
 def main():
@@ -122,6 +132,10 @@ def main():
     ap.add_argument("--rotate-mib", type=int, default=640, help="weight copies rotated (past the LLC)")
     ap.add_argument("--step", default=None, metavar="K,K,...", help="the verify cost curve at these draft counts "
                     "(e.g. 0,1,2,4,8,16) instead of the per-shape tables")
+    ap.add_argument("--step-threads", type=int, default=1, help="--step: threads (1: the thread's CPU time, "
+                    "more: wall time)")
+    ap.add_argument("--baseline", default=None, metavar="GIT_REV", help="--step: also the dot tiles of this "
+                    "revision's kernels, alternating with this tree's")
     args = ap.parse_args()
     lib = load()
     if lib is None:
@@ -130,7 +144,14 @@ def main():
     pools = [("1 (cpu time)", one, time.thread_time), (f"{args.threads} (wall)", many, time.perf_counter)]
     try:
         if args.step:
-            step_curve(lib, one, [int(d) for d in args.step.split(",")], args.rounds)
+            pool = one if args.step_threads == 1 else CpuPool(lib, args.step_threads)
+            runs = [(m, lib, pool, m) for m in modes_here(lib)]
+            if args.baseline:
+                old = build_revision(args.baseline)
+                old_pool = CpuPool(old, args.step_threads)
+                runs += [(f"{args.baseline[:7]} {m}", old, old_pool, m) for m in modes_here(old) if m != "amx"]
+            step_curve(runs, [int(d) for d in args.step.split(",")], args.rounds,
+                       time.thread_time if args.step_threads == 1 else time.perf_counter)
             return
         for s in args.shapes.split(","):
             n, k = map(int, s.split("x"))

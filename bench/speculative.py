@@ -4,6 +4,7 @@
         [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
         [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
         [--free-from random|sessions] [--history N] [--offset J] [--curve-context N] [--lockstep [--window 16] [--control]]
+        [--bf16-dot auto|on|off] [--decode-attention auto|amx|fp32]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -346,6 +347,8 @@ def main():
     ap.add_argument("--lockstep", action="store_true",
                     help="read the free-running rows in lockstep (median of per-window ratios) instead of in rounds")
     ap.add_argument("--window", type=int, default=16, help="--lockstep: step pairs per window ratio")
+    ap.add_argument("--bf16-dot", default="auto", choices=("auto", "on", "off"),
+                    help="bf16 weights x bf16-rounded activations (vdpbf16ps) in the kernels: calibrated, or forced")
     ap.add_argument("--decode-attention", default="auto", choices=("auto", "amx", "fp32"),
                     help="force decode attention over a bf16 cache onto AMX tiles or fp32 FMAs (auto: calibrated)")
     ap.add_argument("--control", action="store_true",
@@ -357,7 +360,7 @@ def main():
     from freetoken.engine.spec.suffix import SuffixDrafter
     path, label, encode, trace = target(args)
     opts = dict(num_threads=args.threads, max_model_len=4096, spec_max_draft=args.max_draft,
-                decode_attention=args.decode_attention)
+                decode_attention=args.decode_attention, bf16_dot=args.bf16_dot)
     # one engine (two would not fit the memory rule): "plain" runs with its speculator detached
     if args.host_cache_gib:
         opts.update(expert_tier="disk", host_cache_gib=args.host_cache_gib)

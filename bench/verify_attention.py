@@ -8,7 +8,8 @@ dense model's other per-row kernel, its 4 layers' GEMVs on AMX tiles at 1 and `-
 
     .venv/bin/python bench/verify_attention.py [--threads 1] [--contexts 256,800,1600] [--rows 9]
                                               [--heads 32,4] [--baseline ebb43cc|none] [--clock process]
-                                              [--attention fp32|amx|both] [--baseline-attention fp32|amx] [--gemv]
+                                              [--attention fp32|amx|both|bf16|fp32,bf16] [--baseline-attention fp32|amx]
+                                              [--gemv]
 
 Default shapes: the dense bench model's attention (`bench/speculative.py --model dense`: 32 query
 heads, 4 KV heads, head_dim 128), one layer."""
@@ -44,11 +45,13 @@ def verify_case(ctx: int, rows: int, hq: int, hkv: int, d=128, block=16, seed=0)
     return q, k, v, slots, lens, d ** -0.5
 
 
-def timed(pool, cases, reps, clock, amx=0):
-    """Best time per call over `reps` passes through all `cases` (`amx`: this tree's AMX attention)."""
+def timed(pool, cases, reps, clock, amx=0, dot=0):
+    """Best time per call over `reps` passes through all `cases` (`amx`: this tree's AMX attention;
+    `dot`: the bf16-dot switch, bf16 scores and values with vdpbf16ps)."""
     now = CLOCK[clock]
     if hasattr(pool.lib, "ft_set_att_amx"):
         pool.lib.ft_set_att_amx(amx)
+    pool.lib.ft_set_bf16_dot(dot)
     for a in cases:
         attend_rows(pool, *a)
     best = float("inf")
@@ -90,8 +93,9 @@ def main():
     ap.add_argument("--baseline", default="ebb43cc", help="git revision whose kernel runs beside this tree's, or none")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--attention", choices=("fp32", "amx", "both"), default="both",
-                    help="this tree's decode attention: the fp32 FMAs, the AMX tiles (where they run), or both")
+    ap.add_argument("--attention", choices=("fp32", "amx", "both", "bf16", "fp32,bf16"), default="both",
+                    help="this tree's decode attention: the fp32 FMAs, the AMX tiles (where they run), both, the "
+                         "bf16-dot switch's vdpbf16ps scores and values (bf16), or fp32 and bf16")
     ap.add_argument("--baseline-attention", choices=("fp32", "amx"), default="fp32",
                     help="the baseline revision's decode attention (amx: its AMX tiles, for a before/after of the AMX path)")
     ap.add_argument("--clock", choices=CLOCK, default="process",
@@ -100,7 +104,8 @@ def main():
     args = ap.parse_args()
     hq, hkv = map(int, args.heads.split(","))
     new = CpuPool(kernels.load(), args.threads)
-    modes = {"fp32": ("fp32",), "amx": ("amx",), "both": ("fp32", "amx")}[args.attention]
+    modes = {"fp32": ("fp32",), "amx": ("amx",), "both": ("fp32", "amx"), "bf16": ("bf16",),
+             "fp32,bf16": ("fp32", "bf16")}[args.attention]
     if "amx" in modes and not new.lib.ft_set_att_amx(1):
         sys.exit("the AMX attention does not run here (no AMX-BF16, or the OS refuses the tile state)")
     pools = {n: new for n in modes}
@@ -123,8 +128,9 @@ def main():
         for r in range(args.rounds):
             for n in list(pools)[:: 1 if r % 2 == 0 else -1]:
                 amx = int(n == "amx" or (n == "old" and args.baseline_attention == "amx"))
-                times[n][0].append(timed(pools[n], one, args.reps, args.clock, amx))
-                times[n][1].append(timed(pools[n], many, args.reps, args.clock, amx))
+                dot = int(n == "bf16")
+                times[n][0].append(timed(pools[n], one, args.reps, args.clock, amx, dot))
+                times[n][1].append(timed(pools[n], many, args.reps, args.clock, amx, dot))
         line = f"{ctx:8}"
         for n in pools:
             t1, tr = (statistics.median(t) * 1e3 for t in times[n])

@@ -6,6 +6,7 @@ ratio to it: the `--cost` curve of `bench/spec_bounds.py`.
 
     PYTHONPATH=. .venv/bin/python bench/verify_cost.py [--contexts 256,1200,1600] [--ks 0,1,2,4,8] [--steps 16]
                                                      [--decode-attention auto|amx|fp32] [--interleave]
+                                                     [--bf16-dot auto|on|off]
 
 --interleave: one request per context, its steps taking each k in turn (k = 0, 1, 2, ... then
 again), so a shared machine's load falls on every k alike; without it each k is its own request.
@@ -75,13 +76,16 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--decode-attention", default="auto", choices=("auto", "amx", "fp32"),
                     help="force decode attention over the bf16 cache onto AMX tiles or fp32 FMAs (auto: calibrated)")
+    ap.add_argument("--bf16-dot", default="auto", choices=("auto", "on", "off"),
+                    help="bf16 weights x bf16-rounded activations (vdpbf16ps) in the kernels: calibrated, or forced")
     ap.add_argument("--interleave", action="store_true", help="each request's steps cycle through the ks")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from freetoken import LLM
     ks = [int(k) for k in args.ks.split(",")]
     llm = LLM(str(medium_checkpoint("qwen3", "qwen3-dense-medium", **MEDIUM_DENSE)), speculative="auto",
-              num_threads=1, max_model_len=4096, spec_max_draft=max(ks), decode_attention=args.decode_attention)
+              num_threads=1, max_model_len=4096, spec_max_draft=max(ks), decode_attention=args.decode_attention,
+              bf16_dot=args.bf16_dot)
     print(isa_line(1))
     print(f"dense bench model, 1 thread, CPU ms of a step (median of {args.steps}), k random drafts forced")
     print(f"{'context':>8}" + "".join(f"{'k=' + str(k):>10}" for k in ks) + "   --cost (k = 0..max, linear between)")

@@ -20,9 +20,9 @@ tokens per weight row (concurrent streams, prefill) it measured 1.2-1.5x faster 
 Rapids core. The same switch rounds the queries and the softmax numerators of decode attention
 over a bf16 KV cache to bf16 (vdpbf16ps on the cache rows in place, as llama.cpp computes on its
 cache). Switched on under "auto" where the CPU has it and a short calibration of the decode
-step's shape (a 1-token GEMV streamed from DRAM plus attention over 4096 keys) says it is
-faster, cached per CPU model like the GEMM choice; an explicit compute_dtype keeps fp32
-activations exact.
+step's shape (a GEMV streamed from DRAM plus attention over 4096 keys, at 1 row and at a
+verify's 5 and 9) says a mix of plain and verify steps is faster and a plain step no slower,
+cached per CPU model like the GEMM choice; an explicit compute_dtype keeps fp32 activations exact.
 
 The decode GEMV over bf16 weights on AMX tiles (kernels/c/amx_gemv.c: activations rounded to
 bf16, 16 weight rows per tile product with up to 16 tokens each): a decode step of one row is
@@ -224,41 +224,71 @@ def best_interleaved(run: Callable[[], None], switch: Callable[[str], object], n
     return best
 
 
-def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[int, ...] = (1,), reps: int = 5,
-                     keys: int = 4096, out_of_cache: int = 64 << 20) -> dict:
-    """Seconds of one decode step's shape with fp32 activations ("fp32") and with the vdpbf16ps
-    tiles ("bf16"): the library's GEMV of `tokens` rows over a bf16 [n, k] weight read from
-    DRAM (copies rotated past `out_of_cache` bytes, as a decode step streams its weights),
-    plus decode attention of 32 query heads over `keys` keys of 4 bf16 KV heads x 128 (scores
-    and values in bf16 under the switch). A cache-resident GEMV (what this measured before)
-    is compute-bound and flatters vdpbf16ps: on a Zen 4 it said 2.2x where the decode GEMV
-    from DRAM is at par. Well under a second."""
+# The rows of the decode steps that the bf16-dot choice weighs, as fractions of the steps: with
+# speculation a step runs 1 row (no draft) or a verify's k + 1 (here k = 4 and 8, short and long
+# drafts alike), an assumed half of the steps each, as on agent output where the price drafts
+# about every other step. One choice serves both kinds: greedy output needs every row's
+# arithmetic the same whatever the step's row count, so a plain step and a verify run alike.
+DOT_MIX = {1: 0.5, 5: 0.25, 9: 0.25}
+DOT_PLAIN_MARGIN = 1.02     # the 1-row step may cost this much more: free-running output is all 1-row steps
+
+
+def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[int, ...] = tuple(DOT_MIX),
+                     reps: int = 5, keys: int = 4096, out_of_cache: int = 64 << 20) -> dict:
+    """Seconds of a decode step's shape at each of `tokens` rows with fp32 activations ("fp32-<rows>")
+    and with the vdpbf16ps tiles ("bf16-<rows>"): the library's GEMV of the rows over a bf16 [n, k]
+    weight read from DRAM (copies rotated past `out_of_cache` bytes, as a decode step streams its
+    weights), plus decode attention of the rows (32 query heads over `keys` keys of 4 bf16 KV heads
+    x 128; scores and values in bf16 under the switch); and "fp32" / "bf16", the DOT_MIX of them. A
+    cache-resident GEMV is compute-bound and flatters vdpbf16ps (on a Zen 4 it said 2.2x where the
+    1-row GEMV from DRAM is at par); a 1-row GEMV alone missed what a verify's rows cost (fp32 FMAs
+    at their peak on a Zen 4). Under a second."""
     lib = cpu_kernels()
     pool = CpuPool(lib, threads)
     lib.ft_set_gemv_amx(0)          # the dot tiles both ways (model_kernels sets the choice after)
     g = torch.Generator().manual_seed(0)
     w0 = torch.randn(n, k, generator=g).bfloat16()
     ws = [w0] + [w0.clone() for _ in range(max(1, -(-out_of_cache // w0.nbytes)) - 1)]
-    xs = [torch.randn(m, k, generator=g) for m in tokens]
-    ys = [torch.empty(m, n) for m in tokens]
-    hq, hkv, d = 32, 4, 128
-    kc, vc = (torch.randn(keys, hkv, d, generator=g).bfloat16() for _ in range(2))
-    slots, lens = torch.randperm(keys, generator=g)[None].contiguous(), torch.tensor([keys])
-    q, o = torch.randn(1, hq, d, generator=g), torch.empty(1, hq, d)
+    most, hq, hkv, d = max(tokens), 32, 4, 128
+    xs = {m: torch.randn(m, k, generator=g) for m in tokens}
+    y = torch.empty(most, n)
+    kc, vc = (torch.randn(keys + most, hkv, d, generator=g).bfloat16() for _ in range(2))
+    slots = torch.randperm(keys + most, generator=g).expand(most, keys + most).contiguous()
+    lens, now = torch.arange(keys, keys + most), {"rows": 1}
+    q, o = torch.randn(most, hq, d, generator=g), torch.empty(most, hq, d)
 
     def run():
+        m = now["rows"]
         for w in ws:
-            for x, y in zip(xs, ys):
-                lib.ft_linear_run(pool.handle, 1, w.data_ptr(), 2 * k, None, 0, n, k, x.data_ptr(), 0, x.shape[0],
-                                  None, y.data_ptr())
+            lib.ft_linear_run(pool.handle, 1, w.data_ptr(), 2 * k, None, 0, n, k, xs[m].data_ptr(), 0, m, None,
+                              y.data_ptr())
         if keys:
-            lib.ft_decode_attention(pool.handle, q.data_ptr(), 1, hq, hkv, d, kc.data_ptr(), vc.data_ptr(), 1,
-                                    slots.data_ptr(), keys, lens.data_ptr(), d ** -0.5, None, o.data_ptr())
+            lib.ft_decode_attention(pool.handle, q.data_ptr(), m, hq, hkv, d, kc.data_ptr(), vc.data_ptr(), 1,
+                                    slots.data_ptr(), keys + most, lens.data_ptr(), d ** -0.5, None, o.data_ptr())
+
+    def switch(name):
+        mode, rows = name.split("-")
+        now["rows"] = int(rows)
+        lib.ft_set_bf16_dot(int(mode == "bf16"))
     try:
-        return best_interleaved(run, lambda name: lib.ft_set_bf16_dot(int(name == "bf16")), ("fp32", "bf16"), reps)
+        t = best_interleaved(run, switch, tuple(f"{m}-{r}" for r in tokens for m in ("fp32", "bf16")), reps)
     finally:
         lib.ft_set_bf16_dot(0)
         pool.close()
+    return dict(t, **({m: dot_mix_seconds(t, m) for m in ("fp32", "bf16")} if set(tokens) == set(DOT_MIX) else {}))
+
+
+def dot_mix_seconds(t: dict, mode: str) -> float:
+    """Seconds of a step of DOT_MIX's rows in `mode` ("fp32" | "bf16") from per-row timings."""
+    return sum(f * t[f"{mode}-{rows}"] for rows, f in DOT_MIX.items())
+
+
+def bf16_dot_faster(t: dict) -> bool:
+    """vdpbf16ps where DOT_MIX's steps are faster with it and a 1-row step costs at most
+    DOT_PLAIN_MARGIN more (the mix of a workload is not known at start: agent output verifies
+    often, free-running output almost never)."""
+    return (dot_mix_seconds(t, "bf16") < dot_mix_seconds(t, "fp32")
+            and t["bf16-1"] <= DOT_PLAIN_MARGIN * t["fp32-1"])
 
 
 def bf16_dot_choice(requested: str, weights: torch.dtype, *, kernels: bool, flags: frozenset[str], threads: int,
@@ -273,8 +303,8 @@ def bf16_dot_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
             or isa_level(flags) != "avx512":
         return False, None
     # keyed per CPU model: vCPUs with the same flags differ in it
-    return _calibrated(cache, f"bf16dot:decode-dram-attn4096:{cpu_model()}:{threads}", flags, threads,
-                       lambda: measure(threads), lambda t: t["bf16"] < t["fp32"])
+    return _calibrated(cache, f"bf16dot2:dram-attn4096-r1-5-9:{cpu_model()}:{threads}", flags, threads,
+                       lambda: measure(threads), bf16_dot_faster)
 
 
 AMX_FLAGS = frozenset({"amx_bf16", "amx_tile"})

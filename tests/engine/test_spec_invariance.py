@@ -78,6 +78,17 @@ def test_verify_rows_are_decode_steps_on_either_attention(tiny_dir, attention):
     check_forced(plain, spec, [ids_for(20, s) for s in range(3)], 400)
 
 
+@pytest.mark.parametrize("bf16_dot", ["on", "off"])
+def test_verify_rows_are_decode_steps_under_either_bf16_dot(tiny_dir, bf16_dot):
+    """bf16 weights with bf16-rounded activations (forced on: vdpbf16ps, the GEMV's passes of up
+    to 8 rows in kernels/c/bf16dot.c, emulated where the build lacks it) or fp32 ones: verify
+    rows of up to 65 keep the decode steps' bits."""
+    path = str(tiny_dir("qwen3"))
+    plain = LLM(path, dtype="bfloat16", speculative="off", bf16_dot=bf16_dot)
+    spec = LLM(path, dtype="bfloat16", speculative="ngram", spec_max_draft=64, bf16_dot=bf16_dot)
+    check_forced(plain, spec, [ids_for(20, s) for s in range(3)], 400)
+
+
 def smollm2():
     path = installed_default()
     if path is None:

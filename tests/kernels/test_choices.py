@@ -23,6 +23,16 @@ class Calibration:
         return dict(self.t)
 
 
+class DotCalibration(Calibration):
+    """The bf16-dot calibration: seconds per row count of DOT_MIX ("fp32-<rows>", "bf16-<rows>"),
+    a number for the same at every row count, and their mix ("fp32", "bf16") as measured."""
+    def __init__(self, fp32, bf16):
+        def rows(v):
+            return v if isinstance(v, dict) else dict.fromkeys(choices.DOT_MIX, v)
+        t = {f"{m}-{r}": s for m, v in (("fp32", fp32), ("bf16", bf16)) for r, s in rows(v).items()}
+        self.t, self.calls = dict(t, fp32=choices.dot_mix_seconds(t, "fp32"), bf16=choices.dot_mix_seconds(t, "bf16")), 0
+
+
 @pytest.fixture(autouse=True)
 def att_calibrated_fp32(monkeypatch):
     """Tests of the other choices pick on flags with AMX: their attention calibrations say fp32 and
@@ -92,25 +102,40 @@ def test_explicit_dtype_and_other_cases():
 
 
 def test_bf16_dot_only_under_auto_with_vdpbf16ps_and_when_measured_faster(tmp_path):
-    fast, slow = Calibration(fp32=2.0, bf16=1.0), Calibration(fp32=1.0, bf16=1.5)
+    fast, slow = DotCalibration(fp32=2.0, bf16=1.0), DotCalibration(fp32=1.0, bf16=1.5)
     gemm = Calibration(2, 1)
     pick = lambda flags, dot, requested="auto", weights=torch.bfloat16, kernels=True: cpu_choices(  # noqa: E731
         weights, CPU, requested, kernels=kernels, flags=flags, threads=2, measure=gemm, measure_dot=dot)
     assert pick(ZEN4, fast).bf16_dot and pick(SPR, fast).bf16_dot
     assert "vdpbf16ps" in pick(ZEN4, fast).describe()
     assert not pick(ZEN4, slow).bf16_dot and pick(ZEN4, slow).dot_seconds == slow.t
-    never = Calibration(fp32=2.0, bf16=1.0)
+    never = DotCalibration(fp32=2.0, bf16=1.0)
     for flags in (AVX2, OLD, AVX2 | {"avx512_bf16"}, ZEN4 - {"avx512_bf16"}):   # no vdpbf16ps / no AVX-512
         assert not pick(flags, never).bf16_dot
     assert not pick(ZEN4, never, requested="float32").bf16_dot           # explicit: exact fp32 activations
     assert not pick(ZEN4, never, weights=torch.float16).bf16_dot
     assert not pick(ZEN4, never, kernels=False).bf16_dot
     assert never.calls == 0
-    cached = Calibration(fp32=2.0, bf16=1.0)
+    cached = DotCalibration(fp32=2.0, bf16=1.0)
     for _ in range(2):
         assert cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2, measure=gemm,
                        measure_dot=cached, cache=tmp_path).bf16_dot
     assert cached.calls == 1
+
+
+def test_bf16_dot_weighs_a_verify_rows_against_the_plain_step():
+    """The measured case (Zen 4, the dense bench model): the vdpbf16ps GEMV 11% slower at 1 row but
+    0.7x at 9 rows stays off (free-running output runs 1-row steps only); at par or within 2% at 1
+    row and faster at a verify's rows, on; faster at 1 row but slower over the mix, off."""
+    def pick(fp32, bf16):
+        return cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=ZEN4, threads=2,
+                           measure=Calibration(2, 1), measure_dot=DotCalibration(fp32, bf16)).bf16_dot
+    fp32 = {1: 16.4, 5: 24.6, 9: 37.4}
+    assert not pick(fp32, {1: 18.3, 5: 22.3, 9: 26.4})             # plain 1.11x: off
+    assert pick(fp32, {1: 16.4, 5: 18.0, 9: 20.0})                 # at par plain, verifies cheaper: on
+    assert pick(fp32, {1: 16.7, 5: 18.0, 9: 20.0})                 # within DOT_PLAIN_MARGIN
+    assert not pick(fp32, {1: 16.0, 5: 30.0, 9: 45.0})             # plain faster, the verifies lose more
+    assert pick(fp32, {1: 16.0, 5: 24.6, 9: 37.4})                 # faster plain, at par verifying
 
 
 def test_bf16_dot_calibration_runs_the_library_here():
@@ -119,18 +144,19 @@ def test_bf16_dot_calibration_runs_the_library_here():
     if cpu_kernels() is None:
         return
     t = measure_bf16_dot(1, n=256, k=512, reps=1)
-    assert set(t) == {"fp32", "bf16"} and all(v > 0 for v in t.values())
+    rows = {f"{m}-{r}" for m in ("fp32", "bf16") for r in choices.DOT_MIX}
+    assert set(t) == rows | {"fp32", "bf16"} and all(v > 0 for v in t.values())
 
 
 def test_forced_choices_win_and_skip_the_calibrations():
-    cal, dot = Calibration(fp32=1.0, bf16=3.0), Calibration(fp32=1.0, bf16=3.0)   # auto would say fp32, off
+    cal, dot = Calibration(fp32=1.0, bf16=3.0), DotCalibration(fp32=1.0, bf16=3.0)   # auto would say fp32, off
     c = cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=AVX2, threads=2, measure=cal, measure_dot=dot,
                 gemm="bfloat16", dot="on", kernel_isa="portable")
     assert (c.prefill_gemm, c.bf16_dot, c.kernels) == (torch.bfloat16, True, "portable")
     assert cal.calls == dot.calls == 0 and c.forced == ("prefill_gemm", "bf16_dot", "kernel_isa")
     assert "forced" in c.describe()
     c = cpu_choices(torch.bfloat16, CPU, "auto", kernels=True, flags=SPR, threads=2, measure=Calibration(2, 1),
-                measure_dot=Calibration(2, 1), gemm="float32", dot="off")
+                measure_dot=DotCalibration(2, 1), gemm="float32", dot="off")
     assert (c.prefill_gemm, c.bf16_dot, c.kernels) == (torch.float32, False, "native")
     # the dot applies to bf16 weights in the kernels only
     assert not cpu_choices(torch.float32, CPU, "auto", kernels=True, flags=SPR, threads=2, dot="on").bf16_dot
@@ -158,7 +184,7 @@ class GemvCalibration:
 
 
 def test_amx_gemv_only_under_auto_with_amx_and_when_measured_faster(tmp_path):
-    gemm, dot = Calibration(2, 1), Calibration(fp32=1.0, bf16=2.0)
+    gemm, dot = Calibration(2, 1), DotCalibration(fp32=1.0, bf16=2.0)
     pick = lambda flags, cal, requested="auto", weights=torch.bfloat16, kernels=True, **kw: cpu_choices(  # noqa: E731
         weights, CPU, requested, kernels=kernels, flags=flags, threads=2, measure=gemm, measure_dot=dot,
         measure_gemv=cal, **kw)
@@ -204,7 +230,7 @@ class AttCalibration:
 def test_amx_attention_only_with_amx_when_a_verify_is_faster_and_a_plain_step_no_slower(tmp_path):
     pick = lambda flags, cal, weights=torch.bfloat16, kernels=True, **kw: cpu_choices(  # noqa: E731
         weights, CPU, "auto", kernels=kernels, flags=flags, threads=2, measure=Calibration(2, 1),
-        measure_dot=Calibration(fp32=1.0, bf16=2.0), measure_gemv=GemvCalibration(1.0), measure_att=cal, **kw)
+        measure_dot=DotCalibration(fp32=1.0, bf16=2.0), measure_gemv=GemvCalibration(1.0), measure_att=cal, **kw)
     fast = AttCalibration(**{"fp32-1": 1.0, "amx-1": 1.0, "fp32-9": 4.0, "amx-9": 2.0})
     assert pick(SPR, fast).att_amx and "attention on AMX tiles (calibrated: 1.00x / 2.00x" in pick(SPR, fast).describe()
     plain_loses = AttCalibration(**{"fp32-1": 1.0, "amx-1": 1.1, "fp32-9": 4.0, "amx-9": 2.0})
@@ -258,7 +284,7 @@ def test_ggml_k256_calibration_runs_the_library_here(isa):
 def test_prefill_attention_on_the_fastest_of_torch_and_the_tiles_this_cpu_runs(tmp_path):
     pick = lambda flags, cal, weights=torch.bfloat16, kernels=True, **kw: cpu_choices(  # noqa: E731
         weights, CPU, "auto", kernels=kernels, flags=flags, threads=2, measure=Calibration(2, 1),
-        measure_dot=Calibration(fp32=1.0, bf16=2.0), measure_gemv=GemvCalibration(1.0),
+        measure_dot=DotCalibration(fp32=1.0, bf16=2.0), measure_gemv=GemvCalibration(1.0),
         measure_att=AttCalibration(**{"fp32-1": 1.0, "fp32-9": 4.0}), measure_patt=cal, **kw)
     fast = AttCalibration(torch=2.0, amx=1.0, vdpbf16ps=1.6)
     assert pick(SPR, fast).prefill_att == "amx"

@@ -90,4 +90,60 @@ void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *
     default: BTILE_R(4); break;
     }
 }
+
+/* The decode GEMV's rows (dense.c) with vdpbf16ps: R rows x NT tokens, a verify's rows in passes of
+ * up to BW_TOK over a tile of 3-4 rows (9 rows: 5 + 4 over 4 rows, where btile's NTMAX = 4 took
+ * 4 + 4 + 1 in 2-row tiles over a 32-row block; passes of 16 tokens measured slower: their
+ * activations outgrow L1); btile's chains (one per (row, token), 32 pairs a step, the masked
+ * tail, one reduction), so every dot has btile's bits whatever R and NT. */
+FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *xp, float *res, int ldr,
+                        const int R, const int NT) {
+    __m512 acc[4][BW_TOK];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512bh w[4];
+        for (int r = 0; r < R; r++) {
+            PREFETCH(wr[r] + 2 * i);
+            w[r] = (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i);
+        }
+        for (int t = 0; t < NT; t++) {
+            const __m512bh x = (__m512bh)_mm512_loadu_si512(xp[t] + 2 * i);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], x);
+        }
+    }
+    if (i < n) {
+        const __mmask32 m = (__mmask32)((1ull << (n - i)) - 1);
+        __m512bh w[4];
+        for (int r = 0; r < R; r++) w[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, wr[r] + 2 * i);
+        for (int t = 0; t < NT; t++) {
+            const __m512bh x = (__m512bh)_mm512_maskz_loadu_epi16(m, xp[t] + 2 * i);
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], x);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) res[r * ldr + t] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+/* R is BW_ROWS(NT) but for a thread's last rows, which go one at a time */
+#define BWIDE(NT)                                                                \
+    case NT:                                                                     \
+        if (R == BW_ROWS(NT)) bwide(wr, n, xp, res, ldr, BW_ROWS(NT), NT);       \
+        else for (int r = 0; r < R; r++) bwide(wr + r, n, xp, res + r * ldr, ldr, 1, NT); \
+        break;
+
+/* res[r * ldr + t] = <row wr[r], x_t> for r < R (<= BW_ROWS(nt)), t < nt (<= BW_TOK). */
+void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt, float *res,
+                         int ldr) {
+    switch (nt) {
+    BWIDE(1) BWIDE(2) BWIDE(3) BWIDE(4) BWIDE(5) BWIDE(6) BWIDE(7) BWIDE(8)
+    }
+}
+
+/* Tokens a pass for a call of M tokens: M in equal passes of at most BW_TOK (65 -> 5 x 13). */
+int bf16_pairs_tokens(int64_t M) {
+    const int64_t passes = (M + BW_TOK - 1) / BW_TOK;
+    return (int)((M + passes - 1) / passes);
+}
 #endif

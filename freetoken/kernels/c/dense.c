@@ -67,10 +67,50 @@ static void split_rows(const ft_gemv_rows *W, int N, int nth, int tid, int *lo, 
     *hi = tid == nth - 1 ? N : row_after(W, N, total * (tid + 1) / nth);
 }
 
+#ifdef FT_BF16DOT
+/* Rows [r0, r1) with vdpbf16ps (bf16dot.c): a tile of rows takes every token in passes of a few,
+ * its weights read from memory once and from L1/L2 per further pass. */
+static void gemv_rows_bf16_pairs(const gemv_job *L, int r0, int r1, int64_t xs) {
+    const int q = bf16_pairs_tokens(L->M), R = BW_ROWS(q);
+    for (int r = r0; r < r1; r += R) {
+        const int m = r + R <= r1 ? R : r1 - r;
+        const uint8_t *wr[4], *sr[4];
+        int64_t rs = 0;
+        for (int j = 0; j < m; j++) {
+            const int64_t s = row_at(&L->W, r + j, &wr[j], &sr[j]);
+            if (j == 0) rs = s;
+        }
+        tl_pf = pf_distance((int64_t)m * rs, rs);
+        for (int64_t c = 0; c < L->M; c += q) {
+            const int nt = L->M - c < q ? (int)(L->M - c) : q;
+            const uint8_t *xp[BW_TOK];
+            float res[4 * BW_TOK];
+            for (int t = 0; t < nt; t++) xp[t] = L->xq + (c + t) * xs;
+            dot_rows_bf16_pairs(wr, m, L->K, xp, nt, res, BW_TOK);
+            for (int j = 0; j < m; j++)
+                for (int t = 0; t < nt; t++)
+                    L->y[(c + t) * L->ldy + r + j] = L->bias ? res[j * BW_TOK + t] + L->bias[r + j]
+                                                                 : res[j * BW_TOK + t];
+        }
+    }
+}
+#endif
+
+/* Bytes between two tokens' prepared x: prep_bytes, but for the bf16 pairs (2 bytes a column) an
+ * odd number of cache lines, so the up to BW_TOK tokens a pass reads fall in distinct L1 sets (at
+ * prep_bytes' 8 KB for K = 2048 they all share one 8-way set with the weight rows). */
+static int64_t x_stride(int fmt, int K) {
+#ifdef FT_BF16DOT
+    if (fmt == FMT_BF16 && ft_bf16_dot_on) return 64 * ((((int64_t)K * 2 + 63) / 64) | 1);
+#endif
+    (void)fmt;
+    return prep_bytes(K);
+}
+
 static void gemv_fn(void *a, int tid) {
     gemv_job *L = a;
     const int fmt = L->W.fmt, N = L->N, K = L->K, nth = L->p->active;
-    const int64_t xs = prep_bytes(K);
+    const int64_t xs = x_stride(fmt, K);
     for (int64_t t = tid; t < L->M; t += nth) {   /* prepare the inputs: tokens round-robin */
         const float *src = (const float *)L->x + t * K;
         if (L->xt == XT_BF16) {
@@ -84,6 +124,9 @@ static void gemv_fn(void *a, int tid) {
     pool_barrier(L->p);
     int r0, r1;
     split_rows(&L->W, N, nth, tid, &r0, &r1);
+#ifdef FT_BF16DOT
+    if (fmt == FMT_BF16 && ft_bf16_dot_on) { gemv_rows_bf16_pairs(L, r0, r1, xs); return; }
+#endif
     for (int rb = r0; rb < r1; rb += RB)
     for (int64_t c = 0; c < L->M; c += NTMAX) {
         const int nt = L->M - c < NTMAX ? (int)(L->M - c) : NTMAX;
@@ -116,7 +159,7 @@ int gemv_run(ft_pool *p, const ft_gemv_rows *W, int N, int K, const void *x, int
         const int rc = amx_gemv_run(p, W->w, W->w_rs, N, K, x, xt, M, bias, y, ldy, bytes);
         if (rc != -3) return rc;
     }
-    size_t sz_xq = (size_t)M * (size_t)prep_bytes(K), sz_tmp = (size_t)p->n * K * 4;
+    size_t sz_xq = (size_t)M * (size_t)x_stride(W->fmt, K), sz_tmp = (size_t)p->n * K * 4;
     uint8_t *buf = scratch(p, (sz_xq + 63) / 64 * 64 + sz_tmp);
     if (!buf) return -2;
     gemv_job L = {*W, N, K, x, xt, M, bias, y, ldy, buf, (float *)(buf + (sz_xq + 63) / 64 * 64), p};

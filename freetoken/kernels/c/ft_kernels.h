@@ -316,6 +316,13 @@ FT_HIDDEN void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, in
 #ifdef FT_BF16DOT
 FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
                                    float (*res)[NTMAX]);
+/* dense.c's GEMV rows: up to BW_TOK tokens a pass, BW_ROWS(tokens) rows (R x NT accumulators,
+ * the R weight vectors and one token's within 31 of the 32 zmm registers) */
+#define BW_TOK 8
+#define BW_ROWS(nt) (30 / ((nt) + 1) < 4 ? 30 / ((nt) + 1) : 4)
+FT_HIDDEN void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
+                                   float *res, int ldr);
+FT_HIDDEN int bf16_pairs_tokens(int64_t M);
 #endif
 
 /* gemm_bf16.c: prefill GEMM tiles over bf16 weights (AMX, vdpbf16ps, plain C), x packed in
