@@ -209,7 +209,13 @@ class ModelRunner:
         """Returns (logits of each sequence's last new token [B, V], all-position logits per
         sequence where it asked for prompt logits, else None, the logits [k+1, V] of the
         pending token and the k drafted tokens of each sequence verifying a draft, else None).
-        A sequence's new tokens are its pending ones followed by its `draft`."""
+        A sequence's new tokens are its pending ones followed by its `draft`. The model's own
+        kernel switches are in place meanwhile (kernels/switch_set.py; within its engine's step
+        they already are)."""
+        with self.model.kernel_switches.installed():
+            return self._run(batch)
+
+    def _run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list, list]:
         if self.graphs is not None:
             logits = self._graph_run(batch)
             if logits is not None:
