@@ -441,3 +441,5 @@ class LLMEngine:
         self.runner.idle()              # closed mid-decode: torch gets the caller's threads back
         if self.model.experts is not None:
             self.model.experts.close()
+        if self.spec is not None:
+            self.spec.close()
