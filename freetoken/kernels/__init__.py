@@ -29,7 +29,7 @@ VARIANTS = {
 }
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-math-errno"]
 _loaded: dict[str, ctypes.CDLL | None] = {}
-_switches_at_load: dict[str, tuple[int, ...]] = {}     # each library's switches as built (switch_libraries)
+_switch_libraries: dict[str, tuple[ctypes.CDLL, tuple[int, ...]]] = {}   # each library and its switches as built
 
 
 class Desc(ctypes.Structure):
@@ -193,7 +193,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def _bind_switches(lib: ctypes.CDLL) -> ctypes.CDLL:
     """The switches' one array (c/switches.c), where the library has it (bench trees' older builds)."""
     if hasattr(lib, "ft_switches"):
-        lib.ft_switches.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        # no argtypes: called with ctypes int arrays or None only (switch_set.py), twice a step, and
+        # ctypes' argument conversion was half of each call (1.0 -> 0.5 µs)
         lib.ft_switches.restype = ctypes.c_int
     return lib
 
@@ -237,8 +238,9 @@ def variants_here() -> list[str]:
 
 def switch_libraries() -> dict[str, tuple[ctypes.CDLL, tuple[int, ...]]]:
     """The loaded libraries that have the switches' array (c/switches.c), by variant, each with
-    its values as built: what kernels/switch_set.py reads and writes."""
-    return {variant: (_loaded[variant], built) for variant, built in _switches_at_load.items()}
+    its values as built: what kernels/switch_set.py reads and writes (the one dict, kept as
+    libraries load: a caller only reads it)."""
+    return _switch_libraries
 
 
 def read_switches(lib: ctypes.CDLL) -> tuple[int, ...]:
@@ -272,5 +274,5 @@ def load(variant: str = "native") -> ctypes.CDLL | None:
                 log.warning("building CPU expert kernels with %s failed: %s", flags, e)
     _loaded[variant] = lib
     if lib is not None and hasattr(lib, "ft_switches"):
-        _switches_at_load[variant] = read_switches(lib)
+        _switch_libraries[variant] = (lib, read_switches(lib))
     return lib

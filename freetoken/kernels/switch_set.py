@@ -42,11 +42,13 @@ def _as_built(variant: str, values: tuple[int, ...]) -> ctypes.Array:
 class SwitchSet:
     """Every loaded library's switches and the executors' records, as one value (an engine's)."""
 
-    __slots__ = ("arrays", "records", "_c")
+    __slots__ = ("arrays", "records", "_c", "_plan", "_swapped_in")
 
     def __init__(self, arrays: dict[str, tuple[int, ...]], records: tuple[bool, int]):
         self.arrays, self.records = arrays, records
         self._c = {variant: _c_array(vals) for variant, vals in arrays.items()}
+        self._plan: list = []           # [(library, this set's values, a buffer for the caller's)]
+        self._swapped_in = 0            # how many of this set's installs hold the plan's buffers
 
     @classmethod
     def now(cls) -> SwitchSet:
@@ -67,6 +69,17 @@ class SwitchSet:
         mine = self._c.get(variant)
         return mine if mine is not None else _as_built(variant, built)
 
+    def _swap_plan(self) -> list:
+        """(library, values, buffer) per loaded library, made again when one more has loaded; fresh
+        buffers where this set is already swapped in further out (a nest A -> B -> A)."""
+        libs = switch_libraries()
+        if len(self._plan) != len(libs) or self._swapped_in:
+            plan = [(lib, self._values_for(v, built), (ctypes.c_int * len(built))()) for v, (lib, built) in libs.items()]
+            if self._swapped_in:
+                return plan
+            self._plan = plan
+        return self._plan
+
     def put(self) -> None:
         """Write these values into the process (what the test guard and a finished load do)."""
         for variant, (lib, built) in switch_libraries().items():
@@ -83,23 +96,22 @@ class SwitchSet:
         if top is self or (top is not None and top == self):    # nested in the same values: nothing to swap
             _stack.append((self, None))
             return self
-        saved = []
-        for variant, (lib, built) in switch_libraries().items():
-            mine = self._values_for(variant, built)
-            old = (ctypes.c_int * len(mine))()
+        plan = self._swap_plan()
+        for lib, mine, old in plan:
             lib.ft_switches(old, mine)              # the caller's values out, this set's in: one call
-            saved.append((lib, old))
         records = EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"]
         EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"] = self.records
-        _stack.append((self, (saved, records)))
+        self._swapped_in += 1
+        _stack.append((self, (plan, records)))
         return self
 
     def __exit__(self, *exc) -> None:
         _, replaced = _stack.pop()
         try:
             if replaced is not None:
-                saved, records = replaced
-                for lib, old in saved:
+                plan, records = replaced
+                self._swapped_in -= 1
+                for lib, _, old in plan:
                     lib.ft_switches(None, old)
                 EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"] = records
         finally:
