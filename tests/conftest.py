@@ -53,36 +53,18 @@ def cpu_choice(request) -> dict:
     return opts
 
 
-@pytest.fixture(autouse=True, scope="session")
-def k256_calibration_off():
-    """Engines built under ggml_numerics "auto" read per-32 activations in the k-quant rows here: the
-    per-256 choice is calibrated (timing-dependent) and process-wide, and an engine kept for a
-    module or the session would hand it to raw-kernel tests that expect the per-32 rounding (on Zen
-    4 with the four-row k-quant rows it measured faster and 46 tests failed in that order). The
-    per-256 rows are tested where forced (ggml_numerics="q8k", tests/experts/test_ggml_k256_experts.py);
-    the calibration's own rule in tests/kernels/test_choices.py."""
-    from freetoken.kernels import choices
-    mp = pytest.MonkeyPatch()
-    mp.setattr(choices, "K256_MARGIN", 0.0)
-    yield
-    mp.undo()
-
-
 @pytest.fixture(autouse=True)
 def kernel_switches_restored():
-    """The kernels' process-wide switches, the torch executors' records of them and torch's thread
-    count put back after every test. An engine applies its calibrated (so timing-dependent) kernel
-    choices to the whole process: a test that built one used to change what later tests' raw
-    kernel calls computed (on Zen 4, the bf16 dots left on failed 30 decode-attention cases; the
-    per-256 k-quant switch, the grouped-pool and i-quant kernel tests)."""
-    from freetoken import kernels
-    from freetoken.experts.execution import numerics
-    from freetoken.kernels.gemm import set_tiles_rounding, tiles_rounding_min
-    saved, dot, tiles, threads = kernels.switches(), numerics.bf16_dot(), tiles_rounding_min(), torch.get_num_threads()
+    """The kernels' switches (and the torch executors' records of them) and torch's thread count
+    put back after every test: a cheap guard. An engine's choices are its own (kernels/switch_set.py:
+    installed for its steps only) and an idle or closed engine gives torch's threads back, so no
+    engine leaves anything here; what it still catches is a test that sets a switch (ft_set_*) or
+    torch's threads by hand and does not put them back (tests/kernels/test_roofline.py's probes
+    leave torch at one thread), or leaves an engine mid-decode unclosed."""
+    from freetoken.kernels.switch_set import SwitchSet
+    saved, threads = SwitchSet.now(), torch.get_num_threads()
     yield
-    kernels.set_switches(saved)
-    numerics.set_bf16_dot(None, dot)
-    set_tiles_rounding(tiles)
+    saved.put()
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
 

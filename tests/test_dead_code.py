@@ -31,8 +31,6 @@ FOR_TESTS_AND_BENCH = {
     "check_against": "the device decision's state against the host SlotTable: the tests' oracle lives beside it",
     "ggml_expert_nbytes": "the expert size rule for ggml banks, next to the bank layout it describes (tests)",
     "roofline": "the CPU expert roofline (bench/deepseek_v4_decode, tests): measurement API of experts/membw",
-    "switches": "the kernels' process-wide switches as they are: tests/conftest.py puts them back after every test",
-    "set_switches": "as switches",
     "q_star": "the planner's q* rule as a function (tests and the simulator's projection check it)",
     "cpu_has_fast_bf16": "machine fact read by tests that pick the bf16 path the kernels would pick",
     "random_rows": "valid random ggml rows (finite fp16 scales) for tests and benchmarks of every type",

@@ -200,7 +200,10 @@ class LLMEngine:
 
     # --- one iteration -------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        outputs = self._step()
+        """One scheduler iteration (drafting, the forward, sampling) with the model's own kernel
+        switches in place, the caller's back after (kernels/switch_set.py)."""
+        with self.model.kernel_switches.installed():
+            outputs = self._step()
         if not self.scheduler.has_unfinished():
             self.runner.idle()
         return outputs
@@ -438,3 +441,5 @@ class LLMEngine:
         self.runner.idle()              # closed mid-decode: torch gets the caller's threads back
         if self.model.experts is not None:
             self.model.experts.close()
+        if self.spec is not None:
+            self.spec.close()

@@ -12,6 +12,12 @@ from ..models.context import ForwardContext
 from .cuda_graphs import PAD_POS as _PAD_POS, DecodeGraphs, cuda_capture
 from .sequence import Sequence
 
+# torch's thread count is the process's, so is the caller's setting a runner changes it from: saved by
+# the first runner that changes it (an engine's, or a draft model's inside that engine's step), given
+# back by whichever idles first (a draft model's runner saving its own would keep the target's decode
+# setting, one thread, as the caller's)
+_caller_threads: dict[str, int | None] = {"n": None}
+
 
 class ModelRunner:
     def __init__(self, model, num_blocks: int, block_size: int, graphs: dict | None = None):
@@ -32,7 +38,6 @@ class ModelRunner:
         self.kernel_pool = model.linear.pool
         # the lm_head on the C kernels: its GEMV gives each row the same bits in any call
         self._head_gemv = getattr(getattr(model, "lm_head", None), "pool", None) is not None
-        self._saved_threads: int | None = None
         self.graphs = None
         if graphs is not None:
             kmax = -(-graphs["max_model_len"] // block_size) * block_size
@@ -180,15 +185,15 @@ class ModelRunner:
         want = 1 if phase == "decode" else self.kernel_pool.num_threads
         now = torch.get_num_threads()
         if now != want:
-            if self._saved_threads is None:
-                self._saved_threads = now
+            if _caller_threads["n"] is None:
+                _caller_threads["n"] = now
             torch.set_num_threads(want)
 
     def idle(self) -> None:
         """Nothing is running: torch gets the caller's threads back."""
-        if self._saved_threads is not None:
-            torch.set_num_threads(self._saved_threads)
-            self._saved_threads = None
+        if _caller_threads["n"] is not None:
+            torch.set_num_threads(_caller_threads["n"])
+            _caller_threads["n"] = None
 
     def _static_step(self, st, paged: bool | None = None) -> torch.Tensor:
         """One decode step over a bucket's static buffers (cuda_graphs.StaticBatch): fixed shapes,
@@ -220,7 +225,13 @@ class ModelRunner:
         """Returns (logits of each sequence's last new token [B, V], all-position logits per
         sequence where it asked for prompt logits, else None, the logits [k+1, V] of the
         pending token and the k drafted tokens of each sequence verifying a draft, else None).
-        A sequence's new tokens are its pending ones followed by its `draft`."""
+        A sequence's new tokens are its pending ones followed by its `draft`. The model's own
+        kernel switches are in place meanwhile (kernels/switch_set.py; within its engine's step
+        they already are)."""
+        with self.model.kernel_switches.installed():
+            return self._run(batch)
+
+    def _run(self, batch: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list, list]:
         if self.graphs is not None:
             logits = self._graph_run(batch)
             if logits is not None:

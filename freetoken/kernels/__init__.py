@@ -29,7 +29,7 @@ VARIANTS = {
 }
 _BASE_FLAGS = ["-O3", "-std=gnu11", "-fPIC", "-shared", "-pthread", "-fno-math-errno"]
 _loaded: dict[str, ctypes.CDLL | None] = {}
-_switches_at_load: dict[str, list[int]] = {}       # each library's switches as built (set_switches)
+_switch_libraries: dict[str, tuple[ctypes.CDLL, tuple[int, ...]]] = {}   # each library and its switches as built
 
 
 class Desc(ctypes.Structure):
@@ -193,7 +193,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def _bind_switches(lib: ctypes.CDLL) -> ctypes.CDLL:
     """The switches' one array (c/switches.c), where the library has it (bench trees' older builds)."""
     if hasattr(lib, "ft_switches"):
-        lib.ft_switches.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        # no argtypes: called with ctypes int arrays or None only (switch_set.py), twice a step, and
+        # ctypes' argument conversion was half of each call (1.0 -> 0.5 µs)
         lib.ft_switches.restype = ctypes.c_int
     return lib
 
@@ -238,25 +239,18 @@ def variants_here() -> list[str]:
     return out + ["portable"]
 
 
-def switches() -> dict[str, list[int]]:
-    """Every loaded library's process-wide switches (c/switches.c: what an engine's kernel
-    choices set), by variant: `set_switches` puts them back."""
-    return {variant: _switches_of(lib) for variant, lib in _loaded.items() if variant in _switches_at_load}
+def switch_libraries() -> dict[str, tuple[ctypes.CDLL, tuple[int, ...]]]:
+    """The loaded libraries that have the switches' array (c/switches.c), by variant, each with
+    its values as built: what kernels/switch_set.py reads and writes (the one dict, kept as
+    libraries load: a caller only reads it)."""
+    return _switch_libraries
 
 
-def set_switches(saved: dict[str, list[int]]) -> None:
-    """`switches()`'s values back into every loaded library; one loaded since gets the values it
-    was loaded with."""
-    for variant, lib in _loaded.items():
-        if variant in _switches_at_load:
-            vals = saved.get(variant, _switches_at_load[variant])
-            lib.ft_switches(None, (ctypes.c_int * len(vals))(*vals))
-
-
-def _switches_of(lib: ctypes.CDLL) -> list[int]:
+def read_switches(lib: ctypes.CDLL) -> tuple[int, ...]:
+    """A library's switches now, in c/switches.c's order."""
     vals = (ctypes.c_int * lib.ft_switches(None, None))()
     lib.ft_switches(vals, None)
-    return list(vals)
+    return tuple(vals)
 
 
 def cpu_kernels() -> ctypes.CDLL | None:
@@ -283,5 +277,5 @@ def load(variant: str = "native") -> ctypes.CDLL | None:
                 log.warning("building CPU expert kernels with %s failed: %s", flags, e)
     _loaded[variant] = lib
     if lib is not None and hasattr(lib, "ft_switches"):
-        _switches_at_load[variant] = _switches_of(lib)
+        _switch_libraries[variant] = (lib, read_switches(lib))
     return lib

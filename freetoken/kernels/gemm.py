@@ -10,6 +10,8 @@ import ctypes
 
 import torch
 
+from .switch_set import EXECUTOR_RECORDS
+
 GEMM_MODES = {"amx": 1, "vdpbf16ps": 2, "plain": 3}
 # Tokens of a routed-expert call (a prefill chunk) from which the kernel runs bf16 experts through
 # the tiles (groups of >= 4 tokens; the rest through the dot products), x and h rounded to bf16
@@ -22,17 +24,17 @@ EXPERT_MIN_TOKENS = 66
 # tiles (each weight row decoded once into a bf16 panel, c/ggml_tiles.c) instead of the int8 dots
 # (which decode it once per 4 tokens); measured with bench/ggml_kernels.py --prefill (docs/benchmarks.md).
 GGML_GROUP_MIN = 16
-_rounding = {"tiles_min": 0}
 
 
 def set_tiles_rounding(min_tokens: int) -> None:
     """Record the library's expert-tiles switch (choices.set_gemm_tiles) for the torch expert
-    executors (experts/execution/numerics.py): calls of >= `min_tokens` tokens round x and h to bf16 (0: off)."""
-    _rounding["tiles_min"] = int(min_tokens)
+    executors (experts/execution/numerics.py): calls of >= `min_tokens` tokens round x and h to bf16
+    (0: off). A record of the switch set (switch_set.py): an engine's own, installed with it."""
+    EXECUTOR_RECORDS["tiles_min"] = int(min_tokens)
 
 
 def tiles_rounding_min() -> int:
-    return _rounding["tiles_min"]
+    return EXECUTOR_RECORDS["tiles_min"]
 
 
 def modes_here(lib: ctypes.CDLL) -> list[str]:

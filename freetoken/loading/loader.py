@@ -19,6 +19,7 @@ from .mtp_heads import load_mtp_heads
 from ..experts.memory.pool import ExpertPool, requantize
 from ..kernels.choices import kernel_variant
 from ..kernels.pool import SPIN_US, shared_pool
+from ..kernels.switch_set import SwitchSet, loading
 from ..weights.source import open_checkpoint
 from ..models import llama_numerics
 from ..models.registry import model_class
@@ -81,17 +82,21 @@ def load_model(cfg: EngineConfig, settings: Settings, timings: dict | None = Non
     the experts backend's choices. `timings`, when given, gets the seconds spent in
     "open" (an FTW file: header, reads started; a directory: its index), "build" (the model and
     experts backend; from a directory the weights are read here, from an FTW file the reads go
-    on meanwhile) and "ready" (waiting for the rest of an FTW file's reads and checksums)."""
+    on meanwhile) and "ready" (waiting for the rest of an FTW file's reads and checksums). The model
+    keeps the kernel switches its choices set as its own (`model.kernel_switches`); the process's
+    are the caller's again when this returns."""
     t0 = time.perf_counter()
     ck = open_checkpoint(cfg.model, cfg)
     t1 = time.perf_counter()
     try:
-        if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
-            shared_pool(settings.num_threads, isa=kernel_variant(cfg.kernel_isa), spin_us=settings.spin_us)
-        model = build_model(ck, cfg, settings.max_model_len, settings.spin_us, settings)
-        found = attach_experts(model, cfg, settings, settings.spin_us) if model.experts is not None else {}
-        if cfg.speculative == "mtp":
-            model.mtp = load_mtp_heads(model, ck, cfg, settings, with_format)
+        with loading():     # the model's kernel choices in place while it builds, the caller's back after
+            if settings.device.type == "cpu":   # the process's kernel pool, with the resolved spin time
+                shared_pool(settings.num_threads, isa=kernel_variant(cfg.kernel_isa), spin_us=settings.spin_us)
+            model = build_model(ck, cfg, settings.max_model_len, settings.spin_us, settings)
+            found = attach_experts(model, cfg, settings, settings.spin_us) if model.experts is not None else {}
+            if cfg.speculative == "mtp":
+                model.mtp = load_mtp_heads(model, ck, cfg, settings, with_format)
+            model.kernel_switches = SwitchSet.now()     # its own: installed by every step (kernels/switch_set.py)
         t2 = time.perf_counter()
         ck.close()                          # FTW: every byte in and verified before the model runs
     except BaseException:

@@ -180,6 +180,7 @@ class MoECausalLM:
     arch = ArchSpec()
     embed_rows = None       # GgmlEmbedding of a GGUF's quantized table (else `embed` holds floats)
     mtp = None              # the nextn layer (models/mtp_head.py), loaded for --speculative mtp
+    kernel_switches = None  # the kernel switches its choices set (kernels/switch_set.py), kept by the loader
 
     def __init__(self, ck: Checkpoint, cfg: BuildContext, max_len: int):
         hf, pool = model_basics(self, ck, cfg, max_len, eps_default=1e-6)

@@ -42,6 +42,12 @@ class Side:
         s.num_computed = prompt
         self.seqs.append(s)
 
+    def close(self) -> None:
+        """Torch's threads back (a decode step left them at one) and the experts closed."""
+        self.runner.idle()
+        if self.model.experts is not None:
+            self.model.experts.close()
+
     def decode(self, which: list[int]) -> torch.Tensor:
         batch = [self.seqs[i] for i in which]
         for s in batch:
@@ -50,6 +56,15 @@ class Side:
         for s in batch:
             s.num_computed += 1
         return logits.float().cpu()
+
+
+@pytest.fixture
+def sides():
+    """sides(path, ...) -> a Side, closed after the test (a runner left mid-decode keeps torch at one thread)."""
+    made: list[Side] = []
+    yield lambda *a, **kw: made.append(Side(*a, **kw)) or made[-1]
+    for side in made:
+        side.close()
 
 
 def sequences(vocab: int, n: int, length: int):
@@ -66,12 +81,12 @@ def test_buckets():
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3"])
-def test_graph_decode_equals_eager_for_every_batch_size(tiny_dir, arch):
+def test_graph_decode_equals_eager_for_every_batch_size(tiny_dir, sides, arch):
     """Batches of 1..N (and one of N+1, outside the buckets: eager) decode the same logits with
     graphs as without, padding rows included; each bucket is captured once and replayed."""
     path = tiny_dir(arch)
     N = 5
-    eager, graphed = Side(path), Side(path, graphs=N)
+    eager, graphed = sides(path), sides(path, graphs=N)
     vocab = eager.model.vocab_size
     for ids in sequences(vocab, N + 1, 40):
         prompt = 3 + len(eager.seqs) * 2                   # ragged lengths
@@ -87,13 +102,13 @@ def test_graph_decode_equals_eager_for_every_batch_size(tiny_dir, arch):
     assert g.disabled is None
 
 
-def test_static_step_has_no_host_sync(tiny_dir, monkeypatch):
+def test_static_step_has_no_host_sync(tiny_dir, sides, monkeypatch):
     """What a graph captures reads no device data on the host (counted per op): the gathered
     attention path, and the paged one CUDA takes up to its fused kernel (the block tables and
     the block mask; the kernel itself, a compiled HOP, is replaced by zeros for the count)."""
     from freetoken.layers.attention.paged import paged_flex
     from helpers import CountHostSyncs
-    side = Side(tiny_dir("qwen3_moe"), graphs=4)
+    side = sides(tiny_dir("qwen3_moe"), graphs=4)
     vocab = side.model.vocab_size
     for ids in sequences(vocab, 3, 20):
         side.add(ids, 6)
@@ -113,8 +128,8 @@ def test_static_step_has_no_host_sync(tiny_dir, monkeypatch):
     assert mode.ops == [], mode.ops
 
 
-def test_kv_resize_drops_the_graphs(tiny_dir):
-    side = Side(tiny_dir("mixtral"), graphs=2)
+def test_kv_resize_drops_the_graphs(tiny_dir, sides):
+    side = sides(tiny_dir("mixtral"), graphs=2)
     for ids in sequences(side.model.vocab_size, 1, 20):
         side.add(ids, 5)
     side.decode([0])
@@ -156,10 +171,10 @@ def test_cli_flag_reaches_the_config():
 @pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3"])
-def test_cuda_graph_capture_and_replay_equal_eager(tiny_dir, arch):
+def test_cuda_graph_capture_and_replay_equal_eager(tiny_dir, sides, arch):
     path = tiny_dir(arch)
     N = 4
-    eager, graphed = Side(path, "cuda"), Side(path, "cuda", graphs=N)
+    eager, graphed = sides(path, "cuda"), sides(path, "cuda", graphs=N)
     for ids in sequences(eager.model.vocab_size, N, 40):
         prompt = 4 + len(eager.seqs) * 3
         eager.add(ids, prompt)

@@ -65,3 +65,21 @@ def test_a_prompts_logits_do_not_depend_on_the_threads_torch_was_left_at(tiny_di
     torch.set_num_threads(1)
     assert torch.equal(llm.score(prompt), ref)
     llm.close()
+
+
+def test_a_draft_models_runner_leaves_the_callers_threads(tiny_dir, caller_threads):
+    """A draft model's runner runs once at start (its warm-up) and then inside the target's steps,
+    where its catch-ups and the target's decode set torch's threads in turn: the caller's setting
+    comes back when the target idles or closes, never the target's decode setting (one thread)."""
+    path = tiny_dir("qwen3_moe")
+    llm = LLM(str(path), dtype="float32", speculative="draft", draft_model=str(path), num_threads=2)
+    llm.engine.spec.priced = False              # every draft goes through
+    torch.set_num_threads(2)
+    llm.generate([[5, 6, 7, 8, 9]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert torch.get_num_threads() == 2
+    llm.engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    for _ in range(3):
+        llm.engine.step()
+    assert llm.engine.has_unfinished() and torch.get_num_threads() == 1
+    llm.close()
+    assert torch.get_num_threads() == 2

@@ -178,7 +178,8 @@ def test_engine_prefill_under_forced_tiles(tiny_dir, mode):
     exact.close()
     tiles = LLM(str(model), dtype="bfloat16", prefill_gemm=mode, bf16_dot="off")
     try:
-        assert lib.ft_get_gemm(0) == lib.ft_get_gemm(1) == mode_code(lib, mode)
+        with tiles.engine.model.kernel_switches.installed():     # the engine's own switches
+            assert lib.ft_get_gemm(0) == lib.ft_get_gemm(1) == mode_code(lib, mode)
         got = tiles.score(prompt)
     finally:
         tiles.close()

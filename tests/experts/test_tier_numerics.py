@@ -120,7 +120,7 @@ def test_every_tier_gives_one_answer(tiny_dir, dtype, compute, fmt):
     # rounding points where a float32 summation-order difference upstream can flip one rounding:
     # the experts' activations (int8 per 32, bf16 under the bf16 dots) and, downstream of the
     # experts, the dense prefill GEMMs when they run in bf16 (prefill_gemm), the experts under the GEMM tiles
-    rounds = (fmt in ("int8", "mxfp4", "nvfp4", "ggml") or (fmt is None and dtype == "bfloat16" and numerics.bf16_dot())
+    rounds = (fmt in ("int8", "mxfp4", "nvfp4", "ggml") or (fmt is None and dtype == "bfloat16" and _tier.choices.bf16_dot)
               or _tier.choices.prefill_gemm == torch.bfloat16 or _tier.choices.expert_gemm is not None)
     for backend, slots in TIERS[1:]:
         logits, tokens = _tier(model, dtype, compute, fmt, backend, slots)

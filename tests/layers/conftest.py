@@ -1,6 +1,7 @@
 """The layer tests run the C kernels' exact dot tiles and fp32 attention unless a test switches a
-path on: the decode GEMV's and decode attention's AMX switches are process-wide in the library,
-and a model built earlier in the same process (auto on an AMX machine) leaves them on."""
+path on: the decode GEMV's and decode attention's AMX switches are globals of the library, off as
+built (an engine's choices are its own, kernels/switch_set.py); set here so a layer test states
+the path it starts from."""
 from __future__ import annotations
 
 import pytest

@@ -11,22 +11,12 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
-from freetoken.experts.execution.numerics import set_bf16_dot
-from freetoken.kernels import cpu_kernels
 from freetoken.layers.attention import decode_half as half_mod
 from freetoken.layers.attention.decode_half import AttnHalf
 from freetoken.tiny import make_tiny
 
 # (arch, whether its layers take the one call): qwen3_moe per-head q/k norms, llama none,
 # qwen2_moe qkv biases, mixtral GQA; olmoe normalizes the whole projection (not taken)
-@pytest.fixture(autouse=True)
-def _bf16_dot_off():
-    """An engine sets the C library's process-wide bf16-dot switch to its calibrated choice;
-    the kernel tests that follow in this process expect it off (its default)."""
-    yield
-    set_bf16_dot(cpu_kernels(), False)
-
-
 ARCHS = (("qwen3_moe", True), ("llama", True), ("qwen2_moe", True), ("mixtral", True), ("olmoe", False))
 
 

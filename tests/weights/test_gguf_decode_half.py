@@ -3,25 +3,14 @@ half (`ft_attn_half`, layers/attention/decode_half.py): greedy tokens and every 
 calls give them, on a Q8_0 file llama.cpp's converter made."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.experts.execution.decode_row import MoERow
-from freetoken.experts.execution.numerics import set_bf16_dot
-from freetoken.kernels import cpu_kernels
 from freetoken.layers.attention import decode_half as half_mod
 from freetoken.layers.attention.decode_half import AttnHalf
 from freetoken.layers import moe as moe_mod
 from freetoken.layers.ggml_linear import GgmlLinear
-
-
-@pytest.fixture(autouse=True)
-def _bf16_dot_off():
-    """An engine sets the C library's process-wide bf16-dot switch to its calibrated choice;
-    the kernel tests that follow in this process expect it off (its default)."""
-    yield
-    set_bf16_dot(cpu_kernels(), False)
 
 
 def _decode(llm: LLM, prompt: list[int]):

@@ -75,6 +75,7 @@ class DraftModelDrafter:
         self.forget(("warm-up",))
         self.step_s = self.row_s = None
         self.drafted = 0
+        self.runner.idle()      # it ran outside any step: torch's threads back (its decode left them at one)
 
     # --- the price ---------------------------------------------------------------------------
     def seconds(self, k: int, behind: int = 1) -> float:
@@ -171,6 +172,10 @@ class DraftModelDrafter:
         s.num_computed += n
         self.drafted += n
         return int(torch.argmax(logits[0, :self.vocab]))
+
+    def close(self) -> None:
+        """The draft model's engine closes with the target's."""
+        self.engine.close()
 
     def summary(self) -> dict:
         return {"per_token_s": self.step_s or 0.0, "catch_up_per_row_s": self.row_s or 0.0,

@@ -70,6 +70,11 @@ class Speculator:
         self._step_positions = 0
         self._step_plain = True
 
+    def close(self) -> None:
+        """A draft model's engine closes with the target's."""
+        if "draft" in self.drafters:
+            self.drafters["draft"].close()
+
     # --- before the step -----------------------------------------------------------------
     def propose(self, running: list, budget: int) -> None:
         """Set `seq.draft` (and what made it) for the decoding sequences worth drafting for."""

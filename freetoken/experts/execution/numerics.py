@@ -20,28 +20,29 @@ The results then differ by float32 summation order only. One exception: under gg
 weights, x and h (kernels/c/ggml_tiles.c); the torch executors keep int8 per 32 there
 (tolerance-level differences on a long prefill, docs/gguf.md).
 
-The bf16-dot switch is process-wide in the C library (`ft_set_bf16_dot`); the models set it
-through `set_bf16_dot` here so the torch executors read the same choice.
+The bf16-dot switch is a global of the C library (`ft_set_bf16_dot`); the models set it through
+`set_bf16_dot` here so the torch executors read the same choice. Both are part of the engine's
+own switch set (kernels/switch_set.py), in place while the engine computes.
 """
 from __future__ import annotations
 
 import torch
 
 from ...kernels.gemm import tiles_rounding_min
+from ...kernels.switch_set import EXECUTOR_RECORDS
 
 _QUANTIZED = ("int8", "mxfp4", "nvfp4", "ggml")     # the kernels quantize activations per 32
-_state = {"bf16_dot": False}
 
 
 def set_bf16_dot(lib, on: bool) -> int:
     """Switch the kernels' bf16 dots in `lib` (None: no library) and record the choice for the
     torch executors. Returns the library's mode (0 off, 1 emulated, 2 vdpbf16ps)."""
-    _state["bf16_dot"] = bool(on)
+    EXECUTOR_RECORDS["bf16_dot"] = bool(on)
     return lib.ft_set_bf16_dot(int(on)) if lib is not None else 0
 
 
 def bf16_dot() -> bool:
-    return _state["bf16_dot"]
+    return EXECUTOR_RECORDS["bf16_dot"]
 
 
 def rounding(fmt: str, bank_dtype: torch.dtype | None = None, tokens: int | None = None) -> str:
