@@ -187,6 +187,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ft_prefill_attention.argtypes = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64,
                                              ctypes.c_float, vp, i64, i64]
         lib.ft_prefill_attention.restype = ci
+    if hasattr(lib, "ft_prefill_attention_sinks"):
+        lib.ft_prefill_attention_sinks.argtypes = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64,
+                                                   ctypes.c_float, vp, i64, i64, vp, i64]
+        lib.ft_prefill_attention_sinks.restype = ci
     return _bind_switches(_bind_probes(_bind_layer_calls(lib)))
 
 
