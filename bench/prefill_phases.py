@@ -1,6 +1,6 @@
 """Where a prefill's time goes, per phase, as a share of this core's peak (outside CI).
 
-    PYTHONPATH=. .venv/bin/python bench/prefill_phases.py [--shape medium|medium48] [--prompt 4096]
+    PYTHONPATH=. .venv/bin/python bench/prefill_phases.py [--shape medium|medium48|gpt-oss] [--prompt 4096]
 
 One engine thread (the pool runs in the caller), bf16, random-token prompts: a warm-up prompt,
 then the prompt once under cProfile on the thread's CPU time (the load's time slicing is not
@@ -9,8 +9,9 @@ counted). Every function's own time goes to a phase by its file: the routed expe
 projections (layers/linear.py, kernels/gemm.py), norms and RoPE, and the rest (the model's
 glue: reshapes, dtype conversions, gathers); a torch builtin's time goes to the phase of the
 function of ours that called it. Each phase's FLOPs per token (kernels/roofline.py's model_costs at
-half the prompt's keys, the causal average) over its time, against one thread's best burst of
-the format's peak (measured alongside)."""
+half the prompt's keys, the causal average; a sliding-window layer's at most its window) over its
+time, against one thread's best burst of the bf16 peak (measured alongside). gpt-oss: the medium
+gpt-oss of bench/vs_llamacpp.py's mxfp4 (MXFP4 experts, sinks, window-128 layers)."""
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ import pstats
 import random
 import time
 
-from common import MEDIUM_QWEN3_48, medium_checkpoint
+from common import MEDIUM_QWEN3_48, medium_checkpoint, medium_gpt_oss
 
 from freetoken import LLM, SamplingParams
 from freetoken.kernels.roofline import measure_machine, model_costs
@@ -66,18 +67,21 @@ def phase_times(stats: pstats.Stats) -> dict[str, float]:
 
 def phase_flops(cfg: dict, prompt: int) -> dict[str, float]:
     """FLOPs per prompt token per phase (the lm_head runs on the last token only: left out)."""
-    by = {p.name.split(" (")[0]: p.flops for p in model_costs(cfg, context=prompt // 2)}
+    half, window, types = prompt // 2, cfg.get("sliding_window"), cfg.get("layer_types")
+    keys = [min(half, window) if window and t == "sliding_attention" else half for t in types or ["full"]]
+    by = {p.name.split(" (")[0]: p.flops for p in model_costs(cfg, context=round(sum(keys) / len(keys)))}
     return {"routed experts": by.get("experts", 0) + by.get("router", 0) + by.get("shared experts", 0),
             "attention": by["attention"], "dense projections": by["attention projections"]}
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="medium", choices=("medium", "medium48"))
+    ap.add_argument("--shape", default="medium", choices=("medium", "medium48", "gpt-oss"))
     ap.add_argument("--prompt", type=int, default=4096)
     ap.add_argument("--top", dest="other", type=int, default=0, help="also print the N functions of most own time")
     args = ap.parse_args()
-    model = medium_checkpoint() if args.shape == "medium" else medium_checkpoint(name="qwen3-moe-medium48", **MEDIUM_QWEN3_48)
+    model = {"medium": medium_checkpoint, "gpt-oss": medium_gpt_oss,
+             "medium48": lambda: medium_checkpoint(name="qwen3-moe-medium48", **MEDIUM_QWEN3_48)}[args.shape]()
     cfg = json.loads((model / "config.json").read_text())
     llm = LLM(str(model), num_threads=1, max_model_len=args.prompt + 64, dtype="bfloat16")
     once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)

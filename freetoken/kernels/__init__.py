@@ -180,14 +180,23 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "ft_set_att_amx"):     # absent from revisions before it (bench/decode_attention.build_revision)
         lib.ft_set_att_amx.argtypes = [ci]
         lib.ft_set_att_amx.restype = ci
-    if hasattr(lib, "ft_set_prefill_att"):     # absent from revisions before it (bench trees)
+    return _bind_prefill_attention(_bind_switches(_bind_probes(_bind_layer_calls(lib))))
+
+
+def _bind_prefill_attention(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """c/prefill_attention.c's calls, where the library has them (bench trees' older builds)."""
+    vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    if hasattr(lib, "ft_set_prefill_att"):
         lib.ft_set_prefill_att.argtypes = [ci]
         lib.ft_set_prefill_att.restype = ci
+    plain = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64, ctypes.c_float, vp, i64, i64]
     if hasattr(lib, "ft_prefill_attention"):
-        lib.ft_prefill_attention.argtypes = [vp, vp, i64, i64, ci, ci, ci, ci, vp, i64, i64, vp, i64, i64, i64,
-                                             ctypes.c_float, vp, i64, i64]
+        lib.ft_prefill_attention.argtypes = plain
         lib.ft_prefill_attention.restype = ci
-    return _bind_switches(_bind_probes(_bind_layer_calls(lib)))
+    if hasattr(lib, "ft_prefill_attention_sinks"):      # + sinks [Hq] fp32 or NULL, window (0: none)
+        lib.ft_prefill_attention_sinks.argtypes = plain + [vp, i64]
+        lib.ft_prefill_attention_sinks.restype = ci
+    return lib
 
 
 def _bind_switches(lib: ctypes.CDLL) -> ctypes.CDLL:

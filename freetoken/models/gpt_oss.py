@@ -47,7 +47,7 @@ class SinkAttention(Attention):
 
     def __call__(self, x, cos, sin, cache, meta):
         q, k, v = self.project(x, cos, sin)
-        o = paged_attention_sinks(q, k, v, cache, meta, self.scale, self.sinks)
+        o = paged_attention_sinks(q, k, v, cache, meta, self.scale, self.sinks, prefill_dtype=self.prefill_dtype)
         return self.o(o.reshape(x.shape[0], -1))
 
     def windowed(self, x, cos, sin, positions, ctx: ForwardContext, slot: int):
@@ -62,7 +62,7 @@ class SinkAttention(Attention):
                 sw, sl = st.parts["window"], slice(start, start + n)
                 pk, pv, pp = sw.cached(slot, sw.position)
                 out[sl] = window_attention_sinks(q[sl], k[sl], v[sl], positions[sl], pk, pv, pp,
-                                                 self.scale, self.sinks, self.window)
+                                                 self.scale, self.sinks, self.window, pool, self.prefill_dtype)
                 sw.write(slot, sw.position, k[sl], v[sl])
             start += n
         return self.o(out.reshape(x.shape[0], -1))

@@ -17,7 +17,12 @@
  * Numerics as torch's bf16 flash kernel: bf16 q/k/v, scores exact products summed in fp32, the
  * softmax in fp32 (exp2 by a degree-5 polynomial, ~2e-7 relative), the numerators rounded to bf16
  * for P x V, the sums and the output in fp32. The queries sit at the last nq of the nk positions
- * (a chunk continuing a cached prefix sees the prefix whole and itself causally). */
+ * (a chunk continuing a cached prefix sees the prefix whole and itself causally).
+ *
+ * gpt-oss (ft_prefill_attention_sinks): a learned sink logit per query head joins each row's softmax
+ * and its mass is dropped (the row starts with max = the sink, sum = 1), and a sliding window keeps
+ * only the last `window` keys of each query: key blocks wholly before a row block's window are
+ * never touched, the rest masked per row. */
 #include "ft_kernels.h"
 
 enum { PA_OFF = 0, PA_AMX = 1, PA_VDP = 2 };
@@ -54,6 +59,8 @@ typedef struct {
     int nq, Hq, Hkv, D, G;
     int64_t nk, nkp, past;
     float scale2;               /* scale * log2(e): scores in base-2 units */
+    const float *sinks;         /* [Hq] sink logits (natural units), or NULL */
+    int64_t window;             /* keys a query sees, itself included (nk + 1: no window) */
     uint16_t *kp, *vp;          /* per KV head: nkp * D bf16 each */
     uint8_t *ws; int64_t ws_stride;
     int items, rblocks;
@@ -251,17 +258,20 @@ FORCE_INLINE void pa_vals(int amx, const uint16_t *pa, const uint16_t *vp, int D
     (void)amx; (void)pa; (void)vp; (void)D; (void)k0; (void)nkb; (void)o;
 }
 
-/* The online softmax of one row over its `vis` (>= 1) visible scores of the block (s, base-2 units after
- * scale2): the running max m and sum l updated, the row's accumulators o rescaled, the numerators
- * rounded to bf16 into pa (zeros up to nkb). */
-static void pa_softmax_row(float *s, int vis, int nkb, float scale2, float *m, float *l, float *o, int D,
+FORCE_INLINE __mmask16 pa_first(int n) {     /* the first n of 16 lanes (n clamped to 0..16) */
+    return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
+/* The online softmax of one row over its visible scores [lo, vis) of the block (s, base-2 units after
+ * scale2; at least one visible): the running max m and sum l updated, the row's accumulators o
+ * rescaled, the numerators rounded to bf16 into pa (zeros elsewhere up to nkb). */
+static void pa_softmax_row(float *s, int lo, int vis, int nkb, float scale2, float *m, float *l, float *o, int D,
                            uint16_t *pa) {
     const __m512 sc = _mm512_set1_ps(scale2);
     __m512 x[PA_KB / 16], mx = _mm512_set1_ps(-INFINITY);
     __mmask16 k[PA_KB / 16];
     for (int i = 0; i < nkb / 16; i++) {
-        const int n = vis - 16 * i;
-        k[i] = n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+        k[i] = pa_first(vis - 16 * i) & (__mmask16)~pa_first(lo - 16 * i);
         x[i] = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), k[i], _mm512_loadu_ps(s + 16 * i), sc);
         mx = _mm512_max_ps(mx, x[i]);
     }
@@ -293,25 +303,29 @@ FORCE_INLINE void pa_item(pa_job *J, int it, uint8_t *ws, const int amx) {
     float *s = (float *)(pa + PA_ROWS * PA_KB), *o = s + 2 * PA_ROWS * PA_KB, *m = o + PA_ROWS * D, *l = m + PA_ROWS;
     for (int r = 0; r < PA_ROWS; r++) {
         const int64_t u = u0 + r;
-        m[r] = -INFINITY; l[r] = 0.f;
+        /* a sink: the row's softmax starts from its logit (max = sink, sum = exp(0)), o = 0 */
+        m[r] = J->sinks && u < R ? J->sinks[h * G + u % G] * 1.44269504088896341f : -INFINITY;
+        l[r] = J->sinks && u < R ? 1.f : 0.f;
         if (u < R) memcpy(qa + r * D, J->q + (h * G + u % G) * J->q_hs + (u / G) * J->q_ts, (size_t)D * 2);
         else memset(qa + r * D, 0, (size_t)D * 2);
     }
     memset(o, 0, (size_t)PA_ROWS * D * 4);
     const int64_t last = u0 + PA_ROWS - 1 < R ? u0 + PA_ROWS - 1 : R - 1, pend = J->past + last / G + 1;
+    /* the first key of the first row's window, down to a 32-key block (blocks before it: never touched) */
+    const int64_t kfirst = J->past + u0 / G + 1 - J->window, kstart = kfirst > 0 ? kfirst & ~(int64_t)31 : 0;
     const uint16_t *kp = J->kp + (int64_t)h * J->nkp * D, *vp = J->vp + (int64_t)h * J->nkp * D;
     /* the scores of the next block are computed while this block's softmax runs (tiles and
      * AVX-512 are separate units: a group of tile products every few rows), into the other buffer */
-    for (int kt = 0; kt < pa_block_keys(0, pend); kt += 32) pa_scores(amx, qa, kp, D, kt, s + kt);
-    for (int64_t k0 = 0, b = 0; k0 < pend; k0 += PA_KB, b ^= 1) {
+    for (int kt = 0; kt < pa_block_keys(kstart, pend); kt += 32) pa_scores(amx, qa, kp, D, kstart + kt, s + kt);
+    for (int64_t k0 = kstart, b = 0; k0 < pend; k0 += PA_KB, b ^= 1) {
         const int nkb = pa_block_keys(k0, pend), ng = k0 + PA_KB < pend ? pa_block_keys(k0 + PA_KB, pend) / 32 : 0;
         float *sc = s + b * PA_ROWS * PA_KB, *sn = s + (b ^ 1) * PA_ROWS * PA_KB;
         for (int r = 0, g = 0; r < PA_ROWS; r++) {
             for (; g < ng && g * PA_ROWS <= r * ng; g++) pa_scores(amx, qa, kp, D, k0 + PA_KB + 32 * g, sn + 32 * g);
-            const int64_t u = u0 + r, vis = u < R ? J->past + u / G + 1 - k0 : 0;
-            if (vis <= 0) { memset(pa + r * PA_KB, 0, PA_KB * 2); continue; }
-            pa_softmax_row(sc + r * PA_KB, vis < nkb ? (int)vis : nkb, nkb, J->scale2, m + r, l + r, o + r * D, D,
-                           pa + r * PA_KB);
+            const int64_t u = u0 + r, vis = u < R ? J->past + u / G + 1 - k0 : 0, lo = vis - J->window;
+            if (vis <= 0 || lo >= nkb) { memset(pa + r * PA_KB, 0, PA_KB * 2); continue; }
+            pa_softmax_row(sc + r * PA_KB, lo > 0 ? (int)lo : 0, vis < nkb ? (int)vis : nkb, nkb, J->scale2, m + r,
+                           l + r, o + r * D, D, pa + r * PA_KB);
         }
         pa_vals(amx, pa, vp, D, k0, nkb, o);
     }
@@ -341,12 +355,14 @@ static void pv_fn(void *a, int tid) {
 #endif
 
 /* Causal attention of nq queries at the last nq of nk positions: q [Hq][nq][D], k/v [Hkv][nk][D]
- * bf16 at the given head / token strides (elements), out fp32 [Hq][nq][D] likewise. 0 when done;
- * 1 when not run here (switched off, D not a multiple of 32 up to 256, Hq not a multiple
- * of Hkv): the caller runs torch's kernel; -2 when the scratch cannot be allocated. */
-int ft_prefill_attention(void *vp, const uint16_t *q, int64_t q_hs, int64_t q_ts, int nq, int Hq, int Hkv, int D,
-                         const uint16_t *k, int64_t k_hs, int64_t k_ts, const uint16_t *v, int64_t v_hs, int64_t v_ts,
-                         int64_t nk, float scale, float *out, int64_t o_hs, int64_t o_ts) {
+ * bf16 at the given head / token strides (elements), out fp32 [Hq][nq][D] likewise; sinks [Hq]
+ * fp32 logits or NULL, window the keys each query sees (itself and the window - 1 before it; 0:
+ * all). 0 when done; 1 when not run here (switched off, D not a multiple of 32 up to 256, Hq not
+ * a multiple of Hkv): the caller runs torch's kernel; -2 when the scratch cannot be allocated. */
+int ft_prefill_attention_sinks(void *vp, const uint16_t *q, int64_t q_hs, int64_t q_ts, int nq, int Hq, int Hkv,
+                               int D, const uint16_t *k, int64_t k_hs, int64_t k_ts, const uint16_t *v, int64_t v_hs,
+                               int64_t v_ts, int64_t nk, float scale, float *out, int64_t o_hs, int64_t o_ts,
+                               const float *sinks, int64_t window) {
 #ifdef PA_KERNEL
     ft_pool *p = vp;
     if (!ft_prefill_att_mode || D % 32 || D > 256 || Hkv < 1 || Hq % Hkv || nq < 1 || nk < nq) return 1;
@@ -356,8 +372,8 @@ int ft_prefill_attention(void *vp, const uint16_t *q, int64_t q_hs, int64_t q_ts
     uint8_t *mem = scratch(p, (size_t)(2 * pack + ws_stride * p->n + 64));
     if (!mem) return -2;
     pa_job J = {q, q_hs, q_ts, k, k_hs, k_ts, v, v_hs, v_ts, out, o_hs, o_ts, nq, Hq, Hkv, D, G, nk, nkp, nk - nq,
-                scale * 1.44269504088896341f, (uint16_t *)mem, (uint16_t *)(mem + pack), mem + 2 * pack, ws_stride,
-                0, 0, 0, p};
+                scale * 1.44269504088896341f, sinks, window > 0 && window <= nk ? window : nk + 1, (uint16_t *)mem,
+                (uint16_t *)(mem + pack), mem + 2 * pack, ws_stride, 0, 0, 0, p};
     J.rblocks = (int)((nq * (int64_t)G + PA_ROWS - 1) / PA_ROWS);
     J.items = J.rblocks * Hkv;
     pool_run(p, pa_pack_fn, &J);           /* a prompt's attention is never too small for the pool */
@@ -371,6 +387,15 @@ int ft_prefill_attention(void *vp, const uint16_t *q, int64_t q_hs, int64_t q_ts
 #else
     (void)vp; (void)q; (void)q_hs; (void)q_ts; (void)nq; (void)Hq; (void)Hkv; (void)D; (void)k; (void)k_hs;
     (void)k_ts; (void)v; (void)v_hs; (void)v_ts; (void)nk; (void)scale; (void)out; (void)o_hs; (void)o_ts;
+    (void)sinks; (void)window;
     return 1;
 #endif
+}
+
+/* Plain causal attention: ft_prefill_attention_sinks without sinks or a window. */
+int ft_prefill_attention(void *vp, const uint16_t *q, int64_t q_hs, int64_t q_ts, int nq, int Hq, int Hkv, int D,
+                         const uint16_t *k, int64_t k_hs, int64_t k_ts, const uint16_t *v, int64_t v_hs, int64_t v_ts,
+                         int64_t nk, float scale, float *out, int64_t o_hs, int64_t o_ts) {
+    return ft_prefill_attention_sinks(vp, q, q_hs, q_ts, nq, Hq, Hkv, D, k, k_hs, k_ts, v, v_hs, v_ts, nk, scale, out,
+                                      o_hs, o_ts, NULL, 0);
 }
