@@ -53,22 +53,6 @@ def cpu_choice(request) -> dict:
     return opts
 
 
-@pytest.fixture(autouse=True, scope="session")
-def k256_calibration_off():
-    """Engines built under ggml_numerics "auto" read per-32 activations in the k-quant rows here. An
-    engine built through the loader keeps its choices to itself (kernels/switch_set.py), but a model
-    class built directly applies its choices to the process (models/decoder.py `model_basics`), and
-    one kept for a module sets them before the per-test guard below saves: with the per-256 choice
-    calibrated on (Zen 4 measures it faster) 36 raw-kernel tests expecting per-32 failed that way in
-    CI. The per-256 rows are tested where forced (ggml_numerics="q8k",
-    tests/experts/test_ggml_k256_experts.py); the calibration's own rule in tests/kernels/test_choices.py."""
-    from freetoken.kernels import choices
-    mp = pytest.MonkeyPatch()
-    mp.setattr(choices, "K256_MARGIN", 0.0)
-    yield
-    mp.undo()
-
-
 @pytest.fixture(autouse=True)
 def kernel_switches_restored():
     """The kernels' switches (and the torch executors' records of them) and torch's thread count

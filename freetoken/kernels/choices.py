@@ -53,6 +53,7 @@ from . import cache_dir, cpu_kernels, sources_digest, variants_here
 from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .ggml_k256 import measure_k256
 from .pool import CpuPool, shared_pool
+from .switch_set import require_loading
 
 log = logging.getLogger(__name__)
 
@@ -581,6 +582,7 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
                         pool.num_threads if pool is not None else 1, cfg.prefill_gemm, cfg.bf16_dot, cfg.kernel_isa,
                         cfg.decode_gemv, cfg.decode_attention, cfg.prefill_attention)
     if pool is not None:
+        require_loading("a model build")    # its choices set the process switches: only inside a load
         pool.lib.ft_set_bf16_dot(int(c.bf16_dot))
         set_gemv_amx(pool.lib, c)
         set_att_amx(pool.lib, c)

@@ -52,9 +52,11 @@ class SwitchSet:
 
     @classmethod
     def now(cls) -> SwitchSet:
-        """The process's switches as they are."""
-        return cls({variant: read_switches(lib) for variant, (lib, _) in switch_libraries().items()},
-                   (EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"]))
+        """The process's switches as they are. Under the lock: while another thread's engine steps,
+        its set is in place, and a snapshot then would take that set for the process's."""
+        with _lock:
+            return cls({variant: read_switches(lib) for variant, (lib, _) in switch_libraries().items()},
+                       (EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"]))
 
     def __eq__(self, other) -> bool:
         return isinstance(other, SwitchSet) and self.arrays == other.arrays and self.records == other.records
@@ -81,10 +83,12 @@ class SwitchSet:
         return self._plan
 
     def put(self) -> None:
-        """Write these values into the process (what the test guard and a finished load do)."""
-        for variant, (lib, built) in switch_libraries().items():
-            lib.ft_switches(None, self._values_for(variant, built))
-        EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"] = self.records
+        """Write these values into the process (what the test guard and a finished load do); under
+        the lock, so never into another thread's step."""
+        with _lock:
+            for variant, (lib, built) in switch_libraries().items():
+                lib.ft_switches(None, self._values_for(variant, built))
+            EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"] = self.records
 
     def installed(self) -> SwitchSet:
         """`with engine_set.installed():` these values in place for the block, the caller's after."""
@@ -116,6 +120,15 @@ class SwitchSet:
                 EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"] = records
         finally:
             _lock.release()
+
+
+def require_loading(what: str) -> None:
+    """Raises unless this thread is inside `loading()`: a model's choices go into the process
+    switches only there, so no build outside a load leaves them behind for later kernel calls."""
+    with _lock:     # re-entrant: the loading thread holds it; any other thread waits, then sees none
+        if not (_stack and _stack[-1][0] is None):
+            raise RuntimeError(f"{what} applies a model's kernel choices: build it inside "
+                               "kernels.switch_set.loading() (loading/loader.py does)")
 
 
 @contextmanager

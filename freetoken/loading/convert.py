@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..config import EngineConfig
+from ..kernels.switch_set import loading
 from ..weights.checkpoint import Checkpoint
 from ..weights.ftw import format as ftw_format
 from ..weights.ftw.from_gguf import convert_gguf
@@ -36,8 +37,9 @@ def convert(model_dir: str | os.PathLike, out: str | os.PathLike, expert_format:
                        expert_format=expert_format, num_threads=num_threads)
     rec = RecordingCheckpoint(ck)
     max_pos = int(ck.config.get("max_position_embeddings") or 4096)
-    model = build_model(rec, cfg, min(max_pos, 4096))           # its tensors only: no experts backend
-    pool = expert_pool(model, cfg) if model.experts is not None else None
+    with loading():     # the build's kernel choices apply while it runs, the caller's after
+        model = build_model(rec, cfg, min(max_pos, 4096))       # its tensors only: no experts backend
+        pool = expert_pool(model, cfg) if model.experts is not None else None
 
     items: list[tuple[str, str, torch.Tensor]] = []
     for name, data in side_files(src):

@@ -24,26 +24,31 @@ def _decode(llm: LLM, prompt: list[int]):
     return out[0].token_ids, rows
 
 
+def _one_call_is_the_separate_calls(llm: LLM, one_call, switch: list) -> None:
+    """Decodes once watching `one_call`'s calls (a non-None result: it ran) and once with its
+    `switch` off: the same greedy tokens and every logits row bit-identical."""
+    ran, call = [], one_call.__call__
+    one_call.__call__ = lambda self, *a: (lambda r: ran.append(r is not None) or r)(call(self, *a))
+    try:
+        fused = _decode(llm, [5, 6, 7, 8, 9])
+    finally:
+        one_call.__call__ = call
+    assert any(ran), f"{one_call.__name__} never ran"
+    switch[0] = False
+    try:
+        ref = _decode(llm, [5, 6, 7, 8, 9])
+    finally:
+        switch[0] = True
+    assert fused[0] == ref[0]
+    assert len(fused[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(fused[1], ref[1]))
+
+
 def test_ggml_attention_half_is_the_separate_calls(tiny_dir, to_gguf):
     llm = LLM(str(to_gguf(tiny_dir("qwen3_moe"), "q8_0")), moe_backend="cpu", num_threads=2, prefix_cache=False,
               speculative="off")
     try:
-        layer = llm.engine.model.layers[0]
-        assert isinstance(layer.attn.qkv, GgmlLinear)
-        ran, call = [], AttnHalf.__call__
-        AttnHalf.__call__ = lambda self, *a: (lambda r: ran.append(r is not None) or r)(call(self, *a))
-        try:
-            fused = _decode(llm, [5, 6, 7, 8, 9])
-        finally:
-            AttnHalf.__call__ = call
-        assert any(ran), "the one-call half never ran"
-        half_mod.FUSED[0] = False
-        try:
-            ref = _decode(llm, [5, 6, 7, 8, 9])
-        finally:
-            half_mod.FUSED[0] = True
-        assert fused[0] == ref[0]
-        assert len(fused[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(fused[1], ref[1]))
+        assert isinstance(llm.engine.model.layers[0].attn.qkv, GgmlLinear)
+        _one_call_is_the_separate_calls(llm, AttnHalf, half_mod.FUSED)
     finally:
         llm.close()
 
@@ -54,19 +59,6 @@ def test_ggml_moe_row_is_the_block_call(tiny_dir, to_gguf):
     llm = LLM(str(to_gguf(tiny_dir("qwen3_moe"), "q8_0")), moe_backend="cpu", num_threads=2, prefix_cache=False,
               speculative="off")
     try:
-        calls, orig = [], MoERow.__call__
-        MoERow.__call__ = lambda self: calls.append(self.layer) or orig(self)
-        try:
-            rows = _decode(llm, [5, 6, 7, 8, 9])
-        finally:
-            MoERow.__call__ = orig
-        assert calls, "the MoE row never ran"
-        moe_mod.ROWS[0] = False
-        try:
-            ref = _decode(llm, [5, 6, 7, 8, 9])
-        finally:
-            moe_mod.ROWS[0] = True
-        assert rows[0] == ref[0]
-        assert len(rows[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(rows[1], ref[1]))
+        _one_call_is_the_separate_calls(llm, MoERow, moe_mod.ROWS)
     finally:
         llm.close()
