@@ -125,3 +125,28 @@ def test_building_and_stepping_an_engine_leaves_the_process_switches(bf16_model)
     llm.generate([PROMPT], GREEDY)
     assert SwitchSet.now() == before and torch.equal(raw_gemv(x, w), raw_before)
     llm.close()
+
+
+def test_converting_a_checkpoint_leaves_the_process_switches(bf16_model, tmp_path):
+    """`freetoken convert` builds the model as a load does, its calibrated choices in force meanwhile
+    (where they differ from the as-built switches, e.g. the bf16 dots or the per-256 k-quants a
+    calibration turns on, an unguarded build leaves them set): after it, the switches are as before."""
+    from freetoken.loading.convert import convert
+    shared_pool(2)                      # the kernels loaded: their switches are in the snapshot
+    before = SwitchSet.now()
+    convert(bf16_model, tmp_path / "m.ftw", num_threads=2)
+    assert SwitchSet.now() == before
+
+
+def test_a_model_built_outside_a_load_is_refused(bf16_model):
+    """A model's choices go into the process only inside `loading()`: a build outside it would leave
+    them behind for every later raw kernel call."""
+    from freetoken.config import EngineConfig
+    from freetoken.loading.loader import build_model
+    from freetoken.weights.checkpoint import Checkpoint
+    cfg = EngineConfig(model=str(bf16_model), dtype="bfloat16", device="cpu", moe_backend="cpu", num_threads=2)
+    shared_pool(2)
+    before = SwitchSet.now()
+    with pytest.raises(RuntimeError, match="loading()"):
+        build_model(Checkpoint(bf16_model), cfg, 64)
+    assert SwitchSet.now() == before
