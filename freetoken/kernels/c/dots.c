@@ -667,7 +667,7 @@ TILE_CASES(FMT_NVFP4)
 
 int wide_tiles(int fmt) {
 #if defined(FT_AVX2) && defined(__AVX512F__)
-    return fmt == FMT_F32 || fmt == FMT_F16 || (fmt == FMT_BF16 && !ft_bf16_dot_on);
+    return int8_zmm_on(fmt) || fmt == FMT_F32 || fmt == FMT_F16 || (fmt == FMT_BF16 && !ft_bf16_dot_on);
 #else
     (void)fmt;
     return 0;
@@ -676,6 +676,7 @@ int wide_tiles(int fmt) {
 
 void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                      const uint8_t *const *xp, int nt, float (*res)[NTMAX]) {
+    if (int8_zmm_on(fmt) && int8_zmm_tile(fmt, wr, sr, R, n, xp, nt, res)) return;
 #if defined(FT_AVX2) && defined(__AVX512F__)
     switch (fmt) {      /* the float formats' zmm tiles (ftile's bits) */
     case FMT_F32: ztile_FMT_F32(wr, R, n, xp, nt, res); return;
