@@ -1,10 +1,11 @@
 /* The int8-activation dot tiles (int8, mxfp4) in zmm registers: dots.c's qtile / mtile with two
- * weight rows in the two 256-bit halves of each register and the token's activations broadcast to
- * both. Every half runs its row's ymm tile lane for lane (the same integer sums, the same float
- * operations in the same order, the same final sum), so a dot has the ymm tile's bits; one zmm
- * instruction does two ymm ones' work, which halves the instructions a Zen 4 (512-bit ops as two
- * halves) decodes and retires per multiply: the ymm prefill tile was bound there, not by vpdpbusd.
- * On when ft_int8_zmm (kernels/int8_tiles.py's calibration). */
+ * weight rows in the two 256-bit halves of each register and the token's activations in both
+ * (prep_range writes them twice over). Every half runs its row's ymm tile lane for lane (the same
+ * integer sums, the same float operations in the same order, the same final sum), so a dot has the
+ * ymm tile's bits in half the instructions. Faster only where the ymm tile is bound by issuing
+ * instructions: on a Zen 4 (512-bit ops as two halves) it is bound by execution slots (vpdpbusd,
+ * convert, permute and fma per block pair and token) and the zmm tile measured 0.87-0.94x (mxfp4),
+ * 1.0x (int8). On when ft_int8_zmm (kernels/int8_tiles.py's calibration). */
 #include "ft_kernels.h"
 
 int ft_int8_zmm;
@@ -46,7 +47,7 @@ FORCE_INLINE __m512i load2x32(const uint8_t *a, const uint8_t *b) {
                               _mm256_loadu_si256((const __m256i *)b), 1);
 }
 /* the 32 activation bytes of chunk c in both halves: prep_range writes each chunk twice over when the
- * zmm tiles are on (a plain load, no broadcast: the broadcasts cost the tile ~20% on a Zen 4) */
+ * zmm tiles are on (a plain load: broadcast loads cost the mxfp4 tile 6% more on a Zen 4) */
 FORCE_INLINE __m512i ldx(const uint8_t *x, int c) { return _mm512_loadu_si512((const void *)(x + 64 * (int64_t)c)); }
 FORCE_INLINE __m512 bcast8f(const float *a) {
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)a)));
