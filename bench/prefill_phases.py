@@ -1,6 +1,6 @@
 """Where a prefill's time goes, per phase, as a share of this core's peak (outside CI).
 
-    PYTHONPATH=. .venv/bin/python bench/prefill_phases.py [--shape medium|medium48|gpt-oss] [--prompt 4096]
+    PYTHONPATH=. .venv/bin/python bench/prefill_phases.py [--shape medium|medium48|gpt-oss] [--prompt 4096] [--int8-tiles auto|ymm|zmm]
 
 One engine thread (the pool runs in the caller), bf16, random-token prompts: a warm-up prompt,
 then the prompt once under cProfile on the thread's CPU time (the load's time slicing is not
@@ -78,12 +78,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="medium", choices=("medium", "medium48", "gpt-oss"))
     ap.add_argument("--prompt", type=int, default=4096)
+    ap.add_argument("--int8-tiles", default="auto", choices=("auto", "ymm", "zmm"),
+                    help="the int8 / mxfp4 dot tiles in ymm or zmm registers (auto: calibrated)")
     ap.add_argument("--top", dest="other", type=int, default=0, help="also print the N functions of most own time")
     args = ap.parse_args()
     model = {"medium": medium_checkpoint, "gpt-oss": medium_gpt_oss,
              "medium48": lambda: medium_checkpoint(name="qwen3-moe-medium48", **MEDIUM_QWEN3_48)}[args.shape]()
     cfg = json.loads((model / "config.json").read_text())
-    llm = LLM(str(model), num_threads=1, max_model_len=args.prompt + 64, dtype="bfloat16")
+    llm = LLM(str(model), num_threads=1, max_model_len=args.prompt + 64, dtype="bfloat16", int8_tiles=args.int8_tiles)
     once = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
     rng = random.Random(1)
     prompt = lambda: [rng.randrange(100, cfg["vocab_size"] - 100) for _ in range(args.prompt)]  # noqa: E731
@@ -99,7 +101,7 @@ def main():
     inst, peak = m.ceiling("bf16")
     times, flops = phase_times(pstats.Stats(prof)), phase_flops(cfg, args.prompt)
     n = args.prompt
-    print(f"{args.shape}, {n} tokens, 1 thread: {n / total:.0f} tok/s on thread CPU time ({total:.2f} s); "
+    print(f"{args.shape}, {n} tokens, 1 thread, int8 tiles {args.int8_tiles}: {n / total:.0f} tok/s on thread CPU time ({total:.2f} s); "
           f"peak {inst} {peak / 1e9:.0f} GFLOP/s (best burst; median {m.median[inst] / 1e9:.0f})")
     print(f"{'phase':<28}{'s':>7}{'time':>7}{'GFLOP/s':>9}{'of peak':>9}")
     for name in [p for p, _ in PHASES] + [OTHER]:

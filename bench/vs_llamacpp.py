@@ -4,6 +4,7 @@
                                           [--decode 64] [--rounds 3] [--formats bf16,q8_0,q4_k_m,gguf_q8_0,mxfp4,
                                            q2_k,q3_k_m,q4_1,q5_0,q5_1,iq4_nl,smollm2]
                                           [--shape medium|medium48] [--speculative off] [--clock wall|process]
+                                          [--int8-tiles auto|ymm|zmm]
 
 bf16 and q8_0 run a medium Qwen3-MoE (q8_0: FreeToken's int8 experts and int8 dense layers,
 `expert_format="int8", dense_format="int8"`, vs llama.cpp's Q8_0 GGUF);
@@ -292,10 +293,10 @@ def side_by_side(py, gguf, model, prompts, args, ft_opts) -> tuple[dict, dict, l
     return ft, ll, ratios
 
 
-def isa_line(threads: int) -> str:
+def isa_line(threads: int, int8_tiles: str = "auto") -> str:
     """The CPU model, its SIMD flags that matter here, and what FreeToken chose on it."""
     from freetoken.kernels import cpu_kernels
-    from freetoken.kernels.choices import machine_choices
+    from freetoken.kernels.choices import int8_zmm_choice, machine_choices
     from freetoken.platform import cpu_flags
     model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("model name")), "?")
@@ -304,8 +305,10 @@ def isa_line(threads: int) -> str:
     flags = " ".join(f for f in wanted if f in cpu_flags())
     lib = cpu_kernels()
     choice = machine_choices(torch.bfloat16, torch.device("cpu"), "auto", lib is not None, threads)
+    tiles = (f"; int8 / mxfp4 dot tiles in {'zmm' if int8_zmm_choice(lib, 'native', threads, forced=int8_tiles) else 'ymm'}"
+             f" registers ({'calibrated' if int8_tiles == 'auto' else 'forced'})" if lib else "")
     return (f"CPU: {model}; flags: {flags}; kernels: {lib.ft_isa().decode() if lib else 'none'}; "
-            f"{choice.describe()}")
+            f"{choice.describe()}{tiles}")
 
 
 def main():
@@ -325,12 +328,14 @@ def main():
                          "on the int8 dots: the before of the prefill tiles)")
     ap.add_argument("--speculative", default=None,
                     help="FreeToken's speculative mode (default: the engine's, auto; llama.cpp never speculates here)")
+    ap.add_argument("--int8-tiles", default="auto", choices=("auto", "ymm", "zmm"),
+                    help="FreeToken's int8_tiles: the int8 / mxfp4 dot tiles in ymm or zmm registers (auto: calibrated)")
     ap.add_argument("--clock", choices=list(CLOCK), default="wall",
                     help="process: both engines timed on their process's CPU time (use with --threads 1 on a loaded machine)")
     args = ap.parse_args()
     NOW[0] = CLOCK[args.clock]
     torch.set_num_threads(args.threads)
-    print(isa_line(args.threads), flush=True)
+    print(isa_line(args.threads, args.int8_tiles), flush=True)
     from freetoken.kernels.roofline import measure_machine
     machine = measure_machine(args.threads, clock=NOW[0])     # the limits on the runs' clock too
     print("roofline: " + machine.describe(), flush=True)
@@ -343,6 +348,7 @@ def main():
             ft_opts = {**ft_opts, "ggml_numerics": args.ggml_numerics}
         if args.speculative:
             ft_opts = {**ft_opts, "speculative": args.speculative}
+        ft_opts = {**ft_opts, "int8_tiles": args.int8_tiles}
         if SHAPES[args.shape] and build is medium_checkpoint:
             name, shape = SHAPES[args.shape]
             model = medium_checkpoint(name=name, **shape)
@@ -366,7 +372,7 @@ def main():
                     ft.pop("llm").close()
                 rows.append((fmt, plen, par, model, ft, ll, ratios, agree, shares(fmt, cfg, plen, par, ft, ll, machine, gguf)))
                 print_row(*rows[-1])
-    print(f"\n{isa_line(args.threads)}\n{args.threads} threads, decode {args.decode} tokens per sequence, "
+    print(f"\n{isa_line(args.threads, args.int8_tiles)}\n{args.threads} threads, decode {args.decode} tokens per sequence, "
           f"median of {args.rounds} alternating rounds; decode tok/s aggregate over the parallel sequences")
     print(f"{'format':8}{'prompt':>7}{'par':>4}  {'engine':11}{'prefill tok/s':>15}{'decode tok/s':>14}")
     print("roofline: " + machine.describe())

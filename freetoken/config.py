@@ -36,7 +36,8 @@ def check_gib(name: str, value) -> None:
 # the automatic CPU choices an EngineConfig can force, and the values each takes besides "auto"
 FORCED_CHOICES = {"prefill_gemm": ("float32", "bfloat16", "amx", "vdpbf16ps"), "bf16_dot": ("on", "off"),
                   "kernel_isa": ("native", "avx2", "portable"), "decode_gemv": ("amx", "dots"),
-                  "decode_attention": ("amx", "fp32"), "prefill_attention": ("amx", "vdpbf16ps", "torch")}
+                  "decode_attention": ("amx", "fp32"), "prefill_attention": ("amx", "vdpbf16ps", "torch"),
+                  "int8_tiles": ("ymm", "zmm")}
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,10 @@ class EngineConfig:
     prefill_attention: str = flag("auto", choices=("auto", *FORCED_CHOICES["prefill_attention"]),
                                   help="force bf16 prefill attention onto AMX tiles, vdpbf16ps tiles or torch's flash kernel "
                                        "(auto: calibrated)")
+    # int8_tiles: ymm | zmm (the int8 / mxfp4 experts' and dense rows' int8 dot tiles in 256- or
+    # 512-bit registers, kernels/c/int8_zmm.c; the same bits either way: speed alone).
+    int8_tiles: str = flag("auto", choices=("auto", *FORCED_CHOICES["int8_tiles"]),
+                           help="force the int8 / mxfp4 dot tiles into ymm or zmm registers (auto: calibrated)")
     # How the ggml (GGUF-quantized) layers round activations: q8 = int8 per 32 with fp32 scales in
     # the decode GEMV, exact prefill; llama = llama.cpp's q8_0/q8_1 rounding (fp16 scales and block
     # sums) in both; float32 = exact everywhere (decode dequantizes rows for a GEMM: slower).

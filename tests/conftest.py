@@ -28,6 +28,7 @@ CPU_CHOICES = {
     "attn-amx": {"decode_attention": "amx"}, "attn-fp32": {"decode_attention": "fp32"},
     "pattn-amx": {"prefill_attention": "amx"}, "pattn-vdpbf16ps": {"prefill_attention": "vdpbf16ps"},
     "pattn-torch": {"prefill_attention": "torch"},
+    "int8-ymm": {"int8_tiles": "ymm"}, "int8-zmm": {"int8_tiles": "zmm"},
 }
 
 
@@ -50,6 +51,11 @@ def cpu_choice(request) -> dict:
         from freetoken.kernels.gemm import modes_here
         if load() is None or "vdpbf16ps" not in modes_here(load()):
             pytest.skip("vdpbf16ps does not run here (no avx512_bf16 in this kernel build)")
+    if opts.get("int8_tiles") == "zmm":
+        from freetoken.kernels import load
+        lib = load()      # (the switch probed here is put back by kernel_switches_restored)
+        if lib is None or not lib.ft_set_int8_zmm(1):
+            pytest.skip("the zmm int8 tiles do not run here (no AVX-512 in this kernel build)")
     return opts
 
 

@@ -136,7 +136,7 @@ class LLMEngine:
         cfg = EngineConfig(model=path, dtype=c.dtype, device=c.device, compute_dtype=c.compute_dtype,
                            kernel_isa=c.kernel_isa, prefill_gemm=c.prefill_gemm, bf16_dot=c.bf16_dot, decode_gemv=c.decode_gemv,
                            decode_attention=c.decode_attention,
-                           prefill_attention=c.prefill_attention, max_num_seqs=c.max_num_seqs, kv_block_size=c.kv_block_size,
+                           prefill_attention=c.prefill_attention, int8_tiles=c.int8_tiles, max_num_seqs=c.max_num_seqs, kv_block_size=c.kv_block_size,
                            num_threads=c.num_threads, prefix_cache=False, speculative="off", seed=c.seed,
                            max_num_batched_tokens=c.max_num_batched_tokens)
         return DraftModelDrafter(LLMEngine(cfg), self.tokenizer, self.vocab_size, path)

@@ -118,6 +118,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_set_ggml_act.restype = ctypes.c_int
     lib.ft_set_ggml_k256.argtypes = [ctypes.c_int]
     lib.ft_set_ggml_k256.restype = ctypes.c_int
+    if hasattr(lib, "ft_set_int8_zmm"):    # absent from revisions before it (bench trees' older builds)
+        lib.ft_set_int8_zmm.argtypes = [ctypes.c_int]
+        lib.ft_set_int8_zmm.restype = ctypes.c_int
     lib.ft_pool_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), i64, i64]
     lib.ft_pool_create.restype = vp
     lib.ft_pool_destroy.argtypes = [vp]

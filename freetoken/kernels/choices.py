@@ -52,6 +52,7 @@ from ..quant.ggml_act import act_mode
 from . import cache_dir, cpu_kernels, sources_digest, variants_here
 from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .ggml_k256 import measure_k256
+from .int8_tiles import measure_int8_tiles
 from .pool import CpuPool, shared_pool
 from .switch_set import require_loading
 
@@ -589,6 +590,7 @@ def model_kernels(cfg) -> tuple[object, CpuChoices]:
         set_prefill_att(pool.lib, c)
         pool.lib.ft_set_ggml_act(act_mode(cfg.ggml_numerics))
         pool.lib.ft_set_ggml_k256(int(ggml_k256_choice(cfg.ggml_numerics, variant, pool.num_threads)))
+        pool.lib.ft_set_int8_zmm(int(int8_zmm_choice(pool.lib, variant, pool.num_threads, forced=cfg.int8_tiles)))
         set_gemm_tiles(pool.lib, c)
         set_ggml_tiles(pool.lib, c, cfg.ggml_numerics, cfg.prefill_gemm)
     return pool, c
@@ -611,6 +613,28 @@ def ggml_k256_choice(numerics: str, isa: str, threads: int, measure: Callable[..
                         flags, threads, lambda: measure(threads, isa), lambda t: t["q8k"] < K256_MARGIN * t["q8"])
     log.debug("k-quant decode activations per %s (calibrated: per 256 at %.2fx the speed of per 32)",
               256 if on else 32, t["q8"] / t["q8k"])
+    return on
+
+
+def int8_zmm_choice(lib, isa: str, threads: int, measure: Callable[..., dict] = measure_int8_tiles,
+                    cache: os.PathLike | None = None, forced: str = "auto") -> bool:
+    """Whether the int8 / mxfp4 dots run on the zmm tiles (kernels/int8_tiles.py: the ymm tiles'
+    bits, so speed alone decides): `forced` (EngineConfig.int8_tiles) ymm | zmm (zmm where the
+    build has no AVX-512: a clear error), else where the build has them, calibrated (one expert's
+    prefill-shaped call in both formats, both ways), cached per CPU model and thread count like the
+    other choices."""
+    was = lib.ft_set_int8_zmm(-1)
+    runs = lib.ft_set_int8_zmm(1)
+    lib.ft_set_int8_zmm(was)
+    if forced == "zmm" and not runs:
+        raise InvalidRequestError("int8_tiles: 'zmm' does not run here (the zmm tiles need an AVX-512 kernel "
+                                  "build); expected one of auto|ymm")
+    if forced != "auto" or not runs:
+        return forced == "zmm"
+    on, t = _calibrated(cache if cache is not None else cache_dir(), f"int8zmm:e2048x768-t64:{cpu_model()}:{isa}",
+                        cpu_flags(), threads, lambda: measure(threads, isa), lambda t: t["zmm"] < t["ymm"])
+    log.debug("int8 / mxfp4 expert tiles in %s registers (calibrated: zmm at %.2fx the speed of ymm)",
+              "zmm" if on else "ymm", t["ymm"] / t["zmm"])
     return on
 
 

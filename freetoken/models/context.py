@@ -32,6 +32,7 @@ class BuildContext:
     decode_gemv = property(lambda self: self.cfg.decode_gemv)
     decode_attention = property(lambda self: self.cfg.decode_attention)
     prefill_attention = property(lambda self: self.cfg.prefill_attention)
+    int8_tiles = property(lambda self: self.cfg.int8_tiles)
     kernel_isa = property(lambda self: self.cfg.kernel_isa)
     ggml_numerics = property(lambda self: self.cfg.ggml_numerics)
 

@@ -6,6 +6,7 @@ import torch
 from freetoken import kernels
 from freetoken.kernels import choices
 from freetoken.kernels.choices import isa_level, cpu_choices, measure_att_amx, measure_prefill_att
+from freetoken.errors import InvalidRequestError
 
 CPU = torch.device("cpu")
 ZEN4 = frozenset("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16".split())
@@ -316,3 +317,36 @@ def test_prefill_attention_calibration_runs_the_library_here():
     runs = {m for m, code in (("amx", 1), ("vdpbf16ps", 2)) if lib.ft_set_prefill_att(code)}
     lib.ft_set_prefill_att(0)
     assert set(t) == {"torch"} | runs and all(v > 0 for v in t.values())
+
+
+@pytest.mark.parametrize("isa", kernels.variants_here())
+def test_int8_zmm_forced_or_calibrated_where_the_build_has_it(isa, tmp_path):
+    """int8_tiles ymm | zmm forces the int8 / mxfp4 tiles (zmm without AVX-512 in the build: a clear
+    error); auto takes the faster of a (cached) calibration, never measured where zmm cannot run."""
+    def never(*a):
+        raise AssertionError("measured")
+    lib = kernels.load(isa)
+    runs = bool(lib.ft_set_int8_zmm(1))
+    lib.ft_set_int8_zmm(0)
+    assert runs == (isa == "native" and lib.ft_isa().decode().startswith("avx512"))
+    assert choices.int8_zmm_choice(lib, isa, 2, measure=never, cache=tmp_path, forced="ymm") is False
+    if not runs:
+        with pytest.raises(InvalidRequestError):
+            choices.int8_zmm_choice(lib, isa, 2, measure=never, cache=tmp_path, forced="zmm")
+        assert choices.int8_zmm_choice(lib, isa, 2, measure=never, cache=tmp_path) is False
+        return
+    assert choices.int8_zmm_choice(lib, isa, 2, measure=never, cache=tmp_path, forced="zmm") is True
+    for faster, on in (("zmm", True), ("ymm", False)):
+        times = {"ymm": 2.0, "zmm": 2.0, faster: 1.0}
+        assert choices.int8_zmm_choice(lib, isa, 2, measure=lambda *a: times, cache=tmp_path / faster) is on
+        assert choices.int8_zmm_choice(lib, isa, 2, measure=never, cache=tmp_path / faster) is on     # cached
+    assert lib.ft_set_int8_zmm(-1) == 0                 # the choice returns, the caller switches
+
+
+@pytest.mark.parametrize("isa", kernels.variants_here())
+def test_int8_tiles_calibration_runs_the_library_here(isa):
+    from freetoken.kernels.int8_tiles import measure_int8_tiles
+    lib = kernels.load(isa)
+    t = measure_int8_tiles(1, isa, hidden=256, inter=64, tokens=8, reps=1)
+    assert set(t) == {"ymm", "zmm"} and all(v > 0 for v in t.values())
+    assert lib.ft_set_int8_zmm(-1) == 0                 # the switch left as it was

@@ -25,6 +25,7 @@ def set_some(lib) -> None:
     lib.ft_set_bf16_dot(1)
     lib.ft_set_ggml_act(2)
     lib.ft_set_ggml_k256(1)
+    lib.ft_set_int8_zmm(1)
     lib.ft_set_ggml_tiles(0, 7)
     lib.ft_set_gemm(0, 5, 0)
     EXECUTOR_RECORDS["bf16_dot"], EXECUTOR_RECORDS["tiles_min"] = True, 5

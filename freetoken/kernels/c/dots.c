@@ -33,8 +33,10 @@ void prep_range(int fmt, const float *src, uint8_t *dst, int n, int j0, int j1) 
         return;
     }
     if (fmt == FMT_INT8 || fmt == FMT_MXFP4 || fmt == FMT_NVFP4) {
+        /* the zmm tiles read every 32 bytes twice over (int8_zmm.c: both halves of a load) */
+        const int dup = int8_zmm_on(fmt);
         int8_t *q = (int8_t *)dst;
-        float *d = (float *)(dst + n);
+        float *d = (float *)(dst + (dup ? 2 * n : n));
         for (int b = j0 / 32; b < j1 / 32; b++) {
             const float *x = src + b * 32;
             float amax = 0.f;
@@ -46,7 +48,9 @@ void prep_range(int fmt, const float *src, uint8_t *dst, int n, int j0, int j1) 
                 int j = b * 32 + i;
                 int v = (int)nearbyintf(x[i] * id);
                 sum += v;
-                q[fmt == FMT_INT8 ? j : perm_mxfp4(j, n)] = (int8_t)v;
+                int at = fmt == FMT_INT8 ? j : perm_mxfp4(j, n);
+                if (dup) { at = (at >> 5) * 64 + (at & 31); q[at + 32] = (int8_t)v; }
+                q[at] = (int8_t)v;
                 if (fmt == FMT_NVFP4 && i == 15) { d[n / 32 + 2 * b] = 12.f * (float)sum * dd; sum = 0; }
             }
             if (fmt == FMT_MXFP4) d[n / 32 + b] = 12.f * (float)sum * dd;  /* offset correction */
@@ -667,7 +671,7 @@ TILE_CASES(FMT_NVFP4)
 
 int wide_tiles(int fmt) {
 #if defined(FT_AVX2) && defined(__AVX512F__)
-    return fmt == FMT_F32 || fmt == FMT_F16 || (fmt == FMT_BF16 && !ft_bf16_dot_on);
+    return int8_zmm_on(fmt) || fmt == FMT_F32 || fmt == FMT_F16 || (fmt == FMT_BF16 && !ft_bf16_dot_on);
 #else
     (void)fmt;
     return 0;
@@ -676,6 +680,7 @@ int wide_tiles(int fmt) {
 
 void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                      const uint8_t *const *xp, int nt, float (*res)[NTMAX]) {
+    if (int8_zmm_on(fmt) && int8_zmm_tile(fmt, wr, sr, R, n, xp, nt, res)) return;
 #if defined(FT_AVX2) && defined(__AVX512F__)
     switch (fmt) {      /* the float formats' zmm tiles (ftile's bits) */
     case FMT_F32: ztile_FMT_F32(wr, R, n, xp, nt, res); return;

@@ -374,10 +374,23 @@ FT_HIDDEN float *att_amx_item(const float *q, int64_t q_rs, int R, int G, int D,
                               const int64_t *nr, int64_t n, int64_t chunk, float scale, void *ws, float *ml);
 #endif
 
-/* 1 where dot_tile runs fmt in tiles of 4 rows for any token count (AVX-512 float tiles). */
+/* 1 where dot_tile runs fmt in tiles of 4 rows for any token count (AVX-512 float tiles, the int8 zmm tiles). */
 FT_HIDDEN int wide_tiles(int fmt);
 FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
                         const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
+/* int8_zmm.c: the int8 / mxfp4 tiles in zmm registers (the ymm tiles' bits), on when ft_int8_zmm;
+ * returns 0 for another format or a build without AVX-512 */
+FT_HIDDEN extern int ft_int8_zmm;
+FT_HIDDEN int int8_zmm_tile(int fmt, const uint8_t *const *wr, const uint8_t *const *sr, int R, int n,
+                            const uint8_t *const *xp, int nt, float (*res)[NTMAX]);
+static inline int int8_zmm_on(int fmt) {
+#ifdef FT_AVX512
+    return ft_int8_zmm && (fmt == FMT_INT8 || fmt == FMT_MXFP4);
+#else
+    (void)fmt;
+    return 0;
+#endif
+}
 
 /* ------------------------------------------------------------------ thread pool */
 

@@ -154,7 +154,8 @@ static void moe_run_fn(void *a, int tid) {
                 const int je = jb + RB < j1 ? jb + RB : j1;
                 const uint8_t *xp[NTMAX];
                 for (int t = 0; t < nt; t++) xp[t] = J->xq + (int64_t)J->r_tok[s0 + c + t] * xs;
-                const int jr = nt == 1 ? 2 : 1;   /* rows j..j+jr-1 of gate and of up per tile */
+                /* rows j..j+jr-1 of gate and of up per tile (the int8 zmm tiles: two row pairs) */
+                const int jr = nt == 1 || int8_zmm_on(fmt) ? 2 : 1;
                 for (int j = jb; j < je; j += jr) {
                     int m = j + jr <= je ? jr : je - j;
                     const uint8_t *wr[4], *sr[4];

@@ -10,7 +10,7 @@ extern int ft_bf16_dot_on, ft_gemv_amx, ft_att_amx, ft_prefill_att_mode, ft_gemm
 
 static int *const SWITCHES[] = {&ft_bf16_dot_on, &ft_gemv_amx, &ft_att_amx, &ft_prefill_att_mode, &ft_gemm_mode,
                                 &ft_gemm_min, &ft_gemm_dense, &ft_ggml_act_mode, &ft_ggml_act_llama, &ft_ggml_k256,
-                                &ft_ggml_tiles, &ft_ggml_group_min};
+                                &ft_ggml_tiles, &ft_ggml_group_min, &ft_int8_zmm};
 #define N_SWITCHES ((int)(sizeof SWITCHES / sizeof SWITCHES[0]))
 
 /* Copies the switches into `save` (unless NULL), then sets them from `restore` (unless NULL); returns
