@@ -105,7 +105,12 @@ FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *x
     for (; i + 32 <= n; i += 32) {
         __m512bh w[4];
         for (int r = 0; r < R; r++) {
+            /* two prefetches a line, the second one line further (ztile's fp32 rows issue two
+             * a line too): Zen 4, one thread, the dense step's GEMVs from DRAM at 5 / 9 rows
+             * 0.739 -> 0.624 / 0.554 -> 0.498x fp32's, 1 row 1.004 -> 0.990x (a farther
+             * distance alone gained nothing) */
             PREFETCH(wr[r] + 2 * i);
+            PREFETCH(wr[r] + 2 * i + 64);
             w[r] = (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i);
         }
         for (int t = 0; t < NT; t++) {
