@@ -97,7 +97,7 @@ void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *
  * activations outgrow L1); btile's chains (one per (row, token), 32 pairs a step, the masked
  * tail, one reduction), so every dot has btile's bits whatever R and NT. */
 FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *xp, float *res, int ldr,
-                        const int R, const int NT) {
+                        int pf_lines, const int R, const int NT) {
     __m512 acc[4][BW_TOK];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
@@ -105,7 +105,12 @@ FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *x
     for (; i + 32 <= n; i += 32) {
         __m512bh w[4];
         for (int r = 0; r < R; r++) {
+            /* pf_lines of the next tile's lines a step, from this column on (a farther
+             * distance alone gained nothing; see dense.c for the counts) */
             PREFETCH(wr[r] + 2 * i);
+            if (pf_lines >= 2) PREFETCH(wr[r] + 2 * i + 64);
+            if (pf_lines >= 3) PREFETCH(wr[r] + 2 * i + 128);
+            if (pf_lines >= 4) PREFETCH(wr[r] + 2 * i + 192);
             w[r] = (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i);
         }
         for (int t = 0; t < NT; t++) {
@@ -129,13 +134,14 @@ FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *x
 /* R is BW_ROWS(NT) but for a thread's last rows, which go one at a time */
 #define BWIDE(NT)                                                                \
     case NT:                                                                     \
-        if (R == BW_ROWS(NT)) bwide(wr, n, xp, res, ldr, BW_ROWS(NT), NT);       \
-        else for (int r = 0; r < R; r++) bwide(wr + r, n, xp, res + r * ldr, ldr, 1, NT); \
+        if (R == BW_ROWS(NT)) bwide(wr, n, xp, res, ldr, pf_lines, BW_ROWS(NT), NT); \
+        else for (int r = 0; r < R; r++) bwide(wr + r, n, xp, res + r * ldr, ldr, pf_lines, 1, NT); \
         break;
 
-/* res[r * ldr + t] = <row wr[r], x_t> for r < R (<= BW_ROWS(nt)), t < nt (<= BW_TOK). */
+/* res[r * ldr + t] = <row wr[r], x_t> for r < R (<= BW_ROWS(nt)), t < nt (<= BW_TOK); pf_lines (1-4)
+ * lines of the next tile prefetched a step per row. */
 void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt, float *res,
-                         int ldr) {
+                         int ldr, int pf_lines) {
     switch (nt) {
     BWIDE(1) BWIDE(2) BWIDE(3) BWIDE(4) BWIDE(5) BWIDE(6) BWIDE(7) BWIDE(8)
     }

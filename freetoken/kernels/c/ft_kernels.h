@@ -321,7 +321,7 @@ FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const
 #define BW_TOK 8
 #define BW_ROWS(nt) (30 / ((nt) + 1) < 4 ? 30 / ((nt) + 1) : 4)
 FT_HIDDEN void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
-                                   float *res, int ldr);
+                                   float *res, int ldr, int pf_lines);
 FT_HIDDEN int bf16_pairs_tokens(int64_t M);
 #endif
 
