@@ -369,9 +369,9 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
 
 /* Per-256 activations (ggml_act.c's ggml_prep256, llama.cpp's Q8_K): a k-quant super-block's
  * integer sub-scales per 16 weights (sc; per-32 types twice) and offset coefficients per 16 (oc),
- * whose fp16 factors d, dm (kd16) make the row's dot, per super-block, dx (d sum_g sc_g P_g - dm
+ * and their fp16 factors d, dm: the row's dot is, per super-block, dx (d sum_g sc_g P_g - dm
  * sum_g oc_g S_g), P_g the integer dot of group g's codes with x, S_g the sum of x over it. */
-FORCE_INLINE void kscales(const int type, const uint8_t *blk, __m256i *sc, __m256i *oc) {
+FORCE_INLINE void kscales(const int type, const uint8_t *blk, __m256i *sc, __m256i *oc, float *d, float *dm) {
     if (type == GT_Q4_K || type == GT_Q5_K) {   /* x = d sc q - dmin m, 6-bit sc and m per 32 */
         uint32_t a, b, c;
         memcpy(&a, blk + 4, 4); memcpy(&b, blk + 8, 4); memcpy(&c, blk + 12, 4);
@@ -380,18 +380,30 @@ FORCE_INLINE void kscales(const int type, const uint8_t *blk, __m256i *sc, __m25
         const __m128i s8 = _mm_cvtsi64_si128((int64_t)s), m8 = _mm_cvtsi64_si128((int64_t)m);
         *sc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(s8, s8));
         *oc = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+        *d = _cvtsh_ss(*(const uint16_t *)blk);
+        *dm = _cvtsh_ss(*(const uint16_t *)(blk + 2));
     } else if (type == GT_Q6_K) {               /* x = d sc (q - 32), int8 sc per 16 */
         *sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
         *oc = _mm256_slli_epi16(*sc, 5);
+        *d = *dm = _cvtsh_ss(*(const uint16_t *)(blk + 208));
     } else if (type == GT_Q3_K) {               /* x = d (sc - 32) (q - 4), q with its high bit */
         const __m128i s = q3k_scales(blk);
         *sc = _mm256_cvtepi8_epi16(s);
         *oc = _mm256_slli_epi16(*sc, 2);
+        *d = *dm = _cvtsh_ss(*(const uint16_t *)(blk + 108));
     } else {                                    /* Q2_K: x = d (s & 15) q - dmin (s >> 4), per 16 */
         const __m128i s = _mm_loadu_si128((const __m128i *)blk), n4 = _mm_set1_epi8(0x0f);
         *sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, n4));
         *oc = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4), n4));
+        *d = _cvtsh_ss(*(const uint16_t *)(blk + 80));
+        *dm = _cvtsh_ss(*(const uint16_t *)(blk + 82));
     }
+}
+
+/* Q4_K / Q5_K: the fp16 factors d, dmin alone (their sub-scales from k4scales) */
+FORCE_INLINE void kd_dm(const uint8_t *blk, float *d, float *dm) {
+    *d = _cvtsh_ss(*(const uint16_t *)blk);
+    *dm = _cvtsh_ss(*(const uint16_t *)(blk + 2));
 }
 
 /* acc + (the int16 pair sums of codes u x activations s) x int16 scales c, in int32 lanes */
@@ -442,41 +454,22 @@ FORCE_INLINE void k4scales(const uint8_t *const *blk, const int R, __m512i *tab)
 }
 #endif
 
-/* fp16 d | dm << 16 of a k-quant super-block (Q6_K, Q3_K: their one d twice) */
-FORCE_INLINE uint32_t kd16(const int type, const uint8_t *blk) {
-    const int at = type == GT_Q4_K || type == GT_Q5_K ? 0 : type == GT_Q6_K ? 208 : type == GT_Q3_K ? 108 : 80;
-    uint16_t a, b;
-    memcpy(&a, blk + at, 2);
-    if (type == GT_Q6_K || type == GT_Q3_K) b = a; else memcpy(&b, blk + at + 2, 2);
-    return a | (uint32_t)b << 16;
-}
-
-/* One super-block's float step for C <= 4 (row, token) pairs together: pair c's integer dot I[c]
- * (sub-scales applied) and offset sum M[c], each summed over its 8 lanes in integer (exact, so
- * the lanes' order is free), then one convert and one fma for all of them: lanes 2c, 2c + 1 of
- * acc gain d dx I and dm dx M (f's lanes). */
-FORCE_INLINE __m256 ktail(const __m256i *I, const __m256i *M, const int C, const __m256 f, const __m256 acc) {
-    __m256i h[4];
-    for (int c = 0; c < 4; c++) h[c] = c < C ? _mm256_hadd_epi32(I[c], M[c]) : _mm256_setzero_si256();
-    const __m256i g0 = _mm256_hadd_epi32(h[0], h[1]), g1 = _mm256_hadd_epi32(h[2], h[3]);   /* [I0 M0 I1 M1], [I2 M2 I3 M3] per half */
-    const __m256i s = _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31));
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), f, acc);
-}
-
 /* res[r][t] = <k-quant row wr[r], x_t> on the per-256 activations: per super-block the codes'
  * integer dots times the integer sub-scales summed in int32 lanes (maddubs never saturates:
- * codes <= 63, |x| <= 127), the offsets from the int16 sums, both summed to one integer each
- * (exact) and the float step of up to four (row, token) pairs in one convert + fma (ktail). The
- * AVX-512 loop takes two sub-blocks per instruction: its integer sums, so its results, are the
- * AVX2 loop's bit for bit. R rows of one type (R a compile-time count) go through each super-block
- * together: one row's result does not depend on R (each pair's lanes and float steps are its
- * own), but the rows' latency chains overlap and one token's activations are loaded once. */
+ * codes <= 63, |x| <= 127), the offsets from the int16 sums, one convert + fma per term. The
+ * AVX-512 loop takes two sub-blocks per instruction and folds its halves in integer: the same
+ * lanes, bit for bit. R rows of one type (R a compile-time count) go through each super-block
+ * together: one row's result does not depend on R (each row's lanes and float steps are the
+ * same), but the rows' latency chains overlap and one token's activations are loaded once. */
 FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, int n, const kview *X,
                        float (*res)[NTMAX], const int NT) {
     const int bs = ggml_bytes256(type);
-    __m256 acc = _mm256_setzero_ps();   /* lanes 2c, 2c + 1: pair c = (r, t)'s d dx I and dm dx M sums */
+    __m256 acc[4][NTMAX];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm256_setzero_ps();
     for (int g8 = 0; g8 < n / 256; g8++) {
         __m256i isum[4][NTMAX], sc[4], oc[4];
+        float d[4], dm[4];
 #ifdef FT_AVX512
         __m512i i2[4][NTMAX];
         const __m512i q4sh = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
@@ -492,7 +485,8 @@ FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, in
             for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
             __m256 ws[2], os[2];
             if (type != GT_Q4_K && type != GT_Q6_K) decode8(type, blk, wv[r], ws, os);   /* (its float scales unused: dropped) */
-            if (!k4) kscales(type, blk, &sc[r], &oc[r]);
+            if (k4) kd_dm(blk, &d[r], &dm[r]);
+            else kscales(type, blk, &sc[r], &oc[r], &d[r], &dm[r]);
             for (int t = 0; t < NT; t++) i2[r][t] = _mm512_setzero_si512();
         }
         if (k4) {   /* oc: words m_0 m_0 m_1 m_1 .. m_7 m_7 (one min per two groups of 16) */
@@ -539,7 +533,7 @@ FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, in
             __m256i wv[8];
             __m256 ws[2], os[2];
             decode8(type, blk, wv, ws, os);   /* (its float scales unused: dropped by the compiler) */
-            kscales(type, blk, &sc[r], &oc[r]);
+            kscales(type, blk, &sc[r], &oc[r], &d[r], &dm[r]);
             for (int t = 0; t < NT; t++) isum[r][t] = _mm256_setzero_si256();
             const __m256i s_lo = _mm256_permute2x128_si256(sc[r], sc[r], 0x00), s_hi = _mm256_permute2x128_si256(sc[r], sc[r], 0x11);
 #pragma GCC unroll 8
@@ -552,25 +546,18 @@ FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, in
             }
         }
 #endif
-        __m256i I[4], M[4];
-        uint32_t hd[4] = {0};
-        float dx[4] = {0};
-        for (int r = 0; r < R; r++)
-            for (int t = 0; t < NT; t++) {
-                const int c = r * NT + t;
-                I[c] = isum[r][t];
-                M[c] = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(X[t].bs + 16 * g8)), oc[r]);
-                hd[c] = kd16(type, wr[r] + (int64_t)bs * g8);
-                dx[c] = X[t].d[g8];
+        for (int t = 0; t < NT; t++) {
+            const float dx = X[t].d[g8];
+            const __m256i bsx = _mm256_loadu_si256((const __m256i *)(X[t].bs + 16 * g8));
+            for (int r = 0; r < R; r++) {
+                const __m256i o = _mm256_madd_epi16(bsx, oc[r]);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][t]), _mm256_set1_ps(d[r] * dx), acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(o), _mm256_set1_ps(dm[r] * dx), acc[r][t]);
             }
-        const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(_mm_setr_epi32((int)hd[0], (int)hd[1], (int)hd[2], (int)hd[3])),
-                                       _mm256_setr_ps(dx[0], dx[0], dx[1], dx[1], dx[2], dx[2], dx[3], dx[3]));
-        acc = ktail(I, M, R * NT, f, acc);
+        }
     }
-    float a[8];
-    _mm256_storeu_ps(a, acc);
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < NT; t++) res[r][t] = a[2 * (r * NT + t)] - a[2 * (r * NT + t) + 1];
+        for (int t = 0; t < NT; t++) res[r][t] = hsum8(acc[r][t]);
 }
 
 /* One row -> bf16 (the prefill tiles' panel): decode8's codes, scales and offsets, each
