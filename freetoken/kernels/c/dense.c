@@ -133,7 +133,7 @@ static void gemv_fn(void *a, int tid) {
         const int re = rb + RB < r1 ? rb + RB : r1;
         const uint8_t *xp[NTMAX];
         for (int t = 0; t < nt; t++) xp[t] = L->xq + (c + t) * xs;
-        const int rr = fmt == FMT_GGML && nt == 1 ? GGML_TILE_ROWS : nt == 1 || wide_tiles(fmt) ? 4 : 2;
+        const int rr = fmt == FMT_GGML && nt == 1 && K <= GGML_WIDE_MAX ? GGML_TILE_ROWS : nt == 1 || wide_tiles(fmt) ? 4 : 2;
         for (int r = rb; r < re; r += rr) {
             const int m = r + rr <= re ? rr : re - r;
             const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];

@@ -154,7 +154,7 @@ static void moe_run_fn(void *a, int tid) {
                 const int je = jb + RB < j1 ? jb + RB : j1;
                 const uint8_t *xp[NTMAX];
                 for (int t = 0; t < nt; t++) xp[t] = J->xq + (int64_t)J->r_tok[s0 + c + t] * xs;
-                const int jr = nt > 1 ? 1 : fmt == FMT_GGML ? GGML_TILE_ROWS / 2 : 2;   /* rows j..j+jr-1 of gate and of up per tile */
+                const int jr = nt > 1 ? 1 : fmt == FMT_GGML && H <= GGML_WIDE_MAX ? GGML_TILE_ROWS / 2 : 2;   /* rows j..j+jr-1 of gate and of up per tile */
                 for (int j = jb; j < je; j += jr) {
                     int m = j + jr <= je ? jr : je - j;
                     const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];
@@ -229,7 +229,7 @@ static void moe_run_fn(void *a, int tid) {
             const int re = rb + RB < r1 ? rb + RB : r1;
             const uint8_t *hp[NTMAX];
             for (int t = 0; t < nt; t++) hp[t] = J->hq + (int64_t)(s0 + c + t) * hs;
-            const int rr = fmt == FMT_GGML && nt == 1 ? GGML_TILE_ROWS : nt == 1 || wide_tiles(fmt) ? 4 : 2;
+            const int rr = fmt == FMT_GGML && nt == 1 && I <= GGML_WIDE_MAX ? GGML_TILE_ROWS : nt == 1 || wide_tiles(fmt) ? 4 : 2;
             for (int r = rb; r < re; r += rr) {
                 int m = r + rr <= re ? rr : re - r;
                 const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];
