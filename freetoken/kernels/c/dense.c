@@ -138,17 +138,17 @@ static void gemv_fn(void *a, int tid) {
         const int re = rb + RB < r1 ? rb + RB : r1;
         const uint8_t *xp[NTMAX];
         for (int t = 0; t < nt; t++) xp[t] = L->xq + (c + t) * xs;
-        const int rr = nt == 1 || wide_tiles(fmt) ? 4 : 2;
+        const int rr = fmt == FMT_GGML && nt == 1 && K <= GGML_WIDE_MAX ? GGML_TILE_ROWS : nt == 1 || wide_tiles(fmt) ? 4 : 2;
         for (int r = rb; r < re; r += rr) {
             const int m = r + rr <= re ? rr : re - r;
-            const uint8_t *wr[4], *sr[4];
-            float res[4][NTMAX];
+            const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];
+            float res[GGML_TILE_ROWS][NTMAX];
             int64_t rs = 0;
             for (int q = 0; q < m; q++) {
                 const int64_t s = row_at(&L->W, r + q, &wr[q], &sr[q]);
                 if (q == 0) rs = s;
             }
-            tl_pf = pf_distance((int64_t)m * rs, rs);
+            tl_pf = pf_distance((int64_t)(m < 4 ? m : 4) * rs, rs);   /* a tile of four rows ahead, as for the others */
             dot_tile(fmt, wr, sr, m, K, xp, nt, res);
             for (int q = 0; q < m; q++)
                 for (int t = 0; t < nt; t++)

@@ -66,6 +66,12 @@ enum { ACT_SILU = 0, ACT_SWIGLU_OAI = 1, ACT_SILU_CLAMP = 2 };
 enum { XT_F32 = 0, XT_BF16 = 1 };
 #define NTMAX 4
 #define RB 32   /* weight rows per cache block when many tokens share an expert */
+/* one token's rows of llama.cpp block types per dot_tile call where they are at most
+ * GGML_WIDE_MAX wide (ggml_dot_tile takes them four at a time): the call's fixed cost (type runs,
+ * activation views, dispatch) once per 16 rows, 1.10x for 768-wide Q4_K rows from DRAM (Zen 4);
+ * 2048-wide rows read 0.95x so, and keep four a call */
+#define GGML_TILE_ROWS 16
+#define GGML_WIDE_MAX 1024
 /* Internal symbols shared between the kernel files, kept out of the library's exports. */
 #define FT_HIDDEN __attribute__((visibility("hidden")))
 /* Software prefetch of the same position in the rows of the next tile (tl_pf bytes further):

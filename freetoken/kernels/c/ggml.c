@@ -15,6 +15,8 @@
 /* per-type properties the kernels branch on (compile-time constants inside grow) */
 #define G_SIGNED(t) ((t) == GT_Q8_0 || (t) == GT_IQ4_NL)              /* signed codes, no offset */
 #define G_PER16(t) ((t) == GT_Q6_K || (t) == GT_Q2_K || (t) == GT_Q3_K) /* scales per 16 weights */
+/* Q4_K / Q5_K rows at most this wide take krow's k4scales (AVX-512): see krow */
+#define K4_MAX_WIDTH 1024
 
 /* Prepared activations: int8 q[n] (natural order) | float d[n/32] | float s32[n/32] |
  * float s16[n/16] | float sm[n/32], where s32 / s16 = d * the sum of the block's 32 / the
@@ -400,6 +402,12 @@ FORCE_INLINE void kscales(const int type, const uint8_t *blk, __m256i *sc, __m25
     }
 }
 
+/* Q4_K / Q5_K: the fp16 factors d, dmin alone (their sub-scales from k4scales) */
+FORCE_INLINE void kd_dm(const uint8_t *blk, float *d, float *dm) {
+    *d = _cvtsh_ss(*(const uint16_t *)blk);
+    *dm = _cvtsh_ss(*(const uint16_t *)(blk + 2));
+}
+
 /* acc + (the int16 pair sums of codes u x activations s) x int16 scales c, in int32 lanes */
 FORCE_INLINE __m256i kdot(__m256i acc, __m256i u, __m256i s, __m256i c) {
 #ifdef FT_VNNI
@@ -427,6 +435,25 @@ FORCE_INLINE __m512i q6k_pair(const uint8_t *blk, const int k) {
                          : _mm512_sllv_epi16(qh, _mm512_sub_epi16(_mm512_set1_epi16(4), two)); /* 0, 1 | 2, 3 */
     return _mm512_ternarylogic_epi32(nib, hb, _mm512_set1_epi8(0x30), 0xF8);           /* nib | (hb & 0x30) */
 }
+
+/* Q4_K / Q5_K: the 6-bit sub-scales and mins of R <= 4 rows' super-blocks (kscales' values) from
+ * their 12 scale bytes at once, in vector registers (no scalar unpack per row): row r's sc_j at
+ * word 16 (r % 2) + j of tab[r / 2], its m_j at word 16 (r % 2) + 8 + j. Per 16-byte header, with
+ * a, b, c its dwords at 4, 8, 12: sc_0..3 = a & 63, sc_4..7 = (c & 15) | (a >> 2 & 0x30),
+ * m_0..3 = b & 63, m_4..7 = (c >> 4 & 15) | (b >> 2 & 0x30), bytewise. */
+FORCE_INLINE void k4scales(const uint8_t *const *blk, const int R, __m512i *tab) {
+    __m512i h = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)blk[0]));
+    if (R > 1) h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)blk[1]), 1);
+    if (R > 2) h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)blk[2]), 2);
+    if (R > 3) h = _mm512_inserti32x4(h, _mm_loadu_si128((const __m128i *)blk[3]), 3);
+    const __m512i acbc = _mm512_shuffle_epi8(h, _mm512_broadcast_i32x4(_mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15)));
+    const __m512i x0a0b = _mm512_shuffle_epi8(h, _mm512_broadcast_i32x4(_mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11)));
+    const __m512i lo = _mm512_and_si512(_mm512_srlv_epi32(acbc, _mm512_broadcast_i32x4(_mm_setr_epi32(0, 0, 0, 4))),
+                                        _mm512_broadcast_i32x4(_mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f)));
+    const __m512i v = _mm512_ternarylogic_epi32(lo, _mm512_srli_epi32(x0a0b, 2), _mm512_set1_epi8(0x30), 0xF8);   /* lo | (hi & 0x30) */
+    tab[0] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(v));
+    if (R > 2) tab[1] = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(v, 1));
+}
 #endif
 
 /* res[r][t] = <k-quant row wr[r], x_t> on the per-256 activations: per super-block the codes'
@@ -437,7 +464,7 @@ FORCE_INLINE __m512i q6k_pair(const uint8_t *blk, const int k) {
  * together: one row's result does not depend on R (each row's lanes and float steps are the
  * same), but the rows' latency chains overlap and one token's activations are loaded once. */
 FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, int n, const kview *X,
-                       float (*res)[NTMAX], const int NT) {
+                       float (*res)[NTMAX], const int NT, const int narrow) {
     const int bs = ggml_bytes256(type);
     __m256 acc[4][NTMAX];
     for (int r = 0; r < R; r++)
@@ -451,14 +478,29 @@ FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, in
         const __m512i quarter = _mm512_setr_epi64(0, 0, 0x0001000100010001LL, 0x0001000100010001LL, 0x0002000200020002LL,
                                                   0x0002000200020002LL, 0x0003000300030003LL, 0x0003000300030003LL);
         __m256i wv[4][8];
+        /* Q4_K / Q5_K sub-scales from k4scales' tables, for rows of up to four super-blocks (768
+         * wide: 1.10x from DRAM, 1.18x in L2 with GGML_TILE_ROWS; 2048 wide from DRAM: 0.91-0.98x,
+         * the four rows' headers waited on together, so those keep kscales per row) */
+        const int k4 = (type == GT_Q4_K || type == GT_Q5_K) && narrow;   /* (a compile-time constant) */
+        __m512i tab[2];
+        const uint8_t *blks[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            const uint8_t *blk = wr[r] + (int64_t)bs * g8;
+            const uint8_t *blk = blks[r] = wr[r] + (int64_t)bs * g8;
             for (int o = 0; o < bs; o += 64) PREFETCH(blk + o);
             __m256 ws[2], os[2];
             if (type != GT_Q4_K && type != GT_Q6_K) decode8(type, blk, wv[r], ws, os);   /* (its float scales unused: dropped) */
-            kscales(type, blk, &sc[r], &oc[r], &d[r], &dm[r]);
+            if (k4) kd_dm(blk, &d[r], &dm[r]);
+            else kscales(type, blk, &sc[r], &oc[r], &d[r], &dm[r]);
             for (int t = 0; t < NT; t++) i2[r][t] = _mm512_setzero_si512();
+        }
+        if (k4) {   /* oc: words m_0 m_0 m_1 m_1 .. m_7 m_7 (one min per two groups of 16) */
+            k4scales(blks, R, tab);
+            for (int r = 0; r < R; r++)
+                oc[r] = _mm512_castsi512_si256(_mm512_permutexvar_epi16(
+                    _mm512_add_epi16(_mm512_srli_epi16(_mm512_setr_epi32(0x00010000, 0x00030002, 0x00050004, 0x00070006, 0x00090008, 0x000b000a, 0x000d000c, 0x000f000e,
+                                                                         0, 0, 0, 0, 0, 0, 0, 0), 1),
+                                     _mm512_set1_epi16((short)(16 * (r & 1) + 8))), tab[r >> 1]));
         }
 #pragma GCC unroll 4
         for (int k = 0; k < 8; k += 2) {   /* sub-blocks k, k + 1: groups 2k .. 2k + 3, 8 int16 lanes each */
@@ -472,8 +514,9 @@ FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, in
                                                          q4sh), _mm512_set1_epi8(0x0f))
                     : type == GT_Q6_K ? q6k_pair(blk, k)
                     : _mm512_inserti64x4(_mm512_castsi256_si512(wv[r][k]), wv[r][k + 1], 1);
-                const __m512i c = _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16((short)(2 * k))),
-                                                           _mm512_zextsi256_si512(sc[r]));
+                const __m512i c = k4   /* words: sc_k (low half), sc_k+1 (high half) */
+                    ? _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_srli_epi16(quarter, 1), _mm512_set1_epi16((short)(16 * (r & 1) + k))), tab[r >> 1])
+                    : _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16((short)(2 * k))), _mm512_zextsi256_si512(sc[r]));
                 for (int t = 0; t < NT; t++) {
                     const __m512i p = _mm512_maddubs_epi16(w2, xq[t]);
 #ifdef FT_VNNI
@@ -596,7 +639,8 @@ FORCE_INLINE void grow(const int type, const uint8_t *w, int n, const xview *X, 
 
 /* the per-256 activations' dot (see the AVX2 krow): each super-block dequantized, fp32 sums */
 FORCE_INLINE void krow(const int type, const uint8_t *const *wr, const int R, int n, const kview *X,
-                       float (*res)[NTMAX], const int NT) {
+                       float (*res)[NTMAX], const int NT, const int narrow) {
+    (void)narrow;
     for (int r = 0; r < R; r++) {
         float acc[NTMAX] = {0}, wf[256];
         for (int g8 = 0; g8 < n / 256; g8++) {
@@ -655,24 +699,24 @@ static void ggml_krows(int type, const uint8_t *const *wr, int R, int n, const u
                        float (*res)[NTMAX]) {
     kview X[NTMAX];
     for (int t = 0; t < nt; t++) X[t] = kv(xp[t], n);
-#define KROWS(type)                                                                               \
+#define KROWS(type, nw)                                                                             \
     if (nt == 1) {                                                                                \
         int r = 0;                                                                                \
-        for (; KROW4(type) && r + 4 <= R; r += 4) krow(type, wr + r, 4, n, X, res + r, 1);      \
-        for (; r + 2 <= R; r += 2) krow(type, wr + r, 2, n, X, res + r, 1);                       \
-        if (r < R) krow(type, wr + r, 1, n, X, res + r, 1);                                       \
+        for (; KROW4(type) && r + 4 <= R; r += 4) krow(type, wr + r, 4, n, X, res + r, 1, nw);      \
+        for (; r + 2 <= R; r += 2) krow(type, wr + r, 2, n, X, res + r, 1, nw);                       \
+        if (r < R) krow(type, wr + r, 1, n, X, res + r, 1, nw);                                       \
     } else {                                                                                      \
         for (int r = 0; r < R; r++) switch (nt) {                                                 \
-            case 2: krow(type, wr + r, 1, n, X, res + r, 2); break;                               \
-            case 3: krow(type, wr + r, 1, n, X, res + r, 3); break;                               \
-            default: krow(type, wr + r, 1, n, X, res + r, 4); }                                   \
+            case 2: krow(type, wr + r, 1, n, X, res + r, 2, nw); break;                               \
+            case 3: krow(type, wr + r, 1, n, X, res + r, 3, nw); break;                               \
+            default: krow(type, wr + r, 1, n, X, res + r, 4, nw); }                                   \
     }
     switch (type) {
-    case GT_Q2_K: KROWS(GT_Q2_K) break;
-    case GT_Q3_K: KROWS(GT_Q3_K) break;
-    case GT_Q4_K: KROWS(GT_Q4_K) break;
-    case GT_Q5_K: KROWS(GT_Q5_K) break;
-    default: KROWS(GT_Q6_K) break;
+    case GT_Q2_K: KROWS(GT_Q2_K, 0) break;
+    case GT_Q3_K: KROWS(GT_Q3_K, 0) break;
+    case GT_Q4_K: if (n <= K4_MAX_WIDTH) { KROWS(GT_Q4_K, 1) } else { KROWS(GT_Q4_K, 0) } break;
+    case GT_Q5_K: if (n <= K4_MAX_WIDTH) { KROWS(GT_Q5_K, 1) } else { KROWS(GT_Q5_K, 0) } break;
+    default: KROWS(GT_Q6_K, 0) break;
     }
 #undef KROWS
 }

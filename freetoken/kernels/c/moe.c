@@ -154,19 +154,21 @@ static void moe_run_fn(void *a, int tid) {
                 const int je = jb + RB < j1 ? jb + RB : j1;
                 const uint8_t *xp[NTMAX];
                 for (int t = 0; t < nt; t++) xp[t] = J->xq + (int64_t)J->r_tok[s0 + c + t] * xs;
-                /* rows j..j+jr-1 of gate and of up per tile (the int8 zmm tiles: two row pairs) */
-                const int jr = nt == 1 || int8_zmm_on(fmt) ? 2 : 1;
+                /* rows j..j+jr-1 of gate and of up per tile: one token's narrow ggml rows 8 + 8, else two
+                   row pairs (the int8 zmm tiles: two pairs for any token count) */
+                const int jr = nt == 1 ? (fmt == FMT_GGML && H <= GGML_WIDE_MAX ? GGML_TILE_ROWS / 2 : 2)
+                                       : int8_zmm_on(fmt) ? 2 : 1;
                 for (int j = jb; j < je; j += jr) {
                     int m = j + jr <= je ? jr : je - j;
-                    const uint8_t *wr[4], *sr[4];
-                    float res[4][NTMAX];
+                    const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];
+                    float res[GGML_TILE_ROWS][NTMAX];
                     for (int q = 0; q < m; q++) {
                         wr[q] = wb + (int64_t)(j + q) * d->gu_w_rs;
                         sr[q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, j + q);
                         wr[m + q] = ub + (int64_t)(j + q) * urs;
                         sr[m + q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, I + j + q);
                     }
-                    tl_pf = pf_distance((int64_t)m * d->gu_w_rs, d->gu_w_rs);     /* (the up rows' next tile: near enough) */
+                    tl_pf = pf_distance((int64_t)(m < 2 ? m : 2) * d->gu_w_rs, d->gu_w_rs);   /* two rows' tile ahead (the up rows': near enough) */
                     dot_tile(fmt, wr, sr, 2 * m, H, xp, nt, res);
                     for (int q = 0; q < m; q++)
                         for (int t = 0; t < nt; t++) {
@@ -230,16 +232,16 @@ static void moe_run_fn(void *a, int tid) {
             const int re = rb + RB < r1 ? rb + RB : r1;
             const uint8_t *hp[NTMAX];
             for (int t = 0; t < nt; t++) hp[t] = J->hq + (int64_t)(s0 + c + t) * hs;
-            const int rr = nt == 1 || wide_tiles(fmt) ? 4 : 2;
+            const int rr = fmt == FMT_GGML && nt == 1 && I <= GGML_WIDE_MAX ? GGML_TILE_ROWS : nt == 1 || wide_tiles(fmt) ? 4 : 2;
             for (int r = rb; r < re; r += rr) {
                 int m = r + rr <= re ? rr : re - r;
-                const uint8_t *wr[4], *sr[4];
-                float y[4][NTMAX];
+                const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];
+                float y[GGML_TILE_ROWS][NTMAX];
                 for (int q = 0; q < m; q++) {
                     wr[q] = wb + (int64_t)(r + q) * d->dn_w_rs;
                     sr[q] = scale_row(fmt, d->dn_s, d->dn_s_es, d->dn_s_rs, e, r + q);
                 }
-                tl_pf = pf_distance((int64_t)m * d->dn_w_rs, d->dn_w_rs);
+                tl_pf = pf_distance((int64_t)(m < 4 ? m : 4) * d->dn_w_rs, d->dn_w_rs);   /* a tile of four rows ahead */
                 dot_tile(fmt, wr, sr, m, I, hp, nt, y);
                 for (int q = 0; q < m; q++)
                     for (int t = 0; t < nt; t++) {
