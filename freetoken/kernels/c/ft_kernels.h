@@ -381,6 +381,14 @@ FT_HIDDEN void dot_tile(int fmt, const uint8_t *const *wr, const uint8_t *const 
 
 /* ------------------------------------------------------------------ thread pool */
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 typedef struct ft_pool ft_pool;
 typedef void (*job_fn)(void *arg, int tid);
 
@@ -389,6 +397,7 @@ struct ft_pool {
     int active;         /* threads taking part in the current job: n, or 1 for small jobs */
     pthread_t *th;
     _Atomic int gen, done, stop, sleepers;
+    _Atomic int seats;  /* workers that may still join the current job (pool_run_claims closes them) */
     job_fn fn;
     void *arg;
     pthread_mutex_t mu;
@@ -402,6 +411,7 @@ struct ft_pool {
 FT_HIDDEN void pool_barrier(ft_pool *p);
 FT_HIDDEN void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes);
 FT_HIDDEN void pool_run(ft_pool *p, job_fn fn, void *arg);
+FT_HIDDEN void pool_run_claims(ft_pool *p, job_fn fn, void *arg, int64_t bytes);
 FT_HIDDEN uint8_t *scratch(ft_pool *p, size_t bytes);
 
 /* ------------------------------------------------------------------ dense GEMV (dense.c)
