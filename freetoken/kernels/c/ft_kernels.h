@@ -412,6 +412,21 @@ FT_HIDDEN void pool_barrier(ft_pool *p);
 FT_HIDDEN void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes);
 FT_HIDDEN void pool_run(ft_pool *p, job_fn fn, void *arg);
 FT_HIDDEN void pool_run_claims(ft_pool *p, job_fn fn, void *arg, int64_t bytes);
+
+/* A phase of a pool_run_claims job: its pieces, claimed one at a time by whichever thread is free
+ * (`next`), and those finished (`done`). A thread an I/O thread preempts, or a worker that wakes
+ * late, holds the call up by at most the piece it has, not by a static share. */
+typedef struct { _Atomic int next, done; } ft_phase;
+
+static inline int phase_claim(ft_phase *ph) { return atomic_fetch_add(&ph->next, 1); }
+
+/* This thread's `mine` pieces finished; then wait for every piece of the phase (`total`). */
+static inline void phase_done(ft_phase *ph, int mine, int total) {
+    if (mine) atomic_fetch_add(&ph->done, mine);
+    for (unsigned k = 0; atomic_load(&ph->done) < total; k++) {
+        if (k < 4096) cpu_relax(); else sched_yield();
+    }
+}
 FT_HIDDEN uint8_t *scratch(ft_pool *p, size_t bytes);
 
 /* ------------------------------------------------------------------ dense GEMV (dense.c)

@@ -3,9 +3,6 @@
 /* ------------------------------------------------------------------ the MoE job
  * Routed experts straight from the host pool banks (the work split is described in ft_kernels.h). */
 
-/* the pieces of one phase of a call: the next one to claim, those finished (moe_run_fn) */
-typedef struct { _Atomic int next, done; } moe_phase;
-
 /* a phase-1 piece: gate/up columns (a multiple of 32); a phase-2 piece: down rows (of 32). At
  * 30B-A3B's shape a decode call is then 12 + 32 pieces of ~50 / ~20 us on a Zen 4 core. */
 #define MOE_COLS 64
@@ -34,7 +31,7 @@ typedef struct {
     uint16_t *gpad;         /* per thread: gemm_pad_elems() bf16 (ggml: the decoded 32 x kpad(max(H, I)) panel after it) */
     int64_t gtmp_n, gpad_n;
     int n_plain;        /* slot rows of the groups on the dot products (phase 1b's pieces) */
-    moe_phase ph[4];    /* 0 inputs, 1 gate/up, 1b the per-256 activations, 2 down */
+    ft_phase ph[4];    /* 0 inputs, 1 gate/up, 1b the per-256 activations, 2 down */
 } moe_job;
 
 static inline float act_fn(const ft_desc *d, float g, float u) {
@@ -220,20 +217,8 @@ static void down_rows(moe_job *J, int r0, int r1, float *dn_t, uint16_t *pad) {
     }
 }
 
-/* A phase's pieces, claimed one at a time by whichever thread is free (pool_run_claims): a thread
- * an I/O thread preempts, or a worker that wakes late, holds up the call by at most the piece it
- * has, not by a static half. Which piece a thread takes never changes the numbers: every output
- * element is computed by one thread, in the same tiles, in the same order, whoever computes it. */
-static inline int claim(moe_phase *ph) { return atomic_fetch_add(&ph->next, 1); }
-
-/* This thread's `mine` pieces finished; then wait for every piece of the phase (`total`). */
-static void phase_done(moe_phase *ph, int mine, int total) {
-    if (mine) atomic_fetch_add(&ph->done, mine);
-    for (unsigned k = 0; atomic_load(&ph->done) < total; k++) {
-        if (k < 4096) cpu_relax(); else sched_yield();
-    }
-}
-
+/* Which piece a thread claims (ft_phase) never changes the numbers: every output element is
+ * computed by one thread, in the same tiles, in the same order, whoever computes it. */
 /* The k-th slot row (ascending) of the groups that run through the dot products. */
 static int plain_row(const moe_job *J, int k) {
     for (int g = 0; g < J->G; g++) {
@@ -256,7 +241,7 @@ static void moe_run_fn(void *a, int tid) {
     /* 0. prepare inputs (a token each), then the GEMM groups' x (a packed block each) */
     const int n0 = (int)J->T + J->nblk;
     float *tmp = J->hn + (int64_t)J->R * I + (int64_t)tid * H;     /* this thread's row of H floats */
-    while ((u = claim(&J->ph[0])) < n0) {
+    while ((u = phase_claim(&J->ph[0])) < n0) {
         mine++;
         if (u >= J->T) {
             const int b = u - (int)J->T, g = J->blk_g[b], s0 = J->g_start[g];
@@ -284,12 +269,12 @@ static void moe_run_fn(void *a, int tid) {
 
     /* 1. gate/up + activation, MOE_COLS columns of every expert a piece */
     const int n1 = (I + MOE_COLS - 1) / MOE_COLS;
-    for (mine = 0; (u = claim(&J->ph[1])) < n1; mine++)
+    for (mine = 0; (u = phase_claim(&J->ph[1])) < n1; mine++)
         gate_up_cols(J, u * MOE_COLS, (u + 1) * MOE_COLS < I ? (u + 1) * MOE_COLS : I, gt, gu_t, pad);
     phase_done(&J->ph[1], mine, n1);
     /* 1b. h's per-256 activations (ggml_act.c) need whole vectors: phase 1 prepared them in pieces */
     if (fmt == FMT_GGML && ft_ggml_k256 && I % 256 == 0 && n1 > 1) {
-        for (mine = 0; (u = claim(&J->ph[2])) < J->n_plain; mine++) {
+        for (mine = 0; (u = phase_claim(&J->ph[2])) < J->n_plain; mine++) {
             const int s = plain_row(J, u);
             ggml_prep256(J->hn + (int64_t)s * I, J->hq + (int64_t)s * hs, I);
         }
@@ -298,7 +283,7 @@ static void moe_run_fn(void *a, int tid) {
 
     /* 2. down, MOE_ROWS output rows of every expert a piece (the caller waits for the last) */
     const int n2 = (H + MOE_ROWS - 1) / MOE_ROWS;
-    while ((u = claim(&J->ph[3])) < n2)
+    while ((u = phase_claim(&J->ph[3])) < n2)
         down_rows(J, u * MOE_ROWS, (u + 1) * MOE_ROWS < H ? (u + 1) * MOE_ROWS : H, dn_t, pad);
 }
 
