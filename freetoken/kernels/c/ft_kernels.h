@@ -15,10 +15,12 @@
  *   FT_AVX2:     AVX2 + FMA + F16C (x86-64 since Haswell / Zen 1)
  *   otherwise:   portable C (any architecture; the compiler vectorises what it can)
  *
- * Work split: a persistent pool of pinned threads. Phase 1 gives every thread a disjoint,
- * 32-aligned range of the intermediate index j and runs it for all routed experts (gate row j
- * and up row I+j), phase 2 a disjoint range of output rows of `down`. So each core streams its
- * own weight rows, and no two threads write the same output element.
+ * Work split: a persistent pool of pinned threads. Phase 1 splits the intermediate index j into
+ * 64-wide pieces (gate row j and up row I+j of all routed experts), phase 2 the output rows of
+ * `down` into 64-row pieces; whichever thread is free claims the next piece (ft_phase,
+ * pool_run_claims), so a thread another thread preempts (the disk tier's readers) or a worker
+ * that wakes late holds a call up by at most one piece. Each core streams its own weight rows,
+ * and no two threads write the same output element.
  *
  * Activations are prepared once per call in the layout each format's kernel wants:
  *   f32/f16/fp8: fp32;  bf16: fp32, even/odd de-interleaved per 16;
