@@ -422,9 +422,13 @@ typedef struct { _Atomic int next, done; } ft_phase;
 
 static inline int phase_claim(ft_phase *ph) { return atomic_fetch_add(&ph->next, 1); }
 
-/* This thread's `mine` pieces finished; then wait for every piece of the phase (`total`). */
+/* This thread's `mine` pieces finished; then wait for every piece of the phase (`total`). The
+ * yield first hands the core to a thread queued on it (the disk tier's readers: a read's CPU
+ * waited for a core while both pool threads had pieces, and for the barrier no longer there),
+ * while the other pool threads go on claiming; with nothing queued it is one cheap syscall. */
 static inline void phase_done(ft_phase *ph, int mine, int total) {
     if (mine) atomic_fetch_add(&ph->done, mine);
+    sched_yield();
     for (unsigned k = 0; atomic_load(&ph->done) < total; k++) {
         if (k < 4096) cpu_relax(); else sched_yield();
     }
