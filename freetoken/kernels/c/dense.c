@@ -14,12 +14,7 @@ typedef struct {
     float *y; int64_t ldy;
     uint8_t *xq; float *tmp;
     ft_pool *p;
-    ft_phase ph[2];     /* the tokens' inputs, then pieces of GEMV_ROWS rows (pool_run_claims) */
 } gemv_job;
-
-/* a piece of rows: a multiple of 16 (every tile's rows fall as a static split's did); the lm head's
- * 151936 rows are ~2400 pieces of ~10 us, a 2048-row projection 32 */
-#define GEMV_ROWS 64
 
 /* The segment holding global row r (segments are few: a linear scan). */
 static inline const ft_gseg *seg_of(const ft_gseg *seg, int nseg, int r, int *local) {
@@ -44,6 +39,32 @@ static inline int64_t row_at(const ft_gemv_rows *W, int r, const uint8_t **w, co
     *w = g->w + (int64_t)lr * g->rs;
     *s = (const uint8_t *)&g->type;
     return g->rs;
+}
+
+/* The first row (a multiple of 16, at most N) where `bytes` of the segments' rows are behind. */
+static int row_after(const ft_gemv_rows *W, int N, int64_t bytes) {
+    int base = 0;
+    for (int i = 0; i < W->nseg; i++) {
+        const ft_gseg *g = W->seg + i;
+        if (bytes < (int64_t)g->rows * g->rs) {
+            const int r = (base + (int)((bytes + g->rs - 1) / g->rs) + 8) / 16 * 16;
+            return r < N ? r : N;
+        }
+        bytes -= (int64_t)g->rows * g->rs;
+        base += g->rows;
+    }
+    return N;
+}
+
+/* Thread tid's rows [lo, hi): units of 16 rows, segments split by the bytes they read, so a fused
+ * q|k|v whose parts differ in width (Q4_K_M's Q6_K attn_v rows: 1.46x its Q4_K rows) keeps both
+ * threads' streams the same length. */
+static void split_rows(const ft_gemv_rows *W, int N, int nth, int tid, int *lo, int *hi) {
+    if (!W->seg || W->nseg == 1) { split(N, 16, nth, tid, lo, hi); return; }
+    int64_t total = 0;
+    for (int i = 0; i < W->nseg; i++) total += (int64_t)W->seg[i].rows * W->seg[i].rs;
+    *lo = tid == 0 ? 0 : row_after(W, N, total * tid / nth);
+    *hi = tid == nth - 1 ? N : row_after(W, N, total * (tid + 1) / nth);
 }
 
 #ifdef FT_BF16DOT
@@ -91,10 +112,23 @@ static int64_t x_stride(int fmt, int K) {
     return prep_bytes(K);
 }
 
-/* Rows [r0, r1) of y for every token: tiles of rr rows from r0 (a multiple of 16: the same
- * tiles whichever piece they fall in). */
-static void gemv_rows(const gemv_job *L, int r0, int r1, int64_t xs) {
-    const int fmt = L->W.fmt, K = L->K;
+static void gemv_fn(void *a, int tid) {
+    gemv_job *L = a;
+    const int fmt = L->W.fmt, N = L->N, K = L->K, nth = L->p->active;
+    const int64_t xs = x_stride(fmt, K);
+    for (int64_t t = tid; t < L->M; t += nth) {   /* prepare the inputs: tokens round-robin */
+        const float *src = (const float *)L->x + t * K;
+        if (L->xt == XT_BF16) {
+            float *tmp = L->tmp + (int64_t)tid * K;
+            const uint16_t *xb = (const uint16_t *)L->x + t * K;
+            for (int k = 0; k < K; k++) tmp[k] = bf16_to_f32(xb[k]);
+            src = tmp;
+        }
+        prep_range(fmt, src, L->xq + t * xs, K, 0, K);
+    }
+    pool_barrier(L->p);
+    int r0, r1;
+    split_rows(&L->W, N, nth, tid, &r0, &r1);
 #ifdef FT_BF16DOT
     if (fmt == FMT_BF16 && ft_bf16_dot_on) { gemv_rows_bf16_pairs(L, r0, r1, xs); return; }
 #endif
@@ -123,31 +157,6 @@ static void gemv_rows(const gemv_job *L, int r0, int r1, int64_t xs) {
     }
 }
 
-/* The inputs prepared (a token a piece), then pieces of GEMV_ROWS rows, each claimed by whichever
- * thread is free (ft_phase): fused q|k|v segments of different widths balance themselves. */
-static void gemv_fn(void *a, int tid) {
-    gemv_job *L = a;
-    const int fmt = L->W.fmt, K = L->K;
-    const int64_t xs = x_stride(fmt, K);
-    int mine = 0, u;
-    while ((u = phase_claim(&L->ph[0])) < L->M) {
-        const int64_t t = u;
-        const float *src = (const float *)L->x + t * K;
-        if (L->xt == XT_BF16) {
-            float *tmp = L->tmp + (int64_t)tid * K;
-            const uint16_t *xb = (const uint16_t *)L->x + t * K;
-            for (int k = 0; k < K; k++) tmp[k] = bf16_to_f32(xb[k]);
-            src = tmp;
-        }
-        prep_range(fmt, src, L->xq + t * xs, K, 0, K);
-        mine++;
-    }
-    phase_done(&L->ph[0], mine, (int)L->M);
-    const int pieces = (L->N + GEMV_ROWS - 1) / GEMV_ROWS;
-    while ((u = phase_claim(&L->ph[1])) < pieces)
-        gemv_rows(L, u * GEMV_ROWS, (u + 1) * GEMV_ROWS < L->N ? (u + 1) * GEMV_ROWS : L->N, xs);
-}
-
 int gemv_run(ft_pool *p, const ft_gemv_rows *W, int N, int K, const void *x, int xt, int64_t M,
              const float *bias, float *y, int64_t ldy, int64_t bytes) {
     if (M <= 0) return 0;
@@ -159,7 +168,7 @@ int gemv_run(ft_pool *p, const ft_gemv_rows *W, int N, int K, const void *x, int
     uint8_t *buf = scratch(p, (sz_xq + 63) / 64 * 64 + sz_tmp);
     if (!buf) return -2;
     gemv_job L = {*W, N, K, x, xt, M, bias, y, ldy, buf, (float *)(buf + (sz_xq + 63) / 64 * 64), p};
-    pool_run_claims(p, gemv_fn, &L, bytes);
+    pool_run_sized(p, gemv_fn, &L, bytes);
     return 0;
 }
 

@@ -15,12 +15,10 @@
  *   FT_AVX2:     AVX2 + FMA + F16C (x86-64 since Haswell / Zen 1)
  *   otherwise:   portable C (any architecture; the compiler vectorises what it can)
  *
- * Work split: a persistent pool of pinned threads. Phase 1 splits the intermediate index j into
- * 64-wide pieces (gate row j and up row I+j of all routed experts), phase 2 the output rows of
- * `down` into 64-row pieces; whichever thread is free claims the next piece (ft_phase,
- * pool_run_claims), so a thread another thread preempts (the disk tier's readers) or a worker
- * that wakes late holds a call up by at most one piece. Each core streams its own weight rows,
- * and no two threads write the same output element.
+ * Work split: a persistent pool of pinned threads. Phase 1 gives every thread a disjoint,
+ * 32-aligned range of the intermediate index j and runs it for all routed experts (gate row j
+ * and up row I+j), phase 2 a disjoint range of output rows of `down`. So each core streams its
+ * own weight rows, and no two threads write the same output element.
  *
  * Activations are prepared once per call in the layout each format's kernel wants:
  *   f32/f16/fp8: fp32;  bf16: fp32, even/odd de-interleaved per 16;
@@ -402,14 +400,6 @@ static inline int int8_zmm_on(int fmt) {
 
 /* ------------------------------------------------------------------ thread pool */
 
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
-
 typedef struct ft_pool ft_pool;
 typedef void (*job_fn)(void *arg, int tid);
 
@@ -418,7 +408,6 @@ struct ft_pool {
     int active;         /* threads taking part in the current job: n, or 1 for small jobs */
     pthread_t *th;
     _Atomic int gen, done, stop, sleepers;
-    _Atomic int seats;  /* workers that may still join the current job (pool_run_claims closes them) */
     job_fn fn;
     void *arg;
     pthread_mutex_t mu;
@@ -432,26 +421,6 @@ struct ft_pool {
 FT_HIDDEN void pool_barrier(ft_pool *p);
 FT_HIDDEN void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes);
 FT_HIDDEN void pool_run(ft_pool *p, job_fn fn, void *arg);
-FT_HIDDEN void pool_run_claims(ft_pool *p, job_fn fn, void *arg, int64_t bytes);
-
-/* A phase of a pool_run_claims job: its pieces, claimed one at a time by whichever thread is free
- * (`next`), and those finished (`done`). A thread an I/O thread preempts, or a worker that wakes
- * late, holds the call up by at most the piece it has, not by a static share. */
-typedef struct { _Atomic int next, done; } ft_phase;
-
-static inline int phase_claim(ft_phase *ph) { return atomic_fetch_add(&ph->next, 1); }
-
-/* This thread's `mine` pieces finished; then wait for every piece of the phase (`total`). The
- * yield first hands the core to a thread queued on it (the disk tier's readers: a read's CPU
- * waited for a core while both pool threads had pieces, and for the barrier no longer there),
- * while the other pool threads go on claiming; with nothing queued it is one cheap syscall. */
-static inline void phase_done(ft_phase *ph, int mine, int total) {
-    if (mine) atomic_fetch_add(&ph->done, mine);
-    sched_yield();
-    for (unsigned k = 0; atomic_load(&ph->done) < total; k++) {
-        if (k < 4096) cpu_relax(); else sched_yield();
-    }
-}
 FT_HIDDEN uint8_t *scratch(ft_pool *p, size_t bytes);
 
 /* ------------------------------------------------------------------ dense GEMV (dense.c)

@@ -3,11 +3,6 @@
 /* ------------------------------------------------------------------ the MoE job
  * Routed experts straight from the host pool banks (the work split is described in ft_kernels.h). */
 
-/* a phase-1 piece: gate/up columns (a multiple of 32); a phase-2 piece: down rows (of 32). At
- * 30B-A3B's shape a decode call is then 12 + 32 pieces of ~50 / ~20 us on a Zen 4 core. */
-#define MOE_COLS 64
-#define MOE_ROWS 64
-
 typedef struct {
     const ft_desc *d;
     const void *x; int xt; int64_t T;
@@ -30,8 +25,6 @@ typedef struct {
     float *gtmp;            /* per thread: 3 x (max tokens of a group) x 32 floats */
     uint16_t *gpad;         /* per thread: gemm_pad_elems() bf16 (ggml: the decoded 32 x kpad(max(H, I)) panel after it) */
     int64_t gtmp_n, gpad_n;
-    int n_plain;        /* slot rows of the groups on the dot products (phase 1b's pieces) */
-    ft_phase ph[4];    /* 0 inputs, 1 gate/up, 1b the per-256 activations, 2 down */
 } moe_job;
 
 static inline float act_fn(const ft_desc *d, float g, float u) {
@@ -105,75 +98,115 @@ static void tile_gate_up(const moe_job *J, int g, const uint8_t *wb, const uint8
     }
 }
 
-/* Columns [j0, j1) of every expert's gate/up and activation (32-aligned: the tiles, the 32-blocks
- * of the prepared h and its packed blocks fall where a static split put them), then those columns
- * of h prepared for the down rows. */
-static void gate_up_cols(moe_job *J, int j0, int j1, float *gt, float *gu_t, uint16_t *pad) {
+static void moe_run_fn(void *a, int tid) {
+    moe_ctx *C = a;
+    moe_job *J = C->J;
+    ft_pool *p = C->p;
     const ft_desc *d = J->d;
-    const int H = d->H, I = d->I, fmt = d->fmt;
-    const int64_t xs = prep_bytes(H), hs = prep_bytes(I), bbI = blk_bytes(I) / 2;
-    for (int g = 0; g < J->G; g++) {
-        const int64_t e = J->g_e[g];
-        const int s0 = J->g_start[g], ns = J->g_n[g];
-        const uint8_t *wb = d->gu_w + e * d->gu_w_es;
-        /* the up rows: rows I.. of the gate's bank, or a bank of their own */
-        const uint8_t *ub = d->up_w ? d->up_w + e * d->up_w_es : wb + (int64_t)I * d->gu_w_rs;
-        const int64_t urs = d->up_w ? d->up_w_rs : d->gu_w_rs;
-        const float *gb = d->gu_b ? d->gu_b + e * 2 * I : NULL;
-        if (J->g_blk[g] >= 0) { tile_gate_up(J, g, wb, ub, urs, gb, j0, j1, gt, gu_t, pad); continue; }
-        /* blocks of RB rows stay in L2 while every chunk of tokens passes over them */
-        for (int jb = j0; jb < j1; jb += RB)
-        for (int c = 0; c < ns; c += NTMAX) {
-            int nt = ns - c < NTMAX ? ns - c : NTMAX;
-            const int je = jb + RB < j1 ? jb + RB : j1;
-            const uint8_t *xp[NTMAX];
-            for (int t = 0; t < nt; t++) xp[t] = J->xq + (int64_t)J->r_tok[s0 + c + t] * xs;
-            /* rows j..j+jr-1 of gate and of up per tile: one token's narrow ggml rows 8 + 8, else two
-               row pairs (the int8 zmm tiles: two pairs for any token count) */
-            const int jr = nt == 1 ? (fmt == FMT_GGML && H <= GGML_WIDE_MAX ? GGML_TILE_ROWS / 2 : 2)
-                                   : int8_zmm_on(fmt) ? 2 : 1;
-            for (int j = jb; j < je; j += jr) {
-                int m = j + jr <= je ? jr : je - j;
-                const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];
-                float res[GGML_TILE_ROWS][NTMAX];
-                for (int q = 0; q < m; q++) {
-                    wr[q] = wb + (int64_t)(j + q) * d->gu_w_rs;
-                    sr[q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, j + q);
-                    wr[m + q] = ub + (int64_t)(j + q) * urs;
-                    sr[m + q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, I + j + q);
-                }
-                tl_pf = pf_distance((int64_t)(m < 2 ? m : 2) * d->gu_w_rs, d->gu_w_rs);   /* two rows' tile ahead (the up rows': near enough) */
-                dot_tile(fmt, wr, sr, 2 * m, H, xp, nt, res);
-                for (int q = 0; q < m; q++)
-                    for (int t = 0; t < nt; t++) {
-                        float gg = res[q][t], uu = res[m + q][t];
-                        if (gb) { gg += gb[j + q]; uu += gb[I + j + q]; }
-                        J->hn[(int64_t)(s0 + c + t) * I + j + q] = act_fn(d, gg, uu);
-                    }
-            }
-        }
-    }
-    for (int g = 0; g < J->G; g++) {
-        const int s0 = J->g_start[g], ns = J->g_n[g];
-        if (J->g_blk[g] < 0) {
-            for (int s = s0; s < s0 + ns; s++) {
-                float *h = J->hn + (int64_t)s * I;
-                if (J->gm && !ft_bf16_dot_on)       /* rounded as the tiles round h */
-                    for (int j = j0; j < j1; j++) h[j] = bf16_to_f32(f32_to_bf16(h[j]));
-                prep_range(fmt, h, J->hq + (int64_t)s * hs, I, j0, j1);
-            }
-        } else {    /* this thread's columns of the group's h, packed */
-            for (int b = 0; b * 16 < ns; b++)
-                gemm_pack(J->hrows + s0, 16 * b, ns, I, j0, j1, J->hpk + (J->g_blk[g] + b) * bbI);
-        }
-    }
-}
+    const int H = d->H, I = d->I, fmt = d->fmt, nth = p->active;
+    const int64_t xs = prep_bytes(H), hs = prep_bytes(I);
 
-/* Output rows [r0, r1) of `down` for every expert, each row's experts added in their order. */
-static void down_rows(moe_job *J, int r0, int r1, float *dn_t, uint16_t *pad) {
-    const ft_desc *d = J->d;
-    const int H = d->H, I = d->I, fmt = d->fmt;
-    const int64_t hs = prep_bytes(I), bbI = blk_bytes(I) / 2;
+    /* 0. prepare inputs: tokens round-robin */
+    float *tmp = J->hn + (int64_t)J->R * I;  /* per-thread row of H floats */
+    tmp += (int64_t)tid * H;
+    for (int64_t t = tid; t < J->T; t += nth) {
+        const float *src;
+        if (J->xt == XT_F32) src = (const float *)J->x + t * H;
+        else {
+            const uint16_t *xb = (const uint16_t *)J->x + t * H;
+            for (int k = 0; k < H; k++) tmp[k] = bf16_to_f32(xb[k]);
+            src = tmp;
+        }
+        if (J->gm && !ft_bf16_dot_on) {     /* the tiles' call: every group's x rounded to bf16 alike */
+            float *r = J->hn + (int64_t)J->R * I + (int64_t)tid * H;
+            if (r != src) memcpy(r, src, (size_t)H * 4);
+            for (int k = 0; k < H; k++) r[k] = bf16_to_f32(f32_to_bf16(r[k]));
+            src = r;
+        }
+        prep_range(fmt, src, J->xq + t * xs, H, 0, H);
+    }
+    const int64_t bbH = blk_bytes(H) / 2, bbI = blk_bytes(I) / 2;
+    for (int b = tid; b < J->nblk; b += nth) {       /* the GEMM groups' x, packed */
+        const int g = J->blk_g[b], s0 = J->g_start[g];
+        gemm_pack(J->xrows + s0, 16 * (b - J->g_blk[g]), J->g_n[g], H, 0, H, J->xpk + b * bbH);
+    }
+    float *gt = J->gtmp + tid * J->gtmp_n, *gu_t = gt + J->gtmp_n / 3, *dn_t = gu_t + J->gtmp_n / 3;
+    uint16_t *pad = J->gpad + tid * J->gpad_n;
+    pool_barrier(p);
+
+    /* 1. gate/up + activation over this thread's j range, all experts */
+    int j0, j1;
+    split(I, 32, nth, tid, &j0, &j1);
+    if (j0 < j1) {
+        for (int g = 0; g < J->G; g++) {
+            const int64_t e = J->g_e[g];
+            const int s0 = J->g_start[g], ns = J->g_n[g];
+            const uint8_t *wb = d->gu_w + e * d->gu_w_es;
+            /* the up rows: rows I.. of the gate's bank, or a bank of their own */
+            const uint8_t *ub = d->up_w ? d->up_w + e * d->up_w_es : wb + (int64_t)I * d->gu_w_rs;
+            const int64_t urs = d->up_w ? d->up_w_rs : d->gu_w_rs;
+            const float *gb = d->gu_b ? d->gu_b + e * 2 * I : NULL;
+            if (J->g_blk[g] >= 0) { tile_gate_up(J, g, wb, ub, urs, gb, j0, j1, gt, gu_t, pad); continue; }
+            /* blocks of RB rows stay in L2 while every chunk of tokens passes over them */
+            for (int jb = j0; jb < j1; jb += RB)
+            for (int c = 0; c < ns; c += NTMAX) {
+                int nt = ns - c < NTMAX ? ns - c : NTMAX;
+                const int je = jb + RB < j1 ? jb + RB : j1;
+                const uint8_t *xp[NTMAX];
+                for (int t = 0; t < nt; t++) xp[t] = J->xq + (int64_t)J->r_tok[s0 + c + t] * xs;
+                /* rows j..j+jr-1 of gate and of up per tile: one token's narrow ggml rows 8 + 8, else two
+                   row pairs (the int8 zmm tiles: two pairs for any token count) */
+                const int jr = nt == 1 ? (fmt == FMT_GGML && H <= GGML_WIDE_MAX ? GGML_TILE_ROWS / 2 : 2)
+                                       : int8_zmm_on(fmt) ? 2 : 1;
+                for (int j = jb; j < je; j += jr) {
+                    int m = j + jr <= je ? jr : je - j;
+                    const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];
+                    float res[GGML_TILE_ROWS][NTMAX];
+                    for (int q = 0; q < m; q++) {
+                        wr[q] = wb + (int64_t)(j + q) * d->gu_w_rs;
+                        sr[q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, j + q);
+                        wr[m + q] = ub + (int64_t)(j + q) * urs;
+                        sr[m + q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, I + j + q);
+                    }
+                    tl_pf = pf_distance((int64_t)(m < 2 ? m : 2) * d->gu_w_rs, d->gu_w_rs);   /* two rows' tile ahead (the up rows': near enough) */
+                    dot_tile(fmt, wr, sr, 2 * m, H, xp, nt, res);
+                    for (int q = 0; q < m; q++)
+                        for (int t = 0; t < nt; t++) {
+                            float gg = res[q][t], uu = res[m + q][t];
+                            if (gb) { gg += gb[j + q]; uu += gb[I + j + q]; }
+                            J->hn[(int64_t)(s0 + c + t) * I + j + q] = act_fn(d, gg, uu);
+                        }
+                }
+            }
+        }
+        for (int g = 0; g < J->G; g++) {
+            const int s0 = J->g_start[g], ns = J->g_n[g];
+            if (J->g_blk[g] < 0) {
+                for (int s = s0; s < s0 + ns; s++) {
+                    float *h = J->hn + (int64_t)s * I;
+                    if (J->gm && !ft_bf16_dot_on)       /* rounded as the tiles round h */
+                        for (int j = j0; j < j1; j++) h[j] = bf16_to_f32(f32_to_bf16(h[j]));
+                    prep_range(fmt, h, J->hq + (int64_t)s * hs, I, j0, j1);
+                }
+            } else {    /* this thread's columns of the group's h, packed */
+                for (int b = 0; b * 16 < ns; b++)
+                    gemm_pack(J->hrows + s0, 16 * b, ns, I, j0, j1, J->hpk + (J->g_blk[g] + b) * bbI);
+            }
+        }
+    }
+    pool_barrier(p);
+    /* 1b. h's per-256 activations (ggml_act.c) need whole vectors: phase 1 split them by columns */
+    if (fmt == FMT_GGML && ft_ggml_k256 && I % 256 == 0 && nth > 1) {
+        int k = 0;
+        for (int g = 0; g < J->G; g++)
+            for (int s = J->g_start[g]; J->g_blk[g] < 0 && s < J->g_start[g] + J->g_n[g]; s++, k++)
+                if (k % nth == tid) ggml_prep256(J->hn + (int64_t)s * I, J->hq + (int64_t)s * hs, I);
+        pool_barrier(p);
+    }
+
+    /* 2. down over this thread's output rows, all experts */
+    int r0, r1;
+    split(H, 16, nth, tid, &r0, &r1);
     for (int g = 0; g < J->G && r0 < r1; g++) {
         const int64_t e = J->g_e[g];
         const int s0 = J->g_start[g], ns = J->g_n[g];
@@ -218,76 +251,6 @@ static void down_rows(moe_job *J, int r0, int r1, float *dn_t, uint16_t *pad) {
             }
         }
     }
-}
-
-/* Which piece a thread claims (ft_phase) never changes the numbers: every output element is
- * computed by one thread, in the same tiles, in the same order, whoever computes it. */
-/* The k-th slot row (ascending) of the groups that run through the dot products. */
-static int plain_row(const moe_job *J, int k) {
-    for (int g = 0; g < J->G; g++) {
-        if (J->g_blk[g] >= 0) continue;
-        if (k < J->g_n[g]) return J->g_start[g] + k;
-        k -= J->g_n[g];
-    }
-    return -1;
-}
-
-static void moe_run_fn(void *a, int tid) {
-    moe_ctx *C = a;
-    moe_job *J = C->J;
-    const ft_desc *d = J->d;
-    const int H = d->H, I = d->I, fmt = d->fmt;
-    const int64_t xs = prep_bytes(H), hs = prep_bytes(I);
-    const int64_t bbH = blk_bytes(H) / 2;
-    int mine = 0, u;
-
-    /* 0. prepare inputs (a token each), then the GEMM groups' x (a packed block each) */
-    const int n0 = (int)J->T + J->nblk;
-    float *tmp = J->hn + (int64_t)J->R * I + (int64_t)tid * H;     /* this thread's row of H floats */
-    while ((u = phase_claim(&J->ph[0])) < n0) {
-        mine++;
-        if (u >= J->T) {
-            const int b = u - (int)J->T, g = J->blk_g[b], s0 = J->g_start[g];
-            gemm_pack(J->xrows + s0, 16 * (b - J->g_blk[g]), J->g_n[g], H, 0, H, J->xpk + b * bbH);
-            continue;
-        }
-        const int64_t t = u;
-        const float *src;
-        if (J->xt == XT_F32) src = (const float *)J->x + t * H;
-        else {
-            const uint16_t *xb = (const uint16_t *)J->x + t * H;
-            for (int k = 0; k < H; k++) tmp[k] = bf16_to_f32(xb[k]);
-            src = tmp;
-        }
-        if (J->gm && !ft_bf16_dot_on) {     /* the tiles' call: every group's x rounded to bf16 alike */
-            if (tmp != src) memcpy(tmp, src, (size_t)H * 4);
-            for (int k = 0; k < H; k++) tmp[k] = bf16_to_f32(f32_to_bf16(tmp[k]));
-            src = tmp;
-        }
-        prep_range(fmt, src, J->xq + t * xs, H, 0, H);
-    }
-    phase_done(&J->ph[0], mine, n0);
-    float *gt = J->gtmp + tid * J->gtmp_n, *gu_t = gt + J->gtmp_n / 3, *dn_t = gu_t + J->gtmp_n / 3;
-    uint16_t *pad = J->gpad + tid * J->gpad_n;
-
-    /* 1. gate/up + activation, MOE_COLS columns of every expert a piece */
-    const int n1 = (I + MOE_COLS - 1) / MOE_COLS;
-    for (mine = 0; (u = phase_claim(&J->ph[1])) < n1; mine++)
-        gate_up_cols(J, u * MOE_COLS, (u + 1) * MOE_COLS < I ? (u + 1) * MOE_COLS : I, gt, gu_t, pad);
-    phase_done(&J->ph[1], mine, n1);
-    /* 1b. h's per-256 activations (ggml_act.c) need whole vectors: phase 1 prepared them in pieces */
-    if (fmt == FMT_GGML && ft_ggml_k256 && I % 256 == 0 && n1 > 1) {
-        for (mine = 0; (u = phase_claim(&J->ph[2])) < J->n_plain; mine++) {
-            const int s = plain_row(J, u);
-            ggml_prep256(J->hn + (int64_t)s * I, J->hq + (int64_t)s * hs, I);
-        }
-        phase_done(&J->ph[2], mine, J->n_plain);
-    }
-
-    /* 2. down, MOE_ROWS output rows of every expert a piece (the caller waits for the last) */
-    const int n2 = (H + MOE_ROWS - 1) / MOE_ROWS;
-    while ((u = phase_claim(&J->ph[3])) < n2)
-        down_rows(J, u * MOE_ROWS, (u + 1) * MOE_ROWS < H ? (u + 1) * MOE_ROWS : H, dn_t, pad);
 }
 
 /* The tiles' mode for this call's experts (0: the dot products): bf16 weights under ft_gemm_mode,
@@ -454,11 +417,9 @@ static int moe_run(void *vp, const ft_desc *d, const void *x, int xt, int64_t T,
     }
     free(keys);
 
-    int n_plain = 0;
-    for (int g = 0; g < G; g++) n_plain += g_blk[g] < 0 ? g_n[g] : 0;
     moe_job J = {d, x, xt, T, out, G, g_e, g_start, g_n, r_tok, r_w, r_out, R, xq, hn, hq,
-                 gm, g_blk, blk_g, nblk, xrows, hrows, xpk, hpk, gtmp, gpad, gtmp_n, gpad_n, n_plain};
+                 gm, g_blk, blk_g, nblk, xrows, hrows, xpk, hpk, gtmp, gpad, gtmp_n, gpad_n};
     moe_ctx C = {&J, p};
-    pool_run_claims(p, moe_run_fn, &C, (int64_t)G * (d->gu_w_es + (d->up_w ? d->up_w_es : 0) + d->dn_w_es));
+    pool_run_sized(p, moe_run_fn, &C, (int64_t)G * (d->gu_w_es + (d->up_w ? d->up_w_es : 0) + d->dn_w_es));
     return G;
 }

@@ -4,6 +4,13 @@
 
 typedef struct { ft_pool *p; int tid; int cpu; } worker_arg;
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 static inline int64_t now_ns(void) {
     struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
@@ -54,53 +61,26 @@ static void *worker_main(void *a) {
         }
         if (atomic_load(&p->stop)) return NULL;
         seen = atomic_load(&p->gen);
-        /* a seat in this job, or none: a claims job (pool_run_claims) its caller finished
-         * without this worker is closed, and its fn / arg may already be another job's */
-        if (atomic_fetch_sub(&p->seats, 1) > 0) {
-            p->fn(p->arg, wa.tid);
-            atomic_fetch_add(&p->done, 1);
-        }
+        p->fn(p->arg, wa.tid);
+        atomic_fetch_add(&p->done, 1);
     }
 }
 
 /* Jobs under p->small_bytes of weights/keys run on the calling thread alone: handing them to
  * the workers (a wake-up or a spin hand-off, then a join) costs more than the work. */
-static int pool_start(ft_pool *p, job_fn fn, void *arg, int64_t bytes) {
-    if (p->n == 1 || bytes < p->small_bytes) { p->active = 1; return 0; }
+void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes) {
+    if (p->n == 1 || bytes < p->small_bytes) { p->active = 1; fn(arg, 0); return; }
     p->active = p->n;
     p->fn = fn; p->arg = arg;
     atomic_store(&p->done, 0);
-    atomic_store(&p->seats, p->n - 1);      /* (after fn / arg: a worker that takes a seat sees them) */
     atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu); pthread_cond_broadcast(&p->cv); pthread_mutex_unlock(&p->mu);
     }
-    return 1;
-}
-
-static void pool_join(ft_pool *p, int workers) {
-    for (unsigned k = 0; atomic_load(&p->done) != workers; k++) {
+    fn(arg, 0);
+    for (unsigned k = 0; atomic_load(&p->done) != p->n - 1; k++) {
         if (k < 4096) cpu_relax(); else sched_yield();
     }
-}
-
-void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes) {
-    const int split = pool_start(p, fn, arg, bytes);
-    fn(arg, 0);
-    if (split) pool_join(p, p->n - 1);      /* every thread has its static share: wait for all */
-}
-
-/* A job whose fn claims its work in pieces (atomic counters, moe.c) and never waits for a thread
- * in particular: the caller does whatever no worker has claimed, so a worker that wakes late or
- * that an I/O thread preempts costs the call only the piece it holds. Once the caller's fn is
- * back (every piece claimed), the seats left are closed: the call waits only for the workers
- * that sat down (they finish what they claimed), not for one still asleep or off its core. */
-void pool_run_claims(ft_pool *p, job_fn fn, void *arg, int64_t bytes) {
-    const int split = pool_start(p, fn, arg, bytes);
-    fn(arg, 0);
-    if (!split) return;
-    const int left = atomic_exchange(&p->seats, 0);
-    pool_join(p, p->n - 1 - (left > 0 ? left : 0));
 }
 
 void pool_run(ft_pool *p, job_fn fn, void *arg) { pool_run_sized(p, fn, arg, INT64_MAX); }
