@@ -53,6 +53,7 @@ from . import cache_dir, cpu_kernels, sources_digest, variants_here
 from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .ggml_k256 import measure_k256
 from .int8_tiles import measure_int8_tiles
+from .interleaved import best_interleaved
 from .pool import CpuPool, shared_pool
 from .switch_set import require_loading
 
@@ -209,21 +210,6 @@ def _pick_gemm(t: dict) -> tuple[str, str | None]:
     best = min(tiles, key=lambda m: t[f"{m}_expert"], default=None)
     expert = best if best is not None and t[f"{best}_expert"] < t["dots_expert"] else None
     return dense, expert
-
-
-def best_interleaved(run: Callable[[], None], switch: Callable[[str], object], names: tuple[str, ...],
-                     reps: int) -> dict:
-    """{name: best seconds of `run` with `switch(name)` applied}, the names interleaved in each
-    round so a change of load hits them alike; each timed run follows a warm-up run."""
-    best = {}
-    for _ in range(reps):
-        for name in names:
-            switch(name)
-            run()
-            t = time.perf_counter()
-            run()
-            best[name] = min(best.get(name, 1e9), time.perf_counter() - t)
-    return best
 
 
 # The rows of the decode steps that the bf16-dot choice weighs, as fractions of the steps: with

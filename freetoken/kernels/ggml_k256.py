@@ -15,12 +15,12 @@ ways, interleaved. "q8k" forces the per-256 activations, "q8" / "llama" / "float
 from __future__ import annotations
 
 import ctypes
-import time
 
 import torch
 
 from ..quant import ggml_quants as gq
 from . import load
+from .interleaved import best_interleaved
 from .pool import CpuPool
 
 WAYS = ("q8", "q8k")            # the switch off (per 32) and on (per 256)
@@ -60,16 +60,9 @@ def measure_k256(threads: int, isa: str = "native", hidden: int = 2048, inter: i
                     x, y = xs[(m, k)], ys[(m, n)]
                     lib.ft_ggml_linear_run(pool.handle, ctypes.byref(s), 1, k, x.data_ptr(), 0, m, None,
                                            y.data_ptr(), n)
-    was, best = lib.ft_set_ggml_k256(-1), {}
+    was = lib.ft_set_ggml_k256(-1)
     try:
-        for _ in range(reps):               # the ways interleaved, so a change of load hits both alike
-            for way in WAYS:
-                lib.ft_set_ggml_k256(int(way == "q8k"))
-                run()
-                t0 = time.perf_counter()
-                run()
-                best[way] = min(best.get(way, float("inf")), time.perf_counter() - t0)
-        return best
+        return best_interleaved(run, lambda way: lib.ft_set_ggml_k256(int(way == "q8k")), WAYS, reps)
     finally:
         lib.ft_set_ggml_k256(was)
         pool.close()

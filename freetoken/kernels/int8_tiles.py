@@ -9,11 +9,11 @@ vpdpbusd pipes. A short calibration decides: one expert's prefill-shaped call (g
 from __future__ import annotations
 
 import ctypes
-import time
 
 import torch
 
 from . import Desc, load
+from .interleaved import best_interleaved
 from .pool import CpuPool
 
 WAYS = ("ymm", "zmm")
@@ -57,16 +57,9 @@ def measure_int8_tiles(threads: int, isa: str = "native", hidden: int = 2048, in
         for d, _ in experts:
             lib.ft_moe_run(pool.handle, ctypes.byref(d), x.data_ptr(), 0, tokens, 1, ids.data_ptr(), w.data_ptr(),
                            out.data_ptr())
-    was, best = lib.ft_set_int8_zmm(-1), {}
+    was = lib.ft_set_int8_zmm(-1)
     try:
-        for _ in range(reps):               # the ways interleaved, so a change of load hits both alike
-            for way in WAYS:
-                lib.ft_set_int8_zmm(int(way == "zmm"))
-                run()
-                t0 = time.perf_counter()
-                run()
-                best[way] = min(best.get(way, float("inf")), time.perf_counter() - t0)
-        return best
+        return best_interleaved(run, lambda way: lib.ft_set_int8_zmm(int(way == "zmm")), WAYS, reps)
     finally:
         lib.ft_set_int8_zmm(was)
         pool.close()
