@@ -338,6 +338,21 @@ FORCE_INLINE void qtile(const int fmt, const uint8_t *const *wr, const uint8_t *
         for (int t = 0; t < NT; t++) res[r][t] = hsum8(acc[r][t]);
 }
 
+/* The low and high nibbles of q's 32 bytes through the 16-entry table lut (repeated in both
+ * 128-bit lanes). With VBMI, vpermb reads an index's low 5 bits, so the 16 entries twice over
+ * (lut as it is: both lanes equal) ignore the bit above each nibble: no masks (2 of the 5 ops a
+ * block pair's decode took). */
+FORCE_INLINE void nibbles_lut(__m256i q, __m256i lut, __m256i m4, __m256i *lo, __m256i *hi) {
+#if defined(FT_AVX512) && defined(__AVX512VBMI__)
+    (void)m4;
+    *lo = _mm256_permutexvar_epi8(q, lut);
+    *hi = _mm256_permutexvar_epi8(_mm256_srli_epi16(q, 4), lut);
+#else
+    *lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m4));
+    *hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+#endif
+}
+
 /* mxfp4: two blocks per 32-byte load; low nibbles of both blocks in one vector, high nibbles in
  * another; int8 dots as in qtile; the 4+4 int32 lanes of a block pair are scaled by
  * [d_b x4 | d_b+1 x4], with d = 2^(s-128) * x_scale computed 8 blocks at a time. */
@@ -385,8 +400,8 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
             for (int r = 0; r < R; r++) {
                 PREFETCH(wr[r] + 16 * bb);
                 __m256i q = _mm256_loadu_si256((const __m256i *)(wr[r] + 16 * bb));
-                __m256i lo = _mm256_shuffle_epi8(lutu, _mm256_and_si256(q, m4));
-                __m256i hi = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                __m256i lo, hi;
+                nibbles_lut(q, lutu, m4, &lo, &hi);
                 for (int t = 0; t < NT; t++) {
                     __m256 pf = _mm256_cvtepi32_ps(dot2_u8s8(lo, xl[t], hi, xh[t]));
                     acc[r][t] = _mm256_fmadd_ps(pf, _mm256_permutevar8x32_ps(d8[r][t], sel), acc[r][t]);
@@ -404,8 +419,8 @@ FORCE_INLINE void mtile(const uint8_t *const *wr, const uint8_t *const *sr, int 
         }
         for (int r = 0; r < R; r++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(wr[r] + 16 * b));
-            __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m4));
-            __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+            __m256i lo, hi;
+            nibbles_lut(q, lut, m4, &lo, &hi);
             __m256i alo = _mm256_abs_epi8(lo), ahi = _mm256_abs_epi8(hi);
             float d0 = E8M0_HALF[sr[r][b]], d1 = E8M0_HALF[sr[r][b + 1]];
             for (int t = 0; t < NT; t++) {
@@ -492,8 +507,8 @@ FORCE_INLINE void ntile(const uint8_t *const *wr, const uint8_t *const *sr, int 
             for (int r = 0; r < R; r++) {
                 PREFETCH(wr[r] + 16 * bb);
                 __m256i q = _mm256_loadu_si256((const __m256i *)(wr[r] + 16 * bb));
-                __m256i lo = _mm256_shuffle_epi8(lutu, _mm256_and_si256(q, m4));
-                __m256i hi = _mm256_shuffle_epi8(lutu, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                __m256i lo, hi;
+                nibbles_lut(q, lutu, m4, &lo, &hi);
                 for (int t = 0; t < NT; t++) {
                     __m256i p16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[t]), _mm256_maddubs_epi16(hi, xh[t]));
                     __m256 pf = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
@@ -510,8 +525,7 @@ FORCE_INLINE void ntile(const uint8_t *const *wr, const uint8_t *const *sr, int 
             __m256i lo, hi;
             if (pair) {
                 __m256i q = _mm256_loadu_si256((const __m256i *)(wr[r] + 16 * b));
-                lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(q, m4));
-                hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(q, 4), m4));
+                nibbles_lut(q, lut, m4, &lo, &hi);
             } else {
                 lo = mxfp4_decode(wr[r] + 16 * b);
                 hi = _mm256_setzero_si256();
