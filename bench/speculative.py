@@ -174,7 +174,8 @@ def cost_curve(llm, ks, vocab: int, steps: int = 16, context: int = 256):
     for k in ks:
         spec.drafters, spec.priced = ({"fixed": FixedDrafter(k, vocab)} if k else {}), False
         spec.price.samples.clear()
-        engine.add_request(f"curve{k}", prompt, SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True))
+        # k + 1 more tokens: the last steps' room (max_tokens) would cut the drafts below k
+        engine.add_request(f"curve{k}", prompt, SamplingParams(max_tokens=steps + k + 1, temperature=0.0, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
         got = [(n, u, t) for n, u, t in spec.price.samples if n == 1 + k]
