@@ -2,7 +2,7 @@
 could give on the same forced agent turns, whatever the machine's load.
 
     PYTHONPATH=. .venv/bin/python bench/spec_bounds.py [--sessions 2] [--turns 6] [--prompt 768]
-        [--response 96] [--history 0,20] [--max-draft 8] [--cost 1,1.11,1.19,1.33,1.48,1.61,1.74,1.87,1.99]
+        [--response 96] [--history 0,20] [--max-draft 16] [--cost 1,1.11,1.19,1.33,1.48,1.61,1.74,1.87,1.99]
         [--no-shadow] [--offset 0]
 
 The same turns as bench/speculative.py (same picks, truncation, ids folded into 8192), replayed
@@ -105,7 +105,7 @@ def main():
     ap.add_argument("--offset", type=int, default=0,
                     help="replay the j-th session after each of the bench's picks: sessions held out from tuning")
     ap.add_argument("--history", default="0,20", help="comma-separated: other sessions the suffix index sees first")
-    ap.add_argument("--max-draft", type=int, default=8)
+    ap.add_argument("--max-draft", type=int, default=16)
     ap.add_argument("--cost", default="1,1.11,1.19,1.33,1.48,1.61,1.74,1.87,1.99",
                     help="a verify of k = 0.. drafts in plain steps (k past the list: extended linearly)")
     ap.add_argument("--no-shadow", action="store_true",

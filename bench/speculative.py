@@ -1,7 +1,7 @@
 """Speculative decoding on the medium MoE: decode tok/s with and without it, side by side.
 
     PYTHONPATH=. .venv/bin/python bench/speculative.py [--sessions 4] [--turns 3] [--prompt 768]
-        [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 8] [--draft-model PATH|tiny]
+        [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 16] [--draft-model PATH|tiny]
         [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
         [--free-from random|sessions] [--history N] [--offset J] [--curve-context N] [--lockstep [--window 16] [--control]]
         [--bf16-dot auto|on|off] [--decode-attention auto|amx|fp32]
@@ -174,7 +174,8 @@ def cost_curve(llm, ks, vocab: int, steps: int = 16, context: int = 256):
     for k in ks:
         spec.drafters, spec.priced = ({"fixed": FixedDrafter(k, vocab)} if k else {}), False
         spec.price.samples.clear()
-        engine.add_request(f"curve{k}", prompt, SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True))
+        # k + 1 more tokens: the last steps' room (max_tokens) would cut the drafts below k
+        engine.add_request(f"curve{k}", prompt, SamplingParams(max_tokens=steps + k + 1, temperature=0.0, ignore_eos=True))
         while engine.has_unfinished():
             engine.step()
         got = [(n, u, t) for n, u, t in spec.price.samples if n == 1 + k]
@@ -324,7 +325,7 @@ def main():
     ap.add_argument("--free-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--max-draft", type=int, default=8)
+    ap.add_argument("--max-draft", type=int, default=16)
     ap.add_argument("--draft-model", default=None, metavar="PATH|tiny",
                     help="add a --speculative draft column with this draft model")
     ap.add_argument("--host-cache-gib", type=float, default=None,
@@ -434,7 +435,7 @@ def main():
         p = st["price"]
         print(f"price: step {p['step_s'] * 1e3:.2f} ms + {p['per_position_s'] * 1e3:.3f} ms/position + "
               f"{p['per_expert_s'] * 1e6:.2f} us/expert")
-    ks = [0, 1, 2, 4, 8] if args.max_draft >= 8 else list(range(args.max_draft + 1))
+    ks = [k for k in (0, 1, 2, 4, 8, 16) if k <= args.max_draft] if args.max_draft >= 8 else list(range(args.max_draft + 1))
     rows = cost_curve(llm, ks, vocab, context=args.curve_context)
     print("\nk   measured ms   predicted ms   pred/meas   experts/step   cost/plain")
     for k in ks:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 PRIOR_FIRST = 0.4       # P(first drafted token accepted) before any evidence
 PRIOR_NEXT = 0.75       # P(next accepted | the ones before were): accepted runs are long or short
-PRIOR_WEIGHT = 2.0      # pseudo-trials of the prior
+PRIOR_WEIGHT = 0.5      # pseudo-trials of the prior: 2 kept sparse buckets (36 x K rates) at the prior too long
 DECAY = 0.999           # per observed draft: about the last thousand drafts count
 SPEED_DECAY = 0.995     # per step: about the last 200 steps set the run's speed
 SPEED_PRIOR = 20.0      # steps at plain speed before any evidence
