@@ -25,10 +25,12 @@ log = logging.getLogger("freetoken.experts")
 
 DEMAND, GUESS = 0, 1        # priorities: a layer call waits for its demand reads; guesses may be wrong
 _STOP = object()            # `ReadQueue.take`: the reader stops
-# guess reads that may start while a demand read is queued or being read: a miss shares the disk
-# with every read in flight (stop 46: 1.69 GB/s at depth 1, 2.22 at 4, so a miss beside 4 guesses
-# took ~3x longer); None: as many as there are readers
-GUESSES_BESIDE_DEMAND: int | None = 1
+# guess reads that may start while a demand read is queued or being read (a miss shares the disk
+# with every read in flight: 1.69 GB/s at depth 1, 2.22 at 4 at stop 46); None: as many as there are
+# readers. Off: at 1, under load 7-10 (docs/benchmarks.md, `disk39`), the 12-layer file's time
+# blocked on reads fell to 0.59x but the 48-layer target's did not move (15.0 against 13.7 ms a
+# token, medians of 3); `bench/disk_tier.py --guesses-beside-demand 1` for the quiet A/B
+GUESSES_BESIDE_DEMAND: int | None = None
 
 
 class ReadQueue:
@@ -134,7 +136,7 @@ class ReadQueue:
         last demand read is."""
         if priority == DEMAND:
             self._demands -= 1
-            if not self._demands and self.guesses:
+            if not self._demands and self.guesses and GUESSES_BESIDE_DEMAND is not None:
                 self._any.notify(self.threads)
         else:
             self._reading_guesses -= 1
