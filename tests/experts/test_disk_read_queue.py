@@ -58,26 +58,24 @@ def test_guesses_beside_a_demand_read_are_held_back_until_it_lands(monkeypatch):
     (a miss shares the disk with every read in flight); the rest start once it has landed, and
     a shutdown still runs them."""
     monkeypatch.setattr(read_queue, "GUESSES_BESIDE_DEMAND", 1)
-    log, lock, gate, started = [], threading.Lock(), threading.Event(), threading.Event()
+    log, lock, gate = [], threading.Lock(), threading.Event()
+    started = {"d": threading.Event(), "g1": threading.Event()}
 
     def read(flat, slot):
         with lock:
             log.append(("start", flat))
-        if flat in ("d", "g1"):
-            started.set() if flat == "d" else None
-            gate.wait(10)
+        if flat in started:
+            started[flat].set()
+            gate.wait(30)
         with lock:
             log.append(("end", flat))
 
     q = ReadQueue(3, read, reserve=True)
     q.put("d", 0, DEMAND)
-    assert started.wait(10)
+    assert started["d"].wait(30)
     q.put_many([("g1", 1, GUESS), ("g2", 2, GUESS), ("g3", 3, GUESS)])
-    for _ in range(100):                # g1 starts beside d; g2 and g3 wait though readers are idle
-        if ("start", "g1") in log:
-            break
-        threading.Event().wait(0.01)
-    threading.Event().wait(0.1)
+    assert started["g1"].wait(30)       # g1 starts beside d; g2 and g3 wait though a reader is idle
+    threading.Event().wait(0.2)
     assert [f for k, f in log if k == "start"] == ["d", "g1"]
     gate.set()
     q.shutdown()

@@ -131,7 +131,7 @@ class ReadQueue:
             self._reading_guesses += 1
         return e
 
-    def _finished(self, priority: int) -> None:
+    def finished(self, priority: int) -> None:
         """A read of `priority` is over (under the lock): the guesses held back wake when the
         last demand read is."""
         if priority == DEMAND:
@@ -203,5 +203,5 @@ def _serve(ref: "weakref.ref[ReadQueue]", demand_only: bool) -> None:
             q = ref()
             if q is None:
                 return
-            q._finished(priority)
+            q.finished(priority)
             del q
