@@ -140,6 +140,9 @@ class ReadQueue:
                 self._any.notify(self.threads)
         else:
             self._reading_guesses -= 1
+        if self._stop and not self._queued:     # a reader held back at a shutdown may stop now
+            self._any.notify_all()
+            self._demand.notify_all()
 
     def condition(self, demand_only: bool) -> threading.Condition:
         """What a reader (`demand_only`: the reserved one) waits on for a read."""
