@@ -69,6 +69,9 @@ FT = textwrap.dedent("""
         disk_backend.READ_AHEAD_FIRST = opts.pop("read_ahead_first")
     if "prefill_read" in opts:   # --prefill-read: a prompt's reads of the next layer (routed / whole), an A/B
         disk_backend.PREFILL_READ = opts.pop("prefill_read")
+    if "guesses_beside_demand" in opts:     # --guesses-beside-demand: guess reads started beside a demand read
+        import freetoken.experts.disk.read_queue as read_queue
+        read_queue.GUESSES_BESIDE_DEMAND = opts.pop("guesses_beside_demand")
     depth = opts.pop("lookahead_depth", None)
     if depth is not None:        # layers read ahead (experts/disk/lookahead.DEPTH), for an A/B of it
         import freetoken.experts.disk.backend as disk_backend
@@ -269,7 +272,9 @@ def disk_options(args) -> dict:
                               ("prefill_read", args.prefill_read),
                               ("read_ahead_first", None if args.read_ahead_at is None else args.read_ahead_at == "start"))
             if v is not None} | ({} if args.read_budget is None else
-                                 {"read_budget": None if args.read_budget == "off" else float(args.read_budget)})
+                                 {"read_budget": None if args.read_budget == "off" else float(args.read_budget)}) \
+        | ({} if args.guesses_beside_demand is None else
+           {"guesses_beside_demand": None if args.guesses_beside_demand == "all" else int(args.guesses_beside_demand)})
 
 
 def lookahead_line(disk: dict) -> str:
@@ -359,7 +364,12 @@ def main():
                          "(experts/disk/backend.READ_AHEAD_FIRST; default: the engine's)")
     ap.add_argument("--read-budget", default=None,
                     help="the decode read-ahead's read budget (a ratio >= 1, or off; experts/disk/backend.READ_BUDGET)")
+    ap.add_argument("--guesses-beside-demand", default=None,
+                    help="guess reads that may start while a demand read is queued or read (a count, or all; "
+                         "experts/disk/read_queue.GUESSES_BESIDE_DEMAND; default: the engine's)")
     args = ap.parse_args()
+    if args.guesses_beside_demand not in (None, "all") and not args.guesses_beside_demand.isdigit():
+        ap.error(f"--guesses-beside-demand: a count or all, got {args.guesses_beside_demand!r}")
     if args.read_budget not in (None, "off"):
         try:
             if float(args.read_budget) < 1:

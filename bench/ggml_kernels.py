@@ -158,7 +158,9 @@ def main() -> None:
         for entry in a.isa.split(","):
             isa, k256 = entry.removesuffix("+k256"), entry.endswith("+k256")
             ex = CpuExpertExecutor(banks, fmt, a.hidden, a.inter, num_threads=a.threads, isa=isa, gemm_tokens=0)
-            if isa != "baseline" or k256:   # the per-256 activations of the k-quant rows, on or off (off: the default)
+            # the per-256 activations of the k-quant rows, on or off, set in every library that has the switch
+            # (a baseline's stayed as the last entry left it: "baseline" after "baseline+k256" ran per 256)
+            if isa != "baseline" or k256 or hasattr(ex.lib, "ft_set_ggml_k256"):
                 ex.lib.ft_set_ggml_k256(int(k256))
             per_w = expert_nbytes(ex) / (3 * a.hidden * a.inter)
             for tok in [int(v) for v in a.tokens.split(",")]:

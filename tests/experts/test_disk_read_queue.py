@@ -12,6 +12,7 @@ import torch
 
 from freetoken import LLM
 from freetoken.experts.disk.host_cache import HostExpertCache
+from freetoken.experts.disk import read_queue
 from freetoken.experts.disk.read_queue import DEMAND, GUESS, ReadQueue
 from test_host_cache import E, _holds, _layout
 from tiered_helpers import disk_outputs, resident_ftw
@@ -50,6 +51,64 @@ def test_demand_reads_go_before_guesses_and_promoted_guesses_before_the_rest():
     gate.set()
     q.shutdown()
     assert done == ["first", "d1", "g2", "d2", "g1"]
+
+
+def test_guesses_beside_a_demand_read_are_held_back_until_it_lands(monkeypatch):
+    """While a demand read is in flight, no more than `GUESSES_BESIDE_DEMAND` guess reads start
+    (a miss shares the disk with every read in flight); the rest start once it has landed, and
+    a shutdown still runs them."""
+    monkeypatch.setattr(read_queue, "GUESSES_BESIDE_DEMAND", 1)
+    log, lock, gate = [], threading.Lock(), threading.Event()
+    started = {"d": threading.Event(), "g1": threading.Event()}
+
+    def read(flat, slot):
+        with lock:
+            log.append(("start", flat))
+        if flat in started:
+            started[flat].set()
+            gate.wait(30)
+        with lock:
+            log.append(("end", flat))
+
+    q = ReadQueue(3, read, reserve=True)
+    q.put("d", 0, DEMAND)
+    assert started["d"].wait(30)
+    q.put_many([("g1", 1, GUESS), ("g2", 2, GUESS), ("g3", 3, GUESS)])
+    assert started["g1"].wait(30)       # g1 starts beside d; g2 and g3 wait though a reader is idle
+    threading.Event().wait(0.2)
+    assert [f for k, f in log if k == "start"] == ["d", "g1"]
+    gate.set()
+    q.shutdown()
+    running, most = set(), 0               # guesses being read while d was, at any time: never more than 1
+    for k, f in log:
+        running = running | {f} if k == "start" else running - {f}
+        if "d" in running:
+            most = max(most, len(running - {"d"}))
+    assert most == 1
+    assert {f for k, f in log if k == "end"} == {"d", "g1", "g2", "g3"} and q.guesses == 0
+
+
+def test_without_a_limit_guesses_start_beside_a_demand_read(monkeypatch):
+    monkeypatch.setattr(read_queue, "GUESSES_BESIDE_DEMAND", None)
+    gate, started, seen = threading.Event(), threading.Event(), []
+
+    def read(flat, slot):
+        seen.append(flat)
+        if flat == "d":
+            started.set()
+            gate.wait(10)
+
+    q = ReadQueue(3, read, reserve=True)
+    q.put("d", 0, DEMAND)
+    assert started.wait(10)
+    q.put_many([("g1", 1, GUESS), ("g2", 2, GUESS)])
+    for _ in range(200):
+        if len(seen) == 3:
+            break
+        threading.Event().wait(0.01)
+    assert sorted(seen) == ["d", "g1", "g2"]          # both guesses read while d still waits
+    gate.set()
+    q.shutdown()
 
 
 def test_a_cancelled_read_never_runs_and_a_started_one_cannot_be_cancelled():

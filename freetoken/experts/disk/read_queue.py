@@ -25,6 +25,12 @@ log = logging.getLogger("freetoken.experts")
 
 DEMAND, GUESS = 0, 1        # priorities: a layer call waits for its demand reads; guesses may be wrong
 _STOP = object()            # `ReadQueue.take`: the reader stops
+# guess reads that may start while a demand read is queued or being read (a miss shares the disk
+# with every read in flight: 1.69 GB/s at depth 1, 2.22 at 4 at stop 46); None: as many as there are
+# readers. Off: at 1, under load 7-10 (docs/benchmarks.md, `disk39`), the 12-layer file's time
+# blocked on reads fell to 0.59x but the 48-layer target's did not move (15.0 against 13.7 ms a
+# token, medians of 3); `bench/disk_tier.py --guesses-beside-demand 1` for the quiet A/B
+GUESSES_BESIDE_DEMAND: int | None = None
 
 
 class ReadQueue:
@@ -39,6 +45,8 @@ class ReadQueue:
         self._demand = threading.Condition(self._lock)    # the reserved reader (demand reads only) here
         self._stop = False
         self.guesses = 0                        # live guesses queued (callers skip the look when 0)
+        self._demands = 0                       # demand reads queued or being read
+        self._reading_guesses = 0               # guess reads being read
         # `reserve`: one more reader that takes demand reads only, so a layer call's own reads
         # start at once even while `threads` guesses are being read (a read cannot be stopped
         # once started: on spread routing the misses waited for wrong guesses to finish)
@@ -72,6 +80,7 @@ class ReadQueue:
         e = [priority, next(self._order), flat, slot, True]
         self._queued[slot] = e
         self.guesses += priority == GUESS
+        self._demands += priority == DEMAND
         heapq.heappush(self._heap, e)
 
     def _take(self, slot: int) -> list | None:
@@ -80,6 +89,7 @@ class ReadQueue:
         if e is not None:
             e[4] = False
             self.guesses -= e[0] == GUESS
+            self._demands -= e[0] == DEMAND
         return e
 
     def promote(self, slot: int) -> None:
@@ -104,14 +114,35 @@ class ReadQueue:
 
     def _pop(self, demand_only: bool = False) -> list | None:
         """The queued read that ranks first (`demand_only`: if a demand read), taken out of the
-        queue (under the lock); None: none."""
+        queue (under the lock) and counted as being read; None: none, or a guess that must wait
+        while demand reads are (`GUESSES_BESIDE_DEMAND`)."""
         while self._heap and not self._heap[0][4]:      # cancelled or promoted entries
             heapq.heappop(self._heap)
         if not self._heap or (demand_only and self._heap[0][0] != DEMAND):
             return None
+        if self._heap[0][0] == GUESS and self._demands and GUESSES_BESIDE_DEMAND is not None \
+                and self._reading_guesses >= GUESSES_BESIDE_DEMAND:
+            return None
         e = heapq.heappop(self._heap)
         self._take(e[3])
+        if e[0] == DEMAND:
+            self._demands += 1              # (`_take` counted it off the queue: it is being read)
+        else:
+            self._reading_guesses += 1
         return e
+
+    def finished(self, priority: int) -> None:
+        """A read of `priority` is over (under the lock): the guesses held back wake when the
+        last demand read is."""
+        if priority == DEMAND:
+            self._demands -= 1
+            if not self._demands and self.guesses and GUESSES_BESIDE_DEMAND is not None:
+                self._any.notify(self.threads)
+        else:
+            self._reading_guesses -= 1
+        if self._stop and not self._queued:     # a reader held back at a shutdown may stop now
+            self._any.notify_all()
+            self._demand.notify_all()
 
     def condition(self, demand_only: bool) -> threading.Condition:
         """What a reader (`demand_only`: the reserved one) waits on for a read."""
@@ -122,8 +153,9 @@ class ReadQueue:
         of the queue; None: none queued (wait); `_STOP`: shut down and nothing left to read."""
         e = self._pop(demand_only)
         if e is not None:
-            return self._read, e[2], e[3]
-        return _STOP if self._stop else None
+            return self._read, e[2], e[3], e[0]
+        # (at a shutdown a guess held back is still queued: it runs first, the demand reader stops)
+        return _STOP if self._stop and (demand_only or not self._queued) else None
 
     def shutdown(self) -> None:
         """Every queued read runs, then the readers stop."""
@@ -163,10 +195,16 @@ def _serve(ref: "weakref.ref[ReadQueue]", demand_only: bool) -> None:
                 if got is not None:
                     break
                 wake.wait()
-        read, flat, slot = got
+        read, flat, slot, priority = got
         del got
         try:
             read(flat, slot)
         except Exception:               # noqa: BLE001 -- a reader outlives one bad read
             log.exception("disk tier: reading expert %s into slot %s failed", flat, slot)
         del read
+        with wake:
+            q = ref()
+            if q is None:
+                return
+            q.finished(priority)
+            del q
