@@ -87,6 +87,12 @@ class Speculator:
             self.shadow.forget(key)
         self._live = live
         decoding = [s for s in running if s.num_pending == 1 and not s.want_prompt_logits]
+        for s in running:
+            # a prompt is indexed in its prefill step (one of hundreds of ms), not in its first
+            # decode step: the dense replay's 768-token prompts took 4-12 ms there (suffix index and
+            # prompt lookup, under load), ~1% of a turn's decode, in its first decode step's wall time
+            if s.num_pending > 1 and not s.want_prompt_logits:
+                self._observe_tokens(s)
         positions = sum(min(s.num_pending, budget) for s in running)
         tokens = float(len(decoding))
         if self.priced and not self.price.ready:
