@@ -44,9 +44,8 @@ def _prior_union(n: int) -> float:
 def _median(a: np.ndarray) -> np.ndarray:
     """np.median along the last axis (the same values: the middle element, or the mean of the
     two middle ones) by one sort: np.median's checks and partition cost ~50 us a call, and a fit
-    takes ~90 of them (70% of its time; it runs inside a drafting step), and its first call
-    imports numpy.ma (22 ms quiet, ~250 ms under load, in the run's first priced step). The
-    seconds it reads are finite (no NaN rule needed)."""
+    takes ~90 of them (70% of its time; it runs inside a drafting step). The seconds it reads
+    are finite (no NaN rule needed)."""
     s = np.sort(a, axis=-1)
     h = s.shape[-1] // 2
     return s[..., h] if s.shape[-1] % 2 else (s[..., h - 1] + s[..., h]) / 2
@@ -89,7 +88,7 @@ def _size_groups(positions: np.ndarray) -> list[np.ndarray]:
     GROUP_MIN steps or more."""
     g = np.frexp(np.maximum(positions - 1, 0))[1]      # 0 for 1 position, then 1, 2, 2, 3, 3, 3, 3, 4, ...
     out = []
-    for v in np.unique(g):
+    for v in sorted(set(g.tolist())):      # (np.unique imports numpy.ma on its first call: 22-250 ms)
         idx = np.flatnonzero(g == v)
         if len(idx) >= GROUP_MIN:
             out.append(idx)
