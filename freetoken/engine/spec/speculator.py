@@ -87,12 +87,6 @@ class Speculator:
             self.shadow.forget(key)
         self._live = live
         decoding = [s for s in running if s.num_pending == 1 and not s.want_prompt_logits]
-        for s in running:
-            # a prompt is indexed in its prefill step (one of hundreds of ms), not in its first
-            # decode step: the dense replay's 768-token prompts took 4-12 ms there (suffix index and
-            # prompt lookup, under load), ~1% of a turn's decode, in its first decode step's wall time
-            if s.num_pending > 1 and not s.want_prompt_logits:
-                self._observe_tokens(s)
         positions = sum(min(s.num_pending, budget) for s in running)
         tokens = float(len(decoding))
         if self.priced and not self.price.ready:
@@ -199,6 +193,12 @@ class Speculator:
 
     # --- around the forward -----------------------------------------------------------------
     def begin_forward(self, batch) -> None:
+        for s, _ in batch:
+            # a prompt is indexed in its prompt's steps (the prefill, or its last token after a
+            # prefix-cache hit), not in its first decode step: the dense replay's 768-token prompts
+            # took 4-12 ms there at load 8 (the suffix index and prompt lookup; 10-45 ms at load 10)
+            if not s.output_ids and not s.want_prompt_logits:
+                self._observe_tokens(s)
         self.observer.start()
         self._batch = batch
         self._step_positions = sum(n for _, n in batch)
