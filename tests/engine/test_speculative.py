@@ -342,3 +342,19 @@ def test_drafter_statistics_reach_metrics(tiny_dir):
         assert f"speculative_drafters_forced_{field}" in names
     s = llm.engine.expert_stats()["speculative"]["drafters"]["forced"]
     assert 0 < s["accepted_tokens"] < s["proposed_tokens"]
+
+
+
+def test_a_prompt_is_indexed_in_its_own_step(tiny_dir):
+    """The drafters index a prompt in the step that takes it (its prefill), not in the first
+    decode step: right after that step a periodic prompt's lookup continues the period."""
+    llm = LLM(str(tiny_dir("qwen3_moe")), dtype="float32")
+    eng = llm.engine
+    prompt = [11, 12, 13, 14, 15] * 6
+    eng.add_request("p", prompt, SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    while not eng.seqs["p"].output_ids:
+        eng.step()
+    d = eng.spec.drafters["ngram"].propose(prompt, 5, key="p")
+    assert d is not None and list(d.tokens) == [11, 12, 13, 14, 15]
+    while eng.has_unfinished():
+        eng.step()
