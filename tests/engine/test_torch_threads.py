@@ -77,7 +77,9 @@ def test_a_draft_models_runner_leaves_the_callers_threads(tiny_dir, caller_threa
     torch.set_num_threads(2)
     llm.generate([[5, 6, 7, 8, 9]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert torch.get_num_threads() == 2
-    llm.engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    # longer than 3 steps can finish: every draft is accepted, up to spec_max_draft + 1 tokens a step
+    n = 3 * (llm.engine.cfg.spec_max_draft + 1) + 1
+    llm.engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
     for _ in range(3):
         llm.engine.step()
     assert llm.engine.has_unfinished() and torch.get_num_threads() == 1
