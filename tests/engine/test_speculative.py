@@ -344,7 +344,6 @@ def test_drafter_statistics_reach_metrics(tiny_dir):
     assert 0 < s["accepted_tokens"] < s["proposed_tokens"]
 
 
-
 def test_a_prompt_is_indexed_in_its_own_step(tiny_dir):
     """The drafters index a prompt in the step that takes it (its prefill), not in the first
     decode step: right after that step a periodic prompt's lookup continues the period."""
@@ -358,3 +357,16 @@ def test_a_prompt_is_indexed_in_its_own_step(tiny_dir):
     assert d is not None and list(d.tokens) == [11, 12, 13, 14, 15]
     while eng.has_unfinished():
         eng.step()
+
+
+def test_a_request_that_ends_in_its_prefill_leaves_no_drafter_state(tiny_dir):
+    """A prompt indexed in its own step is forgotten like any other request once it ends, even
+    when it ends in that step (max_tokens 1) and never reaches a decode step."""
+    llm = LLM(str(tiny_dir("qwen3_moe")), dtype="float32")
+    eng = llm.engine
+    prompt = [11, 12, 13, 14, 15] * 6
+    eng.add_request("p", prompt, SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True))
+    eng.add_request("q", [7, 8, 9], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+    assert eng.spec.drafters["ngram"].propose(prompt, 5, key="p") is None

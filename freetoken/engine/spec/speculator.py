@@ -199,6 +199,7 @@ class Speculator:
             # took 4-12 ms there at load 8 (the suffix index and prompt lookup; 10-45 ms at load 10)
             if not s.output_ids and not s.want_prompt_logits:
                 self._observe_tokens(s)
+                self._live.add(s.request_id)    # forgotten at the next propose if it ended here
         self.observer.start()
         self._batch = batch
         self._step_positions = sum(n for _, n in batch)
