@@ -77,7 +77,7 @@ def test_serve_joins_a_ray_cluster(tiny_dir, tmp_path):
     ray_bin = Path(sys.executable).with_name("ray")
     model = tiny_dir("qwen3_moe", max_position_embeddings=32768)
     temp_dir = tempfile.mkdtemp(prefix="rayft", dir="/tmp")      # short: Ray's unix sockets live there
-    gcs, http = _free_port(), _free_port()
+    gcs = _free_port()
     head_log, serve_log = tmp_path / "head.log", tmp_path / "serve.log"
     head = subprocess.Popen(
         [str(ray_bin), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
@@ -86,6 +86,7 @@ def test_serve_joins_a_ray_cluster(tiny_dir, tmp_path):
     srv = None
     try:
         _wait_for("Ray runtime started", head, head_log, "`ray start --head`")
+        http = _free_port()     # after the head is up: its processes took their ports (one took ours once)
         srv = subprocess.Popen(
             [sys.executable, "-m", "freetoken.cli", "serve", "--model", str(model), "--dtype", "float32",
              "--max-model-len", "4096", "--kv-cache-gib", "0.1", "--max-tokens-cap", "4",
