@@ -187,13 +187,25 @@ def ring_args(cos: torch.Tensor, sw) -> tuple:
     its token at position p in ring row p % window): (cos, the ring, the pointer of the new row's
     ring row, of k and v, one layer's bytes, the kv type code, the pointer of the ring rows of
     the window's positions oldest first (the new row's last), their count, the pointer of that
-    count); the new row's pointer None where the ring cannot take the call. The tensors stay
-    alive in its last item while the step's layers use their pointers."""
+    count); the new row's pointer None where the ring cannot take the call. Every int64 the call
+    reads is an entry of two constant tables per window size (`_ring_tables`): no tensor a step."""
     k, v = sw.k, sw.v
     if v is None or k.dtype not in KV_CODE or v.dtype is not k.dtype or not k.is_contiguous() or not v.is_contiguous():
         return cos, sw, None
     p, w = sw.position, sw.window
-    rows = torch.arange(max(0, p + 1 - w), p + 1).remainder_(w)[None]
-    slot, count = torch.tensor([p % w]), torch.tensor([rows.shape[1]])
-    return (cos, sw, slot.data_ptr(), k.data_ptr(), v.data_ptr(), k[0].numel() * k.element_size(), KV_CODE[k.dtype],
-            rows.data_ptr(), rows.shape[1], count.data_ptr(), (rows, slot, count))
+    mod, counts = _RING_TABLES.get(w) or _ring_tables(w)
+    n = min(p + 1, w)          # the window's positions max(0, p + 1 - w) .. p are mod[lo % w:][:n]
+    return (cos, sw, mod + 8 * (p % w), k.data_ptr(), v.data_ptr(), k[0].numel() * k.element_size(), KV_CODE[k.dtype],
+            mod + 8 * (max(0, p + 1 - w) % w), n, counts + 8 * n)
+
+
+_RING_TABLES: dict[int, tuple[int, int]] = {}
+_RING_KEEP: list[torch.Tensor] = []
+
+
+def _ring_tables(w: int) -> tuple[int, int]:
+    """The pointers of (i % w for i < 2w) and (0 .. w), int64, kept for the process's life."""
+    mod, counts = torch.arange(2 * w, dtype=torch.int64).remainder_(w), torch.arange(w + 1, dtype=torch.int64)
+    _RING_KEEP.extend((mod, counts))
+    _RING_TABLES[w] = mod.data_ptr(), counts.data_ptr()
+    return _RING_TABLES[w]
