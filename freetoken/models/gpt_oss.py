@@ -4,7 +4,9 @@ biases and a clamped SwiGLU, shipped as MXFP4 (kept packed in the expert pool).
 
 Full-attention layers keep paged KV. Sliding-window layers keep only the last `window`
 keys/values of each sequence in its `SlidingWindowKV` state (a ring buffer), so their
-memory is bounded and the state snapshots/restores like a recurrent one."""
+memory is bounded and the state snapshots/restores like a recurrent one. A decoding row's layer
+is two C calls as other decoders' (models/decoder.DecoderLayer.row_call): the attention half with
+the sinks, a sliding-window layer's keys read from its ring, then the MoE block + residual."""
 from __future__ import annotations
 
 import torch
