@@ -117,6 +117,8 @@ class Attention:
 
 
 class DecoderLayer:
+    half_attention = Attention     # the attention class whose math `ft_attn_half` computes (not a subclass's)
+
     def __init__(self, attn, mlp, input_norm: RMSNorm, post_norm: RMSNorm):
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
         self.half = False       # the one-call attention half (layers/attention/decode_half.py): unset, None or built
@@ -125,13 +127,8 @@ class DecoderLayer:
         self.interior = False
 
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext):
-        if x.shape[0] == 1 and ATTN_HALF[0] and (half := self._half()) is not None \
-                and (hn := half(x, cos, sin, ctx.kv[idx], ctx.attn)) is not None:
-            # a one-row decode step: the attention half (and a SparseMoE's router GEMV) in one C call,
-            # then a SparseMoE's experts and the residual add in another (on rows set up once: its `moe`)
-            if half.moe is not None and self.mlp.row_live(half.moe):
-                return half.moe()
-            return hn[0] + self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2], hn[0])
+        if (out := self.row_call(x, cos, sin, ctx, ctx.kv[idx])) is not None:
+            return out
         a = self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
         if x.shape[0] <= GEMV_TOKENS and (fused := add_rms_norm(x, a, self.post_norm)) is not None:
             h, normed = fused          # a decode step's residual add and norm in one C call
@@ -140,14 +137,30 @@ class DecoderLayer:
             normed = self.post_norm(h)
         return h + self.mlp(normed)
 
+    def row_call(self, x, cos, sin, ctx: ForwardContext, cache, ring=None) -> torch.Tensor | None:
+        """A one-row decode step's layer output: the attention half (and a SparseMoE's router GEMV)
+        in one C call, then a SparseMoE's experts and the residual add in another (on rows set up
+        once: its `moe`); None where the step does not take it (the caller runs the separate
+        calls). cache / ring: where the layer's keys are (`AttnHalf.__call__`)."""
+        if x.shape[0] != 1 or not ATTN_HALF[0] or (half := self._half()) is None \
+                or (hn := half(x, cos, sin, cache, ctx.attn, ring)) is None:
+            return None
+        if half.moe is not None and self.mlp.row_live(half.moe):
+            return half.moe()
+        return hn[0] + self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2], hn[0])
+
+    def row_norms(self) -> tuple:
+        """(input, post-attention) norms as `AttnHalf` takes them (plain `RMSNorm`s)."""
+        return self.input_norm, self.post_norm
+
     def _half(self) -> AttnHalf | None:
         """This layer's `AttnHalf`, built on first use (the plain `Attention` only: a subclass's
         other math never takes it; a plain `SparseMoE`'s router GEMV joins the call, and its
         experts' call is set up on the half's rows), rebuilt if its weights were replaced."""
         if self.half is False or (self.half is not None and self.half.stale()):
             router = self.mlp.router if type(self.mlp) is SparseMoE else None    # (its own routing rule only)
-            half = (AttnHalf.build(self.attn, self.input_norm, self.post_norm, router)
-                    if type(self.attn) is Attention else None)
+            half = (AttnHalf.build(self.attn, *self.row_norms(), router)
+                    if type(self.attn) is self.half_attention else None)
             if half is not None and half.logits is not None:
                 half.moe = self.mlp.decode_row(half.normed, half.logits, half.h, not self.interior)
             self.half = half

@@ -4,7 +4,9 @@ biases and a clamped SwiGLU, shipped as MXFP4 (kept packed in the expert pool).
 
 Full-attention layers keep paged KV. Sliding-window layers keep only the last `window`
 keys/values of each sequence in its `SlidingWindowKV` state (a ring buffer), so their
-memory is bounded and the state snapshots/restores like a recurrent one."""
+memory is bounded and the state snapshots/restores like a recurrent one. A decoding row's layer
+is two C calls as other decoders' (models/decoder.DecoderLayer.row_call): the attention half with
+the sinks, a sliding-window layer's keys read from its ring, then the MoE block + residual."""
 from __future__ import annotations
 
 import torch
@@ -12,11 +14,11 @@ import torch
 from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..layers.attention.paged import attend_rows
 from ..layers.moe import SparseMoE
-from ..layers.norm import rms_norm
+from ..layers.norm import RMSNorm, rms_norm
 from ..layers.attention.sinks import paged_attention_sinks, window_attention_sinks
 from ..layers.state import SequenceState, SlidingWindowKV, check_positions
 from .context import ForwardContext
-from .decoder import ArchSpec, Attention, MoECausalLM, tiny_base, tiny_moe_inter
+from .decoder import ArchSpec, Attention, DecoderLayer, MoECausalLM, tiny_base, tiny_moe_inter
 from ..quant.mxfp4 import quantize_mxfp4
 
 
@@ -82,11 +84,22 @@ class SinkAttention(Attention):
         return out
 
 
-class GptOssLayer:
+class GptOssLayer(DecoderLayer):
+    half_attention = SinkAttention
+
     def __init__(self, attn: SinkAttention, window_slot: int | None, mlp, input_norm, post_norm):
-        self.attn, self.slot, self.mlp, self.input_norm, self.post_norm = attn, window_slot, mlp, input_norm, post_norm
+        super().__init__(attn, mlp, input_norm, post_norm)
+        self.slot = window_slot
+
+    def row_norms(self) -> tuple:
+        # on the fp32 rows the one-call half takes, RMSNormF32 is RMSNorm's math (its fp32 branch)
+        return tuple(RMSNorm(n.weight, n.eps) for n in (self.input_norm, self.post_norm))
 
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext, positions=None):
+        if x.shape[0] == 1 and len(ctx.states) == 1:     # one decoding row: its layer in two C calls
+            ring = None if self.slot is None else (ctx.states[0].parts["window"], self.slot)
+            if (out := self.row_call(x, cos, sin, ctx, ctx.kv[idx] if ring is None else None, ring)) is not None:
+                return out
         h = self.input_norm(x)
         if self.slot is None:
             h = self.attn(h, cos, sin, ctx.kv[idx], ctx.attn)

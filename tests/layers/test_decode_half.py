@@ -12,12 +12,15 @@ import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.layers.attention import decode_half as half_mod
+from freetoken.kernels import variants_here
 from freetoken.layers.attention.decode_half import AttnHalf
 from freetoken.tiny import make_tiny
 
 # (arch, whether its layers take the one call): qwen3_moe per-head q/k norms, llama none,
-# qwen2_moe qkv biases, mixtral GQA; olmoe normalizes the whole projection (not taken)
-ARCHS = (("qwen3_moe", True), ("llama", True), ("qwen2_moe", True), ("mixtral", True), ("olmoe", False))
+# qwen2_moe qkv biases, mixtral GQA, gpt_oss sinks + sliding-window rings + q/k/v/o biases + YaRN
+# (its windowed layers' keys in the sequence's ring); olmoe normalizes the whole projection (not taken)
+ARCHS = (("qwen3_moe", True), ("llama", True), ("qwen2_moe", True), ("mixtral", True), ("gpt_oss", True),
+         ("olmoe", False))
 
 
 def _decode(llm: LLM, prompts: list[list[int]], tokens: int):
@@ -46,6 +49,14 @@ def test_one_call_half_on_the_torch_experts(tmp_path):
     """The resident backend (torch experts, no fused experts call): the MoE block's residual
     add stays in torch after the one-call attention half."""
     _same_bits(tmp_path, "qwen3_moe", True, {"moe_backend": "resident", "dtype": "bfloat16"})
+
+
+@pytest.mark.parametrize("isa", variants_here())
+def test_one_call_half_gpt_oss_mxfp4_on_every_build(tmp_path, isa):
+    """gpt-oss with MXFP4 experts (its shipped format) on each kernel build the CPU runs: the
+    one call (the native build's pool only; the others keep the separate calls) is their bits."""
+    _same_bits(tmp_path, "gpt_oss_mxfp4", isa == "native", {"moe_backend": "cpu", "dtype": "bfloat16",
+                                                            "kernel_isa": isa})
 
 
 def _same_bits(tmp_path, arch: str, taken: bool, opts: dict):
@@ -88,8 +99,8 @@ def test_one_call_half_matches_float64_torch(tmp_path):
         seen = []
         orig = AttnHalf.__call__
 
-        def spy(self, x, cos, sin, cache, meta):
-            r = orig(self, x, cos, sin, cache, meta)
+        def spy(self, x, cos, sin, cache, meta, ring=None):
+            r = orig(self, x, cos, sin, cache, meta, ring)
             if r is not None:
                 seen.append((x.clone(), int(meta.context_lens[0]), meta.key_slots[0].clone(), cache.k.clone(),
                              cache.v.clone(), r[0].clone(), r[1].clone()))
@@ -127,5 +138,56 @@ def test_one_call_half_matches_float64_torch(tmp_path):
             # the row's own K as stored: its k norm and rope of the GEMV's k columns
             k = _rms(qkv[0, hq * d:(hq + hk) * d].view(hk, d), a.k_norm.weight.double(), a.k_norm.eps)
             assert torch.allclose(kc[slots[n - 1]].double(), rot(k), atol=1e-5, rtol=1e-4)
+    finally:
+        llm.close()
+
+
+def test_gpt_oss_half_matches_float64_torch(tmp_path):
+    """gpt-oss's h and post_norm(h) of decode rows past the window, sliding layer (its ring) and
+    full layer (paged), against float64 torch: q/k/v and o biases, the call's rope tables, GQA
+    softmax attention with each head's sink logit (its mass dropped) over the visible keys only."""
+    path = make_tiny("gpt_oss", tmp_path / "m", layers=2, hidden=64, experts=8, top_k=2)
+    llm = LLM(str(path), dtype="float32", moe_backend="cpu", num_threads=2, prefix_cache=False, speculative="off")
+    try:
+        model = llm.engine.model
+        seen = []
+        orig = AttnHalf.__call__
+
+        def spy(self, x, cos, sin, cache, meta, ring=None):
+            r = orig(self, x, cos, sin, cache, meta, ring)
+            if r is not None:
+                if ring is not None:
+                    sw, i = ring
+                    p, w = sw.position, sw.window
+                    rows = [q % w for q in range(max(0, p + 1 - w), p + 1)]
+                    kv = sw.k[i, rows].clone(), sw.v[i, rows].clone()
+                else:
+                    n = int(meta.context_lens[0])
+                    kv = cache.k[meta.key_slots[0, :n]].clone(), cache.v[meta.key_slots[0, :n]].clone()
+                seen.append((self, x.clone(), cos.clone(), sin.clone(), *kv, r[0].clone(), r[1].clone(), ring))
+            return r
+        AttnHalf.__call__ = spy
+        try:
+            llm.generate([list(range(3, 13))], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        finally:
+            AttnHalf.__call__ = orig
+        assert {s[-1] is None for s in seen} == {True, False}, "both kinds of layer take the call"
+        for half, x, cos, sin, keys, vals, h, normed, ring in seen:
+            a, (n_in, n_post) = half.attn, half.norms
+            hq, hk, d = a.heads, a.kv_heads, a.head_dim
+            xn = _rms(x.double(), n_in.weight.double(), n_in.eps)
+            qkv = xn @ a.qkv.dequantized().double().T + a.qkv.bias.double()
+            c, s_ = cos.double().view(-1), sin.double().view(-1)
+            rot = lambda t: t * c + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * s_  # noqa: E731
+            q = rot(qkv[0, :hq * d].view(hq, d))
+            assert torch.allclose(keys[-1].double(), rot(qkv[0, hq * d:(hq + hk) * d].view(hk, d)), atol=1e-5)
+            assert ring is None or keys.shape[0] <= ring[0].window
+            g, out = hq // hk, []
+            for i in range(hq):
+                logits = torch.cat([keys[:, i // g].double() @ q[i] * a.scale, a.sinks[i:i + 1].double()])
+                out.append(torch.softmax(logits, 0)[:-1] @ vals[:, i // g].double())
+            h64 = x.double() + torch.stack(out).reshape(1, -1) @ a.o.dequantized().double().T + a.o.bias.double()
+            assert torch.allclose(h.double(), h64, atol=1e-4, rtol=1e-4)
+            assert torch.allclose(normed.double(), _rms(h64, n_post.weight.double(), n_post.eps), atol=1e-4, rtol=1e-4)
     finally:
         llm.close()

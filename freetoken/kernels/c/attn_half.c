@@ -39,11 +39,12 @@ typedef struct {
 } ft_dense_ref;
 
 /* One layer's weights, sizes and scratch rows (xn [hidden], qkv [qkv.N], qk [(heads + kv_heads)
- * * D], att [heads * D], o [hidden]; logits [router.N], router.N = 0: no router); eps and scale
- * as doubles, narrowed to float as ctypes narrows the separate calls' arguments. */
+ * * D], att [heads * D], o [hidden]; logits [router.N], router.N = 0: no router); sinks [heads]
+ * (gpt-oss: one more logit a head whose mass is dropped) or NULL; eps and scale as doubles,
+ * narrowed to float as ctypes narrows the separate calls' arguments. */
 typedef struct {
     ft_dense_ref qkv, o, router;
-    const float *in_w, *post_w, *qw, *kw;
+    const float *in_w, *post_w, *qw, *kw, *sinks;
     double in_eps, post_eps, q_eps, k_eps, scale;
     int64_t hidden, heads, kv_heads, D, rot;
     float *xn, *qkv_out, *qk, *att, *o_out, *logits;
@@ -58,7 +59,8 @@ static int dense_run(void *pool, const ft_dense_ref *L, const float *x, float *y
 }
 
 /* x [hidden] -> h = x + o(attention) and normed = post_norm(h), both [hidden]; the row's K/V go
- * to cache slot *slot; with a router, its logits of normed into L->logits. att_seconds += the decode attention's wall time (spec/price.py's prior).
+ * to cache slot *slot (kc/vc: a paged cache, or a sliding-window layer's ring of one sequence,
+ * whose key_slots are then the ring rows of the window's positions); with a router, its logits of normed into L->logits. att_seconds += the decode attention's wall time (spec/price.py's prior).
  * Returns 0; -1 a KV slot outside [0, num_slots) (nothing written); -2 a kernel could not
  * allocate its scratch; -3 a ggml layer's type was refused. */
 int ft_attn_half(void *pool, const ft_attn_layer *L, const float *x, const float *cos, const float *sin,
@@ -77,7 +79,7 @@ int ft_attn_half(void *pool, const ft_attn_layer *L, const float *x, const float
         return -1;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    rc = ft_decode_attention(pool, L->qk, 1, H, G, D, kc, vc, kvt, key_slots, kmax, nkeys, (float)L->scale, NULL,
+    rc = ft_decode_attention(pool, L->qk, 1, H, G, D, kc, vc, kvt, key_slots, kmax, nkeys, (float)L->scale, L->sinks,
                              L->att);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     *att_seconds += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);

@@ -32,6 +32,7 @@ class _Dense(ctypes.Structure):       # attn_half.c's ft_dense_ref
 
 class _Layer(ctypes.Structure):       # attn_half.c's ft_attn_layer
     _fields_ = [("qkv", _Dense), ("o", _Dense), ("router", _Dense), ("in_w", _vp), ("post_w", _vp), ("qw", _vp), ("kw", _vp),
+                ("sinks", _vp),
                 ("in_eps", _f64), ("post_eps", _f64), ("q_eps", _f64), ("k_eps", _f64), ("scale", _f64),
                 ("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("D", _i64), ("rot", _i64),
                 ("xn", _vp), ("qkv_out", _vp), ("qk", _vp), ("att", _vp), ("o_out", _vp), ("logits", _vp)]
@@ -61,9 +62,12 @@ class AttnHalf:
         qw = kw = None
         if attn.q_norm is not None:
             qw, kw = attn.q_norm.weight.data_ptr(), attn.k_norm.weight.data_ptr()
+        # gpt-oss's learned sinks (models/gpt_oss.SinkAttention), as its separate calls pass them
+        self.sinks = attn.sinks.float().contiguous() if getattr(attn, "sinks", None) is not None else None
         self.layer = _Layer(_Dense(*attn.qkv.decode_ref()), _Dense(*attn.o.decode_ref()),
                             _Dense(*router.decode_ref()) if router is not None else _Dense(),
                             input_norm.weight.data_ptr(), post_norm.weight.data_ptr(), qw, kw,
+                            self.sinks.data_ptr() if self.sinks is not None else None,
                             input_norm.eps, post_norm.eps, attn.q_norm.eps if qw else 0.0,
                             attn.k_norm.eps if kw else 0.0, attn.scale, hidden, heads, kvh, d, attn.rotary.dim,
                             *[b.data_ptr() for b in self.bufs], self.logits.data_ptr() if router is not None else None)
@@ -102,33 +106,54 @@ class AttnHalf:
     def _weights(self) -> tuple:
         return tuple(getattr(m, "weight", None) for m in (self.attn.qkv, self.attn.o, self.router))
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, meta):
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, meta, ring=None):
         """(h = x + attention, post_norm(h), the router's logits of it or None) of one decode row
         x [1, hidden] (fp32, contiguous), this layer's reused rows; None where the step is not a
         one-row C decode step (the caller runs the separate calls). What a step's layers share
-        is checked by its first (`step_args`), this layer's cache once a cache (`_cache_ok`)."""
+        is checked by its first (`step_args`), this layer's cache once a cache (`_cache_ok`).
+        ring: (SlidingWindowKV, this layer's index in it) of the step's one sequence for a
+        sliding-window layer that keeps its keys there instead of in `cache` (gpt-oss)."""
         step = meta.row_args
         if step is None or step[0] is not cos:     # the first layer of a step works them out
             step = meta.row_args = step_args(x, cos, sin, meta, self.lib)
-        kc = cache.k
-        if (step[1] is not self.pool or (kc is not self.kv[0]() or cache.v is not self.kv[1]()) and not self._cache_ok(cache)
-                or (self.attn.window is not None and step[6] > self.attn.window)     # (decode_kernel's window rule)
-                or (self.ggml and step[8]) or x.dtype is not torch.float32 or x.shape != self.h.shape
-                or not x.is_contiguous()):
+        if (step[1] is not self.pool or (self.ggml and step[8]) or x.dtype is not torch.float32
+                or x.shape != self.h.shape or not x.is_contiguous()):
             return None
+        if ring is not None:
+            kv = self._ring(ring, cos, meta)
+            if kv is None:
+                return None
+        else:
+            kc = cache.k
+            if ((kc is not self.kv[0]() or cache.v is not self.kv[1]()) and not self._cache_ok(cache)
+                    or (self.attn.window is not None and step[6] > self.attn.window)):     # (decode_kernel's window rule)
+                return None
+            kv = (step[4], *self.kv[2:], step[5], step[6], step[7])
         self.seconds.value = 0.0
         with self.pool.lock:
-            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), step[2], step[3], step[4],
-                                       self.kv[2], self.kv[3], self.kv[4], self.kv[5], step[5], step[6], step[7],
+            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), step[2], step[3], *kv,
                                        self.h.data_ptr(), self.normed.data_ptr(), self.seconds_ref)
         KERNEL_SECONDS[0] += self.seconds.value
         if rc == -1:
-            raise IndexError(f"a KV slot is outside the cache's {kc.shape[0]} rows")
+            raise IndexError(f"a KV slot is outside the cache's {kv[1]} rows")
         if rc == -3:
             raise ValueError("ggml GEMV kernel refused the layer")
         if rc != 0:
             raise MemoryError("a decode kernel could not allocate its scratch memory")
         return self.h, self.normed, self.logits
+
+    def _ring(self, ring, cos, meta) -> tuple | None:
+        """ft_attn_half's KV arguments (slot, rows, k, v, kv type, key rows, their count, count)
+        of a sliding-window layer's ring, or None where it cannot take the call. The ring rows
+        the step writes and reads are the same for each such layer: the first works them out."""
+        sw, layer = ring
+        step = meta.ring_args
+        if step is None or step[0] is not cos or step[1] is not sw:
+            step = meta.ring_args = ring_args(cos, sw)
+        if step[2] is None or sw.k.shape[2:] != (self.attn.kv_heads, self.attn.head_dim):
+            return None
+        off = layer * step[5]
+        return step[2], sw.window, step[3] + off, step[4] + off, step[6], step[7], step[8], step[9]
 
     def _cache_ok(self, cache) -> bool:
         """Whether this layer's KV cache tensors can take the call (kept, by weak references
@@ -155,3 +180,32 @@ def step_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, lib) 
         return cos, None, 0, 0, 0, 0, 0, 0, True
     return (cos, meta.kernel_pool, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), keys.data_ptr(), keys.shape[1],
             lens.data_ptr(), lib.ft_set_ggml_act(-1) == ACT_MODES["float32"])
+
+
+def ring_args(cos: torch.Tensor, sw) -> tuple:
+    """What a step's sliding-window layers share, of one sequence's ring (layers/state.SlidingWindowKV,
+    its token at position p in ring row p % window): (cos, the ring, the pointer of the new row's
+    ring row, of k and v, one layer's bytes, the kv type code, the pointer of the ring rows of
+    the window's positions oldest first (the new row's last), their count, the pointer of that
+    count); the new row's pointer None where the ring cannot take the call. Every int64 the call
+    reads is an entry of two constant tables per window size (`_ring_tables`): no tensor a step."""
+    k, v = sw.k, sw.v
+    if v is None or k.dtype not in KV_CODE or v.dtype is not k.dtype or not k.is_contiguous() or not v.is_contiguous():
+        return cos, sw, None
+    p, w = sw.position, sw.window
+    mod, counts = _RING_TABLES.get(w) or _ring_tables(w)
+    n = min(p + 1, w)          # the window's positions max(0, p + 1 - w) .. p are mod[lo % w:][:n]
+    return (cos, sw, mod + 8 * (p % w), k.data_ptr(), v.data_ptr(), k[0].numel() * k.element_size(), KV_CODE[k.dtype],
+            mod + 8 * (max(0, p + 1 - w) % w), n, counts + 8 * n)
+
+
+_RING_TABLES: dict[int, tuple[int, int]] = {}
+_RING_KEEP: list[torch.Tensor] = []
+
+
+def _ring_tables(w: int) -> tuple[int, int]:
+    """The pointers of (i % w for i < 2w) and (0 .. w), int64, kept for the process's life."""
+    mod, counts = torch.arange(2 * w, dtype=torch.int64).remainder_(w), torch.arange(w + 1, dtype=torch.int64)
+    _RING_KEEP.extend((mod, counts))
+    _RING_TABLES[w] = mod.data_ptr(), counts.data_ptr()
+    return _RING_TABLES[w]
