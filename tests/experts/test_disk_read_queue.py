@@ -277,3 +277,28 @@ def test_a_queue_dropped_without_shutdown_is_collected_and_its_readers_stop():
         t.join(10)
         assert not t.is_alive()
     assert sorted(done) == ["a", "b"]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_BATCH"), reason="no SCHED_BATCH here")
+def test_readers_under_sched_batch_read_as_before(ftw, monkeypatch):
+    """`READERS_BATCH`: each reader runs under SCHED_BATCH (the policy read back from the OS for
+    the thread that ran the read) and the disk tier's logits and tokens are the resident pool's."""
+    import os
+    monkeypatch.setattr(read_queue, "READERS_BATCH", True)
+    policies = []
+
+    def read(flat, slot):
+        policies.append(os.sched_getscheduler(threading.get_native_id()))
+
+    q = ReadQueue(2, read, reserve=True)
+    for i in range(6):
+        q.put(i, i, GUESS if i % 2 else DEMAND)
+    q.shutdown()
+    assert policies == [os.SCHED_BATCH] * 6
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False)
+    try:
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+    finally:
+        llm.close()
