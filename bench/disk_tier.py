@@ -274,7 +274,7 @@ def disk_options(args) -> dict:
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
                               ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth),
                               ("extra_guesses", args.extra_guesses),
-                              ("readers_batch", None if args.readers_batch is None else args.readers_batch == "on"),
+                              ("readers_batch", None if args.readers_batch is None else {"off": None}.get(args.readers_batch, args.readers_batch)),
                               ("handoff", None if args.handoff is None else args.handoff == "on"),
                               ("prefill_read", args.prefill_read),
                               ("read_ahead_first", None if args.read_ahead_at is None else args.read_ahead_at == "start"))
@@ -359,8 +359,9 @@ def main():
                     help="the disk tier's expert_lookahead (default: the engine's)")
     ap.add_argument("--direct-io", default=None, choices=("auto", "on", "off"), help="the disk tier's disk_direct_io")
     ap.add_argument("--io-threads", type=int, default=None, help="the disk tier's disk_io_threads (reads in flight)")
-    ap.add_argument("--readers-batch", choices=("on", "off"), default=None,
-                    help="the disk readers under SCHED_BATCH (experts/disk/read_queue.READERS_BATCH, default off)")
+    ap.add_argument("--readers-batch", choices=("all", "guesses", "off"), default=None,
+                    help="disk readers under SCHED_BATCH: every one, all but the demand-only one, none "
+                         "(experts/disk/read_queue.READERS_BATCH, default off)")
     ap.add_argument("--extra-guesses", type=int, default=None,
                     help="decode: read this many of the next layer's experts its router ranks after its top-k "
                          "(experts/disk/backend.EXTRA_GUESSES, default 0)")

@@ -35,9 +35,10 @@ GUESSES_BESIDE_DEMAND: int | None = None
 # readers under SCHED_BATCH (Linux): a reader whose read lands does not preempt the running thread
 # at its wake-up, it runs when a core is free (the decode thread blocked on a read, the kernel pool's
 # worker yielding between calls) or at the next slice; on a 2-core box a reader woken mid kernel
-# call took a pool thread's core while the other waited at the call's barrier. Off: the A/B is
-# `bench/disk_tier.py --readers-batch on`
-READERS_BATCH = False
+# call took a pool thread's core while the other waited at the call's barrier. "all": every reader;
+# "guesses": all but the demand-only reader; None: none. Off: every reader batch blocked the 48-layer
+# decode 2.5x longer on reads (docs/benchmarks.md, `disk39`); `bench/disk_tier.py --readers-batch`
+READERS_BATCH: str | None = None
 
 
 class ReadQueue:
@@ -193,7 +194,7 @@ def _serve(ref: "weakref.ref[ReadQueue]", demand_only: bool) -> None:
     """A reader: takes the first-ranked read (`demand_only`: only a demand read) and runs it;
     waits between reads holding no reference to the queue; stops at `shutdown` once the queue
     is empty, or when the queue is gone."""
-    if READERS_BATCH:
+    if READERS_BATCH == "all" or (READERS_BATCH == "guesses" and not demand_only):
         _batch_policy()
     q = ref()
     if q is None:
