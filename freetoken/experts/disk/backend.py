@@ -93,8 +93,10 @@ PREFILL_READ = "routed"
 READ_AHEAD_FIRST = True
 # decode: the router guess reads this many of layer l+1's experts beyond its top-k, those its router
 # ranks next (`RouterLookahead.runners_up`), after the top-k and within the B_D budget where one is
-# known: they cover some of the misses the top-k does not guess, for more bytes read.
-# `bench/disk_tier.py --extra-guesses N` for the A/B
+# known: they cover some of the misses the top-k does not guess, for more bytes read. Off: on the
+# 48-layer target (2-core Zen 4, loaded) 2 cut the misses to 0.65x and the time blocked on reads to
+# 0.80x for 1.17x the bytes, 1.11x the CPU a token and 0.95x the tok/s (medians of 5 pairs,
+# docs/benchmarks.md `disk39`); `bench/disk_tier.py --extra-guesses N` for the A/B
 EXTRA_GUESSES = 0
 
 
