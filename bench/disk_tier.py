@@ -72,6 +72,11 @@ FT = textwrap.dedent("""
     if "guesses_beside_demand" in opts:     # --guesses-beside-demand: guess reads started beside a demand read
         import freetoken.experts.disk.read_queue as read_queue
         read_queue.GUESSES_BESIDE_DEMAND = opts.pop("guesses_beside_demand")
+    if "readers_batch" in opts:      # --readers-batch: the readers under SCHED_BATCH, an A/B
+        import freetoken.experts.disk.read_queue as read_queue
+        read_queue.READERS_BATCH = opts.pop("readers_batch")
+    if "extra_guesses" in opts:      # --extra-guesses: the router guess's runners-up read too, an A/B
+        disk_backend.EXTRA_GUESSES = opts.pop("extra_guesses")
     depth = opts.pop("lookahead_depth", None)
     if depth is not None:        # layers read ahead (experts/disk/lookahead.DEPTH), for an A/B of it
         import freetoken.experts.disk.backend as disk_backend
@@ -268,6 +273,8 @@ def disk_options(args) -> dict:
     """The disk tier's lookahead / direct-I/O / queue-depth options given on the command line."""
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
                               ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth),
+                              ("extra_guesses", args.extra_guesses),
+                              ("readers_batch", None if args.readers_batch is None else {"off": None}.get(args.readers_batch, args.readers_batch)),
                               ("handoff", None if args.handoff is None else args.handoff == "on"),
                               ("prefill_read", args.prefill_read),
                               ("read_ahead_first", None if args.read_ahead_at is None else args.read_ahead_at == "start"))
@@ -352,6 +359,12 @@ def main():
                     help="the disk tier's expert_lookahead (default: the engine's)")
     ap.add_argument("--direct-io", default=None, choices=("auto", "on", "off"), help="the disk tier's disk_direct_io")
     ap.add_argument("--io-threads", type=int, default=None, help="the disk tier's disk_io_threads (reads in flight)")
+    ap.add_argument("--readers-batch", choices=("all", "guesses", "off"), default=None,
+                    help="disk readers under SCHED_BATCH: every one, all but the demand-only one, none "
+                         "(experts/disk/read_queue.READERS_BATCH, default off)")
+    ap.add_argument("--extra-guesses", type=int, default=None,
+                    help="decode: read this many of the next layer's experts its router ranks after its top-k "
+                         "(experts/disk/backend.EXTRA_GUESSES, default 0)")
     ap.add_argument("--lookahead-depth", type=int, default=None,
                     help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
     ap.add_argument("--handoff", default=None, choices=("on", "off"),

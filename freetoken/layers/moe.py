@@ -49,10 +49,10 @@ class SparseMoE:
             w = w / w.sum(dim=-1, keepdim=True)
         return ids, w.to(x.dtype)
 
-    def kernel_top_ids(self) -> bool:
-        """Whether `top_ids_on` picks what `route` picks: this class's softmax top-k router
-        (not a subclass's own rule) on the C kernels' GEMV."""
-        return type(self).route is SparseMoE.route and getattr(self.router, "pool", None) is not None \
+    def kernel_top_ids(self, rows: int = 1) -> bool:
+        """Whether `top_ids_on` picks what `route` picks for `rows` rows: this class's softmax
+        top-k router (not a subclass's own rule) on the C kernels' GEMV, rows <= GEMV_TOKENS."""
+        return rows <= GEMV_TOKENS and type(self).route is SparseMoE.route and getattr(self.router, "pool", None) is not None \
             and hasattr(self.router, "gemv_on") and cpu_kernels() is not None
 
     def top_ids_on(self, pool, x: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> None:

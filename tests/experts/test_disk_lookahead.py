@@ -171,6 +171,59 @@ def test_guess_ordering_is_rank_major():
     assert np.array_equal(la.guess(1, torch.zeros(1, 4)) is None, True)
 
 
+def test_runners_up_are_the_next_ranks_of_the_next_layers_router(ftw):
+    """`runners_up(l, n)`: the n experts layer l+1's router ranks right after its top-k for the
+    last one-token guess, best first (float64 logits here as the reference); none after a guess
+    of several rows (a verify's), none for another layer, and the several-row guess on the
+    decode thread alone is the router's own choice for every row."""
+    path, _ = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead="router")
+    try:
+        experts = llm.engine.model.experts
+        routes = model_routes(llm.engine.model)
+        torch.manual_seed(3)
+        for layer in range(experts.layout.num_layers - 1):
+            x = torch.randn(1, llm.engine.model.hidden)
+            top = experts.router.guess(layer, x)
+            moe = routes[layer + 1].__self__
+            logits = (x.double() @ moe.router.dequantized().double().T)[0]
+            n = min(3, experts.E - len(top))
+            runners = experts.router.runners_up(layer, n)
+            assert len(runners) == n and not set(runners.tolist()) & set(top.tolist())
+            assert set(top.tolist()) | set(runners.tolist()) == set(torch.topk(logits, len(top) + n).indices.tolist())
+            assert (np.diff(logits[torch.from_numpy(runners)].numpy()) <= 0).all()      # best first
+            assert experts.router.runners_up(layer + 1, n).size == 0
+            rows = torch.randn(4, llm.engine.model.hidden)
+            got = experts.router.guess(layer, rows)
+            ids, _ = routes[layer + 1](rows)
+            assert sorted(got.tolist()) == sorted(set(ids.flatten().tolist()))
+            assert experts.router.runners_up(layer, n).size == 0
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("extra", [1, 4])
+def test_tokens_identical_with_the_runners_up_read(ftw, extra, monkeypatch):
+    """Reading the router's runners-up too (backend.EXTRA_GUESSES) moves only which bytes are
+    read: the resident pool's logits and tokens; the runners-up are read ahead."""
+    from freetoken.experts.disk import backend
+    monkeypatch.setattr(backend, "EXTRA_GUESSES", extra)
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=6, prefix_cache=False, expert_lookahead="router",
+              speculative="off")      # (one-token decode steps: a verify's guess has no runners-up)
+    try:
+        experts = llm.engine.model.experts
+        wide = []
+        runners_up = experts.router.runners_up
+        experts.router.runners_up = lambda layer, n: wide.append(runners_up(layer, n)) or wide[-1]
+        assert torch.equal(llm.score(DISK_PROMPT), logits)
+        assert llm.generate([DISK_PROMPT], DISK_GREEDY)[0].token_ids == tokens[0]     # (one row a step)
+        k = model_routes(llm.engine.model)[1].__self__.top_k
+        assert any(len(w) == min(extra, experts.E - k) for w in wide)
+    finally:
+        llm.close()
+
+
 @pytest.mark.parametrize("depth", [1, 2, 3])
 def test_tokens_identical_whatever_read_ahead_depth(ftw, depth, monkeypatch):
     """Reading 1, 2 or 3 layers ahead (lookahead.DEPTH, the chained history guesses) moves only

@@ -277,3 +277,39 @@ def test_a_queue_dropped_without_shutdown_is_collected_and_its_readers_stop():
         t.join(10)
         assert not t.is_alive()
     assert sorted(done) == ["a", "b"]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_BATCH"), reason="no SCHED_BATCH here")
+@pytest.mark.parametrize("which", ["all", "guesses"])
+def test_readers_under_sched_batch_read_as_before(ftw, which, monkeypatch):
+    """`READERS_BATCH`: the readers it names run under SCHED_BATCH (the policy read back from the OS
+    for the thread that ran each read; "guesses": the demand-only reader keeps the default) and the
+    disk tier's logits and tokens are the resident pool's."""
+    import os
+    monkeypatch.setattr(read_queue, "READERS_BATCH", which)
+    policies, gate = [], threading.Event()
+
+    def read(flat, slot):
+        policies.append((flat, os.sched_getscheduler(threading.get_native_id())))
+        if flat == "hold":
+            gate.wait(10)
+
+    q = ReadQueue(1, read, reserve=True)
+    q.put("hold", 0, GUESS)           # the one shared reader busy: the demand read goes to the reserve
+    while not policies:
+        threading.Event().wait(0.01)
+    q.put("demand", 1, DEMAND)
+    while len(policies) < 2:
+        threading.Event().wait(0.01)
+    gate.set()
+    q.shutdown()
+    got = dict(policies)
+    assert got["hold"] == os.SCHED_BATCH
+    assert got["demand"] == (os.SCHED_BATCH if which == "all" else os.sched_getscheduler(0))
+    path, (logits, tokens) = ftw
+    llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False)
+    try:
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, logits) and g_tokens == tokens
+    finally:
+        llm.close()

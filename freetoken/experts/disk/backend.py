@@ -91,6 +91,13 @@ PREFILL_READ = "routed"
 # does every call while a decode pass routes more experts than the cache holds (`_early`).
 # `bench/disk_tier.py --read-ahead-at end` for the A/B
 READ_AHEAD_FIRST = True
+# decode: the router guess reads this many of layer l+1's experts beyond its top-k, those its router
+# ranks next (`RouterLookahead.runners_up`), after the top-k and within the B_D budget where one is
+# known: they cover some of the misses the top-k does not guess, for more bytes read. Off: on the
+# 48-layer target (2-core Zen 4, loaded) 2 cut the misses to 0.65x and the time blocked on reads to
+# 0.80x for 1.17x the bytes, 1.11x the CPU a token and 0.95x the tok/s (medians of 5 pairs,
+# docs/benchmarks.md `disk39`); `bench/disk_tier.py --extra-guesses N` for the A/B
+EXTRA_GUESSES = 0
 
 
 class _TorchSlots:
@@ -127,6 +134,7 @@ class DiskExperts(Experts):
         self._all_scores = (self.score, *self.scores.values())
         self.predictor = NextLayerPredictor(layout.num_layers, self.E, THRESHOLD, wrap=True) if prefetch else None
         self.depth = DEPTH           # layers read ahead (lookahead.py)
+        self.extra = EXTRA_GUESSES   # the router guess's runners-up read too
         self.source = "off" if self.predictor is None else "history"
         self._quiet = 0              # decode layer calls in a row without a miss or a used read-ahead
         #                              (the lookahead sleeps after a whole pass of them)
@@ -494,9 +502,10 @@ class DiskExperts(Experts):
         if len(guess):
             self.score.guessed_for(nxt, guess + first)
         more = chain(self.predictor, layer, guess, self.depth)
-        if not more:
+        wide = self.router.runners_up(layer, self.extra) if self.extra and guess is routed else _NONE
+        if not more and not len(wide):
             return guess + first
-        return np.concatenate([guess + first, *(g + m * self.E for m, g in more)])
+        return np.concatenate([guess + first, wide + first, *(g + m * self.E for m, g in more)])
 
     def _due(self, name: str) -> bool:
         """Whether this call computes `name`'s guess ("router" or "history"): always in "router"

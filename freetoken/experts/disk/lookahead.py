@@ -53,7 +53,8 @@ class RouterLookahead:
     def __init__(self, routes: dict[int, Callable]):
         self.routes = routes
         self._alone = None          # the one-thread pool of the one-token guesses (made on first use)
-        self._scratch: dict[int, tuple] = {}    # layer+1 -> (router, x, logits, ids, w, ids as numpy)
+        self._scratch: dict[tuple, tuple] = {}  # (layer+1, rows) -> (router, x, logits, ids, w, ids as numpy)
+        self._last: tuple | None = None     # the last one-token guess: (layer+1, its logits, its top-k)
 
     def guess(self, layer: int, x: torch.Tensor) -> np.ndarray | None:
         """Expert ids (within layer+1) its router picks for `x`, best rank first (every
@@ -61,38 +62,55 @@ class RouterLookahead:
         route = self.routes.get(layer + 1)
         if route is None:
             return None
-        if x.shape[0] == 1 and x.device.type == "cpu" and x.dtype == torch.float32:
-            one = self._one_token(layer + 1, route, x)
-            if one is not None:
-                return one
+        self._last = None
+        if x.device.type == "cpu" and x.dtype == torch.float32:
+            ids = self._alone_rows(layer + 1, route, x)
+            if ids is not None:
+                return ids[0].copy() if len(ids) == 1 else _rank_major(ids)     # (the buffer is the next guess's)
         with torch.no_grad():
             ids, _ = route(x)
-        if ids.shape[0] == 1:
-            return ids.to("cpu", torch.int64).numpy()[0]    # one token: its top-k, distinct and best first
-        order = ids.to("cpu", torch.int64).numpy().T.ravel()        # rank-major over the tokens
-        _, first = np.unique(order, return_index=True)
-        return order[np.sort(first)]
+        return _rank_major(ids.to("cpu", torch.int64).numpy())
 
-    def _one_token(self, nxt: int, route: Callable, x: torch.Tensor) -> np.ndarray | None:
-        """The one-token guess on the decode thread alone (None: this router has no such path)."""
-        sc = self._scratch.get(nxt)
+    def _alone_rows(self, nxt: int, route: Callable, x: torch.Tensor) -> np.ndarray | None:
+        """The guess's top-k ids [M, k] on the decode thread alone (None: this router has no such
+        path). A verify's rows too: on the shared pool their GEMV waited on its worker, and the
+        verify steps of a 48-layer disk-tier decode spent ~10% of the tier's Python there (py-spy)."""
+        M = x.shape[0]
+        sc = self._scratch.get((nxt, M))
         if sc is None:
-            sc = self._scratch[nxt] = self._buffers(route, x.shape[1])
+            sc = self._scratch[(nxt, M)] = self._buffers(route, x.shape[1], M)
         moe, xs, logits, ids, w, out = sc
         if moe is None:
             return None
         moe.top_ids_on(self._alone, x if x.is_contiguous() else xs.copy_(x), logits, ids, w)
-        return out.copy()           # (the buffer is the next guess's)
+        if M == 1:
+            self._last = (nxt, logits, out)
+        return out
 
-    def _buffers(self, route: Callable, hidden: int) -> tuple:
+    def runners_up(self, layer: int, n: int) -> np.ndarray:
+        """The n experts of layer+1 its router ranks next after its top-k in the last one-token
+        guess for layer+1, best first (empty: that guess had several rows or no logits here).
+        Read after the top-k, they cover some of the next layer's misses the top-k does not."""
+        last = self._last
+        if n <= 0 or last is None or last[0] != layer + 1:
+            return np.empty(0, np.int64)
+        scores, top = last[1].numpy()[0], last[2][0]
+        n = min(n, len(scores) - len(top))
+        if n <= 0:
+            return np.empty(0, np.int64)
+        near = np.argpartition(-scores, len(top) + n - 1)[:len(top) + n]   # (the ranks are the softmax's)
+        near = near[np.argsort(-scores[near], kind="stable")]
+        return near[~np.isin(near, top)][:n]
+
+    def _buffers(self, route: Callable, hidden: int, rows: int = 1) -> tuple:
         moe = getattr(route, "__self__", None)
-        if moe is None or not callable(getattr(moe, "kernel_top_ids", None)) or not moe.kernel_top_ids():
+        if moe is None or not callable(getattr(moe, "kernel_top_ids", None)) or not moe.kernel_top_ids(rows):
             return (None,) * 6
         if self._alone is None:
             self._alone = CpuPool(moe.router.pool.lib, 1, pin=False)
-        ids = torch.empty(1, moe.top_k, dtype=torch.int64)
-        return (moe, torch.empty(1, hidden), torch.empty(1, moe.router.out_features), ids,
-                torch.empty(1, moe.top_k), ids.numpy()[0])
+        ids = torch.empty(rows, moe.top_k, dtype=torch.int64)
+        return (moe, torch.empty(rows, hidden), torch.empty(rows, moe.router.out_features), ids,
+                torch.empty(rows, moe.top_k), ids.numpy())
 
     def chunk(self, layer: int, x: torch.Tensor) -> np.ndarray | None:
         """The experts (within layer+1, ascending) its router picks for any token of a prompt
@@ -103,6 +121,15 @@ class RouterLookahead:
         with torch.no_grad():
             ids, _ = route(x)
         return np.unique(ids.to("cpu", torch.int64).numpy())
+
+
+def _rank_major(ids: np.ndarray) -> np.ndarray:
+    """Rows' top-k ids [M, k] as one guess: every row's first choice, then every second, ..., each once."""
+    if ids.shape[0] == 1:
+        return ids[0]               # one token: its top-k, distinct and best first
+    order = ids.T.ravel()
+    _, first = np.unique(order, return_index=True)
+    return order[np.sort(first)]
 
 
 def chain(predictor, layer: int, guess: np.ndarray, depth: int) -> list[tuple[int, np.ndarray]]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 import weakref
 from typing import Callable
@@ -31,6 +32,13 @@ _STOP = object()            # `ReadQueue.take`: the reader stops
 # blocked on reads fell to 0.59x but the 48-layer target's did not move (15.0 against 13.7 ms a
 # token, medians of 3); `bench/disk_tier.py --guesses-beside-demand 1` for the quiet A/B
 GUESSES_BESIDE_DEMAND: int | None = None
+# readers under SCHED_BATCH (Linux): a reader whose read lands does not preempt the running thread
+# at its wake-up, it runs when a core is free (the decode thread blocked on a read, the kernel pool's
+# worker yielding between calls) or at the next slice; on a 2-core box a reader woken mid kernel
+# call took a pool thread's core while the other waited at the call's barrier. "all": every reader;
+# "guesses": all but the demand-only reader; None: none. Off: every reader batch blocked the 48-layer
+# decode 2.5x longer on reads (docs/benchmarks.md, `disk39`); `bench/disk_tier.py --readers-batch`
+READERS_BATCH: str | None = None
 
 
 class ReadQueue:
@@ -173,10 +181,21 @@ def _wake_all(*conditions: threading.Condition) -> None:
             c.notify_all()
 
 
+def _batch_policy() -> None:
+    """This thread under SCHED_BATCH where the OS has it (`READERS_BATCH`); as it was otherwise."""
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_BATCH"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))      # (0: the calling thread)
+        except OSError as e:
+            log.debug("readers stay under the default policy: %s", e)
+
+
 def _serve(ref: "weakref.ref[ReadQueue]", demand_only: bool) -> None:
     """A reader: takes the first-ranked read (`demand_only`: only a demand read) and runs it;
     waits between reads holding no reference to the queue; stops at `shutdown` once the queue
     is empty, or when the queue is gone."""
+    if READERS_BATCH == "all" or (READERS_BATCH == "guesses" and not demand_only):
+        _batch_policy()
     q = ref()
     if q is None:
         return
