@@ -107,6 +107,22 @@ class AttnHalf:
         x [1, hidden] (fp32, contiguous), this layer's reused rows; None where the step is not a
         one-row C decode step (the caller runs the separate calls). What a step's layers share
         is checked by its first (`step_args`), this layer's cache once a cache (`_cache_ok`)."""
+        step = self.step(x, cos, sin, cache, meta)
+        if step is None:
+            return None
+        kc = cache.k
+        self.seconds.value = 0.0
+        with self.pool.lock:
+            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), step[2], step[3], step[4],
+                                       self.kv[2], self.kv[3], self.kv[4], self.kv[5], step[5], step[6], step[7],
+                                       self.h.data_ptr(), self.normed.data_ptr(), self.seconds_ref)
+        KERNEL_SECONDS[0] += self.seconds.value
+        raise_for(rc, kc)
+        return self.h, self.normed, self.logits
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, meta) -> tuple | None:
+        """The step's shared arguments (`step_args`) where this layer takes the call on row x
+        this step, else None."""
         step = meta.row_args
         if step is None or step[0] is not cos:     # the first layer of a step works them out
             step = meta.row_args = step_args(x, cos, sin, meta, self.lib)
@@ -116,19 +132,7 @@ class AttnHalf:
                 or (self.ggml and step[8]) or x.dtype is not torch.float32 or x.shape != self.h.shape
                 or not x.is_contiguous()):
             return None
-        self.seconds.value = 0.0
-        with self.pool.lock:
-            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), step[2], step[3], step[4],
-                                       self.kv[2], self.kv[3], self.kv[4], self.kv[5], step[5], step[6], step[7],
-                                       self.h.data_ptr(), self.normed.data_ptr(), self.seconds_ref)
-        KERNEL_SECONDS[0] += self.seconds.value
-        if rc == -1:
-            raise IndexError(f"a KV slot is outside the cache's {kc.shape[0]} rows")
-        if rc == -3:
-            raise ValueError("ggml GEMV kernel refused the layer")
-        if rc != 0:
-            raise MemoryError("a decode kernel could not allocate its scratch memory")
-        return self.h, self.normed, self.logits
+        return step
 
     def _cache_ok(self, cache) -> bool:
         """Whether this layer's KV cache tensors can take the call (kept, by weak references
@@ -139,6 +143,16 @@ class AttnHalf:
         self.kv = ((weakref.ref(kc), weakref.ref(vc), kc.shape[0], kc.data_ptr(), vc.data_ptr(), KV_CODE[kc.dtype])
                    if ok else _UNCHECKED)
         return ok
+
+
+def raise_for(rc: int, kc: torch.Tensor) -> None:
+    """The error of `ft_attn_half`'s return code rc (0: none); kc, the layer's K cache."""
+    if rc == -1:
+        raise IndexError(f"a KV slot is outside the cache's {kc.shape[0]} rows")
+    if rc == -3:
+        raise ValueError("ggml GEMV kernel refused the layer")
+    if rc != 0:
+        raise MemoryError("a decode kernel could not allocate its scratch memory")
 
 
 def step_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, lib) -> tuple:
