@@ -444,23 +444,24 @@ class MoECausalLM:
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions)
         if (out := self._stack_row(x, cos, sin, ctx)) is not None:
-            x = out
-        else:
-            for i, layer in enumerate(self.layers):
-                x = layer(i, x, cos, sin, ctx)
+            self.prenorm = out[0]
+            return out[1] if out[1] is not None else self.norm(out[0])
+        for i, layer in enumerate(self.layers):
+            x = layer(i, x, cos, sin, ctx)
         self.prenorm = x            # the last hidden states before the final norm (an MTP drafter's input)
         return self.norm(x)
 
     def _stack_row(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext):
-        """A one-row decode step through every layer in one C call (`DecodeStack`), or None (the
-        layers one by one: also the first such step, which builds the layers' calls)."""
+        """A one-row decode step through every layer (and the final norm) in one C call
+        (`DecodeStack`): (the last hidden row, its final norm or None), or None (the layers one
+        by one: also the first such step, which builds the layers' calls)."""
         if x.shape[0] != 1 or not (STACK[0] and ATTN_HALF[0]):
             return None
         stack = self.decode_stack
         if stack is None or not stack.current(self.layers):
             plain = all(type(layer) is DecoderLayer for layer in self.layers)    # (a subclass's own call order)
             stack = self.decode_stack = DecodeStack.build(self.layers) if plain else None
-        return stack(x, cos, sin, ctx) if stack is not None else None
+        return stack(x, cos, sin, ctx, self.norm) if stack is not None else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,9 +1,9 @@
 """A one-row decode step through every decoder layer in one C call (`ft_layers_row`,
 layers/attention/decode_stack.py): greedy tokens, every logits row and the expert counters (per
 layer and per expert) bit for bit those of the layers called one by one (`ft_attn_half` then
-`ft_moe_row` a layer, each from Python); the last layer's output row outlives its step, the
-others are reused; a layer that must not take the row calls (a routing hook) sends the whole
-step back to the per-layer path."""
+`ft_moe_row` a layer, each from Python, then the final norm); the last layer's output row
+outlives its step, the others are reused; a layer that must not take the row calls (a routing
+hook) sends the whole step back to the per-layer path."""
 from __future__ import annotations
 
 import pytest
@@ -61,7 +61,8 @@ def _stack_is_the_layer_calls(llm: LLM, steps: int = 10) -> int:
     finally:
         DecodeStack.__call__ = call
     outs = [r for r in ran if r is not None]
-    assert len({r.data_ptr() for r in outs}) == len(outs)      # the last layer: a new row each step
+    assert len({r[0].data_ptr() for r in outs}) == len(outs)      # the last layer: a new row each step
+    assert all(r[1] is not None for r in outs)                    # the final norm: in the same call
     return len(outs)
 
 

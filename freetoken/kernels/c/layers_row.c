@@ -4,16 +4,17 @@
 /* ------------------------------------------------------------------ a decode row through every layer
  * ft_layers_row: one decode row through a stack of decoder layers whose every layer takes the
  * two layer-sized calls (attn_half.c): for each layer, ft_attn_half, then ft_moe_row on that
- * layer's rows, its output the next layer's input. The very calls the per-layer path makes, in
- * the same order on the same operands: the same bits. What it saves is the Python between them
- * (~25 + ~80 us a layer on a medium shape's step once the kernels have streamed their megabytes
- * through the caches: `steptax4` in docs/benchmarks.md). */
+ * layer's rows, its output the next layer's input; then the model's final RMSNorm. The very
+ * calls the per-layer path makes, in the same order on the same operands: the same bits. What
+ * it saves is the Python between them (~25 + ~80 us a layer on a medium shape's step once the
+ * kernels have streamed their megabytes through the caches: `steptax4` in docs/benchmarks.md). */
 
 typedef struct ft_attn_layer ft_attn_layer;
 int ft_attn_half(void *pool, const ft_attn_layer *L, const float *x, const float *cos, const float *sin,
                  const int64_t *slot, int64_t num_slots, void *kc, void *vc, int kvt,
                  const int64_t *key_slots, int64_t kmax, const int64_t *nkeys, float *h, float *normed,
                  double *att_seconds);
+void ft_rms_norm(const float *x, const float *w, int64_t rows, int n, float eps, float *out);
 int ft_moe_row(void *vp, const ft_desc *d, const float *logits, int E, int k, int norm, int after, int64_t offset,
                const void *x, int xt, int64_t *ids, int64_t *flat, float *w, float *out, const float *residual,
                float *sum, int64_t *counts);
@@ -37,12 +38,13 @@ static double seconds_since(const struct timespec *t0) {
     return (double)(t1.tv_sec - t0->tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0->tv_nsec);
 }
 
-/* x [hidden] through layers[0..n); the last layer's `sum` holds the result. Returns 0, or
+/* x [hidden] through layers[0..n); the last layer's `sum` holds the result, and with norm_w the
+ * model's final RMSNorm of it is in normed (ft_rms_norm, as `rms_norm` calls it). Returns 0, or
  * (1 + the failing layer) * 16 + code: code 1..3 ft_attn_half's -1..-3, code 4..5 ft_moe_row's
  * -1..-2 (the layers before it ran, as the per-layer path leaves them). */
 int ft_layers_row(void *pool, ft_row_layer *layers, int64_t n, const float *x, const float *cos, const float *sin,
                   const int64_t *slot, const int64_t *key_slots, int64_t kmax, const int64_t *nkeys,
-                  double *att_seconds) {
+                  double *att_seconds, const float *norm_w, int hidden, float eps, float *normed) {
     for (int64_t i = 0; i < n; i++) {
         ft_row_layer *R = layers + i;
         int rc = ft_attn_half(pool, R->L, x, cos, sin, slot, R->num_slots, R->kc, R->vc, (int)R->kvt, key_slots, kmax,
@@ -57,5 +59,6 @@ int ft_layers_row(void *pool, ft_row_layer *layers, int64_t n, const float *x, c
         R->distinct = rc;
         x = R->sum;
     }
+    if (norm_w) ft_rms_norm(x, norm_w, 1, hidden, eps, normed);
     return 0;
 }

@@ -37,7 +37,8 @@ class _Layer(ctypes.Structure):       # attn_half.c's ft_attn_layer
                 ("xn", _vp), ("qkv_out", _vp), ("qk", _vp), ("att", _vp), ("o_out", _vp), ("logits", _vp)]
 
 
-def _plain(norm) -> bool:
+def plain_norm(norm) -> bool:
+    """A plain fp32 RMSNorm (the one-call paths' norms: `ft_rms_norm` on its weight as it is)."""
     return type(norm) is RMSNorm and norm.weight.dtype == torch.float32 and norm.weight.is_contiguous()
 
 
@@ -86,9 +87,9 @@ class AttnHalf:
         if (lib is None or not hasattr(lib, "ft_attn_half") or pool is None or pool.lib is not lib
                 or getattr(attn.o, "pool", None) is not pool or not hasattr(attn.qkv, "decode_ref")
                 or not hasattr(attn.o, "decode_ref") or attn.clip is not None or attn.qk_norm not in (None, "head")
-                or not (_plain(input_norm) and _plain(post_norm))
+                or not (plain_norm(input_norm) and plain_norm(post_norm))
                 or input_norm.weight.shape != post_norm.weight.shape
-                or (attn.qk_norm == "head" and not (_plain(attn.q_norm) and _plain(attn.k_norm)))
+                or (attn.qk_norm == "head" and not (plain_norm(attn.q_norm) and plain_norm(attn.k_norm)))
                 or attn.qkv.decode_ref() is None or attn.o.decode_ref() is None):
             return None
         return cls(attn, input_norm, post_norm, router, lib, pool)

@@ -1,7 +1,7 @@
 """A decode row through every decoder layer in one C call (`ft_layers_row`,
 kernels/c/layers_row.c): each layer's attention half (`AttnHalf`, decode_half.py) then its MoE
-block's row (`MoERow`, experts/execution/decode_row.py), the very two calls the per-layer path
-makes, in the same order on the same operands: the same bits (tests/layers/test_decode_stack.py
+block's row (`MoERow`, experts/execution/decode_row.py), then the model's final RMSNorm: the very
+calls the per-layer path makes, in the same order on the same operands: the same bits (tests/layers/test_decode_stack.py
 compares both paths). What it saves is the Python between them: per layer the return through
 `DecoderLayer`, the next layer's checks and two ctypes calls, ~25 + ~80 us of CPU a layer on a
 medium shape once the kernels have flushed the interpreter's code and data from the caches. The
@@ -12,7 +12,7 @@ import ctypes
 
 import torch
 
-from .decode_half import AttnHalf, FUSED as ATTN_HALF, raise_for
+from .decode_half import AttnHalf, FUSED as ATTN_HALF, plain_norm, raise_for
 from .paged import KERNEL_SECONDS
 
 # the one-call stack on (tests switch it off to compare with the per-layer calls)
@@ -67,9 +67,12 @@ class DecodeStack:
         """Whether this stack was built on `layers`' halves as they are now."""
         return layers is self.layers and all(layer.half is h for layer, h in zip(layers, self.halves))
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx) -> torch.Tensor | None:
-        """The last layer's output row of decode row x [1, hidden], or None where some layer
-        would not take its calls this step (the caller runs the layers one by one)."""
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx,
+                 norm=None) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(the last layer's output row of decode row x [1, hidden], `norm` of it or None), or
+        None where some layer would not take its calls this step (the caller runs the layers
+        one by one). `norm`: the model's final RMSNorm, computed in the same call where it is a
+        plain fp32 one (`plain_norm`), else left to the caller (None in its place)."""
         if not (STACK[0] and ATTN_HALF[0]):
             return None
         step, inp = None, x
@@ -87,10 +90,13 @@ class DecodeStack:
         last = self.rows[-1]
         last.out = torch.empty_like(last.out)
         self.table[len(self.rows) - 1].sum = last.out.data_ptr()
+        normed = torch.empty_like(last.out) if norm is not None and plain_norm(norm) else None
+        nargs = (norm.weight.data_ptr(), last.out.shape[1], norm.eps, normed.data_ptr()) if normed is not None \
+            else (None, 0, 0.0, None)
         self.att.value = 0.0
         with self.pool.lock:
             rc = self.lib.ft_layers_row(self.pool.handle, self.table, len(self.rows), x.data_ptr(), *step[2:8],
-                                        self.att_ref)
+                                        self.att_ref, *nargs)
         KERNEL_SECONDS[0] += self.att.value
         done = len(self.rows) if rc == 0 else rc // 16 - 1     # the MoE rows that ran
         for t, row in zip(self.table[:done], self.rows[:done]):
@@ -103,4 +109,4 @@ class DecodeStack:
                 raise_for(-code, ctx.kv[done].k)
             raise IndexError("expert id out of range of the banks") if code == 4 else \
                 MemoryError("CPU expert kernel could not allocate its scratch memory")
-        return last.out
+        return last.out, normed
