@@ -94,7 +94,9 @@ def profile(source: Path, opts: dict, plen: int, steps: int, threads: int,
                             ("ft_add_rms_norm", "norm+rope"), ("ft_norm_rope_qk", "norm+rope"),
                             ("ft_kv_write", "attention"),
                             # a one-row step's attention half in one call: its norms, qkv/o GEMVs and attention
-                            ("ft_attn_half", "attention half (norms, qkv/o/router GEMVs, attention)")):
+                            ("ft_attn_half", "attention half (norms, qkv/o/router GEMVs, attention)"),
+                            # a one-row step's every layer in one call: the two above, layer by layer
+                            ("ft_layers_row", "layers (attention halves + experts, one call)")):
             if (id(lib), name) not in WRAPPED and hasattr(lib, name):    # (an older tree's build lacks the fused calls)
                 WRAPPED.add((id(lib), name))
                 timed_c(lib, name, phase)
@@ -161,7 +163,12 @@ def main():
                          "rows' decode activations per 32 / per 256)")
     ap.add_argument("--clock", choices=("wall", "process"), default="wall",
                     help="process: this process's CPU time (with --threads 1, a core's work whatever the load)")
+    ap.add_argument("--decode-stack", choices=("on", "off"), default="on",
+                    help="off: a one-row step's layers one by one (two calls a layer), not in one call")
     args = ap.parse_args()
+    if args.decode_stack == "off":
+        from freetoken.layers.attention import decode_stack
+        decode_stack.STACK[0] = False
     NOW[0] = time.process_time if args.clock == "process" else time.perf_counter
     torch.set_num_threads(args.threads)
     from freetoken.experts.measure.membw import read_bandwidth

@@ -213,7 +213,7 @@ def _bind_switches(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def _bind_layer_calls(lib: ctypes.CDLL) -> ctypes.CDLL:
     """A decode row's layer-sized calls (attn_half.c: the attention half, the MoE block + residual,
-    and that block counting its experts)."""
+    and that block counting its experts) and the whole stack of them (layers_row.c)."""
     vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ft_attn_half.argtypes = [vp, vp, vp, vp, vp, vp, i64, vp, vp, ci, vp, i64, vp, vp, vp, vp]
     lib.ft_attn_half.restype = ci
@@ -222,6 +222,9 @@ def _bind_layer_calls(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_moe_decode_add.restype = ci
     lib.ft_moe_row.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, vp, vp, vp, vp, vp, vp, vp]
     lib.ft_moe_row.restype = ci
+    if hasattr(lib, "ft_layers_row"):     # (bench trees' older builds lack it)
+        lib.ft_layers_row.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, i64, vp, vp, vp, ci, ctypes.c_float, vp]
+        lib.ft_layers_row.restype = ci
     return lib
 
 

@@ -14,6 +14,7 @@ from ..experts.memory.pool import ExpertSpec, PoolBuilder
 from ..kernels.choices import model_kernels
 from ..layers.attention.paged import kv_values_per_token, paged_attention
 from ..layers.attention.decode_half import FUSED as ATTN_HALF, AttnHalf
+from ..layers.attention.decode_stack import STACK, DecodeStack
 from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
@@ -194,6 +195,7 @@ class MoECausalLM:
     embed_rows = None       # GgmlEmbedding of a GGUF's quantized table (else `embed` holds floats)
     mtp = None              # the nextn layer (models/mtp_head.py), loaded for --speculative mtp
     kernel_switches = None  # the kernel switches its choices set (kernels/switch_set.py), kept by the loader
+    decode_stack = None     # a one-row decode step's call through every layer (layers/attention/decode_stack.py)
 
     def __init__(self, ck: Checkpoint, cfg: BuildContext, max_len: int):
         hf, pool = model_basics(self, ck, cfg, max_len, eps_default=1e-6)
@@ -454,10 +456,25 @@ class MoECausalLM:
             self.experts.begin_step(ctx.phase, len(input_ids))
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions)
+        if (out := self._stack_row(x, cos, sin, ctx)) is not None:
+            self.prenorm = out[0]
+            return out[1] if out[1] is not None else self.norm(out[0])
         for i, layer in enumerate(self.layers):
             x = layer(i, x, cos, sin, ctx)
         self.prenorm = x            # the last hidden states before the final norm (an MTP drafter's input)
         return self.norm(x)
+
+    def _stack_row(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext):
+        """A one-row decode step through every layer (and the final norm) in one C call
+        (`DecodeStack`): (the last hidden row, its final norm or None), or None (the layers one
+        by one: also the first such step, which builds the layers' calls)."""
+        if x.shape[0] != 1 or not (STACK[0] and ATTN_HALF[0]):
+            return None
+        stack = self.decode_stack
+        if stack is None or not stack.current(self.layers):
+            plain = all(type(layer) is DecoderLayer for layer in self.layers)    # (a subclass's own call order)
+            stack = self.decode_stack = DecodeStack.build(self.layers) if plain else None
+        return stack(x, cos, sin, ctx, self.norm) if stack is not None else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -11,6 +11,7 @@ import torch
 from freetoken import LLM, SamplingParams
 from freetoken.experts.execution.decode_row import MoERow
 from freetoken.layers import moe as moe_mod
+from freetoken.layers.attention import decode_stack as stack_mod
 from freetoken.tiny import make_tiny
 
 
@@ -57,9 +58,18 @@ def test_decode_row_is_the_block_call(tmp_path, arch, dtype):
     assert calls, arch
 
 
-def test_last_layer_row_outlives_the_step(tmp_path):
+@pytest.fixture
+def stack_off():
+    """The layers called one by one (not the stack's one call) for the test."""
+    stack_mod.STACK[0] = False
+    yield
+    stack_mod.STACK[0] = True
+
+
+def test_last_layer_row_outlives_the_step(tmp_path, stack_off):
     """Each step's last hidden rows (`model.prenorm`, an MTP drafter's input) stay as they were
-    after later steps; the interior layers' rows are reused."""
+    after later steps; the interior layers' rows are reused (the layers called one by one: the
+    stack's own call, tests/layers/test_decode_stack.py)."""
     path = make_tiny("qwen3_moe", tmp_path / "m", layers=3, hidden=64, experts=8, top_k=2, vocab=512)
     llm = LLM(str(path), dtype="float32", moe_backend="cpu", num_threads=2, prefix_cache=False, speculative="off")
     model = llm.engine.model

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from freetoken import LLM, SamplingParams
-from freetoken.layers.attention import decode_half as half_mod
 from freetoken.kernels import variants_here
+from freetoken.layers.attention import decode_half as half_mod
+from freetoken.layers.attention import decode_stack as stack_mod
 from freetoken.layers.attention.decode_half import AttnHalf
 from freetoken.tiny import make_tiny
 
@@ -87,10 +88,18 @@ def _rms(x, w, eps):
     return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
 
 
-def test_one_call_half_matches_float64_torch(tmp_path):
+@pytest.fixture
+def stack_off():
+    """The layers called one by one (not the stack's one call) for the test."""
+    stack_mod.STACK[0] = False
+    yield
+    stack_mod.STACK[0] = True
+
+
+def test_one_call_half_matches_float64_torch(tmp_path, stack_off):
     """h and post_norm(h) of a decode row at position p against float64 torch: norms, the fused
     qkv weight, per-head q/k norms, NeoX rope, softmax attention over the p earlier keys written
-    by the prefill plus the row's own, o."""
+    by the prefill plus the row's own, o (every step's half called from Python: the stack off)."""
     path = make_tiny("qwen3_moe", tmp_path / "m", layers=1, hidden=64, experts=8, top_k=2)
     llm = LLM(str(path), dtype="float32", moe_backend="cpu", num_threads=2, prefix_cache=False, speculative="off")
     try:

@@ -9,6 +9,8 @@ from freetoken import LLM, SamplingParams
 from freetoken.experts.execution.decode_row import MoERow
 from freetoken.layers.attention import decode_half as half_mod
 from freetoken.layers.attention.decode_half import AttnHalf
+from freetoken.layers.attention import decode_stack as stack_mod
+from freetoken.layers.attention.decode_stack import DecodeStack
 from freetoken.layers import moe as moe_mod
 from freetoken.layers.ggml_linear import GgmlLinear
 
@@ -60,5 +62,16 @@ def test_ggml_moe_row_is_the_block_call(tiny_dir, to_gguf):
               speculative="off")
     try:
         _one_call_is_the_separate_calls(llm, MoERow, moe_mod.ROWS)
+    finally:
+        llm.close()
+
+
+def test_ggml_layers_stack_is_the_layer_calls(tiny_dir, to_gguf):
+    """The GGUF's packed attention weights and experts through every layer in one call
+    (`ft_layers_row`, layers/attention/decode_stack.py): the bits of the layers called one by one."""
+    llm = LLM(str(to_gguf(tiny_dir("qwen3_moe"), "q8_0")), moe_backend="cpu", num_threads=2, prefix_cache=False,
+              speculative="off")
+    try:
+        _one_call_is_the_separate_calls(llm, DecodeStack, stack_mod.STACK)
     finally:
         llm.close()

@@ -38,7 +38,8 @@ class _Layer(ctypes.Structure):       # attn_half.c's ft_attn_layer
                 ("xn", _vp), ("qkv_out", _vp), ("qk", _vp), ("att", _vp), ("o_out", _vp), ("logits", _vp)]
 
 
-def _plain(norm) -> bool:
+def plain_norm(norm) -> bool:
+    """A plain fp32 RMSNorm (the one-call paths' norms: `ft_rms_norm` on its weight as it is)."""
     return type(norm) is RMSNorm and norm.weight.dtype == torch.float32 and norm.weight.is_contiguous()
 
 
@@ -90,9 +91,9 @@ class AttnHalf:
         if (lib is None or not hasattr(lib, "ft_attn_half") or pool is None or pool.lib is not lib
                 or getattr(attn.o, "pool", None) is not pool or not hasattr(attn.qkv, "decode_ref")
                 or not hasattr(attn.o, "decode_ref") or attn.clip is not None or attn.qk_norm not in (None, "head")
-                or not (_plain(input_norm) and _plain(post_norm))
+                or not (plain_norm(input_norm) and plain_norm(post_norm))
                 or input_norm.weight.shape != post_norm.weight.shape
-                or (attn.qk_norm == "head" and not (_plain(attn.q_norm) and _plain(attn.k_norm)))
+                or (attn.qk_norm == "head" and not (plain_norm(attn.q_norm) and plain_norm(attn.k_norm)))
                 or attn.qkv.decode_ref() is None or attn.o.decode_ref() is None):
             return None
         return cls(attn, input_norm, post_norm, router, lib, pool)
@@ -113,34 +114,33 @@ class AttnHalf:
         is checked by its first (`step_args`), this layer's cache once a cache (`_cache_ok`).
         ring: (SlidingWindowKV, this layer's index in it) of the step's one sequence for a
         sliding-window layer that keeps its keys there instead of in `cache` (gpt-oss)."""
+        step = self.step(x, cos, sin, cache, meta, ring)
+        if step is None:
+            return None
+        kv = (step[4], *self.kv[2:], step[5], step[6], step[7]) if ring is None else self._ring(ring, cos, meta)
+        if kv is None:
+            return None
+        self.seconds.value = 0.0
+        with self.pool.lock:
+            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), step[2], step[3], *kv,
+                                       self.h.data_ptr(), self.normed.data_ptr(), self.seconds_ref)
+        KERNEL_SECONDS[0] += self.seconds.value
+        raise_for(rc, kv[1])
+        return self.h, self.normed, self.logits
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, meta, ring=None) -> tuple | None:
+        """The step's shared arguments (`step_args`) where this layer takes the call on row x
+        this step, else None (a ring layer's own arguments: `_ring`)."""
         step = meta.row_args
         if step is None or step[0] is not cos:     # the first layer of a step works them out
             step = meta.row_args = step_args(x, cos, sin, meta, self.lib)
         if (step[1] is not self.pool or (self.ggml and step[8]) or x.dtype is not torch.float32
                 or x.shape != self.h.shape or not x.is_contiguous()):
             return None
-        if ring is not None:
-            kv = self._ring(ring, cos, meta)
-            if kv is None:
-                return None
-        else:
-            kc = cache.k
-            if ((kc is not self.kv[0]() or cache.v is not self.kv[1]()) and not self._cache_ok(cache)
-                    or (self.attn.window is not None and step[6] > self.attn.window)):     # (decode_kernel's window rule)
-                return None
-            kv = (step[4], *self.kv[2:], step[5], step[6], step[7])
-        self.seconds.value = 0.0
-        with self.pool.lock:
-            rc = self.lib.ft_attn_half(self.pool.handle, self.ref, x.data_ptr(), step[2], step[3], *kv,
-                                       self.h.data_ptr(), self.normed.data_ptr(), self.seconds_ref)
-        KERNEL_SECONDS[0] += self.seconds.value
-        if rc == -1:
-            raise IndexError(f"a KV slot is outside the cache's {kv[1]} rows")
-        if rc == -3:
-            raise ValueError("ggml GEMV kernel refused the layer")
-        if rc != 0:
-            raise MemoryError("a decode kernel could not allocate its scratch memory")
-        return self.h, self.normed, self.logits
+        if ring is None and ((cache.k is not self.kv[0]() or cache.v is not self.kv[1]()) and not self._cache_ok(cache)
+                             or (self.attn.window is not None and step[6] > self.attn.window)):  # (decode_kernel's window rule)
+            return None
+        return step
 
     def _ring(self, ring, cos, meta) -> tuple | None:
         """ft_attn_half's KV arguments (slot, rows, k, v, kv type, key rows, their count, count)
@@ -164,6 +164,16 @@ class AttnHalf:
         self.kv = ((weakref.ref(kc), weakref.ref(vc), kc.shape[0], kc.data_ptr(), vc.data_ptr(), KV_CODE[kc.dtype])
                    if ok else _UNCHECKED)
         return ok
+
+
+def raise_for(rc: int, rows: int) -> None:
+    """The error of `ft_attn_half`'s return code rc (0: none); rows, the layer's KV rows."""
+    if rc == -1:
+        raise IndexError(f"a KV slot is outside the cache's {rows} rows")
+    if rc == -3:
+        raise ValueError("ggml GEMV kernel refused the layer")
+    if rc != 0:
+        raise MemoryError("a decode kernel could not allocate its scratch memory")
 
 
 def step_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, lib) -> tuple:
