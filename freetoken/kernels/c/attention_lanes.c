@@ -48,8 +48,16 @@ FORCE_INLINE void lanes_step(__m512 *az, __m256 *ay, const uint32_t *const *k, c
                              const int NZ, const int HY, const int NK) {
     __m512bh qz[3];
     __m256bh qy = (__m256bh)_mm256_setzero_si256();
-    for (int v = 0; v < NZ; v++) qz[v] = (__m512bh)_mm512_loadu_si512(qrow + 16 * v);
-    if (HY) qy = (__m256bh)_mm256_loadu_si256((const __m256i *)(qrow + 16 * NZ));
+    /* the empty asm pins each query vector in a register: gcc otherwise reloaded it for every key
+     * (a zmm load per vdpbf16ps, the load port the bound) */
+    for (int v = 0; v < NZ; v++) {
+        qz[v] = (__m512bh)_mm512_loadu_si512(qrow + 16 * v);
+        __asm__("" : "+v"(qz[v]));
+    }
+    if (HY) {
+        qy = (__m256bh)_mm256_loadu_si256((const __m256i *)(qrow + 16 * NZ));
+        __asm__("" : "+v"(qy));
+    }
     for (int kk = 0; kk < NK; kk++) {
         for (int v = 0; v < NZ; v++)
             az[kk * NZ + v] = _mm512_dpbf16_ps(az[kk * NZ + v], qz[v], (__m512bh)_mm512_set1_epi32((int)k[kk][p]));
