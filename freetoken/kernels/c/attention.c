@@ -130,7 +130,9 @@ FORCE_INLINE void att_chunk(const att_job *A, int s0, int R, int h, int64_t j0, 
 #define ROW_ACC(r) (ROW_QF(r) + (int64_t)(G + 1) * Dp)
 #define ROW_M(r) (ROW_ACC(r) + (int64_t)G * Dp)
     /* bf16 scores (ft_bf16_dot_on, a bf16 cache): q rounded to bf16 once, as llama.cpp does;
-     * vdpbf16ps on the rows in place where G divides the 16 lanes, else the same products emulated */
+     * vdpbf16ps on the rows in place where G divides the 16 lanes, else the same products emulated;
+     * G = 8 or 16: all R rows' queries as the lanes of one tile (attention_lanes.c), chosen by the
+     * shape alone, never by R, so a verify row sums as the decode row at its position does */
     int qmode = kvt == XT_BF16 && ft_bf16_dot_on ? ATT_Q_ROUNDED : ATT_Q_F32;
 #ifdef FT_BF16DOT
     if (qmode == ATT_Q_ROUNDED && 16 % G == 0) qmode = (G == 8 || G == 16) && D % 2 == 0 ? ATT_Q_LANES : ATT_Q_BF16;
