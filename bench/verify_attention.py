@@ -8,7 +8,7 @@ dense model's other per-row kernel, its 4 layers' GEMVs on AMX tiles at 1 and `-
 
     .venv/bin/python bench/verify_attention.py [--threads 1] [--contexts 256,800,1600] [--rows 9]
                                               [--heads 32,4] [--baseline ebb43cc|none] [--clock process]
-                                              [--attention fp32|amx|both|bf16|fp32,bf16] [--baseline-attention fp32|amx]
+                                              [--attention fp32|amx|both|bf16|fp32,bf16] [--baseline-attention fp32|amx|bf16]
                                               [--gemv]
 
 Default shapes: the dense bench model's attention (`bench/speculative.py --model dense`: 32 query
@@ -96,8 +96,9 @@ def main():
     ap.add_argument("--attention", choices=("fp32", "amx", "both", "bf16", "fp32,bf16"), default="both",
                     help="this tree's decode attention: the fp32 FMAs, the AMX tiles (where they run), both, the "
                          "bf16-dot switch's vdpbf16ps scores and values (bf16), or fp32 and bf16")
-    ap.add_argument("--baseline-attention", choices=("fp32", "amx"), default="fp32",
-                    help="the baseline revision's decode attention (amx: its AMX tiles, for a before/after of the AMX path)")
+    ap.add_argument("--baseline-attention", choices=("fp32", "amx", "bf16"), default="fp32",
+                    help="the baseline revision's decode attention (amx: its AMX tiles, for a before/after of the AMX "
+                         "path; bf16: its bf16-dot switch's vdpbf16ps)")
     ap.add_argument("--clock", choices=CLOCK, default="process",
                     help="process: CPU time of this process (for --threads 1 on a shared machine); wall")
     ap.add_argument("--gemv", action="store_true", help="also the dense model's GEMVs per extra row (AMX tiles)")
@@ -128,7 +129,7 @@ def main():
         for r in range(args.rounds):
             for n in list(pools)[:: 1 if r % 2 == 0 else -1]:
                 amx = int(n == "amx" or (n == "old" and args.baseline_attention == "amx"))
-                dot = int(n == "bf16")
+                dot = int(n == "bf16" or (n == "old" and args.baseline_attention == "bf16"))
                 times[n][0].append(timed(pools[n], one, args.reps, args.clock, amx, dot))
                 times[n][1].append(timed(pools[n], many, args.reps, args.clock, amx, dot))
         line = f"{ctx:8}"

@@ -114,3 +114,50 @@ def test_verify_rows_on_amx_tiles(threads, n0, rows, others, shape):
 def test_verify_rows_under_bf16_dots(isa, shape):
     """ft_set_bf16_dot(1) (vdpbf16ps where built, emulated otherwise): a verify's rows alike."""
     _check(isa, 2, 700, 9, [300, 40], shape, torch.bfloat16, 2, bf16_dot=True)
+
+
+def _reference_rounded(q, k, v, slots, lens, scale):
+    """float64 attention over bf16-rounded queries, with the softmax numerators rounded to bf16
+    before they weigh the values (what vdpbf16ps multiplies) and their sum unrounded."""
+    outs = []
+    for i, n in enumerate(lens.tolist()):
+        s = slots[i, :n]
+        keys, values = k[s].double(), v[s].double()                    # [n, Hkv, D]
+        g = q.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)
+        sc = torch.einsum("hd,nhd->hn", q[i].bfloat16().double(), keys) * scale
+        e = torch.exp(sc - sc.max(1, keepdim=True).values)
+        outs.append(torch.einsum("hn,nhd->hd", e.float().bfloat16().double(), values) / e.sum(1, keepdim=True))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("shape", [(32, 4, 128), (16, 1, 64), (64, 4, 36), (8, 1, 6)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_verify_rows_under_bf16_dots_every_row_count(isa, shape, threads):
+    """ft_set_bf16_dot(1) on a bf16 cache, 1..17 rows of one sequence: with G = 8 or 16 query heads
+    a KV head the native build scores all of a verify's rows x heads as the lanes of one vdpbf16ps
+    tile (attention_lanes.c; an odd row count of G = 8 leaves a ymm, head_dim 6 an odd count of
+    column pairs). Each row == itself alone bit for bit (a decode step at its position), and
+    float64 attention over the rounded queries and weights; sinks alike (gpt-oss)."""
+    hq, hkv, d = shape
+    pool = _pool(isa, threads)
+    scale = d ** -0.5
+    assert pool.lib.ft_set_bf16_dot(1) in (1, 2)
+    try:
+        for rows in range(1, 18):
+            gen = torch.Generator().manual_seed(rows * 31 + d)
+            q, k, v, slots, lens = _verify(300 + 37 * rows, rows, [50, 700], hq, hkv, d, torch.bfloat16, gen)
+            sinks = torch.randn(hq, generator=gen) if rows % 4 == 1 else None
+            out = attend_rows(pool, q, k, v, slots, lens, scale, sinks)
+            for i in range(len(lens)):
+                alone = attend_rows(pool, q[i:i + 1], k, v, slots[i:i + 1], lens[i:i + 1], scale, sinks)
+                assert torch.equal(alone[0], out[i]), (rows, i, lens[i].item())
+            if sinks is None:
+                ref = _reference_rounded(q, k, v, slots, lens, scale)
+                err = (out.double() - ref).abs().max().item()
+                # the emulating builds' (the pre-lanes tiles') error alike: up to ~8e-4 at G = 16,
+                # against ~3e-3 from the unrounded reference
+                assert err < 1.5e-3 * ref.abs().max().item(), (rows, err)
+    finally:
+        pool.lib.ft_set_bf16_dot(0)

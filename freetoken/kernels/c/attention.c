@@ -130,10 +130,15 @@ FORCE_INLINE void att_chunk(const att_job *A, int s0, int R, int h, int64_t j0, 
 #define ROW_ACC(r) (ROW_QF(r) + (int64_t)(G + 1) * Dp)
 #define ROW_M(r) (ROW_ACC(r) + (int64_t)G * Dp)
     /* bf16 scores (ft_bf16_dot_on, a bf16 cache): q rounded to bf16 once, as llama.cpp does;
-     * vdpbf16ps on the rows in place where G divides the 16 lanes, else the same products emulated */
+     * vdpbf16ps on the rows in place where G divides the 16 lanes, else the same products emulated;
+     * G = 8 or 16: all R rows' queries as the lanes of one tile (attention_lanes.c), chosen by the
+     * shape alone, never by R, so a verify row sums as the decode row at its position does */
     int qmode = kvt == XT_BF16 && ft_bf16_dot_on ? ATT_Q_ROUNDED : ATT_Q_F32;
 #ifdef FT_BF16DOT
-    if (qmode == ATT_Q_ROUNDED && 16 % G == 0) qmode = ATT_Q_BF16;
+    if (qmode == ATT_Q_ROUNDED && 16 % G == 0) qmode = (G == 8 || G == 16) && D % 2 == 0 ? ATT_Q_LANES : ATT_Q_BF16;
+    uint32_t *qt = (uint32_t *)(buf + (int64_t)ATT_BLOCK * Dp);     /* ATT_Q_LANES: all rows' queries, transposed */
+    if (qmode == ATT_Q_LANES) att_lanes_prep(A->q + ((int64_t)s0 * A->Hq + (int64_t)h * G) * D, (int64_t)A->Hq * D, R, G, D, qt);
+    else
 #endif
     for (int r = 0; r < R; r++)
         att_prep_q(A->q + ((int64_t)(s0 + r) * A->Hq + (int64_t)h * G) * D, G, D, Dp, ROW_QF(r), qmode);
@@ -143,6 +148,12 @@ FORCE_INLINE void att_chunk(const att_job *A, int s0, int R, int h, int64_t j0, 
         if (b2 < n) att_prefetch(A->k, row_bytes, head_off, slots + b2, n - b2 < ATT_BLOCK ? n - b2 : ATT_BLOCK, D * es);
         else att_prefetch(A->v, row_bytes, head_off, slots, n < ATT_BLOCK ? n : ATT_BLOCK, D * es);   /* V's first block */
 #ifdef FT_BF16DOT
+        if (qmode == ATT_Q_LANES) {
+            const uint32_t *kp[ATT_BLOCK];
+            for (int64_t i = 0; i < nb; i++) kp[i] = (const uint32_t *)(A->k + slots[b + i] * row_bytes + head_off);
+            att_scores_lanes(kp, nb, R, G, D, qt, A->scale, ROW_SC(0) + b * G, row_ws);
+            continue;
+        }
         if (qmode == ATT_Q_BF16) {
             const uint16_t *kr[ATT_BLOCK];
             for (int64_t i = 0; i < nb; i++) kr[i] = (const uint16_t *)(A->k + slots[b + i] * row_bytes + head_off);
@@ -303,6 +314,9 @@ int ft_decode_attention(void *vp, const float *q, int S, int Hq, int Hkv, int D,
     /* per thread: each row of a group its ATT_ROW_WS, and one fp32 block [ATT_BLOCK][Dp] */
     const int amx = kvt == XT_BF16 && ft_att_amx;
     int64_t tmp_stride = most * ATT_ROW_WS(chunk, G, Dp) + (int64_t)ATT_BLOCK * Dp;
+#ifdef FT_BF16DOT
+    tmp_stride += ((int64_t)(D / 2) * att_lanes_width(most * G) + 15) & ~(int64_t)15;   /* ATT_Q_LANES: the transposed queries */
+#endif
 #ifdef FT_AMX
     if (amx) {
         const int64_t t = (att_amx_ws_bytes(most, G, Dp, chunk) / 4 + 15) & ~(int64_t)15;

@@ -353,11 +353,16 @@ FT_HIDDEN void gemm_rows(int mode, const uint8_t *w, int64_t w_rs, int n0, int n
                          int M, float *out, int64_t ldo, uint16_t *pad, const float *bias, int stream);
 
 /* attention_blocks.c: the block loops of decode attention (attention.c) */
-enum { ATT_Q_F32 = 0, ATT_Q_ROUNDED = 1, ATT_Q_BF16 = 2 };   /* att_prep_q's output */
+enum { ATT_Q_F32 = 0, ATT_Q_ROUNDED = 1, ATT_Q_BF16 = 2, ATT_Q_LANES = 3 };   /* att_prep_q's output (LANES: attention_lanes.c's) */
 FT_HIDDEN void att_prep_q(const float *q, int G, int D, int Dp, float *qf, int mode);
 #ifdef FT_BF16DOT
 FT_HIDDEN void att_scores_block_bf16(const uint16_t *const *rows, int64_t nb, int G, int D, int Dp,
                                      const uint16_t *qb, float scale, float *sc);
+/* attention_lanes.c: a verify's rows x G heads as the lanes of one score tile (G 8 or 16, D even) */
+FT_HIDDEN int att_lanes_width(int n);
+FT_HIDDEN void att_lanes_prep(const float *q, int64_t row_stride, int R, int G, int D, uint32_t *qt);
+FT_HIDDEN void att_scores_lanes(const uint32_t *const *kp, int64_t nb, int R, int G, int D, const uint32_t *qt,
+                                float scale, float *sc, int64_t stride);
 #endif
 FT_HIDDEN void att_scores_block(const float *const *rows, int64_t nb, int G, int D, int Dp, const float *qf,
                                 float scale, float *sc);
