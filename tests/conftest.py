@@ -75,6 +75,16 @@ def kernel_switches_restored():
         torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def stack_off():
+    """A decode step's layers called one by one, not through the stack's one call
+    (layers/attention/decode_stack.py), for the test."""
+    from freetoken.layers.attention import decode_stack
+    decode_stack.STACK[0] = False
+    yield
+    decode_stack.STACK[0] = True
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one; `pytest -m cuda` runs them)")
 

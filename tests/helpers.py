@@ -127,3 +127,20 @@ def paged_mixed_step(g: torch.Generator, hkv: int, d: int, dtype: torch.dtype,
                              key_positions=key_pos, query_index=torch.stack(qidx), query_positions=torch.stack(qpos),
                              num_tokens=off, context_lens=ctx)
     return cache, meta, off
+
+
+def bf16_rounded_attention(q, k, v, key_slots, lens, scale):
+    """The decode attention kernels' arithmetic with the bf16 switch on (llama.cpp's for a bf16
+    cache), in float64: each row's q rounded to bf16 for the scores, the softmax numerators rounded
+    to bf16 before they weigh the values (what vdpbf16ps multiplies), their unrounded sum as the
+    denominator. q [rows, Hq, D]; k, v [slots, Hkv, D]; row i reads key_slots[i, :lens[i]]."""
+    outs = []
+    for i, n in enumerate(lens.tolist()):
+        s = key_slots[i, :n]
+        keys, values = k[s].double(), v[s].double()                    # [n, Hkv, D]
+        g = q.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)
+        sc = torch.einsum("hd,nhd->hn", q[i].bfloat16().double(), keys) * scale
+        e = torch.exp(sc - sc.max(1, keepdim=True).values)
+        outs.append(torch.einsum("hn,nhd->hd", e.float().bfloat16().double(), values) / e.sum(1, keepdim=True))
+    return torch.stack(outs)

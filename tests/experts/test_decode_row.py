@@ -11,7 +11,6 @@ import torch
 from freetoken import LLM, SamplingParams
 from freetoken.experts.execution.decode_row import MoERow
 from freetoken.layers import moe as moe_mod
-from freetoken.layers.attention import decode_stack as stack_mod
 from freetoken.tiny import make_tiny
 
 
@@ -56,14 +55,6 @@ def test_decode_row_is_the_block_call(tmp_path, arch, dtype):
         MoERow.__call__ = orig
         llm.close()
     assert calls, arch
-
-
-@pytest.fixture
-def stack_off():
-    """The layers called one by one (not the stack's one call) for the test."""
-    stack_mod.STACK[0] = False
-    yield
-    stack_mod.STACK[0] = True
 
 
 def test_last_layer_row_outlives_the_step(tmp_path, stack_off):

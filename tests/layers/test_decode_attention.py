@@ -3,6 +3,7 @@ C RMSNorm against torch's."""
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import bf16_rounded_attention
 
 from freetoken import kernels
 from freetoken.kernels.pool import CpuPool
@@ -228,21 +229,6 @@ def test_bf16_kv_cache_under_fp32_compute(tiny_dir):
     assert ((got - ref).abs().max() / ref.abs().max()) < 2e-2
 
 
-def _reference_bf16(q, cache, meta, scale):
-    """The arithmetic of the kernel with the bf16 switch on (llama.cpp's for a bf16 cache), in
-    float64: q rounded to bf16 for the scores, the softmax numerators rounded to bf16 for the
-    values, their unrounded sum as the denominator."""
-    outs = []
-    hq = q.shape[1]
-    for i, n in enumerate(meta.context_lens.tolist()):
-        s = meta.key_slots[i, :n]
-        keys, values = cache.k[s].double(), cache.v[s].double()          # [n, hkv, d]
-        g = hq // keys.shape[1]
-        keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)
-        sc = torch.einsum("hd,nhd->hn", q[i].bfloat16().double(), keys) * scale
-        e = torch.exp(sc - sc.max(1, keepdim=True).values)
-        outs.append(torch.einsum("hn,nhd->hd", e.float().bfloat16().double(), values) / e.sum(1, keepdim=True))
-    return torch.stack(outs)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -259,7 +245,7 @@ def test_bf16_switch_matches_float64_reference_of_rounded_q_and_weights(isa, hq,
         assert lib.ft_set_bf16_dot(1) in (1, 2)
         q, k, v, cache, meta = _decode_step([1, 33, 70, 300, 17, 3000], hq, hkv, d, torch.bfloat16, gen, pool)
         out = paged_attention(q, k, v, cache, meta, d ** -0.5).double()
-        ref = _reference_bf16(q, cache, meta, d ** -0.5)
+        ref = bf16_rounded_attention(q, cache.k, cache.v, meta.key_slots, meta.context_lens, d ** -0.5)
         exact = _reference(q, cache, meta, d ** -0.5)
         err, err_exact = (out - ref).abs().max().item(), (out - exact).abs().max().item()
         assert err < 3e-4 * ref.abs().max().item(), (err, err_exact)     # the exact reference is ~1e-3 off

@@ -13,7 +13,6 @@ import torch
 from freetoken import LLM, SamplingParams
 from freetoken.kernels import variants_here
 from freetoken.layers.attention import decode_half as half_mod
-from freetoken.layers.attention import decode_stack as stack_mod
 from freetoken.layers.attention.decode_half import AttnHalf
 from freetoken.tiny import make_tiny
 
@@ -86,14 +85,6 @@ def _same_bits(tmp_path, arch: str, taken: bool, opts: dict):
 
 def _rms(x, w, eps):
     return w * (x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps))
-
-
-@pytest.fixture
-def stack_off():
-    """The layers called one by one (not the stack's one call) for the test."""
-    stack_mod.STACK[0] = False
-    yield
-    stack_mod.STACK[0] = True
 
 
 def test_one_call_half_matches_float64_torch(tmp_path, stack_off):

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
+from helpers import bf16_rounded_attention
 
 from freetoken import kernels
 from freetoken.kernels.pool import CpuPool
@@ -116,19 +117,6 @@ def test_verify_rows_under_bf16_dots(isa, shape):
     _check(isa, 2, 700, 9, [300, 40], shape, torch.bfloat16, 2, bf16_dot=True)
 
 
-def _reference_rounded(q, k, v, slots, lens, scale):
-    """float64 attention over bf16-rounded queries, with the softmax numerators rounded to bf16
-    before they weigh the values (what vdpbf16ps multiplies) and their sum unrounded."""
-    outs = []
-    for i, n in enumerate(lens.tolist()):
-        s = slots[i, :n]
-        keys, values = k[s].double(), v[s].double()                    # [n, Hkv, D]
-        g = q.shape[1] // keys.shape[1]
-        keys, values = keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1)
-        sc = torch.einsum("hd,nhd->hn", q[i].bfloat16().double(), keys) * scale
-        e = torch.exp(sc - sc.max(1, keepdim=True).values)
-        outs.append(torch.einsum("hn,nhd->hd", e.float().bfloat16().double(), values) / e.sum(1, keepdim=True))
-    return torch.stack(outs)
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -154,7 +142,7 @@ def test_verify_rows_under_bf16_dots_every_row_count(isa, shape, threads):
                 alone = attend_rows(pool, q[i:i + 1], k, v, slots[i:i + 1], lens[i:i + 1], scale, sinks)
                 assert torch.equal(alone[0], out[i]), (rows, i, lens[i].item())
             if sinks is None:
-                ref = _reference_rounded(q, k, v, slots, lens, scale)
+                ref = bf16_rounded_attention(q, k, v, slots, lens, scale)
                 err = (out.double() - ref).abs().max().item()
                 # the emulating builds' (the pre-lanes tiles') error alike: up to ~8e-4 at G = 16,
                 # against ~3e-3 from the unrounded reference
