@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_cpu_kernels import ISAS, Q8_NEAR_TIE, dense64, reference64, rel_err, routes
+from test_cpu_kernels import ISAS, assert_matches_q8, dense64, reference64, rel_err, routes
 from test_ggml_banks import mixed_banks
 
 from freetoken import kernels
@@ -31,7 +31,7 @@ def check(banks, n, isa, gen, act="silu", bias=False):
         y = ex.run(x, ids, w)
         # the kernels round activations per 32 to int8 (llama.cpp's Q8_0): exact up to fp32 sums
         # against that, close to the unrounded float64 result
-        assert rel_err(y, reference64(banks, dense, x, ids, w, act, quantize_act=True)) < Q8_NEAR_TIE, (t, k)
+        assert_matches_q8(y, banks, dense, x, ids, w, act, note=(t, k))
         assert rel_err(y, reference64(banks, dense, x, ids, w, act)) < 4e-2, (t, k)
     ex.close()
 

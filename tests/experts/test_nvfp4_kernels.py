@@ -8,7 +8,7 @@ from freetoken.experts.execution.cpu import CpuExpertExecutor
 from freetoken.experts.formats import dequantize_expert, quantize_banks
 from freetoken.quant.nvfp4 import dequantize_bank, pack_scales
 
-from test_cpu_kernels import ISAS, Q8_NEAR_TIE, dense64, reference64, rel_err, routes
+from test_cpu_kernels import ISAS, assert_matches_q8, dense64, reference64, rel_err, routes
 
 
 def raw_banks(n, hidden, inter, gen):
@@ -39,7 +39,7 @@ def test_dequant_bit_exact_and_tiles_match_float64(isa, hidden, inter):
         ids, w = routes(t, k, n, gen)
         x = torch.randn(t, hidden, generator=gen)
         y = ex.run(x, ids, w)
-        assert rel_err(y, reference64(banks, dense, x, ids, w, "silu", quantize_act=True)) < Q8_NEAR_TIE, (t, k)
+        assert_matches_q8(y, banks, dense, x, ids, w, "silu", note=(t, k))
         assert rel_err(y, reference64(banks, dense, x, ids, w, "silu")) < 6e-2, (t, k)
     ex.close()
 
