@@ -223,7 +223,7 @@ def _bind_layer_calls(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_moe_row.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, vp, vp, vp, vp, vp, vp, vp]
     lib.ft_moe_row.restype = ci
     if hasattr(lib, "ft_layers_row"):     # (bench trees' older builds lack it)
-        lib.ft_layers_row.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, i64, vp, vp, vp, ci, ctypes.c_float, vp]
+        lib.ft_layers_row.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, i64, vp, vp, vp, ci, ctypes.c_float, vp, vp]
         lib.ft_layers_row.restype = ci
     return lib
 

@@ -119,6 +119,8 @@ class Attention:
 
 class DecoderLayer:
     half_attention = Attention     # the attention class whose math `ft_attn_half` computes (not a subclass's)
+    row_stack = True    # a step's row through this class's layers takes `DecodeStack` (a subclass says so itself)
+    slot = None         # a sliding-window layer's index in its sequence's ring (`row_ring`), else None
 
     def __init__(self, attn, mlp, input_norm: RMSNorm, post_norm: RMSNorm):
         self.attn, self.mlp, self.input_norm, self.post_norm = attn, mlp, input_norm, post_norm
@@ -149,6 +151,11 @@ class DecoderLayer:
         if half.moe is not None and self.mlp.row_live(half.moe):
             return half.moe()
         return hn[0] + self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2], hn[0])
+
+    def row_ring(self, ctx: ForwardContext) -> tuple | None:
+        """(the step's one sequence's ring, this layer's index in it) where this layer's keys are
+        in a ring (`slot`), else None: its keys in the paged cache."""
+        return None
 
     def row_norms(self) -> tuple:
         """(input, post-attention) norms as `AttnHalf` takes them (plain `RMSNorm`s)."""
@@ -456,7 +463,7 @@ class MoECausalLM:
             self.experts.begin_step(ctx.phase, len(input_ids))
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions)
-        if (out := self._stack_row(x, cos, sin, ctx)) is not None:
+        if (out := self._stack_row(x, cos, sin, ctx, self.norm)) is not None:
             self.prenorm = out[0]
             return out[1] if out[1] is not None else self.norm(out[0])
         for i, layer in enumerate(self.layers):
@@ -464,17 +471,19 @@ class MoECausalLM:
         self.prenorm = x            # the last hidden states before the final norm (an MTP drafter's input)
         return self.norm(x)
 
-    def _stack_row(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext):
-        """A one-row decode step through every layer (and the final norm) in one C call
-        (`DecodeStack`): (the last hidden row, its final norm or None), or None (the layers one
-        by one: also the first such step, which builds the layers' calls)."""
+    def _stack_row(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext, norm):
+        """A one-row decode step through every layer (and the final norm, `norm` as a plain
+        RMSNorm computes it) in one C call (`DecodeStack`): (the last hidden row, its final norm
+        or None), or None (the layers one by one: also the first such step, which builds the
+        layers' calls)."""
         if x.shape[0] != 1 or not (STACK[0] and ATTN_HALF[0]):
             return None
         stack = self.decode_stack
         if stack is None or not stack.current(self.layers):
-            plain = all(type(layer) is DecoderLayer for layer in self.layers)    # (a subclass's own call order)
+            # (a subclass's own call order unless it says it keeps DecoderLayer's)
+            plain = all(isinstance(layer, DecoderLayer) and vars(type(layer)).get("row_stack") for layer in self.layers)
             stack = self.decode_stack = DecodeStack.build(self.layers) if plain else None
-        return stack(x, cos, sin, ctx, self.norm) if stack is not None else None
+        return stack(x, cos, sin, ctx, norm) if stack is not None else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -6,7 +6,9 @@ Full-attention layers keep paged KV. Sliding-window layers keep only the last `w
 keys/values of each sequence in its `SlidingWindowKV` state (a ring buffer), so their
 memory is bounded and the state snapshots/restores like a recurrent one. A decoding row's layer
 is two C calls as other decoders' (models/decoder.DecoderLayer.row_call): the attention half with
-the sinks, a sliding-window layer's keys read from its ring, then the MoE block + residual."""
+the sinks, a sliding-window layer's keys read from its ring, then the MoE block + residual; and a
+decoding row's step takes every layer's two calls and the final norm in one C call as theirs
+(layers/attention/decode_stack.py)."""
 from __future__ import annotations
 
 import torch
@@ -86,10 +88,14 @@ class SinkAttention(Attention):
 
 class GptOssLayer(DecoderLayer):
     half_attention = SinkAttention
+    row_stack = True        # DecoderLayer.row_call's two calls, a ring layer's keys from `row_ring`
 
     def __init__(self, attn: SinkAttention, window_slot: int | None, mlp, input_norm, post_norm):
         super().__init__(attn, mlp, input_norm, post_norm)
         self.slot = window_slot
+
+    def row_ring(self, ctx: ForwardContext) -> tuple | None:
+        return None if self.slot is None or len(ctx.states) != 1 else (ctx.states[0].parts["window"], self.slot)
 
     def row_norms(self) -> tuple:
         # on the fp32 rows the one-call half takes, RMSNormF32 is RMSNorm's math (its fp32 branch)
@@ -97,7 +103,7 @@ class GptOssLayer(DecoderLayer):
 
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext, positions=None):
         if x.shape[0] == 1 and len(ctx.states) == 1:     # one decoding row: its layer in two C calls
-            ring = None if self.slot is None else (ctx.states[0].parts["window"], self.slot)
+            ring = self.row_ring(ctx)
             if (out := self.row_call(x, cos, sin, ctx, ctx.kv[idx] if ring is None else None, ring)) is not None:
                 return out
         h = self.input_norm(x)
@@ -121,6 +127,7 @@ class GptOssForCausalLM(MoECausalLM):
     def __init__(self, ck, cfg, max_len: int):
         super().__init__(ck, cfg, max_len)
         self.norm = RMSNormF32(self.norm.weight, self.eps)
+        self.row_norm = RMSNorm(self.norm.weight, self.eps)    # its math on the fp32 row the one-call step takes
 
     @property
     def window_layers(self) -> list[int]:
@@ -206,11 +213,16 @@ class GptOssForCausalLM(MoECausalLM):
         self.experts.begin_step(ctx.phase, len(input_ids))
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary.tables(positions)
-        for i, layer in enumerate(self.layers):
-            x = layer(i, x, cos, sin, ctx, positions)
+        if (out := self._stack_row(x, cos, sin, ctx, self.row_norm)) is not None:
+            x, normed = out
+        else:
+            for i, layer in enumerate(self.layers):
+                x = layer(i, x, cos, sin, ctx, positions)
+            normed = None
         for st, n in zip(ctx.states, ctx.query_lens):
             st.advance(n)
-        return self.norm(x)
+        self.prenorm = x            # the last hidden states before the final norm
+        return normed if normed is not None else self.norm(x)
 
 
 def quantize_checkpoint_experts(model_dir) -> None:

@@ -3,7 +3,9 @@ layers/attention/decode_stack.py): greedy tokens, every logits row and the exper
 layer and per expert) bit for bit those of the layers called one by one (`ft_attn_half` then
 `ft_moe_row` a layer, each from Python, then the final norm); the last layer's output row
 outlives its step, the others are reused; a layer that must not take the row calls (a routing
-hook) sends the whole step back to the per-layer path."""
+hook) sends the whole step back to the per-layer path. gpt-oss (sinks, sliding-window layers'
+keys in the sequence's ring past the window, router bias, MXFP4 experts with biases and the
+clamped SwiGLU) on every kernel build this CPU runs."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +13,7 @@ import torch
 
 from freetoken import LLM, SamplingParams
 from freetoken.layers.attention import decode_stack as stack_mod
+from freetoken.kernels import variants_here
 from freetoken.layers.attention.decode_stack import DecodeStack
 from freetoken.tiny import make_tiny
 
@@ -77,6 +80,24 @@ def test_stack_is_the_layer_calls(tmp_path, arch, dtype):
         model = llm.engine.model
         interior = {id(layer.half.moe.out) for layer in model.layers[:-1]}
         assert len(interior) == len(model.layers) - 1           # interior rows: built once, reused
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("isa", variants_here())
+@pytest.mark.parametrize("arch", ["gpt_oss", "gpt_oss_mxfp4"])
+def test_gpt_oss_stack_is_the_layer_calls(tmp_path, arch, isa):
+    """gpt-oss's full and sliding-window layers alternate (window 8: 5 prompt tokens and 14 steps
+    wrap the ring); the native build's pool takes the stack, the other builds keep the layers'
+    separate calls (no one-call half: `AttnHalf.build`), each bit-equal with the stack off."""
+    path = make_tiny(arch, tmp_path / arch, layers=3, hidden=64, experts=8, top_k=2, vocab=512)
+    llm = LLM(str(path), dtype="bfloat16", moe_backend="cpu", num_threads=2, prefix_cache=False, speculative="off",
+              kernel_isa=isa)
+    try:
+        model = llm.engine.model
+        assert [layer.slot for layer in model.layers] == [0, None, 1]
+        ran = _stack_is_the_layer_calls(llm, steps=14)
+        assert ran >= 12 if isa == "native" else ran == 0
     finally:
         llm.close()
 

@@ -7,7 +7,9 @@
  * layer's rows, its output the next layer's input; then the model's final RMSNorm. The very
  * calls the per-layer path makes, in the same order on the same operands: the same bits. What
  * it saves is the Python between them (~25 + ~80 us a layer on a medium shape's step once the
- * kernels have streamed their megabytes through the caches: `steptax4` in docs/benchmarks.md). */
+ * kernels have streamed their megabytes through the caches: `steptax4` in docs/benchmarks.md).
+ * A sliding-window layer (gpt-oss) keeps its keys in the sequence's ring instead of the paged
+ * cache: its ft_attn_half takes the ring's rows (`ft_ring_args`), as its per-layer call does. */
 
 typedef struct ft_attn_layer ft_attn_layer;
 int ft_attn_half(void *pool, const ft_attn_layer *L, const float *x, const float *cos, const float *sin,
@@ -30,7 +32,16 @@ typedef struct {
     int64_t *ids, *flat; float *w, *out; int64_t *counts;
     float *sum;
     int64_t distinct; double moe_seconds;
+    int64_t ring;           /* -1: keys in the paged cache above; else this layer's index in the ring */
 } ft_row_layer;
+
+/* A step's sliding-window ring (layers/attention/decode_half.ring_args): the new row's ring row,
+ * the ring's rows a layer, k and v of its layer 0 and one layer's bytes, the kv type, the
+ * window's rows oldest first, their count, and a pointer to that count. */
+typedef struct {
+    const int64_t *slot; int64_t rows; char *k, *v; int64_t layer_bytes, kvt;
+    const int64_t *key_slots; int64_t kmax; const int64_t *nkeys;
+} ft_ring_args;
 
 static double seconds_since(const struct timespec *t0) {
     struct timespec t1;
@@ -39,16 +50,25 @@ static double seconds_since(const struct timespec *t0) {
 }
 
 /* x [hidden] through layers[0..n); the last layer's `sum` holds the result, and with norm_w the
- * model's final RMSNorm of it is in normed (ft_rms_norm, as `rms_norm` calls it). Returns 0, or
+ * model's final RMSNorm of it is in normed (ft_rms_norm, as `rms_norm` calls it); ring: the
+ * step's ring where some layer's `ring` is set, else NULL. Returns 0, or
  * (1 + the failing layer) * 16 + code: code 1..3 ft_attn_half's -1..-3, code 4..5 ft_moe_row's
  * -1..-2 (the layers before it ran, as the per-layer path leaves them). */
 int ft_layers_row(void *pool, ft_row_layer *layers, int64_t n, const float *x, const float *cos, const float *sin,
                   const int64_t *slot, const int64_t *key_slots, int64_t kmax, const int64_t *nkeys,
-                  double *att_seconds, const float *norm_w, int hidden, float eps, float *normed) {
+                  double *att_seconds, const float *norm_w, int hidden, float eps, float *normed,
+                  const ft_ring_args *ring) {
     for (int64_t i = 0; i < n; i++) {
         ft_row_layer *R = layers + i;
-        int rc = ft_attn_half(pool, R->L, x, cos, sin, slot, R->num_slots, R->kc, R->vc, (int)R->kvt, key_slots, kmax,
+        int rc;
+        if (R->ring >= 0) {
+            int64_t off = R->ring * ring->layer_bytes;
+            rc = ft_attn_half(pool, R->L, x, cos, sin, ring->slot, ring->rows, ring->k + off, ring->v + off,
+                              (int)ring->kvt, ring->key_slots, ring->kmax, ring->nkeys, R->h, R->normed, att_seconds);
+        } else {
+            rc = ft_attn_half(pool, R->L, x, cos, sin, slot, R->num_slots, R->kc, R->vc, (int)R->kvt, key_slots, kmax,
                               nkeys, R->h, R->normed, att_seconds);
+        }
         if (rc) return (int)(1 + i) * 16 - rc;
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);

@@ -147,13 +147,21 @@ class AttnHalf:
         of a sliding-window layer's ring, or None where it cannot take the call. The ring rows
         the step writes and reads are the same for each such layer: the first works them out."""
         sw, layer = ring
+        step = self.ring_step(sw, cos, meta)
+        if step is None:
+            return None
+        off = layer * step[5]
+        return step[2], sw.window, step[3] + off, step[4] + off, step[6], step[7], step[8], step[9]
+
+    def ring_step(self, sw, cos, meta) -> tuple | None:
+        """The step's shared arguments of ring sw (`ring_args`, worked out by its first layer)
+        where this layer can take them, else None."""
         step = meta.ring_args
         if step is None or step[0] is not cos or step[1] is not sw:
             step = meta.ring_args = ring_args(cos, sw)
         if step[2] is None or sw.k.shape[2:] != (self.attn.kv_heads, self.attn.head_dim):
             return None
-        off = layer * step[5]
-        return step[2], sw.window, step[3] + off, step[4] + off, step[6], step[7], step[8], step[9]
+        return step
 
     def _cache_ok(self, cache) -> bool:
         """Whether this layer's KV cache tensors can take the call (kept, by weak references
