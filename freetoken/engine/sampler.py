@@ -5,6 +5,7 @@ import numpy as np
 import torch
 
 from ..errors import NumericalError
+from ..kernels import cpu_kernels
 from .sequence import Sequence
 
 
@@ -93,8 +94,13 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
     a row has one, so one pass over the logits decides; only such rows take the NaN masking.
     CPU float32 rows go through numpy's argmax (the first maximum too, a NaN's index where there
     is one): three numpy calls instead of five torch ops, ~0.1 ms of a decode step on a medium
-    model (issue 38)."""
+    model (issue 38); contiguous rows one C call a row (`ft_argmax`: -1 where the row has a NaN),
+    ~0.1 ms less again."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2 and not logits.requires_grad:
+        if logits.is_contiguous() and (lib := cpu_kernels()) is not None and hasattr(lib, "ft_argmax"):
+            n, p = logits.shape[1], logits.data_ptr()
+            best = [lib.ft_argmax(p + 4 * n * r, n) for r in range(logits.shape[0])]
+            return best if -1 not in best else _finite_rows(logits).argmax(dim=-1).tolist()
         a = logits.numpy()
         best = a.argmax(axis=-1)
         if not np.isnan(a[np.arange(len(best)), best]).any():

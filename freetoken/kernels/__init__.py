@@ -158,6 +158,9 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_q4_1_exact.restype = None
     lib.ft_dot16_exact.argtypes = [vp, i64, vp, i64, ci, ci, ci, vp, i64, ci]
     lib.ft_dot16_exact.restype = None
+    if hasattr(lib, "ft_argmax"):     # (bench trees' older builds lack it)
+        lib.ft_argmax.argtypes = [vp, i64]
+        lib.ft_argmax.restype = i64
     lib.ft_route_topk.argtypes = [vp, i64, ci, ci, ci, ci, vp, vp]
     lib.ft_route_topk.restype = None
     lib.ft_moe_decode.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp]

@@ -235,6 +235,8 @@ class MoECausalLM:
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_rows is not None:
             return self.embed_rows(input_ids).to(self.dtype)
+        if input_ids.dim() == 1:       # F.embedding's rows without its Python wrapper (a decode step's cost)
+            return self.embed.index_select(0, input_ids).to(self.dtype)
         return F.embedding(input_ids, self.embed).to(self.dtype)
 
     def num_experts(self) -> int:
@@ -486,4 +488,5 @@ class MoECausalLM:
         return stack(x, cos, sin, ctx, norm) if stack is not None else None
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden)
+        return logits if logits.dtype is torch.float32 else logits.float()

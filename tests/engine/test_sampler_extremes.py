@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from freetoken import SamplingParams
+from freetoken import SamplingParams, kernels
 from freetoken.engine.sampler import sample, sample_one
 from freetoken.engine.sequence import Sequence
 from freetoken.errors import InvalidRequestError, NumericalError
@@ -76,3 +76,22 @@ def test_greedy_rows_take_the_first_maximum_and_skip_nan():
     seqs = [_seq(temperature=0.0) for _ in range(6)]
     assert sample(rows.clone(), seqs) == want
     assert sample(wide[:, ::2], seqs) == want
+
+
+@pytest.mark.parametrize("isa", kernels.variants_here())
+def test_c_argmax_is_the_first_maximum_on_every_build(isa):
+    """`ft_argmax` (greedy_tokens' contiguous rows) against torch on each kernel build: the first
+    of tied maxima, infinities, -0.0 against 0.0, a row of -inf, lengths off the vector width;
+    -1 for a row holding a NaN anywhere (the caller masks it)."""
+    lib = kernels.load(isa)
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randn(n, generator=g) for n in (1, 7, 16, 33, 8192)]
+    rows += [torch.randint(-3, 4, (40,), generator=g).float(), torch.full((9,), float("-inf")),
+             torch.tensor([-0.0, 0.0, -1.0]), torch.tensor([0.0, -0.0]), torch.tensor([1.0, float("inf"), float("inf")])]
+    for row in rows:
+        want = row.tolist().index(max(row.tolist()))      # the first index that compares equal to the max
+        assert lib.ft_argmax(row.data_ptr(), row.numel()) == want
+    for at in (0, 5, 39):
+        row = torch.randn(40, generator=g)
+        row[at] = float("nan")
+        assert lib.ft_argmax(row.data_ptr(), 40) == -1

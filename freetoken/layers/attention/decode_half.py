@@ -213,7 +213,7 @@ def ring_args(cos: torch.Tensor, sw) -> tuple:
     p, w = sw.position, sw.window
     mod, counts = _RING_TABLES.get(w) or _ring_tables(w)
     n = min(p + 1, w)          # the window's positions max(0, p + 1 - w) .. p are mod[lo % w:][:n]
-    return (cos, sw, mod + 8 * (p % w), k.data_ptr(), v.data_ptr(), k[0].numel() * k.element_size(), KV_CODE[k.dtype],
+    return (cos, sw, mod + 8 * (p % w), k.data_ptr(), v.data_ptr(), k.stride(0) * k.element_size(), KV_CODE[k.dtype],
             mod + 8 * (max(0, p + 1 - w) % w), n, counts + 8 * n)
 
 
