@@ -10,31 +10,39 @@ machine's drift between rounds moves both sides alike. A window of W step pairs 
 dear verify of a rejected draft counts in its window's ratio (the median of single steps would
 hide it). The figure is the median of the window ratios over every prompt and round; the
 control runs the same lockstep with two plain sides: the method's own spread on this machine
-at this load (1.000x when it has none). Greedy output must be identical on both sides (checked)."""
+at this load (1.000x when it has none). Greedy output must be identical on both sides (checked).
+`clock`: what a step's seconds are read from: `time.perf_counter` (wall), or `time.process_time`
+(the process's CPU seconds: on one thread, the seconds the step computed, not the seconds it
+waited for a core the machine's other programs held)."""
 from __future__ import annotations
 
 import statistics
 import time
 
 
-def _side_step(engine, seq, spec) -> tuple[float, int, bool]:
+CLOCKS = {"wall": time.perf_counter, "process": time.process_time}
+
+
+def _side_step(engine, seq, spec, clock=time.perf_counter) -> tuple[float, int, bool]:
     """One engine step of `seq` alone (the other side parked): (seconds, new tokens, finished)."""
     sched = engine.scheduler
     sched.running[:] = [seq]
     engine.spec = spec
     n, done = 0, False
-    t0 = time.perf_counter()
+    t0 = clock()
     for out in engine.step():
         n += len(out.new_token_ids)
         done |= out.finished
-    return time.perf_counter() - t0, n, done
+    return clock() - t0, n, done
 
 
-def lockstep(engine, sides: dict, prompt: list[int], params_of, tag: str, tail: bool = False):
+def lockstep(engine, sides: dict, prompt: list[int], params_of, tag: str, tail: bool = False,
+             clock=time.perf_counter, probe=None):
     """sides: name -> speculator or None (plain). Each side's request is prefilled alone (untimed),
     then the sides decode step by step in turn until the first finishes; the rest runs untimed
     (tail: timed too, the replay's turns, where the speculative side ends steps earlier).
-    Returns ({name: [(seconds, tokens)] per decode step}, {name: output ids})."""
+    Returns ({name: [(seconds, tokens)] per decode step}, {name: output ids}); with `probe`
+    (name -> value, read after each step), the steps are (seconds, tokens, value)."""
     seqs, done = {}, {}
     for name, spec in sides.items():
         parked = list(engine.scheduler.running)
@@ -54,14 +62,14 @@ def lockstep(engine, sides: dict, prompt: list[int], params_of, tag: str, tail: 
         for name in order:
             if done[name]:
                 continue
-            dt, n, done[name] = _side_step(engine, seqs[name], sides[name])
-            steps[name].append((dt, n))
+            dt, n, done[name] = _side_step(engine, seqs[name], sides[name], clock)
+            steps[name].append((dt, n) if probe is None else (dt, n, probe(name)))
         i += 1
     for name in sides:                     # the rest, for the identity check
         while not done[name]:
-            dt, n, done[name] = _side_step(engine, seqs[name], sides[name])
+            dt, n, done[name] = _side_step(engine, seqs[name], sides[name], clock)
             if tail:
-                steps[name].append((dt, n))
+                steps[name].append((dt, n) if probe is None else (dt, n, probe(name)))
     engine.scheduler.running[:] = []
     return steps, {name: list(seqs[name].output_ids) for name in sides}
 
@@ -70,17 +78,17 @@ def window_ratios(a: list, b: list, window: int) -> list[float]:
     """Per window of `window` step pairs: (b tokens / b seconds) / (a tokens / a seconds)."""
     out = []
     for w in range(0, min(len(a), len(b)) - window + 1, window):
-        ta = sum(s for s, _ in a[w:w + window])
-        tb = sum(s for s, _ in b[w:w + window])
-        na = sum(n for _, n in a[w:w + window])
-        nb = sum(n for _, n in b[w:w + window])
+        ta = sum(s[0] for s in a[w:w + window])
+        tb = sum(s[0] for s in b[w:w + window])
+        na = sum(s[1] for s in a[w:w + window])
+        nb = sum(s[1] for s in b[w:w + window])
         out.append((nb / tb) / (na / ta))
     return out
 
 
 def rate(steps: list) -> float:
-    """Tokens a second over (seconds, tokens) steps."""
-    return sum(n for _, n in steps) / sum(t for t, _ in steps)
+    """Tokens a second over (seconds, tokens[, ...]) steps."""
+    return sum(s[1] for s in steps) / sum(s[0] for s in steps)
 
 
 def summary(ratios: list[float]) -> str:

@@ -4,7 +4,7 @@
         [--response 96] [--free 4] [--free-tokens 64] [--rounds 2] [--threads 2] [--max-draft 16] [--draft-model PATH|tiny]
         [--host-cache-gib G] [--model medium|dense|smollm2|PATH] [--routing-trace PATH [--trace-layers 4]]
         [--free-from random|sessions] [--history N] [--offset J] [--curve-context N] [--lockstep [--window 16] [--control]]
-        [--bf16-dot auto|on|off] [--decode-attention auto|amx|fp32]
+        [--bf16-dot auto|on|off] [--decode-attention auto|amx|fp32] [--clock wall|process]
 
 1. Replay: recorded agent responses (../shared/data/agent-sessions, tokenized with the Qwen2
    vocabulary, ids folded into the medium model's 8192) are forced as the outputs (a logits
@@ -35,7 +35,12 @@
    auto decode each prompt (each replayed turn) step by step in turn on one engine. Free: the
    median of per-window ratios over --window step pairs; --control adds the same lockstep of
    plain against plain (the method's noise floor); use --free-tokens 256 or more. Replay: the
-   pooled ratio of every timed step and the median of per-turn ratios. --sessions 0 skips the replay.
+   pooled ratio of every timed step and the median of per-turn ratios, and the replay's own verify
+   cost: the auto side's steps by the drafts they verified, each k's mean step seconds over the
+   plain side's mean (the curve bench/spec_bounds.py --cost takes, at the replay's contexts).
+   --sessions 0 skips the replay. --clock process: the lockstep's steps timed by the process's CPU
+   clock (with --threads 1 the seconds a step computed, not those it waited for a core; wall: the
+   default, what a user waits).
 Decode time is from a request's first token to its last (prefill excluded)."""
 from __future__ import annotations
 
@@ -50,7 +55,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from common import MEDIUM_QWEN3, SHARED_DATA, fresh_prompts, medium_checkpoint  # noqa: E402
-from spec_lockstep import lockstep, rate, summary, window_ratios  # noqa: E402
+from spec_lockstep import CLOCKS, lockstep, rate, summary, window_ratios  # noqa: E402
 from vs_llamacpp import isa_line  # noqa: E402
 
 MEDIUM_VOCAB = MEDIUM_QWEN3["vocab"]
@@ -191,10 +196,11 @@ def watch_lengths(speculator) -> Counter:
     """Counts (workload, drafter, k drafted, accepted) of every verify while `.on` names the
     workload (the auto runs)."""
     seen = Counter()
-    seen.on = None
+    seen.on, seen.last = None, 0        # last: the drafts of the latest verify (the lockstep's probe)
     verified = speculator.verified
 
     def count(draft, drafted, accepted):
+        seen.last = drafted
         if seen.on:
             seen[(seen.on, draft.drafter, drafted, accepted)] += 1
         verified(draft, drafted, accepted)
@@ -257,6 +263,11 @@ def replay_lockstep(llm, speculator, turns, args, history, lengths) -> None:
     per-turn ratios and the pooled one."""
     from freetoken import SamplingParams
     per_turn, pooled = [], {"plain": [], "auto": []}
+    clock = CLOCKS[args.clock]
+
+    def drafted(name):          # the drafts the step just taken verified (0: a plain step)
+        k, lengths.last = lengths.last, 0
+        return k if name == "auto" else 0
     for r in range(args.rounds):
         speculator.drafters = fresh_drafters(history)
         sides = {"plain": None, "auto": speculator} if r % 2 == 0 else {"auto": speculator, "plain": None}
@@ -266,7 +277,8 @@ def replay_lockstep(llm, speculator, turns, args, history, lengths) -> None:
                 return SamplingParams(max_tokens=len(resp), temperature=0.0, ignore_eos=True,
                                       logits_processors=[forced(resp)])
             lengths.on = "replay"
-            steps, out = lockstep(llm.engine, sides, prompt, params, f"rp{r}{i}", tail=True)
+            steps, out = lockstep(llm.engine, sides, prompt, params, f"rp{r}{i}", tail=True, clock=clock,
+                                  probe=drafted)
             lengths.on = None
             if len(set(map(tuple, out.values()))) != 1:
                 sys.exit(f"replay turn {i}: auto's tokens differ from plain's")
@@ -280,6 +292,27 @@ def replay_lockstep(llm, speculator, turns, args, history, lengths) -> None:
     llm.engine.spec = speculator
     print(f"replay lockstep, auto / plain: pooled {rate(pooled['auto']) / rate(pooled['plain']):.3f}x, "
           f"per turn {summary(per_turn).replace('windows', 'turns')}")
+    print_replay_costs(pooled)
+
+
+def print_replay_costs(pooled: dict) -> None:
+    """The auto side's replay steps by the drafts each verified: steps, share of auto's seconds,
+    mean seconds over the plain side's mean step (the verify cost at the replay's own contexts)
+    and tokens a step; then that cost per k as a --cost curve for bench/spec_bounds.py."""
+    plain = statistics.mean(s[0] for s in pooled["plain"])
+    total = sum(s[0] for s in pooled["auto"])
+    by_k = {}
+    for secs, toks, k in pooled["auto"]:
+        by_k.setdefault(k, []).append((secs, toks))
+    print("replay auto steps by drafts verified   steps   seconds share   cost (x plain step)   tokens/step")
+    for lo, hi in ((0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 12), (13, 16), (17, 64)):
+        got = [x for k in range(lo, hi + 1) for x in by_k.get(k, [])]
+        if got:
+            label = f"k = {lo}" if lo == hi else f"k = {lo}-{hi}"
+            print(f"  {label:36s} {len(got):7d}   {sum(s for s, _ in got) / total:13.3f}   "
+                  f"{statistics.mean(s for s, _ in got) / plain:19.3f}   {statistics.mean(t for _, t in got):11.2f}")
+    print("replay cost per k (steps): " + ", ".join(
+        f"{k}: {statistics.mean(s for s, _ in v) / plain:.3f} ({len(v)})" for k, v in sorted(by_k.items())))
 
 
 def free_lockstep(llm, speculator, prompts, args, history, lengths) -> None:
@@ -300,7 +333,7 @@ def free_lockstep(llm, speculator, prompts, args, history, lengths) -> None:
                     sides = dict(reversed(list(sides.items())))
                 speculator.drafters = fresh_drafters(history)
                 lengths.on = "free" if label == "auto" else None
-                steps, out = lockstep(llm.engine, sides, prompt, params, f"ls{r}{i}")
+                steps, out = lockstep(llm.engine, sides, prompt, params, f"ls{r}{i}", clock=CLOCKS[args.clock])
                 lengths.on = None
                 a, b = (steps[n] for n in sorted(steps, key=lambda n: n != "plain"))
                 ratios = window_ratios(a, b, args.window)
@@ -352,6 +385,8 @@ def main():
                     help="bf16 weights x bf16-rounded activations (vdpbf16ps) in the kernels: calibrated, or forced")
     ap.add_argument("--decode-attention", default="auto", choices=("auto", "amx", "fp32"),
                     help="force decode attention over a bf16 cache onto AMX tiles or fp32 FMAs (auto: calibrated)")
+    ap.add_argument("--clock", default="wall", choices=tuple(CLOCKS),
+                    help="--lockstep: time each step by the wall clock or the process's CPU clock (use with --threads 1)")
     ap.add_argument("--control", action="store_true",
                     help="--lockstep: also plain against plain in the same lockstep (the method's noise floor)")
     args = ap.parse_args()

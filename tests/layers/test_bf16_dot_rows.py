@@ -1,6 +1,6 @@
 """The bf16-dot GEMV (bf16 weights x bf16-rounded activations; vdpbf16ps where the build has it,
 emulated in the others) at every row count of a decode or verify step: each row count takes its
-own shape of the dense GEMV's tiles (kernels/c/bf16dot.c: up to 8 tokens a pass, 4 or 3 weight
+own shape of the dense GEMV's tiles (kernels/c/bf16dot.c: up to 6 tokens a pass, 4 weight
 rows), so every count up to 16 and the largest verify are checked against a float64 reference of
 the rounded activations, and against the same rows run one at a time (a verify's rows must have a
 plain step's bits), in every kernel build this CPU runs."""

@@ -92,7 +92,7 @@ void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *
 }
 
 /* The decode GEMV's rows (dense.c) with vdpbf16ps: R rows x NT tokens, a verify's rows in passes of
- * up to BW_TOK over a tile of 3-4 rows (9 rows: 5 + 4 over 4 rows, where btile's NTMAX = 4 took
+ * up to BW_TOK over a tile of 4 rows (9 rows: 5 + 4 over 4 rows, where btile's NTMAX = 4 took
  * 4 + 4 + 1 in 2-row tiles over a 32-row block; passes of 16 tokens measured slower: their
  * activations outgrow L1); btile's chains (one per (row, token), 32 pairs a step, the masked
  * tail, one reduction), so every dot has btile's bits whatever R and NT. */
@@ -143,11 +143,12 @@ FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *x
 void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt, float *res,
                          int ldr, int pf_lines) {
     switch (nt) {
-    BWIDE(1) BWIDE(2) BWIDE(3) BWIDE(4) BWIDE(5) BWIDE(6) BWIDE(7) BWIDE(8)
+    BWIDE(1) BWIDE(2) BWIDE(3) BWIDE(4) BWIDE(5) BWIDE(6)
     }
 }
 
-/* Tokens a pass for a call of M tokens: M in equal passes of at most BW_TOK (65 -> 5 x 13). */
+/* Tokens a pass for a call of M tokens: M in equal passes of at most BW_TOK (17 -> 6, 6, 5;
+ * 65 -> 11 passes of 6 or fewer). */
 int bf16_pairs_tokens(int64_t M) {
     const int64_t passes = (M + BW_TOK - 1) / BW_TOK;
     return (int)((M + passes - 1) / passes);

@@ -323,8 +323,11 @@ FT_HIDDEN void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, in
 FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
                                    float (*res)[NTMAX]);
 /* dense.c's GEMV rows: up to BW_TOK tokens a pass, BW_ROWS(tokens) rows (R x NT accumulators,
- * the R weight vectors and one token's within 31 of the 32 zmm registers) */
-#define BW_TOK 8
+ * the R weight vectors and one token's within 31 of the 32 zmm registers). 6, not 8: passes of
+ * 7-8 tokens took 3-row tiles, 12-23% fewer multiply-adds a second than 4 rows x up to 6 tokens
+ * (Zen 4, one thread, 5120 x 2048 from DRAM: 8 rows 136 -> 155 GFLOP/s as 6 + 2, 13 rows 143
+ * -> 163 as 5 + 5 + 3; bench/verify_rows.py) */
+#define BW_TOK 6
 #define BW_ROWS(nt) (30 / ((nt) + 1) < 4 ? 30 / ((nt) + 1) : 4)
 FT_HIDDEN void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
                                    float *res, int ldr, int pf_lines);
