@@ -98,6 +98,11 @@ READ_AHEAD_FIRST = True
 # 0.80x for 1.17x the bytes, 1.11x the CPU a token and 0.95x the tok/s (medians of 5 pairs,
 # docs/benchmarks.md `disk39`); `bench/disk_tier.py --extra-guesses N` for the A/B
 EXTRA_GUESSES = 0
+# the host cache gives up layer 0's experts last (`SlotTable.keep`), while it holds a step's working
+# set and layer 0 whole: a decode step's first layer has only the history's wrap guess and its
+# reads overlap no compute, so its misses block; on the 48-layer target a quarter of the decode
+# misses were layer 0's (86 of 351, 31 tokens). `bench/disk_tier.py --keep-first off` for the A/B
+KEEP_FIRST = True
 
 
 class _TorchSlots:
@@ -124,6 +129,8 @@ class DiskExperts(Experts):
         table_policy = base + ("+layer" if layer_aware(policy or DEFAULT_POLICY) else "")
         self.cache = HostExpertCache(layout, slots, table_policy, io_threads, drop_cache, self.watch, direct_io,
                                      READ_BUDGET)
+        if KEEP_FIRST:
+            self.cache.table.keep((0,))
         prefetch = prefetch and lookahead != "off"
         self.lookahead = lookahead if prefetch else "off"
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
