@@ -76,6 +76,8 @@ FT = textwrap.dedent("""
     if "readers_batch" in opts:      # --readers-batch: the readers under SCHED_BATCH, an A/B
         import freetoken.experts.disk.read_queue as read_queue
         read_queue.READERS_BATCH = opts.pop("readers_batch")
+    if "park" in opts:               # --park: the kernel pool's workers sleep while a call waits on a read, an A/B
+        disk_backend.PARK = opts.pop("park")
     if "keep_first" in opts:         # --keep-first: layer 0's experts the host cache's last victims, an A/B
         disk_backend.KEEP_FIRST = opts.pop("keep_first")
     if "extra_guesses" in opts:      # --extra-guesses: the router guess's runners-up read too, an A/B
@@ -281,6 +283,7 @@ def disk_options(args) -> dict:
                               ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth),
                               ("extra_guesses", args.extra_guesses),
                               ("keep_first", None if args.keep_first is None else args.keep_first == "on"),
+                              ("park", None if args.park is None else args.park == "on"),
                               ("readers_batch", None if args.readers_batch is None else {"off": None}.get(args.readers_batch, args.readers_batch)),
                               ("handoff", None if args.handoff is None else args.handoff == "on"),
                               ("prefill_read", args.prefill_read),
@@ -374,6 +377,9 @@ def main():
                          "(experts/disk/backend.EXTRA_GUESSES, default 0)")
     ap.add_argument("--keep-first", default=None, choices=("on", "off"),
                     help="the host cache gives up layer 0's experts last (experts/disk/backend.KEEP_FIRST, default on)")
+    ap.add_argument("--park", default=None, choices=("on", "off"),
+                    help="the kernel pool's workers sleep while a layer call waits on a read "
+                         "(experts/disk/backend.PARK, default on)")
     ap.add_argument("--lookahead-depth", type=int, default=None,
                     help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
     ap.add_argument("--handoff", default=None, choices=("on", "off"),

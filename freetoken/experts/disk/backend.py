@@ -103,6 +103,11 @@ EXTRA_GUESSES = 0
 # reads overlap no compute, so its misses block; on the 48-layer target a quarter of the decode
 # misses were layer 0's (86 of 351, 31 tokens). `bench/disk_tier.py --keep-first off` for the A/B
 KEEP_FIRST = True
+# a layer call about to wait on a read parks the kernel pool's idle workers (kernels/pool.py `park`):
+# they sleep at once instead of spinning out SPIN_US first (the reads take ~1-3 ms; the spin's CPU
+# is the readers' on a 2-core box; the 48-layer profile: ~23 ms of the worker's CPU a token in
+# `sched_yield`). `bench/disk_tier.py --park off` for the A/B
+PARK = True
 
 
 class _TorchSlots:
@@ -131,6 +136,8 @@ class DiskExperts(Experts):
                                      READ_BUDGET)
         if KEEP_FIRST:
             self.cache.table.keep((0,))
+        if PARK:
+            self.cache.on_block = self._park
         prefetch = prefetch and lookahead != "off"
         self.lookahead = lookahead if prefetch else "off"
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
@@ -173,6 +180,10 @@ class DiskExperts(Experts):
         except (ValueError, NotImplementedError) as e:
             log.warning("disk tier: no CPU kernel for these experts (%s); running them with torch", e)
             return _TorchSlots(self.cache.banks, sp)
+
+    def _park(self) -> None:
+        """The kernel pool's workers sleep while this call waits on a read (`PARK`)."""
+        getattr(self.host, "park", lambda: None)()
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.phase = phase
