@@ -100,16 +100,17 @@ READ_AHEAD_FIRST = True
 EXTRA_GUESSES = 0
 # the host cache gives up layer 0's experts last (`SlotTable.keep`), while it holds a step's working
 # set and layer 0 whole: a decode step's first layer has only the history's wrap guess, so a quarter
-# of the 48-layer target's decode misses were layer 0's (85-86 of 343-353 in 31 tokens). Off: kept,
-# the misses fell to 0.87x (39 of layer 0) and the bytes a token to ~0.98x, but the time blocked on
-# reads rose in 11 of 12 loaded pairs (~1.35x, load 7-12; docs/benchmarks.md `tier39`): the other
-# layers' reads, with ~5% fewer slots, land later. `bench/disk_tier.py --keep-first on` for the A/B
+# of the 48-layer target's decode misses were layer 0's (85-86 of 343-353 in 31 tokens). Off until a
+# quiet A/B: kept, the misses fell to 0.87x (39 of layer 0) for ~the same bytes a token; the time
+# blocked on reads rose in 11 of 15 loaded pairs (all 6 with PARK on) and fell in the 3 least loaded
+# (load 4-8, park off: 0.60-0.86x; docs/benchmarks.md `tier39`). `bench/disk_tier.py --keep-first on`
 KEEP_FIRST = False
 # a layer call about to wait on a read parks the kernel pool's idle workers (kernels/pool.py `park`):
 # they sleep at once instead of spinning out SPIN_US first (the reads take ~1-3 ms; the spin's CPU
 # is the readers' on a 2-core box; the 48-layer profile: ~23 ms of the worker's CPU a token in
 # `sched_yield`). Off: no CPU a token saved that loaded A/Bs could see (park on/off 294/322, 306/258,
-# 286/273 ms, load 7-12; docs/benchmarks.md `tier39`). `bench/disk_tier.py --park on` for the quiet A/B
+# 286/273 ms, load 7-12), and every pair with it on blocked longer on reads (docs/benchmarks.md
+# `tier39`). `bench/disk_tier.py --park on` for the quiet A/B
 PARK = False
 
 
