@@ -26,7 +26,7 @@ Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's f
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --verify ab --rounds 6
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --lookahead-depth 2 --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --handoff off --no-llamacpp
-  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --keep-first on --park on --no-llamacpp
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --keep-first off --park on --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --read-budget off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
@@ -376,7 +376,7 @@ def main():
                     help="decode: read this many of the next layer's experts its router ranks after its top-k "
                          "(experts/disk/backend.EXTRA_GUESSES, default 0)")
     ap.add_argument("--keep-first", default=None, choices=("on", "off"),
-                    help="the host cache gives up layer 0's experts last (experts/disk/backend.KEEP_FIRST, default off)")
+                    help="the host cache gives up layer 0's experts last (experts/disk/backend.KEEP_FIRST, default on)")
     ap.add_argument("--park", default=None, choices=("on", "off"),
                     help="the kernel pool's workers sleep while a layer call waits on a read "
                          "(experts/disk/backend.PARK, default off)")

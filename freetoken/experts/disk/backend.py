@@ -100,11 +100,11 @@ READ_AHEAD_FIRST = True
 EXTRA_GUESSES = 0
 # the host cache gives up layer 0's experts last (`SlotTable.keep`), while it holds a step's working
 # set and layer 0 whole: a decode step's first layer has only the history's wrap guess, so a quarter
-# of the 48-layer target's decode misses were layer 0's (85-86 of 343-353 in 31 tokens). Off until a
-# quiet A/B: kept, the misses fell to 0.87x (39 of layer 0) for ~the same bytes a token; the time
-# blocked on reads rose in 11 of 15 loaded pairs (all 6 with PARK on) and fell in the 3 least loaded
-# (load 4-8, park off: 0.60-0.86x; docs/benchmarks.md `tier39`). `bench/disk_tier.py --keep-first on`
-KEEP_FIRST = False
+# of the 48-layer target's decode misses were layer 0's (85-86 of 343-353 in 31 tokens). Kept: 0.88x
+# the misses for ~the same bytes a token; with PARK off, 8 alternating pairs at load 1-8 blocked on
+# reads 0.84x as long (7 lower, 1 equal), CPU a token 0.95x, tok/s 1.00x (medians; at load 7-12 and
+# with PARK on the waits were longer: docs/benchmarks.md `tier39`). `bench/disk_tier.py --keep-first off`
+KEEP_FIRST = True
 # a layer call about to wait on a read parks the kernel pool's idle workers (kernels/pool.py `park`):
 # they sleep at once instead of spinning out SPIN_US first (the reads take ~1-3 ms; the spin's CPU
 # is the readers' on a 2-core box; the 48-layer profile: ~23 ms of the worker's CPU a token in

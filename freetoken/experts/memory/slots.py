@@ -28,8 +28,8 @@ recency only within a layer; when the working set fits, the policy's order is un
 On a layer-cyclic stream (every pass routes the same experts) that is Belady's choice
 (tests/experts/test_layer_aware.py checks it against a brute-force Belady).
 
-Kept layers (`keep`, not a policy name: the disk tier can keep layer 0, experts/disk/backend.py
-KEEP_FIRST, off by default): while the slots hold a step's working set and the kept layers' whole expert sets
+Kept layers (`keep`, not a policy name: the disk tier keeps layer 0, experts/disk/backend.py
+KEEP_FIRST): while the slots hold a step's working set and the kept layers' whole expert sets
 besides, every other evictable slot is a victim before a kept layer's resident; the victims are
 otherwise in the policy's order. A decode step's first layer has no router guess (its input is
 not known a layer ahead) and its reads overlap no compute, so its misses are the ones that block.
@@ -170,8 +170,8 @@ class SlotTable:
         # and these layers whole (`_kept`; not with arc): set by the disk tier for layer 0, whose
         # misses no read-ahead hides (host_cache.py)
         # layers whose residents are the last victims while the slots hold a step's working set
-        # and these layers whole (`_kept`; not with arc): the disk tier can keep layer 0, whose
-        # misses no router guess covers (experts/disk/backend.py KEEP_FIRST, off by default)
+        # and these layers whole (`_kept`; not with arc): the disk tier keeps layer 0, whose
+        # misses no router guess covers (experts/disk/backend.py KEEP_FIRST)
         self.keep(())
         self.reset(slots)
 
