@@ -26,6 +26,7 @@ Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's f
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --verify ab --rounds 6
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --lookahead-depth 2 --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --handoff off --no-llamacpp
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --keep-first off --park on --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --read-budget off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
@@ -75,6 +76,10 @@ FT = textwrap.dedent("""
     if "readers_batch" in opts:      # --readers-batch: the readers under SCHED_BATCH, an A/B
         import freetoken.experts.disk.read_queue as read_queue
         read_queue.READERS_BATCH = opts.pop("readers_batch")
+    if "park" in opts:               # --park: the kernel pool's workers sleep while a call waits on a read, an A/B
+        disk_backend.PARK = opts.pop("park")
+    if "keep_first" in opts:         # --keep-first: layer 0's experts the host cache's last victims, an A/B
+        disk_backend.KEEP_FIRST = opts.pop("keep_first")
     if "extra_guesses" in opts:      # --extra-guesses: the router guess's runners-up read too, an A/B
         disk_backend.EXTRA_GUESSES = opts.pop("extra_guesses")
     depth = opts.pop("lookahead_depth", None)
@@ -108,7 +113,9 @@ FT = textwrap.dedent("""
              "blocked_ms_per_token": delta(lambda s: (s.get("disk") or {}).get("read_s", 0.0)) / n_dec * 1e3,
              # decode's own read-ahead (the run's totals include the prefill's second-buffer reads)
              "decode_guesses": {k: delta(lambda s: (s.get("host_cache") or {}).get(k, 0))
-                                for k in ("prefetches", "prefetch_used", "cancelled", "budget_cut", "misses")}}
+                                for k in ("prefetches", "prefetch_used", "cancelled", "budget_cut", "misses")},
+             # decode misses of layer 0 (guessed by history only, its input not known a layer ahead) and of the rest
+             "decode_misses_layer0": delta(lambda s: s["per_layer"][0]["misses"]) if st.get("per_layer") else 0}
     print(json.dumps({"prefill": len(prompt) / (times[0] - t0), "decode": (len(times) - 1) / (times[-1] - times[0]),
                       "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk"),
                       "lookahead": st.get("lookahead"), "decode_bytes_per_token": per_tok, "split": split,
@@ -136,7 +143,8 @@ def split_line(res: dict, disk: dict) -> str:
         return "expert split n/a"
     g = d.get("decode_guesses") or {}
     guesses = (f"decode read-ahead {g['prefetches']} started, {g['prefetch_used']} used, {g['cancelled']} cancelled, "
-               f"{g['budget_cut']} cut by the budget, {g['misses']} misses; " if g else "")
+               f"{g['budget_cut']} cut by the budget, {g['misses']} misses ({d.get('decode_misses_layer0', 0)} of layer 0); "
+               if g else "")
     return (guesses + f"expert calls {d['expert_ms_per_token']:.1f} ms a token ({d['blocked_ms_per_token']:.1f} blocked on reads; "
             f"resident {r.get('expert_ms_per_token', float('nan')):.1f}), "
             f"{d['kernel_calls_per_layer_call']:.2f} kernel calls a layer call, the rest of the step "
@@ -274,6 +282,8 @@ def disk_options(args) -> dict:
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
                               ("disk_io_threads", args.io_threads), ("lookahead_depth", args.lookahead_depth),
                               ("extra_guesses", args.extra_guesses),
+                              ("keep_first", None if args.keep_first is None else args.keep_first == "on"),
+                              ("park", None if args.park is None else args.park == "on"),
                               ("readers_batch", None if args.readers_batch is None else {"off": None}.get(args.readers_batch, args.readers_batch)),
                               ("handoff", None if args.handoff is None else args.handoff == "on"),
                               ("prefill_read", args.prefill_read),
@@ -365,6 +375,11 @@ def main():
     ap.add_argument("--extra-guesses", type=int, default=None,
                     help="decode: read this many of the next layer's experts its router ranks after its top-k "
                          "(experts/disk/backend.EXTRA_GUESSES, default 0)")
+    ap.add_argument("--keep-first", default=None, choices=("on", "off"),
+                    help="the host cache gives up layer 0's experts last (experts/disk/backend.KEEP_FIRST, default on)")
+    ap.add_argument("--park", default=None, choices=("on", "off"),
+                    help="the kernel pool's workers sleep while a layer call waits on a read "
+                         "(experts/disk/backend.PARK, default off)")
     ap.add_argument("--lookahead-depth", type=int, default=None,
                     help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
     ap.add_argument("--handoff", default=None, choices=("on", "off"),

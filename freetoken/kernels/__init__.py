@@ -125,6 +125,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_pool_create.restype = vp
     lib.ft_pool_destroy.argtypes = [vp]
     lib.ft_pool_size.argtypes = [vp]
+    if hasattr(lib, "ft_pool_park"):     # absent from revisions before it (bench trees' older builds)
+        lib.ft_pool_park.argtypes = [vp]
+        lib.ft_pool_park.restype = None
+        lib.ft_pool_sleeping.argtypes = [vp]
     lib.ft_moe_run.argtypes = [vp, ctypes.POINTER(Desc), vp, ctypes.c_int, i64, i64, vp, vp, vp]
     lib.ft_moe_run.restype = ctypes.c_int
     lib.ft_moe_run_ranked.argtypes = [vp, ctypes.POINTER(Desc), vp, ctypes.c_int, i64, i64, vp, vp, vp, vp]

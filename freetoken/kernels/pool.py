@@ -46,6 +46,17 @@ class CpuPool:
         self.lock = threading.Lock()
         self.handle = lib.ft_pool_create(n, pinned, spin_us * 1000, small_job_bytes)
 
+    def park(self) -> None:
+        """The idle workers sleep now rather than spin out `spin_us` (the caller is about to
+        block on something slower than a spin, a disk read); the next call wakes them. A pool
+        busy with another caller's call is left as it is (its workers are not idle)."""
+        if self.lock.acquire(blocking=False):
+            try:
+                if self.handle is not None and hasattr(self.lib, "ft_pool_park"):
+                    self.lib.ft_pool_park(self.handle)
+            finally:
+                self.lock.release()
+
     def close(self) -> None:
         with self.lock:
             if self.handle is not None:

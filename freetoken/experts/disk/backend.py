@@ -98,6 +98,20 @@ READ_AHEAD_FIRST = True
 # 0.80x for 1.17x the bytes, 1.11x the CPU a token and 0.95x the tok/s (medians of 5 pairs,
 # docs/benchmarks.md `disk39`); `bench/disk_tier.py --extra-guesses N` for the A/B
 EXTRA_GUESSES = 0
+# the host cache gives up layer 0's experts last (`SlotTable.keep`), while it holds a step's working
+# set and layer 0 whole: a decode step's first layer has only the history's wrap guess, so a quarter
+# of the 48-layer target's decode misses were layer 0's (85-86 of 343-353 in 31 tokens). Kept: 0.88x
+# the misses for ~the same bytes a token; with PARK off, 8 alternating pairs at load 1-8 blocked on
+# reads 0.84x as long (7 lower, 1 equal), CPU a token 0.95x, tok/s 1.00x (medians; at load 7-12 and
+# with PARK on the waits were longer: docs/benchmarks.md `tier39`). `bench/disk_tier.py --keep-first off`
+KEEP_FIRST = True
+# a layer call about to wait on a read parks the kernel pool's idle workers (kernels/pool.py `park`):
+# they sleep at once instead of spinning out SPIN_US first (the reads take ~1-3 ms; the spin's CPU
+# is the readers' on a 2-core box; the 48-layer profile: ~23 ms of the worker's CPU a token in
+# `sched_yield`). Off: no CPU a token saved that loaded A/Bs could see (park on/off 294/322, 306/258,
+# 286/273 ms, load 7-12), and every pair with it on blocked longer on reads (docs/benchmarks.md
+# `tier39`). `bench/disk_tier.py --park on` for the quiet A/B
+PARK = False
 
 
 class _TorchSlots:
@@ -124,6 +138,10 @@ class DiskExperts(Experts):
         table_policy = base + ("+layer" if layer_aware(policy or DEFAULT_POLICY) else "")
         self.cache = HostExpertCache(layout, slots, table_policy, io_threads, drop_cache, self.watch, direct_io,
                                      READ_BUDGET)
+        if KEEP_FIRST:
+            self.cache.table.keep((0,))
+        if PARK:
+            self.cache.on_block = self._park
         prefetch = prefetch and lookahead != "off"
         self.lookahead = lookahead if prefetch else "off"
         self.router: RouterLookahead | None = None          # attach_routes: layer l+1's router on layer l's input
@@ -166,6 +184,10 @@ class DiskExperts(Experts):
         except (ValueError, NotImplementedError) as e:
             log.warning("disk tier: no CPU kernel for these experts (%s); running them with torch", e)
             return _TorchSlots(self.cache.banks, sp)
+
+    def _park(self) -> None:
+        """The kernel pool's workers sleep while this call waits on a read (`PARK`)."""
+        getattr(self.host, "park", lambda: None)()
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.phase = phase

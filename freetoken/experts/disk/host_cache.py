@@ -27,6 +27,7 @@ import ctypes
 import os
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -250,6 +251,8 @@ class HostExpertCache:
         self.c = dict(hits=0, misses=0, waited=0, reads=0, bytes_read=0, prefetches=0, prefetch_used=0,
                       read_errors=0, cancelled=0, budget_cut=0)
         self.read_s = 0.0            # wall time callers waited for reads
+        self.on_block: Callable[[], None] | None = None    # called as a caller starts to wait on a read
+        #                                                    (the disk tier parks the kernel pool's workers)
 
     capacity = property(lambda self: self.table.capacity)
     resident = property(lambda self: self.table.resident)
@@ -446,6 +449,8 @@ class HostExpertCache:
         locked: the caller releases them)."""
         waits = [ev for ev in pending if ev is not None and not ev.is_set()]
         if waits:
+            if self.on_block is not None:
+                self.on_block()
             t0 = time.perf_counter()
             for ev in waits:
                 ev.wait()
@@ -463,6 +468,8 @@ class HostExpertCache:
         for one read in particular left the kernels idle while others had landed)."""
         if any(ev is None or ev.is_set() for ev in pending):
             return
+        if self.on_block is not None:
+            self.on_block()
         t0 = time.perf_counter()
         with self._cv:                      # a read's event is set under this lock, then notified
             while not any(ev.is_set() for ev in pending):

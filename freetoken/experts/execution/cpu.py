@@ -290,6 +290,11 @@ class CpuExpertExecutor:
                                          sp + fid * ses if sp else None, srs, buf.shape[0], cols, buf.data_ptr())
         return self._deq
 
+    def park(self) -> None:
+        """The pool's idle workers sleep now (the caller blocks on a read; kernels/pool.py)."""
+        if self._pool is not None:
+            self._pool.park()
+
     def close(self) -> None:
         if self._pool is not None and self._own_pool:
             self._pool.close()

@@ -28,6 +28,12 @@ recency only within a layer; when the working set fits, the policy's order is un
 On a layer-cyclic stream (every pass routes the same experts) that is Belady's choice
 (tests/experts/test_layer_aware.py checks it against a brute-force Belady).
 
+Kept layers (`keep`, not a policy name: the disk tier keeps layer 0, experts/disk/backend.py
+KEEP_FIRST): while the slots hold a step's working set and the kept layers' whole expert sets
+besides, every other evictable slot is a victim before a kept layer's resident; the victims are
+otherwise in the policy's order. A decode step's first layer has no router guess (its input is
+not known a layer ahead) and its reads overlap no compute, so its misses are the ones that block.
+
 Admission control ("+admit"): in the hybrid split, a decode miss is filled only when its
 policy score beats the victim it would replace; otherwise it runs on the CPU (the engine's
 other branch) and the cache keeps the entry that is likelier to be reused. `offload` and
@@ -160,6 +166,13 @@ class SlotTable:
         self.clock = 0
         self.evictions = 0
         self.arc = ArcLists(slots) if self.policy == "arc" else None
+        # layers whose residents are the last victims while the slots hold a step's working set
+        # and these layers whole (`_kept`; not with arc): set by the disk tier for layer 0, whose
+        # misses no read-ahead hides (host_cache.py)
+        # layers whose residents are the last victims while the slots hold a step's working set
+        # and these layers whole (`_kept`; not with arc): the disk tier keeps layer 0, whose
+        # misses no router guess covers (experts/disk/backend.py KEEP_FIRST)
+        self.keep(())
         self.reset(slots)
 
     def reset(self, slots: int) -> None:
@@ -265,6 +278,34 @@ class SlotTable:
             return np.concatenate([empty, self.slot_of[np.asarray(victims, np.int64)]]).astype(np.int64)
         ordered = self.layer_aware and max(self.working_set, self._pass_count) > self.capacity
         self.layer_ordered += ordered
+        kept = self._kept(used, ordered)
+        if kept is None:
+            return self._order(k, used, free, ordered)
+        first = self._order(k, used, free & ~kept, ordered)      # the kept layers' slots only when
+        if len(first) == k:                                       # nothing else can be given up
+            return first
+        return np.concatenate([first, self._order(k - len(first), used, free & kept, ordered)])
+
+    def _kept(self, used: np.ndarray, ordered: bool) -> np.ndarray | None:
+        """The slots of `keep_layers`' residents (evicted after every other evictable slot), or
+        None: no layer kept, or the slots do not hold a step's working set and those layers'
+        whole expert sets besides (then the policy's order alone, as without)."""
+        if not self.keep_layers or ordered or \
+                self.capacity < max(self.working_set, self._pass_count) + len(self.keep_layers) * self.num_experts:
+            return None
+        return used & self._kept_flat[self.owner]       # (an empty slot's -1 reads the last id: masked)
+
+    def keep(self, layers) -> None:
+        """Keep `layers`' residents as the last victims (`keep_layers`); () for none."""
+        self.keep_layers = tuple(sorted(set(int(x) for x in layers)))
+        self._kept_flat = np.zeros(len(self.slot_of), bool)
+        for layer in self.keep_layers:
+            self._kept_flat[layer * self.num_experts:(layer + 1) * self.num_experts] = True
+
+    def _order(self, k: int, used: np.ndarray, free: np.ndarray, ordered: bool) -> np.ndarray:
+        """Up to k of the `free` slots, first victim first (`candidates` without arc)."""
+        if k <= 0:
+            return np.empty(0, np.int64)
         if k < self.capacity // 8:        # a few victims of a large table: only the likely ones sorted
             return self._few_candidates(k, used, free, ordered)
         empty = np.where(used, 0, np.arange(self.capacity) - self.capacity - 1)   # empty slots first, in order

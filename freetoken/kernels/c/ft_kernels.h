@@ -416,6 +416,7 @@ struct ft_pool {
     int active;         /* threads taking part in the current job: n, or 1 for small jobs */
     pthread_t *th;
     _Atomic int gen, done, stop, sleepers;
+    _Atomic int park;   /* set by ft_pool_park: idle workers sleep now, not after spin_ns */
     job_fn fn;
     void *arg;
     pthread_mutex_t mu;

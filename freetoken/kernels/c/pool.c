@@ -46,10 +46,11 @@ static void *worker_main(void *a) {
             /* a few us of pause, then yield: a spinning worker must not hold its core against
              * another runnable thread (torch's OpenMP workers in prefill, other processes) */
             if (k < 2048) cpu_relax(); else sched_yield();
-            if ((k & 255) == 255) {
-                int64_t t = now_ns();
-                if (!t0) t0 = t;
-                else if (t - t0 > p->spin_ns) {
+            int parked = atomic_load(&p->park);
+            if (parked || (k & 255) == 255) {
+                int64_t t = parked ? 0 : now_ns();
+                if (!parked && !t0) t0 = t;
+                else if (parked || t - t0 > p->spin_ns) {
                     pthread_mutex_lock(&p->mu);
                     atomic_fetch_add(&p->sleepers, 1);
                     while (atomic_load(&p->gen) == seen && !atomic_load(&p->stop)) pthread_cond_wait(&p->cv, &p->mu);
@@ -72,6 +73,7 @@ void pool_run_sized(ft_pool *p, job_fn fn, void *arg, int64_t bytes) {
     if (p->n == 1 || bytes < p->small_bytes) { p->active = 1; fn(arg, 0); return; }
     p->active = p->n;
     p->fn = fn; p->arg = arg;
+    atomic_store(&p->park, 0);
     atomic_store(&p->done, 0);
     atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->sleepers) > 0) {
@@ -115,6 +117,14 @@ void ft_pool_destroy(void *vp) {
 }
 
 int ft_pool_size(void *vp) { return ((ft_pool *)vp)->n; }
+
+/* The caller is about to block (the disk tier waiting on a read): the idle workers stop
+ * spinning and sleep until the next call, instead of spinning out spin_ns first -- CPU that
+ * the readers (and, on a shared box, other programs) would have. */
+void ft_pool_park(void *vp) { if (vp) atomic_store(&((ft_pool *)vp)->park, 1); }
+
+/* Workers asleep on the pool's condition now (tests of ft_pool_park). */
+int ft_pool_sleeping(void *vp) { return atomic_load(&((ft_pool *)vp)->sleepers); }
 
 uint8_t *scratch(ft_pool *p, size_t bytes) {
     if (bytes > p->scratch_cap) {
