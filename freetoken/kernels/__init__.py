@@ -121,14 +121,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "ft_set_int8_zmm"):    # absent from revisions before it (bench trees' older builds)
         lib.ft_set_int8_zmm.argtypes = [ctypes.c_int]
         lib.ft_set_int8_zmm.restype = ctypes.c_int
-    lib.ft_pool_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), i64, i64]
-    lib.ft_pool_create.restype = vp
-    lib.ft_pool_destroy.argtypes = [vp]
-    lib.ft_pool_size.argtypes = [vp]
-    if hasattr(lib, "ft_pool_park"):     # absent from revisions before it (bench trees' older builds)
-        lib.ft_pool_park.argtypes = [vp]
-        lib.ft_pool_park.restype = None
-        lib.ft_pool_sleeping.argtypes = [vp]
     lib.ft_moe_run.argtypes = [vp, ctypes.POINTER(Desc), vp, ctypes.c_int, i64, i64, vp, vp, vp]
     lib.ft_moe_run.restype = ctypes.c_int
     lib.ft_moe_run_ranked.argtypes = [vp, ctypes.POINTER(Desc), vp, ctypes.c_int, i64, i64, vp, vp, vp, vp]
@@ -190,7 +182,21 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "ft_set_att_amx"):     # absent from revisions before it (bench/decode_attention.build_revision)
         lib.ft_set_att_amx.argtypes = [ci]
         lib.ft_set_att_amx.restype = ci
-    return _bind_prefill_attention(_bind_switches(_bind_probes(_bind_layer_calls(lib))))
+    return _bind_prefill_attention(_bind_switches(_bind_probes(_bind_layer_calls(_bind_pool(lib)))))
+
+
+def _bind_pool(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """c/pool.c's calls: the kernels' worker pool."""
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.ft_pool_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int), i64, i64]
+    lib.ft_pool_create.restype = vp
+    lib.ft_pool_destroy.argtypes = [vp]
+    lib.ft_pool_size.argtypes = [vp]
+    if hasattr(lib, "ft_pool_park"):     # absent from revisions before it (bench trees' older builds)
+        lib.ft_pool_park.argtypes = [vp]
+        lib.ft_pool_park.restype = None
+        lib.ft_pool_sleeping.argtypes = [vp]
+    return lib
 
 
 def _bind_prefill_attention(lib: ctypes.CDLL) -> ctypes.CDLL:
