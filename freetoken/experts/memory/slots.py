@@ -167,9 +167,6 @@ class SlotTable:
         self.evictions = 0
         self.arc = ArcLists(slots) if self.policy == "arc" else None
         # layers whose residents are the last victims while the slots hold a step's working set
-        # and these layers whole (`_kept`; not with arc): set by the disk tier for layer 0, whose
-        # misses no read-ahead hides (host_cache.py)
-        # layers whose residents are the last victims while the slots hold a step's working set
         # and these layers whole (`_kept`; not with arc): the disk tier keeps layer 0, whose
         # misses no router guess covers (experts/disk/backend.py KEEP_FIRST)
         self.keep(())
