@@ -5,17 +5,13 @@ pool's bit for bit, calls really were handed off, and a handoff never reads more
 the slots it gave up (so it cannot take the slots of layers needed sooner)."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from freetoken import LLM
 from freetoken.experts.disk.handoff import GROUP, Handoff
-from tiered_helpers import disk_outputs, resident_ftw
+from tiered_helpers import disk_outputs, outputs_hold_under_delayed_reads, resident_ftw
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +25,6 @@ def test_tokens_identical_with_handoffs_and_reads_landing_in_any_order(ftw, monk
     monkeypatch.setattr(backend, "READ_BUDGET", None)   # every handoff may start its reads (no read budget)
     path, (logits, tokens) = ftw
     llm = LLM(str(path), dtype="float32", host_cache_slots=4, prefix_cache=False, expert_lookahead="history")
-    experts = llm.engine.model.experts
-    reader = experts.cache.reader
-    read = reader.read
     gave: list[int] = []
     plan = Handoff.plan.__func__
 
@@ -48,23 +41,13 @@ def test_tokens_identical_with_handoffs_and_reads_landing_in_any_order(ftw, monk
             h.ran = checked
         return h
 
-    @settings(max_examples=6, deadline=None)
-    @given(delays=st.lists(st.sampled_from([0.0, 0.0005, 0.002, 0.004]), min_size=16, max_size=16))
-    def check(delays):
-        reader.read = lambda flat, *a: (time.sleep(delays[flat % 16]), read(flat, *a))[1]
-        g_logits, g_tokens = disk_outputs(llm)
-        assert torch.equal(g_logits, logits)
-        assert g_tokens == tokens
-        experts.cache.check()
-
     Handoff.plan = classmethod(counted)
     try:
-        check()
+        outputs_hold_under_delayed_reads(llm, (logits, tokens), [0.0, 0.0005, 0.002, 0.004], examples=6)
         handed_off(path, logits, tokens)
         assert max(gave) > 0
     finally:
         Handoff.plan = classmethod(plan)
-        reader.read = read
         llm.close()
 
 

@@ -5,15 +5,11 @@ for bit, on and off, with reads delayed by drawn amounts (they land in any order
 happens exactly when a call waits."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from freetoken import LLM
-from tiered_helpers import disk_outputs, resident_ftw
+from tiered_helpers import outputs_hold_under_delayed_reads, resident_ftw
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +37,8 @@ def test_tokens_identical_kept_first_layer_and_parked_pool(ftw, keep, park, shar
         hook = experts.cache.on_block
         experts.cache.on_block = lambda: (parked.append(1), hook())
     assert (experts.cache.on_block is not None) == park
-    reader = experts.cache.reader
-    read = reader.read
-
-    @settings(max_examples=4, deadline=None)
-    @given(delays=st.lists(st.sampled_from([0.0, 0.001, 0.003]), min_size=8, max_size=8))
-    def check(delays):
-        reader.read = lambda flat, *a: (time.sleep(delays[flat % 8]), read(flat, *a))[1]
-        g_logits, g_tokens = disk_outputs(llm)
-        assert torch.equal(g_logits, logits)
-        assert g_tokens == tokens
-        experts.cache.check()
-
     try:
-        check()
+        outputs_hold_under_delayed_reads(llm, (logits, tokens), [0.0, 0.001, 0.003], examples=4, keys=8)
         assert (len(parked) > 0) == (park and experts.cache.read_s > 0)
     finally:
-        reader.read = read
         llm.close()

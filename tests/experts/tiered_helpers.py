@@ -1,7 +1,11 @@
 """Tiny random expert pools and a reference for the tiered-backend tests."""
 from __future__ import annotations
 
+import time
+
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from freetoken import LLM, SamplingParams
 
@@ -74,3 +78,25 @@ def resident_ftw(tiny_dir, folder):
     want = disk_outputs(ref)
     ref.close()
     return out, want
+
+
+def outputs_hold_under_delayed_reads(llm: LLM, want, delays: list[float], examples: int, keys: int = 16):
+    """Hypothesis draws a delay for each read (by flat id mod `keys`, so reads land in any order):
+    the disk tier's `disk_outputs` stay `want` bit for bit and its host cache consistent."""
+    experts = llm.engine.model.experts
+    reader = experts.cache.reader
+    read = reader.read
+
+    @settings(max_examples=examples, deadline=None)
+    @given(drawn=st.lists(st.sampled_from(delays), min_size=keys, max_size=keys))
+    def check(drawn):
+        reader.read = lambda flat, *a: (time.sleep(drawn[flat % keys]), read(flat, *a))[1]
+        g_logits, g_tokens = disk_outputs(llm)
+        assert torch.equal(g_logits, want[0])
+        assert g_tokens == want[1]
+        experts.cache.check()
+
+    try:
+        check()
+    finally:
+        reader.read = read
