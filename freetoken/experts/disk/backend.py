@@ -439,7 +439,7 @@ class DiskExperts(Experts):
             calls += 1
             if hand is not None:
                 hand.ran(idx)
-        mine = np.where(np.isin(flat, ids), flat, -1)
+        mine = np.where(self._slot_ids(ids, ids, flat) >= 0, flat, -1)   # (np.isin: ~3x the cost here)
         self.host.combine(torch.from_numpy(mine), torch.from_numpy(flat), w, y, out)
         return calls
 

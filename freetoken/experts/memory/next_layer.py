@@ -60,6 +60,8 @@ class NextLayerPredictor:
         # numbers; ~2 C calls for ~15 numpy ops, issue 39's decode thread), None: numpy
         self.lib = cpu_kernels() if hops == 1 else None
         self._p = np.empty(num_experts, np.float64)       # the C guess's estimate (scratch)
+        # the tables' addresses, a layer's at a fixed stride (`.ctypes.data` costs ~1-2 us a use)
+        self._at = (self.pairs.ctypes.data, self.seen.ctypes.data, self._p.ctypes.data)
 
     def _follows(self, layer: int, last: int) -> bool:
         return layer == last + 1 or (self.wrap and layer == 0 and last == self.L - 1)
@@ -103,7 +105,9 @@ class NextLayerPredictor:
         if self._follows(layer, self._layer) and len(self._prev) and len(experts):
             prev = self._prev
             if self.lib is not None:
-                self.lib.ft_next_layer_observe(self.pairs[layer - 1].ctypes.data, self.seen[layer - 1].ctypes.data,
+                m = (layer - 1) % self.L                                # layer 0: pairs[-1], the wrap
+                pairs, seen, _ = self._at
+                self.lib.ft_next_layer_observe(pairs + m * self.E * self.E * 4, seen + m * self.E * 4,
                                                prev.ctypes.data, len(prev), experts.ctypes.data, len(experts), self.E)
             else:
                 self.pairs[layer - 1][np.ix_(prev, experts)] += 1.0        # layer 0: pairs[-1], the wrap
@@ -138,9 +142,10 @@ class NextLayerPredictor:
         if self.lib is not None and (layer + 1 < self.L or self.wrap):
             ids = np.ascontiguousarray(experts, np.int64)
             out = np.empty(self.E, np.int64)
-            n = self.lib.ft_next_layer_predict(self.pairs[layer].ctypes.data, self.seen[layer].ctypes.data,
-                                               ids.ctypes.data, len(ids), self.E, self.threshold - 1e-9,
-                                               self._p.ctypes.data, out.ctypes.data)
+            pairs, seen, p = self._at
+            n = self.lib.ft_next_layer_predict(pairs + layer * self.E * self.E * 4, seen + layer * self.E * 4,
+                                               ids.ctypes.data, len(ids), self.E, self.threshold - 1e-9, p,
+                                               out.ctypes.data)
             return out[:n]
         p = self.probabilities(layer, experts)
         guess = np.flatnonzero(p >= self.threshold - 1e-9)
