@@ -64,6 +64,19 @@ def test_the_c_counts_and_guesses_are_numpys(build, ops, threshold):
         assert c.predict(layer, ids).tolist() == ref.predict(layer, ids).tolist()
 
 
+@pytest.mark.parametrize("build", [b for b in BUILDS if b])
+def test_the_c_path_refuses_ids_outside_the_layer(build):
+    """An id outside 0..E-1 is an IndexError from the C path too (numpy's fancy index raises), nothing counted."""
+    pred = NextLayerPredictor(3, 4, 0.5)
+    pred.lib = kernels.load(build)
+    pred.observe(0, np.array([1]))
+    with pytest.raises(IndexError):
+        pred.observe(1, np.array([2, 4]))
+    with pytest.raises(IndexError):
+        pred.predict(0, np.array([-1]))
+    assert not pred.pairs.any() and not pred.seen.any()
+
+
 def test_a_deterministic_chain_is_predicted_after_one_token():
     pred = NextLayerPredictor(3, 4, 0.5)
     for layer, e in ((0, 1), (1, 3), (2, 0)):

@@ -11,9 +11,17 @@ static int seen_before(const int64_t *ids, int64_t i) {
     return 0;
 }
 
-/* pairs[a, b] += 1 for a in prev, b in ids; seen[a] += 1 (pairs: one layer's E x E, seen: its E) */
-void ft_next_layer_observe(float *pairs, float *seen, const int64_t *prev, int64_t np_, const int64_t *ids,
-                           int64_t n, int64_t E) {
+static int out_of_range(const int64_t *ids, int64_t n, int64_t E) {
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= E) return 1;
+    return 0;
+}
+
+/* pairs[a, b] += 1 for a in prev, b in ids; seen[a] += 1 (pairs: one layer's E x E, seen: its E).
+ * Returns 0, or -1 (nothing counted) where an id is outside [0, E). */
+int64_t ft_next_layer_observe(float *pairs, float *seen, const int64_t *prev, int64_t np_, const int64_t *ids,
+                              int64_t n, int64_t E) {
+    if (out_of_range(prev, np_, E) || out_of_range(ids, n, E)) return -1;
     for (int64_t i = 0; i < np_; i++) {
         if (seen_before(prev, i)) continue;
         const int64_t a = prev[i];
@@ -21,12 +29,15 @@ void ft_next_layer_observe(float *pairs, float *seen, const int64_t *prev, int64
         for (int64_t j = 0; j < n; j++)
             if (!seen_before(ids, j)) pairs[a * E + ids[j]] += 1.0f;
     }
+    return 0;
 }
 
 /* p[b] = (sum over a in ids, in order, of pairs[a, b] / max(seen[a], 1)) / n; out: the b with
- * p[b] >= thr, likeliest first, ties to the lower id. Returns how many (p: E doubles of scratch). */
+ * p[b] >= thr, likeliest first, ties to the lower id. Returns how many (p: E doubles of scratch),
+ * -1 where an id is outside [0, E). */
 int64_t ft_next_layer_predict(const float *pairs, const float *seen, const int64_t *ids, int64_t n, int64_t E,
                               double thr, double *p, int64_t *out) {
+    if (out_of_range(ids, n, E)) return -1;
     if (n <= 0) return 0;
     for (int64_t b = 0; b < E; b++) p[b] = 0.0;
     for (int64_t i = 0; i < n; i++) {
