@@ -107,8 +107,9 @@ class NextLayerPredictor:
             if self.lib is not None:
                 m = (layer - 1) % self.L                                # layer 0: pairs[-1], the wrap
                 pairs, seen, _ = self._at
-                if self.lib.ft_next_layer_observe(pairs + m * self.E * self.E * 4, seen + m * self.E * 4, prev.ctypes.data,
-                                                  len(prev), experts.ctypes.data, len(experts), self.E) < 0:
+                if self.lib.ft_next_layer_observe(pairs + m * self.E * self.E * 4, seen + m * self.E * 4,
+                                                  prev.ctypes.data, len(prev), experts.ctypes.data, len(experts),
+                                                  self.E) < 0:
                     raise IndexError(f"expert ids {experts.tolist()} after {prev.tolist()}: outside 0..{self.E - 1}")
             else:
                 self.pairs[layer - 1][np.ix_(prev, experts)] += 1.0        # layer 0: pairs[-1], the wrap
