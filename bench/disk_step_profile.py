@@ -3,7 +3,9 @@ decoded token, in-process, wall time and CPU by thread (the decode thread, the k
 worker, the `freetoken-disk` I/O threads; /proc/self/task/<tid>/schedstat), the expert calls'
 wall, the time blocked on reads, the reads still in flight when their layer came (`waited`), the
 lookahead's guessing and the read-ahead calls on the decode thread, and per read: its wall on an
-I/O thread and the part spent in xxh3. The engine is the one
+I/O thread and the part spent in xxh3; the decode thread's CPU a layer call outside the expert kernels
+(`tier_hit_us_a_call` at full hits, `tier_other_us_a_call` with a miss or a read in flight; `--threads
+1` puts the kernels on that thread too). The engine is the one
 `PYTHONPATH` names; the timers wrap its methods, so the same copy of this script profiles any
 tree of the same layout (`--handoff on` where the tree has experts/disk/handoff.py).
 
@@ -90,6 +92,39 @@ def instrument() -> None:
     hc.xxh3_64 = TimedHash
 
 
+def tier_cpu() -> None:
+    """The decode thread's CPU in each decode layer call outside the expert kernels (the tier's own
+    Python: lookups, victims, read-ahead, guesses), summed apart for the calls at full hits
+    (`_all_hits` took them) and the others (a miss or a read in flight): ACC["tier_hit"] etc."""
+    import freetoken.experts.disk.backend as backend
+    import freetoken.experts.execution.cpu as cpu
+    now, state = time.thread_time_ns, {"kernels": 0, "hit": False}
+    for name in ("run", "run_pairs", "combine"):
+        def kernel(*a, _fn=getattr(cpu.CpuExpertExecutor, name), **k):
+            t = now()
+            try:
+                return _fn(*a, **k)
+            finally:
+                state["kernels"] += now() - t
+        setattr(cpu.CpuExpertExecutor, name, kernel)
+    all_hits, forward = backend.DiskExperts._all_hits, backend.DiskExperts.forward
+
+    def hits(*a, **k):
+        state["hit"] = all_hits(*a, **k)
+        return state["hit"]
+
+    def call(self, *a, **k):
+        if self.phase != "decode":
+            return forward(self, *a, **k)
+        state["kernels"], state["hit"], t = 0, False, now()
+        out = forward(self, *a, **k)
+        kind = "tier_hit" if state["hit"] else "tier_other"
+        add(kind, (now() - t - state["kernels"]) / 1e9)
+        add(kind + "_calls", 1)
+        return out
+    backend.DiskExperts._all_hits, backend.DiskExperts.forward = hits, call
+
+
 def thread_ms() -> dict[str, float]:
     """CPU ms so far by role: the decode (main) thread, the I/O threads, the rest (kernel pool)."""
     names = {th.native_id: th.name for th in threading.enumerate()}
@@ -148,6 +183,10 @@ def summary(tok: int, steps: int, wall: float, cpu: float, s0: dict, s1: dict, s
             "history_guess_ms": ACC.get("history_guess", 0.0) / tok * 1e3, "read_ahead_ms": ACC.get("prefetch", 0.0) / tok * 1e3,
             "read_wall_ms": ACC.get("read", 0.0) / reads * 1e3, "read_hash_ms": ACC.get("hash", 0.0) / reads * 1e3,
             "handoffs": delta("disk", "handoffs"),
+            **{f"{k}_us_a_call": ACC.get(k, 0.0) / max(1.0, ACC.get(k + "_calls", 0.0)) * 1e6
+               for k in ("tier_hit", "tier_other")},
+            "tier_ms": (ACC.get("tier_hit", 0.0) + ACC.get("tier_other", 0.0)) / tok * 1e3,
+            "hit_calls": ACC.get("tier_hit_calls", 0.0) / tok, "other_calls": ACC.get("tier_other_calls", 0.0) / tok,
             **{f"la_{k}": la.get(k, 0.0) for k in ("precision", "recall", "router_f1", "history_f1")
                if isinstance(la.get(k), (int, float))}}
 
@@ -173,6 +212,7 @@ def main():
         {"host_cache_gib": gguf_layout(ck).nbytes / 2**30 * args.cache_share}
     if not args.resident:
         instrument()
+        tier_cpu()
     if args.handoff is not None:
         import freetoken.experts.disk.backend as backend
         backend.HANDOFF = args.handoff == "on"

@@ -159,6 +159,10 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ft_argmax.restype = i64
     lib.ft_route_topk.argtypes = [vp, i64, ci, ci, ci, ci, vp, vp]
     lib.ft_route_topk.restype = None
+    lib.ft_next_layer_observe.argtypes = [vp, vp, vp, i64, vp, i64, i64]
+    lib.ft_next_layer_observe.restype = i64
+    lib.ft_next_layer_predict.argtypes = [vp, vp, vp, i64, i64, ctypes.c_double, vp, vp]
+    lib.ft_next_layer_predict.restype = i64
     lib.ft_moe_decode.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp]
     lib.ft_moe_decode.restype = ci
     lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]

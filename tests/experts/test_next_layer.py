@@ -4,7 +4,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from freetoken import kernels
 from freetoken.experts.memory.next_layer import NextLayerPredictor
+
+# every way the one-hop predictor counts and guesses: numpy (None) and each C build (kernels/c/next_layer.c)
+BUILDS = [None, *kernels.variants_here()]
 
 L, E = 4, 5
 calls = st.lists(st.tuples(st.integers(0, L - 1), st.sets(st.integers(0, E - 1), min_size=1, max_size=E)),
@@ -26,10 +30,12 @@ def reference(history, layer, experts, threshold):
     return p, sorted((b for b in range(E) if p[b] >= threshold - 1e-9), key=lambda b: (-p[b], b))
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @settings(max_examples=150, deadline=None)
 @given(ops=calls, threshold=st.sampled_from([0.1, 0.2, 0.5, 1.0]))
-def test_predictions_match_counts_from_the_history(ops, threshold):
+def test_predictions_match_counts_from_the_history(build, ops, threshold):
     pred = NextLayerPredictor(L, E, threshold)
+    pred.lib = kernels.load(build) if build else None
     history = []
     for layer, experts in ops:
         ids = np.array(sorted(experts), np.int64)
@@ -39,6 +45,36 @@ def test_predictions_match_counts_from_the_history(ops, threshold):
         assert np.allclose(pred.probabilities(layer, ids), p)
         assert pred.predict(layer, ids).tolist() == guess
         assert (pred.probabilities(layer, ids) <= 1 + 1e-12).all()
+
+
+@pytest.mark.parametrize("build", [b for b in BUILDS if b])
+@settings(max_examples=100, deadline=None)
+@given(ops=st.lists(st.tuples(st.integers(0, 5), st.lists(st.integers(0, 11), max_size=6)), max_size=60),
+       threshold=st.sampled_from([0.05, 0.3, 1.0]))
+def test_the_c_counts_and_guesses_are_numpys(build, ops, threshold):
+    """The C build against numpy on the same calls, the wrap on, repeated and unordered ids (a repeat
+    counts once, as numpy's fancy add): the same counts and the same guesses, in the same order."""
+    c, ref = NextLayerPredictor(6, 12, threshold, wrap=True), NextLayerPredictor(6, 12, threshold, wrap=True)
+    c.lib, ref.lib = kernels.load(build), None
+    for layer, experts in ops:
+        ids = np.array(experts, np.int64)
+        c.observe(layer, ids)
+        ref.observe(layer, ids)
+        assert np.array_equal(c.pairs, ref.pairs) and np.array_equal(c.seen, ref.seen)
+        assert c.predict(layer, ids).tolist() == ref.predict(layer, ids).tolist()
+
+
+@pytest.mark.parametrize("build", [b for b in BUILDS if b])
+def test_the_c_path_refuses_ids_outside_the_layer(build):
+    """An id outside 0..E-1 is an IndexError from the C path too (numpy's fancy index raises), nothing counted."""
+    pred = NextLayerPredictor(3, 4, 0.5)
+    pred.lib = kernels.load(build)
+    pred.observe(0, np.array([1]))
+    with pytest.raises(IndexError):
+        pred.observe(1, np.array([2, 4]))
+    with pytest.raises(IndexError):
+        pred.predict(0, np.array([-1]))
+    assert not pred.pairs.any() and not pred.seen.any()
 
 
 def test_a_deterministic_chain_is_predicted_after_one_token():

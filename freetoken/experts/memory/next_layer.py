@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...kernels import cpu_kernels
+
 THRESHOLD = 0.3     # measured: bench/prefetch_sweep.py, docs/routing-locality.md
 # measured (bench/policy_bounds.py, docs/benchmarks.md "Path prefetch"): 2, 3, 4, 6, 8 hops on
 # gpt-oss-120b (the cell 1 hop missed) -> 4 the fewest hops meeting every cell of issue 39's target
@@ -54,6 +56,12 @@ class NextLayerPredictor:
         self._tok_path: list[tuple[int, np.ndarray]] = []   # prefill: the same, rows per token
         self._layer, self._prev = -2, np.empty(0, np.int64)
         self._tok_layer, self._tok_prev = -2, np.empty((0, 0), np.int64)
+        # one hop: a decode call's count update and guess in C (kernels/c/next_layer.c, the same
+        # numbers; ~2 C calls for ~15 numpy ops, issue 39's decode thread), None: numpy
+        self.lib = cpu_kernels() if hops == 1 else None
+        self._p = np.empty(num_experts, np.float64)       # the C guess's estimate (scratch)
+        # the tables' addresses, a layer's at a fixed stride (`.ctypes.data` costs ~1-2 us a use)
+        self._at = (self.pairs.ctypes.data, self.seen.ctypes.data, self._p.ctypes.data)
 
     def _follows(self, layer: int, last: int) -> bool:
         return layer == last + 1 or (self.wrap and layer == 0 and last == self.L - 1)
@@ -93,11 +101,20 @@ class NextLayerPredictor:
 
     def observe(self, layer: int, experts: np.ndarray) -> None:
         """One layer call's unique routed experts (ids within the layer), in execution order."""
+        experts = np.ascontiguousarray(experts, np.int64)
         if self._follows(layer, self._layer) and len(self._prev) and len(experts):
             prev = self._prev
-            self.pairs[layer - 1][np.ix_(prev, experts)] += 1.0        # layer 0: pairs[-1], the wrap
-            self.seen[layer - 1][prev] += 1.0
-        self._layer, self._prev = layer, np.asarray(experts, np.int64)
+            if self.lib is not None:
+                m = (layer - 1) % self.L                                # layer 0: pairs[-1], the wrap
+                pairs, seen, _ = self._at
+                if self.lib.ft_next_layer_observe(pairs + m * self.E * self.E * 4, seen + m * self.E * 4,
+                                                  prev.ctypes.data, len(prev), experts.ctypes.data, len(experts),
+                                                  self.E) < 0:
+                    raise IndexError(f"expert ids {experts.tolist()} after {prev.tolist()}: outside 0..{self.E - 1}")
+            else:
+                self.pairs[layer - 1][np.ix_(prev, experts)] += 1.0        # layer 0: pairs[-1], the wrap
+                self.seen[layer - 1][prev] += 1.0
+        self._layer, self._prev = layer, experts
         if self.hops > 1:
             self._extend(self._path, layer, self._prev, self._count_set)
 
@@ -124,6 +141,16 @@ class NextLayerPredictor:
     def predict(self, layer: int, experts: np.ndarray) -> np.ndarray:
         """Experts of layer+1 (ids within the layer) with estimate >= threshold, likeliest
         first, ties to the lower id."""
+        if self.lib is not None and (layer + 1 < self.L or self.wrap):
+            ids = np.ascontiguousarray(experts, np.int64)
+            out = np.empty(self.E, np.int64)
+            pairs, seen, p = self._at
+            n = self.lib.ft_next_layer_predict(pairs + layer * self.E * self.E * 4, seen + layer * self.E * 4,
+                                               ids.ctypes.data, len(ids), self.E, self.threshold - 1e-9, p,
+                                               out.ctypes.data)
+            if n < 0:
+                raise IndexError(f"expert ids {ids.tolist()}: outside 0..{self.E - 1}")
+            return out[:n]
         p = self.probabilities(layer, experts)
         guess = np.flatnonzero(p >= self.threshold - 1e-9)
         return guess[np.lexsort((guess, -p[guess]))]
