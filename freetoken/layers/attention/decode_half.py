@@ -78,6 +78,7 @@ class AttnHalf:
         self.seconds_ref = ctypes.byref(self.seconds)
         self.kv = _UNCHECKED        # the KV cache's (k, v) once checked, then its C arguments (`_cache_ok`)
         self.moe = None             # the MoE block's decode row on these rows, where its caller made one
+        self.rows = None            # its verify rows' call (verify_half.VerifyHalf), made on first use
 
     @classmethod
     def build(cls, attn, input_norm, post_norm, router=None) -> AttnHalf | None:
