@@ -52,7 +52,7 @@ class VerifyHalf:
         if (step[1] is not half.pool or (half.ggml and step[8]) or not 1 < n <= self.max_rows
                 or x.dtype is not torch.float32 or x.shape[1] != self.h.shape[1] or not x.is_contiguous()):
             return None
-        if ((cache.k is not half.kv[0]() or cache.v is not half.kv[1]()) and not half._cache_ok(cache)
+        if (not half.cache_ready(cache)
                 or (half.attn.window is not None and step[6] > half.attn.window)):   # (verify_kernel's window rule)
             return None
         self.seconds.value = 0.0
