@@ -12,7 +12,6 @@ import ctypes
 
 import torch
 
-from ...quant.ggml_act import ACT_MODES
 from .decode_half import AttnHalf, raise_for
 from .paged import KERNEL_SECONDS, verify_rows
 
@@ -49,7 +48,8 @@ class VerifyHalf:
         step = meta.rows_args
         if step is None or step[0] is not cos:      # the first layer of a step works them out
             step = meta.rows_args = rows_args(x, cos, sin, meta, half.lib)
-        if (step[1] is not half.pool or (half.ggml and step[8]) or not 1 < n <= self.max_rows
+        # (GGUF layers keep the separate calls: their T-row GEMVs are not tested through this call)
+        if (step[1] is not half.pool or half.ggml or not 1 < n <= self.max_rows
                 or x.dtype is not torch.float32 or x.shape[1] != self.h.shape[1] or not x.is_contiguous()):
             return None
         if (not half.cache_ready(cache)
@@ -69,7 +69,7 @@ def rows_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, lib) 
     """What every layer of a step shares: (cos, the kernels' pool where the step is one
     sequence's few rows on the C decode kernels (`verify_attention`'s flat case) else None, then
     the pointers of cos, sin, the rows' slots, each row's key slots, their count a row, each
-    row's key count, and whether the ggml rows' decode activations are fp32)."""
+    row's key count)."""
     slots = meta.slot_mapping
     ok = (cos.dtype is torch.float32 and cos.is_contiguous() and sin.is_contiguous() and not meta.use_paged(x)
           and meta.verify_kernel(x, torch.float32, None) and slots.dtype is torch.int64 and slots.is_contiguous()
@@ -78,9 +78,9 @@ def rows_args(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta, lib) 
         rows, keys, lens = verify_rows(meta)
         meta.verify = (rows, keys, lens, bool((rows == torch.arange(x.shape[0])).all()))
     if not ok or not meta.verify[3]:
-        return cos, None, 0, 0, 0, 0, 0, 0, True
+        return cos, None, 0, 0, 0, 0, 0, 0
     _, keys, lens, _ = meta.verify
     if not (keys.dtype is torch.int64 and lens.dtype is torch.int64 and keys.is_contiguous() and lens.is_contiguous()):
-        return cos, None, 0, 0, 0, 0, 0, 0, True
+        return cos, None, 0, 0, 0, 0, 0, 0
     return (cos, meta.kernel_pool, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), keys.data_ptr(), keys.shape[1],
-            lens.data_ptr(), lib.ft_set_ggml_act(-1) == ACT_MODES["float32"])
+            lens.data_ptr())
