@@ -234,6 +234,9 @@ def _bind_layer_calls(lib: ctypes.CDLL) -> ctypes.CDLL:
     vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.ft_attn_half.argtypes = [vp, vp, vp, vp, vp, vp, i64, vp, vp, ci, vp, i64, vp, vp, vp, vp]
     lib.ft_attn_half.restype = ci
+    if hasattr(lib, "ft_attn_half_rows"):     # (bench trees' older builds lack it)
+        lib.ft_attn_half_rows.argtypes = [vp, vp, i64, vp, vp, vp, vp, vp, i64, vp, vp, ci, vp, i64, vp, vp, vp, vp]
+        lib.ft_attn_half_rows.restype = ci
     lib.ft_moe_decode_add.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp,
                                       vp, vp]
     lib.ft_moe_decode_add.restype = ci

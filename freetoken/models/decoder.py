@@ -15,6 +15,7 @@ from ..kernels.choices import model_kernels
 from ..layers.attention.paged import kv_values_per_token, paged_attention
 from ..layers.attention.decode_half import FUSED as ATTN_HALF, AttnHalf
 from ..layers.attention.decode_stack import STACK, DecodeStack
+from ..layers.attention.verify_half import VerifyHalf
 from ..layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from ..layers.linear import LinearFactory
 from ..layers.mlp import GatedMLP
@@ -132,6 +133,8 @@ class DecoderLayer:
     def __call__(self, idx, x, cos, sin, ctx: ForwardContext):
         if (out := self.row_call(x, cos, sin, ctx, ctx.kv[idx])) is not None:
             return out
+        if (out := self.rows_call(x, cos, sin, ctx, ctx.kv[idx])) is not None:
+            return out
         a = self.attn(self.input_norm(x), cos, sin, ctx.kv[idx], ctx.attn)
         if x.shape[0] <= GEMV_TOKENS and (fused := add_rms_norm(x, a, self.post_norm)) is not None:
             h, normed = fused          # a decode step's residual add and norm in one C call
@@ -151,6 +154,20 @@ class DecoderLayer:
         if half.moe is not None and self.mlp.row_live(half.moe):
             return half.moe()
         return hn[0] + self.mlp(hn[1]) if hn[2] is None else self.mlp(hn[1], hn[2], hn[0])
+
+    def rows_call(self, x, cos, sin, ctx: ForwardContext, cache) -> torch.Tensor | None:
+        """A verify's few rows (2..FUSED_QK_ROWS, where the separate calls take q/k norms + rope
+        in C too) of one sequence: the attention half in one C call (`VerifyHalf`), then the MLP
+        and the residual add as the separate path runs them; None where the step does not take
+        it. Keys in the paged cache only (a ring layer's rows keep the separate calls)."""
+        n = x.shape[0]
+        if not 1 < n <= FUSED_QK_ROWS or not ATTN_HALF[0] or self.slot is not None or (half := self._half()) is None:
+            return None
+        if half.rows is None:
+            half.rows = VerifyHalf(half, FUSED_QK_ROWS)
+        if (hn := half.rows(x, cos, sin, cache, ctx.attn)) is None:
+            return None
+        return hn[0] + self.mlp(hn[1])
 
     def row_ring(self, ctx: ForwardContext) -> tuple | None:
         """(the step's one sequence's ring, this layer's index in it) where this layer's keys are

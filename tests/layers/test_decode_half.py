@@ -14,6 +14,7 @@ from freetoken import LLM, SamplingParams
 from freetoken.kernels import variants_here
 from freetoken.layers.attention import decode_half as half_mod
 from freetoken.layers.attention.decode_half import AttnHalf
+from freetoken.layers.attention.decode_stack import DecodeStack
 from freetoken.tiny import make_tiny
 
 # (arch, whether its layers take the one call): qwen3_moe per-head q/k norms, llama none,
@@ -63,9 +64,12 @@ def _same_bits(tmp_path, arch: str, taken: bool, opts: dict):
     path = make_tiny(arch, tmp_path / arch, layers=2, hidden=64, experts=8, top_k=2, vocab=512)
     llm = LLM(str(path), num_threads=2, prefix_cache=False, speculative="off", **opts)
     try:
+        # the one-row steps take the call: the half itself, or the stack of the halves (whose first
+        # step runs them one by one, unless a few rows' step, a prompt of <= 16, built them first)
         ran = []
-        call = AttnHalf.__call__
+        call, stack = AttnHalf.__call__, DecodeStack.__call__
         AttnHalf.__call__ = lambda self, *a: (lambda r: ran.append(r is not None) or r)(call(self, *a))
+        DecodeStack.__call__ = lambda self, *a: (lambda r: ran.append(r is not None) or r)(stack(self, *a))
         try:
             for prompts in ([[5, 6, 7, 8, 9]], [[5, 6, 7, 8, 9], [11, 12]]):   # one row a step, then two
                 fused = _decode(llm, prompts, 12)
@@ -77,7 +81,7 @@ def _same_bits(tmp_path, arch: str, taken: bool, opts: dict):
                 assert fused[0] == ref[0]
                 assert len(fused[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(fused[1], ref[1]))
         finally:
-            AttnHalf.__call__ = call
+            AttnHalf.__call__, DecodeStack.__call__ = call, stack
         assert any(ran) == taken, arch
     finally:
         llm.close()

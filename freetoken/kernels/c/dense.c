@@ -76,8 +76,10 @@ static void gemv_rows_bf16_pairs(const gemv_job *L, int r0, int r1, int64_t xs) 
      * (Zen 4, the dense step's GEMVs from DRAM, one thread, load 6, x fp32's: 2 lines a step ->
      * these counts: 1 row 1.03 -> 0.86 (4), 3 rows 0.98 -> 0.83 (3), 5 rows 0.66 -> 0.52 (3); 9
      * rows 0.50 with 2, 0.55 with 3 or 1, 0.60 with 4: there the prefetches cost load slots;
-     * 2 rows, a verify of one draft, 5120 x 2048 at load 9: 0.77 ms with 4, 0.81 with 3) */
-    const int pf_lines = L->M <= 2 ? 4 : L->M <= 5 ? 3 : 2;
+     * 2 rows, a verify of one draft, 5120 x 2048 at load 9: 0.77 ms with 4, 0.81 with 3; 3 rows, the
+     * dense bench model's k = 2 verify step at 850 keys, in-process A/B at load 6: 1.18 -> 1.11x a
+     * plain step with 4, twice; 4 and 5 rows no better with 4) */
+    const int pf_lines = L->M <= 3 ? 4 : L->M <= 5 ? 3 : 2;
     for (int r = r0; r < r1; r += R) {
         const int m = r + R <= r1 ? R : r1 - r;
         const uint8_t *wr[4], *sr[4];

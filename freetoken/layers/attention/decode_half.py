@@ -78,6 +78,7 @@ class AttnHalf:
         self.seconds_ref = ctypes.byref(self.seconds)
         self.kv = _UNCHECKED        # the KV cache's (k, v) once checked, then its C arguments (`_cache_ok`)
         self.moe = None             # the MoE block's decode row on these rows, where its caller made one
+        self.rows = None            # its verify rows' call (verify_half.VerifyHalf), made on first use
 
     @classmethod
     def build(cls, attn, input_norm, post_norm, router=None) -> AttnHalf | None:
@@ -137,7 +138,7 @@ class AttnHalf:
         if (step[1] is not self.pool or (self.ggml and step[8]) or x.dtype is not torch.float32
                 or x.shape != self.h.shape or not x.is_contiguous()):
             return None
-        if ring is None and ((cache.k is not self.kv[0]() or cache.v is not self.kv[1]()) and not self._cache_ok(cache)
+        if ring is None and (not self.cache_ready(cache)
                              or (self.attn.window is not None and step[6] > self.attn.window)):  # (decode_kernel's window rule)
             return None
         return step
@@ -162,6 +163,10 @@ class AttnHalf:
         if step[2] is None or sw.k.shape[2:] != (self.attn.kv_heads, self.attn.head_dim):
             return None
         return step
+
+    def cache_ready(self, cache) -> bool:
+        """Whether this layer's KV cache can take the call: the one checked last, or checked now."""
+        return (cache.k is self.kv[0]() and cache.v is self.kv[1]()) or self._cache_ok(cache)
 
     def _cache_ok(self, cache) -> bool:
         """Whether this layer's KV cache tensors can take the call (kept, by weak references

@@ -48,6 +48,7 @@ class AttentionMetadata:
     verify: tuple | None = None                # verify_rows' answer, worked out by the first layer
     row_args: tuple | None = None              # a one-row step's C arguments (decode_half.step_args), by the first layer
     ring_args: tuple | None = None             # its sliding-window rings' (decode_half.ring_args), by the first such layer
+    rows_args: tuple | None = None             # one sequence's few rows' (verify_half.rows_args), by the first layer
 
     def use_paged(self, q: torch.Tensor) -> bool:
         """True when attention reads the paged cache in place (paged_flex.py) instead of
