@@ -18,6 +18,8 @@ import mmap
 import torch
 
 HUGE_PAGE = 2 << 20
+# bench/huge_pages.py --engine builds one engine with this off (torch.empty's pages) beside one with it on
+ON = [True]
 
 
 def huge_empty(shape, dtype: torch.dtype) -> torch.Tensor:
@@ -28,20 +30,21 @@ def huge_empty(shape, dtype: torch.dtype) -> torch.Tensor:
     for n in shape:
         numel *= int(n)
     nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-    if nbytes < HUGE_PAGE or not hasattr(mmap, "MADV_HUGEPAGE"):
+    if nbytes < HUGE_PAGE or not ON[0] or not hasattr(mmap, "MADV_HUGEPAGE"):
         return torch.empty(shape, dtype=dtype)
     mm = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE)    # (anonymous)
-    try:
-        mm.madvise(mmap.MADV_HUGEPAGE)
+    offset = -torch.frombuffer(mm, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
+    try:    # the whole huge pages only: a tail on one would hold up to 2 MiB more per tensor
+        mm.madvise(mmap.MADV_HUGEPAGE, offset, nbytes // HUGE_PAGE * HUGE_PAGE)
     except OSError:             # THP not offered by this kernel: small pages
         pass
-    offset = -torch.frombuffer(mm, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
     return torch.frombuffer(mm, dtype=dtype, count=numel, offset=offset).view(tuple(shape))
 
 
 def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """`t` copied onto huge_empty memory (contiguous); `t` itself where smaller than a huge page."""
-    if t.nbytes < HUGE_PAGE or t.device.type != "cpu":
+    """`t` copied onto huge_empty memory (contiguous); `t` itself where smaller than a huge page
+    (or huge pages are off)."""
+    if t.nbytes < HUGE_PAGE or not ON[0] or t.device.type != "cpu":
         return t
     out = huge_empty(t.shape, t.dtype)
     out.copy_(t)

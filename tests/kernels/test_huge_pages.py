@@ -10,6 +10,7 @@ import torch
 
 from freetoken import kernels
 from freetoken.experts.memory.pool import ExpertSpec, PoolBuilder
+from freetoken.kernels import huge_pages
 from freetoken.kernels.huge_pages import HUGE_PAGE, huge_empty, on_huge_pages
 from freetoken.kernels.pool import CpuPool
 from freetoken.layers.linear import Linear
@@ -58,21 +59,24 @@ def test_on_huge_pages_is_an_exact_copy():
 
 @pytest.mark.parametrize("isa", kernels.variants_here())
 @pytest.mark.parametrize("bf16_dot", [0, 1])
-def test_kernel_gemv_over_huge_page_weights_is_float64(isa, bf16_dot):
+@pytest.mark.parametrize("huge", [True, False])
+def test_kernel_gemv_over_huge_page_weights_is_float64(isa, bf16_dot, huge):
     lib = kernels.load(isa)
     pool = CpuPool(lib, 2)
     lib.ft_set_bf16_dot(bf16_dot)
+    huge_pages.ON[0] = huge         # off: torch.empty's memory, as bench/huge_pages.py --engine's base
     try:
         g = torch.Generator().manual_seed(38)
         w = torch.randn(1040, 1050, generator=g)        # 2.2 MB of bf16: on huge pages
         lin = Linear(w, None, compute_dtype=torch.float32, storage_dtype=torch.bfloat16, pool=pool)
-        assert lin.weight.data_ptr() % HUGE_PAGE == 0
+        assert (lin.weight.data_ptr() % HUGE_PAGE == 0) or not huge
         x = torch.randn(3, 1050, generator=g)
         xr = x.bfloat16().double() if bf16_dot else x.double()
         for m in (1, 3):
             ref = xr[:m] @ w.bfloat16().double().T
             assert (lin(x[:m]).double() - ref).abs().max() / ref.abs().max() < 1e-5
     finally:
+        huge_pages.ON[0] = True
         lib.ft_set_bf16_dot(0)
         pool.close()
 
