@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ..experts.formats import FORMATS
 from ..kernels.gemm import gemm_bf16
+from ..kernels.huge_pages import on_huge_pages
 from ..kernels.pool import CpuPool
 from ..platform import gemm_aligned
 from .concat import cat_rows
@@ -65,7 +66,8 @@ class Linear:
             else:
                 self.weight = dequantize_int8(q, s, compute_dtype)
         elif use_kernel:
-            self.weight, self.code = gemm_aligned(weight.to(storage).contiguous()), _FMT[storage]
+            # the kernels stream it every step: on 2 MiB pages (kernels/huge_pages.py; 2 MiB-aligned)
+            self.weight, self.code = gemm_aligned(on_huge_pages(weight.to(storage).contiguous())), _FMT[storage]
         else:
             self.weight = gemm_aligned(weight.to(compute_dtype))
         if bias is None:

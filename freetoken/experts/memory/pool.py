@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..formats import quantize_banks, spec_format
+from ...kernels.huge_pages import huge_empty
 from . import pinning
 
 
@@ -116,7 +117,7 @@ class PoolBuilder:
         b = self.banks.get(bank)
         if b is None:
             n = self.num_layers * self.num_experts
-            b = self.banks[bank] = torch.empty((n, *value.shape), dtype=dtype)
+            b = self.banks[bank] = huge_empty((n, *value.shape), dtype)
         b[layer * self.num_experts + expert].copy_(value)
 
     def put_layer(self, bank: str, layer: int, value: torch.Tensor, dtype: torch.dtype) -> None:
@@ -124,7 +125,7 @@ class PoolBuilder:
         b = self.banks.get(bank)
         if b is None:
             n = self.num_layers * self.num_experts
-            b = self.banks[bank] = torch.empty((n, *value.shape[1:]), dtype=dtype)
+            b = self.banks[bank] = huge_empty((n, *value.shape[1:]), dtype)
         b[layer * self.num_experts:(layer + 1) * self.num_experts].copy_(value)
 
     def build(self) -> ExpertPool:
