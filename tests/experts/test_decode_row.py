@@ -31,7 +31,9 @@ def _run(llm: LLM, prompts: list[list[int]], tokens: int):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "gpt_oss"])
-def test_decode_row_is_the_block_call(tmp_path, arch, dtype):
+def test_decode_row_is_the_block_call(tmp_path, arch, dtype, stack_off):
+    # (stack off: the layers one by one, so every one-row step calls MoERow; with the stack, a
+    # prompt of <= 16 builds the attention halves (a few rows' call) and it takes every step)
     path = make_tiny(arch, tmp_path / arch, layers=3, hidden=64, experts=8, top_k=2, vocab=512)
     llm = LLM(str(path), dtype=dtype, moe_backend="cpu", num_threads=2, prefix_cache=False, speculative="off")
     calls = []

@@ -45,7 +45,9 @@ def _one_call_is_the_separate_calls(llm: LLM, one_call, switch: list) -> None:
     assert len(fused[1]) == len(ref[1]) and all(torch.equal(a, b) for a, b in zip(fused[1], ref[1]))
 
 
-def test_ggml_attention_half_is_the_separate_calls(tiny_dir, to_gguf):
+def test_ggml_attention_half_is_the_separate_calls(tiny_dir, to_gguf, stack_off):
+    # (stack off: the layers one by one, each step through AttnHalf; with the stack, a prompt of
+    # <= 16 builds the halves (a few rows' call) and the stack takes every step)
     llm = LLM(str(to_gguf(tiny_dir("qwen3_moe"), "q8_0")), moe_backend="cpu", num_threads=2, prefix_cache=False,
               speculative="off")
     try:
@@ -55,9 +57,10 @@ def test_ggml_attention_half_is_the_separate_calls(tiny_dir, to_gguf):
         llm.close()
 
 
-def test_ggml_moe_row_is_the_block_call(tiny_dir, to_gguf):
+def test_ggml_moe_row_is_the_block_call(tiny_dir, to_gguf, stack_off):
     """The GGUF's packed experts (ggml banks) in a decode row's MoE call on reused rows
-    (experts/execution/decode_row.py): the bits of the same call through the MoE block."""
+    (experts/execution/decode_row.py): the bits of the same call through the MoE block (layers one
+    by one: the stack would take every step)."""
     llm = LLM(str(to_gguf(tiny_dir("qwen3_moe"), "q8_0")), moe_backend="cpu", num_threads=2, prefix_cache=False,
               speculative="off")
     try:
