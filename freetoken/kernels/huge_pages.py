@@ -41,11 +41,12 @@ def huge_empty(shape, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(mm, dtype=dtype, count=numel, offset=offset).view(tuple(shape))
 
 
-def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """`t` copied onto huge_empty memory (contiguous); `t` itself where smaller than a huge page
-    (or huge pages are off)."""
-    if t.nbytes < HUGE_PAGE or not ON[0] or t.device.type != "cpu":
-        return t
-    out = huge_empty(t.shape, t.dtype)
+def on_huge_pages(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`t` as `dtype` (default its own) copied onto huge_empty memory (contiguous), converted in
+    that one copy; `t.to(dtype).contiguous()` where smaller than a huge page (or huge pages are off)."""
+    dtype = t.dtype if dtype is None else dtype
+    if t.numel() * dtype.itemsize < HUGE_PAGE or not ON[0] or t.device.type != "cpu":
+        return t.to(dtype).contiguous()
+    out = huge_empty(t.shape, dtype)
     out.copy_(t)
     return out

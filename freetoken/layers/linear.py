@@ -67,7 +67,7 @@ class Linear:
                 self.weight = dequantize_int8(q, s, compute_dtype)
         elif use_kernel:
             # the kernels stream it every step: on 2 MiB pages (kernels/huge_pages.py; 2 MiB-aligned)
-            self.weight, self.code = gemm_aligned(on_huge_pages(weight.to(storage).contiguous())), _FMT[storage]
+            self.weight, self.code = gemm_aligned(on_huge_pages(weight, storage)), _FMT[storage]
         else:
             self.weight = gemm_aligned(weight.to(compute_dtype))
         if bias is None:

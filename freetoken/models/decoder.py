@@ -163,7 +163,8 @@ class DecoderLayer:
         n = x.shape[0]
         if not 1 < n <= FUSED_QK_ROWS or not ATTN_HALF[0] or self.slot is not None or (half := self._half()) is None:
             return None
-        if half.ggml:       # (GGUF layers keep the separate calls: no rows' scratch for them)
+        if half.ggml:       # GGUF layers keep the separate calls (their T-row GEMVs are not tested
+            #                 through this call): no rows' scratch for them
             return None
         if half.rows is None:
             half.rows = VerifyHalf(half, FUSED_QK_ROWS)

@@ -48,8 +48,7 @@ class VerifyHalf:
         step = meta.rows_args
         if step is None or step[0] is not cos:      # the first layer of a step works them out
             step = meta.rows_args = rows_args(x, cos, sin, meta, half.lib)
-        # (GGUF layers keep the separate calls: their T-row GEMVs are not tested through this call)
-        if (step[1] is not half.pool or half.ggml or not 1 < n <= self.max_rows
+        if (step[1] is not half.pool or not 1 < n <= self.max_rows
                 or x.dtype is not torch.float32 or x.shape[1] != self.h.shape[1] or not x.is_contiguous()):
             return None
         if (not half.cache_ready(cache)
