@@ -4,11 +4,12 @@ it), T rows at once through input RMSNorm, the qkv GEMV, q/k norms + rope, the K
 decode attention of T one-query rows, the o GEMV, the residual add and the post-attention
 RMSNorm. The separate path (`Attention.__call__` on T rows) makes the same calls on the same
 operands in the same order, with ~40 Python-level calls a layer between them (~0.1 ms a layer
-of a verify on the dense bench model); this one makes one, on scratch rows allocated once per
-layer: the same bits (tests/layers/test_verify_half.py compares both paths)."""
+of a verify on the dense bench model); this one makes one, on scratch rows shared by the layers
+of one kernel pool: the same bits (tests/layers/test_verify_half.py compares both paths)."""
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
@@ -22,19 +23,32 @@ class _Scratch(ctypes.Structure):     # attn_half.c's ft_rows_scratch
     _fields_ = [("xn", _vp), ("qkv_out", _vp), ("qk", _vp), ("q", _vp), ("att", _vp), ("o_out", _vp)]
 
 
+# Scratch rows by kernel pool, then by the layer's sizes: one set for all the layers of a model
+# (~0.9 MB of 16 rows at hidden 2048, where a set per layer held ~40 MB over 48 layers). The
+# pool's lock serialises the calls that write them, and a layer's caller consumes its outputs
+# (`DecoderLayer.rows_call`: h + mlp(normed) is a new tensor) before the next layer's call.
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _rows(pool, max_rows: int, widths: tuple[int, ...]) -> list[torch.Tensor]:
+    by_size = _SHARED.setdefault(pool, {})
+    key = (max_rows, widths)
+    if key not in by_size:
+        by_size[key] = [torch.empty(max_rows, n, dtype=torch.float32) for n in widths]
+    return by_size[key]
+
+
 class VerifyHalf:
     """`ft_attn_half_rows` of one layer (its `AttnHalf`'s weights and sizes) on up to `max_rows`
-    rows: the scratch rows and the outputs, reused every step (only the layer's own `__call__`
-    reads them, before the next step)."""
+    rows: the scratch rows and the outputs, shared with the pool's other layers of these sizes and
+    reused every step (the caller reads the outputs before any other layer's call)."""
 
     def __init__(self, half: AttnHalf, max_rows: int):
         a = half.attn
         hidden, heads, kvh, d = half.h.shape[1], a.heads, a.kv_heads, a.head_dim
-        f32 = dict(dtype=torch.float32)
         self.half, self.max_rows = half, max_rows
-        self.bufs = [torch.empty(max_rows, n, **f32) for n in (hidden, a.qkv.out_features, (heads + kvh) * d,
-                                                               heads * d, heads * d, hidden)]
-        self.h, self.normed = torch.empty(max_rows, hidden, **f32), torch.empty(max_rows, hidden, **f32)
+        *self.bufs, self.h, self.normed = _rows(half.pool, max_rows, (
+            hidden, a.qkv.out_features, (heads + kvh) * d, heads * d, heads * d, hidden, hidden, hidden))
         self.scratch = _Scratch(*[b.data_ptr() for b in self.bufs])
         self.scratch_ref = ctypes.byref(self.scratch)
         self.seconds = ctypes.c_double(0.0)
