@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .c_reads import ReadPlan
 from .hash_nogil import xxh3_64
 from .pieces import DiskLayout
 from .direct import Bounce, address, dio_align, open_direct, read_direct, read_exact, read_span
@@ -86,6 +87,8 @@ class ExpertReader:
         self.dfds: list[int | None] = []     # O_DIRECT fds (direct.py), None where refused or off
         self.bounce = Bounce()
         self.row_nbytes = {name: b.row_nbytes for name, b in layout.banks.items()}   # (a property that sums)
+        self.plan: ReadPlan | None = None    # the C read (c_reads.py), once the slots' frames are known
+        self._frames: dict | None = None
         self.open()
 
     def open(self) -> None:
@@ -97,6 +100,38 @@ class ExpertReader:
         self.close()
         self.fds, self.dfds = fds, dfds
         self.aligns = [1 if fd is None else dio_align(fd) for fd in dfds]   # O_DIRECT: offset/length/memory
+        if self._frames is not None:
+            self.frame(self._frames)
+
+    def frame(self, rows: dict) -> None:
+        """The slots' frames (HostRows by bank) the C read puts pieces in: again after a resize
+        moved them or the files were reopened."""
+        self._frames = rows
+        self.plan = ReadPlan(self.layout, self.dfds, self.aligns, rows)
+
+    def _hasher(self, flat: int):
+        """A hasher for expert `flat`'s bytes, or None: no watch, or already matched (`known`)."""
+        return xxh3_64() if self.watch is not None and not self.watch.known(flat, self.fds) else None
+
+    def _checked(self, flat: int, h) -> None:
+        if h is not None:          # (None with a watch: an expert already matched in this file version)
+            bad = self.watch.check(flat, h.intdigest())
+            if bad:
+                raise ExpertReadError(bad)
+
+    def read_slot(self, flat: int, slot: int) -> int | None:
+        """Expert `flat` into slot `slot`'s frames in one C call (c_reads.py), checked as `read`
+        checks; returns its bytes, or None where the C read does not take it (`read` then)."""
+        if self.plan is None:
+            return None
+        h = self._hasher(flat)
+        if not self.plan.takes(flat, h):
+            return None
+        n, short = self.plan.read(flat, slot, h, self.fds)
+        if short:
+            raise ExpertReadError(short)
+        self._checked(flat, h)
+        return n
 
     def describe(self) -> dict:
         """How the reads go: O_DIRECT (how many of the files) or buffered."""
@@ -109,7 +144,7 @@ class ExpertReader:
         piece whose aligned span the frame holds is read straight into it, and hashed there (no
         bounce copy)."""
         total = 0
-        h = xxh3_64() if self.watch is not None and not self.watch.known(flat, self.fds) else None
+        h = self._hasher(flat)
         for name, bank in self.layout.banks.items():
             row, fr = None, frames.get(name) if frames else None
             for pc in bank.pieces:
@@ -139,10 +174,7 @@ class ExpertReader:
                 elif not direct:
                     self._place(bank, pc, buf, dst[name])
                 total += pc.nbytes
-        if h is not None:          # (None with a watch: an expert already matched in this file version)
-            bad = self.watch.check(flat, h.intdigest())
-            if bad:
-                raise ExpertReadError(bad)
+        self._checked(flat, h)
         return total
 
     def _framed(self, fi: int, off: int, nbytes: int, frame: memoryview, at: int) -> tuple[memoryview | None, int]:
@@ -203,6 +235,7 @@ class ExpertReader:
         out[:, rb:] = 0
 
     def close(self) -> None:
+        self.plan = None                     # (its fds are closed here)
         for fd in (*self.fds, *self.dfds):
             if fd is not None:
                 os.close(fd)
@@ -231,6 +264,7 @@ class HostExpertCache:
         for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
             self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
         self._small_views()
+        self.reader.frame(self._rows)
         self._cv = threading.Condition()
         self._waiters = 0                                   # callers in acquire's wait for a free slot
         self._landed: dict[int, threading.Event] = {}      # slot -> set when its read is over
@@ -269,8 +303,10 @@ class HostExpertCache:
         """Runs on an I/O thread: the slot's rows from the file; then the slot is readable."""
         err = None
         try:
-            n = self.reader.read(flat, _SlotRows(self.banks, slot),
-                                 {k: (r.frame(slot), r.lead) for k, r in self._rows.items()})
+            n = self.reader.read_slot(flat, slot)
+            if n is None:
+                n = self.reader.read(flat, _SlotRows(self.banks, slot),
+                                     {k: (r.frame(slot), r.lead) for k, r in self._rows.items()})
             for dst, src in self._small:
                 dst[slot] = src[flat]
         except BaseException as e:  # noqa: BLE001 -- handed to every waiter
@@ -608,6 +644,7 @@ class HostExpertCache:
                 new[:len(keep)] = self.banks[name][idx]
                 self.banks[name] = new
             self._small_views()
+            self.reader.frame(self._rows)
             was = self._prefetched
             self._prefetched = np.zeros(slots, bool)
             self._prefetched[:len(keep)] = was[keep]
