@@ -70,11 +70,9 @@ class _Digests:
 def _read_one(reader: ExpertReader, rows: dict, flat: int, slot: int, use_c: bool) -> bool:
     """Expert `flat` into `slot` by the C read (`use_c`, where it takes it) or the Python path;
     whether C read it."""
-    if use_c and reader.read_slot(flat, slot) is not None:
-        return True
     reader.read(flat, _SlotRows({k: r.bank for k, r in rows.items()}, slot),
-                {k: (r.frame(slot), r.lead) for k, r in rows.items()})
-    return False
+                {k: (r.frame(slot), r.lead) for k, r in rows.items()}, slot if use_c else None)
+    return use_c and bool(reader.plan.ok[flat])
 
 
 def _read_both(lay: DiskLayout, flats, variant: str):
@@ -154,7 +152,7 @@ def test_truncated_and_failed_reads(direct_dir, variant):
             if use_c:                      # a read that fails in the kernel: its errno, as preadv raises
                 os.close(reader.dfds[0])
                 with pytest.raises(OSError, match="Bad file descriptor"):
-                    reader.read_slot(0, 0)
+                    _read_one(reader, rows, 0, 0, True)
                 reader.dfds[0] = os.open(lay.paths[0], os.O_RDONLY)     # (for close)
         finally:
             reader.close()

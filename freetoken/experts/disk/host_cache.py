@@ -8,7 +8,9 @@ released while the disk works, so the reads of several experts are in flight at 
 read queue's readers, `io_threads` in flight: the queue depth `freetoken profile` measures best,
 and one more for a layer call's own reads, read_queue.py).
 Where the filesystem allows, reads are O_DIRECT (direct.py: no page-cache copy; an unaligned
-GGUF piece is read as its aligned span into a per-thread bounce buffer); otherwise buffered,
+GGUF piece is read as its aligned span into a per-thread bounce buffer, or straight into the slot's
+frame; an expert whose every piece lands in its frame is read, hashed and spread in one C call,
+without the GIL: c_reads.py); otherwise buffered,
 and after each read the file's pages are dropped from the page cache (`posix_fadvise(DONTNEED)`):
 the slot is the copy in RAM, the page cache would be a second.
 With a file watch (experts/disk/integrity.py) each expert's bytes are hashed (xxh3) as they land and a
@@ -77,6 +79,18 @@ class _SlotRows:
         return self.banks[name][self.slot]
 
 
+class _SlotFrames:
+    """`ExpertReader.read`'s frames of one slot, (frame, lead) by bank, made only when the
+    Python path asks (the C read takes the slot's number)."""
+
+    def __init__(self, rows: dict[str, HostRows], slot: int):
+        self.rows, self.slot = rows, slot
+
+    def get(self, name: str):
+        r = self.rows.get(name)
+        return None if r is None else (r.frame(self.slot), r.lead)
+
+
 class ExpertReader:
     """Reads one expert's rows of every disk bank into given destination rows."""
 
@@ -119,32 +133,26 @@ class ExpertReader:
             if bad:
                 raise ExpertReadError(bad)
 
-    def read_slot(self, flat: int, slot: int) -> int | None:
-        """Expert `flat` into slot `slot`'s frames in one C call (c_reads.py), checked as `read`
-        checks; returns its bytes, or None where the C read does not take it (`read` then)."""
-        if self.plan is None:
-            return None
-        h = self._hasher(flat)
-        if not self.plan.takes(flat, h):
-            return None
-        n, short = self.plan.read(flat, slot, h, self.fds)
-        if short:
-            raise ExpertReadError(short)
-        self._checked(flat, h)
-        return n
 
     def describe(self) -> dict:
         """How the reads go: O_DIRECT (how many of the files) or buffered."""
         n = sum(fd is not None for fd in self.dfds)
         return {"direct_io": self.direct_io, "direct_files": n, "mode": "direct" if n else "buffered"}
 
-    def read(self, flat: int, dst, frames: dict | None = None) -> int:
+    def read(self, flat: int, dst, frames=None, slot: int | None = None) -> int:
         """Fills dst[bank] (one expert's row of each disk bank; a dict or `_SlotRows`); returns
         bytes read. frames[bank]: (the slot's frame, the row's lead in it; host_rows.py) -- a
         piece whose aligned span the frame holds is read straight into it, and hashed there (no
-        bounce copy)."""
+        bounce copy). `slot`: the frames are that slot's of the frames given to `frame`; an
+        expert whose every piece lands in them is read in one C call (c_reads.py)."""
         total = 0
         h = self._hasher(flat)
+        if slot is not None and self.plan is not None and self.plan.takes(flat, h):
+            total, short = self.plan.read(flat, slot, h, self.fds)
+            if short:
+                raise ExpertReadError(short)
+            self._checked(flat, h)
+            return total
         for name, bank in self.layout.banks.items():
             row, fr = None, frames.get(name) if frames else None
             for pc in bank.pieces:
@@ -303,10 +311,7 @@ class HostExpertCache:
         """Runs on an I/O thread: the slot's rows from the file; then the slot is readable."""
         err = None
         try:
-            n = self.reader.read_slot(flat, slot)
-            if n is None:
-                n = self.reader.read(flat, _SlotRows(self.banks, slot),
-                                     {k: (r.frame(slot), r.lead) for k, r in self._rows.items()})
+            n = self.reader.read(flat, _SlotRows(self.banks, slot), _SlotFrames(self._rows, slot), slot)
             for dst, src in self._small:
                 dst[slot] = src[flat]
         except BaseException as e:  # noqa: BLE001 -- handed to every waiter
