@@ -163,6 +163,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_next_layer_observe.restype = i64
     lib.ft_next_layer_predict.argtypes = [vp, vp, vp, i64, i64, ctypes.c_double, vp, vp]
     lib.ft_next_layer_predict.restype = i64
+    lib.ft_read_expert.argtypes = [i64, vp, vp, vp, vp, vp, i64, i64, vp, vp, vp, vp, vp]
+    lib.ft_read_expert.restype = i64
     lib.ft_moe_decode.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp]
     lib.ft_moe_decode.restype = ci
     lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from freetoken.experts.disk import direct
+from freetoken.experts.disk import c_reads, direct
 from freetoken.experts.disk.host_cache import ExpertReadError, HostExpertCache
 from freetoken.experts.disk.pieces import BankLayout, DiskLayout, Piece
 from freetoken.experts.memory.pool import ExpertSpec
@@ -144,6 +144,7 @@ def test_eio_or_short_read_is_a_clear_error_for_that_expert(tmp_path, monkeypatc
         return real(fd, bufs, off)
 
     monkeypatch.setattr(os, "preadv", faulty)
+    monkeypatch.setattr(c_reads, "ENABLED", False)      # (the C read's pread is not `os.preadv`)
     cache = HostExpertCache(lay, 3, "lru", threads=2, direct_io=mode)
     try:
         msg = "Input/output error" if fault == "eio" else "truncated"
@@ -214,6 +215,7 @@ def test_framed_read_failures_are_clear_errors(tmp_path, monkeypatch, fault):
                     return 100                   # a count short of a block: the file ended
                 return real(fd, bufs, off)
             monkeypatch.setattr(os, "preadv", faulty)
+            monkeypatch.setattr(c_reads, "ENABLED", False)  # (the C read's faults: test_disk_c_reads.py)
         msg = {"truncated": "truncated", "eio": "Input/output error", "short": "truncated"}[fault]
         with pytest.raises(ExpertReadError, match=f"expert {bad % E} of MoE layer {bad // E}.*{msg}|{msg}.*expert {bad % E} of MoE layer {bad // E}"):
             cache.acquire(np.array([bad]))
@@ -280,6 +282,7 @@ def test_a_4k_sector_disk_is_probed_and_still_read_in_place(tmp_path, monkeypatc
         return real(fd, bufs, off)
 
     monkeypatch.setattr(os, "preadv", sector_4k)
+    monkeypatch.setattr(c_reads, "ENABLED", False)          # (the emulation is in `os.preadv`)
     lay, want = _layout(tmp_path / "f.bin", 3 * 4096, 3 * 4096, 32)
     bounced = []
     real_get = direct.Bounce.get

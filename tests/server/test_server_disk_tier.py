@@ -120,11 +120,14 @@ def test_file_rewritten_in_place_fails_those_requests_health_degraded_until_rest
 
 
 @pytest.mark.timeout(300)
-def test_disk_eio_fails_those_requests_server_stays_up(tiny_model_dir, tmp_path):
+def test_disk_eio_fails_those_requests_server_stays_up(tiny_model_dir, tmp_path, monkeypatch):
     """The disk answers EIO to every expert read (direct or buffered alike): the requests that
     need a read get a 500 naming the file and the I/O error, the server stays up, and once the
     disk answers again the same server gives the same text."""
     import errno
+
+    from freetoken.experts.disk import c_reads
+    monkeypatch.setattr(c_reads, "ENABLED", False)     # the EIO is injected into the Python path's reads
     ftw, llm, srv = _serve(tiny_model_dir, tmp_path, slots=2)
     reader = llm.engine.model.experts.cache.reader
     real = reader._piece

@@ -57,10 +57,20 @@ class Xxh3NoGil:
     def intdigest(self) -> int:
         return int(_LIB.XXH3_64bits_digest(self._state))
 
+    @property
+    def state(self) -> int:
+        """The XXH3 state's address, for C that updates it (`update_address`; c_reads.py)."""
+        return self._state
+
     def __del__(self):
         if getattr(self, "_state", None):
             _LIB.XXH3_freeState(self._state)
             self._state = None
+
+
+def update_address() -> int | None:
+    """The address of the update these hashers call (C: `int update(state, data, len)`), or None."""
+    return None if _update is None else ctypes.cast(_update, ctypes.c_void_p).value
 
 
 def xxh3_64():

@@ -8,7 +8,9 @@ released while the disk works, so the reads of several experts are in flight at 
 read queue's readers, `io_threads` in flight: the queue depth `freetoken profile` measures best,
 and one more for a layer call's own reads, read_queue.py).
 Where the filesystem allows, reads are O_DIRECT (direct.py: no page-cache copy; an unaligned
-GGUF piece is read as its aligned span into a per-thread bounce buffer); otherwise buffered,
+GGUF piece is read as its aligned span into a per-thread bounce buffer, or straight into the slot's
+frame; an expert whose every piece lands in its frame is read, hashed and spread in one C call,
+without the GIL: c_reads.py); otherwise buffered,
 and after each read the file's pages are dropped from the page cache (`posix_fadvise(DONTNEED)`):
 the slot is the copy in RAM, the page cache would be a second.
 With a file watch (experts/disk/integrity.py) each expert's bytes are hashed (xxh3) as they land and a
@@ -32,6 +34,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .c_reads import ReadPlan
 from .hash_nogil import xxh3_64
 from .pieces import DiskLayout
 from .direct import Bounce, address, dio_align, open_direct, read_direct, read_exact, read_span
@@ -76,6 +79,18 @@ class _SlotRows:
         return self.banks[name][self.slot]
 
 
+class _SlotFrames:
+    """`ExpertReader.read`'s frames of one slot, (frame, lead) by bank, made only when the
+    Python path asks (the C read takes the slot's number)."""
+
+    def __init__(self, rows: dict[str, HostRows], slot: int):
+        self.rows, self.slot = rows, slot
+
+    def get(self, name: str):
+        r = self.rows.get(name)
+        return None if r is None else (r.frame(self.slot), r.lead)
+
+
 class ExpertReader:
     """Reads one expert's rows of every disk bank into given destination rows."""
 
@@ -86,6 +101,8 @@ class ExpertReader:
         self.dfds: list[int | None] = []     # O_DIRECT fds (direct.py), None where refused or off
         self.bounce = Bounce()
         self.row_nbytes = {name: b.row_nbytes for name, b in layout.banks.items()}   # (a property that sums)
+        self.plan: ReadPlan | None = None    # the C read (c_reads.py), once the slots' frames are known
+        self._frames: dict | None = None
         self.open()
 
     def open(self) -> None:
@@ -97,19 +114,45 @@ class ExpertReader:
         self.close()
         self.fds, self.dfds = fds, dfds
         self.aligns = [1 if fd is None else dio_align(fd) for fd in dfds]   # O_DIRECT: offset/length/memory
+        if self._frames is not None:
+            self.frame(self._frames)
+
+    def frame(self, rows: dict) -> None:
+        """The slots' frames (HostRows by bank) the C read puts pieces in: again after a resize
+        moved them or the files were reopened."""
+        self._frames = rows
+        self.plan = ReadPlan(self.layout, self.dfds, self.aligns, rows)
+
+    def _hasher(self, flat: int):
+        """A hasher for expert `flat`'s bytes, or None: no watch, or already matched (`known`)."""
+        return xxh3_64() if self.watch is not None and not self.watch.known(flat, self.fds) else None
+
+    def _checked(self, flat: int, h) -> None:
+        if h is not None:          # (None with a watch: an expert already matched in this file version)
+            bad = self.watch.check(flat, h.intdigest())
+            if bad:
+                raise ExpertReadError(bad)
+
 
     def describe(self) -> dict:
         """How the reads go: O_DIRECT (how many of the files) or buffered."""
         n = sum(fd is not None for fd in self.dfds)
         return {"direct_io": self.direct_io, "direct_files": n, "mode": "direct" if n else "buffered"}
 
-    def read(self, flat: int, dst, frames: dict | None = None) -> int:
+    def read(self, flat: int, dst, frames=None, slot: int | None = None) -> int:
         """Fills dst[bank] (one expert's row of each disk bank; a dict or `_SlotRows`); returns
         bytes read. frames[bank]: (the slot's frame, the row's lead in it; host_rows.py) -- a
         piece whose aligned span the frame holds is read straight into it, and hashed there (no
-        bounce copy)."""
+        bounce copy). `slot`: the frames are that slot's of the frames given to `frame`; an
+        expert whose every piece lands in them is read in one C call (c_reads.py)."""
         total = 0
-        h = xxh3_64() if self.watch is not None and not self.watch.known(flat, self.fds) else None
+        h = self._hasher(flat)
+        if slot is not None and self.plan is not None and self.plan.takes(flat, h):
+            total, short = self.plan.read(flat, slot, h, self.fds)
+            if short:
+                raise ExpertReadError(short)
+            self._checked(flat, h)
+            return total
         for name, bank in self.layout.banks.items():
             row, fr = None, frames.get(name) if frames else None
             for pc in bank.pieces:
@@ -139,10 +182,7 @@ class ExpertReader:
                 elif not direct:
                     self._place(bank, pc, buf, dst[name])
                 total += pc.nbytes
-        if h is not None:          # (None with a watch: an expert already matched in this file version)
-            bad = self.watch.check(flat, h.intdigest())
-            if bad:
-                raise ExpertReadError(bad)
+        self._checked(flat, h)
         return total
 
     def _framed(self, fi: int, off: int, nbytes: int, frame: memoryview, at: int) -> tuple[memoryview | None, int]:
@@ -203,6 +243,7 @@ class ExpertReader:
         out[:, rb:] = 0
 
     def close(self) -> None:
+        self.plan = None                     # (its fds are closed here)
         for fd in (*self.fds, *self.dfds):
             if fd is not None:
                 os.close(fd)
@@ -231,6 +272,7 @@ class HostExpertCache:
         for name, t in layout.resident.items():     # empty slots hold expert 0's (valid ggml type ids)
             self.banks[name] = t[:1].expand(slots, *t.shape[1:]).clone()
         self._small_views()
+        self.reader.frame(self._rows)
         self._cv = threading.Condition()
         self._waiters = 0                                   # callers in acquire's wait for a free slot
         self._landed: dict[int, threading.Event] = {}      # slot -> set when its read is over
@@ -269,8 +311,7 @@ class HostExpertCache:
         """Runs on an I/O thread: the slot's rows from the file; then the slot is readable."""
         err = None
         try:
-            n = self.reader.read(flat, _SlotRows(self.banks, slot),
-                                 {k: (r.frame(slot), r.lead) for k, r in self._rows.items()})
+            n = self.reader.read(flat, _SlotRows(self.banks, slot), _SlotFrames(self._rows, slot), slot)
             for dst, src in self._small:
                 dst[slot] = src[flat]
         except BaseException as e:  # noqa: BLE001 -- handed to every waiter
@@ -608,6 +649,7 @@ class HostExpertCache:
                 new[:len(keep)] = self.banks[name][idx]
                 self.banks[name] = new
             self._small_views()
+            self.reader.frame(self._rows)
             was = self._prefetched
             self._prefetched = np.zeros(slots, bool)
             self._prefetched[:len(keep)] = was[keep]
