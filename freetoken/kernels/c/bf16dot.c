@@ -164,10 +164,13 @@ void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *
     }
 }
 
-/* Tokens a pass for a call of M tokens: M in equal passes of at most BW_TOK (16 -> 8, 8;
- * 17 -> 9, 8; 65 -> 8 passes of 9 or fewer). */
+/* Tokens a pass for a call of M tokens: one pass up to BW_TOK, two equal passes up to 16 (13-16
+ * as 7-8 over 3-row tiles), beyond that equal passes of at most 6 over 4-row tiles (17 -> 6, 6, 5;
+ * 65 -> 11 passes): there passes of 8-9 over 3-row tiles measured 3-7% slower (17, 24, 33, 65
+ * rows, the dense bench model's linears in one process, one thread). */
 int bf16_pairs_tokens(int64_t M) {
-    const int64_t passes = (M + BW_TOK - 1) / BW_TOK;
+    const int most = M <= 16 ? BW_TOK : 6;
+    const int64_t passes = (M + most - 1) / most;
     return (int)((M + passes - 1) / passes);
 }
 #endif
