@@ -1,9 +1,10 @@
 """The bf16-dot GEMV (bf16 weights x bf16-rounded activations; vdpbf16ps where the build has it,
 emulated in the others) at every row count of a decode or verify step: each row count takes its
-own shape of the dense GEMV's tiles (kernels/c/bf16dot.c: up to 6 tokens a pass, 4 weight
-rows), so every count up to 16 and the largest verify are checked against a float64 reference of
-the rounded activations, and against the same rows run one at a time (a verify's rows must have a
-plain step's bits), in every kernel build this CPU runs."""
+own shape of the dense GEMV's tiles (kernels/c/bf16dot.c: one pass of up to 6 tokens over 4
+weight rows or of 7-9 over 3, more tokens in equal passes, the prefetch by the passes), so every
+count up to 16 and the largest verify are checked against a float64 reference of the (rounded)
+activations, and against the same rows run one at a time (a verify's rows must have a plain
+step's bits), in every kernel build this CPU runs, with the bf16 dots on and off."""
 import pytest
 import torch
 
@@ -18,11 +19,14 @@ ROWS = (*range(1, 17), 24, GEMV_TOKENS)
 SHAPES = ((37, 75), (70, 2085), (19, 32), (6, 5))
 
 
-@pytest.fixture(params=kernels.variants_here())
+@pytest.fixture(params=[(v, on) for v in kernels.variants_here() for on in (1, 0)],
+                ids=lambda p: f"{p[0]}-bf16dot{'on' if p[1] else 'off'}")
 def dot_pool(request):
-    lib = kernels.load(request.param)
+    variant, on = request.param
+    lib = kernels.load(variant)
     pool = CpuPool(lib, 2, small_job_bytes=0)       # the threads split even these small shapes
-    lib.ft_set_bf16_dot(1)
+    lib.ft_set_bf16_dot(on)
+    pool.bf16_dot = bool(on)
     yield pool
     lib.ft_set_bf16_dot(0)
     pool.close()
@@ -40,7 +44,8 @@ def test_every_row_count_matches_float64_of_rounded_activations_and_one_row_step
         one = torch.cat([lin(x[i:i + 1]) for i in range(x.shape[0])])
         for M in ROWS:
             y = lin(x[:M])
-            ref = x[:M].bfloat16().double() @ ref_w.T + (b.double() if bias else 0)
+            xr = x[:M].bfloat16().double() if dot_pool.bf16_dot else x[:M].double()
+            ref = xr @ ref_w.T + (b.double() if bias else 0)
             err = (y.double() - ref).abs().max() / ref.abs().max()
             assert err < 1e-5, (N, K, M, float(err))
             assert torch.equal(y, one[:M]), (N, K, M)

@@ -92,15 +92,15 @@ void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *
 }
 
 /* The decode GEMV's rows (dense.c) with vdpbf16ps: R rows x NT tokens, a verify's rows in passes of
- * up to BW_TOK over a tile of 4 rows (9 rows: 5 + 4 over 4 rows, where btile's NTMAX = 4 took
- * 4 + 4 + 1 in 2-row tiles over a 32-row block; passes of 16 tokens measured slower: their
- * activations outgrow L1); btile's chains (one per (row, token), 32 pairs a step, the masked
+ * up to BW_TOK over a tile of BW_ROWS(NT) rows (9 rows: one pass over 3 rows, where btile's
+ * NTMAX = 4 took 4 + 4 + 1 in 2-row tiles over a 32-row block; passes of 16 tokens measured
+ * slower: their activations outgrow L1); btile's chains (one per (row, token), 32 pairs a step, the masked
  * tail, one reduction), so every dot has btile's bits whatever R and NT. */
-FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *xp, float *res, int ldr,
+FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *x, int64_t xs, float *res, int ldr,
                         int pf_lines, const int R, const int NT) {
-    __m512 acc[4][BW_TOK];
+    __m512 acc[BW_ACC];   /* [r * NT + t]: flat and no larger than used, so it stays in registers */
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int t = 0; t < NT; t++) acc[r * NT + t] = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512bh w[4];
@@ -114,8 +114,8 @@ FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *x
             w[r] = (__m512bh)_mm512_loadu_si512(wr[r] + 2 * i);
         }
         for (int t = 0; t < NT; t++) {
-            const __m512bh x = (__m512bh)_mm512_loadu_si512(xp[t] + 2 * i);
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], x);
+            const __m512bh xt = (__m512bh)_mm512_loadu_si512(x + t * xs + 2 * i);
+            for (int r = 0; r < R; r++) acc[r * NT + t] = _mm512_dpbf16_ps(acc[r * NT + t], w[r], xt);
         }
     }
     if (i < n) {
@@ -123,34 +123,54 @@ FORCE_INLINE void bwide(const uint8_t *const *wr, int n, const uint8_t *const *x
         __m512bh w[4];
         for (int r = 0; r < R; r++) w[r] = (__m512bh)_mm512_maskz_loadu_epi16(m, wr[r] + 2 * i);
         for (int t = 0; t < NT; t++) {
-            const __m512bh x = (__m512bh)_mm512_maskz_loadu_epi16(m, xp[t] + 2 * i);
-            for (int r = 0; r < R; r++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], w[r], x);
+            const __m512bh xt = (__m512bh)_mm512_maskz_loadu_epi16(m, x + t * xs + 2 * i);
+            for (int r = 0; r < R; r++) acc[r * NT + t] = _mm512_dpbf16_ps(acc[r * NT + t], w[r], xt);
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < NT; t++) res[r * ldr + t] = _mm512_reduce_add_ps(acc[r][t]);
+        for (int t = 0; t < NT; t++) res[r * ldr + t] = _mm512_reduce_add_ps(acc[r * NT + t]);
 }
 
-/* R is BW_ROWS(NT) but for a thread's last rows, which go one at a time */
-#define BWIDE(NT)                                                                \
-    case NT:                                                                     \
-        if (R == BW_ROWS(NT)) bwide(wr, n, xp, res, ldr, pf_lines, BW_ROWS(NT), NT); \
-        else for (int r = 0; r < R; r++) bwide(wr + r, n, xp, res + r * ldr, ldr, pf_lines, 1, NT); \
+/* One function per shape (R rows, NT tokens), the tokens at one stride from one pointer: inlined
+ * into one switch with a pointer per token, GCC kept the 3 x 9 loop's pointers and a weight vector
+ * on the stack */
+#define BWIDE_FN(R, NT)                                                                             \
+    static __attribute__((noinline)) void bwide_##R##_##NT(const uint8_t *const *wr, int n, const uint8_t *x, \
+                                                          int64_t xs, float *res, int ldr, int pf_lines) { \
+        bwide(wr, n, x, xs, res, ldr, pf_lines, R, NT);                                            \
+    }
+BWIDE_FN(1, 1) BWIDE_FN(1, 2) BWIDE_FN(1, 3) BWIDE_FN(1, 4) BWIDE_FN(1, 5) BWIDE_FN(1, 6) BWIDE_FN(1, 7) BWIDE_FN(1, 8) BWIDE_FN(1, 9)
+BWIDE_FN(3, 1) BWIDE_FN(3, 2) BWIDE_FN(3, 3) BWIDE_FN(3, 4) BWIDE_FN(3, 5) BWIDE_FN(3, 6) BWIDE_FN(3, 7) BWIDE_FN(3, 8) BWIDE_FN(3, 9)
+BWIDE_FN(4, 1) BWIDE_FN(4, 2) BWIDE_FN(4, 3) BWIDE_FN(4, 4) BWIDE_FN(4, 5) BWIDE_FN(4, 6)
+
+/* R is BW_ROWS(NT), or 3 where a call's passes took 3-row tiles and its last pass has fewer tokens
+ * (13 = 7 + 6), but for a thread's last rows, which go one at a time */
+#define BWIDE(NT, FOUR)                                                                             \
+    case NT:                                                                                       \
+        if (R == 4) FOUR;                                                                          \
+        else if (R == 3) bwide_3_##NT(wr, n, x, xs, res, ldr, pf_lines);                           \
+        else for (int r = 0; r < R; r++) bwide_1_##NT(wr + r, n, x, xs, res + r * ldr, ldr, pf_lines); \
         break;
 
-/* res[r * ldr + t] = <row wr[r], x_t> for r < R (<= BW_ROWS(nt)), t < nt (<= BW_TOK); pf_lines (1-4)
- * lines of the next tile prefetched a step per row. */
-void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt, float *res,
+/* res[r * ldr + t] = <row wr[r], x_t> for r < R (<= BW_ROWS(nt)), t < nt (<= BW_TOK), token t's
+ * prepared activations at x + t * xs; pf_lines (1-4) lines of the next tile prefetched a step per row. */
+void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *x, int64_t xs, int nt, float *res,
                          int ldr, int pf_lines) {
     switch (nt) {
-    BWIDE(1) BWIDE(2) BWIDE(3) BWIDE(4) BWIDE(5) BWIDE(6)
+    BWIDE(1, bwide_4_1(wr, n, x, xs, res, ldr, pf_lines)) BWIDE(2, bwide_4_2(wr, n, x, xs, res, ldr, pf_lines))
+    BWIDE(3, bwide_4_3(wr, n, x, xs, res, ldr, pf_lines)) BWIDE(4, bwide_4_4(wr, n, x, xs, res, ldr, pf_lines))
+    BWIDE(5, bwide_4_5(wr, n, x, xs, res, ldr, pf_lines)) BWIDE(6, bwide_4_6(wr, n, x, xs, res, ldr, pf_lines))
+    BWIDE(7, (void)0) BWIDE(8, (void)0) BWIDE(9, (void)0)
     }
 }
 
-/* Tokens a pass for a call of M tokens: M in equal passes of at most BW_TOK (17 -> 6, 6, 5;
- * 65 -> 11 passes of 6 or fewer). */
+/* Tokens a pass for a call of M tokens: one pass up to BW_TOK, two equal passes up to 16 (13-16
+ * as 7-8 over 3-row tiles), beyond that equal passes of at most 6 over 4-row tiles (17 -> 6, 6, 5;
+ * 65 -> 11 passes): there passes of 8-9 over 3-row tiles measured 3-7% slower (17, 24, 33, 65
+ * rows, the dense bench model's linears in one process, one thread). */
 int bf16_pairs_tokens(int64_t M) {
-    const int64_t passes = (M + BW_TOK - 1) / BW_TOK;
+    const int most = M <= 16 ? BW_TOK : 6;
+    const int64_t passes = (M + most - 1) / most;
     return (int)((M + passes - 1) / passes);
 }
 #endif

@@ -72,14 +72,13 @@ static void split_rows(const ft_gemv_rows *W, int N, int nth, int tid, int *lo, 
  * its weights read from memory once and from L1/L2 per further pass. */
 static void gemv_rows_bf16_pairs(const gemv_job *L, int r0, int r1, int64_t xs) {
     const int q = bf16_pairs_tokens(L->M), R = BW_ROWS(q);
-    /* lines of the next tile prefetched a step: the fewer tokens, the more a tile waits on DRAM
-     * (Zen 4, the dense step's GEMVs from DRAM, one thread, load 6, x fp32's: 2 lines a step ->
-     * these counts: 1 row 1.03 -> 0.86 (4), 3 rows 0.98 -> 0.83 (3), 5 rows 0.66 -> 0.52 (3); 9
-     * rows 0.50 with 2, 0.55 with 3 or 1, 0.60 with 4: there the prefetches cost load slots;
-     * 2 rows, a verify of one draft, 5120 x 2048 at load 9: 0.77 ms with 4, 0.81 with 3; 3 rows, the
-     * dense bench model's k = 2 verify step at 850 keys, in-process A/B at load 6: 1.18 -> 1.11x a
-     * plain step with 4, twice; 4 and 5 rows no better with 4) */
-    const int pf_lines = L->M <= 3 ? 4 : L->M <= 5 ? 3 : 2;
+    /* lines of the next tile prefetched a step per row: 4 (3 in 3-row tiles) where the tile takes its
+     * tokens in one pass, 2 where it takes several (a C loop of this GEMV over 256 MiB of 2048-wide
+     * rows on 2 MiB pages, one thread, 21 alternating rounds, medians, x 2 lines: one pass 1.07x
+     * with 1 line, 0.83-0.93x with 4 at 4-6 tokens, 0.87-0.93x with 3 at 7-9 in 3-row tiles; two
+     * passes 1.11-1.24x with 4, 1.20-1.36x with none in the later passes, 0.94-1.05x with 1). On
+     * 4 KiB pages the counts had been 4 / 3 / 2 at 1-3 / 4-5 / 6+ tokens. */
+    const int pf_lines = L->M > q ? 2 : R == 4 ? 4 : 3;
     for (int r = r0; r < r1; r += R) {
         const int m = r + R <= r1 ? R : r1 - r;
         const uint8_t *wr[4], *sr[4];
@@ -91,10 +90,8 @@ static void gemv_rows_bf16_pairs(const gemv_job *L, int r0, int r1, int64_t xs) 
         tl_pf = pf_distance((int64_t)m * rs, rs);
         for (int64_t c = 0; c < L->M; c += q) {
             const int nt = L->M - c < q ? (int)(L->M - c) : q;
-            const uint8_t *xp[BW_TOK];
             float res[4 * BW_TOK];
-            for (int t = 0; t < nt; t++) xp[t] = L->xq + (c + t) * xs;
-            dot_rows_bf16_pairs(wr, m, L->K, xp, nt, res, BW_TOK, pf_lines);
+            dot_rows_bf16_pairs(wr, m, L->K, L->xq + c * xs, xs, nt, res, BW_TOK, pf_lines);
             for (int j = 0; j < m; j++)
                 for (int t = 0; t < nt; t++)
                     L->y[(c + t) * L->ldy + r + j] = L->bias ? res[j * BW_TOK + t] + L->bias[r + j]

@@ -323,13 +323,16 @@ FT_HIDDEN void prep_bf16_pairs(const float *src, uint8_t *dst, int n, int j0, in
 FT_HIDDEN void dot_tile_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
                                    float (*res)[NTMAX]);
 /* dense.c's GEMV rows: up to BW_TOK tokens a pass, BW_ROWS(tokens) rows (R x NT accumulators,
- * the R weight vectors and one token's within 31 of the 32 zmm registers). 6, not 8: passes of
- * 7-8 tokens took 3-row tiles, 12-23% fewer multiply-adds a second than 4 rows x up to 6 tokens
- * (Zen 4, one thread, 5120 x 2048 from DRAM: 8 rows 136 -> 155 GFLOP/s as 6 + 2, 13 rows 143
- * -> 163 as 5 + 5 + 3; bench/verify_rows.py) */
-#define BW_TOK 6
+ * the R weight vectors and one token's within 31 of the 32 zmm registers): 4 rows x up to 6
+ * tokens, 3 rows x 7-9. 9, not 6: on weights from 2 MiB pages, with 3-4 lines prefetched a step, a
+ * verify of 7-9 rows in one pass over 3-row tiles took 0.87-0.93x the time of two passes over 4-row
+ * tiles, 13-16 rows as two 3-row passes 0.91-0.95x three 4-row ones (Zen 4, one thread, a C loop
+ * over 256 MiB of 2048-wide rows, 21 alternating rounds); with 2 lines a step, the count used
+ * when 3-row passes were tried and dropped, the one 3-row pass is 1.03-1.09x */
+#define BW_TOK 9
+#define BW_ACC 27   /* the most accumulators of any shape: 3 x 9 (4 x 6 is 24) */
 #define BW_ROWS(nt) (30 / ((nt) + 1) < 4 ? 30 / ((nt) + 1) : 4)
-FT_HIDDEN void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *const *xp, int nt,
+FT_HIDDEN void dot_rows_bf16_pairs(const uint8_t *const *wr, int R, int n, const uint8_t *x, int64_t xs, int nt,
                                    float *res, int ldr, int pf_lines);
 FT_HIDDEN int bf16_pairs_tokens(int64_t M);
 #endif
