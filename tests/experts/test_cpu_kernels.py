@@ -1,6 +1,8 @@
 """CPU expert kernels against float64 torch references, on fresh random data every run."""
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -326,12 +328,14 @@ def rounded_reference(banks, dense, x, ids, w, inter, rel=1e-4, eps=1e-6, act="s
 @pytest.mark.parametrize("isa", ISAS)
 def test_bf16_dot_matches_float64_reference_of_rounded_activations(isa):
     """bf16 banks with the vdpbf16ps switch on (emulated where the variant lacks it): equal to the
-    float64 reference whose x and h are rounded to bf16, on odd shapes (masked tails)."""
+    float64 reference whose x and h are rounded to bf16, on odd shapes (masked tails), one thread
+    and two (each thread's rows end in a partial tile at 33 and 67)."""
     gen = torch.Generator().manual_seed(torch.seed() % (2**31))
     lib = kernels.load(isa)
-    for hidden, inter in ((200, 72), (2048, 96), (67, 33)):
+    for (hidden, inter), threads in itertools.product(((200, 72), (2048, 96), (67, 33)), (1, 2)):
         banks = make_banks("bf16", 6, hidden, inter, True, gen)
-        ex = CpuExpertExecutor(banks, "bf16", hidden, inter, activation="swiglu_oai", isa=isa, gemm_tokens=0)
+        ex = CpuExpertExecutor(banks, "bf16", hidden, inter, activation="swiglu_oai", isa=isa, gemm_tokens=0,
+                               num_threads=threads)
         dense = dense64(banks, "bf16")
         try:
             assert lib.ft_set_bf16_dot(1) == (2 if ex.isa.endswith("+bf16") else 1)

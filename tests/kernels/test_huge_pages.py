@@ -90,3 +90,13 @@ def test_pool_banks_on_huge_pages_hold_the_experts():
         b.put_layer("gate_up", layer, v, torch.bfloat16)
     bank = b.build().banks["gate_up"]
     assert bank.data_ptr() % HUGE_PAGE == 0 and torch.equal(bank, torch.cat(layers))
+
+
+def test_profile_banks_on_huge_pages_hold_the_expert():
+    """`freetoken profile` measures B_H over banks on the pages the engine's banks are on: each of
+    its experts a copy of the one random expert."""
+    from freetoken.experts.measure.probe import synthetic_pool
+    pool = synthetic_pool(512, 768, "bf16", 0.05)
+    gu = pool.banks["gate_up"]
+    assert gu.data_ptr() % HUGE_PAGE == 0 and gu.is_contiguous() and gu.shape[0] >= 16
+    assert all(torch.equal(gu[i], gu[0]) for i in range(gu.shape[0]))

@@ -13,6 +13,7 @@ import time
 import torch
 
 from ... import kernels
+from ...kernels.huge_pages import huge_empty
 from ...kernels.pool import CpuPool
 from ..execution.cpu import CpuExpertExecutor
 from ..formats import weight_banks, weight_keys
@@ -37,8 +38,10 @@ def _best_rate(fn, nbytes: int, repeats: int, clock: str = "wall") -> float:
 def read_bandwidth(nbytes: int = 1 << 29, repeats: int = 5, num_threads: int | None = None,
                    clock: str = "wall") -> float:
     """Best-of-`repeats` read bandwidth in bytes/s, with the kernel thread pool (pinned, one
-    thread per physical core) or with torch when no kernel library can be built."""
-    buf = torch.ones(nbytes // 8, dtype=torch.int64)
+    thread per physical core) or with torch when no kernel library can be built. The buffer is on
+    2 MiB pages, as the weights the kernels stream are (kernels/huge_pages.py): over 4 KiB pages
+    this probe read 0.6x as fast on the Zen 4 of issue 38, below what the decode kernels reach."""
+    buf = huge_empty((nbytes // 8,), torch.int64).fill_(1)
     lib = kernels.load()
     if lib is None:
         return torch_read_bandwidth(buf, repeats, clock)

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import torch
 
+from ...kernels.huge_pages import on_huge_pages
 from ...progress import progress
 from .bandwidth import BandwidthProfile, device_id, format_id, machine_id
 from ..memory.cache import ExpertCache
@@ -26,7 +27,8 @@ def synthetic_pool(hidden: int, inter: int, fmt: str, pool_gib: float) -> Expert
     one = quantize_banks(torch.randn(1, 2 * inter, hidden) * 0.02, torch.randn(1, hidden, inter) * 0.02, fmt)
     per = sum(b.nbytes for b in one.values())
     n = max(2 * BATCH, int(pool_gib * 2**30 // per))
-    banks = {k: v.expand(n, *v.shape[1:]).contiguous() for k, v in one.items()}   # real, distinct memory
+    # real, distinct memory, on the 2 MiB pages the engine's banks are on (experts/memory/pool.py)
+    banks = {k: on_huge_pages(v.expand(n, *v.shape[1:])) for k, v in one.items()}
     spec = ExpertSpec(hidden, inter, fmt=spec_format(fmt))
     return ExpertPool(banks, 1, n, spec)
 

@@ -105,6 +105,15 @@ static void moe_run_fn(void *a, int tid) {
     const ft_desc *d = J->d;
     const int H = d->H, I = d->I, fmt = d->fmt, nth = p->active;
     const int64_t xs = prep_bytes(H), hs = prep_bytes(I);
+#ifdef FT_BF16DOT
+    /* bf16 weights under vdpbf16ps: dense.c's GEMV rows (bwide, 4 lines of the next tile
+     * prefetched a step), not btile's one line: medium48's 8 experts of 2048 x 768, one token,
+     * one thread, read 19.1 -> 25.8 GB/s of a 29.8 GB/s read probe (same bits: one chain per
+     * (row, token) in both) */
+    const int bw = fmt == FMT_BF16 && ft_bf16_dot_on;
+#else
+    const int bw = 0;
+#endif
 
     /* 0. prepare inputs: tokens round-robin */
     float *tmp = J->hn + (int64_t)J->R * I;  /* per-thread row of H floats */
@@ -155,8 +164,8 @@ static void moe_run_fn(void *a, int tid) {
                 const uint8_t *xp[NTMAX];
                 for (int t = 0; t < nt; t++) xp[t] = J->xq + (int64_t)J->r_tok[s0 + c + t] * xs;
                 /* rows j..j+jr-1 of gate and of up per tile: one token's narrow ggml rows 8 + 8, else two
-                   row pairs (the int8 zmm tiles: two pairs for any token count) */
-                const int jr = nt == 1 ? (fmt == FMT_GGML && H <= GGML_WIDE_MAX ? GGML_TILE_ROWS / 2 : 2)
+                   row pairs (the int8 zmm tiles and the vdpbf16ps rows: two pairs for any token count) */
+                const int jr = nt == 1 || bw ? (fmt == FMT_GGML && H <= GGML_WIDE_MAX ? GGML_TILE_ROWS / 2 : 2)
                                        : int8_zmm_on(fmt) ? 2 : 1;
                 for (int j = jb; j < je; j += jr) {
                     int m = j + jr <= je ? jr : je - j;
@@ -169,6 +178,10 @@ static void moe_run_fn(void *a, int tid) {
                         sr[m + q] = scale_row(fmt, d->gu_s, d->gu_s_es, d->gu_s_rs, e, I + j + q);
                     }
                     tl_pf = pf_distance((int64_t)(m < 2 ? m : 2) * d->gu_w_rs, d->gu_w_rs);   /* two rows' tile ahead (the up rows': near enough) */
+#ifdef FT_BF16DOT
+                    if (bw) dot_rows_bf16_pairs(wr, 2 * m, H, xp, nt, &res[0][0], NTMAX, 4);
+                    else
+#endif
                     dot_tile(fmt, wr, sr, 2 * m, H, xp, nt, res);
                     for (int q = 0; q < m; q++)
                         for (int t = 0; t < nt; t++) {
@@ -232,7 +245,7 @@ static void moe_run_fn(void *a, int tid) {
             const int re = rb + RB < r1 ? rb + RB : r1;
             const uint8_t *hp[NTMAX];
             for (int t = 0; t < nt; t++) hp[t] = J->hq + (int64_t)(s0 + c + t) * hs;
-            const int rr = fmt == FMT_GGML && nt == 1 && I <= GGML_WIDE_MAX ? GGML_TILE_ROWS : nt == 1 || wide_tiles(fmt) ? 4 : 2;
+            const int rr = fmt == FMT_GGML && nt == 1 && I <= GGML_WIDE_MAX ? GGML_TILE_ROWS : nt == 1 || bw || wide_tiles(fmt) ? 4 : 2;
             for (int r = rb; r < re; r += rr) {
                 int m = r + rr <= re ? rr : re - r;
                 const uint8_t *wr[GGML_TILE_ROWS], *sr[GGML_TILE_ROWS];
@@ -242,6 +255,10 @@ static void moe_run_fn(void *a, int tid) {
                     sr[q] = scale_row(fmt, d->dn_s, d->dn_s_es, d->dn_s_rs, e, r + q);
                 }
                 tl_pf = pf_distance((int64_t)(m < 4 ? m : 4) * d->dn_w_rs, d->dn_w_rs);   /* a tile of four rows ahead */
+#ifdef FT_BF16DOT
+                if (bw) dot_rows_bf16_pairs(wr, m, I, hp, nt, &y[0][0], NTMAX, 4);
+                else
+#endif
                 dot_tile(fmt, wr, sr, m, I, hp, nt, y);
                 for (int q = 0; q < m; q++)
                     for (int t = 0; t < nt; t++) {
