@@ -98,6 +98,17 @@ static void tile_gate_up(const moe_job *J, int g, const uint8_t *wb, const uint8
     }
 }
 
+#ifdef FT_BF16DOT
+/* The stride between the tokens' prepared rows xp[0..nt) where they are evenly spaced (one token:
+ * any), as dot_rows_bf16_pairs takes them; -1 where not (an expert's tokens in routing order). */
+static int64_t token_stride(const uint8_t *const *xp, int nt) {
+    const int64_t s = nt > 1 ? xp[1] - xp[0] : 0;
+    for (int t = 2; t < nt; t++)
+        if (xp[t] - xp[t - 1] != s) return -1;
+    return s;
+}
+#endif
+
 static void moe_run_fn(void *a, int tid) {
     moe_ctx *C = a;
     moe_job *J = C->J;
@@ -179,7 +190,9 @@ static void moe_run_fn(void *a, int tid) {
                     }
                     tl_pf = pf_distance((int64_t)(m < 2 ? m : 2) * d->gu_w_rs, d->gu_w_rs);   /* two rows' tile ahead (the up rows': near enough) */
 #ifdef FT_BF16DOT
-                    if (bw) dot_rows_bf16_pairs(wr, 2 * m, H, xp, nt, &res[0][0], NTMAX, 4);
+                    int64_t ts;
+                    if (bw && (ts = token_stride(xp, nt)) >= 0)      /* (else btile: the same bits) */
+                        dot_rows_bf16_pairs(wr, 2 * m, H, xp[0], ts, nt, &res[0][0], NTMAX, 4);
                     else
 #endif
                     dot_tile(fmt, wr, sr, 2 * m, H, xp, nt, res);
@@ -256,7 +269,7 @@ static void moe_run_fn(void *a, int tid) {
                 }
                 tl_pf = pf_distance((int64_t)(m < 4 ? m : 4) * d->dn_w_rs, d->dn_w_rs);   /* a tile of four rows ahead */
 #ifdef FT_BF16DOT
-                if (bw) dot_rows_bf16_pairs(wr, m, I, hp, nt, &y[0][0], NTMAX, 4);
+                if (bw) dot_rows_bf16_pairs(wr, m, I, hp[0], hs, nt, &y[0][0], NTMAX, 4);   /* (rows hs apart) */
                 else
 #endif
                 dot_tile(fmt, wr, sr, m, I, hp, nt, y);
