@@ -159,12 +159,6 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         lib.ft_argmax.restype = i64
     lib.ft_route_topk.argtypes = [vp, i64, ci, ci, ci, ci, vp, vp]
     lib.ft_route_topk.restype = None
-    lib.ft_next_layer_observe.argtypes = [vp, vp, vp, i64, vp, i64, i64]
-    lib.ft_next_layer_observe.restype = i64
-    lib.ft_next_layer_predict.argtypes = [vp, vp, vp, i64, i64, ctypes.c_double, vp, vp]
-    lib.ft_next_layer_predict.restype = i64
-    lib.ft_read_expert.argtypes = [i64, vp, vp, vp, vp, vp, i64, i64, vp, vp, vp, vp, vp]
-    lib.ft_read_expert.restype = i64
     lib.ft_moe_decode.argtypes = [vp, ctypes.POINTER(Desc), vp, ci, ci, ci, ci, i64, vp, ci, i64, vp, vp, vp, vp]
     lib.ft_moe_decode.restype = ci
     lib.ft_gemm_bf16.argtypes = [vp, ci, vp, i64, ci, ci, vp, i64, i64, vp, vp, i64]
@@ -188,7 +182,22 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     if hasattr(lib, "ft_set_att_amx"):     # absent from revisions before it (bench/decode_attention.build_revision)
         lib.ft_set_att_amx.argtypes = [ci]
         lib.ft_set_att_amx.restype = ci
-    return _bind_prefill_attention(_bind_switches(_bind_probes(_bind_layer_calls(_bind_pool(lib)))))
+    return _bind_prefill_attention(_bind_switches(_bind_probes(_bind_layer_calls(_bind_tier(_bind_pool(lib))))))
+
+
+def _bind_tier(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """The expert tiers' bookkeeping helpers: the next-layer predictor (c/next_layer.c), the slot
+    table's victims (c/slot_victims.c), one expert's disk read (c/expert_read.c)."""
+    vp, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.ft_next_layer_observe.argtypes = [vp, vp, vp, i64, vp, i64, i64]
+    lib.ft_next_layer_observe.restype = i64
+    lib.ft_next_layer_predict.argtypes = [vp, vp, vp, i64, i64, ctypes.c_double, vp, vp]
+    lib.ft_next_layer_predict.restype = i64
+    lib.ft_slot_victims.argtypes = [i64, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, vp]
+    lib.ft_slot_victims.restype = i64
+    lib.ft_read_expert.argtypes = [i64, vp, vp, vp, vp, vp, i64, i64, vp, vp, vp, vp, vp]
+    lib.ft_read_expert.restype = i64
+    return lib
 
 
 def _bind_pool(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -66,6 +66,7 @@ import math
 
 import numpy as np
 
+from ... import kernels
 from .arc import ArcLists
 from .next_layer import PATH_HOPS, THRESHOLD, NextLayerPredictor
 from .prefetch_budget import THRESHOLD as BUDGET_THRESHOLD, TransferBudget
@@ -85,6 +86,10 @@ POLICIES = ("lru", "lfu", "lrfu", "arc")
 DEFAULT_POLICY = "lrfu+admit+layer+prefetch+budget+prompt+path"
 HALF_LIFE_TOKENS = 32.0
 _NEVER = np.iinfo(np.int64).max
+# a few victims of a large table in one C call (kernels/c/slot_victims.c, the same slots in the same
+# order as `_few_candidates`); False: numpy (tests force either)
+C_VICTIMS = True
+_FEW = 16       # `read_ahead_victims`: up to this many in Python ints (~17 numpy calls on a few ids otherwise)
 
 
 def parse_policy(name: str) -> tuple[str, bool]:
@@ -160,6 +165,10 @@ class SlotTable:
         self.slot_of = np.full(num_flat, -1, np.int64)
         self.count = np.zeros(num_flat, np.float64)    # lfu: accesses; lrfu: decayed score at `since`
         self.since = np.zeros(num_flat, np.int64)      # lrfu: the token of the last access
+        # lrfu's keep-priority by id, log(count) + rate*since, set as `record` changes them (the
+        # victims read it for ~2400 slots a layer call: np.log of them all cost ~10-20 us each time)
+        self.keyscore = np.full(num_flat, -np.inf)
+        self.build = "native" if C_VICTIMS else None    # the kernel build `_c_candidates` calls; None: numpy
         self.prompt_share = np.full(num_flat, np.nan)  # '+prompt': the next prefill record's add, per id
         self.rate = math.log(2) / half_life
         self.token, self.last_layer = 0, -1
@@ -181,6 +190,7 @@ class SlotTable:
         self.stamp = np.full(self.capacity, -1, np.int64)
         self.locks = np.zeros(self.capacity, np.int32)
         self.pending = np.zeros(self.capacity, bool)
+        self._addr = None           # `_c_candidates`' arrays and their addresses
 
     # ---- lookup, accesses and recency -----------------------------------------------
     def lookup(self, flat_ids: np.ndarray) -> np.ndarray:
@@ -217,6 +227,8 @@ class SlotTable:
                 self.prompt_share[flat_ids] = np.nan
             self.count[flat_ids] = self.count[flat_ids] * np.exp(-self.rate * (self.token - self.since[flat_ids])) + add
             self.since[flat_ids] = self.token
+            with np.errstate(divide="ignore"):      # (log(score) + rate*token orders scores at any later time)
+                self.keyscore[flat_ids] = np.log(self.count[flat_ids]) + self.rate * self.token
 
     def touch(self, slots: np.ndarray) -> None:
         n = len(slots)
@@ -233,9 +245,8 @@ class SlotTable:
         """The policy's keep-priority of each id (higher = keep); lru: none (all equal)."""
         if self.policy == "lfu":
             return self.count[flat_ids]
-        if self.policy == "lrfu":   # log(score) + rate*token orders scores at any later time
-            with np.errstate(divide="ignore"):
-                return np.log(self.count[flat_ids]) + self.rate * self.since[flat_ids]
+        if self.policy == "lrfu":   # log(count) + rate*since, kept by `record`
+            return self.keyscore[flat_ids]
         return np.zeros(len(flat_ids))
 
     def describe(self) -> dict:
@@ -275,6 +286,9 @@ class SlotTable:
             return np.concatenate([empty, self.slot_of[np.asarray(victims, np.int64)]]).astype(np.int64)
         ordered = self.layer_aware and max(self.working_set, self._pass_count) > self.capacity
         self.layer_ordered += ordered
+        lib = kernels.load(self.build) if self.build else None     # (None where nothing builds here)
+        if lib is not None and k < self.capacity // 8:
+            return self._c_candidates(lib, k, ordered)
         kept = self._kept(used, ordered)
         if kept is None:
             return self._order(k, used, free, ordered)
@@ -283,12 +297,37 @@ class SlotTable:
             return first
         return np.concatenate([first, self._order(k - len(first), used, free & kept, ordered)])
 
+    def _c_candidates(self, lib, k: int, ordered: bool) -> np.ndarray:
+        """`candidates`' first k (not arc) in one C call: the same slots in the same order."""
+        arrays = (self.owner, self.stamp, self.locks, self.pending, self._kept_flat)
+        if self._addr is None or any(a is not b for a, b in zip(arrays, self._addr[0])):
+            self._addr = self._addresses(arrays)
+        _, out, (owner, stamp, locks, pending, kept, score, to) = self._addr
+        n = lib.ft_slot_victims(self.capacity, owner, stamp, locks, pending, score,
+                                kept if self._keeps(ordered) else None,
+                                self.num_layers if ordered else 0, self.num_experts, self._cur_layer, k, to)
+        if n < 0:
+            raise MemoryError("expert cache victims: out of memory")
+        return out[:n].copy()
+
+    def _addresses(self, arrays: tuple) -> tuple:
+        """(the arrays, the output buffer, their addresses and the score's): taken once, since
+        `.ctypes.data` costs ~1.5 us a use, 7 of them ~3x the C call."""
+        score = self.count if self.policy == "lfu" else self.keyscore if self.policy == "lrfu" else None
+        out = np.empty(max(1, self.capacity // 8), np.int64)
+        return arrays, out, [*(a.ctypes.data for a in arrays), None if score is None else score.ctypes.data,
+                             out.ctypes.data]
+
+    def _keeps(self, ordered: bool) -> bool:
+        """Whether the kept layers' residents go last now (`_kept`)."""
+        return bool(self.keep_layers) and not ordered and \
+            self.capacity >= max(self.working_set, self._pass_count) + len(self.keep_layers) * self.num_experts
+
     def _kept(self, used: np.ndarray, ordered: bool) -> np.ndarray | None:
         """The slots of `keep_layers`' residents (evicted after every other evictable slot), or
         None: no layer kept, or the slots do not hold a step's working set and those layers'
         whole expert sets besides (then the policy's order alone, as without)."""
-        if not self.keep_layers or ordered or \
-                self.capacity < max(self.working_set, self._pass_count) + len(self.keep_layers) * self.num_experts:
+        if not self._keeps(ordered):
             return None
         return used & self._kept_flat[self.owner]       # (an empty slot's -1 reads the last id: masked)
 
@@ -346,9 +385,17 @@ class SlotTable:
         read for a later one; empty slots always."""
         slots = self.candidates(len(want), want)
         want = want[:len(slots)]
-        owners = self.owner[slots]
-        ok = (owners < 0) | (self.next_use(owners) > self.next_use(want))
-        return (want, slots) if ok.all() else (want[ok], slots[ok])
+        if len(want) > _FEW:
+            owners = self.owner[slots]
+            ok = (owners < 0) | (self.next_use(owners) > self.next_use(want))
+            return (want, slots) if ok.all() else (want[ok], slots[ok])
+        L, E, cur = self.num_layers, self.num_experts, self._cur_layer     # a layer call's few: ints
+        ok = [o < 0 or ((o // E - cur) % L or L) > ((w // E - cur) % L or L)       # (`next_use`)
+              for o, w in zip(self.owner[slots].tolist(), want.tolist())]
+        if all(ok):
+            return want, slots
+        ok = np.array(ok, bool)
+        return want[ok], slots[ok]
 
     def next_use(self, flat_ids: np.ndarray) -> np.ndarray:
         """Layer calls until each id's layer comes round again, counted from the layer being
