@@ -298,7 +298,7 @@ class DiskExperts(Experts):
         c0 = dict(self.cache.c)
         read0 = self.cache.read_s
         calls = 0
-        rest, started = uniq, 0
+        rest, started, early = uniq, 0, False
         stream = self._streams(T)
         while len(rest):
             n, slots, pending = self.cache.acquire_nowait(rest)
@@ -306,6 +306,7 @@ class DiskExperts(Experts):
             try:
                 if len(nxt) and n == len(uniq) and not handing and self._early():
                     started += self.cache.prefetch(nxt, budgeted=not streamed)     # (see READ_AHEAD_FIRST)
+                    early = not self.cache.unplaced
                 if not stream:
                     self.cache.landed(rest[:n], pending)
                     pending = [None] * n
@@ -323,8 +324,9 @@ class DiskExperts(Experts):
                 started += hand.started
                 self.handoffs += hand.started > 0
             rest = rest[n:]
-        if len(nxt) > started:      # after the release: this layer's experts, used furthest ahead, are
-            #                         victims too (what found no victim while they were locked)
+        if len(nxt) > started and not early:    # after the release: this layer's experts, used furthest
+            #                         ahead, are victims too (what found no victim while they were locked;
+            #                         `early`: the read-ahead before the kernels left none unplaced)
             started += self.cache.prefetch(nxt, budgeted=not streamed)    # (a prefill's second buffer: no guess)
         if len(ahead):
             self.expected.started_for(layer + 1, ahead[:min(started, len(ahead))] - (layer + 1) * self.E)
@@ -362,7 +364,8 @@ class DiskExperts(Experts):
         if got is None:
             return False
         slots, ordered = got
-        started = self.cache.prefetch(nxt) if len(nxt) and self._early() else 0   # read ahead as the general path
+        early = len(nxt) and self._early()
+        started = self.cache.prefetch(nxt) if early else 0   # read ahead as the general path
         try:
             if ordered:         # the one kernel call of the resident pool, on the slots
                 self.host.run(x, torch.from_numpy(slots), w, out=out)
@@ -374,8 +377,8 @@ class DiskExperts(Experts):
                 calls = self._run(uniq, self.cache.ready_of[uniq], flat, x, w, out)
         finally:
             self.cache.release(slots)
-        if len(nxt) > started:      # (what found no victim while this call's slots were locked)
-            started += self.cache.prefetch(nxt)
+        if len(nxt) > started and (not early or self.cache.unplaced):   # (what found no victim while this
+            started += self.cache.prefetch(nxt)                            # call's slots were locked)
         self.kernel_calls += calls
         if self.phase == "decode":      # a hit that a read-ahead brought keeps the lookahead awake
             self._quiet = 0 if self.cache.c["prefetch_used"] != used else self._quiet + 1

@@ -293,6 +293,8 @@ class HostExpertCache:
         self.c = dict(hits=0, misses=0, waited=0, reads=0, bytes_read=0, prefetches=0, prefetch_used=0,
                       read_errors=0, cancelled=0, budget_cut=0)
         self.read_s = 0.0            # wall time callers waited for reads
+        self.unplaced = 0            # of the last `prefetch`'s ids not resident, those it did not start: a
+        #                              later call with the same ids has nothing to do while it is 0
         self.on_block: Callable[[], None] | None = None    # called as a caller starts to wait on a read
         #                                                    (the disk tier parks the kernel pool's workers)
 
@@ -547,6 +549,7 @@ class HostExpertCache:
             t = self.table
             want = np.asarray(flat_ids, np.int64)
             want = want[t.slot_of[want] < 0]
+            self.unplaced = len(want)
             if not len(want):
                 return 0
             self._settle()
@@ -574,6 +577,7 @@ class HostExpertCache:
             self._prefetched[slots] = True
             self._any_prefetched = True
             self.c["prefetches"] += len(want)
+            self.unplaced -= len(want)
             return len(want)
 
     def cancel_guesses(self, layer: int, uniq: np.ndarray) -> int:
