@@ -225,10 +225,11 @@ class SlotTable:
                 share = self.prompt_share[flat_ids]
                 add = np.where(np.isnan(share), 1.0, share)
                 self.prompt_share[flat_ids] = np.nan
-            self.count[flat_ids] = self.count[flat_ids] * np.exp(-self.rate * (self.token - self.since[flat_ids])) + add
+            count = self.count[flat_ids] * np.exp(-self.rate * (self.token - self.since[flat_ids])) + add
+            self.count[flat_ids] = count
             self.since[flat_ids] = self.token
             with np.errstate(divide="ignore"):      # (log(score) + rate*token orders scores at any later time)
-                self.keyscore[flat_ids] = np.log(self.count[flat_ids]) + self.rate * self.token
+                self.keyscore[flat_ids] = np.log(count) + self.rate * self.token
 
     def touch(self, slots: np.ndarray) -> None:
         n = len(slots)
