@@ -135,18 +135,38 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
 
 
 RETRIES = 3     # starts that measure a calibration too close to call before its default sticks
+QUIET_LOAD = 0.5    # load average per core under which a calibration counts as measured quiet
 
 
-def _entry(path: str | None) -> tuple[Timings, int] | None:
-    """(the rounds, the starts that measured them) of a cache entry; None where there is none or
-    it is not one (an entry of the earlier format, each variant's best wall time, is measured
-    again: under load it could have flipped)."""
+def _load_per_core() -> float | None:
+    """The 1-minute load average per core this process may run on (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0] / len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _quieter_now(measured_at: float | None) -> bool:
+    """Whether a calibration measured at `measured_at` load per core is worth measuring again now:
+    it was not quiet, and the machine is now under half that load (a first start during a
+    compile or a download is measured again at a later, quieter start; each time at least
+    halving the load, so a few times at most)."""
+    now = _load_per_core()
+    return measured_at is not None and now is not None and measured_at > QUIET_LOAD and now < measured_at / 2
+
+
+def _entry(path: str | None) -> tuple[Timings, int, float | None] | None:
+    """(the rounds, the starts that measured them, the load per core then) of a cache entry; None
+    where there is none or it is not one (an entry of the earlier format, each variant's best
+    wall time, is measured again: under load it could have flipped)."""
     if path is None:
         return None
     try:
         with open(path) as f:
             e = json.load(f)
-        return Timings([{k: float(v) for k, v in r.items()} for r in e["rounds"]]), int(e["tries"])
+        load = e.get("load")
+        return (Timings([{k: float(v) for k, v in r.items()} for r in e["rounds"]]), int(e["tries"]),
+                None if load is None else float(load))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -181,22 +201,24 @@ def _calibrated(cache: os.PathLike | None, what: str, flags: frozenset[str], thr
                 measure: Callable[[], dict], pick: Callable[[dict], object], default: object) -> tuple[object, dict]:
     """(the choice, the timings that decided it: kernels/interleaved.py) of measure()'s rounds,
     cached in `cache` per calibration, CPU flags, torch version, thread count and kernel sources
-    (a changed kernel can flip a choice). Too close to call (`_decided`): `default`, and a later
-    start measures again (RETRIES starts in all), perhaps quieter. An entry pick cannot read is
-    measured again, uncached."""
+    (a changed kernel can flip a choice), with the load it was measured at. Too close to call
+    (`_decided`): `default`, and a later start measures again (RETRIES starts in all); measured
+    under load, a later start at under half that load measures again (`_quieter_now`). An entry
+    pick cannot read is measured again, uncached."""
     path = None
     if cache is not None:
         key = hashlib.sha256(what.encode() + " ".join(sorted(flags)).encode() + torch.__version__.encode()
                              + str(threads).encode() + sources_digest().encode()).hexdigest()[:16]
         path = os.path.join(cache, f"{what.split(':')[0]}-choice-{key}.json")
-    got, tries = _entry(path) or (None, 0)
+    got, tries, load = _entry(path) or (None, 0, None)
     if got is not None:
         try:
             choice = _decided(got, pick, default)
-            if got.sure or tries >= RETRIES:
+            if (got.sure or tries >= RETRIES) and not _quieter_now(load):
                 return choice, got
         except (KeyError, TypeError, ValueError):
             path = None
+    load = _load_per_core()
     t = _measured(what, measure, pick, default)
     choice = _decided(t, pick, default)
     if not t.sure:
@@ -207,7 +229,7 @@ def _calibrated(cache: os.PathLike | None, what: str, flags: frozenset[str], thr
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = f"{path}.{os.getpid()}"
             with open(tmp, "w") as f:
-                json.dump({"rounds": t.rounds, "tries": tries + 1}, f)
+                json.dump({"rounds": t.rounds, "tries": tries + 1, "load": load}, f)
             os.replace(tmp, path)
         except OSError:
             pass

@@ -40,12 +40,13 @@ def steady_seconds(rounds: list[dict]) -> dict:
 
 def timed_interleaved(run: Callable[[], None], switch: Callable[[str], object], names: tuple[str, ...],
                       reps: int, clock: Callable[[], float] = time.process_time) -> Timings:
-    """Timings of `run` with `switch(name)` applied, `reps` rounds of the names interleaved; each
-    timed run follows a warm-up run, on `clock` (the process's CPU seconds)."""
+    """Timings of `run` with `switch(name)` applied, `reps` rounds of the names interleaved (every
+    other round in reverse order); each timed run follows a warm-up run, on `clock` (the
+    process's CPU seconds)."""
     rounds = []
-    for _ in range(reps):
+    for i in range(reps):
         got = {}
-        for name in names:
+        for name in (names if i % 2 == 0 else names[::-1]):     # no name always first or last
             switch(name)
             run()
             t = clock()

@@ -55,15 +55,15 @@ def test_outliers_in_a_minority_of_rounds_move_nothing(clean, data):
 
 
 def test_rounds_interleave_the_variants_each_timed_after_a_warm_up():
-    """A fake clock that each run advances by the variant's cost: every variant in every round, a
-    warm-up run before each timed one, its cost read on the clock given."""
+    """A fake clock that each run advances by the variant's cost: every variant in every round,
+    no variant always first, a warm-up run before each timed one, its cost read on the clock given."""
     cost, now, log = {"a": 2.0, "b": 3.0}, {"t": 0.0, "way": None}, []
 
     def run():
         log.append(now["way"])
         now["t"] += cost[now["way"]]
     t = timed_interleaved(run, lambda name: now.update(way=name), ("a", "b"), 3, clock=lambda: now["t"])
-    assert log == ["a", "a", "b", "b"] * 3
+    assert log == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]    # every other round reversed
     assert t == cost and t.rounds == [cost] * 3
 
 
@@ -148,3 +148,18 @@ def test_a_thin_margin_between_two_ways_that_both_beat_the_default_is_not_the_de
     dense, expert, got = choices.prefill_gemm_choice("auto", torch.float32, kernels=True, flags=ZEN4, threads=2,
                                                      measure=lambda threads: t)
     assert (dense, expert) == ("bfloat16", "vdpbf16ps") and got.sure
+
+
+def test_a_calibration_measured_under_load_is_measured_again_at_a_quieter_start(tmp_path, monkeypatch):
+    """The issue's case: the first start during a compile (load 3 per core) caches a pick; a later
+    start at under half that load measures again and caches the new load; a start no quieter, or
+    after one measured quiet (under 0.5 per core), reads the cache."""
+    import os
+    cores = len(os.sched_getaffinity(0))
+    load = {"now": 3.0}
+    monkeypatch.setattr(os, "getloadavg", lambda: (load["now"] * cores, 0.0, 0.0))
+    cal = Rounds([QUIET] * 5)
+    for now, calls in ((3.0, 1), (2.0, 1), (1.4, 2), (1.0, 2), (0.4, 3), (0.1, 3), (0.0, 3)):
+        load["now"] = now
+        assert _dot(cal, tmp_path)[0] is True and cal.calls == calls
+    assert json.loads(next(tmp_path.iterdir()).read_text())["load"] == pytest.approx(0.4)
