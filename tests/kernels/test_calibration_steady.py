@@ -163,3 +163,13 @@ def test_a_calibration_measured_under_load_is_measured_again_at_a_quieter_start(
         load["now"] = now
         assert _dot(cal, tmp_path)[0] is True and cal.calls == calls
     assert json.loads(next(tmp_path.iterdir()).read_text())["load"] == pytest.approx(0.4)
+
+
+def test_the_gemm_calibration_interleaves_its_ways_on_the_library_here():
+    from freetoken.kernels import cpu_kernels
+    from freetoken.kernels.gemm import modes_here
+    lib = cpu_kernels()
+    t = choices.measure_gemm(1, m=16, n=64, k=128, reps=2, expert=(8, 64, 128))
+    tiles = {m for m in modes_here(lib) if m != "plain"} if lib is not None else set()
+    ways = {"fp32", "bf16"} | tiles | ({"dots_expert"} | {f"{m}_expert" for m in tiles} if tiles else set())
+    assert set(t) == ways and len(t.rounds) == 2 and all(v >= 0 for v in t.values())
