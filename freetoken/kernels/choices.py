@@ -135,6 +135,8 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
 
 
 RETRIES = 3     # starts that measure a calibration too close to call before its default sticks
+# in the entries' key: a tree from before the rounds (issue 38) sharing the cache keeps its own files
+ENTRY_FORMAT = b"rounds1"
 QUIET_LOAD = 0.5    # load average per core under which a calibration counts as measured quiet
 
 
@@ -207,7 +209,7 @@ def _calibrated(cache: os.PathLike | None, what: str, flags: frozenset[str], thr
     pick cannot read is measured again, uncached."""
     path = None
     if cache is not None:
-        key = hashlib.sha256(what.encode() + " ".join(sorted(flags)).encode() + torch.__version__.encode()
+        key = hashlib.sha256(ENTRY_FORMAT + what.encode() + " ".join(sorted(flags)).encode() + torch.__version__.encode()
                              + str(threads).encode() + sources_digest().encode()).hexdigest()[:16]
         path = os.path.join(cache, f"{what.split(':')[0]}-choice-{key}.json")
     got, tries, load = _entry(path) or (None, 0, None)
