@@ -3,8 +3,9 @@ calls), steady under other processes' load on the same cores.
 
 Each round runs every variant once, so a change of load hits them alike; the clock is the
 process's CPU time (all its threads), which a descheduled thread does not advance: the pool's
-waiting threads spin and yield, so on a quiet machine CPU time is the threads x the wall time of
-every variant, and on a busy one it stays near that where the wall time doubles. Each variant's
+waiting threads spin, then yield (torch's OpenMP threads spin too), so on a quiet machine CPU time
+is about the threads x the wall time of every variant, and on a busy one it stays near that where
+the wall time doubles (a variant that left its threads asleep would be flattered). Each variant's
 seconds are the median over rounds of its share of the round (its time over the round's geometric
 mean), scaled by the median round: a round that another process slowed as a whole, or one
 outlier, moves nothing. Measured on the 2-core Zen 4 under 2-4 spinning or memory-copying
