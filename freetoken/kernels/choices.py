@@ -39,7 +39,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -53,7 +52,7 @@ from . import cache_dir, cpu_kernels, sources_digest, variants_here
 from .gemm import EXPERT_MIN_TOKENS, GEMM_MODES, GGML_GROUP_MIN, gemm_bf16, mode_code, modes_here, set_tiles_rounding
 from .ggml_k256 import measure_k256
 from .int8_tiles import measure_int8_tiles
-from .interleaved import best_interleaved
+from .interleaved import Timings, steady_seconds, timed_interleaved
 from .pool import CpuPool, shared_pool
 from .switch_set import require_loading
 
@@ -93,7 +92,7 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
     torch's native bf16 GEMM ("bf16"), our tiles ("amx", "vdpbf16ps" where they run natively),
     the conversions each needs included; and on an expert-sized GEMM (`expert`: tokens of one
     expert, its gate+up rows, hidden) the expert kernel's dot products ("dots_expert") against
-    the tiles ("<mode>_expert"). About a second in all."""
+    the tiles ("<mode>_expert"); interleaved rounds (kernels/interleaved.py). About a second in all."""
     prev = torch.get_num_threads()
     torch.set_num_threads(threads)
     lib = cpu_kernels()
@@ -112,18 +111,10 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
         def bf16():
             return torch.nn.functional.linear(x.bfloat16(), w).float()
 
-        def best(fn):
-            fn()
-            ts = []
-            for _ in range(reps):
-                t = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t)
-            return min(ts)
-        out = {"fp32": best(fp32), "bf16": best(bf16)}
+        ways = {"fp32": fp32, "bf16": bf16}
         tiles = [t for t in modes_here(lib) if t != "plain"] if lib is not None else []
         for mode in tiles:
-            out[mode] = best(lambda: gemm_bf16(pool, GEMM_MODES[mode], w, x))
+            ways[mode] = functools.partial(gemm_bf16, pool, GEMM_MODES[mode], w, x)
         if tiles:
             em, en, ek = expert
             xe, we = torch.randn(em, ek, generator=g), torch.randn(en, ek, generator=g).bfloat16()
@@ -132,55 +123,119 @@ def measure_gemm(threads: int, m: int = 256, n: int = 2048, k: int = 2048, reps:
             def dots():
                 lib.ft_linear_run(pool.handle, 1, we.data_ptr(), 2 * ek, None, 0, en, ek, xe.data_ptr(), 0, em,
                                   None, ye.data_ptr())
-            out["dots_expert"] = best(dots)
+            ways["dots_expert"] = dots
             for mode in tiles:
-                out[f"{mode}_expert"] = best(lambda: gemm_bf16(pool, GEMM_MODES[mode], we, xe, out=ye))
-        return out
+                ways[f"{mode}_expert"] = functools.partial(gemm_bf16, pool, GEMM_MODES[mode], we, xe, out=ye)
+        now = {}
+        return timed_interleaved(lambda: now["way"](), lambda name: now.update(way=ways[name]), tuple(ways), reps)
     finally:
         if pool is not None:
             pool.close()
         torch.set_num_threads(prev)
 
 
-def _cached(cache: os.PathLike | None, what: str, flags: frozenset[str], threads: int,
-            measure: Callable[[], dict]) -> dict:
-    """measure(), cached in `cache` per calibration, CPU flags, torch version, thread count and
-    kernel sources (a changed kernel can flip a choice)."""
+RETRIES = 3     # starts that measure a calibration too close to call before its default sticks
+# in the entries' key: a tree from before the rounds (issue 38) sharing the cache keeps its own files
+ENTRY_FORMAT = b"rounds1"
+QUIET_LOAD = 0.5    # load average per core under which a calibration counts as measured quiet
+
+
+def _load_per_core() -> float | None:
+    """The 1-minute load average per core this process may run on (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0] / len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def _quieter_now(measured_at: float | None) -> bool:
+    """Whether a calibration measured at `measured_at` load per core is worth measuring again now:
+    it was not quiet, and the machine is now under half that load (a first start during a
+    compile or a download is measured again at a later, quieter start; each time at least
+    halving the load, so a few times at most)."""
+    now = _load_per_core()
+    return measured_at is not None and now is not None and measured_at > QUIET_LOAD and now < measured_at / 2
+
+
+def _entry(path: str | None) -> tuple[Timings, int, float | None] | None:
+    """(the rounds, the starts that measured them, the load per core then) of a cache entry; None
+    where there is none or it is not one (an entry of the earlier format, each variant's best
+    wall time, is measured again: under load it could have flipped)."""
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            e = json.load(f)
+        load = e.get("load")
+        return (Timings([{k: float(v) for k, v in r.items()} for r in e["rounds"]]), int(e["tries"]),
+                None if load is None else float(load))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _decided(t: Timings, pick: Callable[[dict], object], default: object) -> object:
+    """pick(t) where the odd and the even rounds alone pick the same. Where they differ the margin
+    is within this measurement's noise: the default is kept if it is among their picks (t.sure
+    False: a later start measures again), else every half beats it and t's pick stands."""
+    whole = pick(t)
+    picks = {pick(steady_seconds(h)) for h in (t.rounds[0::2], t.rounds[1::2]) if h} | {whole}
+    t.sure = len(picks) == 1 or default not in picks
+    return whole if t.sure else default
+
+
+def _measured(what: str, measure: Callable[[], dict], pick: Callable[[dict], object], default: object) -> Timings:
+    """measure()'s timings (an injected plain dict: one round), and as many rounds again where
+    they are too close to call (`_decided`)."""
+    with progress(1, f"calibrate {what.split(':')[0]} (once per machine, cached)", unit="steps") as bar:
+        t = _as_timings(measure())
+        _decided(t, pick, default)
+        if not t.sure:
+            t = Timings(t.rounds + _as_timings(measure()).rounds)
+        bar.update(1)
+    return t
+
+
+def _as_timings(t: dict) -> Timings:
+    return t if isinstance(t, Timings) else Timings([dict(t)])
+
+
+def _calibrated(cache: os.PathLike | None, what: str, flags: frozenset[str], threads: int,
+                measure: Callable[[], dict], pick: Callable[[dict], object], default: object) -> tuple[object, dict]:
+    """(the choice, the timings that decided it: kernels/interleaved.py) of measure()'s rounds,
+    cached in `cache` per calibration, CPU flags, torch version, thread count and kernel sources
+    (a changed kernel can flip a choice), with the load it was measured at. Too close to call
+    (`_decided`): `default`, and a later start measures again (RETRIES starts in all); measured
+    under load, a later start at under half that load measures again (`_quieter_now`). An entry
+    pick cannot read is measured again, uncached."""
     path = None
     if cache is not None:
-        key = hashlib.sha256(what.encode() + " ".join(sorted(flags)).encode() + torch.__version__.encode()
+        key = hashlib.sha256(ENTRY_FORMAT + what.encode() + " ".join(sorted(flags)).encode() + torch.__version__.encode()
                              + str(threads).encode() + sources_digest().encode()).hexdigest()[:16]
         path = os.path.join(cache, f"{what.split(':')[0]}-choice-{key}.json")
+    got, tries, load = _entry(path) or (None, 0, None)
+    if got is not None:
         try:
-            with open(path) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            pass
-    with progress(1, f"calibrate {what.split(':')[0]} (once per machine, cached)", unit="steps") as bar:
-        t = measure()
-        bar.update(1)
+            choice = _decided(got, pick, default)
+            if (got.sure or tries >= RETRIES) and not _quieter_now(load):
+                return choice, got
+        except (KeyError, TypeError, ValueError):
+            path = None
+    load = _load_per_core()
+    t = _measured(what, measure, pick, default)
+    choice = _decided(t, pick, default)
+    if not t.sure:
+        log.info("calibrate %s: too close to call (the halves of its rounds pick differently), the default kept; "
+                 "measured again at a later start (%d of %d)", what.split(":")[0], tries + 1, RETRIES)
     if path is not None:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             tmp = f"{path}.{os.getpid()}"
             with open(tmp, "w") as f:
-                json.dump(t, f)
+                json.dump({"rounds": t.rounds, "tries": tries + 1, "load": load}, f)
             os.replace(tmp, path)
         except OSError:
             pass
-    return t
-
-
-def _calibrated(cache: os.PathLike | None, what: str, flags: frozenset[str], threads: int,
-                measure: Callable[[], dict], pick: Callable[[dict], object]) -> tuple[object, dict]:
-    """(pick(timings), timings) from `_cached`; an unreadable cache entry (pick cannot read it)
-    is measured again, uncached."""
-    t = _cached(cache, what, flags, threads, measure)
-    try:
-        return pick(t), t
-    except (KeyError, TypeError, ValueError):
-        t = measure()
-        return pick(t), t
+    return choice, t
 
 
 PREFILL_GEMMS = ("float32", "bfloat16", "amx", "vdpbf16ps")     # EngineConfig.prefill_gemm's forced values
@@ -200,7 +255,7 @@ def prefill_gemm_choice(requested: str, activations: torch.dtype, *, kernels: bo
     if requested != "auto" or not kernels or not flags & NATIVE_BF16:
         return own, None, None
     pick, t = _calibrated(cache, "gemm2:m256n2048k2048:e64n1536k2048", flags, threads, lambda: measure(threads),
-                          _pick_gemm)
+                          _pick_gemm, (own, None))
     return pick + (t,)
 
 
@@ -259,11 +314,13 @@ def measure_bf16_dot(threads: int, n: int = 2048, k: int = 2048, tokens: tuple[i
         now["rows"] = int(rows)
         lib.ft_set_bf16_dot(int(mode == "bf16"))
     try:
-        t = best_interleaved(run, switch, tuple(f"{m}-{r}" for r in tokens for m in ("fp32", "bf16")), reps)
+        t = timed_interleaved(run, switch, tuple(f"{m}-{r}" for r in tokens for m in ("fp32", "bf16")), reps)
     finally:
         lib.ft_set_bf16_dot(0)
         pool.close()
-    return dict(t, **({m: dot_mix_seconds(t, m) for m in ("fp32", "bf16")} if set(tokens) == set(DOT_MIX) else {}))
+    if set(tokens) != set(DOT_MIX):
+        return t
+    return Timings([dict(r, **{m: dot_mix_seconds(r, m) for m in ("fp32", "bf16")}) for r in t.rounds])
 
 
 def dot_mix_seconds(t: dict, mode: str) -> float:
@@ -292,7 +349,7 @@ def bf16_dot_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
         return False, None
     # keyed per CPU model: vCPUs with the same flags differ in it
     return _calibrated(cache, f"bf16dot2:dram-attn4096-r1-5-9:{cpu_model()}:{threads}", flags, threads,
-                       lambda: measure(threads), bf16_dot_faster)
+                       lambda: measure(threads), bf16_dot_faster, False)
 
 
 AMX_FLAGS = frozenset({"amx_bf16", "amx_tile"})
@@ -319,7 +376,7 @@ def measure_amx_gemv(threads: int, bf16_dot: bool = False, n: int = 2048, k: int
     try:
         lib.ft_set_bf16_dot(int(bf16_dot))
         modes = ("dots", "amx") if lib.ft_set_gemv_amx(1) else ("dots",)
-        return best_interleaved(run, lambda name: lib.ft_set_gemv_amx(int(name == "amx")), modes, reps)
+        return timed_interleaved(run, lambda name: lib.ft_set_gemv_amx(int(name == "amx")), modes, reps)
     finally:
         lib.ft_set_gemv_amx(0)
         lib.ft_set_bf16_dot(0)
@@ -338,7 +395,7 @@ def amx_gemv_choice(requested: str, weights: torch.dtype, *, kernels: bool, flag
     if requested != "auto" or not kernels or weights != torch.bfloat16 or not AMX_FLAGS <= flags:
         return False, None
     return _calibrated(cache, f"amxgemv:dram-m1-4-16:{cpu_model()}:{threads}:dot{int(bf16_dot)}", flags, threads,
-                       lambda: measure(threads, bf16_dot), lambda t: "amx" in t and t["amx"] < t["dots"])
+                       lambda: measure(threads, bf16_dot), lambda t: "amx" in t and t["amx"] < t["dots"], False)
 
 
 def measure_att_amx(threads: int, keys: int = 1536, rows: tuple[int, ...] = (1, 9), reps: int = 3,
@@ -370,7 +427,7 @@ def measure_att_amx(threads: int, keys: int = 1536, rows: tuple[int, ...] = (1, 
         lib.ft_set_att_amx(int(mode == "amx"))
     try:
         modes = ("fp32", "amx") if lib.ft_set_att_amx(1) else ("fp32",)
-        return best_interleaved(run, switch, tuple(f"{m}-{r}" for r in rows for m in modes), reps)
+        return timed_interleaved(run, switch, tuple(f"{m}-{r}" for r in rows for m in modes), reps)
     finally:
         lib.ft_set_att_amx(0)
         pool.close()
@@ -396,7 +453,7 @@ def att_amx_choice(weights: torch.dtype, *, kernels: bool, flags: frozenset[str]
         return False, None
     run = measure or measure_att_amx
     return _calibrated(cache, f"amxattn:dram-1536-r1-9:{cpu_model()}:{threads}", flags, threads,
-                       lambda: run(threads), att_amx_faster)
+                       lambda: run(threads), att_amx_faster, False)
 
 
 PREFILL_ATT_MODES = {"torch": 0, "amx": 1, "vdpbf16ps": 2}   # ft_set_prefill_att's codes
@@ -424,7 +481,7 @@ def measure_prefill_att(threads: int, tokens: int = 1024, reps: int = 3) -> dict
                                  out.data_ptr(), out.stride(1), out.stride(2))
     try:
         names = ("torch",) + tuple(m for m in ("amx", "vdpbf16ps") if lib.ft_set_prefill_att(PREFILL_ATT_MODES[m]))
-        return best_interleaved(run, lambda name: (now.update(name=name),
+        return timed_interleaved(run, lambda name: (now.update(name=name),
                                                    lib.ft_set_prefill_att(PREFILL_ATT_MODES[name])), names, reps)
     finally:
         lib.ft_set_prefill_att(0)
@@ -445,7 +502,7 @@ def prefill_att_choice(weights: torch.dtype, *, kernels: bool, flags: frozenset[
         return "torch", None
     run = measure or measure_prefill_att
     return _calibrated(cache, f"prefattn2:1024-32-4:{cpu_model()}:{threads}", flags, threads,
-                       lambda: run(threads), lambda t: min(t, key=t.get))
+                       lambda: run(threads), lambda t: min(t, key=t.get), "torch")
 
 
 @dataclass(frozen=True)
@@ -473,14 +530,14 @@ class CpuChoices:
         shown = {"float32": "float32", "bfloat16": "bfloat16 (torch)", "amx": "bfloat16 (AMX tiles)",
                  "vdpbf16ps": "bfloat16 (vdpbf16ps tiles)"}.get(dense, dense)
         key = {"float32": "fp32", "bfloat16": "bf16"}.get(dense, dense)
-        why = (f" (calibrated: {t['fp32'] / t[key]:.2f}x the speed of fp32" if t and key in t
+        why = (f" ({_said(t)}: {t['fp32'] / t[key]:.2f}x the speed of fp32" if t and key in t
                else " (forced" if "prefill_gemm" in self.forced else "")
         if why:
             e = self.expert_gemm
             why += (f"; experts {e} tiles" + (f" {t['dots_expert'] / t[e + '_expert']:.2f}x the dot products" if t else "")
                     if e else "; experts dot products") + ")"
         dot = (f"; bf16 weights x {'bf16 (vdpbf16ps)' if self.bf16_dot else 'fp32'} activations in the kernels"
-               + (f" (calibrated: vdpbf16ps decode GEMV + attention {d['fp32'] / d['bf16']:.2f}x the speed of fp32)" if d
+               + (f" ({_said(d)}: vdpbf16ps decode GEMV + attention {d['fp32'] / d['bf16']:.2f}x the speed of fp32)" if d
                   else " (forced)" if "bf16_dot" in self.forced else ""))
         build = f" ({self.kernels} kernels, forced)" if "kernel_isa" in self.forced else ""
         return (f"CPU path {self.isa}{build}; activations {str(self.activations).removeprefix('torch.')}; "
@@ -488,18 +545,23 @@ class CpuChoices:
 
     def _describe_gemv(self) -> str:
         g = self.gemv_seconds
-        how = (f" (calibrated: {g['dots'] / g['amx']:.2f}x the speed of the dot tiles at 1+4+16 rows)" if g and "amx" in g
+        how = (f" ({_said(g)}: {g['dots'] / g['amx']:.2f}x the speed of the dot tiles at 1+4+16 rows)" if g and "amx" in g
                else " (forced)" if "decode_gemv" in self.forced else "")
         a = self.att_seconds
-        att = (f" (calibrated: {a['fp32-1'] / a['amx-1']:.2f}x / {a['fp32-9'] / a['amx-9']:.2f}x the speed of fp32 "
+        att = (f" ({_said(a)}: {a['fp32-1'] / a['amx-1']:.2f}x / {a['fp32-9'] / a['amx-9']:.2f}x the speed of fp32 "
                f"at 1 / 9 rows)" if a and "amx-1" in a else " (forced)" if "decode_attention" in self.forced else "")
         p = self.prefill_att_seconds
         k = self.prefill_att
-        pre = (f" (calibrated: {p['torch'] / p[k]:.2f}x the speed of torch's)" if p and k != "torch" and k in p
+        pre = (f" ({_said(p)}: {p['torch'] / p[k]:.2f}x the speed of torch's)" if p and k != "torch" and k in p
                else " (forced)" if "prefill_attention" in self.forced else "")
         return (f"; decode GEMV of bf16 weights on {'AMX tiles' if self.gemv_amx else 'dot tiles'}{how}"
                 f"; decode attention {'on AMX tiles' if self.att_amx else 'fp32'}{att}"
                 f"; prefill attention {PREFILL_ATT_SHOWN[self.prefill_att]}{pre}")
+
+
+def _said(t: dict) -> str:
+    """How a calibration decided, for the ISA line: measured, or too close to call (kernels/interleaved.py)."""
+    return "calibrated" if getattr(t, "sure", True) else "too close to call, the default kept"
 
 
 PREFILL_ATT_SHOWN = {"torch": "torch flash", "amx": "on AMX tiles", "vdpbf16ps": "vdpbf16ps tiles"}
@@ -596,7 +658,7 @@ def ggml_k256_choice(numerics: str, isa: str, threads: int, measure: Callable[..
         return numerics == "q8k"
     flags = cpu_flags()
     on, t = _calibrated(cache if cache is not None else cache_dir(), f"ggmlk256:q4k-q6k-dram-m1-4:{cpu_model()}:{isa}",
-                        flags, threads, lambda: measure(threads, isa), lambda t: t["q8k"] < K256_MARGIN * t["q8"])
+                        flags, threads, lambda: measure(threads, isa), lambda t: t["q8k"] < K256_MARGIN * t["q8"], False)
     log.debug("k-quant decode activations per %s (calibrated: per 256 at %.2fx the speed of per 32)",
               256 if on else 32, t["q8"] / t["q8k"])
     return on
@@ -618,7 +680,7 @@ def int8_zmm_choice(lib, isa: str, threads: int, measure: Callable[..., dict] = 
     if forced != "auto" or not runs:
         return forced == "zmm"
     on, t = _calibrated(cache if cache is not None else cache_dir(), f"int8zmm:e2048x768-t64:{cpu_model()}:{isa}",
-                        cpu_flags(), threads, lambda: measure(threads, isa), lambda t: t["zmm"] < t["ymm"])
+                        cpu_flags(), threads, lambda: measure(threads, isa), lambda t: t["zmm"] < t["ymm"], False)
     log.debug("int8 / mxfp4 expert tiles in %s registers (calibrated: zmm at %.2fx the speed of ymm)",
               "zmm" if on else "ymm", t["ymm"] / t["zmm"])
     return on

@@ -20,7 +20,7 @@ import torch
 
 from ..quant import ggml_quants as gq
 from . import load
-from .interleaved import best_interleaved
+from .interleaved import timed_interleaved
 from .pool import CpuPool
 
 WAYS = ("q8", "q8k")            # the switch off (per 32) and on (per 256)
@@ -40,7 +40,7 @@ def _tame(rows: torch.Tensor, t: int) -> torch.Tensor:
 
 def measure_k256(threads: int, isa: str = "native", hidden: int = 2048, inter: int = 768,
                  tokens: tuple[int, ...] = (1, 4), reps: int = 3, out_of_cache: int = 64 << 20) -> dict:
-    """Best seconds of one pass per way ("q8", "q8k"): a Q4_K [2 inter, hidden] and a Q6_K
+    """Seconds of one pass per way (kernels/interleaved.py) ("q8", "q8k"): a Q4_K [2 inter, hidden] and a Q6_K
     [hidden, inter] GEMV (an expert's gate/up and down) for each row count in `tokens`, copies
     rotated past `out_of_cache` bytes as a decode step streams its weights. Well under a second."""
     lib = load(isa)
@@ -62,7 +62,7 @@ def measure_k256(threads: int, isa: str = "native", hidden: int = 2048, inter: i
                                            y.data_ptr(), n)
     was = lib.ft_set_ggml_k256(-1)
     try:
-        return best_interleaved(run, lambda way: lib.ft_set_ggml_k256(int(way == "q8k")), WAYS, reps)
+        return timed_interleaved(run, lambda way: lib.ft_set_ggml_k256(int(way == "q8k")), WAYS, reps)
     finally:
         lib.ft_set_ggml_k256(was)
         pool.close()

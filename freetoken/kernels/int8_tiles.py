@@ -13,7 +13,7 @@ import ctypes
 import torch
 
 from . import Desc, load
-from .interleaved import best_interleaved
+from .interleaved import timed_interleaved
 from .pool import CpuPool
 
 WAYS = ("ymm", "zmm")
@@ -42,7 +42,7 @@ def expert_desc(fmt: int, hidden: int, inter: int, g: torch.Generator) -> tuple[
 
 def measure_int8_tiles(threads: int, isa: str = "native", hidden: int = 2048, inter: int = 768,
                        tokens: int = 64, reps: int = 3) -> dict:
-    """Best seconds of one pass per way ("ymm", "zmm"): an int8 and an mxfp4 expert each over
+    """Seconds of one pass per way (kernels/interleaved.py) ("ymm", "zmm"): an int8 and an mxfp4 expert each over
     `tokens` tokens. About a tenth of a second."""
     lib = load(isa)
     pool = CpuPool(lib, threads)
@@ -59,7 +59,7 @@ def measure_int8_tiles(threads: int, isa: str = "native", hidden: int = 2048, in
                            out.data_ptr())
     was = lib.ft_set_int8_zmm(-1)
     try:
-        return best_interleaved(run, lambda way: lib.ft_set_int8_zmm(int(way == "zmm")), WAYS, reps)
+        return timed_interleaved(run, lambda way: lib.ft_set_int8_zmm(int(way == "zmm")), WAYS, reps)
     finally:
         lib.ft_set_int8_zmm(was)
         pool.close()

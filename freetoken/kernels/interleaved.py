@@ -1,21 +1,57 @@
 """Timing kernel variants side by side for the calibrations (kernels/choices.py and the probes it
-calls): each round runs every variant once, so a change of load on a shared machine hits them alike."""
+calls), steady under other processes' load on the same cores.
+
+Each round runs every variant once, so a change of load hits them alike; the clock is the
+process's CPU time (all its threads), which a descheduled thread does not advance: the pool's
+waiting threads spin, then yield (torch's OpenMP threads spin too), so on a quiet machine CPU time
+is about the threads x the wall time of every variant, and on a busy one it stays near that where
+the wall time doubles (a variant that left its threads asleep would be flattered). Each variant's
+seconds are the median over rounds of its share of the round (its time over the round's geometric
+mean), scaled by the median round: a round that another process slowed as a whole, or one
+outlier, moves nothing. Measured on the 2-core Zen 4 under 2-4 spinning or memory-copying
+processes (docs/benchmarks.md, issue 38): the best wall time of 5 rounds put the bf16-dot
+calibration's 1-row ratio anywhere in 0.25-10.8x (quiet 1.1-1.3x) and flipped its pick in 3-4 of
+10 calibrations; this estimate kept it in 1.0-1.4x and the pick in 10 of 10."""
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from typing import Callable
 
 
-def best_interleaved(run: Callable[[], None], switch: Callable[[str], object], names: tuple[str, ...],
-                     reps: int) -> dict:
-    """{name: best seconds of `run` with `switch(name)` applied}, the names interleaved in each
-    round so a change of load hits them alike; each timed run follows a warm-up run."""
-    best = {}
-    for _ in range(reps):
-        for name in names:
+class Timings(dict):
+    """{name: steady seconds} of `rounds` (each {name: seconds}); `sure` is set by the choice that
+    reads them (kernels/choices.py: False where the halves of the rounds pick differently)."""
+
+    def __init__(self, rounds: list[dict]):
+        super().__init__(steady_seconds(rounds))
+        self.rounds, self.sure = rounds, True
+
+
+def steady_seconds(rounds: list[dict]) -> dict:
+    """{name: median over `rounds` of its time over the round's geometric mean, x the median of
+    those means}; one round is returned as it is, no rounds as {}."""
+    if len(rounds) <= 1:
+        return dict(rounds[0]) if rounds else {}
+    means = [math.exp(statistics.fmean(math.log(max(v, 1e-12)) for v in r.values())) for r in rounds]
+    scale = statistics.median(means)
+    return {name: scale * statistics.median(r[name] / m for r, m in zip(rounds, means)) for name in rounds[0]}
+
+
+def timed_interleaved(run: Callable[[], None], switch: Callable[[str], object], names: tuple[str, ...],
+                      reps: int, clock: Callable[[], float] = time.process_time) -> Timings:
+    """Timings of `run` with `switch(name)` applied, `reps` rounds of the names interleaved (every
+    other round in reverse order); each timed run follows a warm-up run, on `clock` (the
+    process's CPU seconds)."""
+    rounds = []
+    for i in range(reps):
+        got = {}
+        for name in (names if i % 2 == 0 else names[::-1]):     # no name always first or last
             switch(name)
             run()
-            t = time.perf_counter()
+            t = clock()
             run()
-            best[name] = min(best.get(name, 1e9), time.perf_counter() - t)
-    return best
+            got[name] = clock() - t
+        rounds.append(got)
+    return Timings(rounds)
