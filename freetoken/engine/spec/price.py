@@ -13,7 +13,8 @@ experts for 1 / 2 / 3 / 5 / 9 / 17 positions). a, b, c are fitted online by leas
 recent steps (robust to the steps another program preempted, each block of steps at its own
 load level; refitted only when a draft is priced), pulled toward a prior made from
 the bandwidth the experts backend measures, so the price follows the machine as it is now
-(another program on the memory bus, a colder cache).
+(another program on the memory bus, a colder cache). The line is bent per step size by what
+each size's steps ran over it (`_shape`): a dense verify's rows do not cost alike.
 """
 from __future__ import annotations
 
@@ -127,8 +128,8 @@ def _shape(positions: np.ndarray, ratio: np.ndarray) -> dict[int, float]:
     """Per step size n (1..MAX_TRACKED positions): the factor its steps ran over the fitted line
     (measured / predicted at their load level). A dense verify's cost is not a line in its rows:
     the GEMV's rows ride on one weight read up to ~5 rows, then cost their multiply-adds, in tile
-    passes of 4-9 rows; the replay's steps cost 1.07 / 1.14 / 1.25 / 1.73 / 2.96 plain steps at
-    1 / 3 / 4 / 8 / 16 drafts, where the line said 1.09 / 1.26 / 1.35 / 1.69 / 2.38
+    passes of 4-9 rows; the replay's steps cost 1.09 / 1.14 / 1.25 / 1.73 / 2.96 plain steps at
+    1 / 3 / 4 / 8 / 16 drafts, where the line said 1.09 / 1.26 / 1.34 / 1.69 / 2.38
     (docs/benchmarks.md): short drafts priced dear, long ones cheap. The long verifies are rare
     (1-3 steps a size in a window), so a size's median is shrunk toward its size group's (1, 2,
     3-4, 5-8, 9-16, ...: the union of their steps), the group's toward the line, each by
