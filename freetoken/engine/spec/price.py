@@ -13,7 +13,8 @@ experts for 1 / 2 / 3 / 5 / 9 / 17 positions). a, b, c are fitted online by leas
 recent steps (robust to the steps another program preempted, each block of steps at its own
 load level; refitted only when a draft is priced), pulled toward a prior made from
 the bandwidth the experts backend measures, so the price follows the machine as it is now
-(another program on the memory bus, a colder cache).
+(another program on the memory bus, a colder cache). The line is bent per step size by what
+each size's steps ran over it (`_shape`): a dense verify's rows do not cost alike.
 """
 from __future__ import annotations
 
@@ -120,6 +121,46 @@ def _robust_ridge(X: np.ndarray, y: np.ndarray, w: float, phi0: np.ndarray, roun
     return phi
 
 
+SHAPE_PRIOR = 4.0      # pseudo-steps on the line's side when a size's own median reshapes it
+
+
+def _shape(positions: np.ndarray, ratio: np.ndarray) -> dict[int, float]:
+    """Per step size n (1..MAX_TRACKED positions): the factor its steps ran over the fitted line
+    (measured / predicted at their load level). A dense verify's cost is not a line in its rows:
+    the GEMV's rows ride on one weight read up to ~5 rows, then cost their multiply-adds, in tile
+    passes of 4-9 rows; the replay's steps cost 1.09 / 1.14 / 1.25 / 1.73 / 2.96 plain steps at
+    1 / 3 / 4 / 8 / 16 drafts, where the line said 1.09 / 1.26 / 1.34 / 1.69 / 2.38
+    (docs/benchmarks.md): short drafts priced dear, long ones cheap. The long verifies are rare
+    (1-3 steps a size in a window), so a size's median is shrunk toward its size group's (1, 2,
+    3-4, 5-8, 9-16, ...: the union of their steps), the group's toward the line, each by
+    SHAPE_PRIOR pseudo-steps; a size not seen takes its seen neighbours' factors, interpolated."""
+    n = positions.astype(np.int64)
+    keep = (n >= 1) & (n <= MAX_TRACKED)
+    n, ratio = n[keep], ratio[keep]
+    if not len(n):
+        return {}
+    group = np.frexp(np.maximum(n - 1, 0))[1]
+    sizes_seen = sorted(set(n.tolist()))
+    med = {v: float(_median(ratio[n == v])) for v in sizes_seen}
+    # the steps' own spread about their size's median: a median of m steps is trusted only past
+    # its standard error (on a line that fits, the sizes' medians moved the price by ~2% alone)
+    sigma = max(1.4826 * float(_median(np.abs(ratio - np.array([med[v] for v in n.tolist()])))), 1e-3)
+
+    def toward(target: float, value: float, m: int) -> float:
+        d = value - target
+        d = np.sign(d) * max(abs(d) - 1.2533 * sigma / np.sqrt(m), 0.0)
+        return target + float(d) * m / (m + SHAPE_PRIOR)
+    seen, factor = [], []
+    for g in sorted(set(group.tolist())):
+        in_g = group == g
+        level = toward(1.0, float(_median(ratio[in_g])), int(in_g.sum()))
+        for v in sorted(set(n[in_g].tolist())):
+            seen.append(v)
+            factor.append(toward(level, med[v], int((n == v).sum())))
+    sizes = np.arange(1, MAX_TRACKED + 1)
+    return dict(zip(sizes.tolist(), np.interp(sizes, seen, factor).tolist()))
+
+
 LEVEL_BLOCK = 16       # consecutive steps sharing one load level (the median of their measured / predicted)
 LEVEL_PASSES = 2
 
@@ -150,6 +191,7 @@ class VerifyPrice:
         self._union_n = np.zeros(MAX_TRACKED + 1)
         self._theta: np.ndarray | None = None              # fitted (a, b, c): `theta` fits when stale
         self._coef = (1.0, 0.02, 0.0)                       # the same as floats (`seconds` reads them)
+        self._by_size: dict[int, float] = {}                # per positions: its steps over the line (_shape)
         self._since_fit = 0
         self._unions: dict[int, float] = {}                 # union(n) since the last union sample
 
@@ -247,9 +289,15 @@ class VerifyPrice:
         for _ in range(LEVEL_PASSES):
             level = _levels(y / np.maximum(X @ phi, 1e-9))
             phi = _robust_ridge(X, y / level, w, prior / scale, groups=groups)
-        # seconds at today's level: the newest two blocks' measured over fitted
-        now = float(_median((y / np.maximum(X @ phi, 1e-9))[-2 * LEVEL_BLOCK:]))
+        # what each step size ran over the line, at its block's level
+        fitted = np.maximum(X @ phi, 1e-9)
+        ratio = y / fitted
+        shape = _shape(s[:, 0], ratio / _levels(ratio))
+        # seconds at today's level: the newest two blocks' measured over fitted (shaped)
+        per = np.array([shape.get(int(n), 1.0) for n in s[:, 0]])
+        now = float(_median((ratio / per)[-2 * LEVEL_BLOCK:]))
         self.theta = phi * scale * now
+        self._by_size = shape
 
     def seconds(self, positions: int, experts: float | None = None) -> float:
         """Predicted step seconds for `positions` rows (their expected union when not given).
@@ -259,4 +307,4 @@ class VerifyPrice:
         self._refresh()
         a, b, c = self._coef
         e = self.experts(positions) if experts is None else experts
-        return a + b * positions + c * e
+        return (a + b * positions + c * e) * self._by_size.get(int(round(positions)), 1.0)
