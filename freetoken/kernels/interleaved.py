@@ -1,17 +1,17 @@
 """Timing kernel variants side by side for the calibrations (kernels/choices.py and the probes it
 calls), steady under other processes' load on the same cores.
 
-Each round runs every variant once, so a change of load hits them alike; the clock is the
-process's CPU time (all its threads), which a descheduled thread does not advance: the pool's
-waiting threads spin, then yield (torch's OpenMP threads spin too), so on a quiet machine CPU time
-is about the threads x the wall time of every variant, and on a busy one it stays near that where
-the wall time doubles (a variant that left its threads asleep would be flattered). Each variant's
-seconds are the median over rounds of its share of the round (its time over the round's geometric
-mean), scaled by the median round: a round that another process slowed as a whole, or one
-outlier, moves nothing. Measured on the 2-core Zen 4 under 2-4 spinning or memory-copying
+Each round runs every variant once, so a change of load hits them alike, on the wall clock. Each
+variant's seconds are the median over rounds of its share of the round (its time over the round's
+geometric mean), scaled by the median round: a round that another process slowed as a whole, or
+one outlier, moves nothing. Measured on the 2-core Zen 4 under 2-4 spinning or memory-copying
 processes (docs/benchmarks.md, issue 38): the best wall time of 5 rounds put the bf16-dot
 calibration's 1-row ratio anywhere in 0.25-10.8x (quiet 1.1-1.3x) and flipped its pick in 3-4 of
-10 calibrations; this estimate kept it in 1.0-1.4x and the pick in 10 of 10."""
+10 calibrations. Not the process's CPU clock, tried first: it counts every thread of the
+process (an engine's disk readers calibrating beside its kernels) and not a pool thread that
+sleeps through a variant's serial part; on a quiet machine it put the k-quant calibration's
+per-256 / per-32 ratio at 0.73-0.92 where the wall clock read 0.89-0.90, and inside the disk
+tier's bench at 0.96-0.98 (too close to call: the slower way kept, the tier's decode 0.93x)."""
 from __future__ import annotations
 
 import math
@@ -40,10 +40,9 @@ def steady_seconds(rounds: list[dict]) -> dict:
 
 
 def timed_interleaved(run: Callable[[], None], switch: Callable[[str], object], names: tuple[str, ...],
-                      reps: int, clock: Callable[[], float] = time.process_time) -> Timings:
+                      reps: int, clock: Callable[[], float] = time.perf_counter) -> Timings:
     """Timings of `run` with `switch(name)` applied, `reps` rounds of the names interleaved (every
-    other round in reverse order); each timed run follows a warm-up run, on `clock` (the
-    process's CPU seconds)."""
+    other round in reverse order); each timed run follows a warm-up run, on `clock`."""
     rounds = []
     for i in range(reps):
         got = {}
