@@ -274,12 +274,9 @@ class DiskExperts(Experts):
         on_host = self.device.type == "cpu"
         x = hidden if on_host else hidden.to("cpu")
         w = topk_weights if on_host else topk_weights.to("cpu")
-        local = (topk_ids if on_host and topk_ids.dtype == torch.int64 else topk_ids.to("cpu", torch.int64)).numpy()
-        flat = local + layer * self.E
+        flat, uniq = self._routed(layer, topk_ids, on_host)
         T, K = flat.shape
-        uniq = np.sort(flat[0]) if T == 1 else np.unique(flat)    # one token: a sort is cheaper
-        if T == 1 and len(set(uniq.tolist())) < K:              # (a set: ~3x cheaper than comparing)
-            uniq = np.unique(uniq)
+        local = flat - layer * self.E if self.phase != "decode" else None     # (a prompt's predictor counts)
         self.cache.cancel_guesses(layer, uniq)         # wrong guesses for this layer not read yet: dropped
         if self.phase == "prefill":
             self.prefill_score.routed(layer, uniq)
@@ -346,6 +343,22 @@ class DiskExperts(Experts):
         self._last = (layer, time.perf_counter())
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
+    def _routed(self, layer: int, topk_ids, on_host: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(the call's flat ids [T, K], their distinct values ascending): one C call on the top-k
+        tensor where the cache has the hit path's C calls (c_hits.py; in situ numpy's add, sort
+        and dedup cost ~45 us a decode call), numpy otherwise."""
+        hc = self.cache.hits_c
+        if hc is not None and on_host and topk_ids.dtype == torch.int64 and topk_ids.is_contiguous() \
+                and topk_ids.dim() == 2:
+            return hc.route(topk_ids.data_ptr(), *topk_ids.shape, layer * self.E)
+        flat = (topk_ids if on_host and topk_ids.dtype == torch.int64 else topk_ids.to("cpu", torch.int64)).numpy() \
+            + layer * self.E
+        T, K = flat.shape
+        uniq = np.sort(flat[0]) if T == 1 else np.unique(flat)    # one token: a sort is cheaper
+        if T == 1 and len(set(uniq.tolist())) < K:              # (a set: ~3x cheaper than comparing)
+            uniq = np.unique(uniq)
+        return flat, uniq
+
     def _early(self) -> bool:
         """Whether this call reads ahead before it computes (READ_AHEAD_FIRST): not while a decode
         pass routes more experts than the cache holds, where an early guess takes the slot of an
@@ -363,7 +376,7 @@ class DiskExperts(Experts):
         got = self.cache.acquire_hits(layer, uniq, flat)
         if got is None:
             return False
-        slots, ordered = got
+        slots, ordered, held = got
         early = len(nxt) and self._early()
         started = self.cache.prefetch(nxt) if early else 0   # read ahead as the general path
         try:
@@ -376,7 +389,7 @@ class DiskExperts(Experts):
             else:
                 calls = self._run(uniq, self.cache.ready_of[uniq], flat, x, w, out)
         finally:
-            self.cache.release(slots)
+            self.cache.release_hits(held)
         if len(nxt) > started and (not early or self.cache.unplaced):   # (what found no victim while this
             started += self.cache.prefetch(nxt)                            # call's slots were locked)
         self.kernel_calls += calls
