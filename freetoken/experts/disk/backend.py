@@ -437,33 +437,36 @@ class DiskExperts(Experts):
         victims run first among the landed and their slots go to the next layer's reads at once."""
         T, K = flat.shape
         y = torch.full((T * K, self.layout.spec.hidden), -0.0)
-        todo = np.ones(len(ids), bool)
+        # each pair's place in ids and its slot, once (per round: one mask, one where; issue 39:
+        # in situ each numpy call of a round cost several times its loop cost)
+        pos = np.minimum(np.searchsorted(ids, flat), len(ids) - 1)
+        mine = ids[pos] == flat
+        slot_pos = slots[pos]
+        todo = list(range(len(ids)))
         calls = 0
-        while todo.any():
-            ready = todo & np.array([ev is None or ev.is_set() for ev in pending])
-            if hand is not None:
-                ready = hand.first(ready)
-            if not ready.any():                      # whichever read lands first runs first
-                self.cache.wait_any([pending[i] for i in np.flatnonzero(todo)])
+        while todo:
+            ready = [i for i in todo if pending[i] is None or pending[i].is_set()]
+            if hand is not None and ready:
+                mask = np.zeros(len(ids), bool)
+                mask[ready] = True
+                ready = np.flatnonzero(hand.first(mask)).tolist()
+            if not ready:                            # whichever read lands first runs first
+                self.cache.wait_any([pending[i] for i in todo])
                 continue
-            idx = np.flatnonzero(ready)
-            self.cache.landed(ids[idx], [pending[i] for i in idx])       # raises if one of them failed
-            todo[idx] = False
-            if todo.any():
+            idx = np.array(ready, np.int64)
+            self.cache.landed(ids[idx], [pending[i] for i in ready])       # raises if one of them failed
+            done = set(ready)
+            todo = [i for i in todo if i not in done]
+            if todo:
                 self.overlapped += 1
-            self.host.run_pairs(x, torch.from_numpy(self._slot_ids(ids[idx], slots[idx], flat)), y)
+            run = np.zeros(len(ids), bool)
+            run[idx] = True
+            self.host.run_pairs(x, torch.from_numpy(np.where(mine & run[pos], slot_pos, -1)), y)
             calls += 1
             if hand is not None:
                 hand.ran(idx)
-        mine = np.where(self._slot_ids(ids, ids, flat) >= 0, flat, -1)   # (np.isin: ~3x the cost here)
-        self.host.combine(torch.from_numpy(mine), torch.from_numpy(flat), w, y, out)
+        self.host.combine(torch.from_numpy(np.where(mine, flat, -1)), torch.from_numpy(flat), w, y, out)
         return calls
-
-    @staticmethod
-    def _slot_ids(ids: np.ndarray, slots: np.ndarray, flat: np.ndarray) -> np.ndarray:
-        """`flat` [T, K] with each of `ids` (ascending) as its slot and every other id as -1."""
-        pos = np.minimum(np.searchsorted(ids, flat), len(ids) - 1)
-        return np.where(ids[pos] == flat, slots[pos], -1)
 
     def _landed_runs(self, ids: np.ndarray, pending: list):
         """Yields (a, b): ids[a:b] have landed, in ascending order, covering all of ids. Each
