@@ -187,7 +187,8 @@ def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def _bind_tier(lib: ctypes.CDLL) -> ctypes.CDLL:
     """The expert tiers' bookkeeping helpers: the next-layer predictor (c/next_layer.c), the slot
-    table's victims (c/slot_victims.c), one expert's disk read (c/expert_read.c)."""
+    table's victims (c/slot_victims.c), one expert's disk read (c/expert_read.c), the host cache's
+    hit path (c/host_hits.c)."""
     vp, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.ft_next_layer_observe.argtypes = [vp, vp, vp, i64, vp, i64, i64]
     lib.ft_next_layer_observe.restype = i64
@@ -197,6 +198,12 @@ def _bind_tier(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.ft_slot_victims.restype = i64
     lib.ft_read_expert.argtypes = [i64, vp, vp, vp, vp, vp, i64, i64, vp, vp, vp, vp, vp]
     lib.ft_read_expert.restype = i64
+    lib.ft_hits_acquire.argtypes = [vp, vp, i64, vp, i64, vp, vp, vp, vp]
+    lib.ft_hits_acquire.restype = i64
+    lib.ft_hits_release.argtypes = [vp, vp, i64]
+    lib.ft_hits_release.restype = None
+    lib.ft_hits_route.argtypes = [vp, i64, i64, vp, vp]
+    lib.ft_hits_route.restype = i64
     return lib
 
 

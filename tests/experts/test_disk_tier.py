@@ -8,8 +8,9 @@ import os
 import pytest
 import torch
 
-from freetoken import LLM, SamplingParams
+from freetoken import LLM, SamplingParams, kernels
 from freetoken.errors import CheckpointError
+from freetoken.experts.disk.c_hits import HitCalls
 from freetoken.loading.convert import convert
 
 
@@ -154,17 +155,21 @@ def test_profiled_b_d_bounds_the_prefetch_tokens_unchanged(tiny_dir, tmp_path):
     llm.close()
 
 
-ORDER_CASES = [(True, None), (False, None), (True, "lru"), (True, "lfu+layer"), (True, "arc"), (True, "lrfu+prefetch")]
+# (overlap, policy, the hit path's C build: c_hits.py; None: numpy), each build once on the default
+ORDER_CASES = [(True, None, "native"), (False, None, "native"), (True, "lru", "native"), (True, "lfu+layer", "native"),
+               (True, "arc", "native"), (True, "lrfu+prefetch", "native"),
+               *((True, None, b) for b in (None, *kernels.variants_here()) if b != "native")]
 
 
-@pytest.mark.parametrize("overlap,policy", ORDER_CASES, ids=[f"overlap-{o}-{p or 'default'}" for o, p in ORDER_CASES])
-def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path, overlap, policy):
+@pytest.mark.parametrize("overlap,policy,hits", ORDER_CASES,
+                         ids=[f"overlap-{o}-{p or 'default'}-hits-{h or 'numpy'}" for o, p, h in ORDER_CASES])
+def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path, overlap, policy, hits):
     """A layer call computes the experts already in RAM while its misses are still read
     (experts/disk/backend.py: overlap on, `_run_as_landed`, any landed expert as it lands;
     off, `_landed_runs`, the landed prefix in id order): with each expert's read delayed by a
     drawn amount, so reads finish in arbitrary orders, logits and tokens stay the resident
-    run's bit for bit under each cache policy, and calls really were cut where a read was in
-    flight."""
+    run's bit for bit under each cache policy and each way of the hit path's lookups (numpy,
+    each C build), and calls really were cut where a read was in flight."""
     import time
 
     from hypothesis import given, settings
@@ -178,6 +183,7 @@ def test_outputs_identical_whatever_order_the_reads_land(tiny_dir, tmp_path, ove
               **({"expert_cache_policy": policy} if policy else {}))
     experts = llm.engine.model.experts
     experts.overlap = overlap
+    experts.cache.hits_c = HitCalls.of(hits)
     reader = experts.cache.reader
     read = reader.read
 

@@ -3,7 +3,8 @@ batch at the next decision, issue 39) against the general path (`acquire`, the p
 once): over random layer calls and read-aheads, two caches driven alike end in the same
 table -- residency, recency stamps, policy scores, pass and token counters, hit counts -- and
 every slot the hit path hands out holds its expert's bytes, in an order the kernels may run
-in one call only where the slots ascend with the ids."""
+in one call only where the slots ascend with the ids; with numpy and each C build of the hit
+path's lock (kernels/c/host_hits.c), each distinct slot locked once while held."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from freetoken import kernels
+from freetoken.experts.disk.c_hits import HitCalls
 from freetoken.experts.disk.host_cache import HostExpertCache
 
 from test_host_cache import E, L, _acquire_all, _holds, _layout
@@ -27,11 +30,14 @@ def _state(cache):
             t.token, t.working_set, t._pass_count, cache.c["hits"], cache.c["prefetch_used"])
 
 
+@pytest.mark.parametrize("build", [None, *kernels.variants_here()])
 @settings(max_examples=60, deadline=None)
 @given(ops=calls, slots=st.integers(1, L * E), policy=st.sampled_from(["lru", "lfu", "lrfu", "arc", "lrfu+layer"]))
-def test_hit_path_leaves_the_table_the_general_path_leaves(tmp_path_factory, ops, slots, policy):
+def test_hit_path_leaves_the_table_the_general_path_leaves(tmp_path_factory, build, ops, slots, policy):
     lay, want = _layout(tmp_path_factory.mktemp("hh") / "f.bin")
     general, hits = HostExpertCache(lay, slots, policy, threads=2), HostExpertCache(lay, slots, policy, threads=2)
+    hits.hits_c = HitCalls.of(build)
+    assert (hits.hits_c is None) == (build is None)
     try:
         for op, layer, rows in ops:
             k = min(len(r) for r in rows)
@@ -46,12 +52,16 @@ def test_hit_path_leaves_the_table_the_general_path_leaves(tmp_path_factory, ops
                 if got is None:
                     _acquire_all(hits, want, uniq)
                 else:
-                    s, ordered = got
+                    s, ordered, held = got
                     _holds(hits, want, flat.ravel(), s.ravel())
                     su = hits.table.slot_of[uniq]
                     assert not ordered or (np.diff(su) > 0).all()
                     assert ordered or not hits.identity
-                    hits.release(s)
+                    locked = np.zeros(hits.capacity, np.int32)
+                    locked[np.unique(s)] = 1            # (no read in flight here: nothing else holds a lock)
+                    assert np.array_equal(hits.table.locks, locked)
+                    hits.release_hits(held)
+                    assert not hits.table.locks.any()
             for c in (general, hits):
                 c.drain()
                 c.check()
@@ -136,3 +146,18 @@ def test_pairs_landed_in_any_order_sum_as_one_ranked_call(fmt, isa, tokens, bias
         if tiles:
             lib.ft_set_gemm(0, 16, 0)
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("build", kernels.variants_here())
+@settings(max_examples=80, deadline=None)
+@given(rows=st.integers(1, 40), k=st.integers(1, 8), off=st.integers(0, 5000), data=st.data())
+def test_routed_ids_in_c_are_numpys(build, rows, k, off, data):
+    """The C call that keys a layer call's routed ids (`HitCalls.route`, what `DiskExperts.forward`
+    takes on the top-k tensor): flat = ids + off as numpy adds them, the distinct ones ascending as
+    a sorted set, repeats included (forced routes) and both sorts (<= 64 ids and more)."""
+    import torch
+    ids = torch.tensor(data.draw(st.lists(st.integers(0, 127), min_size=rows * k, max_size=rows * k)),
+                       dtype=torch.int64).reshape(rows, k)
+    flat, uniq = HitCalls.of(build).route(ids.data_ptr(), rows, k, off)
+    assert np.array_equal(flat, ids.numpy() + off)
+    assert uniq.tolist() == sorted(set((ids.numpy() + off).ravel().tolist()))

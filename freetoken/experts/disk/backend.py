@@ -220,8 +220,9 @@ class DiskExperts(Experts):
         if decode:
             if self.expected.started:
                 self.expected.settle(layer, uniq - layer * self.E)
+            listed = uniq.tolist()          # (once for the four scores)
             for sc in self._all_scores:
-                sc.routed(layer, uniq)
+                sc.routed(layer, uniq, listed)
         elif self.predictor is not None:
             self.predictor.observe_tokens(layer, local)
         nxt = self._predict(layer, uniq, hidden)
@@ -274,12 +275,9 @@ class DiskExperts(Experts):
         on_host = self.device.type == "cpu"
         x = hidden if on_host else hidden.to("cpu")
         w = topk_weights if on_host else topk_weights.to("cpu")
-        local = (topk_ids if on_host and topk_ids.dtype == torch.int64 else topk_ids.to("cpu", torch.int64)).numpy()
-        flat = local + layer * self.E
+        flat, uniq = self._routed(layer, topk_ids, on_host)
         T, K = flat.shape
-        uniq = np.sort(flat[0]) if T == 1 else np.unique(flat)    # one token: a sort is cheaper
-        if T == 1 and len(set(uniq.tolist())) < K:              # (a set: ~3x cheaper than comparing)
-            uniq = np.unique(uniq)
+        local = flat - layer * self.E if self.phase != "decode" else None     # (a prompt's predictor counts)
         self.cache.cancel_guesses(layer, uniq)         # wrong guesses for this layer not read yet: dropped
         if self.phase == "prefill":
             self.prefill_score.routed(layer, uniq)
@@ -346,6 +344,22 @@ class DiskExperts(Experts):
         self._last = (layer, time.perf_counter())
         return out if on_host and out.dtype == hidden.dtype else out.to(hidden.device, hidden.dtype)
 
+    def _routed(self, layer: int, topk_ids, on_host: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(the call's flat ids [T, K], their distinct values ascending): one C call on the top-k
+        tensor where the cache has the hit path's C calls (c_hits.py; in situ numpy's add, sort
+        and dedup cost ~45 us a decode call), numpy otherwise."""
+        hc = self.cache.hits_c
+        if hc is not None and on_host and topk_ids.dtype == torch.int64 and topk_ids.is_contiguous() \
+                and topk_ids.dim() == 2:
+            return hc.route(topk_ids.data_ptr(), *topk_ids.shape, layer * self.E)
+        flat = (topk_ids if on_host and topk_ids.dtype == torch.int64 else topk_ids.to("cpu", torch.int64)).numpy() \
+            + layer * self.E
+        T, K = flat.shape
+        uniq = np.sort(flat[0]) if T == 1 else np.unique(flat)    # one token: a sort is cheaper
+        if T == 1 and len(set(uniq.tolist())) < K:              # (a set: ~3x cheaper than comparing)
+            uniq = np.unique(uniq)
+        return flat, uniq
+
     def _early(self) -> bool:
         """Whether this call reads ahead before it computes (READ_AHEAD_FIRST): not while a decode
         pass routes more experts than the cache holds, where an early guess takes the slot of an
@@ -363,7 +377,7 @@ class DiskExperts(Experts):
         got = self.cache.acquire_hits(layer, uniq, flat)
         if got is None:
             return False
-        slots, ordered = got
+        slots, ordered, held = got
         early = len(nxt) and self._early()
         started = self.cache.prefetch(nxt) if early else 0   # read ahead as the general path
         try:
@@ -376,7 +390,7 @@ class DiskExperts(Experts):
             else:
                 calls = self._run(uniq, self.cache.ready_of[uniq], flat, x, w, out)
         finally:
-            self.cache.release(slots)
+            self.cache.release_hits(held)
         if len(nxt) > started and (not early or self.cache.unplaced):   # (what found no victim while this
             started += self.cache.prefetch(nxt)                            # call's slots were locked)
         self.kernel_calls += calls
@@ -424,33 +438,36 @@ class DiskExperts(Experts):
         victims run first among the landed and their slots go to the next layer's reads at once."""
         T, K = flat.shape
         y = torch.full((T * K, self.layout.spec.hidden), -0.0)
-        todo = np.ones(len(ids), bool)
+        # each pair's place in ids and its slot, once (per round: one mask, one where; issue 39:
+        # in situ each numpy call of a round cost several times its loop cost)
+        pos = np.minimum(np.searchsorted(ids, flat), len(ids) - 1)
+        mine = ids[pos] == flat
+        slot_pos = slots[pos]
+        todo = list(range(len(ids)))
         calls = 0
-        while todo.any():
-            ready = todo & np.array([ev is None or ev.is_set() for ev in pending])
-            if hand is not None:
-                ready = hand.first(ready)
-            if not ready.any():                      # whichever read lands first runs first
-                self.cache.wait_any([pending[i] for i in np.flatnonzero(todo)])
+        while todo:
+            ready = [i for i in todo if pending[i] is None or pending[i].is_set()]
+            if hand is not None and ready:
+                mask = np.zeros(len(ids), bool)
+                mask[ready] = True
+                ready = np.flatnonzero(hand.first(mask)).tolist()
+            if not ready:                            # whichever read lands first runs first
+                self.cache.wait_any([pending[i] for i in todo])
                 continue
-            idx = np.flatnonzero(ready)
-            self.cache.landed(ids[idx], [pending[i] for i in idx])       # raises if one of them failed
-            todo[idx] = False
-            if todo.any():
+            idx = np.array(ready, np.int64)
+            self.cache.landed(ids[idx], [pending[i] for i in ready])       # raises if one of them failed
+            done = set(ready)
+            todo = [i for i in todo if i not in done]
+            if todo:
                 self.overlapped += 1
-            self.host.run_pairs(x, torch.from_numpy(self._slot_ids(ids[idx], slots[idx], flat)), y)
+            run = np.zeros(len(ids), bool)
+            run[idx] = True
+            self.host.run_pairs(x, torch.from_numpy(np.where(mine & run[pos], slot_pos, -1)), y)
             calls += 1
             if hand is not None:
                 hand.ran(idx)
-        mine = np.where(self._slot_ids(ids, ids, flat) >= 0, flat, -1)   # (np.isin: ~3x the cost here)
-        self.host.combine(torch.from_numpy(mine), torch.from_numpy(flat), w, y, out)
+        self.host.combine(torch.from_numpy(np.where(mine, flat, -1)), torch.from_numpy(flat), w, y, out)
         return calls
-
-    @staticmethod
-    def _slot_ids(ids: np.ndarray, slots: np.ndarray, flat: np.ndarray) -> np.ndarray:
-        """`flat` [T, K] with each of `ids` (ascending) as its slot and every other id as -1."""
-        pos = np.minimum(np.searchsorted(ids, flat), len(ids) - 1)
-        return np.where(ids[pos] == flat, slots[pos], -1)
 
     def _landed_runs(self, ids: np.ndarray, pending: list):
         """Yields (a, b): ids[a:b] have landed, in ascending order, covering all of ids. Each
@@ -520,24 +537,28 @@ class DiskExperts(Experts):
         first = nxt * self.E
         routed = self.router.guess(layer, x) if self.router is not None and layer + 1 < L \
             and self._due("router") else None
+        # each guess as flat ids once, shared by its score and the reads (only read from: issue 39,
+        # in situ each numpy add cost ~5-15 us a call)
+        routed_flat = None if routed is None else routed + first
         if routed is not None:
-            self.scores["router"].guessed_for(nxt, routed + first)
+            self.scores["router"].guessed_for(nxt, routed_flat)
         self.predictor.observe(layer, local)        # (learns every call, whoever guesses)
-        guess = routed
+        guess, flat = routed, routed_flat
         if routed is None or self.lookahead == "auto":     # (the history every call: sampled, it read 1.13x the bytes at a 5% cache)
             hist = self.predictor.predict(layer, local)
-            self.scores["history"].guessed_for(nxt, hist + first)
+            hist_flat = hist + first
+            self.scores["history"].guessed_for(nxt, hist_flat)
             if routed is None or self.scores["history"].f1() >= self.scores["router"].f1():
-                guess = hist
+                guess, flat = hist, hist_flat
         if layer + 1 < L:           # (the wrap is always the history's guess: not what the mode reads)
             self.source = "router" if guess is routed else "history"
         if len(guess):
-            self.score.guessed_for(nxt, guess + first)
+            self.score.guessed_for(nxt, flat)
         more = chain(self.predictor, layer, guess, self.depth)
         wide = self.router.runners_up(layer, self.extra) if self.extra and guess is routed else _NONE
         if not more and not len(wide):
-            return guess + first
-        return np.concatenate([guess + first, wide + first, *(g + m * self.E for m, g in more)])
+            return flat
+        return np.concatenate([flat, wide + first, *(g + m * self.E for m, g in more)])
 
     def _due(self, name: str) -> bool:
         """Whether this call computes `name`'s guess ("router" or "history"): always in "router"

@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from .c_hits import HitCalls
 from .c_reads import ReadPlan
 from .hash_nogil import xxh3_64
 from .pieces import DiskLayout
@@ -287,6 +288,7 @@ class HostExpertCache:
         self.identity = True       # every resident expert in the slot of its flat id (a whole-pool cache):
         #                            then any call's slots ascend with its ids
         self._hit_log: list[np.ndarray] = []               # hit calls' unique ids, not yet in the policy
+        self.hits_c = HitCalls.of("native")                # the hit path's lock in C (None: numpy; tests set either)
         self._log_layer = -1
         self._io = ReadQueue(threads, self._read_into, reserve=True)   # demand reads first (and a reader of
         #                                                  their own), guesses cancellable
@@ -386,32 +388,51 @@ class HostExpertCache:
             raise
         return n, slots
 
-    def acquire_hits(self, layer: int, uniq: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, bool] | None:
+    def acquire_hits(self, layer: int, uniq: np.ndarray, flat: np.ndarray) -> tuple[np.ndarray, bool, np.ndarray] | None:
         """`acquire` of a layer call whose experts (`uniq`: its unique flat ids, ascending;
         `flat`: the call's [T, K] ids) are all resident and landed: (the slots of `flat`,
-        locked -- the caller `release`s them --, whether the slots of `uniq` ascend too: one
-        kernel call); None, and nothing changed, otherwise. One gather and a lock; the policy
-        sees the call at the next `_settle`, in the same order as if it had been told now."""
+        whether the slots of `uniq` ascend too: one kernel call, the locked slots to give to
+        `release_hits`); None, and nothing changed, otherwise. One gather and a lock (one C
+        call, c_hits.py); the policy sees the call at the next `_settle`, in the same order as
+        if it had been told now."""
         with self._cv:
-            slots = self.ready_of[flat]
-            if slots.min() < 0:
-                return None
-            self.table.locks[slots] += 1        # repeated slots count once, and `release` takes one
+            if self.hits_c is not None:
+                got = self.hits_c.acquire(self.ready_of, self.table.locks, self._prefetched, uniq, flat)
+                if got is None:
+                    return None
+                slots, held, ordered, used = got
+                ordered = ordered or self.identity
+            else:
+                slots = self.ready_of[flat]
+                if slots.min() < 0:
+                    return None
+                self.table.locks[slots] += 1        # repeated slots count once, and the release takes one
+                held, ordered, used = slots, self.identity, 0
+                if self._any_prefetched or not ordered:
+                    su = self.ready_of[uniq]
+                    ordered = ordered or len(su) < 2 or bool((su[1:] > su[:-1]).all())
+                    was = self._prefetched[su]
+                    used = int(was.sum())
+                    self._prefetched[su] = False
+            if used:
+                self.c["prefetch_used"] += used
+                self._any_prefetched = bool(self._prefetched.any())
             if layer <= self._log_layer:        # a new pass: the last one's hits go to the policy
                 self._settle()
             self._hit_log.append(uniq)
             self._log_layer = layer
             self.c["hits"] += len(uniq)
-            ordered = self.identity
-            if self._any_prefetched or not ordered:
-                su = self.ready_of[uniq]
-                ordered = ordered or len(su) < 2 or bool((su[1:] > su[:-1]).all())
-                used = self._prefetched[su]
-                if used.any():
-                    self.c["prefetch_used"] += int(used.sum())
-                    self._prefetched[su] = False
-                    self._any_prefetched = bool(self._prefetched.any())
-            return slots, ordered
+            return slots, ordered, held
+
+    def release_hits(self, held: np.ndarray) -> None:
+        """`release` of `acquire_hits`' slots (its third item)."""
+        with self._cv:
+            if self.hits_c is not None:
+                self.hits_c.release(self.table.locks, held)
+            else:
+                self.table.locks[held] -= 1         # (repeated slots: one each, as they were locked)
+            if self._waiters:
+                self._cv.notify_all()
 
     def _settle(self) -> None:
         """The logged hit calls to the policy (under the lock): counted and touched as one

@@ -156,12 +156,14 @@ class GuessScore:
     def guessed_for(self, layer: int, flats: np.ndarray) -> None:
         self._pending = (layer, np.asarray(flats, np.int64))
 
-    def routed(self, layer: int, uniq_flats: np.ndarray) -> None:
+    def routed(self, layer: int, uniq_flats: np.ndarray, listed: list | None = None) -> None:
+        """Scores the pending guess for `layer` against what it routed (`listed`: uniq_flats as a
+        list, where the caller has it)."""
         if self._pending is not None and self._pending[0] == layer:
             g = self._pending[1]
             self.guessed += len(g)
             # a decode call's few ids: a set intersection (~1 us; np.isin costs ~10x that)
-            self.right += len(set(g.tolist()).intersection(uniq_flats.tolist()))
+            self.right += len(set(g.tolist()).intersection(uniq_flats.tolist() if listed is None else listed))
             self.needed += len(uniq_flats)
         self._pending = None
 
