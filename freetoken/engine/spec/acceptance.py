@@ -1,12 +1,8 @@
 """Online acceptance statistics: for each drafter and confidence bucket, how often the i-th
-drafted token is accepted given the ones before it were. A bucket (drafters.match_bucket) is the
-match's length and count, whether the drafter's previous proposal for the sequence held, where
-the suffix walk first split, and the drafters' agreement: finer buckets with the same optimistic
-prior, not rates shrunk toward coarser buckets' (tried: the prior's optimism is what gets a new
-bucket drafted and learned; shrinking toward the pooled rates drafted less and lost 1-3%).
-The expected accepted length of a k-token draft is sum_{i<=k} prod_{j<=i} a_j. Counts start
-from a prior (a few pseudo-trials) and decay, so a workload that changes (a session turning
-from tool calls to prose) is followed. Proposals the price did not draft are scored too, against the tokens the sequence
+drafted token is accepted given the ones before it were. The expected accepted length of a
+k-token draft is sum_{i<=k} prod_{j<=i} a_j. Counts start from a prior (a few pseudo-trials)
+and decay, so a workload that changes (a session turning from tool calls to prose) is
+followed. Proposals the price did not draft are scored too, against the tokens the sequence
 then emitted (`observe_shadow`, kept by shadow.py): without them a bucket the prior prices out
 would never be tried, and a bucket that stopped paying would keep its old rates."""
 from __future__ import annotations

@@ -3,7 +3,7 @@ sequence earlier in the same sequence (longest n first, the most recent occurren
 propose what followed. Per sequence, nothing shared; the index grows with the sequence."""
 from __future__ import annotations
 
-from .drafters import Draft, Streaks, match_bucket
+from .drafters import Draft, match_bucket
 
 ORDERS = (6, 5, 4, 3, 2, 1)
 
@@ -15,7 +15,6 @@ class NgramDrafter:
         self.orders = tuple(sorted(orders, reverse=True))
         self._index: dict = {}             # key -> {ngram tuple: last start position of what follows}
         self._len: dict = {}
-        self.streaks = Streaks()
 
     def observe(self, key, tokens: list[int], start: int) -> None:
         idx = self._index.setdefault(key, {})
@@ -30,14 +29,8 @@ class NgramDrafter:
     def forget(self, key) -> None:
         self._index.pop(key, None)
         self._len.pop(key, None)
-        self.streaks.forget(key)
 
     def propose(self, context: list[int], k: int, key=None) -> Draft | None:
-        out = self._lookup(context, k, key)
-        self.streaks.keep(key, context, out)
-        return out
-
-    def _lookup(self, context: list[int], k: int, key) -> Draft | None:
         idx = self._index.get(key)
         if not idx or k <= 0:
             return None
@@ -49,5 +42,5 @@ class NgramDrafter:
                 # what followed the match; a match running into the present repeats its own start
                 out = context[p:p + k]
                 if out:
-                    return Draft(tuple(out), self.name, match_bucket(n, 1, self.streaks.state(key, context)))
+                    return Draft(tuple(out), self.name, match_bucket(n, 1))
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 
-from .drafters import Draft, Streaks, match_bucket, split_band
+from .drafters import Draft, match_bucket
 
 ORDERS = (24, 16, 12, 8, 6, 4, 3, 2)
 PER_KEY = 16           # most recent occurrences kept per n-gram
@@ -48,7 +48,6 @@ class SuffixDrafter:
         self._next_sid = 0
         self._live: dict = {}             # sequence key -> its stream
         self._heads: dict[tuple, list[int]] = {}   # first HEAD tokens -> recent stream ids starting so
-        self.streaks = Streaks()
 
     # --- indexing ------------------------------------------------------------------------
     def observe(self, key, tokens: list[int], start: int = 0) -> None:
@@ -109,7 +108,6 @@ class SuffixDrafter:
 
     def forget(self, key) -> None:
         self._live.pop(key, None)         # its tokens stay for the sessions that follow
-        self.streaks.forget(key)
 
     def _bound(self) -> None:
         if self.total <= self.max_tokens:
@@ -130,11 +128,6 @@ class SuffixDrafter:
 
     # --- drafting ------------------------------------------------------------------------
     def propose(self, context: list[int], k: int, key=None) -> Draft | None:
-        out = self._lookup(context, k, key)
-        self.streaks.keep(key, context, out)
-        return out
-
-    def _lookup(self, context: list[int], k: int, key) -> Draft | None:
         if k <= 0:
             return None
         own = self._live.get(key)
@@ -153,15 +146,14 @@ class SuffixDrafter:
                     continue          # dropped, the present itself, or a hash collision
                 occ.append((s.tokens, p))
             if occ:
-                return self._walk(occ, n, k, self.streaks.state(key, context))
+                return self._walk(occ, n, k)
         return None
 
-    def _walk(self, occ, match_len: int, k: int, streak: int) -> Draft | None:
+    def _walk(self, occ, match_len: int, k: int) -> Draft | None:
         """Most frequent continuation token by token while at least min_agree of the
-        occurrences (and two, or the only one) still agree; the first token they split on
-        (not all agreeing) goes into the bucket."""
+        occurrences (and two, or the only one) still agree."""
         out: list[int] = []
-        first_count, first_split = 0, None
+        first_count = 0
         for i in range(k):
             nxt = Counter(toks[p + i] for toks, p in occ if p + i < len(toks))
             if not nxt:
@@ -171,10 +163,8 @@ class SuffixDrafter:
                 break
             if i == 0:
                 first_count = cnt
-            if first_split is None and cnt < len(occ):
-                first_split = i
             out.append(tok)
             occ = [(toks, p) for toks, p in occ if p + i < len(toks) and toks[p + i] == tok]
         if not out:
             return None
-        return Draft(tuple(out), self.name, match_bucket(match_len, first_count, streak, split_band(first_split)))
+        return Draft(tuple(out), self.name, match_bucket(match_len, first_count))
