@@ -19,7 +19,9 @@ with the responses forced, one draft a step. Per drafter set (suffix, prompt loo
 - `oracle`: the speed-up of a price that knew which drafts hit (drafts exactly the run that will
   be accepted, when it pays): no price can beat it with these drafters.
 As the bench, the replay runs twice with fresh drafters and the statistics carried over; the
-second run is reported. --history N: the suffix index first sees N other sessions (as
+second run is reported, and priced's first (the statistics cold, as bench/speculative.py
+--rounds 1 runs: the second pass's statistics have seen these very turns, so finer buckets
+gain there partly by remembering them). --history N: the suffix index first sees N other sessions (as
 bench/speculative.py --history). --offset j: the j-th session after each of those picks instead
 (the same spacing): sessions held out from whatever was tuned on the default picks."""
 from __future__ import annotations
@@ -119,7 +121,7 @@ def main():
     encode = qwen2_encode()
     print(f"sessions {args.sessions}, turns {args.turns}, prompt {args.prompt}, response {args.response}, "
           f"max draft {args.max_draft}, cost {', '.join(f'{c:.2f}' for c in cost)}")
-    print("history   drafters        tokens/verify (full k)   priced x plain   oracle x plain")
+    print("history   drafters        tokens/verify (full k)   priced x plain   oracle x plain   priced, 1st pass")
     for h in (int(x) for x in args.history.split(",")):
         args.history = h
         turns, history = session_turns(args, encode, VOCAB)
@@ -130,8 +132,8 @@ def main():
                 for _ in range(2):
                     d = {n: v for n, v in fresh_drafters(history).items() if n in names}
                     r = replay(d, turns, cost, args.max_draft, stats, mode, not args.no_shadow, speed)
-                out.append(r)
-            print(f"{h:7d}   {label:14s} {out[0]:22.3f}   {out[1]:14.3f}   {out[2]:14.3f}", flush=True)
+                    out.append(r)
+            print(f"{h:7d}   {label:14s} {out[1]:22.3f}   {out[3]:14.3f}   {out[5]:14.3f}   {out[2]:16.3f}", flush=True)
 
 
 if __name__ == "__main__":
