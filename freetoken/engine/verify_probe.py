@@ -1,0 +1,162 @@
+"""The verify cost curve of this machine and model, measured: forwards of 1, 2, 3, 5, 9, 17
+positions (a pending token and 0..16 drafts) timed on a scratch sequence the first time a model
+is served here, cached on disk like the kernel calibrations (kernels/choices.py). The price
+(spec/price.py) takes the steps as its prior shape: a step size the run has not verified yet is
+priced from what it measured here, not by the line through the short verifies (after the dense
+replay's free-running windows the line priced 8 / 16 drafts at 0.68 / 0.44 of their measured
+cost, docs/benchmarks.md).
+
+The scratch sequence takes its KV blocks from the pool and gives them back; it never enters the
+scheduler or the prefix cache, so nothing of it is left behind. The disk tier is not probed: a
+probe's random tokens route to experts no session asked for, each a disk read that would fill
+the host cache with them, and the step's time there is those reads; its verifies are priced
+by the union of experts as before (spec/price.py's online fit). It runs at start (a request
+waiting on it would wait as long, and it needs the engine idle: its forwards run outside the
+scheduler)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+
+import torch
+
+from ..kernels import cache_dir, sources_digest
+from ..platform import cpu_flags, cpu_model
+from ..sampling_params import SamplingParams
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+SIZES = (1, 2, 3, 5, 9, 17)       # positions a forward: a pending token and 0, 1, 2, 4, 8, 16 drafts
+CONTEXT = 512                     # the scratch prompt: verify rows attend a context as a session's do
+ROUNDS = 5                        # timed rounds (each size once a round, the order reversed every other)
+WARMUP = 1                        # rounds run first and dropped (first calls, cold caches)
+FORMAT = 1                        # the cache entry's layout; another is measured again
+MAX_AGE_S = 30 * 86400            # a curve older than this is measured again
+QUIET_LOAD = 0.5                  # load per core under which a curve counts as measured quiet
+
+
+def sizes_for(max_draft: int) -> tuple[int, ...]:
+    """The probe's step sizes up to a verify of max_draft drafts (which is always one of them)."""
+    return tuple(sorted({n for n in SIZES if n <= max_draft + 1} | {max_draft + 1}))
+
+
+def _load_per_core() -> float | None:
+    try:
+        return os.getloadavg()[0] / len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def measure(runner, blocks, vocab: int, sizes, max_len: int, observer=None, context: int = CONTEXT,
+            rounds: int = ROUNDS, warmup: int = WARMUP, seed: int = 0) -> list[tuple[int, int, float]] | None:
+    """(positions, distinct experts, seconds) of each timed forward: a scratch prompt of up to
+    `context` random tokens, then rounds of one forward a size at the position after it (a
+    pending token and size - 1 random drafts, rejected as a verify's would be). None where the
+    model's length or the KV pool's free blocks leave no room for it. Its blocks go back to the
+    pool at the end, raising or not."""
+    g = torch.Generator().manual_seed(seed)
+    context = min(context, max_len - max(sizes) - 1)
+    need = context + max(sizes) + 1
+    if context < 1 or need > blocks.block_size * blocks.num_free:
+        return None
+    seq = Sequence("\x00verify-probe", torch.randint(0, vocab, (context,), generator=g).tolist(),
+                   SamplingParams(max_tokens=2, temperature=0.0), None, seed)
+    cuda = str(getattr(runner, "device", "cpu")).startswith("cuda")
+    out = []
+    try:
+        blocks.allocate(seq, need)
+        runner.run([(seq, context)])
+        seq.num_computed = context
+        seq.append(0)
+        # every step at the same position: the pending token's row is written again, a state
+        # (recurrent, window) put back as a rejected verify's is
+        stateful = seq.state is not None and bool(getattr(seq.state, "parts", None))
+        snap = seq.state.snapshot() if stateful else None
+        for r in range(rounds + warmup):
+            for n in (sizes if r % 2 == 0 else sizes[::-1]):
+                seq.output_ids[-1] = int(torch.randint(0, vocab, (1,), generator=g))
+                seq.draft = torch.randint(0, vocab, (n - 1,), generator=g).tolist()
+                if observer is not None:
+                    observer.start()
+                t0 = time.perf_counter()
+                runner.run([(seq, n)])
+                if cuda:
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t0
+                if snap is not None:
+                    seq.state.restore(snap)
+                if r >= warmup:
+                    out.append((n, observer.unique if observer is not None else 0, dt))
+    finally:
+        seq.draft, seq.state = [], None
+        blocks.release(seq)
+        runner.idle()
+    return out
+
+
+def _key(engine, sizes) -> str:
+    """Machine (CPU model and flags, the kernels' sources, torch), model shape (its config),
+    device, tier and the options that pick kernels: a curve is another machine's or model's
+    when any of them differs."""
+    s, c, m = engine.settings, engine.cfg, engine.model
+    shape = getattr(getattr(m, "hf", None), "data", None) or {"class": type(m).__name__, "layers": m.num_layers}
+    parts = {"cpu": cpu_model(), "flags": sorted(cpu_flags()), "kernels": sources_digest(),
+             "torch": torch.__version__, "model": shape, "device": str(s.device), "dtype": str(s.dtype),
+             "compute": str(s.compute_dtype), "threads": s.num_threads, "moe": s.moe_backend,
+             "tier": s.expert_tier, "expert_slots": s.expert_cache_slots,
+             "options": [c.kernel_isa, c.prefill_gemm, c.bf16_dot, c.decode_gemv, c.decode_attention],
+             "sizes": list(sizes), "context": CONTEXT, "rounds": ROUNDS, "format": FORMAT}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def read_entry(path) -> list[tuple[int, int, float]] | None:
+    """The cached steps, or None where the file is missing, unreadable, of another format, too
+    old, or measured under load while the machine is now quieter (measured again then)."""
+    try:
+        with open(path) as f:
+            e = json.load(f)
+        if e["format"] != FORMAT or time.time() - float(e["measured_at"]) > MAX_AGE_S:
+            return None
+        steps = [(int(n), int(u), float(t)) for n, u, t in e["steps"]]
+        load, now = e.get("load"), _load_per_core()
+        if load is not None and now is not None and load > QUIET_LOAD and now < load / 2:
+            return None
+        if not steps or any(n < 1 or not t > 0 for n, _, t in steps):
+            return None
+        return steps
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def write_entry(path, steps, load: float | None) -> None:
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"format": FORMAT, "measured_at": time.time(), "load": load, "steps": steps}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def verify_curve(engine, cache=None) -> tuple[list[tuple[int, int, float]] | None, str]:
+    """(the probe's steps for this engine, where they came from: "cached", "measured", or why
+    there are none), measured and cached on a miss. `cache`: the folder (default: the kernels')."""
+    if engine.settings.expert_tier == "disk":
+        return None, "disk tier (priced online by the union of experts)"
+    spec = engine.spec
+    sizes = sizes_for(spec.K)
+    path = os.path.join(cache if cache is not None else cache_dir(), f"verify-curve-{_key(engine, sizes)}.json")
+    steps = read_entry(path)
+    if steps is not None:
+        return steps, "cached"
+    load = _load_per_core()
+    steps = measure(engine.runner, engine.blocks, engine.vocab_size, sizes, engine.max_model_len, spec.observer)
+    if steps is None:
+        return None, "no room in the KV pool"
+    write_entry(path, steps, load)
+    return steps, "measured"
