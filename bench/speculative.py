@@ -211,9 +211,11 @@ def cost_curve(llm, ks, vocab: int, rounds: int = 8, context: int = 256):
     return rows
 
 
-def reprobe(engine) -> None:
+def reprobe(engine, threads: int) -> None:
     """The price's probe again, uncached, once the trace routes the MoE layers: the one at start
-    timed the random routers' union, which a real model's routing is not."""
+    timed the random routers' union, which a real model's routing is not (its clock as the
+    engine's own probe takes it: verify_probe.clock_for)."""
+    clock = time.thread_time if threads == 1 else time.perf_counter
     price = engine.spec.price
     if getattr(price, "probe", None) is None:
         return
@@ -221,7 +223,7 @@ def reprobe(engine) -> None:
     t = time.perf_counter()
     price.set_probe(verify_probe.measure(engine.runner, engine.blocks, engine.vocab_size,
                                          verify_probe.sizes_for(engine.spec.K), engine.max_model_len,
-                                         engine.spec.observer))
+                                         engine.spec.observer, clock=clock))
     price.probe_note = f"measured again under the trace's routing ({time.perf_counter() - t:.2f} s)"
 
 
@@ -452,7 +454,7 @@ def main():
     if trace is not None:
         from freetoken.sim.trace_routing import TraceRouting
         TraceRouting(trace, llm.engine.model).install()
-        reprobe(llm.engine)
+        reprobe(llm.engine, args.threads)
     speculator = llm.engine.spec
     draft = speculator.drafters.pop("draft", None)
     names = ("plain", "auto", "draft") if draft is not None else ("plain", "auto")

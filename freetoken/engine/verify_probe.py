@@ -52,12 +52,17 @@ def _load_per_core() -> float | None:
 
 
 def measure(runner, blocks, vocab: int, sizes, max_len: int, observer=None, context: int = CONTEXT,
-            rounds: int = ROUNDS, warmup: int = WARMUP, seed: int = 0) -> list[tuple[int, int, float]] | None:
-    """(positions, distinct experts, seconds) of each timed forward: a scratch prompt of up to
+            rounds: int = ROUNDS, warmup: int = WARMUP, seed: int = 0,
+            clock=time.perf_counter) -> list[tuple[int, int, float]] | None:
+    """(positions, distinct experts, seconds) of the timed forwards: a scratch prompt of up to
     `context` random tokens, then rounds of one forward a size at the position after it (a
-    pending token and size - 1 random drafts, rejected as a verify's would be). None where the
-    model's length or the KV pool's free blocks leave no room for it. Its blocks go back to the
-    pool at the end, raising or not."""
+    pending token and size - 1 random drafts, rejected as a verify's would be), each between two
+    1-position forwards. A size's seconds are its ratio to those two neighbours times the median
+    1-position step: other programs' load moves from round to round (on 2 cores shared with a
+    test run, 5 rounds of plain seconds read 2 positions 1.40x and 3 positions 1.05x a plain
+    step), rarely within three forwards. Rounds go on (up to 2x `rounds`) while a size's ratios
+    still spread more than 4% about their median. None where the model's length or the KV
+    pool's free blocks leave no room. Its blocks go back to the pool at the end, raising or not."""
     g = torch.Generator().manual_seed(seed)
     context = min(context, max_len - max(sizes) - 1)
     need = context + max(sizes) + 1
@@ -66,7 +71,7 @@ def measure(runner, blocks, vocab: int, sizes, max_len: int, observer=None, cont
     seq = Sequence("\x00verify-probe", torch.randint(0, vocab, (context,), generator=g).tolist(),
                    SamplingParams(max_tokens=2, temperature=0.0), None, seed)
     cuda = str(getattr(runner, "device", "cpu")).startswith("cuda")
-    out = []
+    ones, rel = [], {n: [] for n in sizes if n > 1}
     try:
         blocks.allocate(seq, need)
         runner.run([(seq, context)])
@@ -76,26 +81,59 @@ def measure(runner, blocks, vocab: int, sizes, max_len: int, observer=None, cont
         # (recurrent, window) put back as a rejected verify's is
         stateful = seq.state is not None and bool(getattr(seq.state, "parts", None))
         snap = seq.state.snapshot() if stateful else None
-        for r in range(rounds + warmup):
-            for n in (sizes if r % 2 == 0 else sizes[::-1]):
-                seq.output_ids[-1] = int(torch.randint(0, vocab, (1,), generator=g))
-                seq.draft = torch.randint(0, vocab, (n - 1,), generator=g).tolist()
-                if observer is not None:
-                    observer.start()
-                t0 = time.perf_counter()
-                runner.run([(seq, n)])
-                if cuda:
-                    torch.cuda.synchronize()
-                dt = time.perf_counter() - t0
-                if snap is not None:
-                    seq.state.restore(snap)
+
+        def step(n):
+            seq.output_ids[-1] = int(torch.randint(0, vocab, (1,), generator=g))
+            seq.draft = torch.randint(0, vocab, (n - 1,), generator=g).tolist()
+            if observer is not None:
+                observer.start()
+            t0 = clock()
+            runner.run([(seq, n)])
+            if cuda:
+                torch.cuda.synchronize()
+            dt = clock() - t0
+            if snap is not None:
+                seq.state.restore(snap)
+            return observer.unique if observer is not None else 0, dt
+
+        r = 0
+        while r < warmup + rounds or (r < warmup + 2 * rounds and _spread(rel) > 0.04):
+            order = [n for n in sizes if n > 1]
+            u0, t0 = step(1)
+            for n in (order if r % 2 == 0 else order[::-1]):
+                u, t = step(n)
+                u1, t1 = step(1)
                 if r >= warmup:
-                    out.append((n, observer.unique if observer is not None else 0, dt))
+                    rel[n].append((u, t / (0.5 * (t0 + t1))))
+                    ones.append((u0, t0))
+                u0, t0 = u1, t1
+            r += 1
     finally:
         seq.draft, seq.state = [], None
         blocks.release(seq)
         runner.idle()
-    return out
+    level = sorted(t for _, t in ones)[len(ones) // 2]
+    return [(1, u, t) for u, t in ones] + [(n, u, x * level) for n, got in rel.items() for u, x in got]
+
+
+def _spread(rel: dict) -> float:
+    """The largest median absolute deviation of a size's ratios over their median (1 before 3 of each)."""
+    worst = 0.0
+    for got in rel.values():
+        x = sorted(v for _, v in got)
+        if len(x) < 3:
+            return 1.0
+        m = x[len(x) // 2]
+        worst = max(worst, sorted(abs(v - m) for v in x)[len(x) // 2] / m)
+    return worst
+
+
+def clock_for(settings):
+    """The thread's CPU clock for an engine of one CPU thread (every forward computes on the
+    calling thread: the seconds it computed, not those it waited for a core; on 2 cores at load
+    4-5 the wall clock read 17 positions 2.65-3.00x a plain step, 9 positions 1.41-1.55x, the
+    thread's clock 2.84-2.85x and 1.62-1.65x, quiet 3.03x and 1.76x), else the wall clock."""
+    return time.thread_time if settings.device.type == "cpu" and settings.num_threads == 1 else time.perf_counter
 
 
 def _key(engine, sizes) -> str:
@@ -155,7 +193,8 @@ def verify_curve(engine, cache=None) -> tuple[list[tuple[int, int, float]] | Non
     if steps is not None:
         return steps, "cached"
     load = _load_per_core()
-    steps = measure(engine.runner, engine.blocks, engine.vocab_size, sizes, engine.max_model_len, spec.observer)
+    steps = measure(engine.runner, engine.blocks, engine.vocab_size, sizes, engine.max_model_len, spec.observer,
+                    clock=clock_for(engine.settings))
     if steps is None:
         return None, "no room in the KV pool"
     write_entry(path, steps, load)

@@ -91,7 +91,9 @@ def test_probe_leaves_no_kv_or_prefix_state_and_caches(engine_llm, tmp_path, mon
     steps, why = probe.verify_curve(e, cache=tmp_path)
     assert why == "measured" and len(calls) == 1
     sizes = probe.sizes_for(e.spec.K)
-    assert sorted({n for n, _, _ in steps}) == list(sizes) and len(steps) == probe.ROUNDS * len(sizes)
+    assert sorted({n for n, _, _ in steps}) == list(sizes)
+    per_round = 2 * (len(sizes) - 1)        # each size beside a 1-position forward
+    assert len(steps) % per_round == 0 and probe.ROUNDS <= len(steps) // per_round <= 2 * probe.ROUNDS
     assert all(u > 0 and t > 0 for _, u, t in steps)        # a MoE: each step routed to experts
     assert e.blocks.num_free == free and e.prefix.num_nodes == nodes
     e.blocks.check([])
