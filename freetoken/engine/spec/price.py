@@ -169,9 +169,14 @@ LEVEL_PASSES = 2
 
 
 def _levels_parts(ratio: np.ndarray, head: int) -> np.ndarray:
-    """`_levels` of the probe's steps (the first `head`) and of the window's, apart: measured
-    at another time, they share no block of load."""
-    return np.concatenate([_levels(ratio[:head]), _levels(ratio[head:])]) if head else _levels(ratio)
+    """The load levels of the probe's steps (the first `head`) and of the window's, apart:
+    measured at another time, they share no block of load. The probe's steps are one level
+    (it put each size at its 1-position neighbours' level): in blocks, its steps (listed size
+    by size) had each size's shape divided out as a level of its own, and the price read 16
+    drafts at 0.70 of their measured cost."""
+    if not head:
+        return _levels(ratio)
+    return np.concatenate([np.full(head, float(_median(ratio[:head]))), _levels(ratio[head:])])
 
 
 def _probe_shape(positions: np.ndarray, ratio: np.ndarray) -> dict[int, float]:
