@@ -165,31 +165,79 @@ class FixedDrafter:
         return Draft(tuple(torch.randint(0, self.vocab, (n,), generator=self.rng).tolist()), "fixed", 0) if n else None
 
 
-def cost_curve(llm, ks, vocab: int, steps: int = 16, context: int = 256):
+class CyclingDrafter(FixedDrafter):
+    """Drafts of each k in `ks` in turn (a round visits every k once, in reverse every other
+    round), k random tokens each: every k's steps spread over the same minutes and load."""
+
+    def __init__(self, ks, vocab: int):
+        super().__init__(0, vocab)
+        self.ks, self.order, self.rounds = list(ks), [], 0
+
+    def propose(self, ctx, k, key=None):
+        if not self.order:
+            self.order = self.ks if self.rounds % 2 == 0 else self.ks[::-1]
+            self.order, self.rounds = list(self.order), self.rounds + 1
+        self.k = self.order.pop(0)
+        return super().propose(ctx, k, key)
+
+
+def cost_curve(llm, ks, vocab: int, rounds: int = 8, context: int = 256):
     """Per k: (measured median step seconds, predicted seconds, distinct experts per step), the
-    drafts verified after a prompt of `context` tokens (each verify row attends all of them)."""
+    drafts verified after a prompt of `context` tokens (each verify row attends all of them), the
+    k interleaved step by step (measured one k after another, 16 steps each, the load moved
+    between them: at load 4-5 a k of 4 read 0.85x a plain step and one of 14 0.93x)."""
     from freetoken import SamplingParams
     engine = llm.engine
     spec = engine.spec
     theta = spec.price.theta.copy()
     predicted = {k: spec.price.seconds(1 + k) for k in ks}
     saved = spec.drafters, spec.priced, list(spec.price.samples)
-    rows = {}
     prompt = fresh_prompts(1, context, seed=77, vocab=(100, vocab - 1))[0]
+    spec.drafters, spec.priced = {"fixed": CyclingDrafter(ks, vocab)}, False
+    spec.price.samples.clear()
+    # max(ks) + 2 more tokens: the last steps' room (max_tokens) would cut the drafts below k
+    engine.add_request("curve", prompt, SamplingParams(max_tokens=rounds * len(ks) + max(ks) + 2, temperature=0.0,
+                                                       ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    rows = {}
     for k in ks:
-        spec.drafters, spec.priced = ({"fixed": FixedDrafter(k, vocab)} if k else {}), False
-        spec.price.samples.clear()
-        # k + 1 more tokens: the last steps' room (max_tokens) would cut the drafts below k
-        engine.add_request(f"curve{k}", prompt, SamplingParams(max_tokens=steps + k + 1, temperature=0.0, ignore_eos=True))
-        while engine.has_unfinished():
-            engine.step()
-        got = [(n, u, t) for n, u, t in spec.price.samples if n == 1 + k]
-        rows[k] = (statistics.median(t for _, _, t in got), predicted[k], statistics.median(u for _, u, _ in got))
+        got = [(u, t) for n, u, t in spec.price.samples if n == 1 + k] or [(0, float("nan"))]
+        rows[k] = (statistics.median(t for _, t in got), predicted[k], statistics.median(u for u, _ in got))
     spec.drafters, spec.priced = saved[:2]
     spec.price.samples.clear()
     spec.price.samples.extend(saved[2])
     spec.price.theta = theta
     return rows
+
+
+def reprobe(engine, threads: int) -> None:
+    """The price's probe again, uncached, once the trace routes the MoE layers: the one at start
+    timed the random routers' union, which a real model's routing is not (its clock as the
+    engine's own probe takes it: verify_probe.clock_for)."""
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    price = engine.spec.price
+    if getattr(price, "probe", None) is None:
+        return
+    from freetoken.engine import verify_probe
+    t = time.perf_counter()
+    price.set_probe(verify_probe.measure(engine.runner, engine.blocks, engine.vocab_size,
+                                         verify_probe.sizes_for(engine.spec.K), engine.max_model_len,
+                                         engine.spec.observer, clock=clock))
+    price.probe_note = f"measured again under the trace's routing ({time.perf_counter() - t:.2f} s)"
+
+
+def print_probe(engine) -> None:
+    """The verify price's measured prior (engine/verify_probe.py): where it came from and each
+    size's median step over the 1-position step's."""
+    price = engine.spec.price
+    pr = getattr(price, "probe", None)      # (a tree before the probe: none)
+    if pr is None:
+        print(f"verify probe: none ({getattr(price, 'probe_note', 'not in this tree')})")
+        return
+    med = {int(n): statistics.median(pr[pr[:, 0] == n, 2]) for n in sorted(set(pr[:, 0].tolist()))}
+    print(f"verify probe: {price.probe_note}; positions: ms (x 1 position): "
+          + ", ".join(f"{n}: {t * 1e3:.2f} ({t / med[1]:.2f})" for n, t in med.items()))
 
 
 def watch_lengths(speculator) -> Counter:
@@ -406,11 +454,13 @@ def main():
     if trace is not None:
         from freetoken.sim.trace_routing import TraceRouting
         TraceRouting(trace, llm.engine.model).install()
+        reprobe(llm.engine, args.threads)
     speculator = llm.engine.spec
     draft = speculator.drafters.pop("draft", None)
     names = ("plain", "auto", "draft") if draft is not None else ("plain", "auto")
     vocab = llm.engine.vocab_size
     print(isa_line(args.threads))
+    print_probe(llm.engine)
     print(f"{label}: threads {args.threads}, max draft {args.max_draft} (alternating rounds, medians)")
     turns, history = session_turns(args, encode or llm.tokenizer.encode, vocab)
     jobs = replay_jobs(turns)
@@ -470,12 +520,16 @@ def main():
         p = st["price"]
         print(f"price: step {p['step_s'] * 1e3:.2f} ms + {p['per_position_s'] * 1e3:.3f} ms/position + "
               f"{p['per_expert_s'] * 1e6:.2f} us/expert")
-    ks = [k for k in (0, 1, 2, 4, 8, 16) if k <= args.max_draft] if args.max_draft >= 8 else list(range(args.max_draft + 1))
+    ks = list(range(min(args.max_draft, 16) + 1))
     rows = cost_curve(llm, ks, vocab, context=args.curve_context)
-    print("\nk   measured ms   predicted ms   pred/meas   experts/step   cost/plain")
+    # pred/meas x k=0: each side over its own plain step (the load level of the price's last steps
+    # and of this table's minutes apart: the shape the price gives each k)
+    print("\nk   measured ms   predicted ms   pred/meas   pred/meas x k=0   experts/step   cost/plain")
+    m0, p0, _ = rows[0]
     for k in ks:
         m, p, u = rows[k]
-        print(f"{k:<3d} {m * 1e3:11.2f}   {p * 1e3:12.2f}   {p / m:9.2f}   {u:12.0f}   {m / rows[0][0]:9.2f}x")
+        print(f"{k:<3d} {m * 1e3:11.2f}   {p * 1e3:12.2f}   {p / m:9.2f}   {(p / p0) / (m / m0):15.2f}   {u:12.0f}   "
+              f"{m / m0:9.2f}x")
 
 
 if __name__ == "__main__":

@@ -189,6 +189,11 @@ class EngineConfig:
     # to before are copied into the device/host cache ahead of their layer. Outputs do not change.
     spec_lookahead: bool = flag(True, help="speculative decoding: prefetch the experts each verify's drafted "
                                            "tokens routed to before (default on)")
+    # The verify price's prior shape measured (engine/verify_probe.py): forwards of 1..K+1 positions
+    # timed on a scratch sequence the first time a model is served here, cached like the kernel
+    # calibrations; off: the price learns the curve from the run's own steps alone.
+    spec_probe: bool = flag(True, help="speculative decoding: measure the verify cost curve of this machine and "
+                                       "model once (cached) as the price's prior (default on)")
     # A separate draft model with the same tokenizer (engine/spec/draft_model.py): drafts under
     # `--speculative draft`, and is one more candidate under auto.
     draft_model: str | None = flag(None, metavar="PATH", help="speculative decoding: a small model with the same "

@@ -77,6 +77,10 @@ WHITE_BOX = {
                                       "speculator and reads its price's prediction",
     ("bench/verify_cost.py", "spec"): "forces random drafts of each length k through the speculator to time "
                                       "verify steps in CPU time",
+    ("bench/speculative.py", "runner"): "--routing-trace: the verify probe (engine/verify_probe.py) timed again once "
+                                        "the trace routes, its forwards on a scratch sequence outside the scheduler",
+    ("bench/speculative.py", "blocks"): "--routing-trace: the verify probe's scratch sequence takes its KV blocks and "
+                                        "gives them back",
     ("bench/speculative.py", "model"): "--routing-trace routes the loaded model's MoE layers as a real model's "
                                        "trace (sim/trace_routing.py), which no serving option does",
     ("bench/spec_lockstep.py", "scheduler"): "plain and speculative requests of one engine step in turn: the other "

@@ -26,6 +26,7 @@ from .scheduler import Scheduler
 from .spec import verify as verify_rule
 from .spec.draft_model import DraftModelDrafter
 from .spec.speculator import Speculator
+from .verify_probe import verify_curve
 from .sequence import Sequence, Status
 from ..memory.plan import kv_block_count, kv_tokens_asked
 from ..memory.resolve import resolve
@@ -109,6 +110,12 @@ class LLMEngine:
         self._seed = torch.Generator().manual_seed(cfg.seed)
         self.spec = self._speculator()
         self.startup_timings["kv"] = time.perf_counter() - t2
+        if self.spec is not None and cfg.spec_probe:
+            t3 = time.perf_counter()
+            steps, source = verify_curve(self)
+            self.startup_timings["spec_probe"] = time.perf_counter() - t3
+            self.spec.price.set_probe(steps, f"{source} ({self.startup_timings['spec_probe']:.2f} s at start)")
+            log.info("verify cost curve: %s", self.spec.price.probe_note)
         self.startup_timings["total"] = time.perf_counter() - t0
         log.info("started in %.2f s (%s)", self.startup_timings["total"],
                  ", ".join(f"{k} {v:.2f} s" for k, v in self.startup_timings.items() if k != "total"))

@@ -14,7 +14,10 @@ recent steps (robust to the steps another program preempted, each block of steps
 load level; refitted only when a draft is priced), pulled toward a prior made from
 the bandwidth the experts backend measures, so the price follows the machine as it is now
 (another program on the memory bus, a colder cache). The line is bent per step size by what
-each size's steps ran over it (`_shape`): a dense verify's rows do not cost alike.
+each size's steps ran over it (`_shape`): a dense verify's rows do not cost alike. Where the
+probe (engine/verify_probe.py) measured this machine's curve, its steps stay in every fit beside the window's
+(each at its own load level) and its per-size factors are the shape's prior: the run's own steps
+correct each size they reach, and a size the run has not verified is priced as the probe measured.
 """
 from __future__ import annotations
 
@@ -165,6 +168,28 @@ LEVEL_BLOCK = 16       # consecutive steps sharing one load level (the median of
 LEVEL_PASSES = 2
 
 
+def _levels_parts(ratio: np.ndarray, head: int) -> np.ndarray:
+    """The load levels of the probe's steps (the first `head`) and of the window's, apart:
+    measured at another time, they share no block of load. The probe's steps are one level
+    (it put each size at its 1-position neighbours' level): in blocks, its steps (listed size
+    by size) had each size's shape divided out as a level of its own, and the price read 16
+    drafts at 0.70 of their measured cost."""
+    if not head:
+        return _levels(ratio)
+    return np.concatenate([np.full(head, float(_median(ratio[:head]))), _levels(ratio[head:])])
+
+
+def _probe_shape(positions: np.ndarray, ratio: np.ndarray) -> dict[int, float]:
+    """Per step size 1..MAX_TRACKED: the probe's steps over the line (the median of each size
+    it measured; sizes between its sizes interpolated, past its largest the largest's). Not
+    shrunk: each size was timed in interleaved rounds, on purpose."""
+    n = positions.astype(np.int64)
+    seen = sorted(set(n.tolist()))
+    med = [float(_median(ratio[n == v])) for v in seen]
+    sizes = np.arange(1, MAX_TRACKED + 1)
+    return dict(zip(sizes.tolist(), np.interp(sizes, seen, med).tolist()))
+
+
 def _levels(ratio: np.ndarray) -> np.ndarray:
     """Each step's load level: the median of measured / predicted seconds over its block of
     LEVEL_BLOCK consecutive steps (blocks end at the newest step). Another program's load scales
@@ -194,6 +219,8 @@ class VerifyPrice:
         self._by_size: dict[int, float] = {}                # per positions: its steps over the line (_shape)
         self._since_fit = 0
         self._unions: dict[int, float] = {}                 # union(n) since the last union sample
+        self.probe: np.ndarray | None = None                # the probe's (positions, experts, seconds)
+        self.probe_note = "off"                             # where they came from (set_probe)
 
     # --- what the engine measures --------------------------------------------------------
     def observe(self, positions: int, experts: int, seconds: float, attention: float = 0.0) -> None:
@@ -208,9 +235,16 @@ class VerifyPrice:
             self._unions.clear()
         self._since_fit += 1
 
+    def set_probe(self, steps, note: str = "") -> None:
+        """The probe's measured steps (engine/verify_probe.py): in every fit from now on, as the
+        shape's prior; `note`: where they came from (the bench prints it)."""
+        self.probe = np.array(steps, dtype=np.float64).reshape(-1, 3) if steps else None
+        self.probe_note = note
+        self._theta = None
+
     @property
     def ready(self) -> bool:
-        return len(self.samples) >= 4
+        return len(self.samples) >= 4 or self.probe is not None
 
     @property
     def theta(self) -> np.ndarray | None:
@@ -222,7 +256,7 @@ class VerifyPrice:
         return self._theta
 
     def _refresh(self) -> None:
-        if self.samples and (self._theta is None or self._since_fit >= max(8, len(self.samples) // 8)):
+        if (self.samples or self.probe is not None) and (self._theta is None or self._since_fit >= max(8, len(self.samples) // 8)):
             self._fit()
 
     @theta.setter
@@ -257,7 +291,10 @@ class VerifyPrice:
     # --- the model ---------------------------------------------------------------------
     def _fit(self) -> None:
         self._since_fit = 0
-        s = np.array(self.samples, dtype=np.float64)
+        s = np.array(self.samples, dtype=np.float64).reshape(-1, 3)
+        m = 0 if self.probe is None else len(self.probe)      # the probe's steps lead the window's
+        if m:
+            s = np.concatenate([self.probe, s])
         if len(s) == 0:
             return
         ones = s[:, 0] == s[:, 0].min()
@@ -287,12 +324,20 @@ class VerifyPrice:
         phi = prior / scale
         groups = _size_groups(s[:, 0])
         for _ in range(LEVEL_PASSES):
-            level = _levels(y / np.maximum(X @ phi, 1e-9))
+            level = _levels_parts(y / np.maximum(X @ phi, 1e-9), m)
             phi = _robust_ridge(X, y / level, w, prior / scale, groups=groups)
         # what each step size ran over the line, at its block's level
         fitted = np.maximum(X @ phi, 1e-9)
         ratio = y / fitted
-        shape = _shape(s[:, 0], ratio / _levels(ratio))
+        r = ratio / _levels_parts(ratio, m)
+        if m:       # the window's steps correct the probe's shape (each size toward the probe's factor)
+            prior = _probe_shape(s[:m, 0], r[:m])
+            own = s[m:, 0]
+            at = np.array([prior.get(int(n), 1.0) for n in own])
+            corr = _shape(own, r[m:] / at)
+            shape = {n: f * corr.get(n, 1.0) for n, f in prior.items()}
+        else:
+            shape = _shape(s[:, 0], r)
         # seconds at today's level: the newest two blocks' measured over fitted (shaped)
         per = np.array([shape.get(int(n), 1.0) for n in s[:, 0]])
         now = float(_median((ratio / per)[-2 * LEVEL_BLOCK:]))
