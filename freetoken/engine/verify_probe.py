@@ -7,11 +7,11 @@ replay's free-running windows the line priced 8 / 16 drafts at 0.68 / 0.44 of th
 cost, docs/benchmarks.md).
 
 The scratch sequence takes its KV blocks from the pool and gives them back; it never enters the
-scheduler or the prefix cache, so nothing of it is left behind. The disk tier is not probed: a
-probe's random tokens route to experts no session asked for, each a disk read that would fill
-the host cache with them, and the step's time there is those reads; nor an offload or hybrid
-backend, whose device expert cache they would fill the same way; their verifies are priced by the
-union of experts as before (spec/price.py's online fit). It runs at start (a request
+scheduler or the prefix cache, so nothing of it is left behind. A backend that keeps an expert
+cache (`keeps_expert_cache`: the disk tier's host cache, an offload or hybrid device cache) is not
+probed: a probe's random tokens route to experts no session asked for and would fill that cache
+with them (on the disk tier each a read, the step's time those reads); its verifies are priced by
+the union of experts as before (spec/price.py's online fit). It runs at start (a request
 waiting on it would wait as long, and it needs the engine idle: its forwards run outside the
 scheduler)."""
 from __future__ import annotations
@@ -185,12 +185,9 @@ def write_entry(path, steps, load: float | None) -> None:
 def verify_curve(engine, cache=None) -> tuple[list[tuple[int, int, float]] | None, str]:
     """(the probe's steps for this engine, where they came from: "cached", "measured", or why
     there are none), measured and cached on a miss. `cache`: the folder (default: the kernels')."""
-    if engine.settings.expert_tier == "disk":
-        return None, "disk tier (priced online by the union of experts)"
-    if engine.settings.moe_backend in ("offload", "hybrid"):
-        # its expert cache is the sessions': the probe's random tokens would fill it with experts
-        # nobody asked for (and count in its hits and misses)
-        return None, f"{engine.settings.moe_backend} backend's expert cache (priced online by the union of experts)"
+    experts = engine.model.experts
+    if experts is not None and experts.keeps_expert_cache:
+        return None, "the experts backend keeps a cache the probe would fill (priced online by the union of experts)"
     spec = engine.spec
     sizes = sizes_for(spec.K)
     path = os.path.join(cache if cache is not None else cache_dir(), f"verify-curve-{_key(engine, sizes)}.json")

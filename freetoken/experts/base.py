@@ -13,6 +13,10 @@ BACKENDS = ("resident", "offload", "cpu", "hybrid")
 
 
 class Experts(ABC):
+    # Whether this backend keeps a cache the steps fill (a device slot cache, the disk tier's
+    # host cache): made-up tokens (engine/verify_probe.py) would fill it with experts nobody asked for.
+    keeps_expert_cache = False
+
     @abstractmethod
     def forward(self, layer: int, hidden: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:

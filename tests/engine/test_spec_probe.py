@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -62,13 +61,16 @@ def test_run_steps_correct_the_probe():
     assert p.seconds(9, 0) == pytest.approx(t1 * REPLAY[8], rel=0.05)
 
 
-def _fake_engine(tier="ram"):
-    return SimpleNamespace(settings=SimpleNamespace(expert_tier=tier))
-
-
-def test_disk_tier_is_not_probed():
-    steps, why = probe.verify_curve(_fake_engine("disk"))
-    assert steps is None and "disk" in why
+@pytest.mark.parametrize("opts", [dict(expert_tier="disk", host_cache_slots=6),
+                                  dict(moe_backend="offload", expert_cache_slots=8),
+                                  dict(moe_backend="hybrid", expert_cache_slots=8)])
+def test_backends_with_an_expert_cache_are_not_probed(tiny_dir, tmp_path, opts):
+    """Their cache holds the sessions' experts: the probe's random tokens would fill it."""
+    e = LLM(str(tiny_dir("qwen3_moe")), dtype="float32", spec_probe=False, **opts).engine
+    hits = e.model.experts.stats()
+    steps, why = probe.verify_curve(e, cache=tmp_path)
+    assert steps is None and "cache" in why and not list(tmp_path.iterdir())
+    assert e.model.experts.stats() == hits
 
 
 def test_sizes_reach_the_longest_draft():

@@ -125,6 +125,8 @@ class _TorchSlots:
 
 
 class DiskExperts(Experts):
+    keeps_expert_cache = True
+
     def __init__(self, layout: DiskLayout, device, slots: int, policy: str | None = None,
                  num_threads: int | None = None, spin_us: int | None = None, io_threads: int = 4,
                  prefetch: bool = True, drop_cache: bool = True, b_d: float | None = None, verify: bool = True,

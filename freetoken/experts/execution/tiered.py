@@ -68,6 +68,8 @@ class CpuBranch:
 
 
 class TieredExperts(Experts):
+    keeps_expert_cache = True
+
     def __init__(self, pool: ExpertPool, device: torch.device, slots: int, policy: str = "hybrid",
                  host_executor=None, copy_engine: CopyEngine | None = None,
                  estimator: BandwidthEstimator | None = None, stream_prefill: bool = True,

@@ -11,6 +11,7 @@ class RoutingRecorder(Experts):
         self.inner, self.path, self.header = inner, path, header
         self.writer = None                       # opened at the first forward, when top-k is known
         self.phase, self.step = "decode", -1
+        self.keeps_expert_cache = inner.keeps_expert_cache
 
     def begin_step(self, phase: str, tokens: int | None = None) -> None:
         self.phase, self.step = phase, self.step + 1
