@@ -425,12 +425,11 @@ class HostExpertCache:
             return slots, ordered, held
 
     def release_hits(self, held: np.ndarray) -> None:
-        """`release` of `acquire_hits`' slots (its third item)."""
+        """`release` of `acquire_hits`' slots (its third item; a repeated slot was locked once)."""
+        if self.hits_c is None:
+            return self.release(held)
         with self._cv:
-            if self.hits_c is not None:
-                self.hits_c.release(self.table.locks, held)
-            else:
-                self.table.locks[held] -= 1         # (repeated slots: one each, as they were locked)
+            self.hits_c.release(self.table.locks, held)
             if self._waiters:
                 self._cv.notify_all()
 
