@@ -60,6 +60,16 @@ def cpu_choice(request) -> dict:
 
 
 @pytest.fixture(autouse=True)
+def verify_probe_off(request, monkeypatch):
+    """The verify probe (engine/verify_probe.py) measures each new model once per machine, seconds
+    on every fresh tiny checkpoint (CI +112 s): engines in tests start without it (their price
+    fits online, as with `spec_probe` off) unless the test is marked `verify_probe`."""
+    if request.node.get_closest_marker("verify_probe") is None:
+        import freetoken.engine.llm_engine as llm_engine
+        monkeypatch.setattr(llm_engine, "verify_curve", lambda engine: (None, "off in tests"))
+
+
+@pytest.fixture(autouse=True)
 def kernel_switches_restored():
     """The kernels' switches (and the torch executors' records of them) and torch's thread count
     put back after every test: a cheap guard. An engine's choices are its own (kernels/switch_set.py:

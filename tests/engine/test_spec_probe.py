@@ -130,6 +130,7 @@ def test_measured_under_load_is_measured_again_when_quieter(tmp_path, monkeypatc
     assert probe.read_entry(path) is None
 
 
+@pytest.mark.verify_probe
 def test_greedy_identity_with_the_probe_on(tiny_dir):
     """The probe at load (the engine's own, cached or not) leaves greedy output plain's; the
     price drafts from its first step."""
