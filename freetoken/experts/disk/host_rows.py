@@ -31,7 +31,9 @@ import numpy as np
 import torch
 
 _MADV_POPULATE_WRITE = 23       # (linux/mman.h; the mmap module of Python 3.11 does not name it)
-_POPULATE_CHUNK = 32 << 20      # a chunk's madvise: ~4 ms at ~8 GB/s; resize and close wait at most that
+# a madvise's bytes: one huge page, so the call holds the process's mmap lock (and a resize this
+# lock) for one page's zeroing (~0.3-5 ms) even where its idle-priority thread is preempted in it
+_POPULATE_CHUNK = 2 << 20
 
 
 class HostRows:
