@@ -47,9 +47,14 @@ from ..memory.slots import DEFAULT_POLICY, SlotTable
 
 
 log = logging.getLogger("freetoken.experts")
-# the slots' pages faulted in from the start on a thread of their own (host_rows.py `populate`), not
-# by the reads that first land in them; `bench/disk_tier.py --populate off` for the A/B
-POPULATE = True
+# the slots' pages faulted in from the cache's start on an idle-priority thread (host_rows.py `populate`),
+# not by the O_DIRECT reads that first land in them (a 3 MiB read into untouched memory: 0.47 ms of CPU
+# against 0.075). Off: without a cgroup, where a 4-token prompt leaves the cache to fill while decoding,
+# it decoded 1.65x / 1.71x faster (the readers' CPU 0.17-0.32x); under the target's 10357 MiB cgroup
+# limit, where the populate ran beside the reads, the pairs read 0.71x and 1.17x (SCHED_IDLE) and 0.50x
+# at normal priority, whose start-up also took 13.0 s against 8.4 (docs/benchmarks.md `tier39g`).
+# `bench/disk_tier.py --populate on` for the quiet A/B
+POPULATE = False
 
 
 class ExpertReadError(RuntimeError):

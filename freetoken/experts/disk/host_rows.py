@@ -14,12 +14,12 @@ the frame (the span's head lands in the lead, its tail in the frame's end): no b
 The kernels take the bank's slot stride as it is (`stride(0)`), rows stay contiguous.
 
 Pages faulted in ahead (`populate`, issue 39): a page's first touch zeroes it (2 MiB at once
-on a huge page), and that touch was the O_DIRECT read's: while a fresh cache fills (the first
-~40 decoded tokens of the 48-layer target: ~170 MB read a token, all into untouched slots) the
-readers zeroed every byte they read on the two cores the kernels use (`clear_page_erms`, ~13%
-of the process's CPU in a perf profile of those tokens). `populate` faults the pages in without
+on a huge page), and that touch is the O_DIRECT read's: while a fresh cache fills (a 48-layer
+prompt and first decoded tokens: ~170 MB read a token into untouched slots) the readers zero
+every byte they read on the cores the kernels use (`clear_page_erms`, ~13% of the process's CPU
+in a perf profile of those tokens). `populate` faults the pages in without
 changing a byte (`MADV_POPULATE_WRITE`, Linux 5.14+), so it may run beside reads into the same
-slots; the host cache runs it on a thread of its own from its start.
+slots; the host cache can run it from its start (`host_cache.POPULATE`, off: see there).
 """
 from __future__ import annotations
 
