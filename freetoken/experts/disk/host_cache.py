@@ -52,7 +52,8 @@ log = logging.getLogger("freetoken.experts")
 # against 0.075). Off: without a cgroup, where a 4-token prompt leaves the cache to fill while decoding,
 # it decoded 1.65x / 1.71x faster (the readers' CPU 0.17-0.32x); under the target's 10357 MiB cgroup
 # limit, where the populate ran beside the reads, the pairs read 0.71x and 1.17x (SCHED_IDLE) and 0.50x
-# at normal priority, whose start-up also took 13.0 s against 8.4 (docs/benchmarks.md `tier39g`).
+# at normal priority, whose start-up also took 13.0 s against 8.4: the cgroup did not reclaim; the populate
+# (~0.3 GB/s on this VM's cold memory, mostly host work) overlapped the decode (docs/benchmarks.md `tier39g`).
 # `bench/disk_tier.py --populate on` for the quiet A/B
 POPULATE = False
 
