@@ -27,6 +27,7 @@ Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's f
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --lookahead-depth 2 --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --handoff off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --keep-first off --park on --no-llamacpp
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --populate on --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --read-budget off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
@@ -78,6 +79,9 @@ FT = textwrap.dedent("""
         read_queue.READERS_BATCH = opts.pop("readers_batch")
     if "park" in opts:               # --park: the kernel pool's workers sleep while a call waits on a read, an A/B
         disk_backend.PARK = opts.pop("park")
+    if "populate" in opts:           # --populate: the host cache's pages faulted in from its start, an A/B
+        import freetoken.experts.disk.host_cache as host_cache
+        host_cache.POPULATE = opts.pop("populate")
     if "keep_first" in opts:         # --keep-first: layer 0's experts the host cache's last victims, an A/B
         disk_backend.KEEP_FIRST = opts.pop("keep_first")
     if "extra_guesses" in opts:      # --extra-guesses: the router guess's runners-up read too, an A/B
@@ -115,7 +119,9 @@ FT = textwrap.dedent("""
              "decode_guesses": {k: delta(lambda s: (s.get("host_cache") or {}).get(k, 0))
                                 for k in ("prefetches", "prefetch_used", "cancelled", "budget_cut", "misses")},
              # decode misses of layer 0 (guessed by history only, its input not known a layer ahead) and of the rest
-             "decode_misses_layer0": delta(lambda s: s["per_layer"][0]["misses"]) if st.get("per_layer") else 0}
+             "decode_misses_layer0": delta(lambda s: s["per_layer"][0]["misses"]) if st.get("per_layer") else 0,
+             # the host cache's pages faulted in ahead (host_rows.py `populate`) by the first decoded token
+             "populated_gib_at_decode": (st0.get("host_cache") or {}).get("populated_gib", 0.0)}
     print(json.dumps({"prefill": len(prompt) / (times[0] - t0), "decode": (len(times) - 1) / (times[-1] - times[0]),
                       "tokens": toks, "hwm": rss, "host_cache": st.get("host_cache"), "disk": st.get("disk"),
                       "lookahead": st.get("lookahead"), "decode_bytes_per_token": per_tok, "split": split,
@@ -284,6 +290,7 @@ def disk_options(args) -> dict:
                               ("extra_guesses", args.extra_guesses),
                               ("keep_first", None if args.keep_first is None else args.keep_first == "on"),
                               ("park", None if args.park is None else args.park == "on"),
+                              ("populate", None if args.populate is None else args.populate == "on"),
                               ("readers_batch", None if args.readers_batch is None else {"off": None}.get(args.readers_batch, args.readers_batch)),
                               ("handoff", None if args.handoff is None else args.handoff == "on"),
                               ("prefill_read", args.prefill_read),
@@ -380,6 +387,9 @@ def main():
     ap.add_argument("--park", default=None, choices=("on", "off"),
                     help="the kernel pool's workers sleep while a layer call waits on a read "
                          "(experts/disk/backend.PARK, default off)")
+    ap.add_argument("--populate", default=None, choices=("on", "off"),
+                    help="the host cache's pages faulted in from its start on an idle thread, not by the reads "
+                         "(experts/disk/host_cache.POPULATE, default off)")
     ap.add_argument("--lookahead-depth", type=int, default=None,
                     help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
     ap.add_argument("--handoff", default=None, choices=("on", "off"),
@@ -489,7 +499,8 @@ def main():
                   f"{lookahead_line(disk)}; {split_line(res, disk)}; CPU {disk.get('cpu_s_per_token', 0) * 1e3:.0f} ms "
                   f"a decoded token (resident {res.get('cpu_s_per_token', 0) * 1e3:.0f}); "
                   f"{disk.get('tokens_a_step', float('nan')):.2f} tokens a step (resident "
-                  f"{res.get('tokens_a_step', float('nan')):.2f}); peak RSS resident "
+                  f"{res.get('tokens_a_step', float('nan')):.2f}); host cache pages faulted in ahead by the first "
+                  f"decoded token {(disk.get('split') or {}).get('populated_gib_at_decode', 0):.2f} GiB; peak RSS resident "
                   f"{res.get('hwm', 0) / 2**30:.2f} GiB, disk {disk.get('hwm', 0) / 2**30:.2f} GiB"
                   + "".join(f"; {k} error: {v['error']}" for k, v in (("resident", res), ("disk", disk),
                                                                        ("llama.cpp", ll)) if "error" in v))

@@ -26,6 +26,7 @@ that needed that expert; the cache stays consistent and keeps serving the others
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 import time
@@ -43,6 +44,18 @@ from .host_rows import HostRows, frame_of
 from .read_queue import DEMAND, GUESS, ReadQueue
 from ..memory.prefetch_budget import TransferBudget
 from ..memory.slots import DEFAULT_POLICY, SlotTable
+
+
+log = logging.getLogger("freetoken.experts")
+# the slots' pages faulted in from the cache's start on an idle-priority thread (host_rows.py `populate`),
+# not by the O_DIRECT reads that first land in them (a 3 MiB read into untouched memory: 0.47 ms of CPU
+# against 0.075). Off: without a cgroup, where a 4-token prompt leaves the cache to fill while decoding,
+# it decoded 1.65x / 1.71x faster (the readers' CPU 0.17-0.32x); under the target's 10357 MiB cgroup
+# limit, where the populate ran beside the reads, the pairs read 0.71x and 1.17x (SCHED_IDLE) and 0.50x
+# at normal priority, whose start-up also took 13.0 s against 8.4: the cgroup did not reclaim; the populate
+# (~0.3 GB/s on this VM's cold memory, mostly host work) overlapped the decode (docs/benchmarks.md `tier39g`).
+# `bench/disk_tier.py --populate on` for the quiet A/B
+POPULATE = False
 
 
 class ExpertReadError(RuntimeError):
@@ -298,6 +311,11 @@ class HostExpertCache:
         self.unplaced = 0            # of the last `prefetch`'s ids not resident, those it did not start: a
         #                              later call with the same ids has nothing to do while it is 0
         self.on_block: Callable[[], None] | None = None    # called as a caller starts to wait on a read
+        self._stop_populate = threading.Event()
+        self.populated = 0           # bytes of the banks' pages faulted in ahead (`POPULATE`)
+        if POPULATE:
+            threading.Thread(target=_populate, args=(self, list(self._rows.values()), self._stop_populate),
+                             name="freetoken-disk-populate", daemon=True).start()
         #                                                    (the disk tier parks the kernel pool's workers)
 
     capacity = property(lambda self: self.table.capacity)
@@ -674,6 +692,9 @@ class HostExpertCache:
                 self.banks[name] = new
             self._small_views()
             self.reader.frame(self._rows)
+            if POPULATE:        # (the old populate stops at the resize; a grown map's new pages too)
+                threading.Thread(target=_populate, args=(self, list(self._rows.values()), self._stop_populate),
+                                 name="freetoken-disk-populate", daemon=True).start()
             was = self._prefetched
             self._prefetched = np.zeros(slots, bool)
             self._prefetched[:len(keep)] = was[keep]
@@ -700,7 +721,7 @@ class HostExpertCache:
         desc.pop("prefetch_used", None)             # (the budget's count of the table; the cache's own is c's)
         return {**c, **desc, "hit_rate": (c["hits"] + c["waited"]) / looked if looked else 0.0,
                 "slots": self.capacity, "resident": self.resident, "evictions": self.evictions,
-                "gib": self.capacity * S / 2**30, "read_s": self.read_s,
+                "gib": self.capacity * S / 2**30, "read_s": self.read_s, "populated_gib": self.populated / 2**30,
                 "read_gbs": c["bytes_read"] / self.read_s / 1e9 if self.read_s else 0.0}
 
     def check(self) -> None:
@@ -718,6 +739,23 @@ class HostExpertCache:
             assert self._any_prefetched or not self._prefetched.any()
 
     def close(self) -> None:
+        self._stop_populate.set()
         self.drain()
         self._io.shutdown()
         self.reader.close()
+
+
+def _populate(cache: HostExpertCache, rows: list[HostRows], stop: threading.Event) -> None:
+    """The banks' pages faulted in (`POPULATE`) on a thread of their own, under SCHED_IDLE where the
+    OS has it: only CPU nothing else wants (a start-up's waits on the disk, a step's waits on reads,
+    an idle server). At normal priority it took a core from the start-up: the 48-layer file's first
+    token 11.2 s against 4.7 (a 1.63 GiB host cache on this VM, where a first touch costs up to ~2 ms a MiB)."""
+    if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        except OSError:
+            pass
+    t0 = time.perf_counter()
+    for r in rows:
+        cache.populated += r.populate(stop)
+    log.debug("host cache: %.2f GiB of pages faulted in, %.2f s", cache.populated / 2**30, time.perf_counter() - t0)
