@@ -113,6 +113,11 @@ KEEP_FIRST = True
 # `tier39`). `bench/disk_tier.py --park on` for the quiet A/B
 PARK = False
 
+# bytes/s a demand read is priced at where no profile measured B_D (`miss_seconds`): an NVMe's
+# whole-expert random reads on this project's machines ran 1.5-3 GB/s; the speculative price
+# replaces it with the read time its verifies measured (engine/spec/price.py)
+MISS_READ_RATE = 2e9
+
 
 class _TorchSlots:
     """Fallback executor (formats without a C kernel): torch over the slot banks."""
@@ -200,6 +205,12 @@ class DiskExperts(Experts):
 
     def expect(self, per_layer: dict | None) -> None:
         self.expected.expect(per_layer)
+
+    def blocked_seconds(self) -> float:
+        return self.cache.read_s
+
+    def miss_seconds(self) -> float | None:
+        return self._S / (self.b_d or MISS_READ_RATE)
 
     def _expected_ahead(self, layer: int) -> np.ndarray:
         """Experts expected at `layer` (flat ids) that are not in the host cache."""
