@@ -25,7 +25,7 @@ and each expert a step routes beyond one position's costs the read time its veri
 (blocked seconds over a plain step's, per expert beyond one position's), from the backend's read
 time at its bandwidth as the prior. A plain step's experts were mostly read ahead (the router's
 guess of the next layer); a verify's extra rows' experts are demand reads it waits on. Priced as
-the CPU's experts on the 48-layer disk tier, a verify of 1 / 3 / 5 drafts cost 1.3 / 1.7 / 3.0x
+the CPU's experts on the 48-layer disk tier, a verify of 1 / 3 / 5 drafts cost 1.2-1.5 / 1.7 / 3.0x
 its price, and auto ran 0.7-0.8x plain (docs/benchmarks.md, spec34h).
 """
 from __future__ import annotations

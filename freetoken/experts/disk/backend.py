@@ -113,9 +113,10 @@ KEEP_FIRST = True
 # `tier39`). `bench/disk_tier.py --park on` for the quiet A/B
 PARK = False
 
-# bytes/s a demand read is priced at where no profile measured B_D (`miss_seconds`): an NVMe's
-# whole-expert random reads on this project's machines ran 1.5-3 GB/s; the speculative price
-# replaces it with the read time its verifies measured (engine/spec/price.py)
+# bytes/s a demand read is priced at where no profile measured B_D (`miss_seconds`): the 48-layer
+# file's verifies waited ~1.2-1.4 ms for each 3.06 MB expert beyond a plain step's here (~2.2 GB/s,
+# docs/benchmarks.md spec34h); the speculative price moves to what its own verifies wait
+# (engine/spec/price.py)
 MISS_READ_RATE = 2e9
 
 
