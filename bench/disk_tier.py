@@ -28,7 +28,8 @@ rounds' ratios. The issue 34 target: auto >= 0.98x off on every tier (the price 
 `--lockstep` reads it in one process per tier instead: one engine, auto and off stepped in turn on
 each of `--rounds` prompts (bench/spec_lockstep.py: the other side parked, the speculator attached
 for auto's steps only, one host cache for both), so a neighbour's load moves both sides alike; the
-median of the per-window ratios (`--window` step pairs) and the pooled ratio.
+median of the per-window ratios (`--window` step pairs) and the pooled ratio; `--control` runs the
+same lockstep with both sides off (the method's own spread and bias).
 `--speculative auto|off` runs the usual comparison with that mode on both tiers.
 
 `--synthetic-layers N` uses (building it once, in --dir) the random-weight GGUF with
@@ -184,10 +185,12 @@ LOCKSTEP = textwrap.dedent("""
     llm = LLM(path, dtype="bfloat16", num_threads=threads, max_model_len=1024, prefix_cache=False, **opts)
     eng = llm.engine
     spec = eng.spec
+    control = len(sys.argv) > 7 and sys.argv[7] == "control"    # --control: both sides plain, the method's spread
     params = lambda: SamplingParams(max_tokens=n_decode, temperature=0.0, ignore_eos=True)
     runs = []
     for i, prompt in enumerate(prompts):
-        sides = {"auto": spec, "off": None} if i % 2 == 0 else {"off": None, "auto": spec}
+        a = None if control else spec
+        sides = {"auto": a, "off": None} if i % 2 == 0 else {"off": None, "auto": a}
         steps, toks = lockstep(eng, sides, prompt, params, f"p{i}")
         runs.append({"auto": steps["auto"], "off": steps["off"], "same": toks["auto"] == toks["off"],
                      "load": os.getloadavg()[0]})
@@ -203,8 +206,8 @@ def spec_lockstep_ab(args, cache_gib: float, vocab: int, cg: str | None) -> None
     rng = random.Random(0)
     prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt_tokens)] for _ in range(args.rounds)]
     for tier in (("disk",) if args.no_resident else ("disk", "resident")):
-        res = run(LOCKSTEP, [str(args.gguf), tier, str(args.decode), str(args.threads), f"{cache_gib:.4f}", str(HERE)],
-                  json.dumps(prompts), cg if tier == "disk" else None)
+        res = run(LOCKSTEP, [str(args.gguf), tier, str(args.decode), str(args.threads), f"{cache_gib:.4f}", str(HERE),
+                             "control" if args.control else ""], json.dumps(prompts), cg if tier == "disk" else None)
         if "error" in res:
             print(f"{tier} tier lockstep: error: {res['error']}")
             continue
@@ -493,6 +496,8 @@ def main():
                     help="--speculative ab: auto and off in one engine per tier, step by step in turn on each "
                          "prompt (--rounds prompts; bench/spec_lockstep.py), the median of --window step pairs' ratios")
     ap.add_argument("--window", type=int, default=8, help="--lockstep: step pairs per window ratio")
+    ap.add_argument("--control", action="store_true",
+                    help="--lockstep: both sides off (the auto side's speculator detached): the method's own spread")
     ap.add_argument("--no-resident", action="store_true", help="skip the resident reference (no token check)")
     ap.add_argument("--lookahead", default=None, choices=("auto", "router", "history", "off"),
                     help="the disk tier's expert_lookahead (default: the engine's)")
