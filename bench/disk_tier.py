@@ -19,6 +19,19 @@ and off in alternating rounds (the order swapped each round, each run a fresh pr
 page cache dropped first), the tokens of both compared, and the on/off ratio per round and as
 the median of the rounds' ratios. The issue 36 target: verification costs <= 3% of decode.
 
+`--speculative ab`: speculative decoding `auto` against `off` on free-running output (random
+prompts, greedy: drafts rarely right), the disk tier (under `--cgroup-mib` if given) and the
+resident tier (unless `--no-resident`), in alternating processes (the order swapped each round,
+the same prompt for both sides), the tokens of both compared; per round the auto/off ratio of
+decoded tokens a second, auto's tokens a step and verifies per drafter, and the median of the
+rounds' ratios. The issue 34 target: auto >= 0.98x off on every tier (the price backs off).
+`--lockstep` reads it in one process per tier instead: one engine, auto and off stepped in turn on
+each of `--rounds` prompts (bench/spec_lockstep.py: the other side parked, the speculator attached
+for auto's steps only, one host cache for both), so a neighbour's load moves both sides alike; the
+median of the per-window ratios (`--window` step pairs) and the pooled ratio; `--control` runs the
+same lockstep with both sides off (the method's own spread and bias).
+`--speculative auto|off` runs the usual comparison with that mode on both tiers.
+
 `--synthetic-layers N` uses (building it once, in --dir) the random-weight GGUF with
 Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's file).
 
@@ -29,6 +42,8 @@ Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's f
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --keep-first off --park on --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --populate on --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --read-budget off --no-llamacpp
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --speculative ab --rounds 4 --decode 32 --no-llamacpp
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --speculative ab --lockstep --rounds 4 --decode 64 --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --steps startup --synthetic-layers 4 [--rounds 3] [--prompt-tokens 4]
 """
 from __future__ import annotations
@@ -60,8 +75,11 @@ FT = textwrap.dedent("""
     opts = (dict(host_cache_gib=cache_gib) if cache_gib > 0 else dict(expert_tier="disk")) if mode == "disk" else dict(expert_tier="ram")
     if policy:
         opts["expert_cache_policy"] = policy
-    if mode == "disk" and len(sys.argv) > 8:      # --lookahead / ... / --handoff / --read-budget
-        opts.update(json.loads(sys.argv[8]))
+    extra = json.loads(sys.argv[8]) if len(sys.argv) > 8 else {}
+    if "speculative" in extra:       # --speculative: on either tier (an A/B of auto against off)
+        opts["speculative"] = extra.pop("speculative")
+    if mode == "disk":               # --lookahead / ... / --handoff / --read-budget
+        opts.update(extra)
     import freetoken.experts.disk.backend as disk_backend
     if "handoff" in opts:        # --handoff on/off: victims' slots handed over mid-call or not (an A/B)
         disk_backend.HANDOFF = opts.pop("handoff")
@@ -128,7 +146,10 @@ FT = textwrap.dedent("""
                       "cpu_s_per_token": (time.process_time() - cpu0) / max(1, len(times) - 1),
                       # "decode" and the per-token figures count engine steps (an output each); with
                       # speculation a step decodes this many tokens (compare trees at the same)
-                      "tokens_a_step": (len(toks) - n0) / max(1, len(times) - 1)}))
+                      "tokens_a_step": (len(toks) - n0) / max(1, len(times) - 1),
+                      # decoded tokens (not steps) a second: what --speculative ab compares
+                      "tok_s": (len(toks) - n0) / max(times[-1] - times[0], 1e-9),
+                      "spec": eng.spec.summary() if eng.spec is not None else None}))
 """)
 
 
@@ -155,6 +176,63 @@ def split_line(res: dict, disk: dict) -> str:
             f"resident {r.get('expert_ms_per_token', float('nan')):.1f}), "
             f"{d['kernel_calls_per_layer_call']:.2f} kernel calls a layer call, the rest of the step "
             f"{_rest_ms(disk):.1f} ms a token (resident {_rest_ms(res):.1f})")
+
+
+# --speculative ab --lockstep: auto and off in one engine, step by step in turn (bench/spec_lockstep.py)
+LOCKSTEP = textwrap.dedent("""
+    import json, os, sys
+    from freetoken import LLM, SamplingParams
+    path, mode, n_decode, threads, cache_gib, bench = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+    sys.path.insert(0, bench)
+    from spec_lockstep import lockstep
+    prompts = json.loads(sys.stdin.read())
+    fd = os.open(path, os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED); os.close(fd)
+    opts = (dict(host_cache_gib=cache_gib) if cache_gib > 0 else dict(expert_tier="disk")) if mode == "disk" else dict(expert_tier="ram")
+    llm = LLM(path, dtype="bfloat16", num_threads=threads, max_model_len=1024, prefix_cache=False, **opts)
+    eng = llm.engine
+    spec = eng.spec
+    control = len(sys.argv) > 7 and sys.argv[7] == "control"    # --control: both sides plain, the method's spread
+    params = lambda: SamplingParams(max_tokens=n_decode, temperature=0.0, ignore_eos=True)
+    runs = []
+    for i, prompt in enumerate(prompts):
+        a = None if control else spec
+        sides = {"auto": a, "off": None} if i % 2 == 0 else {"off": None, "auto": a}
+        steps, toks = lockstep(eng, sides, prompt, params, f"p{i}")
+        runs.append({"auto": steps["auto"], "off": steps["off"], "same": toks["auto"] == toks["off"],
+                     "load": os.getloadavg()[0]})
+    print(json.dumps({"runs": runs, "spec": spec.summary(), "host_cache": llm.expert_stats().get("host_cache")}))
+""")
+
+
+def spec_lockstep_ab(args, cache_gib: float, vocab: int, cg: str | None) -> None:
+    """--speculative ab --lockstep: per tier one process, one engine, auto and off stepped in
+    turn on each prompt (bench/spec_lockstep.py), the window ratios' median and the pooled ratio."""
+    import random
+    from spec_lockstep import rate, summary, window_ratios
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, vocab) for _ in range(args.prompt_tokens)] for _ in range(args.rounds)]
+    for tier in (("disk",) if args.no_resident else ("disk", "resident")):
+        res = run(LOCKSTEP, [str(args.gguf), tier, str(args.decode), str(args.threads), f"{cache_gib:.4f}", str(HERE),
+                             "control" if args.control else ""], json.dumps(prompts), cg if tier == "disk" else None)
+        if "error" in res:
+            print(f"{tier} tier lockstep: error: {res['error']}")
+            continue
+        ratios, pooled = [], {"auto": [], "off": []}
+        for i, r in enumerate(res["runs"]):
+            w = window_ratios(r["off"], r["auto"], args.window)
+            ratios += w
+            for side in pooled:
+                pooled[side] += r[side]
+            print(f"{tier} prompt {i} (load {r['load']:.1f}): auto / off {rate(r['auto']) / rate(r['off']):.3f}x "
+                  f"({len(w)} windows), tokens identical: {r['same']}, auto {sum(s[1] for s in r['auto']) / len(r['auto']):.2f} "
+                  f"tokens a step", flush=True)
+        drafters = ((res.get("spec") or {}).get("drafters")) or {}
+        verifies = ", ".join(f"{d} {x['drafts']} verifies, {x['accepted_tokens']}/{x['proposed_tokens']} drafted tokens "
+                             f"accepted" for d, x in drafters.items()) or "no verifies"
+        hc = res.get("host_cache") or {}
+        print(f"{tier} tier lockstep, auto / off: {summary(ratios) if ratios else 'no window'}, pooled "
+              f"{rate(pooled['auto']) / rate(pooled['off']):.3f}x; {verifies}"
+              + (f"; host-cache hit rate {hc.get('hit_rate', 0):.1%}" if tier == "disk" else ""))
 
 
 # start to first token, disk tier; the clock starts after `import freetoken`
@@ -283,6 +361,53 @@ def verify_ab(args, cache_gib: float, vocab: int) -> None:
           f"); process CPU per decoded token on/off (median) {cpu:.3f}")
 
 
+def spec_ab(args, cache_gib: float, vocab: int, cg: str | None) -> None:
+    """Speculation auto against off, free-running (random prompts, greedy: drafts rarely right),
+    rounds alternating (the order swapped each round, each run a fresh process; the disk tier
+    under the cgroup, the resident tier outside it), tokens compared (see the docstring)."""
+    import random
+    from statistics import median
+    rng = random.Random(0)
+    tiers = ("disk",) if args.no_resident else ("disk", "resident")
+    ratios: dict[str, list[float]] = {t: [] for t in tiers}
+    for r in range(args.rounds):
+        stdin = json.dumps([rng.randrange(10, vocab) for _ in range(args.prompt_tokens)])
+        for tier in tiers:
+            got = {}
+            for side in (("auto", "off") if r % 2 == 0 else ("off", "auto")):
+                got[side] = run(FT, [str(args.gguf), tier, str(args.decode), str(args.threads), f"{cache_gib:.4f}",
+                                     args.policy, args.verify, json.dumps({**disk_options(args), "speculative": side})],
+                                stdin, cg if tier == "disk" else None)
+            on, off = got["auto"], got["off"]
+            ok = "tok_s" in on and "tok_s" in off
+            if ok:
+                ratios[tier].append(on["tok_s"] / off["tok_s"])
+            drafters = ((on.get("spec") or {}).get("drafters")) or {}
+            verifies = ", ".join(f"{d} {x['drafts']} verifies, {x['accepted_tokens']}/{x['proposed_tokens']} drafted "
+                                 f"tokens accepted" for d, x in drafters.items()) or "no verifies"
+            hc = on.get("host_cache") or {}
+            price = (on.get("spec") or {}).get("price") or {}
+            if "per_expert_beyond_one_s" in price:     # the reads a verify's extra experts wait on, priced
+                verifies += (f"; priced: an expert beyond one position's {price['per_expert_beyond_one_s'] * 1e3:.2f} ms "
+                             f"of reads, a plain step's {price['blocked_plain_s'] * 1e3:.1f} ms")
+            print(f"round {r} {tier} ({'auto first' if r % 2 == 0 else 'off first'}; load {os.getloadavg()[0]:.1f}): "
+                  f"auto {on.get('tok_s', 0):.2f} tok/s, off {off.get('tok_s', 0):.2f} tok/s, auto/off "
+                  f"{on['tok_s'] / off['tok_s'] if ok else float('nan'):.3f}; tokens identical: "
+                  f"{on.get('tokens') == off.get('tokens') if ok else 'n/a'}; auto {on.get('tokens_a_step', 0):.2f} "
+                  f"tokens a step ({verifies}); CPU per token auto {on.get('cpu_s_per_token', 0) * 1e3:.0f} ms, off "
+                  f"{off.get('cpu_s_per_token', 0) * 1e3:.0f} ms" + (f"; host-cache hit rate auto {hc.get('hit_rate', 0):.1%}, "
+                  f"off {(off.get('host_cache') or {}).get('hit_rate', 0):.1%}" if tier == "disk" else "")
+                  + "".join(f"; {k} error: {x['error']}" for k, x in got.items() if "error" in x), flush=True)
+    for tier in tiers:
+        xs = ratios[tier]
+        if xs:
+            med = median(xs)
+            print(f"{tier} tier: median of the rounds' auto/off ratios {med:.3f} (target >= 0.98: "
+                  f"{'met' if med >= 0.98 else 'NOT met'}; ratios " + ", ".join(f"{x:.3f}" for x in xs) + ")")
+        else:
+            print(f"{tier} tier: no round ran both sides")
+
+
 def disk_options(args) -> dict:
     """The disk tier's lookahead / direct-I/O / queue-depth options given on the command line."""
     return {k: v for k, v in (("expert_lookahead", args.lookahead), ("disk_direct_io", args.direct_io),
@@ -371,6 +496,15 @@ def main():
     ap.add_argument("--verify", default="on", choices=("on", "off", "ab"),
                     help="off: no per-expert checksums or file watch; ab: disk tier only, verification "
                          "on and off in alternating rounds with their ratio (what the checks cost)")
+    ap.add_argument("--speculative", default=None, choices=("auto", "off", "ab"),
+                    help="speculative decoding on both tiers (default: the engine's, auto); ab: auto and off in "
+                         "alternating rounds, free-running, with their ratio (what speculation costs or pays)")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="--speculative ab: auto and off in one engine per tier, step by step in turn on each "
+                         "prompt (--rounds prompts; bench/spec_lockstep.py), the median of --window step pairs' ratios")
+    ap.add_argument("--window", type=int, default=8, help="--lockstep: step pairs per window ratio")
+    ap.add_argument("--control", action="store_true",
+                    help="--lockstep: both sides off (the auto side's speculator detached): the method's own spread")
     ap.add_argument("--no-resident", action="store_true", help="skip the resident reference (no token check)")
     ap.add_argument("--lookahead", default=None, choices=("auto", "router", "history", "off"),
                     help="the disk tier's expert_lookahead (default: the engine's)")
@@ -461,13 +595,17 @@ def main():
         hc = "sized by the memory plan under the limit" if planned else f"{cache_gib:.2f} GiB ({args.cache_share:.0%})"
         print(f"model {args.gguf.name}: expert pool {pool_gib:.2f} GiB, host cache {hc}, "
               f"cgroup {args.cgroup_mib or 'none'} MiB, {args.prompt_tokens}-token prompt, "
-              f"{args.decode} decoded, {args.threads} threads")
+              f"{args.decode} decoded, {args.threads} threads"
+              + (f", speculation {args.speculative}" if args.speculative else ""))
+        if args.speculative == "ab":
+            return (spec_lockstep_ab if args.lockstep else spec_ab)(args, cache_gib, vocab, cg)
         rows: dict[str, list[dict]] = {"resident": [], "disk": [], "llama.cpp mmap": []}
         for r in range(args.rounds):
             prompt = [rng.randrange(10, vocab) for _ in range(args.prompt_tokens)]   # fresh each round
             stdin = json.dumps(prompt)
             base = [str(args.gguf), "", str(args.decode), str(args.threads), f"{cache_gib:.4f}", args.policy,
-                    args.verify, json.dumps(disk_options(args))]
+                    args.verify, json.dumps({**disk_options(args), **({"speculative": args.speculative}
+                                                                      if args.speculative else {})})]
             for mode in (("disk",) if args.no_resident else ("resident", "disk")):
                 a = list(base)
                 a[1] = mode        # the resident reference (its tokens) runs outside the limit: it cannot fit

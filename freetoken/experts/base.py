@@ -36,6 +36,18 @@ class Experts(ABC):
         speculative drafts: memory/expected.py). A backend with a cache starts copying layer l's
         once layer l-1 is done; outputs never change. Default: ignored (nothing to bring closer)."""
 
+    def blocked_seconds(self) -> float:
+        """Seconds layer calls have waited on expert reads so far (a miss read from the disk on
+        demand); what a step's time holds beyond its compute (the speculative price reads it
+        per step). Default: 0, a backend whose experts are in memory never waits on a read."""
+        return 0.0
+
+    def miss_seconds(self) -> float | None:
+        """Seconds one expert's read on a demand miss takes at the bandwidth this backend
+        measured or was profiled at: the speculative price's prior for what each expert a
+        verify adds beyond a plain step's costs. None (the default): a miss reads nothing."""
+        return None
+
     def stats(self) -> dict:
         return {}
 

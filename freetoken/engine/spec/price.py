@@ -18,6 +18,15 @@ each size's steps ran over it (`_shape`): a dense verify's rows do not cost alik
 probe (engine/verify_probe.py) measured this machine's curve, its steps stay in every fit beside the window's
 (each at its own load level) and its per-size factors are the shape's prior: the run's own steps
 correct each size they reach, and a size the run has not verified is priced as the probe measured.
+
+Where a miss reads from the disk (the backend's `miss_seconds`), a step's seconds waited on reads
+(`blocked_seconds`) are priced apart: the line is fitted to the compute (seconds less blocked),
+and each expert a step routes beyond one position's costs the read time its verifies measured
+(blocked seconds over a plain step's, per expert beyond one position's), from the backend's read
+time at its bandwidth as the prior. A plain step's experts were mostly read ahead (the router's
+guess of the next layer); a verify's extra rows' experts are demand reads it waits on. Priced as
+the CPU's experts on the 48-layer disk tier, a verify of 1 / 3 / 5 drafts cost 1.2-1.5 / 1.7 / 3.0x
+its price, and auto ran 0.7-0.8x plain (docs/benchmarks.md, spec34h).
 """
 from __future__ import annotations
 
@@ -30,6 +39,8 @@ import numpy as np
 UNION_PRIOR = ((1, 1.0), (2, 1.61), (3, 2.16), (5, 2.96), (9, 4.19), (17, 5.72))
 DEFAULT_EXPERT_RATE = 20e9      # bytes/s a CPU expert runs at when nothing was measured yet
 MAX_TRACKED = 64                # positions per forward whose union is tracked
+MISS_PRIOR_EXPERTS = 256.0      # the read-time prior's weight, in experts beyond one position's
+MISS_DECAY = 0.98               # per verify: about the last 50 verifies set the read time
 
 
 def _prior_union(n: int) -> float:
@@ -207,8 +218,18 @@ def _levels(ratio: np.ndarray) -> np.ndarray:
 
 class VerifyPrice:
     def __init__(self, moe_layers: int, top_k: int, num_experts: int, expert_nbytes: int,
-                 expert_rate: float | None = None, window: int = 256):
+                 expert_rate: float | None = None, window: int = 256, miss_s: float | None = None):
+        """miss_s: seconds an expert's demand read takes (the backend's `miss_seconds`), None
+        where a miss reads nothing: then blocked seconds are not priced apart."""
         self.L, self.top_k, self.E = moe_layers, top_k, max(num_experts, 1)
+        self.miss_prior = miss_s if moe_layers and top_k else None
+        self._one = moe_layers * top_k                      # one position's experts
+        self._blocked_plain: deque = deque(maxlen=64)       # blocked seconds of steps of one position's experts
+        self._miss_s_sum = self._miss_n = 0.0               # decayed: blocked seconds over a plain step's, experts beyond
+        self.blocked_plain = 0.0        # a plain step's seconds waiting on reads (the median of recent ones)
+        # seconds a step waits more per expert it routes beyond one position's: what the verifies
+        # measured, shrunk toward the backend's read time (0 where a miss reads nothing)
+        self.miss_s = miss_s or 0.0
         self.c0 = expert_nbytes / (expert_rate or DEFAULT_EXPERT_RATE) if moe_layers else 0.0
         self.samples: deque = deque(maxlen=window)         # (positions, experts, seconds)
         self.row_attention: deque = deque(maxlen=window)   # the decode attention's seconds per position
@@ -223,9 +244,21 @@ class VerifyPrice:
         self.probe_note = "off"                             # where they came from (set_probe)
 
     # --- what the engine measures --------------------------------------------------------
-    def observe(self, positions: int, experts: int, seconds: float, attention: float = 0.0) -> None:
+    def observe(self, positions: int, experts: int, seconds: float, attention: float = 0.0,
+                blocked: float = 0.0) -> None:
         """One step: `positions` rows, `experts` distinct (layer, expert) pairs, `seconds` long,
-        `attention` of them in the CPU decode attention kernel (0: not measured, e.g. on a GPU)."""
+        `attention` of them in the CPU decode attention kernel (0: not measured, e.g. on a GPU),
+        `blocked` of them waiting on expert reads (priced apart where misses read: `miss_prior`)."""
+        if self.miss_prior is not None:
+            seconds = max(seconds - blocked, 0.0)
+            beyond = experts - self._one
+            if beyond <= 0:
+                self._blocked_plain.append(blocked)
+                self.blocked_plain = float(_median(np.array(self._blocked_plain)))
+            else:
+                self._miss_s_sum = self._miss_s_sum * MISS_DECAY + max(blocked - self.blocked_plain, 0.0)
+                self._miss_n = self._miss_n * MISS_DECAY + beyond
+            self.miss_s = (self._miss_s_sum + MISS_PRIOR_EXPERTS * self.miss_prior) / (self._miss_n + MISS_PRIOR_EXPERTS)
         self.samples.append((positions, experts, seconds))
         if attention > 0 and positions > 0:
             self.row_attention.append(attention / positions)
@@ -352,4 +385,7 @@ class VerifyPrice:
         self._refresh()
         a, b, c = self._coef
         e = self.experts(positions) if experts is None else experts
-        return (a + b * positions + c * e) * self._by_size.get(int(round(positions)), 1.0)
+        t = (a + b * positions + c * e) * self._by_size.get(int(round(positions)), 1.0)
+        if self.miss_prior is not None:
+            t += self.blocked_plain + self.miss_s * max(e - self._one, 0.0)
+        return t

@@ -60,7 +60,11 @@ class Speculator:
         rate = est.b_h if est is not None else None
         nbytes = int(getattr(pool, "expert_nbytes", 0) or 0)
         num_experts = int(getattr(pool, "num_experts", 0) or 0)
-        self.price = VerifyPrice(len(self.observer.layers), self.observer.top_k, num_experts, nbytes, rate)
+        # where a miss reads from the disk, a verify's extra experts are priced at the reads they wait on
+        self._experts = experts if hasattr(experts, "blocked_seconds") else None
+        miss = self._experts.miss_seconds() if self._experts is not None else None
+        self.price = VerifyPrice(len(self.observer.layers), self.observer.top_k, num_experts, nbytes, rate, miss_s=miss)
+        self._blocked0 = 0.0
         probe = model.make_state()
         # models with a state restore it after a rejection and rerun the accepted tokens next step
         self.replays = probe is not None and bool(probe.parts)
@@ -208,6 +212,7 @@ class Speculator:
         if self.lookahead is not None:
             self.lookahead.begin(batch)
         self._att0 = paged.KERNEL_SECONDS[0]
+        self._blocked0 = self._experts.blocked_seconds() if self._experts is not None else 0.0
         self._t0 = time.perf_counter()
 
     def end_forward(self) -> None:
@@ -217,7 +222,9 @@ class Speculator:
         if self.lookahead is not None:
             self.lookahead.end()
         if self._step_plain and self._step_positions:
-            self.price.observe(self._step_positions, self.observer.unique, dt, paged.KERNEL_SECONDS[0] - self._att0)
+            blocked = self._experts.blocked_seconds() - self._blocked0 if self._experts is not None else 0.0
+            self.price.observe(self._step_positions, self.observer.unique, dt, paged.KERNEL_SECONDS[0] - self._att0,
+                               blocked)
 
     def verified(self, draft: Draft, drafted: int, accepted: int) -> None:
         self.stats.observe(draft.drafter, draft.bucket, drafted, accepted)
@@ -232,4 +239,6 @@ class Speculator:
         if self.price.theta is not None:
             a, b, c = (float(x) for x in self.price.theta)
             out["price"] = {"step_s": a, "per_position_s": b, "per_expert_s": c}
+            if self.price.miss_prior is not None:      # the reads a step waits on, priced apart
+                out["price"].update(blocked_plain_s=self.price.blocked_plain, per_expert_beyond_one_s=self.price.miss_s)
         return out

@@ -113,6 +113,12 @@ KEEP_FIRST = True
 # `tier39`). `bench/disk_tier.py --park on` for the quiet A/B
 PARK = False
 
+# bytes/s a demand read is priced at where no profile measured B_D (`miss_seconds`): the 48-layer
+# file's verifies waited ~1.2-1.4 ms for each 3.06 MB expert beyond a plain step's here (~2.2 GB/s,
+# docs/benchmarks.md spec34h); the speculative price moves to what its own verifies wait
+# (engine/spec/price.py)
+MISS_READ_RATE = 2e9
+
 
 class _TorchSlots:
     """Fallback executor (formats without a C kernel): torch over the slot banks."""
@@ -202,6 +208,12 @@ class DiskExperts(Experts):
 
     def expect(self, per_layer: dict | None) -> None:
         self.expected.expect(per_layer)
+
+    def blocked_seconds(self) -> float:
+        return self.cache.read_s
+
+    def miss_seconds(self) -> float | None:
+        return self._S / (self.b_d or MISS_READ_RATE)
 
     def _expected_ahead(self, layer: int) -> np.ndarray:
         """Experts expected at `layer` (flat ids) that are not in the host cache."""

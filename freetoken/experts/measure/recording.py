@@ -26,6 +26,12 @@ class RoutingRecorder(Experts):
     def expect(self, per_layer: dict | None) -> None:
         self.inner.expect(per_layer)
 
+    def blocked_seconds(self) -> float:
+        return self.inner.blocked_seconds()
+
+    def miss_seconds(self) -> float | None:
+        return self.inner.miss_seconds()
+
     def stats(self) -> dict:
         return {**self.inner.stats(), "routing_trace": self.path}
 
