@@ -40,7 +40,7 @@ Qwen3-30B-A3B's real shapes and Q4_K_M types at N layers (bench/real_size.py's f
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --lookahead-depth 2 --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --handoff off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --keep-first off --park on --no-llamacpp
-  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --populate on --no-llamacpp
+  PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --cache-share 0.4 --populate off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 4 --cache-share 0.05 --read-budget off --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --speculative ab --rounds 4 --decode 32 --no-llamacpp
   PYTHONPATH=. python bench/disk_tier.py --synthetic-layers 12 --speculative ab --lockstep --rounds 4 --decode 64 --no-llamacpp
@@ -523,7 +523,7 @@ def main():
                          "(experts/disk/backend.PARK, default off)")
     ap.add_argument("--populate", default=None, choices=("on", "off"),
                     help="the host cache's pages faulted in from its start on an idle thread, not by the reads "
-                         "(experts/disk/host_cache.POPULATE, default off)")
+                         "(experts/disk/host_cache.POPULATE, default on)")
     ap.add_argument("--lookahead-depth", type=int, default=None,
                     help="layers the disk tier reads ahead (experts/disk/lookahead.DEPTH; default: the engine's)")
     ap.add_argument("--handoff", default=None, choices=("on", "off"),
