@@ -144,3 +144,12 @@ def bf16_rounded_attention(q, k, v, key_slots, lens, scale):
         e = torch.exp(sc - sc.max(1, keepdim=True).values)
         outs.append(torch.einsum("hn,nhd->hd", e.float().bfloat16().double(), values) / e.sum(1, keepdim=True))
     return torch.stack(outs)
+
+
+def rss_bytes() -> int:
+    """This process's resident set (VmRSS), bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")

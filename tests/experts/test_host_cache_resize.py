@@ -15,6 +15,7 @@ from freetoken.experts.disk.host_cache import HostExpertCache
 from freetoken.experts.disk.host_rows import HostRows
 
 from test_host_cache import E, L, _acquire_all, _holds, _layout
+from helpers import rss_bytes
 
 ops = st.lists(st.one_of(
     st.tuples(st.sampled_from(["acquire", "prefetch"]),
@@ -78,25 +79,17 @@ def test_resize_waits_for_prefetches_in_flight(tmp_path):
             cache.close()
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_shrink_returns_memory_and_grow_reuses_the_mapping():
     slots, row = 256, (256, 1024)                   # 256 slots of 256 KiB: 64 MiB
     rows = HostRows(slots, row, torch.uint8)
     rows.bank.fill_(7)                              # every page touched
-    full = _rss()
+    full = rss_bytes()
     keep = np.array([3, 100, 255])
     rows.bank[keep] = torch.arange(3, dtype=torch.uint8)[:, None, None] + 1
     bank = rows.resize(keep, 4)
     assert bank.shape == (4, *row)
     assert [int(bank[i, 0, 0]) for i in range(3)] == [1, 2, 3] and int(bank[1].min()) == 2
-    assert full - _rss() > 48 * 2**20, "a shrink to 4 of 256 slots must give back most of 64 MiB"
+    assert full - rss_bytes() > 48 * 2**20, "a shrink to 4 of 256 slots must give back most of 64 MiB"
     mapped = rows.mapped_nbytes
     grown = rows.resize(np.arange(4), 128)          # within the mapping: no new map, rows stay
     assert rows.mapped_nbytes == mapped and [int(grown[i, 0, 0]) for i in range(3)] == [1, 2, 3]

@@ -16,6 +16,7 @@ from freetoken.experts.disk.host_cache import HostExpertCache
 from freetoken.experts.disk.host_rows import HostRows
 
 from test_host_cache import _acquire_all, _layout
+from helpers import rss_bytes
 
 
 
@@ -30,24 +31,16 @@ def _populate_works() -> bool:
 needs_populate = pytest.mark.skipif(not _populate_works(), reason="no MADV_POPULATE_WRITE here (Linux 5.14+)")
 
 
-def _rss() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 @needs_populate
 def test_populate_faults_pages_in_and_changes_no_byte():
     slots, row = 128, (256, 1024)                   # 128 slots of 256 KiB: 32 MiB
     rows = HostRows(slots, row, torch.uint8, 64, 256 * 1024 + 4096)    # framed: a lead and padding
     data = torch.randint(1, 256, (3, *row), dtype=torch.uint8)
     rows.bank[[0, 50, 127]] = data                  # rows "read" before the populate
-    before = _rss()
+    before = rss_bytes()
     done = rows.populate(threading.Event(), chunk=1 << 20)
     assert done == slots * rows.stride
-    assert _rss() - before > 24 * 2**20, "the untouched slots' pages were not faulted in"
+    assert rss_bytes() - before > 24 * 2**20, "the untouched slots' pages were not faulted in"
     assert torch.equal(rows.bank[[0, 50, 127]], data)
     rest = np.setdiff1d(np.arange(slots), [0, 50, 127])
     assert int(rows.bank[torch.from_numpy(rest)].max()) == 0, "populate wrote into a slot"
@@ -59,14 +52,14 @@ def test_populate_stops_at_a_stop_and_at_a_shrink():
     stop = threading.Event()
     stop.set()
     assert rows.populate(stop) == 0
-    base = _rss()
+    base = rss_bytes()
     got = []
     t = threading.Thread(target=lambda: got.append(rows.populate(threading.Event(), chunk=64 << 10)))
     t.start()
     rows.resize(np.arange(4), 4)                    # shrink while it runs: 1 MiB live
     t.join()
     assert got[0] <= 256 * 256 * 1024
-    assert _rss() - base < 8 * 2**20, "a populate after the shrink faulted the freed tail back in"
+    assert rss_bytes() - base < 8 * 2**20, "a populate after the shrink faulted the freed tail back in"
     assert rows.populate(threading.Event()) == 4 * 256 * 1024       # only the live slots
 
 

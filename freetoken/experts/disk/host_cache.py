@@ -310,12 +310,15 @@ class HostExpertCache:
         self.unplaced = 0            # of the last `prefetch`'s ids not resident, those it did not start: a
         #                              later call with the same ids has nothing to do while it is 0
         self.on_block: Callable[[], None] | None = None    # called as a caller starts to wait on a read
+        #                                                    (the disk tier parks the kernel pool's workers)
         self._stop_populate = threading.Event()
         self.populated = 0           # bytes of the banks' pages faulted in ahead (`POPULATE`)
+        self._start_populate()
+
+    def _start_populate(self) -> None:
         if POPULATE:
             threading.Thread(target=_populate, args=(self, list(self._rows.values()), self._stop_populate),
                              name="freetoken-disk-populate", daemon=True).start()
-        #                                                    (the disk tier parks the kernel pool's workers)
 
     capacity = property(lambda self: self.table.capacity)
     resident = property(lambda self: self.table.resident)
@@ -691,9 +694,7 @@ class HostExpertCache:
                 self.banks[name] = new
             self._small_views()
             self.reader.frame(self._rows)
-            if POPULATE:        # (the old populate stops at the resize; a grown map's new pages too)
-                threading.Thread(target=_populate, args=(self, list(self._rows.values()), self._stop_populate),
-                                 name="freetoken-disk-populate", daemon=True).start()
+            self._start_populate()      # (the old populate stops at the resize; a grown map's new pages too)
             was = self._prefetched
             self._prefetched = np.zeros(slots, bool)
             self._prefetched[:len(keep)] = was[keep]
